@@ -1,0 +1,37 @@
+"""rawconv: list, force, time and check every convolution algorithm of oneDNN and cuDNN on torch tensors.
+
+The native libraries are called through cffi in ABI mode (``ffi.dlopen``): nothing is compiled,
+and nothing is loaded until a backend is first used, so ``import rawconv`` works without them.
+
+* :mod:`rawconv.onednn`: oneDNN (libdnnl.so.3) on CPU tensors: implementations, forcing, plans.
+* :mod:`rawconv.cudnn`: cuDNN 9 (libcudnn.so.9) on CUDA tensors.
+* :class:`rawconv.ConvProblem`: the one description of a convolution every backend speaks.
+* :func:`rawconv.info`: what was loaded, from where, and how it was found.
+"""
+from __future__ import annotations
+
+import importlib
+
+from .errors import (ArgumentError, ArgumentTypeError, LibraryError, LibraryNotFoundError,
+                     NotSupportedError, RawconvError)
+from .problem import ConvProblem
+
+__version__ = "0.1.0"
+
+__all__ = ["ConvProblem", "RawconvError", "ArgumentError", "ArgumentTypeError", "LibraryError",
+           "LibraryNotFoundError", "NotSupportedError", "info", "onednn", "cudnn", "__version__"]
+
+
+def __getattr__(name):  # lazy submodules: rawconv.onednn, rawconv.cudnn
+    if name in ("onednn", "cudnn", "bench", "compare", "presets", "cli"):
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'rawconv' has no attribute {name!r}")
+
+
+def info() -> dict:
+    """What rawconv runs on, as a dict: rawconv and torch versions, torch's own oneDNN/cuDNN,
+    and for each backend the loaded library's version, path and how it was found (or the error
+    that says why it could not be loaded). Loads the libraries."""
+    from ._info import collect
+
+    return collect()

@@ -1,0 +1,363 @@
+"""Raw oneDNN binding: the FFI, the loader, status checks, and descriptor helpers.
+
+No torch semantics here; names follow the oneDNN C API (``cdefs/dnnl.h``, oneDNN 3.2).
+The library is loaded on first use, under a lock, from (in order):
+
+1. ``$RAWCONV_DNNL_LIBRARY`` (an explicit path),
+2. ``<prefix>/lib/libdnnl.so.3`` for ``sys.prefix`` and the venv base (where the
+   ``onednn-cpu-gomp`` wheel puts it), and ``<site-packages>/../../../lib`` for ``--target`` installs,
+3. the system loader (``libdnnl.so.3``).
+"""
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import cffi
+
+from . import _loader
+from .errors import LibraryError, NotSupportedError
+
+SONAME = "libdnnl.so.3"
+ENV_VAR = "RAWCONV_DNNL_LIBRARY"
+HINT = "set ONEDNN_VERBOSE=all (or rawconv.onednn.verbose(2)) to see oneDNN's own reasons"
+
+ffi = cffi.FFI()
+ffi.cdef(_loader.cdefs_text("dnnl.h"))
+
+_lock = threading.Lock()
+_state: dict = {}
+
+
+def candidates() -> list[tuple[str, str]]:
+    """The ``(how, path)`` search list, in order (see the module docstring)."""
+    out: list[tuple[str, str]] = []
+    env = os.environ.get(ENV_VAR)
+    if env:
+        out.append((f"${ENV_VAR}", env))
+    seen = set()
+    for pre in _loader.prefixes():
+        p = str(pre / "lib" / SONAME)
+        if p not in seen:
+            seen.add(p)
+            out.append(("onednn-cpu-gomp wheel (sys.prefix/lib)", p))
+    for site in _loader.site_dirs():
+        # pip install --target DIR puts data files in DIR/lib next to the packages
+        for cand in (site / "lib" / SONAME, site.parent.parent.parent / "lib" / SONAME):
+            p = str(cand)
+            if p not in seen:
+                seen.add(p)
+                out.append(("onednn-cpu-gomp wheel (next to site-packages)", p))
+    out.append(("system loader", SONAME))
+    return out
+
+
+def _mapped_path(soname: str) -> str | None:
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                if line.rstrip().endswith(soname) or f"/{soname}" in line:
+                    return line.split(None, 5)[-1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def load() -> _loader.Loaded:
+    """Load libdnnl (once per process, thread-safe) and return what was loaded.
+
+    Raises :class:`~rawconv.errors.LibraryNotFoundError` listing every attempt.
+    """
+    loaded = _state.get("loaded")
+    if loaded is not None:
+        return loaded
+    with _lock:
+        loaded = _state.get("loaded")
+        if loaded is None:
+            import torch  # noqa: F401  (torch's libgomp.so.1 then satisfies libdnnl's OpenMP)
+            loaded = _loader.try_load(ffi, "oneDNN (libdnnl.so.3)", candidates())
+            if os.sep not in loaded.path:
+                loaded.path = _mapped_path(SONAME) or loaded.path
+            else:
+                loaded.path = str(Path(loaded.path).resolve())
+            _state["loaded"] = loaded
+    return loaded
+
+
+def lib():
+    """The cffi library object (loads on first call)."""
+    loaded = _state.get("loaded")
+    return (loaded or load()).lib
+
+
+def status_name(status: int) -> str:
+    """``dnnl_status_t`` name for an integer status, from the declarations alone."""
+    return ffi.string(ffi.cast("dnnl_status_t", status))
+
+
+def check(status: int, function: str, detail: str = "") -> None:
+    """Raise for a non-success ``dnnl_status_t``: :class:`NotSupportedError` for
+    ``dnnl_unimplemented``, :class:`LibraryError` otherwise (status name, C function, hint)."""
+    if status == 0:
+        return
+    name = status_name(status)
+    if status == lib().dnnl_unimplemented:
+        raise NotSupportedError(
+            f"{function} failed: {name} ({status}): oneDNN offers no implementation"
+            + (f" for {detail}" if detail else "") + f" [{HINT}]",
+            library="oneDNN", function=function, status=status, status_name=name, detail=detail)
+    raise LibraryError("oneDNN", function, status, name, detail, HINT)
+
+
+def call(function: str, *args, detail: str = ""):
+    """Call ``lib().<function>(*args)`` and check its status."""
+    check(getattr(lib(), function)(*args), function, detail)
+
+
+# ------------------------------------------------------------------ global objects
+def engine():
+    """The process's CPU engine (created once). Wraps ``dnnl_engine_create``."""
+    eng = _state.get("engine")
+    if eng is None:
+        with _lock:
+            eng = _state.get("engine")
+            if eng is None:
+                L = lib()
+                p = ffi.new("dnnl_engine_t *")
+                call("dnnl_engine_create", p, L.dnnl_cpu, 0)
+                eng = p[0]  # lives for the whole process: never destroyed (atexit order is unreliable)
+                _state["engine"] = eng
+    return eng
+
+
+_tls = threading.local()
+
+
+def stream():
+    """This thread's CPU stream on :func:`engine` (oneDNN streams are not thread-safe).
+    Wraps ``dnnl_stream_create``."""
+    s = getattr(_tls, "stream", None)
+    if s is None:
+        L = lib()
+        p = ffi.new("dnnl_stream_t *")
+        call("dnnl_stream_create", p, engine(), L.dnnl_stream_default_flags)
+        s = ffi.gc(p[0], _stream_destroy)
+        _tls.stream = s
+    return s
+
+
+def _stream_destroy(s, _lib=None):
+    try:
+        lib().dnnl_stream_destroy(s)
+    except Exception:  # interpreter shutdown
+        pass
+
+
+# ------------------------------------------------------------------ memory descriptors
+_MD_DTYPES = {"float32": "dnnl_f32", "float16": "dnnl_f16", "bfloat16": "dnnl_bf16", "float64": "dnnl_f64",
+              "uint8": "dnnl_u8"}
+
+
+def data_type(name: str) -> int:
+    return getattr(lib(), _MD_DTYPES[name])
+
+
+def _md_gc(md):
+    return ffi.gc(md, lambda m, L=lib(): L.dnnl_memory_desc_destroy(m))
+
+
+def md_strides(dims, dtype: str, strides) -> object:
+    """A memory descriptor with explicit strides (in elements). Wraps
+    ``dnnl_memory_desc_create_with_strides``."""
+    p = ffi.new("dnnl_memory_desc_t *")
+    call("dnnl_memory_desc_create_with_strides", p, len(dims), list(dims), data_type(dtype), list(strides),
+         detail=f"dims {tuple(dims)} strides {tuple(strides)}")
+    return _md_gc(p[0])
+
+
+def md_tag(dims, dtype: str, tag: str = "any") -> object:
+    """A memory descriptor with a format tag (``"any"``, ``"nchw"``, ``"x"``...). Wraps
+    ``dnnl_memory_desc_create_with_tag``."""
+    L = lib()
+    t = L.dnnl_format_tag_any if tag == "any" else getattr(L, "dnnl_" + tag)
+    p = ffi.new("dnnl_memory_desc_t *")
+    call("dnnl_memory_desc_create_with_tag", p, len(dims), list(dims), data_type(dtype), t,
+         detail=f"dims {tuple(dims)} tag {tag}")
+    return _md_gc(p[0])
+
+
+def md_clone(md) -> object:
+    """An owned copy of a (borrowed) memory descriptor. Wraps ``dnnl_memory_desc_clone``."""
+    p = ffi.new("dnnl_memory_desc_t *")
+    call("dnnl_memory_desc_clone", p, md)
+    return _md_gc(p[0])
+
+
+def md_size(md) -> int:
+    """Bytes needed by a buffer of this descriptor. Wraps ``dnnl_memory_desc_get_size``."""
+    return int(lib().dnnl_memory_desc_get_size(md))
+
+
+def md_equal(a, b) -> bool:
+    """Wraps ``dnnl_memory_desc_equal``."""
+    return bool(lib().dnnl_memory_desc_equal(a, b))
+
+
+def md_query_int(md, what: str) -> int:
+    L = lib()
+    out = ffi.new("int *")
+    call("dnnl_memory_desc_query", md, getattr(L, "dnnl_query_" + what), out)
+    return int(out[0])
+
+
+def md_query_dims(md, what: str) -> list[int]:
+    L = lib()
+    out = ffi.new("dnnl_dims_t **")
+    call("dnnl_memory_desc_query", md, getattr(L, "dnnl_query_" + what), out)
+    return [int(v) for v in out[0][0]]
+
+
+def md_format(md) -> str:
+    """The layout as oneDNN's verbose mode writes it: ``"abcd"`` (nchw), ``"acdb"`` (nhwc),
+    ``"aBcd16b"`` (blocked), ``"any"``, ``"undef"``. Built from ``dnnl_memory_desc_query``."""
+    L = lib()
+    if md == ffi.NULL:
+        return "undef"
+    kind = md_query_int(md, "format_kind")
+    if kind == L.dnnl_format_kind_any:
+        return "any"
+    if kind != L.dnnl_blocked:
+        return ffi.string(L.dnnl_fmt_kind2str(kind)).decode()
+    nd = md_query_int(md, "ndims_s32")
+    if nd == 0:
+        return "undef"
+    strides = md_query_dims(md, "strides")[:nd]
+    nblks = md_query_int(md, "inner_nblks_s32")
+    blks = md_query_dims(md, "inner_blks")[:nblks]
+    idxs = md_query_dims(md, "inner_idxs")[:nblks]
+    letters = "abcdefghijkl"
+    order = sorted(range(nd), key=lambda i: (-strides[i], i))
+    blocked = set(idxs)
+    out = "".join(letters[i].upper() if i in blocked else letters[i] for i in order)
+    out += "".join(f"{b}{letters[i]}" for b, i in zip(blks, idxs))
+    return out
+
+
+def md_data_type(md) -> str:
+    L = lib()
+    return ffi.string(L.dnnl_dt2str(md_query_int(md, "data_type"))).decode()
+
+
+# ------------------------------------------------------------------ primitive descriptors
+def pd_impl_name(pd) -> str:
+    """The implementation name oneDNN reports (``dnnl_query_impl_info_str``), e.g. ``brgconv:avx512_core``."""
+    out = ffi.new("const char **")
+    call("dnnl_primitive_desc_query", pd, lib().dnnl_query_impl_info_str, 0, out)
+    return ffi.string(out[0]).decode()
+
+
+def pd_md(pd, what: str, index: int = 0):
+    """A borrowed memory descriptor of a primitive descriptor (``dnnl_primitive_desc_query_md``);
+    NULL-like (format undef) when the primitive has none."""
+    L = lib()
+    return L.dnnl_primitive_desc_query_md(pd, getattr(L, f"dnnl_query_{what}_md"), index)
+
+
+def pd_clone(pd):
+    """An owned copy of the current implementation of an iterator. Wraps ``dnnl_primitive_desc_clone``."""
+    p = ffi.new("dnnl_primitive_desc_t *")
+    call("dnnl_primitive_desc_clone", p, pd)
+    return ffi.gc(p[0], lambda x, L=lib(): L.dnnl_primitive_desc_destroy(x))
+
+
+def pd_gc(raw):
+    return ffi.gc(raw, lambda x, L=lib(): L.dnnl_primitive_desc_destroy(x))
+
+
+def primitive(pd):
+    """Create the primitive of a primitive descriptor (compiles JIT code). Wraps ``dnnl_primitive_create``."""
+    p = ffi.new("dnnl_primitive_t *")
+    call("dnnl_primitive_create", p, pd, detail=pd_impl_name(pd))
+    return ffi.gc(p[0], lambda x, L=lib(): L.dnnl_primitive_destroy(x))
+
+
+def memory(md, handle=ffi.NULL):
+    """A memory object on :func:`engine` with a user handle (``DNNL_MEMORY_NONE`` = NULL by default;
+    set the pointer per call with ``dnnl_memory_set_data_handle``). Wraps ``dnnl_memory_create``."""
+    p = ffi.new("dnnl_memory_t *")
+    call("dnnl_memory_create", p, md, engine(), handle)
+    return ffi.gc(p[0], lambda x, L=lib(): L.dnnl_memory_destroy(x))
+
+
+def attr(fpmath: int = 0, user_scratchpad: bool = True, post_ops=None):
+    """Primitive attributes: scratchpad mode (user), fpmath mode, post-ops. Wraps
+    ``dnnl_primitive_attr_create``, ``_set_scratchpad_mode``, ``_set_fpmath_mode``, ``_set_post_ops``."""
+    L = lib()
+    p = ffi.new("dnnl_primitive_attr_t *")
+    call("dnnl_primitive_attr_create", p)
+    a = ffi.gc(p[0], lambda x, L=L: L.dnnl_primitive_attr_destroy(x))
+    if user_scratchpad:
+        call("dnnl_primitive_attr_set_scratchpad_mode", a, L.dnnl_scratchpad_mode_user)
+    if fpmath:
+        call("dnnl_primitive_attr_set_fpmath_mode", a, fpmath)
+    if post_ops is not None:
+        call("dnnl_primitive_attr_set_post_ops", a, post_ops)
+    return a
+
+
+def post_ops(ops: list[tuple]) -> object:
+    """Post-ops chain from ``[("eltwise", alg_name, alpha, beta), ("sum", scale)]``. Wraps
+    ``dnnl_post_ops_create``, ``dnnl_post_ops_append_eltwise``, ``dnnl_post_ops_append_sum``."""
+    L = lib()
+    p = ffi.new("dnnl_post_ops_t *")
+    call("dnnl_post_ops_create", p)
+    po = ffi.gc(p[0], lambda x, L=L: L.dnnl_post_ops_destroy(x))
+    for op in ops:
+        if op[0] == "eltwise":
+            call("dnnl_post_ops_append_eltwise", po, getattr(L, "dnnl_eltwise_" + op[1]), float(op[2]), float(op[3]))
+        elif op[0] == "sum":
+            call("dnnl_post_ops_append_sum", po, float(op[1]), 0, L.dnnl_data_type_undef)
+        else:
+            raise ValueError(f"unknown post-op {op!r}")
+    return po
+
+
+def reorder_pd(src_md, dst_md):
+    """A reorder primitive descriptor from ``src_md`` to ``dst_md`` on the CPU engine. Wraps
+    ``dnnl_reorder_primitive_desc_create``."""
+    p = ffi.new("dnnl_primitive_desc_t *")
+    call("dnnl_reorder_primitive_desc_create", p, src_md, engine(), dst_md, engine(), attr())
+    return pd_gc(p[0])
+
+
+# ------------------------------------------------------------------ info
+def version() -> dict:
+    """``dnnl_version()`` as a dict: version string, commit hash, CPU runtime."""
+    v = lib().dnnl_version()
+    runtimes = {1: "sequential", 2: "OpenMP", 4: "TBB", 8: "threadpool", 1024: "SYCL"}
+    return {"version": f"{v.major}.{v.minor}.{v.patch}", "commit": ffi.string(v.hash).decode(),
+            "cpu_runtime": runtimes.get(int(v.cpu_runtime), str(int(v.cpu_runtime)))}
+
+
+def effective_cpu_isa() -> str:
+    """``dnnl_get_effective_cpu_isa()`` as its name, e.g. ``"avx512_core_amx"``."""
+    L = lib()
+    isa = L.dnnl_get_effective_cpu_isa()
+    name = ffi.string(ffi.cast("dnnl_cpu_isa_t", isa))
+    return name.replace("dnnl_cpu_isa_", "") if isinstance(name, str) else str(isa)
+
+
+def primitive_cache_capacity() -> int:
+    out = ffi.new("int *")
+    call("dnnl_get_primitive_cache_capacity", out)
+    return int(out[0])
+
+
+def set_primitive_cache_capacity(n: int) -> None:
+    call("dnnl_set_primitive_cache_capacity", int(n))
+
+
+def set_verbose(level: int) -> None:
+    """Wraps ``dnnl_set_verbose`` (0 none, 1 exec, 2 create+exec). Output goes to C stdout."""
+    call("dnnl_set_verbose", int(level))

@@ -1,0 +1,42 @@
+"""``rawconv.info()`` and ``rawconv info``: what was loaded, from where, how it was found."""
+from __future__ import annotations
+
+import platform
+import re
+
+import torch
+
+
+def _torch_part() -> dict:
+    cfg = torch.__config__.show()
+    m = re.search(r"MKL-DNN v([\d.]+) \(Git Hash (\w+)\)", cfg)
+    out = {"version": torch.__version__, "threads": torch.get_num_threads(),
+           "mkldnn_available": torch.backends.mkldnn.is_available(),
+           "mkldnn_enabled": torch.backends.mkldnn.enabled,
+           "onednn_bundled": (m.group(1) + " (" + m.group(2)[:8] + ")") if m else None,
+           "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available()}
+    try:
+        out["cudnn_version"] = torch.backends.cudnn.version()
+    except Exception as exc:  # pragma: no cover
+        out["cudnn_version"] = f"unavailable ({exc})"
+    return out
+
+
+def collect() -> dict:
+    from . import __version__
+
+    out = {"rawconv": __version__, "python": platform.python_version(), "machine": platform.machine(),
+           "torch": _torch_part()}
+    try:
+        from . import onednn
+
+        out["onednn"] = onednn.info()
+    except Exception as exc:
+        out["onednn"] = {"error": f"{type(exc).__name__}: {exc}"}
+    try:
+        from . import cudnn
+
+        out["cudnn"] = cudnn.info()
+    except Exception as exc:
+        out["cudnn"] = {"error": f"{type(exc).__name__}: {exc}"}
+    return out

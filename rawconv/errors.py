@@ -1,0 +1,72 @@
+"""Exceptions raised by rawconv.
+
+Every error rawconv raises derives from :class:`RawconvError`. Bad arguments also derive from
+:class:`ValueError` / :class:`TypeError`, so ordinary ``except ValueError`` code keeps working.
+"""
+from __future__ import annotations
+
+
+class RawconvError(Exception):
+    """Base class of every rawconv error."""
+
+
+class ArgumentError(RawconvError, ValueError):
+    """An argument is wrong (shape, dtype, device, groups, padding...). Raised before any C call."""
+
+
+class ArgumentTypeError(RawconvError, TypeError):
+    """An argument has the wrong Python type. Raised before any C call."""
+
+
+class LibraryNotFoundError(RawconvError, OSError):
+    """A native library (libdnnl, libcudnn) could not be loaded; the message lists every attempt."""
+
+    def __init__(self, library: str, attempts: list[tuple[str, str]]):
+        self.library = library
+        self.attempts = list(attempts)
+        lines = [f"could not load {library}; tried, in order:"]
+        lines += [f"  - {where}: {why}" for where, why in self.attempts]
+        super().__init__("\n".join(lines))
+
+
+class LibraryError(RawconvError, RuntimeError):
+    """A library call returned an error status.
+
+    Attributes: ``library`` ("oneDNN" or "cuDNN"), ``function`` (the C function), ``status``
+    (the integer status), ``status_name`` (e.g. ``"dnnl_invalid_arguments"``), ``detail`` (the
+    library's own last-error text, when it has one).
+    """
+
+    def __init__(self, library: str, function: str, status: int, status_name: str,
+                 detail: str = "", hint: str = ""):
+        self.library = library
+        self.function = function
+        self.status = int(status)
+        self.status_name = status_name
+        self.detail = detail
+        self.hint = hint
+        msg = f"{function} failed: {status_name} ({self.status})"
+        if detail:
+            msg += f": {detail}"
+        if hint:
+            msg += f" [{hint}]"
+        super().__init__(msg)
+
+
+class NotSupportedError(LibraryError):
+    """The library does not offer this algorithm / implementation / engine for this problem.
+
+    Raised both when the library says so (``dnnl_unimplemented``, ``CUDNN_STATUS_NOT_SUPPORTED``)
+    and when rawconv knows before calling (a forced implementation absent from the list).
+    ``offered`` lists what the library does offer, when known.
+    """
+
+    def __init__(self, message: str, *, library: str = "", function: str = "", status: int = 0,
+                 status_name: str = "", detail: str = "", offered: list | None = None):
+        self.offered = list(offered or [])
+        RuntimeError.__init__(self, message)
+        self.library, self.function, self.status = library, function, int(status)
+        self.status_name, self.detail, self.hint = status_name, detail, ""
+
+    def __str__(self) -> str:  # RuntimeError's str is the message
+        return self.args[0]

@@ -1,0 +1,787 @@
+"""oneDNN convolutions on torch CPU tensors: list every implementation, force one, time it.
+
+Quick use::
+
+    y = rawconv.onednn.forward(x, w, padding=1)                       # oneDNN's first choice
+    for impl in rawconv.onednn.implementations(x, w, padding=1):       # all it offers
+        print(impl)
+    y = rawconv.onednn.forward(x, w, padding=1, impl="jit:avx512_core")  # exactly that one
+
+    with rawconv.onednn.Convolution(x, w, padding=1) as conv:         # a plan for one problem
+        best = conv.autotune(iterations=20)                            # time every implementation
+        y = conv.execute(x)                                            # weights prepacked once
+
+Terms are oneDNN's: a *primitive descriptor* per *implementation* (``impl``), *format tags*
+(``any`` lets the implementation choose its blocked layout, which then costs *reorders*), a
+user *scratchpad*, the *fpmath mode*.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from . import _dnnl
+from ._dnnl import ffi
+from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
+from .problem import ConvProblem, empty_like_layout, layout_of, to_layout
+
+__all__ = ["Implementation", "Convolution", "forward", "backward_data", "backward_weights",
+           "implementations", "info", "verbose", "clear_cache", "FPMATH_MODES", "ALGORITHMS"]
+
+FPMATH_MODES = {"strict": 0, "bf16": 1, "f16": 2, "any": 3, "tf32": 4}
+ALGORITHMS = {"direct": "dnnl_convolution_direct", "winograd": "dnnl_convolution_winograd",
+              "auto": "dnnl_convolution_auto"}
+DTYPES = ("float32", "bfloat16", "float16")
+
+# role -> (exec arg name, primitive-descriptor query, is output)
+_ARGS = {
+    "forward": [("x", "SRC", "src", False), ("w", "WEIGHTS", "weights", False),
+                ("b", "BIAS", "weights:1", False), ("y", "DST", "dst", True)],
+    "backward_data": [("dy", "DIFF_DST", "diff_dst", False), ("w", "WEIGHTS", "weights", False),
+                      ("dx", "DIFF_SRC", "diff_src", True)],
+    "backward_weights": [("x", "SRC", "src", False), ("dy", "DIFF_DST", "diff_dst", False),
+                         ("dw", "DIFF_WEIGHTS", "diff_weights", True),
+                         ("db", "DIFF_BIAS", "diff_weights:1", True)],
+}
+_ROLE_NAMES = {"x": "src", "w": "weights", "b": "bias", "y": "dst", "dy": "diff_dst", "dx": "diff_src",
+               "dw": "diff_weights", "db": "diff_bias"}
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """One implementation oneDNN offers for a problem.
+
+    ``index``: position in rawconv's list (oneDNN's order for ``format_tag any``, then the
+    implementations that take the tensors' own src/dst layout); ``name``: oneDNN's
+    implementation string (``dnnl_query_impl_info_str``); ``layouts``: ``"any"`` or ``"user"``
+    (src/dst fixed to the tensors' layout, weights ``any``); ``formats``: the layout each tensor
+    gets (oneDNN verbose notation: ``abcd`` = NCHW, ``acdb`` = NHWC, ``aBcd16b`` = blocked);
+    ``reorders``: tensors converted on every call (weights only once when prepacked);
+    ``scratchpad_bytes``: the scratchpad it needs, in bytes.
+    """
+
+    index: int
+    name: str
+    layouts: str
+    formats: dict = field(compare=False)
+    reorders: tuple = ()
+    scratchpad_bytes: int = 0
+    direction: str = "forward"
+
+    def __str__(self) -> str:
+        fm = " ".join(f"{_ROLE_NAMES.get(k, k)}={v}" for k, v in self.formats.items())
+        ro = ",".join(_ROLE_NAMES.get(r, r) for r in self.reorders) or "none"
+        return (f"[{self.index}] {self.name:<28} layouts={self.layouts:<4} {fm}  reorders={ro}  "
+                f"scratchpad={self.scratchpad_bytes} B")
+
+
+@dataclass
+class TimedImplementation:
+    """A row of :meth:`Convolution.autotune`: the implementation and its times (ms)."""
+
+    impl: Implementation
+    median_ms: float
+    min_ms: float
+    runs: int
+
+    def __str__(self) -> str:
+        return f"{self.impl.name:<28} ({self.impl.layouts}) median {self.median_ms:.4f} ms  min {self.min_ms:.4f} ms"
+
+
+# ---------------------------------------------------------------------------- helpers
+def _dense_strides(shape: Sequence[int], layout: str) -> list[int]:
+    nd = len(shape)
+    order = list(range(nd - 1, -1, -1)) if layout == "nchw" else [1] + list(range(nd - 1, 1, -1)) + [0]
+    strides, acc = [0] * nd, 1
+    for d in order:
+        strides[d] = acc
+        acc *= max(shape[d], 1)
+    return strides
+
+
+def _strides_match(t: torch.Tensor, strides: Sequence[int]) -> bool:
+    return all(s == 1 or st == want for s, st, want in zip(t.shape, t.stride(), strides))
+
+
+def _w_layout(w: torch.Tensor) -> str:
+    return "nhwc" if w.dim() >= 3 and layout_of(w) == "nhwc" and not w.is_contiguous() else "nchw"
+
+
+def _weights_md(p: ConvProblem, layout: str):
+    """User weights md: (K, C/g, *k) or, grouped, (G, K/g, C/g, *k) with the same strides."""
+    shape = list(p.w_shape)
+    st = _dense_strides(shape, layout)
+    if p.groups > 1:
+        g = p.groups
+        shape = [g, shape[0] // g] + shape[1:]
+        st = [st[0] * (p.k // g)] + st
+    return _dnnl.md_strides(shape, p.dtype, st), shape
+
+
+def _weights_any_md(p: ConvProblem):
+    shape = list(p.w_shape)
+    if p.groups > 1:
+        shape = [p.groups, shape[0] // p.groups] + shape[1:]
+    return _dnnl.md_tag(shape, p.dtype, "any")
+
+
+def _ptr(t: torch.Tensor):
+    return ffi.cast("void *", t.data_ptr())
+
+
+def _check_fpmath(fpmath: str) -> int:
+    if fpmath not in FPMATH_MODES:
+        raise ArgumentError(f"fpmath must be one of {list(FPMATH_MODES)}, got {fpmath!r}")
+    return FPMATH_MODES[fpmath]
+
+
+def _check_algorithm(algorithm: str) -> str:
+    if algorithm not in ALGORITHMS:
+        raise ArgumentError(f"algorithm must be one of {list(ALGORITHMS)}, got {algorithm!r}")
+    return algorithm
+
+
+# ---------------------------------------------------------------------------- one built implementation
+class _Built:
+    """The primitive of one implementation plus its reorders, memory objects and buffers."""
+
+    def __init__(self, plan: "Convolution", impl: Implementation, pd):
+        L = _dnnl.lib()
+        self.impl = impl
+        self.pd = pd
+        self.prim = _dnnl.primitive(pd)
+        self.args = []          # (role, arg id, memory, is_output, reorder or None, buffer or None)
+        for role, arg, query, is_out in _ARGS[plan.direction]:
+            if role in ("b", "db") and not plan.problem.has_bias:
+                continue
+            q, _, idx = query.partition(":")
+            md = _dnnl.pd_md(pd, q, int(idx or 0))
+            user_md = plan.user_md[role]
+            mem = _dnnl.memory(md)
+            reorder = buf = None
+            if not _dnnl.md_equal(md, user_md):
+                buf = torch.empty(_dnnl.md_size(md), dtype=torch.uint8)
+                _dnnl.call("dnnl_memory_set_data_handle", mem, _ptr(buf))
+                src_md, dst_md = (md, user_md) if is_out else (user_md, md)
+                rpd = _dnnl.reorder_pd(src_md, dst_md)
+                rprim = _dnnl.primitive(rpd)
+                umem = _dnnl.memory(user_md)
+                rargs = ffi.new("dnnl_exec_arg_t[2]")
+                rargs[0].arg, rargs[1].arg = L.DNNL_ARG_FROM, L.DNNL_ARG_TO
+                rargs[0].memory, rargs[1].memory = (mem, umem) if is_out else (umem, mem)
+                reorder = (rprim, umem, rargs)
+            self.args.append((role, getattr(L, "DNNL_ARG_" + arg), mem, is_out, reorder, buf))
+        sp_md = _dnnl.pd_md(pd, "scratchpad")
+        self.scratchpad = torch.empty(max(_dnnl.md_size(sp_md), 1), dtype=torch.uint8)
+        sp_mem = _dnnl.memory(sp_md, _ptr(self.scratchpad))
+        n = len(self.args) + 1
+        self.exec_args = ffi.new(f"dnnl_exec_arg_t[{n}]")
+        for i, (role, arg, mem, *_rest) in enumerate(self.args):
+            self.exec_args[i].arg = arg
+            self.exec_args[i].memory = mem
+        self.exec_args[n - 1].arg = L.DNNL_ARG_SCRATCHPAD
+        self.exec_args[n - 1].memory = sp_mem
+        self._keep = (sp_mem,)
+        self.nargs = n
+        self.packed_w = None   # (weakref to w, w._version, data_ptr) whose reorder sits in the buffer
+
+    def run(self, tensors: dict, stream, prepack: bool) -> None:
+        L = _dnnl.lib()
+        set_handle = L.dnnl_memory_set_data_handle
+        execute = L.dnnl_primitive_execute
+        post = []
+        for role, _arg, mem, is_out, reorder, _buf in self.args:
+            t = tensors[role]
+            if reorder is None:
+                _dnnl.check(set_handle(mem, _ptr(t)), "dnnl_memory_set_data_handle")
+                continue
+            rprim, umem, rargs = reorder
+            _dnnl.check(set_handle(umem, _ptr(t)), "dnnl_memory_set_data_handle")
+            if is_out:
+                post.append((rprim, rargs))
+                continue
+            if role == "w" and prepack:
+                key = self.packed_w
+                if key is not None and key[0]() is t and key[1] == t._version and key[2] == t.data_ptr():
+                    continue
+            _dnnl.check(execute(rprim, stream, 2, rargs), "dnnl_primitive_execute", self.impl.name + " (reorder)")
+            if role == "w":
+                self.packed_w = (weakref.ref(t), t._version, t.data_ptr()) if prepack else None
+        _dnnl.check(execute(self.prim, stream, self.nargs, self.exec_args), "dnnl_primitive_execute", self.impl.name)
+        for rprim, rargs in post:
+            _dnnl.check(execute(rprim, stream, 2, rargs), "dnnl_primitive_execute", self.impl.name + " (reorder)")
+        _dnnl.check(L.dnnl_stream_wait(stream), "dnnl_stream_wait")
+
+
+# ---------------------------------------------------------------------------- the plan
+class Convolution:
+    """A oneDNN convolution plan for one problem, in the style of nvmath-python's ``Matmul``.
+
+    ``Convolution(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, *, impl=None,
+    algorithm="direct", fpmath="strict", prepack=True)``: ``x`` (N, C, *spatial) or unbatched,
+    ``w`` (K, C/groups, *kernel), CPU tensors of float32, bfloat16 or float16 (where the CPU has
+    it), NCHW or channels_last. ``padding`` as in torch, or one ``(before, after)`` pair per dim.
+
+    ``implementations`` lists every implementation (:class:`Implementation`); ``autotune()``
+    times them and selects the fastest; ``execute(x, w=None, bias=None, out=None)`` runs the
+    selected one (``w=None`` uses the weights given at construction; with ``prepack`` their
+    reordered copy is kept until the tensor changes, as seen by its version counter);
+    ``free()`` (or ``with``) releases the primitives and buffers. Not thread-safe: one plan per thread.
+
+    Also built for the backward passes by :func:`backward_data` / :func:`backward_weights` via
+    :meth:`from_problem`. Raises :class:`~rawconv.errors.ArgumentError` for bad input before any
+    C call, :class:`~rawconv.errors.NotSupportedError` when oneDNN offers nothing (or not the
+    forced impl), :class:`~rawconv.errors.LibraryError` for other oneDNN failures.
+    Wraps ``dnnl_convolution_{forward,backward_data,backward_weights}_primitive_desc_create``,
+    ``dnnl_primitive_desc_next_impl``, ``dnnl_primitive_create``, ``dnnl_primitive_execute``,
+    ``dnnl_reorder_primitive_desc_create``.
+    """
+
+    def __init__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
+                 stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1, *,
+                 impl: Any = None, algorithm: str = "direct", fpmath: str = "strict",
+                 prepack: bool = True):
+        problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
+        _check_device(problem)
+        self._init(problem, "forward", algorithm, fpmath, _w_layout(w), prepack)
+        self._x, self._w, self._b = x, w, bias
+        if impl is not None:
+            self.select(impl)
+
+    @classmethod
+    def from_problem(cls, problem: ConvProblem, *, direction: str = "forward", algorithm: str = "direct",
+                     fpmath: str = "strict", w_layout: str = "nchw", impl: Any = None,
+                     prepack: bool = True) -> "Convolution":
+        """A plan from a :class:`ConvProblem` (no tensors needed until :meth:`execute`)."""
+        if direction not in _ARGS:
+            raise ArgumentError(f"direction must be one of {list(_ARGS)}, got {direction!r}")
+        _check_device(problem)
+        self = cls.__new__(cls)
+        self._init(problem, direction, algorithm, fpmath, w_layout, prepack)
+        self._x = self._w = self._b = None
+        if impl is not None:
+            self.select(impl)
+        return self
+
+    def _init(self, problem, direction, algorithm, fpmath, w_layout, prepack):
+        if problem.dtype not in DTYPES:
+            raise ArgumentError(f"oneDNN backend handles {list(DTYPES)}, got {problem.dtype}")
+        self.problem = problem
+        self.direction = direction
+        self.algorithm = _check_algorithm(algorithm)
+        self.fpmath = fpmath
+        self._fpmath = _check_fpmath(fpmath)
+        self.w_layout = w_layout
+        self.prepack = prepack
+        self._impls: list[Implementation] | None = None
+        self._pds: list = []
+        self._built: dict[int, _Built] = {}
+        self._selected: int | None = None
+        self._freed = False
+        self._lock = threading.Lock()
+        self.user_md = {}
+        self._user_strides = {}
+
+    # ------------------------------------------------------------------ descriptors
+    def _mds(self):
+        p = self.problem
+        if self.user_md:
+            return
+        xs = _dense_strides(p.x_shape, p.layout)
+        ys = _dense_strides(p.y_shape, p.layout)
+        self._user_strides = {"x": xs, "y": ys, "dx": xs, "dy": ys,
+                              "w": _dense_strides(p.w_shape, self.w_layout),
+                              "dw": _dense_strides(p.w_shape, self.w_layout), "b": [1], "db": [1]}
+        wmd, _ = _weights_md(p, self.w_layout)
+        xmd = _dnnl.md_strides(p.x_shape, p.dtype, xs)
+        ymd = _dnnl.md_strides(p.y_shape, p.dtype, ys)
+        bmd = _dnnl.md_strides([p.k], p.dtype, [1]) if p.has_bias else ffi.NULL
+        self.user_md = {"x": xmd, "y": ymd, "dx": xmd, "dy": ymd, "w": wmd, "dw": wmd, "b": bmd, "db": bmd}
+
+    def _create_pd(self, layouts: str):
+        """The first primitive descriptor (an iterator over implementations) for ``layouts``
+        ``"any"`` (all tensors ``format_tag any``) or ``"user"`` (src/dst as the tensors are)."""
+        L = _dnnl.lib()
+        p = self.problem
+        self._mds()
+        if layouts == "any":
+            xmd = _dnnl.md_tag(p.x_shape, p.dtype, "any")
+            ymd = _dnnl.md_tag(p.y_shape, p.dtype, "any")
+        else:
+            xmd, ymd = self.user_md["x"], self.user_md["y"]
+        wmd = _weights_any_md(p)
+        bmd = self.user_md["b"]
+        strides = list(p.stride)
+        dil = [d - 1 for d in p.dilation]
+        pl, pr = list(p.pad_before), list(p.pad_after)
+        alg = getattr(L, ALGORITHMS[self.algorithm])
+        a = _dnnl.attr(self._fpmath)
+        out = ffi.new("dnnl_primitive_desc_t *")
+        detail = f"{p.describe()} ({self.direction}, layouts {layouts}, algorithm {self.algorithm}, fpmath {self.fpmath})"
+        prop = L.dnnl_forward_inference if self.direction == "forward" else L.dnnl_forward_training
+        _dnnl.call("dnnl_convolution_forward_primitive_desc_create", out, _dnnl.engine(), prop, alg,
+                   xmd, wmd, bmd, ymd, strides, dil, pl, pr, a, detail=detail)
+        fwd = _dnnl.pd_gc(out[0])
+        if self.direction == "forward":
+            return fwd
+        out2 = ffi.new("dnnl_primitive_desc_t *")
+        if self.direction == "backward_data":
+            _dnnl.call("dnnl_convolution_backward_data_primitive_desc_create", out2, _dnnl.engine(), alg,
+                       xmd, wmd, ymd, strides, dil, pl, pr, fwd, a, detail=detail)
+        else:
+            _dnnl.call("dnnl_convolution_backward_weights_primitive_desc_create", out2, _dnnl.engine(), alg,
+                       xmd, wmd, bmd, ymd, strides, dil, pl, pr, fwd, a, detail=detail)
+        return _dnnl.pd_gc(out2[0])
+
+    def _enumerate(self):
+        L = _dnnl.lib()
+        rows, pds, seen = [], [], set()
+        last_error = None
+        for layouts in ("any", "user"):
+            try:
+                it = self._create_pd(layouts)
+            except NotSupportedError as exc:
+                last_error = exc
+                continue
+            while True:
+                impl, pd = self._describe(it, layouts, len(rows))
+                key = (impl.name, tuple(impl.formats.items()))
+                # oneDNN 3.2 repeats the whole list when its primitive cache holds these
+                # primitives (shared/cases C3): keep each (name, layouts) once.
+                if key not in seen:
+                    seen.add(key)
+                    rows.append(impl)
+                    pds.append(pd)
+                if L.dnnl_primitive_desc_next_impl(it) != 0:
+                    break
+        if not rows:
+            raise last_error or NotSupportedError("oneDNN offers no implementation for " + self.problem.describe())
+        self._impls, self._pds = rows, pds
+
+    def _describe(self, it, layouts: str, index: int):
+        pd = _dnnl.pd_clone(it)
+        formats, reorders = {}, []
+        self._mds()
+        for role, _arg, query, is_out in _ARGS[self.direction]:
+            if role in ("b", "db") and not self.problem.has_bias:
+                continue
+            q, _, idx = query.partition(":")
+            md = _dnnl.pd_md(pd, q, int(idx or 0))
+            formats[role] = _dnnl.md_format(md)
+            if not _dnnl.md_equal(md, self.user_md[role]):
+                reorders.append(role)
+        sp = _dnnl.md_size(_dnnl.pd_md(pd, "scratchpad"))
+        impl = Implementation(index, _dnnl.pd_impl_name(pd), layouts, formats, tuple(reorders), sp, self.direction)
+        return impl, pd
+
+    @property
+    def implementations(self) -> list[Implementation]:
+        """Every implementation oneDNN offers for this problem (see :class:`Implementation`),
+        without duplicates. Wraps ``dnnl_primitive_desc_next_impl`` / ``dnnl_primitive_desc_clone``."""
+        self._check_live()
+        if self._impls is None:
+            with self._lock:
+                if self._impls is None:
+                    self._enumerate()
+        return list(self._impls)
+
+    # ------------------------------------------------------------------ selection
+    def _resolve(self, impl: Any) -> int:
+        impls = self.implementations
+        if isinstance(impl, Implementation):
+            for i, r in enumerate(impls):
+                if r.name == impl.name and r.layouts == impl.layouts and r.formats == impl.formats:
+                    return i
+            raise NotSupportedError(f"implementation {impl.name} ({impl.layouts}) is not offered for "
+                                    f"{self.problem.describe()}; offered: {[r.name for r in impls]}",
+                                    library="oneDNN", offered=[r.name for r in impls])
+        if isinstance(impl, bool) or not isinstance(impl, (int, str)):
+            raise ArgumentError(f"impl must be None, an int position, a name string or an Implementation, got {impl!r}")
+        if isinstance(impl, int):
+            if not 0 <= impl < len(impls):
+                raise NotSupportedError(
+                    f"impl={impl} is out of range: oneDNN offers {len(impls)} implementations for "
+                    f"{self.problem.describe()}: " + ", ".join(f"{r.index}:{r.name}" for r in impls),
+                    library="oneDNN", offered=[r.name for r in impls])
+            return impl
+        name, _, layouts = impl.partition("@")
+        matches = [i for i, r in enumerate(impls) if r.name == name and (not layouts or r.layouts == layouts)]
+        if not matches:
+            names = sorted({r.name for r in impls}, key=[r.name for r in impls].index)
+            raise NotSupportedError(
+                f"implementation {impl!r} is not offered by oneDNN {_dnnl.version()['version']} for "
+                f"{self.problem.describe()} ({self.direction}, fpmath {self.fpmath}); offered: {', '.join(names)}",
+                library="oneDNN", offered=names)
+        # several entries with this name: the one with the fewest per-call reorders, then oneDNN's order
+        return min(matches, key=lambda i: (len([r for r in impls[i].reorders if r not in ("w",)]), i))
+
+    def select(self, impl: Any) -> Implementation:
+        """Select the implementation :meth:`execute` runs: an int position, a name (``"jit:avx512_core"``,
+        optionally ``"name@user"``/``"name@any"``), or an :class:`Implementation`.
+        Raises :class:`NotSupportedError` naming what oneDNN offers."""
+        i = self._resolve(impl)
+        self._selected = i
+        return self._impls[i]
+
+    @property
+    def selected(self) -> Implementation:
+        """The implementation :meth:`execute` runs (oneDNN's first choice unless selected/autotuned)."""
+        if self._selected is None:
+            self._selected = 0 if self.implementations else None
+        return self._impls[self._selected]
+
+    def _build(self, i: int) -> _Built:
+        b = self._built.get(i)
+        if b is None:
+            b = _Built(self, self._impls[i], self._pds[i])
+            self._built[i] = b
+        return b
+
+    # ------------------------------------------------------------------ execution
+    def _prepare(self, role: str, t: torch.Tensor, shape) -> torch.Tensor:
+        p = self.problem
+        if not isinstance(t, torch.Tensor):
+            raise ArgumentError(f"{_ROLE_NAMES[role]} must be a torch.Tensor, got {type(t).__name__}")
+        if p.unbatched and role in ("x", "y", "dx", "dy") and t.dim() == p.ndim + 1:
+            t = t.unsqueeze(0)
+        if tuple(t.shape) != tuple(shape):
+            raise ArgumentError(f"{_ROLE_NAMES[role]} must have shape {tuple(shape)} for this plan, got {tuple(t.shape)}")
+        if t.dtype != p.torch_dtype:
+            raise ArgumentError(f"{_ROLE_NAMES[role]} must be {p.torch_dtype} for this plan, got {t.dtype}")
+        if t.device.type != "cpu":
+            raise ArgumentError(f"{_ROLE_NAMES[role]} must be on the CPU for oneDNN, got {t.device}")
+        if t.requires_grad and torch.is_grad_enabled():
+            t = t.detach()
+        if not _strides_match(t, self._user_strides[role]):
+            if role in ("y", "dx", "dw", "db"):
+                raise ArgumentError(f"out ({_ROLE_NAMES[role]}) must have strides {tuple(self._user_strides[role])} "
+                                    f"(the plan's layout), got {t.stride()}")
+            t = _restride(t, self._user_strides[role])
+        return t
+
+    def execute(self, x: torch.Tensor | None = None, w: torch.Tensor | None = None,
+                bias: torch.Tensor | None = None, out: torch.Tensor | None = None, *,
+                grad_y: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the selected implementation and return the result.
+
+        forward: ``execute(x, w=None, bias=None, out=None)`` -> y (N, K, *out), in x's layout.
+        backward_data: ``execute(grad_y=dy, w=w)`` -> dx. backward_weights: ``execute(x, grad_y=dy)``
+        -> dw, or ``(dw, db)`` when the plan has a bias. ``None`` for w/bias uses the tensors given
+        at construction. Output buffers may be passed as ``out`` (forward, backward_data).
+        Raises :class:`ArgumentError` when tensors do not fit the plan. Wraps ``dnnl_primitive_execute``.
+        """
+        self._check_live()
+        p = self.problem
+        d = self.direction
+        x = self._x if x is None and d != "backward_data" else x
+        w = self._w if w is None else w
+        bias = self._b if bias is None else bias
+        if d == "forward":
+            if x is None or w is None:
+                raise ArgumentError("execute needs x and w (none were given at construction)")
+            if p.has_bias and bias is None:
+                raise ArgumentError("this plan was built with a bias: pass bias")
+            if not p.has_bias and bias is not None:
+                raise ArgumentError("this plan was built without a bias; build one with bias to use it")
+        elif d == "backward_data":
+            if grad_y is None or w is None:
+                raise ArgumentError("backward_data needs grad_y and w")
+        else:
+            if grad_y is None or x is None:
+                raise ArgumentError("backward_weights needs x and grad_y")
+        if p.is_empty:
+            return _empty_result(self, x, w, bias, out)
+        tensors = {}
+        if d == "forward":
+            tensors["x"] = self._prepare("x", x, p.x_shape)
+            tensors["w"] = self._prepare("w", w, p.w_shape)
+            if p.has_bias:
+                tensors["b"] = self._prepare("b", bias, (p.k,))
+            y = out if out is not None else empty_like_layout(p.y_shape, p.layout, p.torch_dtype, "cpu")
+            tensors["y"] = self._prepare("y", y, p.y_shape)
+            result = y
+        elif d == "backward_data":
+            tensors["dy"] = self._prepare("dy", grad_y, p.y_shape)
+            tensors["w"] = self._prepare("w", w, p.w_shape)
+            dx = out if out is not None else empty_like_layout(p.x_shape, p.layout, p.torch_dtype, "cpu")
+            tensors["dx"] = self._prepare("dx", dx, p.x_shape)
+            result = dx
+        else:
+            tensors["x"] = self._prepare("x", x, p.x_shape)
+            tensors["dy"] = self._prepare("dy", grad_y, p.y_shape)
+            dw = empty_like_layout(p.w_shape, self.w_layout, p.torch_dtype, "cpu")
+            tensors["dw"] = dw
+            result = dw
+            if p.has_bias:
+                tensors["db"] = torch.empty(p.k, dtype=p.torch_dtype)
+                result = (dw, tensors["db"])
+        built = self._build(self.selected.index)
+        built.run(tensors, _dnnl.stream(), self.prepack)
+        if p.unbatched and d in ("forward", "backward_data"):
+            return result.squeeze(0)
+        return result
+
+    __call__ = execute
+
+    def autotune(self, iterations: int = 10, warmup: int = 2, *, include_ref: bool = False,
+                 budget_s: float | None = None) -> list[TimedImplementation]:
+        """Time every implementation on this plan's tensors (random ones of the problem's shape
+        when the plan was built from a problem) and select the fastest (by median).
+
+        Each implementation is built, run ``warmup`` times, then timed over ``iterations`` calls
+        (``time.perf_counter``, per call, reorders included; weights prepacked once when
+        ``prepack``). ``ref:any`` is skipped unless ``include_ref`` (it is orders of magnitude
+        slower). ``budget_s`` caps the seconds spent per implementation. Returns the rows sorted
+        fastest first.
+        """
+        from .bench import time_cpu
+
+        self._check_live()
+        tensors = self._example_tensors()
+        rows = []
+        for impl in self.implementations:
+            if impl.name.startswith("ref") and not include_ref:
+                continue
+            self._selected = impl.index
+            try:
+                stats = time_cpu(lambda: self.execute(**tensors), iterations=iterations, warmup=warmup,
+                                 budget_s=budget_s)
+            except NotSupportedError:
+                continue
+            rows.append(TimedImplementation(impl, stats.median_ms, stats.min_ms, stats.runs))
+        if not rows:
+            raise NotSupportedError("no implementation could be timed for " + self.problem.describe())
+        rows.sort(key=lambda r: r.median_ms)
+        self._selected = rows[0].impl.index
+        for i in list(self._built):
+            if i != self._selected:
+                del self._built[i]
+        return rows
+
+    def _example_tensors(self) -> dict:
+        p = self.problem
+        x, w, b = (self._x, self._w, self._b)
+        if x is None and w is None:
+            x, w, b = p.make_inputs(seed=1)
+            self._w = w if self.direction != "backward_weights" else None
+            if self.w_layout == "nhwc":
+                w = to_layout(w, "nhwc")
+        if self.direction == "forward":
+            return {"x": x, "w": w, "bias": b}
+        gy = torch.randn(p.y_shape, dtype=torch.float64).to(p.torch_dtype)
+        gy = to_layout(gy, p.layout)
+        if self.direction == "backward_data":
+            return {"grad_y": gy, "w": w}
+        return {"x": x, "grad_y": gy}
+
+    # ------------------------------------------------------------------ lifetime
+    def _check_live(self):
+        if self._freed:
+            raise ArgumentError("this Convolution plan was freed")
+
+    def free(self) -> None:
+        """Release primitives, buffers and tensor references. Idempotent."""
+        self._built.clear()
+        self._pds = []
+        self._impls = None
+        self._x = self._w = self._b = None
+        self.user_md = {}
+        self._freed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+    def __repr__(self) -> str:
+        if self._freed:
+            return "<rawconv.onednn.Convolution (freed)>"
+        sel = self._impls[self._selected].name if self._impls is not None and self._selected is not None else "?"
+        return (f"<rawconv.onednn.Convolution {self.direction} {self.problem.describe()} "
+                f"fpmath={self.fpmath} impl={sel}>")
+
+
+def _restride(t: torch.Tensor, strides) -> torch.Tensor:
+    out = torch.empty_strided(t.shape, strides, dtype=t.dtype)
+    out.copy_(t)
+    return out
+
+
+def _empty_result(plan: Convolution, x, w, bias, out):
+    """Zero-sized problems (shared/cases C1): torch's result without any library call."""
+    p = plan.problem
+    d = plan.direction
+    if d == "forward":
+        y = out if out is not None else empty_like_layout(p.y_shape, p.layout, p.torch_dtype, "cpu")
+        y.zero_()
+        if bias is not None and y.numel():
+            y += bias.view(1, -1, *([1] * p.ndim))
+        return y.squeeze(0) if p.unbatched else y
+    if d == "backward_data":
+        dx = out if out is not None else empty_like_layout(p.x_shape, p.layout, p.torch_dtype, "cpu")
+        dx.zero_()
+        return dx.squeeze(0) if p.unbatched else dx
+    dw = torch.zeros(p.w_shape, dtype=p.torch_dtype)
+    return (dw, torch.zeros(p.k, dtype=p.torch_dtype)) if p.has_bias else dw
+
+
+def _check_device(p: ConvProblem):
+    if not p.device.startswith("cpu"):
+        raise ArgumentError(f"rawconv.onednn runs on CPU tensors; got tensors on {p.device} "
+                            "(use rawconv.cudnn for CUDA tensors)")
+
+
+# ---------------------------------------------------------------------------- plan cache and functions
+_cache: dict = {}
+_cache_lock = threading.Lock()
+_CACHE_MAX = 256
+
+
+def _plan(problem: ConvProblem, direction: str, algorithm: str, fpmath: str, w_layout: str, impl: Any) -> Convolution:
+    key = (problem, direction, algorithm, fpmath, w_layout,
+           impl if not isinstance(impl, Implementation) else (impl.name, impl.layouts, tuple(impl.formats.items())),
+           threading.get_ident())
+    plan = _cache.get(key)
+    if plan is None:
+        plan = Convolution.from_problem(problem, direction=direction, algorithm=algorithm, fpmath=fpmath,
+                                        w_layout=w_layout, impl=impl, prepack=False)
+        with _cache_lock:
+            if len(_cache) >= _CACHE_MAX:
+                _cache.pop(next(iter(_cache)))
+            _cache[key] = plan
+    return plan
+
+
+def clear_cache() -> None:
+    """Drop every cached plan used by the function forms."""
+    with _cache_lock:
+        _cache.clear()
+
+
+def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
+            padding: Any = 0, dilation: Any = 1, groups: int = 1, *, impl: Any = None,
+            algorithm: str = "direct", fpmath: str = "strict", out: torch.Tensor | None = None) -> torch.Tensor:
+    """oneDNN forward convolution with the semantics of ``torch.nn.functional.conv{1,2,3}d``.
+
+    ``x``: (N, C, *spatial) or unbatched (C, *spatial), CPU, float32 / bfloat16 / float16 (where
+    the CPU supports it), NCHW or channels_last (used in place). ``w``: (K, C/groups, *kernel).
+    ``bias``: (K,). ``padding``: int, tuple, ``"same"``/``"valid"`` or one ``(before, after)``
+    pair per spatial dim. ``impl``: None (oneDNN's first choice), an int position in
+    :func:`implementations`, or a name such as ``"brgconv:avx512_core"``. ``fpmath``: "strict",
+    "bf16", "f16", "tf32", "any" (oneDNN fpmath mode). Returns y (N, K, *out) in x's memory format.
+
+    Raises :class:`ArgumentError` / :class:`ArgumentTypeError` for bad input (before any C call),
+    :class:`NotSupportedError` when the forced implementation is not offered (naming those that
+    are). Wraps ``dnnl_convolution_forward_primitive_desc_create`` and ``dnnl_primitive_execute``.
+    """
+    problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
+    _check_device(problem)
+    plan = _plan(problem, "forward", algorithm, fpmath, _w_layout(w), impl)
+    return plan.execute(x, w, bias, out)
+
+
+def implementations(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
+                    padding: Any = 0, dilation: Any = 1, groups: int = 1, *, direction: str = "forward",
+                    algorithm: str = "direct", fpmath: str = "strict") -> list[Implementation]:
+    """Every implementation oneDNN offers for this convolution, in oneDNN's order, without duplicates.
+
+    Arguments as in :func:`forward` (for ``direction="backward_data"``/``"backward_weights"`` pass
+    the forward problem's x and w). Each :class:`Implementation` gives its name, the layouts it
+    wants, the reorders it implies and its scratchpad bytes. Wraps ``dnnl_primitive_desc_next_impl``.
+    """
+    problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
+    _check_device(problem)
+    return _plan(problem, direction, algorithm, fpmath, _w_layout(w), None).implementations
+
+
+def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int], stride: Any = 1,
+                  padding: Any = 0, dilation: Any = 1, groups: int = 1, *, impl: Any = None,
+                  algorithm: str = "direct", fpmath: str = "strict", out: torch.Tensor | None = None) -> torch.Tensor:
+    """Gradient of the forward convolution with respect to its input (oneDNN backward data).
+
+    ``grad_y``: (N, K, *out) in NCHW or channels_last; ``w``: (K, C/groups, *kernel);
+    ``x_shape``: the forward input's shape (N, C, *spatial). Returns dx of ``x_shape`` in
+    grad_y's memory format. Same ``impl`` selection as :func:`forward`.
+    Wraps ``dnnl_convolution_backward_data_primitive_desc_create`` (with a forward hint).
+    """
+    problem = _backward_problem(grad_y, w, x_shape, stride, padding, dilation, groups, False)
+    plan = _plan(problem, "backward_data", algorithm, fpmath, _w_layout(w), impl)
+    return plan.execute(grad_y=grad_y, w=w, out=out)
+
+
+def backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[int], stride: Any = 1,
+                     padding: Any = 0, dilation: Any = 1, groups: int = 1, *, bias: bool = False,
+                     impl: Any = None, algorithm: str = "direct", fpmath: str = "strict"):
+    """Gradient of the forward convolution with respect to its weights (and bias).
+
+    ``x``: (N, C, *spatial); ``grad_y``: (N, K, *out); ``w_shape``: (K, C/groups, *kernel).
+    Returns dw (contiguous), or ``(dw, db)`` with ``bias=True``. Same ``impl`` selection as
+    :func:`forward`. Wraps ``dnnl_convolution_backward_weights_primitive_desc_create``.
+    """
+    if not isinstance(w_shape, (tuple, list, torch.Size)):
+        raise ArgumentTypeError(f"w_shape must be a tuple of ints, got {type(w_shape).__name__}")
+    if not isinstance(x, torch.Tensor) or not isinstance(grad_y, torch.Tensor):
+        raise ArgumentTypeError("x and grad_y must be torch.Tensor")
+    if len(w_shape) < 1 or not all(isinstance(s, int) and s >= 0 for s in w_shape):
+        raise ArgumentError(f"w_shape must be a tuple of non-negative ints, got {tuple(w_shape)!r}")
+    fake_b = _fake((w_shape[0],), x) if bias else None
+    problem = ConvProblem.from_torch(x, _fake(w_shape, x), fake_b, stride, padding, dilation, groups)
+    _check_device(problem)
+    _check_grad(problem, grad_y, "grad_y", problem.y_shape)
+    plan = _plan(problem, "backward_weights", algorithm, fpmath, "nchw", impl)
+    return plan.execute(x, grad_y=grad_y)
+
+
+def _fake(shape, like: torch.Tensor) -> torch.Tensor:
+    """A zero-stride tensor of ``shape`` used only to describe a problem (never read)."""
+    return torch.empty(1, dtype=like.dtype, device=like.device).expand(*[int(s) for s in shape])
+
+
+def _check_grad(problem: ConvProblem, t, name, shape):
+    if not isinstance(t, torch.Tensor):
+        raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    tshape = tuple(t.shape) if not problem.unbatched else (1,) + tuple(t.shape)
+    if tshape != tuple(shape):
+        raise ArgumentError(f"{name} must have shape {tuple(shape)} for this problem, got {tuple(t.shape)}")
+    if t.dtype != problem.torch_dtype:
+        raise ArgumentError(f"{name} must be {problem.torch_dtype}, got {t.dtype}")
+    if t.device.type != "cpu":
+        raise ArgumentError(f"{name} must be on the CPU, got {t.device}")
+
+
+def _backward_problem(grad_y, w, x_shape, stride, padding, dilation, groups, has_bias) -> ConvProblem:
+    if not isinstance(x_shape, (tuple, list, torch.Size)):
+        raise ArgumentTypeError(f"x_shape must be a tuple of ints, got {type(x_shape).__name__}")
+    if not isinstance(grad_y, torch.Tensor) or not isinstance(w, torch.Tensor):
+        raise ArgumentTypeError("grad_y and w must be torch.Tensor")
+    fake_x = _fake(x_shape, grad_y)
+    lay = layout_of(grad_y) if grad_y.dim() >= 3 else "nchw"
+    problem = ConvProblem.from_torch(fake_x, w, None, stride, padding, dilation, groups)
+    if lay == "nhwc":
+        problem = problem.with_(layout="nhwc")
+    _check_device(problem)
+    _check_grad(problem, grad_y, "grad_y", problem.y_shape)
+    return problem
+
+
+# ---------------------------------------------------------------------------- info
+def info() -> dict:
+    """What oneDNN rawconv loaded: version, commit, path, how it was found, CPU ISA, threads,
+    primitive cache capacity. Loads the library. Wraps ``dnnl_version``, ``dnnl_get_effective_cpu_isa``."""
+    loaded = _dnnl.load()
+    out = dict(_dnnl.version())
+    out.update({"path": loaded.path, "found_via": loaded.found_via, "cpu_isa": _dnnl.effective_cpu_isa(),
+                "threads": torch.get_num_threads(), "primitive_cache_capacity": _dnnl.primitive_cache_capacity()})
+    return out
+
+
+def verbose(level: int = 1) -> None:
+    """oneDNN's verbose mode (0 off, 1 exec, 2 also creation); printed on the C stdout. Wraps ``dnnl_set_verbose``."""
+    _dnnl.set_verbose(level)
+

@@ -1,0 +1,543 @@
+"""One description of a convolution problem, in torch's terms, shared by every backend.
+
+:class:`ConvProblem` is built and validated once (from torch tensors and torch-style arguments,
+from a oneDNN benchdnn descriptor string, or directly) and then passed to oneDNN, cuDNN, the
+comparison and the records. Pure Python and torch: no native library is touched here.
+
+Conventions (as in :func:`torch.nn.functional.conv2d`):
+
+* ``x``: input ``(N, C, *spatial)`` (or unbatched ``(C, *spatial)``), ``w``: weight
+  ``(K, C // groups, *kernel)``, ``y``: output ``(N, K, *out_spatial)``.
+* ``dilation`` counts as torch counts it (1 = none; oneDNN counts 0 for none).
+* ``padding`` is symmetric per dim as in torch, ``"same"``/``"valid"``, or, beyond torch, a pair
+  ``(before, after)`` per spatial dim for asymmetric padding.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Sequence
+
+import torch
+
+from .errors import ArgumentError, ArgumentTypeError
+
+DTYPES = {
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float64: "float64",
+}
+DTYPE_BY_NAME = {v: k for k, v in DTYPES.items()}
+DTYPE_BY_NAME.update({"f32": torch.float32, "fp32": torch.float32, "f16": torch.float16,
+                      "fp16": torch.float16, "half": torch.float16, "bf16": torch.bfloat16,
+                      "f64": torch.float64, "fp64": torch.float64, "double": torch.float64,
+                      "float": torch.float32})
+EPS = {"float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float64": 2.0 ** -53,
+       "tf32": 2.0 ** -11}
+DIRECTIONS = ("forward", "backward_data", "backward_weights")
+
+
+def _tuple(value: Any, n: int, name: str, minimum: int) -> tuple[int, ...]:
+    if isinstance(value, bool):
+        raise ArgumentTypeError(f"{name} must be an int or a tuple of {n} ints, got {value!r}")
+    if isinstance(value, int):
+        out = (value,) * n
+    elif isinstance(value, (tuple, list, torch.Size)):
+        if len(value) == 1 and n > 1:
+            value = tuple(value) * n
+        if len(value) != n or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise ArgumentError(f"{name} must be an int or a tuple of {n} ints, got {value!r}")
+        out = tuple(int(v) for v in value)
+    else:
+        raise ArgumentTypeError(f"{name} must be an int or a tuple of {n} ints, got {type(value).__name__}")
+    if any(v < minimum for v in out):
+        raise ArgumentError(f"{name} must be >= {minimum} in every dim, got {out}")
+    return out
+
+
+def resolve_padding(padding: Any, ndim: int, kernel: Sequence[int], dilation: Sequence[int],
+                    stride: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Turn torch-style ``padding`` (plus the asymmetric pair form) into (before, after) tuples.
+
+    ``"same"`` follows torch: total ``dilation*(k-1)``, the extra element after; stride must be 1.
+    Raises :class:`ArgumentError` for malformed values.
+    """
+    if isinstance(padding, str):
+        if padding == "valid":
+            return (0,) * ndim, (0,) * ndim
+        if padding == "same":
+            if any(s != 1 for s in stride):
+                raise ArgumentError("padding='same' is not supported for strided convolutions (as in torch)")
+            total = [d * (k - 1) for k, d in zip(kernel, dilation)]
+            before = tuple(t // 2 for t in total)
+            return before, tuple(t - b for t, b in zip(total, before))
+        raise ArgumentError(f"padding string must be 'same' or 'valid', got {padding!r}")
+    if isinstance(padding, (tuple, list)) and padding and all(isinstance(p, (tuple, list)) for p in padding):
+        if len(padding) != ndim or not all(len(p) == 2 for p in padding):
+            raise ArgumentError(
+                f"asymmetric padding must be one (before, after) pair per spatial dim ({ndim}), got {padding!r}")
+        before = _tuple(tuple(p[0] for p in padding), ndim, "padding (before)", 0)
+        after = _tuple(tuple(p[1] for p in padding), ndim, "padding (after)", 0)
+        return before, after
+    p = _tuple(padding, ndim, "padding", 0)
+    return p, p
+
+
+def layout_of(t: torch.Tensor) -> str:
+    """``"nchw"`` (channels first, including any dense torch-contiguous tensor) or ``"nhwc"``
+    (channels last: stride of dim 1 is 1 and it is the innermost). Other strides give ``"strided"``."""
+    if t.dim() < 3:
+        return "nchw"
+    if t.is_contiguous():
+        return "nchw"
+    c = t.shape[1]
+    # channels last: C innermost, then the spatial dims in order, then N
+    order = [1] + list(range(t.dim() - 1, 1, -1)) + [0]
+    expected, ok = 1, True
+    for d in order:
+        if t.shape[d] != 1 and t.stride(d) != expected:
+            ok = False
+            break
+        expected *= t.shape[d]
+    if ok and c >= 1:
+        return "nhwc"
+    return "strided"
+
+
+def empty_like_layout(shape: Sequence[int], layout: str, dtype: torch.dtype,
+                      device: torch.device | str) -> torch.Tensor:
+    """A new tensor of ``shape`` in ``layout`` (``"nchw"`` or ``"nhwc"``), for outputs."""
+    shape = list(shape)
+    if layout == "nhwc" and len(shape) >= 3:
+        perm = [0] + list(range(2, len(shape))) + [1]
+        t = torch.empty([shape[i] for i in perm], dtype=dtype, device=device)
+        inv = [perm.index(i) for i in range(len(shape))]
+        return t.permute(inv)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+@dataclass(frozen=True)
+class ConvProblem:
+    """One convolution, described once.
+
+    Shapes are batched: an unbatched torch input is recorded with ``unbatched=True`` and ``n=1``.
+    ``dilation`` is torch's (1 = none). ``pad_before``/``pad_after`` are per spatial dim.
+    ``layout`` is the memory format of x and y: ``"nchw"`` (torch contiguous) or ``"nhwc"``
+    (channels_last / channels_last_3d / NWC for 1-D). ``dtype`` is a name: ``"float32"``,
+    ``"float16"``, ``"bfloat16"`` or ``"float64"``.
+    """
+
+    n: int
+    c: int
+    k: int
+    in_spatial: tuple[int, ...]
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...] = ()
+    dilation: tuple[int, ...] = ()
+    pad_before: tuple[int, ...] = ()
+    pad_after: tuple[int, ...] = ()
+    groups: int = 1
+    dtype: str = "float32"
+    layout: str = "nchw"
+    device: str = "cpu"
+    has_bias: bool = False
+    unbatched: bool = False
+    name: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        nd = len(self.in_spatial)
+        if nd not in (1, 2, 3):
+            raise ArgumentError(f"only 1-D, 2-D and 3-D convolutions are supported, got {nd} spatial dims")
+        for attr, default in (("stride", 1), ("dilation", 1), ("pad_before", 0), ("pad_after", 0)):
+            v = getattr(self, attr)
+            if v == ():
+                object.__setattr__(self, attr, (default,) * nd)
+            else:
+                object.__setattr__(self, attr, _tuple(v, nd, attr, 1 if attr in ("stride", "dilation") else 0))
+        object.__setattr__(self, "in_spatial", _tuple(self.in_spatial, nd, "input spatial size", 0))
+        object.__setattr__(self, "kernel", _tuple(self.kernel, nd, "kernel size", 1))
+        if self.dtype not in DTYPE_BY_NAME:
+            raise ArgumentError(f"unsupported dtype {self.dtype!r}; rawconv handles {sorted(DTYPES.values())}")
+        object.__setattr__(self, "dtype", DTYPES[DTYPE_BY_NAME[self.dtype]])
+        if self.layout not in ("nchw", "nhwc"):
+            raise ArgumentError(f"layout must be 'nchw' or 'nhwc', got {self.layout!r}")
+        for attr in ("n", "c", "k", "groups"):
+            v = getattr(self, attr)
+            if not isinstance(v, int) or isinstance(v, bool) or v < (1 if attr == "groups" else 0):
+                raise ArgumentError(f"{attr} must be a non-negative int (groups >= 1), got {v!r}")
+        if self.c % self.groups or self.k % self.groups:
+            raise ArgumentError(
+                f"groups={self.groups} must divide both input channels ({self.c}) and output channels ({self.k})")
+        if self.c == 0 or self.k == 0:
+            raise ArgumentError(f"channels must be positive, got C={self.c}, K={self.k}")
+        for i, (size, pb, pa, ek) in enumerate(zip(self.in_spatial, self.pad_before, self.pad_after,
+                                                   self.effective_kernel)):
+            if size + pb + pa < ek:
+                raise ArgumentError(
+                    f"spatial dim {i}: padded input size {size + pb + pa} is smaller than the dilated "
+                    f"kernel size {ek} (kernel {self.kernel[i]}, dilation {self.dilation[i]})")
+
+    # ---------------------------------------------------------------- derived sizes
+    @property
+    def ndim(self) -> int:
+        """Number of spatial dims (1, 2 or 3)."""
+        return len(self.in_spatial)
+
+    @property
+    def effective_kernel(self) -> tuple[int, ...]:
+        return tuple(d * (k - 1) + 1 for k, d in zip(self.kernel, self.dilation))
+
+    @property
+    def out_spatial(self) -> tuple[int, ...]:
+        return tuple((i + pb + pa - ek) // s + 1 for i, pb, pa, ek, s in
+                     zip(self.in_spatial, self.pad_before, self.pad_after, self.effective_kernel, self.stride))
+
+    @property
+    def x_shape(self) -> tuple[int, ...]:
+        return (self.n, self.c) + self.in_spatial
+
+    @property
+    def w_shape(self) -> tuple[int, ...]:
+        return (self.k, self.c // self.groups) + self.kernel
+
+    @property
+    def y_shape(self) -> tuple[int, ...]:
+        return (self.n, self.k) + self.out_spatial
+
+    @property
+    def symmetric(self) -> bool:
+        return self.pad_before == self.pad_after
+
+    @property
+    def torch_padding(self) -> tuple[int, ...]:
+        """Padding as torch's conv takes it. Raises ArgumentError when asymmetric."""
+        if not self.symmetric:
+            raise ArgumentError("asymmetric padding cannot be expressed as torch's conv padding")
+        return self.pad_before
+
+    @property
+    def is_empty(self) -> bool:
+        """True when x or y has no elements (zero batch or spatial size): no library call needed."""
+        return math.prod(self.x_shape) == 0 or math.prod(self.y_shape) == 0
+
+    @property
+    def reduction_length(self) -> int:
+        """Number of products summed into each output element: C/groups * prod(kernel)."""
+        return (self.c // self.groups) * math.prod(self.kernel)
+
+    @property
+    def flops(self) -> int:
+        """Floating-point operations of the forward convolution: 2 * N*K*prod(out) * C/g*prod(kernel)."""
+        return 2 * math.prod(self.y_shape) * self.reduction_length
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPE_BY_NAME[self.dtype]
+
+    def with_(self, **changes) -> "ConvProblem":
+        """A copy with some fields changed (validated again)."""
+        return replace(self, **changes)
+
+    # ---------------------------------------------------------------- construction
+    @classmethod
+    def from_torch(cls, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
+                   stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1,
+                   *, allow_dtypes: Sequence[str] | None = None, name: str = "") -> "ConvProblem":
+        """Describe ``F.conv{1,2,3}d(x, w, bias, stride, padding, dilation, groups)``.
+
+        Checks (raising :class:`ArgumentError` / :class:`ArgumentTypeError`): tensors are torch
+        tensors, floating dtypes rawconv handles (``allow_dtypes`` narrows them), x and w have the
+        same dtype and device, ranks agree (x is ``(N, C, *s)`` or unbatched ``(C, *s)``, w is
+        ``(K, C/groups, *k)``), groups divide the channels, bias is ``(K,)``, the padded input is
+        at least the dilated kernel.
+        """
+        if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
+            raise ArgumentTypeError(
+                f"x and w must be torch.Tensor, got {type(x).__name__} and {type(w).__name__}")
+        if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
+            raise ArgumentError(f"groups must be a positive int, got {groups!r}")
+        if w.dim() not in (3, 4, 5):
+            raise ArgumentError(f"weight must be 3-D, 4-D or 5-D (K, C/groups, *kernel), got shape {tuple(w.shape)}")
+        nd = w.dim() - 2
+        unbatched = x.dim() == nd + 1
+        if x.dim() not in (nd + 1, nd + 2):
+            raise ArgumentError(
+                f"for a {nd}-D convolution (weight {tuple(w.shape)}) the input must be {nd + 2}-D "
+                f"(N, C, *spatial) or {nd + 1}-D unbatched, got shape {tuple(x.shape)}")
+        for t, nm in ((x, "x"), (w, "w")) + (((bias, "bias"),) if bias is not None else ()):
+            if not isinstance(t, torch.Tensor):
+                raise ArgumentTypeError(f"{nm} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dtype not in DTYPES:
+                raise ArgumentError(f"{nm} has dtype {t.dtype}; rawconv handles {list(DTYPES)}")
+            if t.is_sparse or t.layout != torch.strided:
+                raise ArgumentError(f"{nm} must be a dense (strided) tensor, got layout {t.layout}")
+        if x.dtype != w.dtype:
+            raise ArgumentError(f"x and w must have the same dtype, got {x.dtype} and {w.dtype}")
+        if bias is not None and bias.dtype != x.dtype:
+            raise ArgumentError(f"bias must have the input's dtype {x.dtype}, got {bias.dtype}")
+        if x.device != w.device or (bias is not None and bias.device != x.device):
+            devs = [str(x.device), str(w.device)] + ([str(bias.device)] if bias is not None else [])
+            raise ArgumentError(f"x, w and bias must be on the same device, got {devs}")
+        dtype = DTYPES[x.dtype]
+        if allow_dtypes is not None and dtype not in allow_dtypes:
+            raise ArgumentError(f"dtype {dtype} is not supported here; supported: {list(allow_dtypes)}")
+        xs = tuple(x.shape) if not unbatched else (1,) + tuple(x.shape)
+        c = xs[1]
+        k = w.shape[0]
+        if c % groups:
+            raise ArgumentError(f"groups={groups} does not divide the input channels C={c}")
+        if k % groups:
+            raise ArgumentError(f"groups={groups} does not divide the output channels K={k} (weight {tuple(w.shape)})")
+        if w.shape[1] * groups != c:
+            raise ArgumentError(
+                f"weight {tuple(w.shape)} expects {w.shape[1] * groups} input channels "
+                f"(w.shape[1] * groups = {w.shape[1]} * {groups}), but x has C={c} (shape {tuple(x.shape)})")
+        if bias is not None and tuple(bias.shape) != (k,):
+            raise ArgumentError(f"bias must have shape ({k},), got {tuple(bias.shape)}")
+        kernel = tuple(w.shape[2:])
+        if any(s == 0 for s in kernel):
+            raise ArgumentError(f"kernel sizes must be positive, got weight shape {tuple(w.shape)}")
+        s = _tuple(stride, nd, "stride", 1)
+        d = _tuple(dilation, nd, "dilation", 1)
+        pb, pa = resolve_padding(padding, nd, kernel, d, s)
+        layout = layout_of(x if not unbatched else x.unsqueeze(0))
+        if layout == "strided":
+            layout = "nchw"  # handled by strides; outputs come out contiguous
+        return cls(n=xs[0], c=c, k=k, in_spatial=xs[2:], kernel=kernel, stride=s, dilation=d,
+                   pad_before=pb, pad_after=pa, groups=groups, dtype=dtype, layout=layout,
+                   device=str(x.device), has_bias=bias is not None, unbatched=unbatched, name=name)
+
+    # ---------------------------------------------------------------- benchdnn descriptors
+    _BD_KEYS = ("g", "mb", "ic", "id", "ih", "iw", "oc", "od", "oh", "ow", "kd", "kh", "kw",
+                "sd", "sh", "sw", "pd", "ph", "pw", "dd", "dh", "dw", "n")
+
+    @classmethod
+    def from_benchdnn(cls, desc: str, *, dtype: str = "float32", layout: str = "nchw",
+                      has_bias: bool = False) -> "ConvProblem":
+        """Parse a oneDNN benchdnn convolution descriptor, e.g. ``"mb8ic64ih56oc64oh56kh3ph1"``.
+
+        Follows benchdnn's rules: missing width/depth copy height (so the problem is 2-D unless a
+        ``d`` key appears, 1-D when only ``w`` keys appear), ``mb`` defaults to 2, stride to 1,
+        benchdnn's dilation ``d*`` counts 0 for none (rawconv adds 1), padding is symmetric
+        unless the given ``oh`` needs an extra trailing pad (then the difference goes after), an
+        optional trailing ``_nNAME`` or ``nNAME`` sets the name. Raises :class:`ArgumentError`.
+        """
+        if not isinstance(desc, str) or not desc:
+            raise ArgumentError(f"benchdnn descriptor must be a non-empty string, got {desc!r}")
+        s = desc.strip()
+        name = ""
+        m = re.search(r"_?n([A-Za-z_\"][^\d]*.*)$", s)
+        if m and not re.fullmatch(r"\d+", m.group(1)):
+            name = m.group(1).strip('"')
+            s = s[: m.start()]
+        vals: dict[str, int] = {}
+        pos = 0
+        for m in re.finditer(r"([a-z]+)(\d+)", s):
+            if m.start() != pos or m.group(1) not in cls._BD_KEYS:
+                raise ArgumentError(f"cannot parse benchdnn descriptor {desc!r} at {s[pos:]!r}")
+            vals[m.group(1)] = int(m.group(2))
+            pos = m.end()
+        if pos != len(s):
+            raise ArgumentError(f"cannot parse benchdnn descriptor {desc!r} at {s[pos:]!r}")
+        for req in ("ic", "oc"):
+            if req not in vals:
+                raise ArgumentError(f"benchdnn descriptor {desc!r} lacks {req}")
+        has_d = any(k in vals for k in ("id", "od", "kd", "sd", "pd", "dd"))
+        has_h = any(k in vals for k in ("ih", "oh", "kh", "sh", "ph", "dh"))
+        dims = ("d", "h", "w") if has_d else (("h", "w") if has_h else ("w",))
+
+        def get(prefix, default):
+            out = []
+            for dname in dims:
+                key = prefix + dname
+                if key in vals:
+                    out.append(vals[key])
+                elif prefix + "h" in vals and has_h:
+                    out.append(vals[prefix + "h"])
+                elif prefix + "d" in vals and has_d:
+                    out.append(vals[prefix + "d"])
+                elif prefix + "w" in vals:
+                    out.append(vals[prefix + "w"])
+                else:
+                    out.append(default)
+            return tuple(out)
+
+        ins, ks = get("i", None), get("k", 1)
+        st, pads, dil = get("s", 1), get("p", 0), tuple(v + 1 for v in get("d", 0))
+        outs = get("o", None)
+        if any(v is None for v in ins):
+            if any(v is None for v in outs):
+                raise ArgumentError(f"benchdnn descriptor {desc!r} gives neither input nor output sizes")
+            ins = tuple((o - 1) * s_ - 2 * p + (k - 1) * d + 1 for o, s_, p, k, d in zip(outs, st, pads, ks, dil))
+        after = list(pads)
+        if all(v is not None for v in outs):
+            for i, (o, i_, s_, p, k, d) in enumerate(zip(outs, ins, st, pads, ks, dil)):
+                need = (o - 1) * s_ + (k - 1) * d + 1 - i_ - p  # trailing pad to reach o outputs
+                after[i] = max(need, 0) if need > p else p
+        g = vals.get("g", 1)
+        return cls(n=vals.get("mb", 2), c=vals["ic"], k=vals["oc"], in_spatial=ins, kernel=ks,
+                   stride=st, dilation=dil, pad_before=pads, pad_after=tuple(after), groups=g,
+                   dtype=dtype, layout=layout, has_bias=has_bias, name=name)
+
+    def to_benchdnn(self) -> str:
+        """This problem as a benchdnn descriptor (2-D written with h/w, 1-D with w, 3-D with d/h/w).
+        Asymmetric padding is written as the leading pad plus explicit output sizes."""
+        dims = {1: ("w",), 2: ("h", "w"), 3: ("d", "h", "w")}[self.ndim]
+        parts = []
+        if self.groups != 1:
+            parts.append(f"g{self.groups}")
+        parts.append(f"mb{self.n}ic{self.c}")
+        parts += [f"i{d}{v}" for d, v in zip(dims, self.in_spatial)]
+        parts.append(f"oc{self.k}")
+        parts += [f"o{d}{v}" for d, v in zip(dims, self.out_spatial)]
+        parts += [f"k{d}{v}" for d, v in zip(dims, self.kernel)]
+        parts += [f"s{d}{v}" for d, v in zip(dims, self.stride) if v != 1]
+        parts += [f"p{d}{v}" for d, v in zip(dims, self.pad_before) if v != 0]
+        parts += [f"d{d}{v - 1}" for d, v in zip(dims, self.dilation) if v != 1]
+        out = "".join(parts)
+        if self.name:
+            out += "n" + self.name
+        return out
+
+    # ---------------------------------------------------------------- tensors and reference
+    def make_inputs(self, *, seed: int = 0, device: str | None = None, scale: float = 1.0):
+        """Random x, w (and bias when ``has_bias``) of this problem's shapes, dtype and layout.
+
+        Values are drawn as float64 normal (x) and scaled normal (w ~ 1/sqrt(reduction length)) and
+        rounded to the dtype. Returns ``(x, w, bias_or_None)``.
+        """
+        g = torch.Generator().manual_seed(seed)
+        dev = device or self.device
+        x64 = torch.randn(self.x_shape, generator=g, dtype=torch.float64) * scale
+        w64 = torch.randn(self.w_shape, generator=g, dtype=torch.float64) / math.sqrt(max(self.reduction_length, 1))
+        b64 = torch.randn(self.k, generator=g, dtype=torch.float64) if self.has_bias else None
+        dt = self.torch_dtype
+        x = to_layout(x64.to(dt), self.layout).to(dev)
+        w = w64.to(dt).to(dev)
+        b = b64.to(dt).to(dev) if b64 is not None else None
+        return x, w, b
+
+    def reference(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """The forward result in float64 on the CPU (torch's own conv on upcast inputs)."""
+        return conv_reference(self, x, w, bias)
+
+    def describe(self) -> str:
+        """A short human-readable description, e.g. ``2d f32 nchw x(8,64,56,56) w(64,64,3,3) s1 p1``."""
+        pad = ("p" + ",".join(map(str, self.pad_before)) if self.symmetric else
+               "p" + ",".join(f"{b}/{a}" for b, a in zip(self.pad_before, self.pad_after)))
+        bits = [f"{self.ndim}d", self.dtype, self.layout,
+                "x(" + ",".join(map(str, self.x_shape)) + ")",
+                "w(" + ",".join(map(str, self.w_shape)) + ")"]
+        if any(v != 1 for v in self.stride):
+            bits.append("s" + ",".join(map(str, self.stride)))
+        if any(v != 0 for v in self.pad_before + self.pad_after):
+            bits.append(pad)
+        if any(v != 1 for v in self.dilation):
+            bits.append("d" + ",".join(map(str, self.dilation)))
+        if self.groups != 1:
+            bits.append(f"g{self.groups}")
+        if self.has_bias:
+            bits.append("bias")
+        return " ".join(bits)
+
+    def __str__(self) -> str:
+        return (self.name + ": " if self.name else "") + self.describe()
+
+
+def to_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """``t`` (N, C, *spatial) with its memory in ``layout`` ("nchw" or "nhwc"); a no-op when it is."""
+    if layout == "nhwc" and t.dim() >= 3:
+        if layout_of(t) == "nhwc":
+            return t
+        perm = [0] + list(range(2, t.dim())) + [1]
+        return t.permute(perm).contiguous().permute([perm.index(i) for i in range(t.dim())])
+    return t.contiguous()
+
+
+def _torch_conv(nd: int):
+    import torch.nn.functional as F
+    return {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nd]
+
+
+def conv_reference(p: ConvProblem, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """float64 forward convolution on the CPU, asymmetric padding included (zero-pad first)."""
+    import torch.nn.functional as F
+    x64 = x.detach().to("cpu", torch.float64)
+    if p.unbatched and x64.dim() == p.ndim + 1:
+        x64 = x64.unsqueeze(0)
+    w64 = w.detach().to("cpu", torch.float64)
+    b64 = bias.detach().to("cpu", torch.float64) if bias is not None else None
+    if p.is_empty:
+        y = torch.zeros(p.y_shape, dtype=torch.float64)
+        return y + b64.view(1, -1, *([1] * p.ndim)) if b64 is not None else y
+    pad = []
+    for b, a in reversed(list(zip(p.pad_before, p.pad_after))):
+        pad += [b, a]
+    xp = F.pad(x64, pad) if any(pad) else x64
+    return _torch_conv(p.ndim)(xp, w64, b64, p.stride, 0, p.dilation, p.groups)
+
+
+def abs_reference(p: ConvProblem, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """float64 conv of |x| and |w| (+|bias|): the scale each output's rounding error is bounded by."""
+    return conv_reference(p, x.detach().abs(), w.detach().abs(), bias.detach().abs() if bias is not None else None)
+
+
+@dataclass(frozen=True)
+class ErrorStats:
+    """Error of a result against the float64 reference.
+
+    ``max_abs``: max |y - ref|; ``max_rel``: max_abs / max |ref| (normwise); ``ratio``: the largest
+    |y - ref| / tolerance over all elements (<= 1 passes); ``nan``: count of non-finite outputs.
+    """
+
+    max_abs: float
+    max_rel: float
+    ratio: float
+    nan: int
+
+    @property
+    def ok(self) -> bool:
+        return self.nan == 0 and self.ratio <= 1.0
+
+
+def tolerance(p: ConvProblem, ref_abs: torch.Tensor, ref: torch.Tensor, *, compute: str | None = None,
+              out_dtype: str | None = None, factor: float = 1.0) -> torch.Tensor:
+    """Per-element error bound for a result of problem ``p``.
+
+    ``|y - ref| <= eps_out*|ref| + (2*eps_in + 4*eps_acc*sqrt(L)) * conv(|x|,|w|) * factor + tiny``
+
+    ``eps_out``: rounding of the output dtype; ``eps_in``: inputs down-converted before the
+    products (``compute`` "tf32", "bfloat16", "float16"; 0 when used as they are); ``eps_acc``: the
+    accumulation's precision (float32, or the compute type when it is coarser); ``L``: reduction length.
+    ``factor`` widens it for algorithms with transforms (Winograd, FFT).
+    """
+    out = out_dtype or p.dtype
+    eps_out = EPS[out] if out != "float32" else EPS["float32"] * 2
+    eps_in = 0.0
+    eps_acc = EPS["float64"] if p.dtype == "float64" else EPS["float32"]
+    if compute and compute not in (p.dtype, "float32", "float64"):
+        eps_in = EPS[compute]
+        if compute == "float16":
+            eps_acc = max(eps_acc, EPS["float16"])
+    L = max(p.reduction_length, 1)
+    bound = eps_out * ref.abs() + (2 * eps_in + 4 * eps_acc * math.sqrt(L)) * ref_abs * factor
+    return bound + 1e-30 + EPS[p.dtype] * 1e-3
+
+
+def compare_to_reference(p: ConvProblem, y: torch.Tensor, ref: torch.Tensor, ref_abs: torch.Tensor,
+                         **tol_kw) -> ErrorStats:
+    """Error statistics of ``y`` against the float64 ``ref`` (see :func:`tolerance`)."""
+    y64 = y.detach().to("cpu", torch.float64)
+    if tuple(y64.shape) != tuple(ref.shape):
+        raise ArgumentError(f"result shape {tuple(y64.shape)} differs from the reference's {tuple(ref.shape)}")
+    if y64.numel() == 0:
+        return ErrorStats(0.0, 0.0, 0.0, 0)
+    nan = int((~torch.isfinite(y64)).sum())
+    diff = (y64 - ref).abs()
+    diff = torch.where(torch.isfinite(diff), diff, torch.full_like(diff, float("inf")))
+    max_abs = float(diff.max())
+    denom = float(ref.abs().max())
+    ratio = float((diff / tolerance(p, ref_abs, ref, **tol_kw)).max())
+    return ErrorStats(max_abs, max_abs / denom if denom > 0 else max_abs, ratio, nan)
