@@ -1,0 +1,265 @@
+"""The ``rawconv`` command line.
+
+    rawconv info [--json]
+    rawconv compare [PROBLEM] [--input NxCxHxW --weight KxCxRxS ...] [--batch N] [--json FILE]
+    rawconv list [PROBLEM | --input ... --weight ...]      # every implementation, no timing
+
+PROBLEM is a preset name (``resnet50``) or a oneDNN benchdnn descriptor
+(``mb8ic64ih56oc64oh56kh3ph1``). With no problem, ``compare`` runs the resnet50 preset at batch 1,
+feeding matplotlib's sample photo through its first layer.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+from . import __version__
+from .errors import RawconvError
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(v) for v in text.lower().replace(",", "x").split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a shape like 8x64x56x56, got {text!r}") from None
+    if not out or any(v < 0 for v in out):
+        raise argparse.ArgumentTypeError(f"expected a shape like 8x64x56x56, got {text!r}")
+    return out
+
+
+def _ints(text: str):
+    """``1`` or ``1,2`` or ``same``/``valid``; for padding also ``0:1,1:2`` (before:after per dim)."""
+    if text in ("same", "valid"):
+        return text
+    parts = text.split(",")
+    try:
+        if any(":" in p for p in parts):
+            return [tuple(int(v) for v in p.split(":")) for p in parts]
+        vals = [int(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected ints like 1 or 1,2 (padding also 0:1,1:2), got {text!r}") from None
+    return vals[0] if len(vals) == 1 else tuple(vals)
+
+
+def _problems(args) -> list:
+    from . import presets
+    from .problem import ConvProblem
+
+    import torch
+
+    layout = "nhwc" if args.layout in ("nhwc", "channels_last") else "nchw"
+    dtype = args.dtype
+    if args.input is not None or args.weight is not None:
+        if args.input is None or args.weight is None:
+            raise RawconvError("--input and --weight go together")
+        x = torch.empty(args.input, device="meta")
+        w = torch.empty(args.weight, device="meta")
+        b = torch.empty(args.weight[0], device="meta") if args.bias else None
+        p = ConvProblem.from_torch(x, w, b, args.stride, args.padding, args.dilation, args.groups)
+        p = p.with_(dtype=dtype, layout=layout, device=args.device, name="cli")
+        return [p]
+    spec = args.problem or "resnet50"
+    if spec in presets.PRESETS:
+        ps = presets.get(spec, args.batch, dtype=dtype, layout=layout, bias=args.bias)
+        if args.layers:
+            names = args.layers.split(",")
+            sel = [p for i, p in enumerate(ps) if p.name in names or str(i) in names]
+            if not sel:
+                raise RawconvError(f"--layers {args.layers!r} matches none of {[p.name for p in ps]}")
+            ps = sel
+        return [p.with_(device=args.device) for p in ps]
+    p = ConvProblem.from_benchdnn(spec, dtype=dtype, layout=layout, has_bias=args.bias)
+    return [p.with_(device=args.device, name=p.name or spec)]
+
+
+def _fmt_ms(v):
+    return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.4f}"
+
+
+def _fmt_err(v):
+    return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.1e}"
+
+
+def _print_rows(console, problem, rows):
+    from rich.table import Table
+
+    t = Table(title=str(problem), title_justify="left", show_lines=False)
+    for col, just in (("backend", "left"), ("implementation", "left"), ("detail", "left"), ("median ms", "right"),
+                      ("min ms", "right"), ("GFLOP/s", "right"), ("max abs err", "right"), ("max rel err", "right"),
+                      ("ok", "center"), ("scratch/ws B", "right")):
+        t.add_column(col, justify=just, overflow="fold")
+    fastest = min((r.median_ms for r in rows if r.ok and math.isfinite(r.median_ms)), default=None)
+    for r in rows:
+        if r.error:
+            t.add_row(r.backend, r.implementation, r.detail, "-", "-", "-", "-", "-", "[red]error[/red]",
+                      "-", style="dim")
+            t.add_row("", "", f"[red]{r.error[:160]}[/red]", "", "", "", "", "", "", "")
+            continue
+        style = "bold green" if fastest is not None and r.median_ms == fastest else None
+        t.add_row(r.backend, r.implementation, r.detail, _fmt_ms(r.median_ms), _fmt_ms(r.min_ms),
+                  f"{r.gflops:.1f}" if math.isfinite(r.gflops) else "-", _fmt_err(r.max_abs), _fmt_err(r.max_rel),
+                  "yes" if r.ok else "[red]NO[/red]", "-" if r.workspace_bytes is None else str(r.workspace_bytes),
+                  style=style)
+    console.print(t)
+
+
+def cmd_compare(args) -> int:
+    from rich.console import Console
+
+    from . import compare as cmp
+    from ._info import collect
+
+    console = Console(width=args.width) if args.width else Console()
+    problems = _problems(args)
+    meta = {"rawconv": __version__, "threads": args.threads, "iterations": args.iterations,
+            "warmup": args.warmup, "budget_s": args.budget, "prepack": not args.no_prepack}
+    all_rows = []
+    with cmp.threads(args.threads):
+        import torch
+
+        meta["info"] = collect()
+        on = meta["info"].get("onednn", {})
+        console.print(f"rawconv {__version__}; torch {torch.__version__} ({torch.get_num_threads()} threads); "
+                      f"oneDNN {on.get('version', '?')} ({on.get('cpu_isa', on.get('error', ''))})")
+        photo_note = " (first layer fed the sample photo)" if not args.random and problems[0].ndim == 2 else ""
+        console.print(f"{len(problems)} problem(s){photo_note}; times: median/min of up to {args.iterations} "
+                      f"calls after {args.warmup} warm-up, at most {args.budget} s each; error vs float64 reference")
+
+        def show(p, rows):
+            _print_rows(console, p, rows)
+
+        all_rows = cmp.compare(problems, photo_first=not args.random, iterations=args.iterations, warmup=args.warmup,
+                               budget_s=args.budget, fpmath=args.fpmath, prepack=not args.no_prepack,
+                               include_ref=not args.no_ref, on_problem=show,
+                               progress=sys.stderr.isatty() and len(problems) > 1, engines=args.engines)
+    s = cmp.summary(all_rows)
+    if args.json:
+        cmp.write_json(args.json, all_rows, meta)
+    gm = s["geomean_torch_over_best"]
+    console.print(
+        f"summary: {s['problems']} problem(s), {s['results']} results checked against float64: "
+        f"{s['within_tolerance']} within tolerance, {len(s['outside_tolerance'])} outside, {len(s['failed'])} failed; "
+        f"torch default / best rawconv time, geometric mean: {gm:.2f}x" + (f"; JSON: {args.json}" if args.json else ""))
+    for line in s["outside_tolerance"]:
+        console.print(f"  outside tolerance: {line}")
+    return 1 if s["outside_tolerance"] else 0
+
+
+def cmd_info(args) -> int:
+    from ._info import collect
+
+    data = collect()
+    if args.json:
+        print(json.dumps(data, indent=1, default=str))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="rawconv info", show_header=False)
+    t.add_column("key")
+    t.add_column("value", overflow="fold")
+
+    def add(prefix, d):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                add(prefix + k + ".", v)
+            else:
+                t.add_row(prefix + k, str(v))
+
+    add("", data)
+    Console().print(t)
+    return 0
+
+
+def cmd_list(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for p in _problems(args):
+        x, w, b = p.make_inputs()
+        if p.device.startswith("cuda"):
+            from . import cudnn
+
+            rows = cudnn.algorithms(x, w, b, p.stride, list(zip(p.pad_before, p.pad_after)), p.dilation, p.groups)
+            console.print(str(p))
+            for r in rows:
+                console.print(f"  {r}")
+            continue
+        from . import onednn
+
+        impls = onednn.implementations(x, w, b, p.stride, list(zip(p.pad_before, p.pad_after)), p.dilation, p.groups,
+                                       direction=args.direction, fpmath=args.fpmath)
+        t = Table(title=f"{p} ({args.direction}, fpmath {args.fpmath})", title_justify="left")
+        for col in ("#", "implementation", "layouts", "formats", "reorders", "scratchpad B"):
+            t.add_column(col)
+        for i in impls:
+            t.add_row(str(i.index), i.name, i.layouts, " ".join(f"{k}={v}" for k, v in i.formats.items()),
+                      ",".join(i.reorders) or "none", str(i.scratchpad_bytes))
+        console.print(t)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="rawconv", description="List, force, time and check every convolution "
+                                 "algorithm of oneDNN and cuDNN on torch tensors.")
+    ap.add_argument("--version", action="version", version=f"rawconv {__version__}")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def problem_args(p):
+        p.add_argument("problem", nargs="?", help="preset name (resnet50) or benchdnn descriptor "
+                       "(mb8ic64ih56oc64oh56kh3ph1); default: resnet50")
+        p.add_argument("--input", type=_shape, help="input shape, e.g. 8x64x56x56")
+        p.add_argument("--weight", type=_shape, help="weight shape, e.g. 64x64x3x3 (K x C/groups x kernel)")
+        p.add_argument("--stride", type=_ints, default=1)
+        p.add_argument("--padding", type=_ints, default=0, help="1, 1,2, same, valid, or before:after per dim (0:1,1:2)")
+        p.add_argument("--dilation", type=_ints, default=1)
+        p.add_argument("--groups", type=int, default=1)
+        p.add_argument("--bias", action="store_true", help="add a bias")
+        p.add_argument("--batch", type=int, default=1, help="batch size for presets (default 1)")
+        p.add_argument("--layers", help="comma-separated layer names or indices of a preset")
+        p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
+        p.add_argument("--layout", default="nchw", choices=["nchw", "nhwc", "channels_last"])
+        p.add_argument("--device", default="cpu", help="cpu (oneDNN) or cuda[:N] (cuDNN)")
+        p.add_argument("--fpmath", default="strict", choices=["strict", "bf16", "f16", "tf32", "any"],
+                       help="oneDNN fpmath mode")
+
+    c = sub.add_parser("compare", help="time and check torch and every rawconv implementation")
+    problem_args(c)
+    c.add_argument("--iterations", type=int, default=10, help="timed calls per candidate (default 10)")
+    c.add_argument("--warmup", type=int, default=2, help="untimed calls per candidate (default 2)")
+    c.add_argument("--budget", type=float, default=0.25, help="seconds of timing per candidate at most; a candidate whose first call takes longer is timed by that call alone (default 0.25)")
+    c.add_argument("--threads", type=int, default=None, help="torch/oneDNN threads (default: torch's)")
+    c.add_argument("--json", help="also write the results as JSON to this file")
+    c.add_argument("--random", action="store_true", help="random input everywhere (no sample photo)")
+    c.add_argument("--no-prepack", action="store_true", help="reorder oneDNN weights on every call")
+    c.add_argument("--no-ref", action="store_true", help="skip oneDNN's reference (ref:any) implementations")
+    c.add_argument("--engines", default=None, help="cuDNN graph-API engines: 'all' or the top N by heuristic")
+    c.add_argument("--width", type=int, default=None, help="table width (default: the terminal's)")
+    c.set_defaults(func=cmd_compare)
+
+    i = sub.add_parser("info", help="versions, library paths and how they were found")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(func=cmd_info)
+
+    ls = sub.add_parser("list", help="list every implementation/algorithm for a problem (no timing)")
+    problem_args(ls)
+    ls.add_argument("--direction", default="forward", choices=["forward", "backward_data", "backward_weights"])
+    ls.set_defaults(func=cmd_list)
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    try:
+        return args.func(args)
+    except RawconvError as exc:
+        print(f"rawconv: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,332 @@
+"""The main job: run one convolution problem through torch and every rawconv implementation.
+
+For each :class:`~rawconv.problem.ConvProblem` :func:`compare_problem` times
+
+* torch's default path (and which backend torch picked: ``torch._C._select_conv_backend``),
+* torch with ``torch.backends.mkldnn.enabled=False`` (torch's native CPU code),
+* every oneDNN implementation rawconv lists (CPU problems),
+* on CUDA problems: torch default, torch with ``cudnn.benchmark=True``, torch with cuDNN
+  disabled, and every rawconv cuDNN (algo, math type) pair,
+
+each checked against the float64 reference. :func:`compare` runs a list of problems and
+returns :class:`Row` records; the CLI prints them as tables (``rawconv compare``).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+
+from .bench import TimeStats, geomean, time_cpu, time_cuda
+from .errors import RawconvError
+from .problem import ConvProblem, abs_reference, compare_to_reference
+
+__all__ = ["Row", "compare_problem", "compare", "real_photo", "inputs_for", "summary"]
+
+
+@dataclass
+class Row:
+    """One result line: which code ran, how long it took, how close it came to float64.
+
+    Times in ms (median and min of timed calls after warm-up), ``gflops`` = problem flops /
+    median time, ``max_abs``/``max_rel`` against the float64 reference (``max_rel`` = max |err| /
+    max |ref|), ``ok`` = every element within the tolerance for its dtype and math,
+    ``workspace_bytes`` = oneDNN scratchpad or cuDNN workspace.
+    """
+
+    problem: str
+    backend: str
+    implementation: str
+    detail: str = ""
+    median_ms: float = float("nan")
+    min_ms: float = float("nan")
+    runs: int = 0
+    gflops: float = float("nan")
+    max_abs: float = float("nan")
+    max_rel: float = float("nan")
+    ok: bool | None = None
+    workspace_bytes: int | None = None
+    error: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        for k, v in list(d.items()):
+            if isinstance(v, float) and not math.isfinite(v):
+                d[k] = None
+        return d
+
+
+# --------------------------------------------------------------------------- inputs
+def real_photo(size: tuple[int, int], channels: int = 3) -> torch.Tensor:
+    """matplotlib's sample photo (Grace Hopper, 600x512 RGB), resized to ``size`` (H, W) and
+    normalized with the ImageNet mean/std, as a (1, channels, H, W) float32 tensor."""
+    from matplotlib import cbook, image
+
+    path = cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
+    img = torch.from_numpy(image.imread(path).copy()).float().div(255.0)   # (600, 512, 3)
+    img = img.permute(2, 0, 1).unsqueeze(0)
+    img = F.interpolate(img, size=size, mode="bilinear", align_corners=False, antialias=True)
+    mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+    std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+    img = (img - mean) / std
+    if channels != 3:
+        reps = math.ceil(channels / 3)
+        img = img.repeat(1, reps, 1, 1)[:, :channels]
+    return img
+
+
+def inputs_for(problem: ConvProblem, *, photo: bool = False, seed: int = 0, device: str | None = None):
+    """x, w, bias for ``problem``: random (normal x, w scaled by 1/sqrt(reduction length)), or,
+    with ``photo`` on a 2-D problem, x = the sample photo resized to the problem (each batch
+    element the same photo) and w = Kaiming-normal random weights."""
+    x, w, b = problem.make_inputs(seed=seed, device=device or problem.device)
+    if photo and problem.ndim == 2:
+        img = real_photo(problem.in_spatial, problem.c).expand(problem.n, -1, -1, -1)
+        from .problem import to_layout
+
+        x = to_layout(img.to(problem.torch_dtype).contiguous(), problem.layout).to(x.device)
+    return x, w, b
+
+
+# --------------------------------------------------------------------------- torch rows
+def _torch_call(problem: ConvProblem, x, w, b) -> Callable[[], torch.Tensor]:
+    conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[problem.ndim]
+    if problem.symmetric:
+        pad = problem.pad_before
+        return lambda: conv(x, w, b, problem.stride, pad, problem.dilation, problem.groups)
+    padlist = []
+    for bf, af in reversed(list(zip(problem.pad_before, problem.pad_after))):
+        padlist += [bf, af]
+    return lambda: conv(F.pad(x, padlist), w, b, problem.stride, 0, problem.dilation, problem.groups)
+
+
+def torch_backend(problem: ConvProblem, x, w, b) -> str:
+    """The backend torch picks for this call (``torch._C._select_conv_backend``), e.g. ``Mkldnn``."""
+    try:
+        xx = x
+        pad = list(problem.pad_before)
+        if not problem.symmetric:
+            padlist = []
+            for bf, af in reversed(list(zip(problem.pad_before, problem.pad_after))):
+                padlist += [bf, af]
+            xx, pad = F.pad(x, padlist), [0] * problem.ndim
+        be = torch._C._select_conv_backend(xx, w, b, list(problem.stride), pad, list(problem.dilation),
+                                           False, [0] * problem.ndim, problem.groups)
+        return str(be).split(".")[-1]
+    except Exception as exc:  # pragma: no cover - private API
+        return f"unknown ({type(exc).__name__})"
+
+
+def _measure(problem, label_backend, label_impl, detail, fn, ref, ref_abs, timer, *, tol=None,
+             workspace=None, extra=None, slow_s: float | None = None) -> Row:
+    row = Row(str(problem.name or problem.describe()), label_backend, label_impl, detail,
+              workspace_bytes=workspace, extra=dict(extra or {}))
+    try:
+        import time as _time
+
+        t0 = _time.perf_counter()
+        y = fn()
+        first_s = _time.perf_counter() - t0
+        if slow_s is not None and first_s > slow_s:
+            # a very slow candidate (oneDNN's ref:any): its first call is its measurement
+            stats = TimeStats(first_s * 1e3, first_s * 1e3, first_s * 1e3, 1)
+        else:
+            stats: TimeStats = timer(fn)
+    except RawconvError as exc:
+        row.error = f"{type(exc).__name__}: {exc}"
+        return row
+    except RuntimeError as exc:
+        row.error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+        return row
+    err = compare_to_reference(problem, y, ref, ref_abs, **(tol or {}))
+    row.median_ms, row.min_ms, row.runs = stats.median_ms, stats.min_ms, stats.runs
+    row.gflops = problem.flops / (stats.median_ms * 1e6) if stats.median_ms > 0 else float("nan")
+    row.max_abs, row.max_rel, row.ok = err.max_abs, err.max_rel, err.ok
+    return row
+
+
+def _torch_rows(problem, x, w, b, ref, ref_abs, timer) -> list[Row]:
+    rows = []
+    call = _torch_call(problem, x, w, b)
+    # torch's own reduced precision (bf16 conv) rounds like any other implementation
+    if problem.device.startswith("cuda"):
+        cudnn = torch.backends.cudnn
+        fp32_tf32 = problem.dtype == "float32" and cudnn.allow_tf32
+        tol = {"compute": "tf32"} if fp32_tf32 else None
+        with cudnn.flags(enabled=True, benchmark=False, deterministic=False, allow_tf32=cudnn.allow_tf32):
+            rows.append(_measure(problem, "torch", "default", torch_backend(problem, x, w, b), call, ref, ref_abs,
+                                 timer, tol=tol))
+        with cudnn.flags(enabled=True, benchmark=True, deterministic=False, allow_tf32=cudnn.allow_tf32):
+            rows.append(_measure(problem, "torch", "cudnn.benchmark=True", torch_backend(problem, x, w, b), call,
+                                 ref, ref_abs, timer, tol=tol))
+        with cudnn.flags(enabled=False):
+            rows.append(_measure(problem, "torch", "cudnn disabled", torch_backend(problem, x, w, b), call,
+                                 ref, ref_abs, timer))
+        return rows
+    rows.append(_measure(problem, "torch", "default", torch_backend(problem, x, w, b), call, ref, ref_abs, timer))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns about oneDNN TF32 on Intel GPUs when flags are set
+        ctx = torch.backends.mkldnn.flags(enabled=False)
+        ctx.__enter__()
+    try:
+        rows.append(_measure(problem, "torch", "mkldnn disabled", torch_backend(problem, x, w, b), call,
+                             ref, ref_abs, timer))
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ctx.__exit__(None, None, None)
+    return rows
+
+
+# --------------------------------------------------------------------------- backend rows
+_ROLE = {"x": "src", "w": "wei", "b": "bias", "y": "dst"}
+
+
+def _onednn_rows(problem, x, w, b, ref, ref_abs, timer, *, fpmath="strict", prepack=True,
+                 include_ref=True, slow_s=None) -> list[Row]:
+    from . import onednn
+
+    rows = []
+    try:
+        plan = onednn.Convolution(x, w, b, problem.stride, list(zip(problem.pad_before, problem.pad_after)),
+                                  problem.dilation, problem.groups, fpmath=fpmath, prepack=prepack)
+        impls = plan.implementations
+    except RawconvError as exc:
+        return [Row(str(problem.name or problem.describe()), "onednn", "-", error=f"{type(exc).__name__}: {exc}")]
+    compute = {"bf16": "bfloat16", "f16": "float16", "tf32": "tf32", "any": "bfloat16"}.get(fpmath)
+    for impl in impls:
+        if impl.name.startswith("ref") and not include_ref:
+            continue
+        plan.select(impl.index)
+        reorders = ",".join(_ROLE.get(r, r) + ("(once)" if r == "w" and prepack else "")
+                            for r in impl.reorders) or "none"
+        detail = f"{impl.layouts}; src {impl.formats.get('x')} wei {impl.formats.get('w')}; reorders {reorders}"
+        rows.append(_measure(problem, "onednn", f"[{impl.index}] {impl.name}", detail,
+                             lambda: plan.execute(x, w, b), ref, ref_abs, timer,
+                             tol={"compute": compute} if compute else None,
+                             workspace=impl.scratchpad_bytes,
+                             extra={"index": impl.index, "layouts": impl.layouts, "formats": impl.formats,
+                                    "reorders": list(impl.reorders), "fpmath": fpmath},
+                             slow_s=slow_s))
+    plan.free()
+    return rows
+
+
+def _cudnn_rows(problem, x, w, b, ref, ref_abs, timer, **kw) -> list[Row]:
+    try:
+        from . import cudnn
+        rows_fn = getattr(cudnn, "compare_rows", None)
+    except ImportError:
+        rows_fn = None
+    if rows_fn is None:
+        return [Row(str(problem.name or problem.describe()), "cudnn", "-", error="rawconv.cudnn is not available")]
+    return rows_fn(problem, x, w, b, ref, ref_abs, timer, measure=_measure, **kw)
+
+
+# --------------------------------------------------------------------------- driver
+def compare_problem(problem: ConvProblem, *, x=None, w=None, b=None, iterations: int = 10, warmup: int = 2,
+                    budget_s: float = 0.5, backends: Iterable[str] = ("torch", "onednn", "cudnn"),
+                    photo: bool = False, fpmath: str = "strict", prepack: bool = True,
+                    include_ref: bool = True, engines: str | int | None = None) -> list[Row]:
+    """Time and check ``problem`` on torch and every rawconv implementation; returns :class:`Row` s.
+
+    ``iterations``/``warmup``: timed and untimed calls per candidate; ``budget_s``: seconds of
+    timing per candidate at most (slow reference implementations stop early, at least one timed
+    call each). CPU problems run on oneDNN, ``cuda`` problems on cuDNN.
+    """
+    if x is None:
+        x, w, b = inputs_for(problem, photo=photo)
+    ref = problem.reference(x, w, b)
+    ref_abs = abs_reference(problem, x, w, b)
+    on_gpu = problem.device.startswith("cuda")
+    if on_gpu:
+        timer = lambda fn: time_cuda(fn, iterations=iterations, warmup=warmup, budget_s=budget_s)  # noqa: E731
+    else:
+        timer = lambda fn: time_cpu(fn, iterations=iterations, warmup=warmup, budget_s=budget_s)  # noqa: E731
+    backends = tuple(backends)
+    rows: list[Row] = []
+    if "torch" in backends:
+        rows += _torch_rows(problem, x, w, b, ref, ref_abs, timer)
+    if not on_gpu and "onednn" in backends:
+        rows += _onednn_rows(problem, x, w, b, ref, ref_abs, timer, fpmath=fpmath, prepack=prepack,
+                             include_ref=include_ref, slow_s=budget_s)
+    if on_gpu and "cudnn" in backends:
+        rows += _cudnn_rows(problem, x, w, b, ref, ref_abs, timer, engines=engines)
+    return rows
+
+
+def compare(problems: list[ConvProblem], *, photo_first: bool = True, progress: bool = False,
+            on_problem: Callable[[ConvProblem, list[Row]], None] | None = None, **kw) -> list[Row]:
+    """:func:`compare_problem` over a list; the first 2-D problem with 3 input channels gets the
+    real photo when ``photo_first``. ``on_problem(problem, rows)`` is called after each."""
+    out = []
+    it = problems
+    if progress:
+        from tqdm import tqdm
+
+        it = tqdm(problems, desc="problems", unit="conv", leave=False)
+    for i, p in enumerate(it):
+        rows = compare_problem(p, photo=photo_first and i == 0 and p.ndim == 2, **kw)
+        out += rows
+        if on_problem is not None:
+            on_problem(p, rows)
+    return out
+
+
+def best_rawconv(rows: list[Row]) -> Row | None:
+    """The fastest correct rawconv row (oneDNN or cuDNN) among ``rows``."""
+    ok = [r for r in rows if r.backend != "torch" and r.ok and math.isfinite(r.median_ms)]
+    return min(ok, key=lambda r: r.median_ms) if ok else None
+
+
+def summary(rows: list[Row]) -> dict:
+    """Per problem: torch default time, best rawconv time and their ratio; overall geometric mean
+    of torch default / best rawconv, and counts of results within / outside tolerance and failures."""
+    by_problem: dict[str, list[Row]] = {}
+    for r in rows:
+        by_problem.setdefault(r.problem, []).append(r)
+    per, ratios = [], []
+    for name, rs in by_problem.items():
+        torch_def = next((r for r in rs if r.backend == "torch" and r.implementation == "default"), None)
+        best = best_rawconv(rs)
+        ratio = (torch_def.median_ms / best.median_ms) if (torch_def and best and torch_def.ok is not None
+                                                              and best.median_ms > 0) else float("nan")
+        if math.isfinite(ratio):
+            ratios.append(ratio)
+        per.append({"problem": name, "torch_ms": torch_def.median_ms if torch_def else None,
+                    "best": best.implementation if best else None, "best_ms": best.median_ms if best else None,
+                    "ratio": ratio})
+    checked = [r for r in rows if r.ok is not None]
+    return {"problems": len(by_problem), "results": len(checked), "within_tolerance": sum(bool(r.ok) for r in checked),
+            "outside_tolerance": [f"{r.problem}: {r.backend} {r.implementation}" for r in checked if not r.ok],
+            "failed": [f"{r.problem}: {r.backend} {r.implementation}: {r.error}" for r in rows if r.error],
+            "geomean_torch_over_best": geomean(ratios), "per_problem": per}
+
+
+def write_json(path: str, rows: list[Row], meta: dict) -> None:
+    """Write rows + summary + environment to ``path`` as JSON."""
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "summary": summary(rows), "rows": [r.as_dict() for r in rows]}, f, indent=1,
+                  default=str)
+
+
+@contextlib.contextmanager
+def threads(n: int | None):
+    """Temporarily set torch's (and so oneDNN's OpenMP) thread count."""
+    if n is None:
+        yield
+        return
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
