@@ -1,0 +1,396 @@
+"""Raw cuDNN 9 binding: the FFI, the loader, status checks, handles, descriptors, workspaces.
+
+No torch convolution semantics here; names follow the cuDNN C API. One FFI parses
+``cdefs/cudnn_graph.h`` (base + backend/graph API) then ``cdefs/cudnn.h`` (legacy subset), so the
+graph-API layer (:mod:`rawconv.cudnn_graph`) and the legacy layer (:mod:`rawconv.cudnn`) share it.
+
+One cuDNN per process. The library is loaded on first use, under a lock, from (in order, the first
+that loads wins and is recorded as ``found_via``):
+
+1. a ``libcudnn.so.9`` already mapped into the process (a CUDA build of torch loads its own; rawconv
+   reuses it: path from ``/proc/self/maps``, opened with ``RTLD_NOLOAD``),
+2. ``$RAWCONV_CUDNN_LIBRARY`` (an explicit path),
+3. ``<site-packages>/nvidia/cudnn/lib/libcudnn.so.9`` (the nvidia-cudnn-cu12 / -cu13 wheels),
+4. the system loader (``libcudnn.so.9``).
+
+When all fail, :class:`~rawconv.errors.LibraryNotFoundError` lists every attempt.
+
+Helpers for other modules: :data:`ffi`, :func:`lib`, :func:`load`, :func:`check`, :func:`call`,
+:func:`handle`, :func:`data_type`, :func:`status_name`, :func:`workspace`.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import re
+import threading
+from pathlib import Path
+
+import cffi
+
+from . import _loader
+from .errors import LibraryError, NotSupportedError
+
+log = logging.getLogger("rawconv")
+
+SONAME = "libcudnn.so.9"
+ENV_VAR = "RAWCONV_CUDNN_LIBRARY"
+HINT = "set CUDNN_LOGLEVEL_DBG=3 and CUDNN_LOGDEST_DBG=stderr to see cuDNN's own reasons"
+
+CDEFS = (_loader.cdefs_text("cudnn_graph.h"), _loader.cdefs_text("cudnn.h"))
+ffi = cffi.FFI()
+for _text in CDEFS:
+    ffi.cdef(_text)
+
+# every enumerator of the cdefs, name -> value (no library needed): {"CUDNN_FMA_MATH": 3, ...}
+ENUMS: dict[str, int] = {}
+ENUM_TYPES: dict[str, dict[str, int]] = {}
+for _text in CDEFS:
+    for _m in re.finditer(r"typedef\s+enum\s*\w*\s*\{([^}]*)\}\s*(\w+)\s*;", _text):
+        _items = {n: int(v) for n, v in re.findall(r"(\w+)\s*=\s*(-?\d+)", _m.group(1))}
+        ENUM_TYPES[_m.group(2)] = _items
+        ENUMS.update(_items)
+
+_lock = threading.Lock()
+_state: dict = {}
+_tls = threading.local()
+
+# status values of "not supported" (CUDNN_STATUS_NOT_SUPPORTED and its 3000-range sub-codes)
+_NOT_SUPPORTED_RANGE = range(3000, 4000)
+
+
+@atexit.register
+def _exiting() -> None:
+    _state["exiting"] = True
+
+
+# ------------------------------------------------------------------ loading
+def mapped_path(soname: str = SONAME, maps: str = "/proc/self/maps") -> str | None:
+    """Path of ``soname`` when it is already mapped into the process (read from ``maps``), else None."""
+    try:
+        with open(maps) as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and os.path.basename(parts[5].strip()) == soname:
+                    return parts[5].strip()
+    except OSError:
+        pass
+    return None
+
+
+def candidates(*, maps: str = "/proc/self/maps", site_dirs: list | None = None,
+               env: dict | None = None) -> list[tuple[str, str, int | None]]:
+    """The ``(how, target, dlopen flags)`` search list, in order (see the module docstring).
+
+    ``maps``, ``site_dirs`` and ``env`` can be replaced (tests use fake files)."""
+    env = os.environ if env is None else env
+    out: list[tuple[str, str, int | None]] = []
+    mapped = mapped_path(SONAME, maps)
+    if mapped:
+        out.append(("already loaded in this process", mapped, ffi.RTLD_NOW | ffi.RTLD_NOLOAD))
+    else:
+        out.append(("already loaded in this process", f"(no {SONAME} in {maps})", -1))
+    path = env.get(ENV_VAR)
+    if path:
+        out.append((f"${ENV_VAR}", path, None))
+    seen = set()
+    for site in (_loader.site_dirs() if site_dirs is None else [Path(s) for s in site_dirs]):
+        p = str(Path(site) / "nvidia" / "cudnn" / "lib" / SONAME)
+        if p not in seen:
+            seen.add(p)
+            out.append(("nvidia-cudnn wheel (site-packages/nvidia/cudnn/lib)", p, None))
+    out.append(("system loader", SONAME, None))
+    return out
+
+
+def search(cands: list[tuple[str, str, int | None]]) -> _loader.Loaded:
+    """Try each candidate in order (``flags == -1`` marks a candidate that is only reported).
+    Raises :class:`~rawconv.errors.LibraryNotFoundError` listing every attempt."""
+    from .errors import LibraryNotFoundError
+
+    attempts: list[tuple[str, str]] = []
+    for how, target, flags in cands:
+        if flags == -1:
+            attempts.append((how, target))
+            continue
+        try:
+            loaded = _loader.try_load(ffi, "cuDNN", [(how, target)], flags)
+        except LibraryNotFoundError as exc:
+            attempts += exc.attempts
+            continue
+        loaded.attempts = attempts + loaded.attempts
+        return loaded
+    raise LibraryNotFoundError(f"cuDNN ({SONAME})", attempts)
+
+
+def load() -> _loader.Loaded:
+    """Load libcudnn (once per process, thread-safe) and return what was loaded
+    (``lib``, ``path``, ``found_via``, ``attempts``).
+
+    torch is asked for its cuDNN first (``torch.backends.cudnn.version()``), so that a CUDA build
+    of torch maps its own copy and rawconv reuses it. Raises
+    :class:`~rawconv.errors.LibraryNotFoundError` listing every attempt."""
+    loaded = _state.get("loaded")
+    if loaded is not None:
+        return loaded
+    with _lock:
+        loaded = _state.get("loaded")
+        if loaded is None:
+            try:
+                import torch
+
+                torch.backends.cudnn.version()  # maps torch's libcudnn.so.9, if it has one
+            except Exception as exc:  # pragma: no cover
+                log.debug("rawconv: torch has no cuDNN: %s", exc)
+            loaded = search(candidates())
+            if os.sep not in loaded.path:
+                loaded.path = mapped_path(SONAME) or loaded.path
+            else:
+                loaded.path = str(Path(loaded.path).resolve())
+            log.debug("rawconv: cuDNN %s from %s (%s)", loaded.lib.cudnnGetVersion(), loaded.path,
+                      loaded.found_via)
+            _state["loaded"] = loaded
+    return loaded
+
+
+def lib():
+    """The cffi library object (loads on first call)."""
+    loaded = _state.get("loaded")
+    return (loaded or load()).lib
+
+
+# ------------------------------------------------------------------ statuses
+def status_name(status: int) -> str:
+    """``cudnnStatus_t`` name of an integer status, from the declarations alone (first name
+    the header gives a value; e.g. 3000 -> ``CUDNN_STATUS_NOT_SUPPORTED``)."""
+    name = ffi.string(ffi.cast("cudnnStatus_t", int(status)))
+    return name if isinstance(name, str) else f"CUDNN_STATUS_{int(status)}"
+
+
+def last_error() -> str:
+    """cuDNN's last error text for this thread (``cudnnGetLastErrorString``), '' when none."""
+    loaded = _state.get("loaded")
+    if loaded is None:
+        return ""
+    buf = ffi.new("char[]", 1024)
+    loaded.lib.cudnnGetLastErrorString(buf, 1024)
+    return ffi.string(buf).decode(errors="replace").strip()
+
+
+def error(status: int, function: str, detail: str = "") -> LibraryError:
+    """The exception for a non-success status: :class:`NotSupportedError` for
+    ``CUDNN_STATUS_NOT_SUPPORTED*`` (3000-3999), :class:`LibraryError` otherwise. The message holds
+    the status name and number, the C function, ``detail``, cuDNN's last-error text and a hint."""
+    name = status_name(status)
+    text = last_error()
+    full = "; ".join(t for t in (detail, text) if t)
+    if int(status) in _NOT_SUPPORTED_RANGE:
+        msg = f"{function} failed: {name} ({int(status)})"
+        if full:
+            msg += f": {full}"
+        return NotSupportedError(msg + f" [{HINT}]", library="cuDNN", function=function, status=status,
+                                 status_name=name, detail=full)
+    return LibraryError("cuDNN", function, status, name, full, HINT)
+
+
+def check(status: int, function: str, detail: str = "") -> None:
+    """Raise :func:`error` for a non-zero ``cudnnStatus_t``; return None on success."""
+    if status:
+        raise error(status, function, detail)
+
+
+def call(function: str, *args, detail: str = ""):
+    """Call ``lib().<function>(*args)`` and :func:`check` its status."""
+    check(getattr(lib(), function)(*args), function, detail)
+
+
+# ------------------------------------------------------------------ enums and types
+_DATA_TYPES = {"float32": "CUDNN_DATA_FLOAT", "float16": "CUDNN_DATA_HALF", "bfloat16": "CUDNN_DATA_BFLOAT16",
+               "float64": "CUDNN_DATA_DOUBLE", "int8": "CUDNN_DATA_INT8", "int32": "CUDNN_DATA_INT32",
+               "uint8": "CUDNN_DATA_UINT8", "int64": "CUDNN_DATA_INT64", "bool": "CUDNN_DATA_BOOLEAN"}
+
+
+def data_type(name) -> int:
+    """``cudnnDataType_t`` value for a dtype name (``"float32"``, ``"float16"``, ``"bfloat16"``,
+    ``"float64"``, ...) or a torch dtype. Needs no library."""
+    if not isinstance(name, str):
+        from .problem import DTYPES
+
+        name = DTYPES.get(name, str(name).replace("torch.", ""))
+    try:
+        return enum_value(_DATA_TYPES[name])
+    except KeyError:
+        raise ValueError(f"no cuDNN data type for {name!r}; known: {sorted(_DATA_TYPES)}") from None
+
+
+def enum_value(name: str) -> int:
+    """The value of an enumerator declared in the cdefs (e.g. ``"CUDNN_FMA_MATH"``); needs no library."""
+    return ENUMS[name]
+
+
+def enum_items(ctype: str) -> dict[str, int]:
+    """Every enumerator of a C enum type (``"cudnnConvolutionFwdAlgo_t"``), in declaration order."""
+    return dict(ENUM_TYPES[ctype])
+
+
+# ------------------------------------------------------------------ handles
+def _raw_stream(device_index: int) -> int:
+    import torch
+
+    return torch._C._cuda_getCurrentRawStream(device_index)
+
+
+class _Handle:
+    """One cuDNN handle (one device, one thread) and the stream last set on it."""
+
+    __slots__ = ("ptr", "device", "stream", "__weakref__")
+
+    def __init__(self, device: int):
+        import torch
+
+        p = ffi.new("cudnnHandle_t *")
+        if torch.cuda.is_available():
+            with torch.cuda.device(device):
+                call("cudnnCreate", p, detail=f"device cuda:{device}")
+        else:  # cuDNN says why (CUDNN_STATUS_NOT_INITIALIZED: no device)
+            call("cudnnCreate", p, detail=f"device cuda:{device}; torch sees no CUDA device")
+        L = lib()
+        self.ptr = ffi.gc(p[0], lambda h, L=L: None if _state.get("exiting") else L.cudnnDestroy(h))
+        self.device = device
+        self.stream = None
+
+
+def handle(device=None):
+    """This thread's cuDNN handle for ``device`` (a torch device, an index, or None for the current
+    CUDA device), with torch's current stream on that device set on it (``cudnnSetStream`` only when
+    the stream changed since the last call). Created on first use per (device, thread).
+    Wraps ``cudnnCreate`` and ``cudnnSetStream``."""
+    if device is None:
+        import torch
+
+        idx = torch.cuda.current_device()
+    elif isinstance(device, int):
+        idx = device
+    else:
+        idx = device.index if getattr(device, "index", None) is not None else _device_index(device)
+    return handle_for(idx)
+
+
+def _device_index(device) -> int:
+    import torch
+
+    d = torch.device(device)
+    return d.index if d.index is not None else torch.cuda.current_device()
+
+
+def handle_for(idx: int):
+    """:func:`handle` for a device index (the fast path the plans use)."""
+    handles = getattr(_tls, "handles", None)
+    if handles is None:
+        handles = _tls.handles = {}
+    h = handles.get(idx)
+    if h is None:
+        h = handles[idx] = _Handle(idx)
+    s = _raw_stream(idx)
+    if s != h.stream:
+        check(lib().cudnnSetStream(h.ptr, ffi.cast("cudaStream_t", s)), "cudnnSetStream")
+        h.stream = s
+    return h.ptr
+
+
+def current_stream_of_handle(idx: int) -> int | None:
+    """The raw stream last set on this thread's handle for device ``idx`` (None if no handle yet)."""
+    h = getattr(_tls, "handles", {}).get(idx)
+    return None if h is None else h.stream
+
+
+# ------------------------------------------------------------------ workspaces
+def workspace(nbytes: int, device) -> "object":
+    """A device buffer of at least ``nbytes`` bytes from torch's caching allocator (a uint8 tensor;
+    keep it alive while cuDNN may use it). ``nbytes`` 0 gives a 1-byte buffer."""
+    import torch
+
+    return torch.empty(max(int(nbytes), 1), dtype=torch.uint8, device=device)
+
+
+# ------------------------------------------------------------------ legacy descriptors
+def _gc(ptr, destroy: str):
+    L = lib()
+    fn = getattr(L, destroy)
+    return ffi.gc(ptr, lambda p, fn=fn: None if _state.get("exiting") else fn(p))
+
+
+def tensor_desc(dtype: str, dims, strides):
+    """A tensor descriptor (at least 4 dims: cuDNN's Nd convolution takes 4-D or 5-D). Wraps
+    ``cudnnCreateTensorDescriptor`` + ``cudnnSetTensorNdDescriptor``."""
+    p = ffi.new("cudnnTensorDescriptor_t *")
+    call("cudnnCreateTensorDescriptor", p)
+    d = _gc(p[0], "cudnnDestroyTensorDescriptor")
+    call("cudnnSetTensorNdDescriptor", d, data_type(dtype), len(dims), list(dims), list(strides),
+         detail=f"{dtype} dims {tuple(dims)} strides {tuple(strides)}")
+    return d
+
+
+def filter_desc(dtype: str, dims, layout: str = "nchw"):
+    """A filter descriptor in ``CUDNN_TENSOR_NCHW`` or ``CUDNN_TENSOR_NHWC`` format. Wraps
+    ``cudnnCreateFilterDescriptor`` + ``cudnnSetFilterNdDescriptor``."""
+    p = ffi.new("cudnnFilterDescriptor_t *")
+    call("cudnnCreateFilterDescriptor", p)
+    d = _gc(p[0], "cudnnDestroyFilterDescriptor")
+    fmt = enum_value("CUDNN_TENSOR_NHWC" if layout == "nhwc" else "CUDNN_TENSOR_NCHW")
+    call("cudnnSetFilterNdDescriptor", d, data_type(dtype), fmt, len(dims), list(dims),
+         detail=f"{dtype} dims {tuple(dims)} {layout}")
+    return d
+
+
+def conv_desc(pad, stride, dilation, compute: str, *, groups: int = 1, math: int | None = None):
+    """A cross-correlation convolution descriptor (torch's convolution). ``dilation`` as cuDNN
+    (and torch) count it: 1 = none. Wraps ``cudnnCreateConvolutionDescriptor``,
+    ``cudnnSetConvolutionNdDescriptor``, ``cudnnSetConvolutionGroupCount``, ``cudnnSetConvolutionMathType``."""
+    p = ffi.new("cudnnConvolutionDescriptor_t *")
+    call("cudnnCreateConvolutionDescriptor", p)
+    d = _gc(p[0], "cudnnDestroyConvolutionDescriptor")
+    call("cudnnSetConvolutionNdDescriptor", d, len(pad), list(pad), list(stride), list(dilation),
+         enum_value("CUDNN_CROSS_CORRELATION"), data_type(compute),
+         detail=f"pad {tuple(pad)} stride {tuple(stride)} dilation {tuple(dilation)} compute {compute}")
+    if groups != 1:
+        call("cudnnSetConvolutionGroupCount", d, int(groups))
+    if math is not None:
+        call("cudnnSetConvolutionMathType", d, int(math))
+    return d
+
+
+def activation_desc(mode: str, coef: float = 0.0):
+    """An activation descriptor (``mode`` as ``"RELU"``, ``"IDENTITY"``, ... ; NaN propagated).
+    Wraps ``cudnnCreateActivationDescriptor`` + ``cudnnSetActivationDescriptor``."""
+    p = ffi.new("cudnnActivationDescriptor_t *")
+    call("cudnnCreateActivationDescriptor", p)
+    d = _gc(p[0], "cudnnDestroyActivationDescriptor")
+    call("cudnnSetActivationDescriptor", d, enum_value("CUDNN_ACTIVATION_" + mode.upper()),
+         enum_value("CUDNN_PROPAGATE_NAN"), float(coef))
+    return d
+
+
+def forward_output_dim(cdesc, xdesc, wdesc, nbdims: int) -> list[int]:
+    """cuDNN's own output dims of a forward convolution. Wraps ``cudnnGetConvolutionNdForwardOutputDim``."""
+    out = ffi.new("int[]", nbdims)
+    call("cudnnGetConvolutionNdForwardOutputDim", cdesc, xdesc, wdesc, nbdims, out)
+    return [int(v) for v in out]
+
+
+# ------------------------------------------------------------------ info
+def version() -> dict:
+    """Versions as the loaded library reports them: cuDNN (``cudnnGetVersion``, e.g. 91900 ->
+    "9.19.0"), the CUDA runtime it was built for (``cudnnGetCudartVersion``), the newest
+    device it knows (``cudnnGetMaxDeviceVersion``)."""
+    L = lib()
+    v = int(L.cudnnGetVersion())
+    rt = int(L.cudnnGetCudartVersion())
+    out = {"version": f"{v // 10000}.{v % 10000 // 100}.{v % 100}", "version_int": v,
+           "cudart_version": f"{rt // 1000}.{rt % 1000 // 10}", "cudart_version_int": rt}
+    try:
+        out["max_device_version"] = int(L.cudnnGetMaxDeviceVersion())
+    except Exception:  # pragma: no cover
+        pass
+    return out
