@@ -280,6 +280,7 @@ class Convolution:
         self.prepack = prepack
         self._impls: list[Implementation] | None = None
         self._pds: list = []
+        self._hints: list = []
         self._built: dict[int, _Built] = {}
         self._selected: int | None = None
         self._freed = False
@@ -329,6 +330,9 @@ class Convolution:
         fwd = _dnnl.pd_gc(out[0])
         if self.direction == "forward":
             return fwd
+        # oneDNN keeps a raw pointer to the forward hint inside the backward iterator and the
+        # backward primitive descriptors it yields: the hint lives as long as the plan.
+        self._hints.append(fwd)
         out2 = ffi.new("dnnl_primitive_desc_t *")
         if self.direction == "backward_data":
             _dnnl.call("dnnl_convolution_backward_data_primitive_desc_create", out2, _dnnl.engine(), alg,
@@ -496,6 +500,8 @@ class Convolution:
                 raise ArgumentError("backward_weights needs x and grad_y")
         if p.is_empty:
             return _empty_result(self, x, w, bias, out)
+        if not self.user_md:
+            self._mds()
         tensors = {}
         if d == "forward":
             tensors["x"] = self._prepare("x", x, p.x_shape)
@@ -588,6 +594,7 @@ class Convolution:
         """Release primitives, buffers and tensor references. Idempotent."""
         self._built.clear()
         self._pds = []
+        self._hints = []
         self._impls = None
         self._x = self._w = self._b = None
         self.user_md = {}

@@ -311,7 +311,7 @@ class ConvProblem:
 
     # ---------------------------------------------------------------- benchdnn descriptors
     _BD_KEYS = ("g", "mb", "ic", "id", "ih", "iw", "oc", "od", "oh", "ow", "kd", "kh", "kw",
-                "sd", "sh", "sw", "pd", "ph", "pw", "dd", "dh", "dw", "n")
+                "sd", "sh", "sw", "pd", "ph", "pw", "dd", "dh", "dw")
 
     @classmethod
     def from_benchdnn(cls, desc: str, *, dtype: str = "float32", layout: str = "nchw",
@@ -352,14 +352,12 @@ class ConvProblem:
             out = []
             for dname in dims:
                 key = prefix + dname
-                if key in vals:
-                    out.append(vals[key])
-                elif prefix + "h" in vals and has_h:
-                    out.append(vals[prefix + "h"])
-                elif prefix + "d" in vals and has_d:
-                    out.append(vals[prefix + "d"])
-                elif prefix + "w" in vals:
-                    out.append(vals[prefix + "w"])
+                # benchdnn: a missing W copies H, a missing H copies D
+                src = {"w": ("h", "d"), "h": ("d",), "d": ()}[dname]
+                for cand in (dname,) + src:
+                    if prefix + cand in vals:
+                        out.append(vals[prefix + cand])
+                        break
                 else:
                     out.append(default)
             return tuple(out)
@@ -393,9 +391,13 @@ class ConvProblem:
         parts.append(f"oc{self.k}")
         parts += [f"o{d}{v}" for d, v in zip(dims, self.out_spatial)]
         parts += [f"k{d}{v}" for d, v in zip(dims, self.kernel)]
-        parts += [f"s{d}{v}" for d, v in zip(dims, self.stride) if v != 1]
-        parts += [f"p{d}{v}" for d, v in zip(dims, self.pad_before) if v != 0]
-        parts += [f"d{d}{v - 1}" for d, v in zip(dims, self.dilation) if v != 1]
+        # every dim is written when one differs from the default, so that nothing is copied on parsing
+        if any(v != 1 for v in self.stride):
+            parts += [f"s{d}{v}" for d, v in zip(dims, self.stride)]
+        if any(v != 0 for v in self.pad_before):
+            parts += [f"p{d}{v}" for d, v in zip(dims, self.pad_before)]
+        if any(v != 1 for v in self.dilation):
+            parts += [f"d{d}{v - 1}" for d, v in zip(dims, self.dilation)]
         out = "".join(parts)
         if self.name:
             out += "n" + self.name

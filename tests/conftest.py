@@ -16,11 +16,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def dnnl():
-    """The loaded oneDNN library (skips the test when libdnnl.so.3 cannot be found)."""
+    """The loaded oneDNN library. A missing libdnnl.so.3 fails the test: it is a dependency."""
     from rawconv import _dnnl
-    from rawconv.errors import LibraryNotFoundError
 
-    try:
-        return _dnnl.load()
-    except LibraryNotFoundError as exc:  # pragma: no cover - CI always has it
-        pytest.skip(str(exc))
+    return _dnnl.load()
