@@ -1,0 +1,119 @@
+"""The oneDNN declarations and loader: every declared function resolves, enum values match the
+official 3.2 headers, the search order is what the docs say (run in subprocesses)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rawconv import _loader
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# values copied by hand from oneDNN 3.2's include/oneapi/dnnl/dnnl_types.h and dnnl_common_types.h
+HEADER_VALUES = {
+    "dnnl_success": 0, "dnnl_out_of_memory": 1, "dnnl_invalid_arguments": 2, "dnnl_unimplemented": 3,
+    "dnnl_f16": 1, "dnnl_bf16": 2, "dnnl_f32": 3, "dnnl_s32": 4, "dnnl_s8": 5, "dnnl_u8": 6, "dnnl_f64": 7,
+    "dnnl_format_tag_any": 1, "dnnl_x": 2, "dnnl_nchw": 5, "dnnl_oihw": 5, "dnnl_goihw": 6, "dnnl_nhwc": 22,
+    "dnnl_nwc": 15, "dnnl_ndhwc": 33,
+    "dnnl_forward_training": 64, "dnnl_forward_inference": 96, "dnnl_backward_data": 160,
+    "dnnl_backward_weights": 192,
+    "dnnl_convolution_direct": 1, "dnnl_convolution_winograd": 2, "dnnl_convolution_auto": 3,
+    "dnnl_eltwise_relu": 0x20,
+    "dnnl_fpmath_mode_strict": 0, "dnnl_fpmath_mode_bf16": 1, "dnnl_fpmath_mode_f16": 2,
+    "dnnl_fpmath_mode_any": 3, "dnnl_fpmath_mode_tf32": 4,
+    "dnnl_scratchpad_mode_library": 0, "dnnl_scratchpad_mode_user": 1,
+    "dnnl_query_impl_info_str": 8, "dnnl_query_src_md": 129, "dnnl_query_weights_md": 131,
+    "dnnl_query_dst_md": 133, "dnnl_query_scratchpad_md": 136,
+    "dnnl_cpu": 1, "dnnl_blocked": 2,
+    "DNNL_ARG_SRC": 1, "DNNL_ARG_DST": 17, "DNNL_ARG_WEIGHTS": 33, "DNNL_ARG_BIAS": 41,
+    "DNNL_ARG_SCRATCHPAD": 80, "DNNL_ARG_DIFF_SRC": 129, "DNNL_ARG_DIFF_DST": 145,
+    "DNNL_ARG_DIFF_WEIGHTS": 161, "DNNL_ARG_DIFF_BIAS": 169,
+}
+
+
+def declared_functions(text: str) -> list[str]:
+    return re.findall(r"\b(dnnl_\w+)\s*\([^;]*\);", text)
+
+
+def test_cdefs_are_version_stamped_and_every_function_resolves(dnnl):
+    text = _loader.cdefs_text("dnnl.h")
+    assert re.search(r"oneDNN 3\.2\.0", text)
+    funcs = declared_functions(text)
+    assert len(funcs) >= 60
+    missing = []
+    for name in funcs:
+        try:
+            getattr(dnnl.lib, name)
+        except AttributeError:
+            missing.append(name)
+    assert not missing, f"declared but not exported by {dnnl.path}: {missing}"
+
+
+def test_enum_values_match_the_headers(dnnl):
+    wrong = {k: (getattr(dnnl.lib, k), v) for k, v in HEADER_VALUES.items() if getattr(dnnl.lib, k) != v}
+    assert not wrong
+
+
+def _run(code: str, env: dict, cwd: Path) -> subprocess.CompletedProcess:
+    full = dict(os.environ)
+    full.update(env)
+    full["PYTHONPATH"] = str(ROOT) + os.pathsep + full.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-c", code], env=full, cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_env_var_wins_and_is_recorded(dnnl, tmp_path):
+    code = "import json; from rawconv import _dnnl; l = _dnnl.load(); print(json.dumps([l.found_via, l.path]))"
+    r = _run(code, {"RAWCONV_DNNL_LIBRARY": dnnl.path}, tmp_path)
+    assert r.returncode == 0, r.stderr
+    how, path = json.loads(r.stdout.strip().splitlines()[-1])
+    assert how == "$RAWCONV_DNNL_LIBRARY" and os.path.samefile(path, dnnl.path)
+
+
+def test_bad_env_var_falls_through_and_every_attempt_is_reported(tmp_path):
+    fake = tmp_path / "libdnnl.so.3"
+    fake.write_bytes(b"not an ELF file")
+    code = ("import json; from rawconv import _dnnl\n"
+            "l = _dnnl.load(); print(json.dumps([l.found_via, l.attempts]))")
+    r = _run(code, {"RAWCONV_DNNL_LIBRARY": str(fake)}, tmp_path)
+    assert r.returncode == 0, r.stderr
+    how, attempts = json.loads(r.stdout.strip().splitlines()[-1])
+    assert how != "$RAWCONV_DNNL_LIBRARY"
+    assert attempts[0][0].startswith("$RAWCONV_DNNL_LIBRARY") and attempts[0][1] != "loaded"
+
+
+def test_nothing_found_lists_every_attempt(tmp_path):
+    code = ("from rawconv import _dnnl, _loader\n"
+            "_dnnl.candidates = lambda: [('$RAWCONV_DNNL_LIBRARY', '/nonexistent/libdnnl.so.3'),"
+            " ('system loader', 'libdnnl-does-not-exist.so.3')]\n"
+            "try:\n    _dnnl.load()\nexcept Exception as e:\n    print(type(e).__name__); print(e)\n")
+    r = _run(code, {}, tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "LibraryNotFoundError" in out and "/nonexistent/libdnnl.so.3: no such file" in out
+    assert "libdnnl-does-not-exist.so.3" in out
+
+
+def test_import_needs_no_native_library(tmp_path):
+    code = ("import sys, rawconv\n"
+            "assert 'rawconv._dnnl' not in sys.modules and 'rawconv._cudnn' not in sys.modules\n"
+            "p = rawconv.ConvProblem.from_benchdnn('mb1ic3ih8oc4oh8kh3ph1'); print(p.y_shape)")
+    r = _run(code, {"RAWCONV_DNNL_LIBRARY": "/nonexistent.so"}, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "(1, 4, 8, 8)" in r.stdout
+
+
+def test_search_order_is_documented_order(monkeypatch):
+    from rawconv import _dnnl
+
+    monkeypatch.setenv("RAWCONV_DNNL_LIBRARY", "/explicit/libdnnl.so.3")
+    c = _dnnl.candidates()
+    assert c[0] == ("$RAWCONV_DNNL_LIBRARY", "/explicit/libdnnl.so.3")
+    assert c[1][1] == str(Path(sys.prefix) / "lib" / "libdnnl.so.3")
+    assert c[-1] == ("system loader", "libdnnl.so.3")
+    assert all("wheel" in how for how, _ in c[1:-1])
