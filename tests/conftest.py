@@ -20,3 +20,15 @@ def dnnl():
     from rawconv import _dnnl
 
     return _dnnl.load()
+
+
+@pytest.fixture(scope="session")
+def cudnn_lib():
+    """The loaded cuDNN library (``rawconv._cudnn.load()``); skips the test when libcudnn.so.9 cannot be loaded."""
+    from rawconv import _cudnn
+    from rawconv.errors import LibraryNotFoundError
+
+    try:
+        return _cudnn.load()
+    except LibraryNotFoundError as exc:
+        pytest.skip(f"libcudnn.so.9 not available: {exc}")

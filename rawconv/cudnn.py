@@ -1,0 +1,1195 @@
+"""cuDNN convolutions on torch CUDA tensors (legacy API): list every algo, force one, time it.
+
+Quick use::
+
+    y = rawconv.cudnn.forward(x, w, padding=1)                          # cuDNN's heuristic (_v7), FMA math
+    y = rawconv.cudnn.forward(x, w, padding=1, algo="IMPLICIT_PRECOMP_GEMM")   # exactly that algo
+    y = rawconv.cudnn.forward(x, w, padding=1, algo="fastest")          # measured by Find, cached
+    for row in rawconv.cudnn.algorithms(x, w, padding=1):               # one row per (algo, math type)
+        print(row)
+    with rawconv.cudnn.Convolution(x, w, padding=1, math="tensor_op") as conv:   # a plan for one problem
+        conv.autotune()
+        y = conv.execute(x)
+
+Terms are cuDNN's: an *algo* (``cudnnConvolutionFwdAlgo_t`` and the backward ones), a *math type*
+(``CUDNN_FMA_MATH`` = IEEE fp32 arithmetic; ``CUDNN_DEFAULT_MATH`` lets fp32 run on TF32 tensor
+cores on Ampere and newer; ``CUDNN_TENSOR_OP_MATH``; ``CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION``), a
+*workspace* (device scratch memory, bytes), the *heuristic* (``cudnnGet*Algorithm_v7``) and *Find*
+(``cudnnFind*AlgorithmEx``: cuDNN times every algo).
+
+rawconv never enables TF32 unless asked: the default math for fp32 and fp64 is ``"fma"``; for
+fp16/bf16 it is ``"tensor_op"`` (tensor cores; products are exact and accumulate in fp32).
+
+The graph (backend) API lives in :mod:`rawconv.cudnn_graph`; ``forward(..., engine=...)`` and
+:func:`engines` / :class:`EngineConfig` reach it from here.
+"""
+from __future__ import annotations
+
+import enum
+import math as _math
+import threading
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from . import _cudnn
+from ._cudnn import ffi
+from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
+from .problem import ConvProblem, empty_like_layout, layout_of, to_layout
+
+__all__ = ["Algorithm", "TimedAlgorithm", "RunInfo", "Convolution", "forward", "backward_data",
+           "backward_filter", "conv_transpose", "algorithms", "info", "clear_cache", "MATH_TYPES",
+           "FwdAlgo", "BwdDataAlgo", "BwdFilterAlgo", "MathType", "DIRECTIONS", "INT32_LIMIT"]
+# also, lazily from rawconv.cudnn_graph: engines, EngineConfig (see __getattr__ at the end)
+
+DIRECTIONS = ("forward", "backward_data", "backward_filter")
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+INT32_LIMIT = 2 ** 31 - 1  # cuDNN's legacy descriptors hold int32 dims and strides
+MATH_TYPES = {"default": "CUDNN_DEFAULT_MATH", "tensor_op": "CUDNN_TENSOR_OP_MATH",
+              "tensor_op_allow_conversion": "CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION", "fma": "CUDNN_FMA_MATH"}
+_MATH_BY_VALUE = {_cudnn.enum_value(v): k for k, v in MATH_TYPES.items()}
+ACTIVATIONS = ("identity", "relu", "sigmoid", "tanh", "elu")
+_ALGO_ENUM = {"forward": ("cudnnConvolutionFwdAlgo_t", "CUDNN_CONVOLUTION_FWD_ALGO_"),
+              "backward_data": ("cudnnConvolutionBwdDataAlgo_t", "CUDNN_CONVOLUTION_BWD_DATA_ALGO_"),
+              "backward_filter": ("cudnnConvolutionBwdFilterAlgo_t", "CUDNN_CONVOLUTION_BWD_FILTER_ALGO_")}
+
+
+def _short(name: str, prefix: str) -> str:
+    s = name[len(prefix):]
+    return "ALGO_" + s if s[:1].isdigit() else s
+
+
+def _algo_table(direction: str) -> dict[int, str]:
+    ctype, prefix = _ALGO_ENUM[direction]
+    return {v: _short(n, prefix) for n, v in _cudnn.enum_items(ctype).items() if not n.endswith("_COUNT")}
+
+
+ALGOS = {d: _algo_table(d) for d in DIRECTIONS}
+FwdAlgo = enum.IntEnum("FwdAlgo", {n: v for v, n in ALGOS["forward"].items()})
+BwdDataAlgo = enum.IntEnum("BwdDataAlgo", {n: v for v, n in ALGOS["backward_data"].items()})
+BwdFilterAlgo = enum.IntEnum("BwdFilterAlgo", {n: v for v, n in ALGOS["backward_filter"].items()})
+MathType = enum.IntEnum("MathType", {k.upper(): _cudnn.enum_value(v) for k, v in MATH_TYPES.items()})
+_ALGO_ENUMS = {"forward": FwdAlgo, "backward_data": BwdDataAlgo, "backward_filter": BwdFilterAlgo}
+
+
+# ---------------------------------------------------------------------------- result rows
+@dataclass(frozen=True)
+class Algorithm:
+    """One row of :func:`algorithms`: an (algo, math type) pair as cuDNN reports it.
+
+    ``algo``: name without the C prefix (``"IMPLICIT_PRECOMP_GEMM"``, ``"ALGO_1"``); ``algo_id``:
+    its enum value; ``math``: the math type cuDNN reports for this row (``"fma"``, ``"default"``,
+    ``"tensor_op"``, ``"tensor_op_allow_conversion"``); ``status``: ``cudnnStatus_t`` name
+    (``CUDNN_STATUS_SUCCESS`` when usable); ``time_ms``: measured by Find (ms; None for the
+    heuristic); ``workspace_bytes``; ``deterministic``; ``mode``: "find" or "heuristic";
+    ``requested_math``: the math type set on the convolution descriptor for the query.
+    """
+
+    direction: str
+    algo: str
+    algo_id: int
+    math: str
+    status: str
+    time_ms: float | None
+    workspace_bytes: int
+    deterministic: bool
+    mode: str = "heuristic"
+    requested_math: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "CUDNN_STATUS_SUCCESS"
+
+    def __str__(self) -> str:
+        t = f"{self.time_ms:9.4f} ms" if self.time_ms is not None and self.time_ms >= 0 else "        - ms"
+        st = "ok" if self.ok else self.status.replace("CUDNN_STATUS_", "")
+        return (f"{self.algo:<24} math={self.math:<26} {st:<22} {t}  workspace={self.workspace_bytes} B  "
+                f"{'deterministic' if self.deterministic else 'non-deterministic'}")
+
+
+@dataclass(frozen=True)
+class TimedAlgorithm:
+    """A row of :meth:`Convolution.autotune`: the algo, its math type and its CUDA-event times (ms)."""
+
+    algorithm: Algorithm
+    median_ms: float
+    min_ms: float
+    runs: int
+
+    def __str__(self) -> str:
+        a = self.algorithm
+        return (f"{a.algo:<24} math={a.math:<26} median {self.median_ms:.4f} ms  min {self.min_ms:.4f} ms  "
+                f"workspace={a.workspace_bytes} B")
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What ran: ``algo`` (name) and ``algo_id``, ``math`` (the math type set on the descriptor),
+    ``math_reported`` (the math type cuDNN reports for this algo under it: ``"default"`` for fp32
+    means TF32 tensor cores may be used), ``workspace_bytes``, ``deterministic``, ``fused`` (bias
+    and activation through ``cudnnConvolutionBiasActivationForward``; False when applied
+    separately; None when there is neither), ``notes`` (explicit padding copies, batch splitting)."""
+
+    direction: str
+    algo: str
+    algo_id: int
+    math: str
+    math_reported: str
+    workspace_bytes: int
+    deterministic: bool
+    fused: bool | None = None
+    notes: tuple = ()
+
+    @property
+    def tf32_possible(self) -> bool:
+        return self.math_reported in ("default", "tensor_op", "tensor_op_allow_conversion")
+
+
+# ---------------------------------------------------------------------------- helpers
+def _dense_strides(shape: Sequence[int], layout: str) -> list[int]:
+    nd = len(shape)
+    order = list(range(nd - 1, -1, -1)) if layout == "nchw" else [1] + list(range(nd - 1, 1, -1)) + [0]
+    strides, acc = [0] * nd, 1
+    for d in order:
+        strides[d] = acc
+        acc *= max(int(shape[d]), 1)
+    return strides
+
+
+def _strides_match(t: torch.Tensor, strides: Sequence[int]) -> bool:
+    return all(s == 1 or st == want for s, st, want in zip(t.shape, t.stride(), strides))
+
+
+def _w_layout(w: torch.Tensor) -> str:
+    return "nhwc" if w.dim() >= 3 and not w.is_contiguous() and layout_of(w) == "nhwc" else "nchw"
+
+
+def _as4d(shape: Sequence[int]) -> list[int]:
+    """1-D problems run as 2-D with a unit height: (N, C, W) -> (N, C, 1, W)."""
+    shape = list(shape)
+    return shape[:2] + [1] + shape[2:] if len(shape) == 3 else shape
+
+
+def _math_name(math: str | None, dtype: str) -> str:
+    if math is None:
+        return "tensor_op" if dtype in ("float16", "bfloat16") else "fma"
+    if not isinstance(math, str) or math not in MATH_TYPES:
+        raise ArgumentError(f"math must be one of {list(MATH_TYPES)} (or None), got {math!r}")
+    return math
+
+
+def _check_device(p: ConvProblem) -> int:
+    if not p.device.startswith("cuda"):
+        raise ArgumentError(f"rawconv.cudnn runs on CUDA tensors; got tensors on {p.device} "
+                            "(use rawconv.onednn for CPU tensors)")
+    if p.dtype not in DTYPES:
+        raise ArgumentError(f"cuDNN backend handles {list(DTYPES)}, got {p.dtype}")
+    d = torch.device(p.device)
+    return d.index if d.index is not None else torch.cuda.current_device()
+
+
+def _resolve_algo(direction: str, algo) -> int:
+    table = ALGOS[direction]
+    if isinstance(algo, bool) or not isinstance(algo, (int, str)):
+        raise ArgumentError(f"algo must be None, 'fastest', a name or an int, got {algo!r}")
+    if isinstance(algo, int):
+        if algo not in table:
+            raise ArgumentError(f"algo {algo} is not a {direction} algo; known: "
+                                + ", ".join(f"{v}={n}" for v, n in table.items()))
+        return int(algo)
+    s = algo.strip().upper()
+    _, prefix = _ALGO_ENUM[direction]
+    for v, n in table.items():
+        full = prefix + (n[5:] if n.startswith("ALGO_") and n[5:].isdigit() else n)
+        if s in (n, full) or (n.startswith("ALGO_") and s == n[5:]):
+            return v
+    raise ArgumentError(f"unknown {direction} algo {algo!r}; known: {', '.join(table.values())}")
+
+
+_ACT_FNS = {"relu": torch.relu_, "sigmoid": torch.sigmoid_, "tanh": torch.tanh_,
+            "elu": lambda t: torch.nn.functional.elu(t, inplace=True), "identity": lambda t: t}
+
+
+# ---------------------------------------------------------------------------- the plan
+class Convolution:
+    """A cuDNN (legacy API) convolution plan for one problem, in the style of nvmath-python's ``Matmul``.
+
+    ``Convolution(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, *, algo=None,
+    math=None, deterministic=False, workspace_limit=None, activation=None)``: ``x`` (N, C, *spatial)
+    or unbatched, ``w`` (K, C/groups, *kernel), CUDA tensors of float32, float16, bfloat16 or float64,
+    NCHW or channels_last (taken as they are); 1-D runs as 2-D with a unit height. ``padding`` as in
+    torch, or one ``(before, after)`` pair per dim (asymmetric padding costs an explicit pad copy:
+    cuDNN's legacy API pads symmetrically).
+
+    Holds the tensor/filter/convolution descriptors, the chosen algo and its workspace (from torch's
+    caching allocator, reused across calls). ``algorithms()`` lists (algo, math type) rows;
+    ``autotune()`` times the usable ones with CUDA events and selects the fastest; ``select(algo)``
+    forces one; ``execute(...)`` runs on torch's current stream; ``free()`` / ``with`` releases.
+    ``info`` (:class:`RunInfo`) says what runs.
+
+    Raises :class:`ArgumentError` for bad input before any C call, :class:`NotSupportedError` when
+    cuDNN does not support the forced algo for this problem (naming those it supports),
+    :class:`LibraryError` for other cuDNN failures. Wraps ``cudnnConvolutionForward``,
+    ``cudnnConvolutionBackwardData``, ``cudnnConvolutionBackwardFilter``,
+    ``cudnnConvolutionBiasActivationForward`` and the algo queries.
+    """
+
+    def __init__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
+                 stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1, *,
+                 algo: Any = None, math: str | None = None, deterministic: bool = False,
+                 workspace_limit: int | None = None, activation: str | None = None):
+        problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
+        self._init(problem, "forward", _w_layout(w), algo, math, deterministic, workspace_limit, activation)
+        self._x, self._w, self._b = x, w, bias
+
+    @classmethod
+    def from_problem(cls, problem: ConvProblem, *, direction: str = "forward", w_layout: str | None = None,
+                     algo: Any = None, math: str | None = None, deterministic: bool = False,
+                     workspace_limit: int | None = None, activation: str | None = None) -> "Convolution":
+        """A plan from a :class:`ConvProblem` (``direction`` "forward", "backward_data" or
+        "backward_filter"); no tensors needed until :meth:`execute`."""
+        self = cls.__new__(cls)
+        self._init(problem, direction, w_layout or problem.layout, algo, math, deterministic,
+                   workspace_limit, activation)
+        self._x = self._w = self._b = None
+        return self
+
+    def _init(self, problem, direction, w_layout, algo, math, deterministic, workspace_limit, activation):
+        if direction not in DIRECTIONS:
+            raise ArgumentError(f"direction must be one of {list(DIRECTIONS)}, got {direction!r}")
+        self.device_index = _check_device(problem)
+        if workspace_limit is not None and (not isinstance(workspace_limit, int) or workspace_limit < 0):
+            raise ArgumentError(f"workspace_limit must be None or a number of bytes >= 0, got {workspace_limit!r}")
+        if activation is not None and activation not in ACTIVATIONS:
+            raise ArgumentError(f"activation must be None or one of {list(ACTIVATIONS)}, got {activation!r}")
+        if activation is not None and direction != "forward":
+            raise ArgumentError("activation applies to the forward direction only")
+        if algo is not None and algo != "fastest":
+            algo_id = _resolve_algo(direction, algo)
+        else:
+            algo_id = None
+        self.problem = problem
+        self.direction = direction
+        self.w_layout = w_layout
+        self.math = _math_name(math, problem.dtype)
+        self.deterministic = bool(deterministic)
+        self.workspace_limit = workspace_limit
+        self.activation = activation
+        self._algo_request = algo
+        self._lock = threading.Lock()
+        self._freed = False
+        self._rows: dict = {}
+        self._info: RunInfo | None = None
+        self._ws = None
+        self._ws_stream = None
+        self._fused: bool | None = None
+        self.notes: list[str] = []
+        p = problem
+        # asymmetric padding: cuDNN pads symmetrically; pad the rest explicitly (a copy)
+        sym = tuple(min(b, a) for b, a in zip(p.pad_before, p.pad_after))
+        self._extra = tuple((b - s, a - s) for b, a, s in zip(p.pad_before, p.pad_after, sym))
+        self._asym = any(e != (0, 0) for e in self._extra)
+        if self._asym:
+            self.inner = p.with_(in_spatial=tuple(i + e[0] + e[1] for i, e in zip(p.in_spatial, self._extra)),
+                                 pad_before=sym, pad_after=sym)
+            self.notes.append(f"asymmetric padding {p.pad_before}/{p.pad_after}: explicit pad of the input, "
+                              f"cuDNN pads {sym}")
+        else:
+            self.inner = p
+        self._alpha = ffi.new("double *" if p.dtype == "float64" else "float *", 1.0)
+        self._beta0 = ffi.new("double *" if p.dtype == "float64" else "float *", 0.0)
+        self._beta1 = ffi.new("double *" if p.dtype == "float64" else "float *", 1.0)
+        # int32 limit of the legacy descriptors: split the batch, or refuse naming the limit
+        ip = self.inner
+        per_sample = max(_math.prod(ip.x_shape[1:]), _math.prod(ip.y_shape[1:]), 1)
+        wn = _math.prod(ip.w_shape)
+        if per_sample > INT32_LIMIT or wn > INT32_LIMIT:
+            big = "one sample of x or y" if per_sample > INT32_LIMIT else "w"
+            raise NotSupportedError(
+                f"cuDNN's legacy API describes tensors with int32 dims and strides: at most 2^31-1 = "
+                f"{INT32_LIMIT} elements per tensor, and {big} of {p.describe()} has "
+                f"{max(per_sample, wn)}; split the problem (rawconv splits the batch only)",
+                library="cuDNN")
+        self.batch_chunk = max(1, min(ip.n, INT32_LIMIT // per_sample)) if ip.n else 1
+        if self.batch_chunk < ip.n:
+            self.notes.append(f"{ip.n} samples run in chunks of {self.batch_chunk} (int32 element limit)")
+        self._descs: dict[int, tuple] = {}
+        self._cdesc_by_math: dict[str, object] = {}
+        self._xs = tuple(_dense_strides(p.x_shape, p.layout))
+        self._ys = tuple(_dense_strides(p.y_shape, p.layout))
+        self._wst = tuple(_dense_strides(p.w_shape, w_layout))
+        self._algo_id = algo_id
+
+    # ------------------------------------------------------------------ descriptors (no GPU needed)
+    def _conv_desc(self, math: str):
+        d = self._cdesc_by_math.get(math)
+        if d is None:
+            ip = self.inner
+            pad, st, dil = list(ip.pad_before), list(ip.stride), list(ip.dilation)
+            if ip.ndim == 1:
+                pad, st, dil = [0] + pad, [1] + st, [1] + dil
+            compute = "float64" if ip.dtype == "float64" else "float32"
+            d = _cudnn.conv_desc(pad, st, dil, compute, groups=ip.groups,
+                                 math=_cudnn.enum_value(MATH_TYPES[math]))
+            self._cdesc_by_math[math] = d
+        return d
+
+    def descriptors(self, n: int | None = None) -> tuple:
+        """``(x, w, y, conv)`` descriptors for a batch of ``n`` (default: the chunk size). Wraps
+        ``cudnnSetTensorNdDescriptor``, ``cudnnSetFilterNdDescriptor``, ``cudnnSetConvolutionNdDescriptor``."""
+        n = self.batch_chunk if n is None else n
+        d = self._descs.get(n)
+        if d is None:
+            ip = self.inner
+            xs, ys = (n,) + ip.x_shape[1:], (n,) + ip.y_shape[1:]
+            xd = _cudnn.tensor_desc(ip.dtype, _as4d(xs), _dense_strides(_as4d(xs), ip.layout))
+            yd = _cudnn.tensor_desc(ip.dtype, _as4d(ys), _dense_strides(_as4d(ys), ip.layout))
+            wd = _cudnn.filter_desc(ip.dtype, _as4d(ip.w_shape), self.w_layout)
+            d = (xd, wd, yd, self._conv_desc(self.math))
+            self._descs[n] = d
+        return d
+
+    def cudnn_output_shape(self) -> tuple[int, ...]:
+        """The forward output shape cuDNN computes for the (inner) problem, in torch's rank.
+        Wraps ``cudnnGetConvolutionNdForwardOutputDim``."""
+        xd, wd, _yd, cd = self.descriptors()
+        dims = _cudnn.forward_output_dim(cd, xd, wd, 4 if self.inner.ndim <= 2 else 5)
+        if self.inner.ndim == 1:
+            dims = dims[:2] + dims[3:]
+        dims[0] = self.inner.n
+        return tuple(dims)
+
+    # ------------------------------------------------------------------ algo queries
+    def _handle(self):
+        return _cudnn.handle_for(self.device_index)
+
+    def _query(self, mode: str, math: str) -> list[Algorithm]:
+        key = (mode, math)
+        rows = self._rows.get(key)
+        if rows is not None:
+            return rows
+        L = _cudnn.lib()
+        xd, wd, yd, _ = self.descriptors()
+        cd = self._conv_desc(math)
+        h = self._handle()
+        d = self.direction
+        perf_t = {"forward": "cudnnConvolutionFwdAlgoPerf_t", "backward_data": "cudnnConvolutionBwdDataAlgoPerf_t",
+                  "backward_filter": "cudnnConvolutionBwdFilterAlgoPerf_t"}[d]
+        count = 2 * len(ALGOS[d]) * len(MATH_TYPES)
+        perf = ffi.new(f"{perf_t}[{count}]")
+        ret = ffi.new("int *")
+        if mode == "heuristic":
+            fn, args = {"forward": ("cudnnGetConvolutionForwardAlgorithm_v7", (h, xd, wd, cd, yd)),
+                        "backward_data": ("cudnnGetConvolutionBackwardDataAlgorithm_v7", (h, wd, yd, cd, xd)),
+                        "backward_filter": ("cudnnGetConvolutionBackwardFilterAlgorithm_v7", (h, xd, yd, cd, wd))}[d]
+            _cudnn.call(fn, *args, count, ret, perf, detail=self.problem.describe())
+        elif mode == "find":
+            t = self._example_tensors()
+            n = self.batch_chunk
+            ws_bytes = self._find_workspace_bytes(math)
+            ws = _cudnn.workspace(ws_bytes, self.problem.device)
+            P = lambda tt: ffi.cast("void *", tt.data_ptr())  # noqa: E731
+            if d == "forward":
+                y = empty_like_layout((n,) + self.inner.y_shape[1:], self.problem.layout, self.problem.torch_dtype,
+                                      self.problem.device)
+                _cudnn.call("cudnnFindConvolutionForwardAlgorithmEx", h, xd, P(t["x"][:n]), wd, P(t["w"]), cd, yd,
+                            P(y), count, ret, perf, P(ws), ws_bytes, detail=self.problem.describe())
+            elif d == "backward_data":
+                dx = empty_like_layout((n,) + self.inner.x_shape[1:], self.problem.layout,
+                                       self.problem.torch_dtype, self.problem.device)
+                _cudnn.call("cudnnFindConvolutionBackwardDataAlgorithmEx", h, wd, P(t["w"]), yd, P(t["dy"][:n]), cd,
+                            xd, P(dx), count, ret, perf, P(ws), ws_bytes, detail=self.problem.describe())
+            else:
+                dw = empty_like_layout(self.inner.w_shape, self.w_layout, self.problem.torch_dtype, self.problem.device)
+                _cudnn.call("cudnnFindConvolutionBackwardFilterAlgorithmEx", h, xd, P(t["x"][:n]), yd,
+                            P(t["dy"][:n]), cd, wd, P(dw), count, ret, perf, P(ws), ws_bytes,
+                            detail=self.problem.describe())
+            torch.cuda.current_stream(self.device_index).synchronize()
+        else:
+            raise ArgumentError(f"mode must be 'find' or 'heuristic', got {mode!r}")
+        rows, seen = [], set()
+        det_val = _cudnn.enum_value("CUDNN_DETERMINISTIC")
+        table = ALGOS[d]
+        for i in range(ret[0]):
+            r = perf[i]
+            a = int(r.algo)
+            if a not in table:
+                continue
+            m = _MATH_BY_VALUE.get(int(r.mathType), str(int(r.mathType)))
+            if (a, m) in seen:
+                continue
+            seen.add((a, m))
+            rows.append(Algorithm(d, table[a], a, m, _cudnn.status_name(int(r.status)),
+                                  float(r.time) if mode == "find" else None, int(r.memory),
+                                  int(r.determinism) == det_val, mode, math))
+        self._rows[key] = rows
+        return rows
+
+    def _find_workspace_bytes(self, math: str) -> int:
+        """Workspace given to Find: the largest any algo asks for, capped by ``workspace_limit`` and
+        by half the free device memory."""
+        need = 0
+        for a in ALGOS[self.direction]:
+            try:
+                need = max(need, self._workspace_size(a, math))
+            except NotSupportedError:
+                continue
+        free, _total = torch.cuda.mem_get_info(self.device_index)
+        cap = free // 2 if self.workspace_limit is None else min(self.workspace_limit, free // 2)
+        return int(min(need, cap))
+
+    def _workspace_size(self, algo_id: int, math: str | None = None, n: int | None = None) -> int:
+        L = _cudnn.lib()
+        xd, wd, yd, cd = self.descriptors(n)
+        if math is not None and math != self.math:
+            cd = self._conv_desc(math)
+        h = self._handle()
+        out = ffi.new("size_t *")
+        d = self.direction
+        if d == "forward":
+            st = L.cudnnGetConvolutionForwardWorkspaceSize(h, xd, wd, cd, yd, algo_id, out)
+            fn = "cudnnGetConvolutionForwardWorkspaceSize"
+        elif d == "backward_data":
+            st = L.cudnnGetConvolutionBackwardDataWorkspaceSize(h, wd, yd, cd, xd, algo_id, out)
+            fn = "cudnnGetConvolutionBackwardDataWorkspaceSize"
+        else:
+            st = L.cudnnGetConvolutionBackwardFilterWorkspaceSize(h, xd, yd, cd, wd, algo_id, out)
+            fn = "cudnnGetConvolutionBackwardFilterWorkspaceSize"
+        _cudnn.check(st, fn, f"algo {ALGOS[d][algo_id]}, {self.problem.describe()}")
+        return int(out[0])
+
+    def algorithms(self, mode: str = "find", math: str | None = "all") -> list[Algorithm]:
+        """Rows of (algo, math type) for this plan's problem and direction (:class:`Algorithm`).
+
+        ``mode``: ``"find"`` (cuDNN runs and times every algo: ``cudnnFind*AlgorithmEx`` on this
+        plan's tensors, or random ones, with a workspace capped by ``workspace_limit``) or
+        ``"heuristic"`` (``cudnnGet*Algorithm_v7``: no run, no times). ``math``: ``"all"`` queries
+        with every math type set on the descriptor in turn and merges the rows; a name queries with
+        that one; None uses the plan's math. Find rows come fastest first."""
+        self._check_live()
+        if math == "all":
+            maths = list(MATH_TYPES)
+        else:
+            maths = [self.math if math is None else _math_name(math, self.problem.dtype)]
+        out, seen = [], set()
+        for m in maths:
+            for r in self._query(mode, m):
+                if (r.algo_id, r.math) not in seen:
+                    seen.add((r.algo_id, r.math))
+                    out.append(r)
+        if mode == "find":
+            out.sort(key=lambda r: (not r.ok, r.time_ms if r.time_ms is not None and r.time_ms >= 0 else 1e30))
+        return out
+
+    # ------------------------------------------------------------------ selection
+    def _usable(self, r: Algorithm) -> bool:
+        return (r.ok and (not self.deterministic or r.deterministic)
+                and (self.workspace_limit is None or r.workspace_bytes <= self.workspace_limit))
+
+    def _supported_names(self) -> list[str]:
+        names = []
+        for r in self._query("heuristic", self.math):
+            if self._usable(r) and r.algo not in names:
+                names.append(r.algo)
+        return names
+
+    def _choose(self) -> RunInfo:
+        req = self._algo_request
+        rows_h = self._query("heuristic", self.math)
+        if self._algo_id is None:
+            rows = self._query("find", self.math) if req == "fastest" else rows_h
+            # prefer rows whose reported math is the one set on the descriptor
+            same = [r for r in rows if self._usable(r) and r.math == self.math]
+            usable = same or [r for r in rows if self._usable(r)]
+            if not usable:
+                raise NotSupportedError(
+                    f"cuDNN offers no usable {self.direction} algo for {self.problem.describe()} (math {self.math}"
+                    + (", deterministic" if self.deterministic else "")
+                    + (f", workspace_limit {self.workspace_limit} B" if self.workspace_limit is not None else "")
+                    + "): " + "; ".join(str(r) for r in rows), library="cuDNN", offered=[])
+            algo_id = usable[0].algo_id
+        else:
+            algo_id = self._algo_id
+        name = ALGOS[self.direction][algo_id]
+        try:
+            ws = max(self._workspace_size(algo_id, None, n) for n in self._batch_sizes())
+        except NotSupportedError as exc:
+            sup = self._supported_names()
+            raise NotSupportedError(
+                f"cuDNN {_cudnn.version()['version']} does not support {self.direction} algo {name} for "
+                f"{self.problem.describe()} (math {self.math}); supported: {', '.join(sup) or 'none'} "
+                f"({exc.status_name})", library="cuDNN", function=exc.function, status=exc.status,
+                status_name=exc.status_name, detail=exc.detail, offered=sup) from None
+        match = [r for r in rows_h if r.algo_id == algo_id]
+        pref = [r for r in match if r.math == self.math] or match
+        if match and not any(r.ok for r in match):
+            sup = self._supported_names()
+            raise NotSupportedError(
+                f"cuDNN does not support {self.direction} algo {name} for {self.problem.describe()} "
+                f"(math {self.math}: {match[0].status}); supported: {', '.join(sup) or 'none'}",
+                library="cuDNN", status_name=match[0].status, offered=sup)
+        det = pref[0].deterministic if pref else False
+        if self.deterministic and not det:
+            raise NotSupportedError(
+                f"{self.direction} algo {name} is not deterministic for {self.problem.describe()}; "
+                f"deterministic and supported: {', '.join(self._supported_names()) or 'none'}",
+                library="cuDNN", offered=self._supported_names())
+        if self.workspace_limit is not None and ws > self.workspace_limit:
+            raise NotSupportedError(
+                f"{self.direction} algo {name} needs {ws} B of workspace, over workspace_limit "
+                f"{self.workspace_limit} B; within the limit: {', '.join(self._supported_names()) or 'none'}",
+                library="cuDNN", offered=self._supported_names())
+        fused = None
+        if self.direction == "forward" and (self.problem.has_bias or self.activation is not None):
+            fused = self._can_fuse(algo_id)
+        info = RunInfo(self.direction, name, algo_id, self.math, pref[0].math if pref else self.math, ws, det,
+                       fused, tuple(self.notes))
+        self._info = info
+        self._ws = None
+        return info
+
+    def _batch_sizes(self) -> list[int]:
+        n, b = self.inner.n, self.batch_chunk
+        sizes = [b] if n >= b else [max(n, 1)]
+        if n > b and n % b:
+            sizes.append(n % b)
+        return sizes
+
+    def _can_fuse(self, algo_id: int) -> bool:
+        """cudnnConvolutionBiasActivationForward takes a bias and RELU or IDENTITY (IDENTITY only with
+        IMPLICIT_PRECOMP_GEMM); anything else runs unfused."""
+        if not self.problem.has_bias or self._fused is False:
+            return False
+        act = self.activation or "identity"
+        if act == "relu":
+            return True
+        return act == "identity" and ALGOS["forward"][algo_id] == "IMPLICIT_PRECOMP_GEMM"
+
+    @property
+    def info(self) -> RunInfo:
+        """What :meth:`execute` runs (:class:`RunInfo`): algo, math type set and reported,
+        workspace bytes, determinism, fusion. Chooses the algo on first access (needs the GPU)."""
+        self._check_live()
+        if self._info is None:
+            with self._lock:
+                if self._info is None:
+                    self._choose()
+        return self._info
+
+    def select(self, algo: Any, math: str | None = None) -> RunInfo:
+        """Force ``algo`` (name, enum value, or ``None``/``"fastest"``), optionally with another
+        math type. Raises :class:`NotSupportedError` naming the supported algos."""
+        self._check_live()
+        if math is not None:
+            self.math = _math_name(math, self.problem.dtype)
+            self._descs = {}
+        self._algo_request = algo
+        self._algo_id = _resolve_algo(self.direction, algo) if algo not in (None, "fastest") else None
+        self._info = None
+        with self._lock:
+            return self._choose()
+
+    # ------------------------------------------------------------------ execution
+    def _prep(self, name: str, t, shape, strides, is_out: bool = False) -> torch.Tensor:
+        p = self.problem
+        if not isinstance(t, torch.Tensor):
+            raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if p.unbatched and name in ("x", "y", "grad_y", "dx", "out") and t.dim() == p.ndim + 1:
+            t = t.unsqueeze(0)
+        if t.shape != shape:
+            raise ArgumentError(f"{name} must have shape {tuple(shape)} for this plan, got {tuple(t.shape)}")
+        if t.dtype != p.torch_dtype:
+            raise ArgumentError(f"{name} must be {p.torch_dtype} for this plan, got {t.dtype}")
+        if not t.is_cuda or t.get_device() != self.device_index:
+            raise ArgumentError(f"{name} must be on cuda:{self.device_index} for this plan, got {t.device}"
+                                + (" (use rawconv.onednn for CPU tensors)" if not t.is_cuda else ""))
+        if t.stride() != strides and not _strides_match(t, strides):
+            if is_out:
+                raise ArgumentError(f"out ({name}) must have strides {tuple(strides)} (the plan's layout), "
+                                    f"got {t.stride()}")
+            t = torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
+        return t
+
+    def _pad(self, x: torch.Tensor) -> torch.Tensor:
+        pad = []
+        for b, a in reversed(self._extra):
+            pad += [b, a]
+        return to_layout(torch.nn.functional.pad(x, pad), self.problem.layout)
+
+    def _workspace(self, stream: int):
+        ws = self._ws
+        if ws is None or self._ws_stream != stream:
+            ws = _cudnn.workspace(self._info.workspace_bytes, self.problem.device)
+            self._ws, self._ws_stream = ws, stream
+        return ws
+
+    def execute(self, x: torch.Tensor | None = None, w: torch.Tensor | None = None,
+                bias: torch.Tensor | None = None, out: torch.Tensor | None = None, *,
+                grad_y: torch.Tensor | None = None, return_info: bool = False):
+        """Run the selected algo on torch's current stream and return the result.
+
+        forward: ``execute(x, w=None, bias=None, out=None)`` -> y (N, K, *out) in x's layout.
+        backward_data: ``execute(grad_y=dy, w=w, out=None)`` -> dx (N, C, *in).
+        backward_filter: ``execute(x, grad_y=dy, out=None)`` -> dw (K, C/groups, *kernel) in the
+        plan's weight layout. ``None`` for x/w/bias uses the tensors given at construction. With
+        ``return_info``, returns ``(result, RunInfo)``. Raises :class:`ArgumentError` when tensors
+        do not fit the plan. Wraps ``cudnnConvolutionForward`` / ``cudnnConvolutionBiasActivationForward``
+        / ``cudnnConvolutionBackwardData`` / ``cudnnConvolutionBackwardFilter``.
+        """
+        if self._freed:
+            raise ArgumentError("this Convolution plan was freed")
+        p = self.problem
+        d = self.direction
+        if x is None and d != "backward_data":
+            x = self._x
+        if w is None and d != "backward_filter":
+            w = self._w
+        if bias is None:
+            bias = self._b
+        if d == "forward":
+            if x is None or w is None:
+                raise ArgumentError("execute needs x and w (none were given at construction)")
+            if p.has_bias != (bias is not None):
+                raise ArgumentError("this plan was built " + ("with a bias: pass bias" if p.has_bias else
+                                                              "without a bias; build one with bias to use it"))
+        elif d == "backward_data":
+            if grad_y is None or w is None:
+                raise ArgumentError("backward_data needs grad_y and w")
+        elif grad_y is None or x is None:
+            raise ArgumentError("backward_filter needs x and grad_y")
+        if p.is_empty:
+            res = self._empty(x, w, bias, out)
+            return (res, self._info) if return_info else res
+        info = self._info or self.info
+        L = _cudnn.lib()
+        h = _cudnn.handle_for(self.device_index)
+        stream = _cudnn.current_stream_of_handle(self.device_index)
+        ws = self._workspace(stream)
+        pws = ffi.cast("void *", ws.data_ptr())
+        nws = info.workspace_bytes
+        algo = info.algo_id
+        cast = ffi.cast
+        n, b = self.inner.n, self.batch_chunk
+        if d == "forward":
+            x = self._prep("x", x, p.x_shape, self._xs)
+            w = self._prep("w", w, p.w_shape, self._wst)
+            y = empty_like_layout(p.y_shape, p.layout, p.torch_dtype, x.device) if out is None else \
+                self._prep("out", out, p.y_shape, self._ys, True)
+            if self._asym:
+                x = self._pad(x)
+            fused = info.fused
+            if fused:
+                bt = self._prep("bias", bias, (p.k,), (1,))
+                act = self._act_desc()
+                bd = self._bias_desc()
+            pw = cast("void *", w.data_ptr())
+            for s in range(0, n, b):
+                xd, wd, yd, cd = self.descriptors(min(b, n - s))
+                xs = x if b >= n else x[s:s + b]
+                ys = y if b >= n else y[s:s + b]
+                if fused:
+                    st = L.cudnnConvolutionBiasActivationForward(
+                        h, self._alpha, xd, cast("void *", xs.data_ptr()), wd, pw, cd, algo, pws, nws,
+                        self._beta0, yd, cast("void *", ys.data_ptr()), bd, cast("void *", bt.data_ptr()), act, yd,
+                        cast("void *", ys.data_ptr()))
+                    if st:
+                        err = _cudnn.error(st, "cudnnConvolutionBiasActivationForward", p.describe())
+                        if isinstance(err, NotSupportedError) and s == 0:
+                            self._fused = False  # fall back to unfused for good
+                            self._info = info = RunInfo(info.direction, info.algo, info.algo_id, info.math,
+                                                        info.math_reported, info.workspace_bytes,
+                                                        info.deterministic, False,
+                                                        info.notes + ("fused bias+activation not supported: unfused",))
+                            fused = False
+                        else:
+                            raise err
+                if not fused:
+                    st = L.cudnnConvolutionForward(h, self._alpha, xd, cast("void *", xs.data_ptr()), wd, pw, cd, algo,
+                                                   pws, nws, self._beta0, yd, cast("void *", ys.data_ptr()))
+                    if st:
+                        raise _cudnn.error(st, "cudnnConvolutionForward", f"algo {info.algo}, {p.describe()}")
+            if not fused:
+                if bias is not None:
+                    bt = self._prep("bias", bias, (p.k,), (1,))
+                    y.add_(bt.view(1, -1, *([1] * p.ndim)))
+                if self.activation is not None:
+                    _ACT_FNS[self.activation](y)
+            result = y
+        elif d == "backward_data":
+            dy = self._prep("grad_y", grad_y, p.y_shape, self._ys)
+            w = self._prep("w", w, p.w_shape, self._wst)
+            if self._asym:
+                dx_full = empty_like_layout(self.inner.x_shape, p.layout, p.torch_dtype, dy.device)
+                dx = None if out is None else self._prep("out", out, p.x_shape, self._xs, True)
+            else:
+                dx_full = dx = empty_like_layout(p.x_shape, p.layout, p.torch_dtype, dy.device) if out is None \
+                    else self._prep("out", out, p.x_shape, self._xs, True)
+            pw = cast("void *", w.data_ptr())
+            for s in range(0, n, b):
+                xd, wd, yd, cd = self.descriptors(min(b, n - s))
+                dys = dy if b >= n else dy[s:s + b]
+                dxs = dx_full if b >= n else dx_full[s:s + b]
+                st = L.cudnnConvolutionBackwardData(h, self._alpha, wd, pw, yd, cast("void *", dys.data_ptr()), cd,
+                                                    algo, pws, nws, self._beta0, xd, cast("void *", dxs.data_ptr()))
+                if st:
+                    raise _cudnn.error(st, "cudnnConvolutionBackwardData", f"algo {info.algo}, {p.describe()}")
+            if self._asym:
+                sl = [slice(None), slice(None)] + [slice(e[0], e[0] + i) for e, i in zip(self._extra, p.in_spatial)]
+                if dx is None:
+                    dx = to_layout(dx_full[tuple(sl)], p.layout)
+                else:
+                    dx.copy_(dx_full[tuple(sl)])
+            result = dx
+        else:
+            x = self._prep("x", x, p.x_shape, self._xs)
+            dy = self._prep("grad_y", grad_y, p.y_shape, self._ys)
+            dw = empty_like_layout(p.w_shape, self.w_layout, p.torch_dtype, x.device) if out is None else \
+                self._prep("out", out, p.w_shape, self._wst, True)
+            if self._asym:
+                x = self._pad(x)
+            pdw = cast("void *", dw.data_ptr())
+            for s in range(0, n, b):
+                xd, wd, yd, cd = self.descriptors(min(b, n - s))
+                xs = x if b >= n else x[s:s + b]
+                dys = dy if b >= n else dy[s:s + b]
+                st = L.cudnnConvolutionBackwardFilter(h, self._alpha, xd, cast("void *", xs.data_ptr()), yd,
+                                                      cast("void *", dys.data_ptr()), cd, algo, pws, nws,
+                                                      self._beta0 if s == 0 else self._beta1, wd, pdw)
+                if st:
+                    raise _cudnn.error(st, "cudnnConvolutionBackwardFilter", f"algo {info.algo}, {p.describe()}")
+            result = dw
+        if p.unbatched and d != "backward_filter":
+            result = result.squeeze(0)
+        return (result, self._info) if return_info else result
+
+    __call__ = execute
+
+    def _bias_desc(self):
+        bd = self._descs.get("bias")
+        if bd is None:
+            nd = 4 if self.inner.ndim <= 2 else 5
+            dims = [1, self.problem.k] + [1] * (nd - 2)
+            bd = self._descs["bias"] = _cudnn.tensor_desc(self.problem.dtype, dims, _dense_strides(dims, "nchw"))
+        return bd
+
+    def _act_desc(self):
+        ad = self._descs.get("act")
+        if ad is None:
+            ad = self._descs["act"] = _cudnn.activation_desc(self.activation or "identity")
+        return ad
+
+    def _empty(self, x, w, bias, out):
+        """Zero-sized problems: torch's result, no cuDNN call (shared/cases C1, GPU twin)."""
+        p = self.problem
+        dev = self.problem.device
+        if self.direction == "forward":
+            y = out if out is not None else empty_like_layout(p.y_shape, p.layout, p.torch_dtype, dev)
+            y.zero_()
+            if bias is not None and y.numel():
+                y += bias.view(1, -1, *([1] * p.ndim))
+            if self.activation is not None and y.numel():
+                _ACT_FNS[self.activation](y)
+            return y.squeeze(0) if p.unbatched else y
+        if self.direction == "backward_data":
+            dx = out if out is not None else empty_like_layout(p.x_shape, p.layout, p.torch_dtype, dev)
+            dx.zero_()
+            return dx.squeeze(0) if p.unbatched else dx
+        dw = out if out is not None else empty_like_layout(p.w_shape, self.w_layout, p.torch_dtype, dev)
+        return dw.zero_()
+
+    def _example_tensors(self) -> dict:
+        t = getattr(self, "_example", None)
+        if t is None:
+            p = self.inner
+            g = torch.Generator(device=p.device).manual_seed(0)
+            dev = p.device
+
+            def rnd(shape, layout):
+                return to_layout(torch.randn(shape, generator=g, device=dev, dtype=torch.float32)
+                                 .to(p.torch_dtype), layout)
+            t = {"x": rnd(p.x_shape, p.layout), "w": rnd(p.w_shape, self.w_layout),
+                 "dy": rnd(p.y_shape, p.layout)}
+            self._example = t
+        return t
+
+    def autotune(self, iterations: int = 20, warmup: int = 3, *, budget_s: float | None = None,
+                 math: str | None = None) -> list[TimedAlgorithm]:
+        """Time every usable algo (from Find, with this plan's math unless ``math`` names another)
+        with CUDA events (:func:`rawconv.bench.time_cuda`) on random tensors of the problem, select
+        the fastest by median and return the rows, fastest first."""
+        from .bench import time_cuda
+
+        self._check_live()
+        if math is not None and math != self.math:
+            self.math = _math_name(math, self.problem.dtype)
+            self._descs = {}
+        rows = []
+        cands = [r for r in self._query("find", self.math) if self._usable(r)]
+        seen = set()
+        for r in cands:
+            if r.algo_id in seen:
+                continue
+            seen.add(r.algo_id)
+            try:
+                self.select(r.algo_id)
+            except NotSupportedError:
+                continue
+            args = self._exec_args()
+            try:
+                stats = time_cuda(lambda: self.execute(**args), iterations=iterations, warmup=warmup,
+                                  budget_s=budget_s)
+            except NotSupportedError:
+                continue
+            rows.append(TimedAlgorithm(r, stats.median_ms, stats.min_ms, stats.runs))
+        if not rows:
+            raise NotSupportedError("no algo could be timed for " + self.problem.describe(), library="cuDNN")
+        rows.sort(key=lambda r: r.median_ms)
+        self.select(rows[0].algorithm.algo_id)
+        return rows
+
+    def _exec_args(self) -> dict:
+        """Tensors of the problem's shapes (the outer problem) for timing."""
+        p = self.problem
+        ex = getattr(self, "_exec_example", None)
+        if ex is None:
+            x, w, b = p.make_inputs(seed=1, device=p.device)
+            if self.w_layout == "nhwc":
+                w = to_layout(w, "nhwc")
+            gy = to_layout(torch.randn(p.y_shape, device=p.device, dtype=torch.float32).to(p.torch_dtype), p.layout)
+            if p.unbatched:
+                x, gy = x.squeeze(0), gy.squeeze(0)
+            ex = {"forward": {"x": x, "w": w, "bias": b}, "backward_data": {"grad_y": gy, "w": w},
+                  "backward_filter": {"x": x, "grad_y": gy}}[self.direction]
+            self._exec_example = ex
+        return ex
+
+    # ------------------------------------------------------------------ lifetime
+    def _check_live(self):
+        if self._freed:
+            raise ArgumentError("this Convolution plan was freed")
+
+    def free(self) -> None:
+        """Release descriptors, the workspace and tensor references. Idempotent."""
+        self._descs = {}
+        self._cdesc_by_math = {}
+        self._ws = None
+        self._example = None
+        self._exec_example = None
+        self._x = self._w = self._b = None
+        self._freed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+    def __repr__(self) -> str:
+        if self._freed:
+            return "<rawconv.cudnn.Convolution (freed)>"
+        algo = self._info.algo if self._info is not None else "(not chosen yet)"
+        return f"<rawconv.cudnn.Convolution {self.direction} {self.problem.describe()} math={self.math} algo={algo}>"
+
+
+# ---------------------------------------------------------------------------- plan caches and functions
+_cache: dict = {}
+_fast: dict = {}
+_cache_lock = threading.Lock()
+_CACHE_MAX = 256
+
+
+def _plan(problem: ConvProblem, direction: str, w_layout: str, algo, math, deterministic, workspace_limit,
+          activation) -> Convolution:
+    key = (problem, direction, w_layout, algo, math, deterministic, workspace_limit, activation)
+    plan = _cache.get(key)
+    if plan is None:
+        plan = Convolution.from_problem(problem, direction=direction, w_layout=w_layout, algo=algo, math=math,
+                                        deterministic=deterministic, workspace_limit=workspace_limit,
+                                        activation=activation)
+        with _cache_lock:
+            if len(_cache) >= _CACHE_MAX:
+                _cache.pop(next(iter(_cache)))
+                _fast.clear()
+            _cache[key] = plan
+    return plan
+
+
+def clear_cache() -> None:
+    """Drop every cached plan (descriptors, chosen algos, workspaces) used by the function forms."""
+    with _cache_lock:
+        _cache.clear()
+        _fast.clear()
+
+
+def _graph(name: str):
+    try:
+        from . import cudnn_graph
+    except ImportError as exc:
+        raise NotSupportedError(f"the cuDNN graph API (rawconv.cudnn_graph) is not available: {exc}",
+                                library="cuDNN") from None
+    fn = getattr(cudnn_graph, name, None)
+    if fn is None:
+        raise NotSupportedError(f"rawconv.cudnn_graph has no {name}() (the graph API is not available for "
+                                f"this direction yet)", library="cuDNN")
+    return fn
+
+
+def _fast_key(tag, *parts):
+    try:
+        key = (tag,) + parts
+        hash(key)
+        return key
+    except TypeError:
+        return None
+
+
+def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
+            padding: Any = 0, dilation: Any = 1, groups: int = 1, *, algo: Any = None, math: str | None = None,
+            deterministic: bool = False, workspace_limit: int | None = None, activation: str | None = None,
+            out: torch.Tensor | None = None, engine: Any = None, return_info: bool = False):
+    """cuDNN forward convolution with the semantics of ``torch.nn.functional.conv{1,2,3}d``.
+
+    ``x``: (N, C, *spatial) or unbatched (C, *spatial), CUDA, float32 / float16 / bfloat16 / float64,
+    NCHW or channels_last (taken as they are). ``w``: (K, C/groups, *kernel). ``bias``: (K,).
+    ``padding``: int, tuple, ``"same"``/``"valid"`` or one ``(before, after)`` pair per dim.
+    ``algo``: None (cuDNN's heuristic, ``cudnnGetConvolutionForwardAlgorithm_v7``), ``"fastest"``
+    (measured by ``cudnnFindConvolutionForwardAlgorithmEx``, cached per problem), or a name
+    (``"IMPLICIT_PRECOMP_GEMM"``, ``"WINOGRAD_NONFUSED"``, ...) or enum value forcing that algo.
+    ``math``: ``"fma"`` (IEEE; default for fp32/fp64), ``"tensor_op"`` (default for fp16/bf16; TF32 for
+    fp32), ``"tensor_op_allow_conversion"``, ``"default"`` (cuDNN's: TF32 for fp32 on Ampere+).
+    ``deterministic``: only deterministic algos. ``workspace_limit``: bytes. ``activation``:
+    ``"relu"``, ``"identity"``, ``"sigmoid"``, ``"tanh"``, ``"elu"``; with a bias, relu/identity run
+    fused (``cudnnConvolutionBiasActivationForward``) when cuDNN allows, else unfused (RunInfo says).
+    ``engine``: run through the graph API instead (:mod:`rawconv.cudnn_graph`).
+    Returns y (N, K, *out) in x's layout, or ``(y, RunInfo)`` with ``return_info``.
+
+    Raises :class:`ArgumentError` / :class:`ArgumentTypeError` for bad input (before any C call;
+    CPU tensors are pointed to :mod:`rawconv.onednn`), :class:`NotSupportedError` for a forced
+    algo cuDNN does not support here (naming those it does) or tensors past the int32 limit.
+    Wraps ``cudnnConvolutionForward``.
+    """
+    if engine is not None:
+        kw = {k: v for k, v in (("math", math), ("out", out), ("activation", activation)) if v is not None}
+        return _graph("forward")(x, w, bias, stride, padding, dilation, groups, engine=engine, **kw)
+    try:
+        key = _fast_key("f", x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device,
+                        None if bias is None else (bias.shape, bias.dtype, bias.device), stride, padding,
+                        dilation, groups, algo, math, deterministic, workspace_limit, activation)
+    except AttributeError:
+        key = None
+    plan = _fast.get(key) if key is not None else None
+    if plan is None:
+        problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
+        _check_device(problem)
+        plan = _plan(problem, "forward", _w_layout(w), algo, math, deterministic, workspace_limit, activation)
+        if key is not None:
+            _fast[key] = plan
+    return plan.execute(x, w, bias, out, return_info=return_info)
+
+
+def _fake(shape, like: torch.Tensor) -> torch.Tensor:
+    """A zero-stride tensor of ``shape`` used only to describe a problem (never read)."""
+    return torch.empty(1, dtype=like.dtype, device=like.device).expand(*[int(s) for s in shape])
+
+
+def _check_shape_arg(shape, name):
+    if not isinstance(shape, (tuple, list, torch.Size)) or not all(
+            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
+        raise ArgumentTypeError(f"{name} must be a tuple of non-negative ints, got {shape!r}")
+
+
+def _grad_problem(grad_y, w_or_x, shape, stride, padding, dilation, groups, direction) -> ConvProblem:
+    if not isinstance(grad_y, torch.Tensor) or not isinstance(w_or_x, torch.Tensor):
+        raise ArgumentTypeError("grad_y and " + ("w" if direction == "backward_data" else "x")
+                                + " must be torch.Tensor")
+    if direction == "backward_data":
+        _check_shape_arg(shape, "x_shape")
+        problem = ConvProblem.from_torch(_fake(shape, grad_y), w_or_x, None, stride, padding, dilation, groups)
+    else:
+        _check_shape_arg(shape, "w_shape")
+        problem = ConvProblem.from_torch(w_or_x, _fake(shape, grad_y), None, stride, padding, dilation, groups)
+    if direction == "backward_data" and grad_y.dim() >= 3 and layout_of(grad_y) == "nhwc":
+        problem = problem.with_(layout="nhwc")
+    _check_device(problem)
+    gshape = tuple(grad_y.shape) if not problem.unbatched else (1,) + tuple(grad_y.shape)
+    if gshape != problem.y_shape:
+        raise ArgumentError(f"grad_y must have shape {problem.y_shape} for this problem, got {tuple(grad_y.shape)}")
+    if grad_y.dtype != problem.torch_dtype:
+        raise ArgumentError(f"grad_y must be {problem.torch_dtype}, got {grad_y.dtype}")
+    if grad_y.device != w_or_x.device:
+        raise ArgumentError(f"grad_y must be on {w_or_x.device}, got {grad_y.device}")
+    return problem
+
+
+def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int], stride: Any = 1,
+                  padding: Any = 0, dilation: Any = 1, groups: int = 1, *, algo: Any = None,
+                  math: str | None = None, deterministic: bool = False, workspace_limit: int | None = None,
+                  out: torch.Tensor | None = None, engine: Any = None, return_info: bool = False):
+    """Gradient of the forward convolution with respect to its input (``torch.nn.grad.conv2d_input``).
+
+    ``grad_y``: (N, K, *out), CUDA, NCHW or channels_last; ``w``: (K, C/groups, *kernel);
+    ``x_shape``: the forward input's shape (N, C, *spatial). Returns dx of ``x_shape`` in grad_y's
+    layout (or ``(dx, RunInfo)``). ``algo``/``math``/``deterministic``/``workspace_limit`` as in
+    :func:`forward`, with backward-data algo names (``"ALGO_0"``, ``"ALGO_1"``, ``"FFT"``,
+    ``"FFT_TILING"``, ``"WINOGRAD"``, ``"WINOGRAD_NONFUSED"``). Raises as :func:`forward`.
+    Wraps ``cudnnConvolutionBackwardData``.
+    """
+    if engine is not None:
+        kw = {k: v for k, v in (("math", math), ("out", out)) if v is not None}
+        return _graph("backward_data")(grad_y, w, x_shape, stride, padding, dilation, groups, engine=engine, **kw)
+    try:
+        key = _fast_key("d", grad_y.shape, grad_y.stride(), grad_y.dtype, grad_y.device, w.shape, w.stride(),
+                        w.dtype, w.device, tuple(x_shape), stride, padding, dilation, groups, algo, math,
+                        deterministic, workspace_limit)
+    except (AttributeError, TypeError):
+        key = None
+    plan = _fast.get(key) if key is not None else None
+    if plan is None:
+        problem = _grad_problem(grad_y, w, x_shape, stride, padding, dilation, groups, "backward_data")
+        plan = _plan(problem, "backward_data", _w_layout(w), algo, math, deterministic, workspace_limit, None)
+        if key is not None:
+            _fast[key] = plan
+    return plan.execute(grad_y=grad_y, w=w, out=out, return_info=return_info)
+
+
+def backward_filter(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[int], stride: Any = 1,
+                    padding: Any = 0, dilation: Any = 1, groups: int = 1, *, algo: Any = None,
+                    math: str | None = None, deterministic: bool = False, workspace_limit: int | None = None,
+                    w_layout: str | None = None, out: torch.Tensor | None = None, engine: Any = None,
+                    return_info: bool = False):
+    """Gradient of the forward convolution with respect to its weights (``torch.nn.grad.conv2d_weight``).
+
+    ``x``: (N, C, *spatial), CUDA; ``grad_y``: (N, K, *out) in x's layout; ``w_shape``:
+    (K, C/groups, *kernel). Returns dw (in ``w_layout``: "nchw" or "nhwc", default x's layout), or
+    ``(dw, RunInfo)``. Algo names: ``"ALGO_0"``, ``"ALGO_1"``, ``"FFT"``, ``"ALGO_3"``,
+    ``"WINOGRAD_NONFUSED"``, ``"FFT_TILING"``. Raises as :func:`forward`.
+    Wraps ``cudnnConvolutionBackwardFilter``.
+    """
+    if engine is not None:
+        kw = {k: v for k, v in (("math", math), ("out", out)) if v is not None}
+        return _graph("backward_filter")(x, grad_y, w_shape, stride, padding, dilation, groups, engine=engine, **kw)
+    if w_layout is not None and w_layout not in ("nchw", "nhwc"):
+        raise ArgumentError(f"w_layout must be 'nchw' or 'nhwc', got {w_layout!r}")
+    try:
+        key = _fast_key("w", x.shape, x.stride(), x.dtype, x.device, grad_y.shape, grad_y.stride(), grad_y.dtype,
+                        grad_y.device, tuple(w_shape), stride, padding, dilation, groups, algo, math,
+                        deterministic, workspace_limit, w_layout)
+    except (AttributeError, TypeError):
+        key = None
+    plan = _fast.get(key) if key is not None else None
+    if plan is None:
+        problem = _grad_problem(grad_y, x, w_shape, stride, padding, dilation, groups, "backward_filter")
+        plan = _plan(problem, "backward_filter", w_layout or problem.layout, algo, math, deterministic,
+                     workspace_limit, None)
+        if key is not None:
+            _fast[key] = plan
+    return plan.execute(x, grad_y=grad_y, out=out, return_info=return_info)
+
+
+def conv_transpose(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
+                   padding: Any = 0, output_padding: Any = 0, groups: int = 1, dilation: Any = 1, *,
+                   algo: Any = None, math: str | None = None, deterministic: bool = False,
+                   workspace_limit: int | None = None, out: torch.Tensor | None = None, return_info: bool = False):
+    """Transposed convolution with the semantics (and argument order) of
+    ``torch.nn.functional.conv_transpose{1,2,3}d``, run as cuDNN backward data.
+
+    ``x``: (N, C_in, *spatial); ``w``: (C_in, C_out/groups, *kernel); ``bias``: (C_out,);
+    ``output_padding`` < max(stride, dilation) per dim. Returns (N, C_out, *out) with
+    ``out = (in - 1)*stride - 2*padding + dilation*(kernel - 1) + output_padding + 1``.
+    Wraps ``cudnnConvolutionBackwardData``.
+    """
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
+        raise ArgumentTypeError("x and w must be torch.Tensor")
+    if w.dim() not in (3, 4, 5):
+        raise ArgumentError(f"weight must be 3-D, 4-D or 5-D (C_in, C_out/groups, *kernel), got {tuple(w.shape)}")
+    nd = w.dim() - 2
+    from .problem import _tuple
+
+    s, p = _tuple(stride, nd, "stride", 1), _tuple(padding, nd, "padding", 0)
+    d, op = _tuple(dilation, nd, "dilation", 1), _tuple(output_padding, nd, "output_padding", 0)
+    if any(o >= max(si, di) for o, si, di in zip(op, s, d)):
+        raise ArgumentError(f"output_padding {op} must be smaller than stride {s} or dilation {d} (as in torch)")
+    if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
+        raise ArgumentError(f"groups must be a positive int, got {groups!r}")
+    unbatched = x.dim() == nd + 1
+    xb = x.unsqueeze(0) if unbatched else x
+    if xb.dim() != nd + 2:
+        raise ArgumentError(f"input must be {nd + 2}-D (N, C_in, *spatial) or unbatched, got {tuple(x.shape)}")
+    if xb.shape[1] != w.shape[0]:
+        raise ArgumentError(f"input has {xb.shape[1]} channels but weight {tuple(w.shape)} expects {w.shape[0]}")
+    outs = tuple((i - 1) * si - 2 * pi + di * (k - 1) + oi + 1
+                 for i, si, pi, di, k, oi in zip(xb.shape[2:], s, p, d, w.shape[2:], op))
+    if any(o <= 0 for o in outs):
+        raise ArgumentError(f"transposed convolution output size {outs} is not positive")
+    x_shape = (xb.shape[0], w.shape[1] * groups) + outs
+    res = backward_data(xb, w, x_shape, s, p, d, groups, algo=algo, math=math, deterministic=deterministic,
+                        workspace_limit=workspace_limit, out=out, return_info=return_info)
+    y, info = res if return_info else (res, None)
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (x_shape[1],):
+            raise ArgumentError(f"bias must be a tensor of shape ({x_shape[1]},)")
+        y.add_(bias.view(1, -1, *([1] * nd)))
+    if unbatched:
+        y = y.squeeze(0)
+    return (y, info) if return_info else y
+
+
+def algorithms(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
+               padding: Any = 0, dilation: Any = 1, groups: int = 1, *, direction: str = "forward",
+               mode: str = "find", math: str | None = "all", deterministic: bool = False,
+               workspace_limit: int | None = None) -> list[Algorithm]:
+    """Every (algo, math type) row cuDNN reports for this convolution (:class:`Algorithm`: name,
+    status, time in ms measured by Find, workspace bytes, determinism, math type).
+
+    Arguments as in :func:`forward`; for ``direction="backward_data"`` / ``"backward_filter"`` pass
+    the forward problem's x and w. ``mode``: ``"find"`` (``cudnnFind*AlgorithmEx``: runs and times
+    each algo) or ``"heuristic"`` (``cudnnGet*Algorithm_v7``). ``math``: ``"all"`` (every math type
+    set in turn, rows merged), one math type, or None (the dtype's default). ``workspace_limit``
+    caps the workspace Find may use (bytes).
+    """
+    if direction not in DIRECTIONS:
+        raise ArgumentError(f"direction must be one of {list(DIRECTIONS)}, got {direction!r}")
+    problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
+    _check_device(problem)
+    if problem.is_empty:
+        return []
+    plan = _plan(problem, direction, _w_layout(w), None, None if math == "all" else math, deterministic,
+                 workspace_limit, None)
+    return plan.algorithms(mode, math)
+
+
+# ---------------------------------------------------------------------------- info and graph re-exports
+def info() -> dict:
+    """What cuDNN rawconv loaded: version (``cudnnGetVersion``), the CUDA runtime it was built for
+    (``cudnnGetCudartVersion``), path and how it was found, every search attempt, the GPU name and
+    compute capability, and whether it is the cuDNN torch uses (``torch.backends.cudnn.version()``)."""
+    loaded = _cudnn.load()
+    out = dict(_cudnn.version())
+    out.update({"path": loaded.path, "found_via": loaded.found_via,
+                "attempts": [f"{a}: {b}" for a, b in loaded.attempts]})
+    try:
+        tv = torch.backends.cudnn.version()
+    except Exception:  # pragma: no cover
+        tv = None
+    out["torch_cudnn_version"] = tv
+    out["same_as_torch"] = tv == out["version_int"]
+    if torch.cuda.is_available():
+        i = torch.cuda.current_device()
+        cc = torch.cuda.get_device_capability(i)
+        out["gpu"] = torch.cuda.get_device_name(i)
+        out["compute_capability"] = f"{cc[0]}.{cc[1]}"
+    else:
+        out["gpu"] = None
+    return out
+
+
+def __getattr__(name):  # lazy re-exports of the graph API: rawconv.cudnn.engines, EngineConfig
+    if name in ("engines", "EngineConfig"):
+        try:
+            from . import cudnn_graph
+        except ImportError as exc:
+            raise AttributeError(f"rawconv.cudnn.{name} needs rawconv.cudnn_graph, which is not available: "
+                                 f"{exc}") from None
+        return getattr(cudnn_graph, name)
+    raise AttributeError(f"module 'rawconv.cudnn' has no attribute {name!r}")
