@@ -192,16 +192,18 @@ class _Built:
 
     def run(self, tensors: dict, stream, prepack: bool) -> None:
         L = _dnnl.lib()
-        set_handle = L.dnnl_memory_set_data_handle
+        set_handle = _set_handle_int()
         execute = L.dnnl_primitive_execute
         post = []
         for role, _arg, mem, is_out, reorder, _buf in self.args:
             t = tensors[role]
             if reorder is None:
-                _dnnl.check(set_handle(mem, _ptr(t)), "dnnl_memory_set_data_handle")
+                st = set_handle(mem, t.data_ptr())
+                if st:
+                    _dnnl.check(st, "dnnl_memory_set_data_handle")
                 continue
             rprim, umem, rargs = reorder
-            _dnnl.check(set_handle(umem, _ptr(t)), "dnnl_memory_set_data_handle")
+            _dnnl.check(set_handle(umem, t.data_ptr()), "dnnl_memory_set_data_handle")
             if is_out:
                 post.append((rprim, rargs))
                 continue
@@ -212,10 +214,26 @@ class _Built:
             _dnnl.check(execute(rprim, stream, 2, rargs), "dnnl_primitive_execute", self.impl.name + " (reorder)")
             if role == "w":
                 self.packed_w = (weakref.ref(t), t._version, t.data_ptr()) if prepack else None
-        _dnnl.check(execute(self.prim, stream, self.nargs, self.exec_args), "dnnl_primitive_execute", self.impl.name)
+        st = execute(self.prim, stream, self.nargs, self.exec_args)
+        if st:
+            _dnnl.check(st, "dnnl_primitive_execute", self.impl.name)
         for rprim, rargs in post:
             _dnnl.check(execute(rprim, stream, 2, rargs), "dnnl_primitive_execute", self.impl.name + " (reorder)")
-        _dnnl.check(L.dnnl_stream_wait(stream), "dnnl_stream_wait")
+        st = L.dnnl_stream_wait(stream)
+        if st:
+            _dnnl.check(st, "dnnl_stream_wait")
+
+
+_SET_HANDLE = []
+
+
+def _set_handle_int():
+    """``dnnl_memory_set_data_handle`` taking the pointer as an integer (``Tensor.data_ptr()``),
+    which saves an ``ffi.cast`` per tensor per call (same ABI: a pointer and an intptr_t)."""
+    if not _SET_HANDLE:
+        _SET_HANDLE.append(ffi.cast("dnnl_status_t(*)(dnnl_memory_t, intptr_t)",
+                                    _dnnl.lib().dnnl_memory_set_data_handle))
+    return _SET_HANDLE[0]
 
 
 # ---------------------------------------------------------------------------- the plan
@@ -287,6 +305,7 @@ class Convolution:
         self._lock = threading.Lock()
         self.user_md = {}
         self._user_strides = {}
+        self._fast = {}
 
     # ------------------------------------------------------------------ descriptors
     def _mds(self):
@@ -303,6 +322,8 @@ class Convolution:
         ymd = _dnnl.md_strides(p.y_shape, p.dtype, ys)
         bmd = _dnnl.md_strides([p.k], p.dtype, [1]) if p.has_bias else ffi.NULL
         self.user_md = {"x": xmd, "y": ymd, "dx": xmd, "dy": ymd, "w": wmd, "dw": wmd, "b": bmd, "db": bmd}
+        shapes = {"x": p.x_shape, "dx": p.x_shape, "y": p.y_shape, "dy": p.y_shape, "w": p.w_shape, "b": (p.k,)}
+        self._fast = {r: (torch.Size(shapes[r]), tuple(self._user_strides[r]), p.torch_dtype) for r in shapes}
 
     def _create_pd(self, layouts: str):
         """The first primitive descriptor (an iterator over implementations) for ``layouts``
@@ -448,6 +469,10 @@ class Convolution:
 
     # ------------------------------------------------------------------ execution
     def _prepare(self, role: str, t: torch.Tensor, shape) -> torch.Tensor:
+        fast = self._fast.get(role)
+        if fast is not None and type(t) is torch.Tensor and t.dtype is fast[2] and t.shape == fast[0] \
+                and t.is_cpu and t.stride() == fast[1]:
+            return t   # the common case: exactly the plan's shape, dtype and strides
         p = self.problem
         if not isinstance(t, torch.Tensor):
             raise ArgumentError(f"{_ROLE_NAMES[role]} must be a torch.Tensor, got {type(t).__name__}")
@@ -459,8 +484,6 @@ class Convolution:
             raise ArgumentError(f"{_ROLE_NAMES[role]} must be {p.torch_dtype} for this plan, got {t.dtype}")
         if t.device.type != "cpu":
             raise ArgumentError(f"{_ROLE_NAMES[role]} must be on the CPU for oneDNN, got {t.device}")
-        if t.requires_grad and torch.is_grad_enabled():
-            t = t.detach()
         if not _strides_match(t, self._user_strides[role]):
             if role in ("y", "dx", "dw", "db"):
                 raise ArgumentError(f"out ({_ROLE_NAMES[role]}) must have strides {tuple(self._user_strides[role])} "
@@ -669,6 +692,7 @@ def clear_cache() -> None:
     """Drop every cached plan used by the function forms."""
     with _cache_lock:
         _cache.clear()
+        _fast_plans.clear()
 
 
 def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
@@ -687,10 +711,34 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
     :class:`NotSupportedError` when the forced implementation is not offered (naming those that
     are). Wraps ``dnnl_convolution_forward_primitive_desc_create`` and ``dnnl_primitive_execute``.
     """
-    problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
-    _check_device(problem)
-    plan = _plan(problem, "forward", algorithm, fpmath, _w_layout(w), impl)
+    try:   # fast path: the same call signature as an earlier call reuses its plan without re-validation
+        key = (x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device, bias is None,
+               _hashable(stride), _hashable(padding), _hashable(dilation), groups, impl, algorithm, fpmath,
+               threading.get_ident())
+        hash(key)
+    except (AttributeError, TypeError):
+        key = None
+    plan = _fast_plans.get(key) if key is not None else None
+    if plan is None or plan._freed:
+        problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
+        _check_device(problem)
+        plan = _plan(problem, "forward", algorithm, fpmath, _w_layout(w), impl)
+        if key is not None:
+            if len(_fast_plans) >= _CACHE_MAX:
+                _fast_plans.pop(next(iter(_fast_plans)))
+            _fast_plans[key] = plan
+    elif bias is not None and (bias.dtype != x.dtype or bias.device != x.device or bias.shape != (plan.problem.k,)):
+        ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)   # raises the clear error
     return plan.execute(x, w, bias, out)
+
+
+_fast_plans: dict = {}
+
+
+def _hashable(v):
+    if isinstance(v, list):
+        return tuple(_hashable(i) for i in v)
+    return v
 
 
 def implementations(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,

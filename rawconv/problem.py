@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+from functools import cached_property
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
@@ -185,28 +186,28 @@ class ConvProblem:
         """Number of spatial dims (1, 2 or 3)."""
         return len(self.in_spatial)
 
-    @property
+    @cached_property
     def effective_kernel(self) -> tuple[int, ...]:
         return tuple(d * (k - 1) + 1 for k, d in zip(self.kernel, self.dilation))
 
-    @property
+    @cached_property
     def out_spatial(self) -> tuple[int, ...]:
         return tuple((i + pb + pa - ek) // s + 1 for i, pb, pa, ek, s in
                      zip(self.in_spatial, self.pad_before, self.pad_after, self.effective_kernel, self.stride))
 
-    @property
+    @cached_property
     def x_shape(self) -> tuple[int, ...]:
         return (self.n, self.c) + self.in_spatial
 
-    @property
+    @cached_property
     def w_shape(self) -> tuple[int, ...]:
         return (self.k, self.c // self.groups) + self.kernel
 
-    @property
+    @cached_property
     def y_shape(self) -> tuple[int, ...]:
         return (self.n, self.k) + self.out_spatial
 
-    @property
+    @cached_property
     def symmetric(self) -> bool:
         return self.pad_before == self.pad_after
 
@@ -217,22 +218,22 @@ class ConvProblem:
             raise ArgumentError("asymmetric padding cannot be expressed as torch's conv padding")
         return self.pad_before
 
-    @property
+    @cached_property
     def is_empty(self) -> bool:
         """True when x or y has no elements (zero batch or spatial size): no library call needed."""
         return math.prod(self.x_shape) == 0 or math.prod(self.y_shape) == 0
 
-    @property
+    @cached_property
     def reduction_length(self) -> int:
         """Number of products summed into each output element: C/groups * prod(kernel)."""
         return (self.c // self.groups) * math.prod(self.kernel)
 
-    @property
+    @cached_property
     def flops(self) -> int:
         """Floating-point operations of the forward convolution: 2 * N*K*prod(out) * C/g*prod(kernel)."""
         return 2 * math.prod(self.y_shape) * self.reduction_length
 
-    @property
+    @cached_property
     def torch_dtype(self) -> torch.dtype:
         return DTYPE_BY_NAME[self.dtype]
 
