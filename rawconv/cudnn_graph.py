@@ -1,0 +1,1423 @@
+"""cuDNN graph (backend) API convolutions on torch CUDA tensors: every engine and knob setting.
+
+Quick use::
+
+    rows = rawconv.cudnn_graph.engines(x, w, padding=1)               # heuristic mode instant
+    rows = rawconv.cudnn_graph.engines(x, w, padding=1, heuristic="all", limit=8)
+    y = rawconv.cudnn_graph.forward(x, w, padding=1, engine="eng28{k2=3,k3=0}")   # exactly that config
+    y = rawconv.cudnn_graph.forward(x, w, b, padding=1, activation="relu")        # fused graph
+
+    with rawconv.cudnn_graph.GraphConvolution(x, w, padding=1) as conv:
+        table = conv.autotune(budget_s=10)       # time + check every candidate, ranked
+        y = conv.execute(x)                      # one cudnnBackendExecute per call
+
+Terms are cuDNN's: an *operation graph* (here one convolution node, plus pointwise nodes for a
+fused bias and activation), *engines* (global indices ``0 .. CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT-1``),
+*knobs* of an engine (tile size, split-K, stages, ...), an *engine config* (engine + knob choices),
+*heuristic modes* (instant/A, B, FALLBACK) that rank engine configs, an *execution plan* (a
+finalized engine config, with its *workspace*), *numerical notes* (TENSOR_CORE,
+DOWN_CONVERT_INPUTS, REDUCED_PRECISION_REDUCTION, FFT, WINOGRAD, NONDETERMINISTIC) and *behavior
+notes* (RUNTIME_COMPILATION, ...). An engine config is named ``eng<index>{k<knob type>=<value>,...}``
+(``eng28`` alone: the engine's default knobs); cudnn-frontend's ``eng28_k2=3_k3=0`` is accepted too.
+
+float32 convolutions run IEEE fp32 unless ``allow_tf32=True``: configs with the TENSOR_CORE
+numerical note run fp32 on TF32 tensor cores, and are left out of default selection and autotune
+(forcing one by name still runs it). Most engines take NHWC (channels_last) tensors; NCHW graphs
+often get no engine at all (``NotSupportedError`` says so).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from . import _cudnn, _cudnn_backend as B
+from .errors import ArgumentError, ArgumentTypeError, LibraryError, NotSupportedError
+from .problem import ConvProblem, ErrorStats, empty_like_layout, layout_of, to_layout, tolerance, EPS
+
+__all__ = ["EngineConfig", "TimedConfig", "GraphConvolution", "engines", "forward", "backward_data",
+           "backward_filter", "clear_cache", "tuning_cache", "save_tuning_cache", "load_tuning_cache",
+           "HEURISTIC_MODES", "ACTIVATIONS", "DIRECTIONS"]
+
+HEURISTIC_MODES = ("instant", "b", "fallback")
+ACTIVATIONS = ("relu", "tanh", "sigmoid", "elu", "gelu", "swish")
+DIRECTIONS = ("forward", "backward_data", "backward_filter")
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+ALIGNMENT = 16  # bytes every data pointer bound to a graph tensor must be aligned to
+
+# unique ids of the graph's tensors
+UID = {"x": 1, "w": 2, "y": 3, "b": 4, "dx": 1, "dw": 2, "dy": 3}
+_VIRTUAL_UIDS = (101, 102)
+_ROLES = {"forward": ("x", "w", "y"), "backward_data": ("dx", "w", "dy"), "backward_filter": ("x", "dw", "dy")}
+_OUT_ROLE = {"forward": "y", "backward_data": "dx", "backward_filter": "dw"}
+_GRAPH_NAMES = {"x": "X", "w": "W", "y": "Y", "dx": "DX", "dw": "DW", "dy": "DY"}
+
+_NAME_RE = re.compile(r"^eng(\d+)(?:\{\s*((?:k\d+\s*=\s*-?\d+\s*(?:,\s*k\d+\s*=\s*-?\d+\s*)*)?)\}|((?:_k\d+=-?\d+)*))$")
+
+
+# ---------------------------------------------------------------------------- engine configs
+@dataclass(frozen=True)
+class EngineConfig:
+    """One engine config of a graph: engine global index plus knob choices.
+
+    ``engine``: global engine index; ``knobs``: sorted ``(knob type, value)`` pairs (empty: the
+    engine's defaults); ``heuristics``: the heuristic modes that returned it (``"instant"``,
+    ``"b"``, ``"fallback"``; empty when enumerated); ``numerical_notes`` / ``behavior_notes``: the
+    engine's notes (names without ``CUDNN_NUMERICAL_NOTE_`` / ``CUDNN_BEHAVIOR_NOTE_``);
+    ``workspace_bytes``: the execution plan's workspace (bytes, None until finalized);
+    ``finalizes``: whether its execution plan finalizes for this graph and GPU (None: not tried);
+    ``error``: why not. Equality and hashing use ``engine`` and ``knobs`` only.
+    """
+
+    engine: int
+    knobs: tuple = ()
+    heuristics: tuple = field(default=(), compare=False)
+    numerical_notes: tuple = field(default=(), compare=False)
+    behavior_notes: tuple = field(default=(), compare=False)
+    workspace_bytes: int | None = field(default=None, compare=False)
+    finalizes: bool | None = field(default=None, compare=False)
+    error: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        if isinstance(self.engine, bool) or not isinstance(self.engine, int) or self.engine < 0:
+            raise ArgumentError(f"engine must be a non-negative int, got {self.engine!r}")
+        knobs = self.knobs.items() if isinstance(self.knobs, dict) else self.knobs
+        try:
+            pairs = tuple(sorted((int(t), int(v)) for t, v in knobs))
+        except (TypeError, ValueError):
+            raise ArgumentError(f"knobs must be (knob type, value) int pairs, got {self.knobs!r}") from None
+        if len({t for t, _ in pairs}) != len(pairs):
+            raise ArgumentError(f"a knob type appears twice in {pairs}")
+        if any(t < 0 for t, _ in pairs):
+            raise ArgumentError(f"knob types are non-negative, got {pairs}")
+        object.__setattr__(self, "knobs", pairs)
+
+    @property
+    def name(self) -> str:
+        """``eng28{k2=3,k3=0}`` (``eng28`` for default knobs)."""
+        if not self.knobs:
+            return f"eng{self.engine}"
+        return f"eng{self.engine}{{" + ",".join(f"k{t}={v}" for t, v in self.knobs) + "}"
+
+    @classmethod
+    def parse(cls, name: str) -> "EngineConfig":
+        """``"eng28{k2=3,k3=0}"``, ``"eng28"`` or cudnn-frontend's ``"eng28_k2=3_k3=0"``.
+        Raises :class:`ArgumentError` for anything else (before any C call)."""
+        if not isinstance(name, str):
+            raise ArgumentTypeError(f"engine name must be a str, got {type(name).__name__}")
+        m = _NAME_RE.match(name.strip())
+        if not m:
+            raise ArgumentError(f"cannot parse engine config name {name!r}; expected e.g. 'eng28', "
+                                "'eng28{k2=3,k3=0}' or 'eng28_k2=3_k3=0'")
+        body = m.group(2) if m.group(2) is not None else (m.group(3) or "")
+        pairs = [(int(t), int(v)) for t, v in re.findall(r"k(\d+)\s*=\s*(-?\d+)", body)]
+        return cls(int(m.group(1)), tuple(pairs))
+
+    @property
+    def knob_names(self) -> str:
+        """Knobs with cuDNN's names: ``TILE_SIZE=3, STAGES=0``."""
+        return ", ".join(f"{B.knob_type_name(t)}={v}" for t, v in self.knobs)
+
+    @property
+    def tensor_cores(self) -> bool:
+        return "TENSOR_CORE" in self.numerical_notes
+
+    @property
+    def deterministic(self) -> bool:
+        return "NONDETERMINISTIC" not in self.numerical_notes
+
+    @property
+    def down_converts(self) -> bool:
+        return "DOWN_CONVERT_INPUTS" in self.numerical_notes
+
+    def with_(self, **kw) -> "EngineConfig":
+        from dataclasses import replace
+
+        return replace(self, **kw)
+
+    def __str__(self) -> str:
+        ws = "?" if self.workspace_bytes is None else f"{self.workspace_bytes}"
+        fin = {None: "not tried", True: "finalizes", False: "does not finalize"}[self.finalizes]
+        return (f"{self.name:<28} heur={','.join(self.heuristics) or '-':<18} "
+                f"num={','.join(self.numerical_notes) or '-'}  beh={','.join(self.behavior_notes) or '-'}  "
+                f"workspace={ws} B  {fin}")
+
+
+@dataclass
+class TimedConfig:
+    """A row of :meth:`GraphConvolution.autotune`.
+
+    ``median_ms``/``min_ms``: CUDA-event times of ``runs`` calls (ms), None when not run;
+    ``status``: ``"ok"``, ``"mismatch"`` (ran, but outside the tolerance its notes imply, or
+    left NaN), ``"not supported"`` (did not finalize), ``"filtered"`` (notes or workspace outside
+    the request), ``"error"``; ``error``: the :class:`~rawconv.problem.ErrorStats` against float64;
+    ``phase``: how the search found it (``"heuristic"``, ``"default knobs"``, ``"knob search"``,
+    ``"cache"``)."""
+
+    config: EngineConfig
+    median_ms: float | None = None
+    min_ms: float | None = None
+    runs: int = 0
+    status: str = "ok"
+    error: ErrorStats | None = None
+    phase: str = ""
+    detail: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def __str__(self) -> str:
+        t = "-" if self.median_ms is None else f"{self.median_ms:.4f} ms"
+        err = "" if self.error is None else f" err/tol={self.error.ratio:.2g}"
+        return f"{self.name:<28} {t:>12} {self.status:<13}{err} [{self.phase}] {self.detail}".rstrip()
+
+
+# ---------------------------------------------------------------------------- helpers
+def _dense_strides(shape: Sequence[int], layout: str) -> list[int]:
+    nd = len(shape)
+    order = list(range(nd - 1, -1, -1)) if layout == "nchw" else [1] + list(range(nd - 1, 1, -1)) + [0]
+    strides, acc = [0] * nd, 1
+    for d in order:
+        strides[d] = acc
+        acc *= max(shape[d], 1)
+    return strides
+
+
+def _lift(shape: Sequence[int]) -> list[int]:
+    """1-D (N, C, W) -> (N, C, 1, W): cuDNN's convolution engines take 4-D and 5-D tensors."""
+    shape = list(shape)
+    return shape[:2] + [1] + shape[2:] if len(shape) == 3 else shape
+
+
+def _norm_direction(direction: str) -> str:
+    if direction == "backward_weights":
+        return "backward_filter"
+    if direction not in DIRECTIONS:
+        raise ArgumentError(f"direction must be one of {list(DIRECTIONS)}, got {direction!r}")
+    return direction
+
+
+def _check_activation(activation, direction: str, has_bias: bool) -> str | None:
+    if activation in (None, "identity", "none"):
+        activation = None
+    elif activation not in ACTIVATIONS:
+        raise ArgumentError(f"activation must be None or one of {list(ACTIVATIONS)}, got {activation!r}")
+    if direction != "forward" and (activation or has_bias):
+        raise ArgumentError("bias and activation fuse into forward graphs only")
+    return activation
+
+
+def _device_index(p: ConvProblem) -> int:
+    d = torch.device(p.device)
+    if d.type != "cuda":
+        raise ArgumentError(f"rawconv.cudnn_graph runs on CUDA tensors; got tensors on {p.device} "
+                            "(use rawconv.onednn for CPU tensors)")
+    return d.index if d.index is not None else torch.cuda.current_device()
+
+
+def _reduction_length(p: ConvProblem, direction: str) -> int:
+    if direction == "backward_data":
+        return max((p.k // p.groups) * math.prod(p.kernel), 1)
+    if direction == "backward_filter":
+        return max(p.n * math.prod(p.out_spatial), 1)
+    return max(p.reduction_length, 1)
+
+
+def tolerance_args(p: ConvProblem, notes: Sequence[str], direction: str = "forward",
+                   activation: str | None = None) -> dict:
+    """Keyword arguments for :func:`rawconv.problem.tolerance` that the numerical ``notes`` of an
+    engine config imply for problem ``p``: TENSOR_CORE on float32 data -> TF32 inputs;
+    DOWN_CONVERT_INPUTS on float32 -> bfloat16 inputs (the coarsest it may convert to);
+    REDUCED_PRECISION_REDUCTION -> accumulation in the data type; FFT / WINOGRAD -> 8x (their
+    transforms round more); a backward pass's own reduction length; GELU/SWISH 1.2x."""
+    notes = set(notes)
+    compute = None
+    acc = EPS["float64"] if p.dtype == "float64" else EPS["float32"]
+    if p.dtype == "float32":
+        if "TENSOR_CORE" in notes:
+            compute = "tf32"
+        if "DOWN_CONVERT_INPUTS" in notes:
+            compute = "bfloat16"
+    if "REDUCED_PRECISION_REDUCTION" in notes and p.dtype in ("float16", "bfloat16"):
+        compute = p.dtype
+        acc = EPS[p.dtype]
+    eps_in = EPS[compute] if compute and compute not in (p.dtype, "float32", "float64") else 0.0
+    L_fwd = max(p.reduction_length, 1)
+    L = _reduction_length(p, direction)
+    # what tolerance() assumes for the accumulation, against what these notes imply
+    assumed_acc = EPS["float64"] if p.dtype == "float64" else EPS["float32"]
+    if compute == "float16":
+        assumed_acc = max(assumed_acc, EPS["float16"])
+    factor = (2 * eps_in + 4 * acc * math.sqrt(L)) / (2 * eps_in + 4 * assumed_acc * math.sqrt(L_fwd))
+    factor = max(factor, 1.0)
+    if notes & {"FFT", "WINOGRAD", "WINOGRAD_TILE_4x4", "WINOGRAD_TILE_6x6", "WINOGRAD_TILE_13x13"}:
+        factor *= 8.0
+    if activation in ("gelu", "swish", "elu"):
+        factor *= 1.2
+    out = {"factor": factor}
+    if compute:
+        out["compute"] = compute
+    return out
+
+
+def reference(p: ConvProblem, direction: str, tensors: dict, *, activation: str | None = None):
+    """The float64 result and its error scale (the same computation on |inputs|) for ``direction``,
+    on the tensors' own device (torch's float64 convolution; asymmetric padding by zero-padding
+    first, as :func:`rawconv.problem.conv_reference` does). ``tensors``: forward ``x``, ``w``,
+    optional ``b``; backward_data ``dy``, ``w``; backward_filter ``x``, ``dy``. Returns
+    ``(ref, ref_abs)`` float64 tensors in (N, K, *out) / (N, C, *in) / (K, C/g, *k) shape."""
+    import torch.nn.functional as F
+
+    direction = _norm_direction(direction)
+    conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[p.ndim]
+    pad = []
+    for b, a in reversed(list(zip(p.pad_before, p.pad_after))):
+        pad += [b, a]
+
+    def t64(name):
+        t = tensors[name].detach().to(torch.float64)
+        if p.unbatched and name in ("x", "dy") and t.dim() == p.ndim + 1:
+            t = t.unsqueeze(0)
+        return t
+
+    def fwd(x, w, b=None):
+        xp = F.pad(x, pad) if any(pad) else x
+        return conv(xp, w, b, p.stride, 0, p.dilation, p.groups)
+
+    with torch.no_grad():
+        if direction == "forward":
+            x, w = t64("x"), t64("w")
+            b = t64("b") if tensors.get("b") is not None else None
+            ref = fwd(x, w, b)
+            ref_abs = fwd(x.abs(), w.abs(), b.abs() if b is not None else None)
+            if activation:
+                ref = _ACT_REF[activation](ref)
+            return ref, ref_abs
+    if direction == "backward_data":
+        dy, w = t64("dy"), t64("w")
+        out = []
+        for dyv, wv in ((dy, w), (dy.abs(), w.abs())):
+            xz = torch.zeros(p.x_shape, dtype=torch.float64, device=dy.device, requires_grad=True)
+            out.append(torch.autograd.grad(fwd(xz, wv), xz, dyv)[0])
+        return out[0], out[1]
+    x, dy = t64("x"), t64("dy")
+    out = []
+    for xv, dyv in ((x, dy), (x.abs(), dy.abs())):
+        wz = torch.zeros(p.w_shape, dtype=torch.float64, device=x.device, requires_grad=True)
+        out.append(torch.autograd.grad(fwd(xv, wz), wz, dyv)[0])
+    return out[0], out[1]
+
+
+def _swish(t):
+    return t * torch.sigmoid(t)
+
+
+_ACT_REF = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid,
+            "elu": torch.nn.functional.elu, "gelu": torch.nn.functional.gelu, "swish": _swish}
+
+
+def check_result(p: ConvProblem, y: torch.Tensor, ref: torch.Tensor, ref_abs: torch.Tensor, **tol_kw) -> ErrorStats:
+    """Error statistics of ``y`` against float64 ``ref``, computed on ``ref``'s device with
+    :func:`rawconv.problem.tolerance` (the same numbers :func:`rawconv.problem.compare_to_reference`
+    gives, without the copy to the CPU)."""
+    y64 = y.detach().to(ref.device, torch.float64)
+    if p.unbatched and y64.dim() == ref.dim() - 1:
+        y64 = y64.unsqueeze(0)
+    if tuple(y64.shape) != tuple(ref.shape):
+        raise ArgumentError(f"result shape {tuple(y64.shape)} differs from the reference's {tuple(ref.shape)}")
+    if y64.numel() == 0:
+        return ErrorStats(0.0, 0.0, 0.0, 0)
+    finite = torch.isfinite(y64)
+    diff = (y64 - ref).abs()
+    diff = torch.where(torch.isfinite(diff), diff, torch.full_like(diff, float("inf")))
+    tol = tolerance(p, ref_abs, ref, **tol_kw)
+    vals = torch.stack([(~finite).sum().to(torch.float64), diff.max(), ref.abs().max(), (diff / tol).max()]).tolist()
+    nan, max_abs, denom, ratio = vals
+    return ErrorStats(max_abs, max_abs / denom if denom > 0 else max_abs, ratio, int(nan))
+
+
+# ---------------------------------------------------------------------------- the graph
+class _Graph:
+    """The backend descriptors of one problem's graph: tensors, convolution, operations
+    (built without a GPU) and, on demand, the operation graph (needs a handle)."""
+
+    def __init__(self, p: ConvProblem, direction: str, activation: str | None, w_layout: str):
+        self.problem, self.direction, self.activation = p, direction, activation
+        compute = "float64" if p.dtype == "float64" else "float32"
+        self.compute = compute
+        lay = p.layout
+        nd = max(p.ndim, 2)
+        lift = p.ndim == 1
+        shapes = {"x": p.x_shape, "y": p.y_shape, "w": p.w_shape}
+        shapes.update(dx=p.x_shape, dy=p.y_shape, dw=p.w_shape)
+        self.strides = {}       # role -> strides the torch tensor must have (its own rank)
+        self.tensors = {}       # role -> tensor descriptor
+        for role in _ROLES[direction]:
+            shape = shapes[role]
+            layout = w_layout if role in ("w", "dw") else lay
+            st = _dense_strides(shape, layout)
+            self.strides[role] = st
+            gshape, gst = _lift(shape), _dense_strides(_lift(shape), layout)
+            self.tensors[role] = B.tensor(UID[role], gshape, gst, p.dtype, alignment=ALIGNMENT)
+        pre, post = list(p.pad_before), list(p.pad_after)
+        st, dil = list(p.stride), list(p.dilation)
+        if lift:
+            pre, post, st, dil = [0] + pre, [0] + post, [1] + st, [1] + dil
+        self.conv = B.convolution(nd, compute, dilations=dil, strides=st, pre_paddings=pre, post_paddings=post)
+        ops = []
+        named = {_GRAPH_NAMES[r]: t for r, t in self.tensors.items()}
+        if direction == "forward" and (p.has_bias or activation):
+            ydesc = self.tensors["y"]
+            ygshape = _lift(p.y_shape)
+            ygst = _dense_strides(ygshape, lay)
+            v1 = B.tensor(_VIRTUAL_UIDS[0], ygshape, ygst, compute, alignment=ALIGNMENT, virtual=True)
+            ops.append(B.conv_operation("forward", {**named, "Y": v1}, self.conv, compute))
+            cur = v1
+            if p.has_bias:
+                bshape = [1, p.k] + [1] * nd
+                self.strides["b"] = [1]
+                self.tensors["b"] = B.tensor(UID["b"], bshape, _dense_strides(bshape, lay), p.dtype,
+                                             alignment=ALIGNMENT)
+                nxt = ydesc if not activation else B.tensor(_VIRTUAL_UIDS[1], ygshape, ygst, compute,
+                                                            alignment=ALIGNMENT, virtual=True)
+                ops.append(B.pointwise_operation(B.pointwise("add", compute), cur, nxt, self.tensors["b"]))
+                cur = nxt
+            if activation:
+                ops.append(B.pointwise_operation(B.pointwise(activation, compute), cur, ydesc))
+        else:
+            ops.append(B.conv_operation(direction, named, self.conv, compute))
+        self.ops = ops
+        self.uids = [UID[r] for r in _ROLES[direction]] + ([UID["b"]] if "b" in self.tensors else [])
+        self.roles = list(_ROLES[direction]) + (["b"] if "b" in self.tensors else [])
+        self.graph = None
+        self.global_count = None
+
+    def build(self, handle) -> B.Descriptor:
+        """The finalized operation graph (``CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR``)."""
+        if self.graph is None:
+            self.graph = B.operation_graph(handle, self.ops)
+            self.global_count = B.engine_global_count(self.graph)
+        return self.graph
+
+
+class _Built:
+    """A finalized execution plan and what executing it needs (workspace, variant packs)."""
+
+    __slots__ = ("config", "plan", "workspace_bytes", "workspace", "vps", "read_back")
+
+    def __init__(self, config: EngineConfig, plan: B.Descriptor, workspace_bytes: int, read_back: dict):
+        self.config = config
+        self.plan = plan
+        self.workspace_bytes = workspace_bytes
+        self.workspace = None
+        self.vps: dict = {}
+        self.read_back = read_back
+
+
+# ---------------------------------------------------------------------------- the plan
+class GraphConvolution:
+    """A cuDNN graph-API convolution plan for one problem, in the style of nvmath-python's ``Matmul``.
+
+    ``GraphConvolution(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, *,
+    activation=None, engine=None, allow_tf32=False)``: ``x`` (N, C, *spatial) or unbatched, ``w``
+    (K, C/groups, *kernel), CUDA tensors of float32, float16, bfloat16 or float64, NCHW or
+    channels_last (the weights are used in x's memory format; NHWC is what most engines take).
+    ``padding``: as torch, or one ``(before, after)`` pair per spatial dim. ``bias`` (K,) and
+    ``activation`` (``"relu"``, ``"tanh"``, ``"sigmoid"``, ``"elu"``, ``"gelu"``, ``"swish"``) are
+    fused as pointwise nodes of the same graph.
+
+    :meth:`engines` lists engine configs (:class:`EngineConfig`); :meth:`select` forces one;
+    :meth:`autotune` times and checks candidates and selects the fastest correct one;
+    :meth:`execute` runs the selected plan (cuDNN's first heuristic choice when none was selected);
+    :meth:`free` (or ``with``) releases descriptors, workspace and tensor references. A plan runs
+    on one stream at a time (its workspace is its own). Built for the backward passes by
+    :func:`backward_data` / :func:`backward_filter` via :meth:`from_problem`.
+
+    Raises :class:`~rawconv.errors.ArgumentError` for bad input before any C call,
+    :class:`~rawconv.errors.NotSupportedError` when cuDNN offers no engine (or not the forced
+    one), :class:`~rawconv.errors.LibraryError` for other cuDNN failures. Wraps
+    ``cudnnBackendCreateDescriptor``, ``cudnnBackendSetAttribute``, ``cudnnBackendFinalize``,
+    ``cudnnBackendGetAttribute``, ``cudnnBackendExecute``.
+    """
+
+    def __init__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
+                 padding: Any = 0, dilation: Any = 1, groups: int = 1, *, activation: str | None = None,
+                 engine: Any = None, allow_tf32: bool = False):
+        problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups, allow_dtypes=DTYPES)
+        self._init(problem, "forward", activation, allow_tf32)
+        self._x, self._w, self._b = x, w, bias
+        if engine is not None:
+            self.select(engine)
+
+    @classmethod
+    def from_problem(cls, problem: ConvProblem, *, direction: str = "forward", activation: str | None = None,
+                     engine: Any = None, allow_tf32: bool = False) -> "GraphConvolution":
+        """A plan from a :class:`~rawconv.problem.ConvProblem` (no tensors needed until :meth:`execute`).
+        ``direction``: ``"forward"``, ``"backward_data"``, ``"backward_filter"``."""
+        if not isinstance(problem, ConvProblem):
+            raise ArgumentTypeError(f"problem must be a ConvProblem, got {type(problem).__name__}")
+        self = cls.__new__(cls)
+        self._init(problem, direction, activation, allow_tf32)
+        self._x = self._w = self._b = None
+        if engine is not None:
+            self.select(engine)
+        return self
+
+    def _init(self, problem, direction, activation, allow_tf32):
+        direction = _norm_direction(direction)
+        if problem.dtype not in DTYPES:
+            raise ArgumentError(f"cuDNN graph convolutions take {list(DTYPES)}, got {problem.dtype}")
+        if not isinstance(allow_tf32, bool):
+            raise ArgumentTypeError(f"allow_tf32 must be a bool, got {allow_tf32!r}")
+        self.problem = problem
+        self.direction = direction
+        self.activation = _check_activation(activation, direction, problem.has_bias and direction == "forward")
+        self.allow_tf32 = allow_tf32
+        self.device_index = _device_index(problem)
+        # zero-sized problems (shared/cases C1) never reach cuDNN
+        self._graph = None if problem.is_empty else _Graph(problem, direction, self.activation, problem.layout)
+        self._configs: dict[str, EngineConfig] = {}    # name -> listed/known config
+        self._built: dict[str, _Built] = {}
+        self._failed: dict[str, str] = {}             # name -> why it did not finalize
+        self._engine_info: dict[int, tuple | None] = {}  # engine -> (notes dict, knob info) or None
+        self._heur: dict[str, list[EngineConfig]] = {}
+        self._selected: _Built | None = None
+        self._freed = False
+        self.last_autotune: list[TimedConfig] | None = None
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------ graph and engines
+    def _handle(self):
+        return _cudnn.handle_for(self.device_index)
+
+    def _graph_desc(self) -> B.Descriptor:
+        self._check_live()
+        if self._graph is None:
+            raise ArgumentError(f"{self._describe()} is empty (zero batch or spatial size): no cuDNN graph")
+        try:
+            return self._graph.build(self._handle())
+        except NotSupportedError as exc:
+            raise NotSupportedError(f"cuDNN does not support this graph ({self._describe()}): {exc}",
+                                    library="cuDNN", function=exc.function, status=exc.status,
+                                    status_name=exc.status_name, detail=exc.detail) from None
+
+    def _describe(self) -> str:
+        extra = []
+        if self.activation:
+            extra.append(f"activation {self.activation}")
+        return f"{self.direction} {self.problem.describe()}" + (" " + " ".join(extra) if extra else "")
+
+    @property
+    def global_count(self) -> int:
+        """``CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT`` of this graph."""
+        self._graph_desc()
+        return self._graph.global_count
+
+    def heuristic(self, mode: str = "instant") -> list[EngineConfig]:
+        """Engine configs heuristic ``mode`` (``"instant"``, ``"b"``, ``"fallback"``) returns, best
+        first (not finalized; see :meth:`engines`). Mode B declines some graphs (3-D, grouped,
+        dilated): then []. Wraps ``CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR``."""
+        if mode == "a":
+            mode = "instant"
+        if mode not in HEURISTIC_MODES:
+            raise ArgumentError(f"heuristic mode must be one of {list(HEURISTIC_MODES)}, got {mode!r}")
+        if mode not in self._heur:
+            graph = self._graph_desc()
+            out = []
+            try:
+                cfgs = B.heuristics(graph, mode)
+            except (NotSupportedError, LibraryError):
+                cfgs = []
+            for cfg in cfgs:
+                try:
+                    d = B.describe_config(cfg)
+                except LibraryError:
+                    continue
+                ec = EngineConfig(d["engine"], tuple(d["knobs"].items()), (mode,), d["numerical_notes"],
+                                  d["behavior_notes"])
+                out.append(self._remember(ec))
+            self._heur[mode] = out
+        return list(self._heur[mode])
+
+    def _remember(self, ec: EngineConfig) -> EngineConfig:
+        old = self._configs.get(ec.name)
+        if old is not None:
+            heur = tuple(dict.fromkeys(old.heuristics + ec.heuristics))
+            ec = old.with_(heuristics=heur, numerical_notes=old.numerical_notes or ec.numerical_notes,
+                           behavior_notes=old.behavior_notes or ec.behavior_notes)
+        self._configs[ec.name] = ec
+        return ec
+
+    def engine_info(self, index: int):
+        """``(notes, knob_info)`` of engine ``index`` for this graph, or None when the engine does
+        not support it. ``notes``: {"numerical_notes": (...), "behavior_notes": (...)};
+        ``knob_info``: ``[(knob type, min, max, stride), ...]``."""
+        if index not in self._engine_info:
+            graph = self._graph_desc()
+            try:
+                eng = B.engine(graph, index)
+                self._engine_info[index] = (B.engine_notes(eng), B.knob_info(eng))
+            except (NotSupportedError, LibraryError):
+                self._engine_info[index] = None
+        return self._engine_info[index]
+
+    def _annotate(self, ec: EngineConfig) -> EngineConfig:
+        """Fill the notes of a config that came from a name."""
+        if ec.numerical_notes or ec.behavior_notes:
+            return ec
+        known = self._configs.get(ec.name)
+        if known is not None and (known.numerical_notes or known.behavior_notes):
+            return known
+        info = self.engine_info(ec.engine)
+        if info is None:
+            return ec
+        return ec.with_(numerical_notes=info[0]["numerical_notes"], behavior_notes=info[0]["behavior_notes"])
+
+    def build(self, config: Any) -> _Built:
+        """Finalize the execution plan of one engine config (cached per config name).
+        Raises :class:`NotSupportedError` when it does not finalize. Wraps ``cudnnBackendFinalize``
+        on ENGINE, ENGINECFG and EXECUTION_PLAN descriptors."""
+        ec = self._resolve(config)
+        b = self._built.get(ec.name)
+        if b is not None:
+            return b
+        why = self._failed.get(ec.name)
+        if why is not None:
+            raise NotSupportedError(f"engine config {ec.name} does not finalize for {self._describe()}: {why}",
+                                    library="cuDNN")
+        graph = self._graph_desc()
+        try:
+            eng = B.engine(graph, ec.engine)
+            if not (ec.numerical_notes or ec.behavior_notes):
+                ec = ec.with_(**B.engine_notes(eng))
+            cfg = B.engine_config(eng, ec.knobs)
+            plan = B.execution_plan(self._handle(), cfg)
+            ws = B.plan_workspace(plan)
+            back = B.plan_config(plan)
+        except (NotSupportedError, LibraryError) as exc:
+            msg = f"{exc.function or 'cuDNN'}: {exc.status_name or exc}"
+            self._failed[ec.name] = msg
+            self._remember(ec.with_(finalizes=False, error=msg))
+            raise NotSupportedError(f"engine config {ec.name} does not finalize for {self._describe()}: {exc}",
+                                    library="cuDNN", function=exc.function, status=exc.status,
+                                    status_name=exc.status_name, detail=exc.detail) from None
+        ec = ec.with_(workspace_bytes=ws, finalizes=True, error="")
+        ec = self._remember(ec)
+        b = _Built(ec, plan, ws, back)
+        self._built[ec.name] = b
+        return b
+
+    def _resolve(self, config: Any) -> EngineConfig:
+        if isinstance(config, EngineConfig):
+            return config
+        if isinstance(config, str):
+            ec = EngineConfig.parse(config)
+            return self._configs.get(ec.name, ec)
+        if isinstance(config, int) and not isinstance(config, bool):
+            if config < 0:
+                raise ArgumentError(f"engine index must be >= 0, got {config}")
+            return self._configs.get(f"eng{config}", EngineConfig(config))
+        raise ArgumentTypeError(f"engine must be an EngineConfig, a name such as 'eng28{{k2=3}}' or an engine "
+                                f"index, got {type(config).__name__}")
+
+    def engines(self, heuristic: str | Sequence[str] = "instant", *, limit: int | None = 16,
+                finalize: bool = True) -> list[EngineConfig]:
+        """Engine configs cuDNN offers for this graph.
+
+        ``heuristic``: a mode (``"instant"``, ``"b"``, ``"fallback"``), a sequence of them, or
+        ``"all"``: the three modes' configs plus every engine index below
+        ``CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT`` that supports the graph, with its
+        default knobs and then its knob choices (``min, min+stride, ..., max`` per knob, all
+        combinations in order) up to ``limit`` configs per engine (None: no limit; beware, some
+        engines have thousands). With ``finalize`` each config's execution plan is finalized to
+        fill ``finalizes`` and ``workspace_bytes`` (runtime-compiled engines compile here).
+        Rows keep the order: heuristic modes (instant, b, fallback), then engine index.
+        """
+        if heuristic == "all":
+            modes, every = list(HEURISTIC_MODES), True
+        else:
+            modes = [heuristic] if isinstance(heuristic, str) else list(heuristic)
+            every = False
+            for m in modes:
+                if m not in HEURISTIC_MODES + ("a",):
+                    raise ArgumentError(f"heuristic must be 'all' or among {list(HEURISTIC_MODES)}, got {m!r}")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ArgumentError(f"limit must be None or a positive int, got {limit!r}")
+        order: list[str] = []
+        for m in modes:
+            for ec in self.heuristic(m):
+                if ec.name not in order:
+                    order.append(ec.name)
+        if every:
+            for idx in range(self.global_count):
+                info = self.engine_info(idx)
+                if info is None:
+                    continue
+                notes, knobs = info
+                for combo in itertools.islice(_knob_combinations(knobs), limit):
+                    ec = self._remember(EngineConfig(idx, combo, (), notes["numerical_notes"],
+                                                     notes["behavior_notes"]))
+                    if ec.name not in order:
+                        order.append(ec.name)
+        rows = []
+        for name in order:
+            if finalize:
+                try:
+                    self.build(name)
+                except NotSupportedError:
+                    pass
+            rows.append(self._configs[name])
+        return rows
+
+    # ------------------------------------------------------------------ selection
+    def _allowed(self, ec: EngineConfig, *, deterministic_only=False, no_tensor_cores=None,
+                 no_down_conversion=True, no_reduced_precision=False) -> str:
+        """'' when ``ec`` passes the note filters, else why not."""
+        if no_tensor_cores is None:
+            no_tensor_cores = self.problem.dtype == "float32" and not self.allow_tf32
+        notes = ec.numerical_notes
+        if deterministic_only and "NONDETERMINISTIC" in notes:
+            return "nondeterministic"
+        if no_tensor_cores and "TENSOR_CORE" in notes:
+            return "tensor cores" + (" (float32 would run as TF32: allow_tf32=False)"
+                                     if self.problem.dtype == "float32" else "")
+        if no_down_conversion and "DOWN_CONVERT_INPUTS" in notes:
+            return "down-converts inputs"
+        if no_reduced_precision and "REDUCED_PRECISION_REDUCTION" in notes:
+            return "reduced-precision reduction"
+        return ""
+
+    def select(self, engine: Any) -> EngineConfig:
+        """Select the engine config :meth:`execute` runs: an :class:`EngineConfig`, a name
+        (``"eng28{k2=3,k3=0}"``, ``"eng28"``) or an engine index (default knobs). Forcing runs
+        exactly that config, notes notwithstanding. Raises :class:`NotSupportedError` (naming the
+        configs heuristic mode instant offers) when it does not finalize."""
+        self._check_live()
+        try:
+            b = self.build(engine)
+        except NotSupportedError as exc:
+            offered = [ec.name for ec in self.heuristic("instant")]
+            raise NotSupportedError(f"{exc}; heuristic mode instant offers: {', '.join(offered) or 'nothing'}"
+                                    + self._layout_hint(), library="cuDNN", offered=offered) from None
+        self._selected = b
+        return b.config
+
+    def _layout_hint(self) -> str:
+        if self.problem.layout == "nchw" and self.problem.ndim >= 1:
+            return (" (this graph is NCHW: most cuDNN engines take NHWC; pass channels_last tensors, "
+                    "x.to(memory_format=torch.channels_last) and the weights likewise)")
+        return ""
+
+    def _select_default(self) -> _Built:
+        tried = []
+        for mode in ("instant", "fallback"):
+            for ec in self.heuristic(mode):
+                if self._allowed(ec):
+                    continue
+                try:
+                    self._selected = self.build(ec)
+                    return self._selected
+                except NotSupportedError as exc:
+                    tried.append(f"{ec.name}: {self._failed.get(ec.name, exc)}")
+        # nothing the heuristics gave finalizes: every engine with default knobs
+        for idx in range(self.global_count):
+            info = self.engine_info(idx)
+            if info is None:
+                continue
+            ec = EngineConfig(idx, (), (), **info[0])
+            if self._allowed(ec):
+                continue
+            try:
+                self._selected = self.build(ec)
+                return self._selected
+            except NotSupportedError:
+                tried.append(ec.name)
+        raise NotSupportedError(
+            f"cuDNN {_version()} offers no engine config that finalizes for {self._describe()}"
+            + (f" with allow_tf32={self.allow_tf32}" if self.problem.dtype == "float32" else "")
+            + f"; tried {len(tried)}: {'; '.join(tried[:8])}" + self._layout_hint(), library="cuDNN")
+
+    @property
+    def selected(self) -> EngineConfig:
+        """The engine config :meth:`execute` runs (cuDNN's first heuristic choice unless selected)."""
+        self._check_live()
+        return (self._selected or self._select_default()).config
+
+    def engine_id(self) -> int:
+        """The engine global index of the selected plan, read back from cuDNN
+        (``CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG`` -> ``CUDNN_ATTR_ENGINE_GLOBAL_INDEX``)."""
+        b = self._selected or self._select_default()
+        return int(b.read_back["engine"])
+
+    def plan_readback(self) -> dict:
+        """The selected plan's engine config as cuDNN reports it: engine, knobs, notes."""
+        b = self._selected or self._select_default()
+        return dict(b.read_back)
+
+    @property
+    def workspace_bytes(self) -> int:
+        """Workspace of the selected plan, in bytes."""
+        return (self._selected or self._select_default()).workspace_bytes
+
+    # ------------------------------------------------------------------ execution
+    def _prepare(self, role: str, t, shape) -> torch.Tensor:
+        p = self.problem
+        if not isinstance(t, torch.Tensor):
+            raise ArgumentTypeError(f"{role} must be a torch.Tensor, got {type(t).__name__}")
+        if p.unbatched and role in ("x", "y", "dx", "dy") and t.dim() == p.ndim + 1:
+            t = t.unsqueeze(0)
+        if tuple(t.shape) != tuple(shape):
+            raise ArgumentError(f"{role} must have shape {tuple(shape)} for this plan, got {tuple(t.shape)}")
+        if t.dtype != p.torch_dtype:
+            raise ArgumentError(f"{role} must be {p.torch_dtype} for this plan, got {t.dtype}")
+        if t.device.type != "cuda" or (t.device.index is not None and t.device.index != self.device_index):
+            raise ArgumentError(f"{role} must be on cuda:{self.device_index} for this plan, got {t.device}")
+        want = (self._graph.strides[role] if self._graph is not None else
+                _dense_strides(shape, self.problem.layout) if role != "b" else [1])
+        ok = all(s == 1 or a == b for s, a, b in zip(t.shape, t.stride(), want))
+        if not ok or t.data_ptr() % ALIGNMENT:
+            if role in ("y", "dx", "dw"):
+                raise ArgumentError(f"out ({role}) must have strides {tuple(want)} (the plan's layout) and a "
+                                    f"{ALIGNMENT}-byte aligned address; got strides {t.stride()}, address "
+                                    f"{t.data_ptr():#x}")
+            fresh = torch.empty_strided(t.shape, want, dtype=t.dtype, device=t.device)
+            fresh.copy_(t)
+            t = fresh
+        return t
+
+    def _run(self, b: _Built, ptrs: tuple) -> None:
+        vp = b.vps.get(ptrs)
+        if vp is None:
+            if b.workspace is None:
+                b.workspace = _cudnn.workspace(b.workspace_bytes, f"cuda:{self.device_index}")
+            if len(b.vps) >= 64:
+                b.vps.clear()
+            vp = b.vps[ptrs] = B.variant_pack(self._graph.uids, ptrs, b.workspace.data_ptr())
+        L = _cudnn.lib()
+        status = L.cudnnBackendExecute(_cudnn.handle_for(self.device_index), b.plan.ptr, vp.ptr)
+        if status:
+            raise _cudnn.error(status, "cudnnBackendExecute", f"{b.config.name} on {self._describe()}")
+
+    def execute(self, x: torch.Tensor | None = None, w: torch.Tensor | None = None,
+                bias: torch.Tensor | None = None, out: torch.Tensor | None = None, *,
+                grad_y: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the selected plan on torch's current stream and return the result (asynchronous).
+
+        forward: ``execute(x, w=None, bias=None, out=None)`` -> y (N, K, *out) in x's layout;
+        backward_data: ``execute(grad_y=dy, w=w, out=None)`` -> dx (N, C, *in);
+        backward_filter: ``execute(x, grad_y=dy, out=None)`` -> dw (K, C/groups, *kernel) in the
+        plan's layout. ``None`` for w/bias uses the tensors given at construction. Tensors in
+        another layout, or not 16-byte aligned, are copied first (``out`` must fit as it is).
+        A cached plan costs one ``cudnnBackendExecute`` plus this argument handling: variant
+        packs are kept per set of data pointers. Raises :class:`ArgumentError` when tensors do
+        not fit the plan. Wraps ``cudnnBackendExecute``.
+        """
+        self._check_live()
+        p = self.problem
+        d = self.direction
+        w = self._w if w is None else w
+        if d == "forward":
+            x = self._x if x is None else x
+            bias = self._b if bias is None else bias
+            if x is None or w is None:
+                raise ArgumentError("execute needs x and w (none were given at construction)")
+            if p.has_bias != (bias is not None):
+                raise ArgumentError("this plan was built " + ("with a bias: pass bias" if p.has_bias else
+                                                              "without a bias; build one with bias to use it"))
+            x = self._prepare("x", x, p.x_shape)
+            w = self._prepare("w", w, p.w_shape)
+            y = out if out is not None else empty_like_layout(p.y_shape, p.layout, p.torch_dtype, x.device)
+            y = self._prepare("y", y, p.y_shape)
+            ptrs = (x.data_ptr(), w.data_ptr(), y.data_ptr())
+            if p.has_bias:
+                bias = self._prepare("b", bias, (p.k,))
+                ptrs += (bias.data_ptr(),)
+            result = y
+        elif d == "backward_data":
+            if grad_y is None or w is None:
+                raise ArgumentError("backward_data needs grad_y and w")
+            dy = self._prepare("dy", grad_y, p.y_shape)
+            w = self._prepare("w", w, p.w_shape)
+            dx = out if out is not None else empty_like_layout(p.x_shape, p.layout, p.torch_dtype, dy.device)
+            dx = self._prepare("dx", dx, p.x_shape)
+            ptrs = (dx.data_ptr(), w.data_ptr(), dy.data_ptr())
+            result = dx
+        else:
+            x = self._x if x is None else x
+            if grad_y is None or x is None:
+                raise ArgumentError("backward_filter needs x and grad_y")
+            x = self._prepare("x", x, p.x_shape)
+            dy = self._prepare("dy", grad_y, p.y_shape)
+            dw = out if out is not None else empty_like_layout(p.w_shape, p.layout, p.torch_dtype, x.device)
+            dw = self._prepare("dw", dw, p.w_shape)
+            ptrs = (x.data_ptr(), dw.data_ptr(), dy.data_ptr())
+            result = dw
+        if p.is_empty:
+            return _empty_result(self, result, bias)
+        self._run(self._selected or self._select_default(), ptrs)
+        if p.unbatched and d in ("forward", "backward_data"):
+            return result.squeeze(0)
+        return result
+
+    __call__ = execute
+
+    # ------------------------------------------------------------------ autotune
+    def _example(self, seed: int = 0) -> dict:
+        p = self.problem
+        dev = f"cuda:{self.device_index}"
+        x, w, b = self._x, self._w, self._b
+        if x is None or w is None:
+            x, w, b = p.make_inputs(seed=seed, device=dev)
+        w = to_layout(w, p.layout)
+        g = torch.Generator(device="cpu").manual_seed(seed + 1)
+        dy = to_layout(torch.randn(p.y_shape, generator=g, dtype=torch.float64).to(p.torch_dtype), p.layout).to(dev)
+        if self.direction == "forward":
+            return {"x": x, "w": w, "b": b}
+        if self.direction == "backward_data":
+            return {"dy": dy, "w": w}
+        return {"x": x, "dy": dy}
+
+    def _call_for(self, b: _Built, t: dict, out: torch.Tensor):
+        d = self.direction
+        p = self.problem
+        if d == "forward":
+            x = self._prepare("x", t["x"], p.x_shape)
+            w = self._prepare("w", t["w"], p.w_shape)
+            ptrs = (x.data_ptr(), w.data_ptr(), out.data_ptr())
+            if p.has_bias:
+                ptrs += (self._prepare("b", t["b"], (p.k,)).data_ptr(),)
+        elif d == "backward_data":
+            ptrs = (out.data_ptr(), self._prepare("w", t["w"], p.w_shape).data_ptr(),
+                    self._prepare("dy", t["dy"], p.y_shape).data_ptr())
+        else:
+            ptrs = (self._prepare("x", t["x"], p.x_shape).data_ptr(), out.data_ptr(),
+                    self._prepare("dy", t["dy"], p.y_shape).data_ptr())
+        keep = (t, out)
+        return lambda: self._run(b, ptrs) or keep
+
+    def autotune(self, *, budget_s: float = 10.0, workspace_limit: int | None = None,
+                 deterministic_only: bool = False, no_tensor_cores: bool | None = None,
+                 no_down_conversion: bool = True, no_reduced_precision: bool = False,
+                 iterations: int = 5, final_iterations: int = 30, check: bool = True,
+                 use_cache: bool = True, seed: int = 0) -> list[TimedConfig]:
+        """Search engine configs for the fastest correct one, select it and return the ranked table.
+
+        Candidates, in order, while ``budget_s`` seconds (wall time, finalization included) last:
+        the configs of heuristic modes instant, B and FALLBACK; every engine with its default
+        knobs; then, for the fastest few engines (ranked by their first measurement), neighbouring
+        knob values (one knob at a time, keeping improvements) from their best config so far.
+        Each candidate: execution plan finalized, output filled with NaN, run once and checked
+        against the float64 reference within the tolerance its numerical notes imply (``check``),
+        then timed with CUDA events (:func:`rawconv.bench.time_cuda`, ``iterations`` runs, median);
+        the best five are timed again with ``final_iterations`` runs.
+
+        Filters: ``workspace_limit`` (bytes), ``deterministic_only``, ``no_tensor_cores`` (default:
+        True for float32 unless the plan allows TF32), ``no_down_conversion``,
+        ``no_reduced_precision``. With ``use_cache`` a problem already in the tuning cache (see
+        :func:`tuning_cache`) selects its stored config without searching (one row, phase
+        ``"cache"``). Rows: ``ok`` ranked by median time, then mismatches, then the rest.
+        Raises :class:`NotSupportedError` when no candidate runs correctly.
+        """
+        from .bench import time_cuda
+
+        self._check_live()
+        if not isinstance(budget_s, (int, float)) or isinstance(budget_s, bool) or budget_s <= 0:
+            raise ArgumentError(f"budget_s must be a positive number of seconds, got {budget_s!r}")
+        if workspace_limit is not None and (isinstance(workspace_limit, bool) or not isinstance(workspace_limit, int)
+                                            or workspace_limit < 0):
+            raise ArgumentError(f"workspace_limit must be None or bytes >= 0, got {workspace_limit!r}")
+        filters = dict(deterministic_only=deterministic_only, no_tensor_cores=no_tensor_cores,
+                       no_down_conversion=no_down_conversion, no_reduced_precision=no_reduced_precision)
+        key = self._tuning_key(workspace_limit, filters)
+        if use_cache:
+            hit = _tuning_get(key)
+            if hit is not None:
+                try:
+                    b = self.build(hit["engine"])
+                    self._selected = b
+                    rows = [TimedConfig(b.config, hit.get("median_ms"), hit.get("min_ms"), 0, "ok", None, "cache",
+                                        "from the tuning cache")]
+                    self.last_autotune = rows
+                    return rows
+                except NotSupportedError:
+                    pass
+        t_start = time.perf_counter()
+        deadline = t_start + budget_s
+        tensors = self._example(seed)
+        ref = ref_abs = None
+        if check:
+            ref, ref_abs = reference(self.problem, self.direction, tensors, activation=self.activation)
+        out_shape = {"forward": self.problem.y_shape, "backward_data": self.problem.x_shape,
+                     "backward_filter": self.problem.w_shape}[self.direction]
+        out = empty_like_layout(out_shape, self.problem.layout, self.problem.torch_dtype,
+                                f"cuda:{self.device_index}")
+        rows: dict[str, TimedConfig] = {}
+
+        def trial(ec: EngineConfig, phase: str) -> TimedConfig | None:
+            if ec.name in rows:
+                return rows[ec.name]
+            ec = self._annotate(ec)
+            why = self._allowed(ec, **filters)
+            if why:
+                rows[ec.name] = TimedConfig(ec, status="filtered", phase=phase, detail=why)
+                return None
+            try:
+                b = self.build(ec)
+            except NotSupportedError as exc:
+                rows[ec.name] = TimedConfig(ec, status="not supported", phase=phase,
+                                            detail=self._failed.get(ec.name, str(exc)))
+                return None
+            ec = b.config
+            if workspace_limit is not None and b.workspace_bytes > workspace_limit:
+                rows[ec.name] = TimedConfig(ec, status="filtered", phase=phase,
+                                            detail=f"workspace {b.workspace_bytes} B > limit {workspace_limit} B")
+                return None
+            fn = self._call_for(b, tensors, out)
+            err = None
+            try:
+                if check:
+                    out.fill_(float("nan"))
+                    fn()
+                    err = check_result(self.problem, out, ref, ref_abs,
+                                       **tolerance_args(self.problem, ec.numerical_notes, self.direction,
+                                                        self.activation))
+                stats = time_cuda(fn, iterations=iterations, warmup=1)
+            except LibraryError as exc:
+                rows[ec.name] = TimedConfig(ec, status="error", phase=phase, detail=str(exc))
+                return None
+            status = "ok" if err is None or err.ok else "mismatch"
+            row = TimedConfig(ec, stats.median_ms, stats.min_ms, stats.runs, status, err, phase)
+            rows[ec.name] = row
+            return row
+
+        def left() -> bool:
+            return time.perf_counter() < deadline
+
+        # 1. heuristic configs
+        for mode in HEURISTIC_MODES:
+            for ec in self.heuristic(mode):
+                if not left():
+                    break
+                trial(ec, "heuristic")
+        # 2. every engine with default knobs
+        for idx in range(self.global_count):
+            if not left():
+                break
+            info = self.engine_info(idx)
+            if info is None:
+                continue
+            trial(EngineConfig(idx, (), (), **info[0]), "default knobs")
+        # 3. neighbouring knob values of the fastest engines
+        self._knob_search(rows, trial, left)
+        # 4. re-time the best few
+        ok = sorted((r for r in rows.values() if r.status == "ok"), key=lambda r: r.median_ms)
+        for r in ok[:5]:
+            b = self._built[r.config.name]
+            stats = time_cuda(self._call_for(b, tensors, out), iterations=final_iterations, warmup=2)
+            r.median_ms, r.min_ms, r.runs = stats.median_ms, stats.min_ms, stats.runs
+        ok = sorted((r for r in rows.values() if r.status == "ok"), key=lambda r: r.median_ms)
+        rest = sorted((r for r in rows.values() if r.status == "mismatch"), key=lambda r: r.median_ms)
+        rest += [r for r in rows.values() if r.status not in ("ok", "mismatch")]
+        table = ok + rest
+        self.last_autotune = table
+        self.autotune_seconds = time.perf_counter() - t_start
+        if not ok:
+            raise NotSupportedError(
+                f"autotune found no engine config that runs correctly for {self._describe()}: "
+                + "; ".join(f"{r.name}: {r.status} {r.detail}" for r in table[:10]) + self._layout_hint(),
+                library="cuDNN")
+        self._selected = self._built[ok[0].config.name]
+        _tuning_put(key, {"engine": ok[0].name, "median_ms": ok[0].median_ms, "min_ms": ok[0].min_ms,
+                          "problem": self._describe()})
+        return table
+
+    def _knob_search(self, rows: dict, trial, left) -> None:
+        """Coordinate search over knob values, from the best config of each of the fastest engines."""
+        def best_by_engine():
+            best = {}
+            for r in rows.values():
+                if r.status != "ok":
+                    continue
+                e = r.config.engine
+                if e not in best or r.median_ms < best[e].median_ms:
+                    best[e] = r
+            return sorted(best.values(), key=lambda r: r.median_ms)
+
+        ranked = best_by_engine()[:6]
+        for round_ in range(3):
+            improved = False
+            for start in ranked:
+                if not left():
+                    return
+                info = self.engine_info(start.config.engine)
+                if info is None or not info[1]:
+                    continue
+                if round_ > 0 and "RUNTIME_COMPILATION" in start.config.behavior_notes:
+                    continue
+                current = rows[start.config.name]
+                base = dict(current.config.knobs)
+                if not base:
+                    # default knobs: take a heuristic config of this engine as the base, if any
+                    seeds = [r for r in rows.values() if r.config.engine == start.config.engine and r.config.knobs
+                             and r.status == "ok"]
+                    if seeds:
+                        current = min(seeds, key=lambda r: r.median_ms)
+                        base = dict(current.config.knobs)
+                    else:
+                        base = {t: lo for t, lo, hi, st in info[1]}
+                for t, lo, hi, st in info[1]:
+                    for v in _knob_values(lo, hi, st, base.get(t, lo)):
+                        if not left():
+                            return
+                        if v == base.get(t):
+                            continue
+                        cand = dict(base)
+                        cand[t] = v
+                        row = trial(EngineConfig(start.config.engine, tuple(cand.items())), "knob search")
+                        if row is not None and row.status == "ok" and row.median_ms < current.median_ms:
+                            current, base, improved = row, dict(row.config.knobs), True
+            ranked = best_by_engine()[:3]
+            if not improved:
+                return
+
+    def _tuning_key(self, workspace_limit, filters) -> str:
+        dev = torch.cuda.get_device_name(self.device_index)
+        f = ",".join(f"{k}={v}" for k, v in sorted(filters.items()))
+        return (f"{self._describe()}|tf32={self.allow_tf32}|ws={workspace_limit}|{f}|cudnn {_version()}|{dev}")
+
+    # ------------------------------------------------------------------ lifetime
+    def _check_live(self):
+        if self._freed:
+            raise ArgumentError("this GraphConvolution plan was freed")
+
+    def free(self) -> None:
+        """Release descriptors, plans, workspaces and tensor references. Idempotent."""
+        self._built.clear()
+        self._selected = None
+        self._x = self._w = self._b = None
+        self._freed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+    def __repr__(self) -> str:
+        if self._freed:
+            return "<rawconv.cudnn_graph.GraphConvolution (freed)>"
+        sel = self._selected.config.name if self._selected is not None else "(heuristic)"
+        return f"<rawconv.cudnn_graph.GraphConvolution {self._describe()} engine={sel}>"
+
+
+def _knob_combinations(knobs: list):
+    """Default knobs first, then every combination of knob values, in order."""
+    yield ()
+    if not knobs:
+        return
+    ranges = [[(t, v) for v in _knob_range(lo, hi, st)] for t, lo, hi, st in knobs]
+    for combo in itertools.product(*ranges):
+        yield combo
+
+
+def _knob_range(lo: int, hi: int, stride: int) -> list[int]:
+    if stride <= 0 or hi < lo:
+        return [lo]
+    return list(range(lo, hi + 1, stride))
+
+
+def _knob_values(lo: int, hi: int, stride: int, current: int, cap: int = 10) -> list[int]:
+    """Values to try for one knob: all when few, else ``cap`` spread over the range plus the
+    current value's neighbours."""
+    vals = _knob_range(lo, hi, stride)
+    if len(vals) <= cap:
+        return vals
+    pick = {vals[round(i * (len(vals) - 1) / (cap - 1))] for i in range(cap)}
+    step = stride if stride > 0 else 1
+    pick |= {v for v in (current - step, current + step) if lo <= v <= hi}
+    return sorted(pick)
+
+
+def _empty_result(plan: GraphConvolution, result: torch.Tensor, bias):
+    """Zero-sized problems: torch's result without any library call."""
+    p = plan.problem
+    result.zero_()
+    if plan.direction == "forward":
+        if bias is not None and result.numel():
+            result += bias.view(1, -1, *([1] * p.ndim))
+        if plan.activation and result.numel():
+            result.copy_(_ACT_REF[plan.activation](result))
+    if p.unbatched and plan.direction in ("forward", "backward_data"):
+        return result.squeeze(0)
+    return result
+
+
+def _version() -> str:
+    try:
+        return _cudnn.version()["version"]
+    except Exception:  # pragma: no cover
+        return "?"
+
+
+# ---------------------------------------------------------------------------- tuning cache
+_tuning: dict[str, dict] = {}
+_tuning_lock = threading.Lock()
+_tuning_state = {"loaded_env": False}
+ENV_TUNING_FILE = "RAWCONV_CUDNN_TUNING_CACHE"
+
+
+def tuning_cache() -> dict:
+    """The in-memory tuning cache: problem key -> ``{"engine": name, "median_ms": ...}``. Keys
+    hold the direction, the problem's description, activation, allow_tf32, filters, workspace
+    limit, cuDNN version and GPU name. With ``$RAWCONV_CUDNN_TUNING_CACHE`` set to a JSON file,
+    it is loaded from there on first use and written back after each autotune."""
+    _load_env()
+    return dict(_tuning)
+
+
+def _load_env():
+    if _tuning_state["loaded_env"]:
+        return
+    _tuning_state["loaded_env"] = True
+    path = os.environ.get(ENV_TUNING_FILE)
+    if path and os.path.exists(path):
+        load_tuning_cache(path)
+
+
+def _tuning_get(key: str):
+    _load_env()
+    return _tuning.get(key)
+
+
+def _tuning_put(key: str, value: dict) -> None:
+    with _tuning_lock:
+        _tuning[key] = value
+    path = os.environ.get(ENV_TUNING_FILE)
+    if path:
+        save_tuning_cache(path)
+
+
+def save_tuning_cache(path: str) -> None:
+    """Write the tuning cache to a JSON file."""
+    with _tuning_lock:
+        data = {"rawconv_cudnn_graph_tuning": 1, "entries": dict(_tuning)}
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def load_tuning_cache(path: str, *, merge: bool = True) -> int:
+    """Read a JSON file written by :func:`save_tuning_cache` into the cache; returns the number
+    of entries read. Raises :class:`ArgumentError` for a file of another format."""
+    with open(path) as f:
+        data = json.load(f)
+    if not isinstance(data, dict) or data.get("rawconv_cudnn_graph_tuning") != 1 or \
+            not isinstance(data.get("entries"), dict):
+        raise ArgumentError(f"{path} is not a rawconv cuDNN graph tuning cache")
+    entries = {k: v for k, v in data["entries"].items() if isinstance(v, dict) and isinstance(v.get("engine"), str)}
+    with _tuning_lock:
+        if not merge:
+            _tuning.clear()
+        _tuning.update(entries)
+    return len(entries)
+
+
+def clear_tuning_cache() -> None:
+    """Empty the in-memory tuning cache."""
+    with _tuning_lock:
+        _tuning.clear()
+
+
+# ---------------------------------------------------------------------------- function forms
+_plans: dict = {}
+_plans_lock = threading.Lock()
+_PLANS_MAX = 256
+
+
+def _plan(problem: ConvProblem, direction: str, activation, allow_tf32: bool, engine) -> GraphConvolution:
+    ekey = engine.name if isinstance(engine, EngineConfig) else engine
+    if ekey is not None and not isinstance(ekey, (str, int)) or isinstance(ekey, bool):
+        raise ArgumentTypeError(f"engine must be None, 'fastest', a name, an index or an EngineConfig, got {engine!r}")
+    key = (problem, direction, activation, allow_tf32, ekey, threading.get_ident())
+    plan = _plans.get(key)
+    if plan is None:
+        plan = GraphConvolution.from_problem(problem, direction=direction, activation=activation,
+                                             allow_tf32=allow_tf32)
+        if engine in ("fastest", "autotune"):
+            plan.autotune()
+        elif engine is not None:
+            plan.select(engine)
+        with _plans_lock:
+            if len(_plans) >= _PLANS_MAX:
+                _plans.pop(next(iter(_plans)))
+            _plans[key] = plan
+    return plan
+
+
+def clear_cache() -> None:
+    """Drop every cached plan used by the function forms (the tuning cache stays)."""
+    with _plans_lock:
+        _plans.clear()
+
+
+_MATH_TF32 = {"fma": False, "ieee": False, "tensor_op": True, "tensor_op_allow_conversion": True, "default": True,
+              "tf32": True}
+
+
+def _tf32(allow_tf32: bool, math: str | None) -> bool:
+    """``math`` (rawconv.cudnn's names: "fma" = IEEE fp32; "tensor_op", "default" = TF32 allowed)
+    overrides ``allow_tf32`` when given."""
+    if math is None:
+        return allow_tf32
+    if math not in _MATH_TF32:
+        raise ArgumentError(f"math must be one of {list(_MATH_TF32)}, got {math!r}")
+    return _MATH_TF32[math]
+
+
+def _problem(x, w, bias, stride, padding, dilation, groups) -> ConvProblem:
+    p = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups, allow_dtypes=DTYPES)
+    _device_index(p)
+    return p
+
+
+def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
+            padding: Any = 0, dilation: Any = 1, groups: int = 1, *, engine: Any = None,
+            activation: str | None = None, allow_tf32: bool = False, math: str | None = None,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """Forward convolution through the cuDNN graph API, with the semantics of
+    ``torch.nn.functional.conv{1,2,3}d`` (then ``activation``).
+
+    ``x``: (N, C, *spatial) or unbatched, CUDA, float32/float16/bfloat16/float64, NCHW or
+    channels_last; ``w``: (K, C/groups, *kernel) (used in x's memory format); ``bias``: (K,);
+    ``padding``: int, tuple, ``"same"``/``"valid"`` or one ``(before, after)`` pair per spatial
+    dim. ``engine``: None (first config of heuristic mode instant that finalizes), ``"fastest"``
+    (:meth:`GraphConvolution.autotune`, tuning cache first), a name (``"eng28{k2=3,k3=0}"``), an
+    engine index or an :class:`EngineConfig`. ``activation``: fused after the bias as pointwise
+    nodes. ``allow_tf32``: let float32 run on TF32 tensor cores. Returns y (N, K, *out) in x's layout.
+
+    Raises :class:`ArgumentError` / :class:`ArgumentTypeError` before any C call for bad input,
+    :class:`NotSupportedError` when cuDNN has no engine (or the forced config does not finalize,
+    or the fusion is not supported). Wraps ``cudnnBackendExecute``.
+    """
+    problem = _problem(x, w, bias, stride, padding, dilation, groups)
+    activation = _check_activation(activation, "forward", bias is not None)
+    plan = _plan(problem, "forward", activation, _tf32(allow_tf32, math), engine)
+    return plan.execute(x, w, bias, out)
+
+
+def _transpose_x_shape(grad_y, w, stride, padding, dilation, groups, output_padding):
+    """conv_transpose semantics: the input shape of the forward conv whose output is grad_y."""
+    nd = w.dim() - 2
+    from .problem import _tuple, resolve_padding
+
+    s = _tuple(stride, nd, "stride", 1)
+    d = _tuple(dilation, nd, "dilation", 1)
+    op = _tuple(output_padding, nd, "output_padding", 0)
+    if isinstance(padding, str):
+        raise ArgumentError("backward_data without x_shape needs numeric padding (as conv_transpose)")
+    pb, pa = resolve_padding(padding, nd, tuple(w.shape[2:]), d, s)
+    if any(o >= max(si, di) for o, si, di in zip(op, s, d)):
+        raise ArgumentError(f"output_padding {op} must be smaller than stride {s} or dilation {d} (as torch)")
+    unbatched = grad_y.dim() == nd + 1
+    gs = (1,) + tuple(grad_y.shape) if unbatched else tuple(grad_y.shape)
+    spatial = tuple((o - 1) * si - b - a + di * (k - 1) + 1 + opp
+                    for o, si, b, a, di, k, opp in zip(gs[2:], s, pb, pa, d, w.shape[2:], op))
+    shape = (gs[0], w.shape[1] * groups) + spatial
+    return shape[1:] if unbatched else shape
+
+
+def _fake(shape, like: torch.Tensor) -> torch.Tensor:
+    return torch.empty(1, dtype=like.dtype, device=like.device).expand(*[int(s) for s in shape])
+
+
+def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int] | None = None, stride: Any = 1,
+                  padding: Any = 0, dilation: Any = 1, groups: int = 1, *, output_padding: Any = 0,
+                  engine: Any = None, allow_tf32: bool = False, math: str | None = None,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """Gradient of the forward convolution with respect to its input (cuDNN backward data), which
+    is also the transposed convolution (``conv_transpose{1,2,3}d(grad_y, w, None, stride, padding,
+    output_padding, groups, dilation)`` when ``x_shape`` is None).
+
+    ``grad_y``: (N, K, *out), NCHW or channels_last; ``w``: (K, C/groups, *kernel);
+    ``x_shape``: the forward input's shape (N, C, *spatial), or None to derive it as
+    conv_transpose does (``output_padding`` then adds to the trailing side). Returns dx in
+    grad_y's layout. ``engine`` as in :func:`forward`. Wraps ``cudnnBackendExecute`` on an
+    ``OPERATION_CONVOLUTION_BACKWARD_DATA`` graph."""
+    if not isinstance(grad_y, torch.Tensor) or not isinstance(w, torch.Tensor):
+        raise ArgumentTypeError("grad_y and w must be torch.Tensor")
+    if w.dim() not in (3, 4, 5):
+        raise ArgumentError(f"weight must be 3-D, 4-D or 5-D, got shape {tuple(w.shape)}")
+    if x_shape is None:
+        x_shape = _transpose_x_shape(grad_y, w, stride, padding, dilation, groups, output_padding)
+    if not isinstance(x_shape, (tuple, list, torch.Size)) or not all(isinstance(s, int) and s >= 0 for s in x_shape):
+        raise ArgumentError(f"x_shape must be a tuple of non-negative ints, got {x_shape!r}")
+    p = _problem(_fake(x_shape, grad_y), w, None, stride, padding, dilation, groups)
+    lay = layout_of(grad_y if grad_y.dim() == p.ndim + 2 else grad_y.unsqueeze(0))
+    if lay == "nhwc":
+        p = p.with_(layout="nhwc")
+    _check_tensor(p, grad_y, "grad_y", p.y_shape)
+    plan = _plan(p, "backward_data", None, _tf32(allow_tf32, math), engine)
+    return plan.execute(grad_y=grad_y, w=w, out=out)
+
+
+def backward_filter(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[int], stride: Any = 1,
+                    padding: Any = 0, dilation: Any = 1, groups: int = 1, *, engine: Any = None,
+                    allow_tf32: bool = False, math: str | None = None,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """Gradient of the forward convolution with respect to its weights (cuDNN backward filter).
+
+    ``x``: (N, C, *spatial); ``grad_y``: (N, K, *out), both in x's layout; ``w_shape``:
+    (K, C/groups, *kernel). Returns dw in x's layout (channels_last for an NHWC x).
+    ``engine`` as in :func:`forward`. Wraps ``cudnnBackendExecute`` on an
+    ``OPERATION_CONVOLUTION_BACKWARD_FILTER`` graph."""
+    if not isinstance(x, torch.Tensor) or not isinstance(grad_y, torch.Tensor):
+        raise ArgumentTypeError("x and grad_y must be torch.Tensor")
+    if not isinstance(w_shape, (tuple, list, torch.Size)) or not all(isinstance(s, int) and s >= 0 for s in w_shape):
+        raise ArgumentError(f"w_shape must be a tuple of non-negative ints, got {w_shape!r}")
+    p = _problem(x, _fake(w_shape, x), None, stride, padding, dilation, groups)
+    _check_tensor(p, grad_y, "grad_y", p.y_shape)
+    plan = _plan(p, "backward_filter", None, _tf32(allow_tf32, math), engine)
+    return plan.execute(x, grad_y=grad_y, out=out)
+
+
+def _check_tensor(p: ConvProblem, t, name, shape):
+    if not isinstance(t, torch.Tensor):
+        raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    tshape = tuple(t.shape) if not p.unbatched else (1,) + tuple(t.shape)
+    if tshape != tuple(shape):
+        raise ArgumentError(f"{name} must have shape {tuple(shape)} for this problem, got {tuple(t.shape)}")
+    if t.dtype != p.torch_dtype:
+        raise ArgumentError(f"{name} must be {p.torch_dtype}, got {t.dtype}")
+    if str(t.device) != p.device and torch.device(t.device) != torch.device(p.device):
+        raise ArgumentError(f"{name} must be on {p.device}, got {t.device}")
+
+
+def engines(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
+            padding: Any = 0, dilation: Any = 1, groups: int = 1, *, direction: str = "forward",
+            heuristic: str | Sequence[str] = "instant", limit: int | None = 16, activation: str | None = None,
+            allow_tf32: bool = False, finalize: bool = True) -> list[EngineConfig]:
+    """Every engine config cuDNN offers for the convolution (see :meth:`GraphConvolution.engines`).
+
+    Arguments as in :func:`forward` (for ``direction="backward_data"`` / ``"backward_filter"``
+    pass the forward problem's x and w: only their shapes, dtype, layout and device matter).
+    ``heuristic``: ``"instant"``, ``"b"``, ``"fallback"``, a sequence of them, or ``"all"``
+    (every engine index and its knob choices, up to ``limit`` per engine). Each
+    :class:`EngineConfig` gives its name, heuristic modes, numerical and behavior notes,
+    workspace bytes and whether it finalizes."""
+    direction = _norm_direction(direction)
+    problem = _problem(x, w, bias, stride, padding, dilation, groups)
+    activation = _check_activation(activation, direction, bias is not None)
+    if direction != "forward":
+        problem = problem.with_(has_bias=False)
+    plan = _plan(problem, direction, activation, allow_tf32, None)
+    return plan.engines(heuristic, limit=limit, finalize=finalize)

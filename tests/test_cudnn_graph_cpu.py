@@ -1,0 +1,352 @@
+"""rawconv.cudnn_graph without a GPU: backend descriptors built and finalized up to (not including)
+the operation graph, attribute plumbing read back from cuDNN, engine-config names, knob
+enumeration, tolerance arguments, the device-side reference, the tuning cache, and bad input
+rejected before any C call."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rawconv import ConvProblem, _cudnn
+from rawconv import _cudnn_backend as B
+from rawconv import cudnn_graph as G
+from rawconv.errors import ArgumentError, ArgumentTypeError, LibraryError, NotSupportedError
+from rawconv.problem import EPS, abs_reference, conv_reference, tolerance
+
+
+@pytest.fixture(scope="module")
+def cudnn():
+    try:
+        return _cudnn.load()
+    except Exception as exc:  # pragma: no cover
+        pytest.fail(f"libcudnn.so.9 is a dependency of these tests (torch's CUDA build brings it): {exc}")
+
+
+@pytest.fixture
+def no_c_calls(monkeypatch):
+    """Any C call fails the test: proves input is rejected before the library is touched."""
+    def boom():
+        raise AssertionError("a C function was called")
+    monkeypatch.setattr(_cudnn, "lib", boom)
+
+
+# ---------------------------------------------------------------- names
+@pytest.mark.parametrize("name,engine,knobs", [
+    ("eng28", 28, ()),
+    ("eng28{}", 28, ()),
+    ("eng28{k2=3,k3=0}", 28, ((2, 3), (3, 0))),
+    ("eng28{k3=0, k2=3}", 28, ((2, 3), (3, 0))),
+    ("eng70_k2=4_k18=0", 70, ((2, 4), (18, 0))),
+    ("eng0{k14=-1}", 0, ((14, -1),)),
+])
+def test_engine_names_parse_and_format(name, engine, knobs):
+    ec = G.EngineConfig.parse(name)
+    assert (ec.engine, ec.knobs) == (engine, knobs)
+    assert G.EngineConfig.parse(ec.name) == ec
+    assert ec.name == (f"eng{engine}" if not knobs else
+                       f"eng{engine}{{" + ",".join(f"k{t}={v}" for t, v in knobs) + "}")
+
+
+@pytest.mark.parametrize("bad", ["", "eng", "28", "engine28", "eng28{k2}", "eng28{k2=3,}", "eng-1",
+                                 "eng28{k2=3,k2=4}", "eng28_k2", "eng28{x2=3}"])
+def test_bad_engine_names_rejected(bad, no_c_calls):
+    with pytest.raises(ArgumentError):
+        G.EngineConfig.parse(bad)
+
+
+def test_engine_config_equality_ignores_annotations():
+    a = G.EngineConfig(5, {3: 1, 2: 0}, ("instant",), ("TENSOR_CORE",))
+    b = G.EngineConfig(5, ((2, 0), (3, 1)))
+    assert a == b and hash(a) == hash(b) and a.name == "eng5{k2=0,k3=1}"
+    assert a.tensor_cores and not b.tensor_cores and a.deterministic
+    assert "TILE_SIZE=0" in a.knob_names
+    with pytest.raises(ArgumentError):
+        G.EngineConfig(-1)
+    with pytest.raises(ArgumentTypeError):
+        G.EngineConfig.parse(28)
+
+
+def test_knob_enumeration():
+    assert list(G._knob_combinations([])) == [()]
+    combos = list(G._knob_combinations([(2, 0, 2, 1), (3, 0, 1, 1)]))
+    assert combos[0] == () and len(combos) == 1 + 3 * 2
+    assert combos[1] == ((2, 0), (3, 0)) and combos[-1] == ((2, 2), (3, 1))
+    assert G._knob_range(1, 9, 4) == [1, 5, 9]
+    assert G._knob_range(3, 3, 0) == [3]
+    vals = G._knob_values(0, 1000, 1, 500)
+    assert 0 in vals and 1000 in vals and 499 in vals and 501 in vals and len(vals) <= 12
+
+
+# ---------------------------------------------------------------- descriptors, no GPU needed
+def test_tensor_descriptor_reads_back(cudnn):
+    t = B.tensor(7, [2, 8, 5, 6], [240, 1, 48, 8], "float16", alignment=16)
+    assert t.finalized
+    assert t.get("TENSOR_DIMENSIONS", "INT64") == [2, 8, 5, 6]
+    assert t.get("TENSOR_STRIDES", "INT64") == [240, 1, 48, 8]
+    assert t.get_one("TENSOR_UNIQUE_ID", "INT64") == 7
+    assert t.get_one("TENSOR_DATA_TYPE", "DATA_TYPE") == _cudnn.enum_value("CUDNN_DATA_HALF")
+    assert t.count("TENSOR_DIMENSIONS", "INT64") == 4
+    v = B.tensor(101, [2, 8, 5, 6], [240, 1, 48, 8], "float32", virtual=True)
+    assert v.get("TENSOR_IS_VIRTUAL", "BOOLEAN", 1) == [True]
+
+
+def test_convolution_descriptor_reads_back(cudnn):
+    c = B.convolution(3, "float32", dilations=[1, 2, 1], strides=[2, 1, 1], pre_paddings=[1, 0, 2],
+                      post_paddings=[0, 1, 2])
+    assert c.get_one("CONVOLUTION_SPATIAL_DIMS", "INT64") == 3
+    assert c.get("CONVOLUTION_DILATIONS", "INT64") == [1, 2, 1]
+    assert c.get("CONVOLUTION_FILTER_STRIDES", "INT64") == [2, 1, 1]
+    assert c.get("CONVOLUTION_PRE_PADDINGS", "INT64") == [1, 0, 2]
+    assert c.get("CONVOLUTION_POST_PADDINGS", "INT64") == [0, 1, 2]
+    assert c.get_one("CONVOLUTION_COMP_TYPE", "DATA_TYPE") == _cudnn.enum_value("CUDNN_DATA_FLOAT")
+
+
+def _p(**kw):
+    base = dict(n=2, c=8, k=16, in_spatial=(9, 10), kernel=(3, 3), pad_before=(1, 1), pad_after=(1, 1),
+                dtype="float16", layout="nhwc", device="cuda:0")
+    base.update(kw)
+    return ConvProblem(**base)
+
+
+GRAPHS = {
+    "2d-nhwc": _p(),
+    "2d-nchw-fp32": _p(dtype="float32", layout="nchw"),
+    "1d-lifted": _p(in_spatial=(16,), kernel=(3,), stride=(2,), dilation=(2,), pad_before=(1,), pad_after=(2,),
+                    dtype="bfloat16"),
+    "3d": _p(in_spatial=(4, 5, 6), kernel=(3, 3, 3), pad_before=(1, 1, 1), pad_after=(1, 1, 1)),
+    "groups": _p(groups=4),
+    "dilation": _p(dilation=(2, 3), pad_before=(2, 3), pad_after=(2, 3)),
+    "asym-stride": _p(stride=(2, 3), pad_before=(1, 0), pad_after=(0, 2), dtype="float32"),
+    "fp64": _p(dtype="float64", layout="nchw"),
+}
+
+
+@pytest.mark.parametrize("name", list(GRAPHS))
+@pytest.mark.parametrize("direction", G.DIRECTIONS)
+def test_graph_operations_finalize_without_gpu(cudnn, name, direction):
+    p = GRAPHS[name]
+    g = G._Graph(p, direction, None, p.layout)
+    assert len(g.ops) == 1 and all(op.finalized for op in g.ops)
+    roles = G._ROLES[direction]
+    assert g.uids == [G.UID[r] for r in roles]
+    dims = {"x": p.x_shape, "dx": p.x_shape, "y": p.y_shape, "dy": p.y_shape, "w": p.w_shape, "dw": p.w_shape}
+    for r in roles:
+        got = g.tensors[r].get("TENSOR_DIMENSIONS", "INT64")
+        assert got == G._lift(dims[r])
+        # the strides the torch tensors must have are those torch gives the layout
+        want = dims[r]
+        t = torch.empty(want)
+        if p.layout == "nhwc":
+            perm = [0] + list(range(2, len(want))) + [1]
+            t = t.permute(perm).contiguous().permute([perm.index(i) for i in range(len(want))])
+        assert list(t.stride()) == g.strides[r] or any(s == 1 for s in want)
+    pre = g.conv.get("CONVOLUTION_PRE_PADDINGS", "INT64")
+    post = g.conv.get("CONVOLUTION_POST_PADDINGS", "INT64")
+    lift = [0] if p.ndim == 1 else []
+    assert pre == lift + list(p.pad_before) and post == lift + list(p.pad_after)
+    assert g.conv.get("CONVOLUTION_DILATIONS", "INT64") == ([1] if p.ndim == 1 else []) + list(p.dilation)
+    comp = "CUDNN_DATA_DOUBLE" if p.dtype == "float64" else "CUDNN_DATA_FLOAT"
+    assert g.conv.get_one("CONVOLUTION_COMP_TYPE", "DATA_TYPE") == _cudnn.enum_value(comp)
+
+
+@pytest.mark.parametrize("bias,act,nops", [(True, None, 2), (True, "relu", 3), (False, "gelu", 2)])
+def test_fused_graph_has_pointwise_nodes(cudnn, bias, act, nops):
+    p = _p(has_bias=bias)
+    g = G._Graph(p, "forward", act, "nhwc")
+    assert len(g.ops) == nops
+    assert g.uids == [1, 2, 3] + ([4] if bias else [])
+    assert [op.kind for op in g.ops] == ["OPERATION_CONVOLUTION_FORWARD"] + ["OPERATION_POINTWISE"] * (nops - 1)
+
+
+def test_bad_output_dims_are_cudnn_bad_param(cudnn):
+    x = B.tensor(1, [2, 8, 5, 5], [200, 1, 40, 8], "float16")
+    w = B.tensor(2, [8, 8, 3, 3], [72, 1, 24, 8], "float16")
+    y = B.tensor(3, [2, 8, 7, 7], [392, 1, 56, 8], "float16")
+    c = B.convolution(2, "float32", dilations=[1, 1], strides=[1, 1], pre_paddings=[1, 1], post_paddings=[1, 1])
+    with pytest.raises(LibraryError) as ei:
+        B.conv_operation("forward", {"X": x, "W": w, "Y": y}, c, "float32")
+    assert "cudnnBackendFinalize" in str(ei.value) and "BAD_PARAM" in str(ei.value)
+
+
+def test_knob_choice_and_variant_pack_plumbing(cudnn):
+    kc = B.knob_choice(_cudnn.enum_value("CUDNN_KNOB_TYPE_TILE_SIZE"), 3)
+    assert kc.get("KNOB_CHOICE_KNOB_VALUE", "INT64", 1) == [3]
+    assert kc.get("KNOB_CHOICE_KNOB_TYPE", "KNOB_TYPE", 1) == [_cudnn.enum_value("CUDNN_KNOB_TYPE_TILE_SIZE")]
+    vp = B.variant_pack([1, 2, 3], [256, 512, 1024], 0)
+    assert vp.finalized
+    # a finalized variant pack cannot be changed: why rawconv keeps one per set of data pointers
+    with pytest.raises(LibraryError):
+        vp.set("VARIANT_PACK_DATA_POINTERS", "VOID_PTR", [512, 512, 1024])
+    assert B.knob_type_name(_cudnn.enum_value("CUDNN_KNOB_TYPE_STAGES")) == "STAGES"
+    assert B.enum_name("cudnnBackendNumericalNote_t", _cudnn.enum_value("CUDNN_NUMERICAL_NOTE_TENSOR_CORE"),
+                       "CUDNN_NUMERICAL_NOTE_") == "TENSOR_CORE"
+
+
+@pytest.mark.parametrize("call", [
+    lambda: B.tensor(-1, [1, 1, 1, 1], [1, 1, 1, 1], "float32"),
+    lambda: B.tensor(1, [1, 1, 1, 1], [1, 1, 1], "float32"),
+    lambda: B.tensor(1, [1, 0, 1, 1], [1, 1, 1, 1], "float32"),
+    lambda: B.tensor(1, [1, 1], [1, 1], "float32"),
+    lambda: B.tensor(1, [1, 1, 1, 1], [1, 1, 1, 1], "int4"),
+    lambda: B.tensor(1, [1, 1, 1, 1], [1, 1, 1, 1], "float32", alignment=2),
+    lambda: B.tensor(1, [1, 1.5, 1, 1], [1, 1, 1, 1], "float32"),
+    lambda: B.convolution(2, "float32", dilations=[0, 1], strides=[1, 1], pre_paddings=[0, 0], post_paddings=[0, 0]),
+    lambda: B.convolution(2, "float32", dilations=[1, 1], strides=[1], pre_paddings=[0, 0], post_paddings=[0, 0]),
+    lambda: B.convolution(4, "float32", dilations=[1] * 4, strides=[1] * 4, pre_paddings=[0] * 4,
+                          post_paddings=[0] * 4),
+    lambda: B.convolution(2, "float32", dilations=[1, 1], strides=[1, 1], pre_paddings=[-1, 0], post_paddings=[0, 0]),
+    lambda: B.heuristics(None, "c"),
+    lambda: B.pointwise("softmax"),
+    lambda: B.engine(None, -1),
+    lambda: B.knob_choice(2, 1.5),
+    lambda: B.conv_operation("sideways", {}, None, "float32"),
+    lambda: B.conv_operation("forward", {"X": None}, None, "float32"),
+    lambda: B.variant_pack([1, 2], [0], 0),
+    lambda: B.const("CUDNN_NO_SUCH_THING"),
+])
+def test_bad_descriptor_input_rejected_before_any_c_call(no_c_calls, call):
+    with pytest.raises((ArgumentError, ArgumentTypeError)):
+        call()
+
+
+def test_attribute_types_checked_before_c_call(cudnn):
+    t = B.tensor(1, [1, 1, 1, 1], [1, 1, 1, 1], "float32")
+    with pytest.raises(ArgumentTypeError):
+        t.set("TENSOR_UNIQUE_ID", "INT64", "1")
+    with pytest.raises(ArgumentTypeError):
+        t.set("TENSOR_UNIQUE_ID", "BACKEND_DESCRIPTOR", 1)
+    with pytest.raises(ArgumentError):
+        t.set("TENSOR_UNIQUE_ID", "INT128", 1)
+    with pytest.raises(ArgumentError):
+        t.set("TENSOR_UNIQUE_ID", "INT64", 2 ** 70)
+    with pytest.raises(ArgumentError):
+        t.get("TENSOR_UNIQUE_ID", "BACKEND_DESCRIPTOR")
+
+
+# ---------------------------------------------------------------- plan-level input checks
+def test_plan_rejects_bad_input_before_any_c_call(no_c_calls):
+    x, w = torch.randn(2, 8, 9, 9), torch.randn(16, 8, 3, 3)
+    with pytest.raises(ArgumentError, match="CUDA"):
+        G.GraphConvolution(x, w)
+    with pytest.raises(ArgumentError, match="CUDA"):
+        G.forward(x, w)
+    p = _p()
+    with pytest.raises(ArgumentError):
+        G.GraphConvolution.from_problem(p, direction="sideways")
+    with pytest.raises(ArgumentError):
+        G.GraphConvolution.from_problem(p, activation="softmax")
+    with pytest.raises(ArgumentError):
+        G.GraphConvolution.from_problem(p, direction="backward_data", activation="relu")
+    with pytest.raises(ArgumentTypeError):
+        G.GraphConvolution.from_problem(p, allow_tf32="yes")
+    with pytest.raises(ArgumentTypeError):
+        G.GraphConvolution.from_problem("not a problem")
+    with pytest.raises(ArgumentError):
+        G._tf32(False, "fast")
+
+
+def test_plan_argument_checks_on_a_cpu_built_graph(cudnn):
+    """The descriptors of a CUDA problem build on the CPU; execute rejects mismatching tensors."""
+    plan = G.GraphConvolution.from_problem(_p())
+    with pytest.raises(ArgumentError, match="shape"):
+        plan._prepare("x", torch.empty(1, 2, 3, 4), plan.problem.x_shape)
+    with pytest.raises(ArgumentError, match="must be"):
+        plan._prepare("x", torch.empty(plan.problem.x_shape), plan.problem.x_shape)
+    with pytest.raises(ArgumentTypeError):
+        plan._prepare("x", [1, 2], plan.problem.x_shape)
+    with pytest.raises(ArgumentError):
+        plan.autotune(budget_s=0)
+    with pytest.raises(ArgumentError):
+        plan.autotune(workspace_limit=-1)
+    with pytest.raises(ArgumentError):
+        plan.engines("sometimes")
+    with pytest.raises(ArgumentError):
+        plan.engines("all", limit=0)
+    with pytest.raises(ArgumentTypeError):
+        plan.select(2.5)
+    plan.free()
+    plan.free()
+    with pytest.raises(ArgumentError, match="freed"):
+        plan.select(0)
+
+
+def test_transpose_shape_matches_torch():
+    for stride, pad, op, dil in [(2, 1, 1, 1), (1, 0, 0, 2), (3, 2, 2, 1), ((2, 1), (0, 1), (1, 0), 1)]:
+        gy = torch.empty(2, 8, 7, 6)
+        w = torch.empty(8, 4, 3, 3)
+        want = F.conv_transpose2d(gy, w, None, stride, pad, op, 1, dil).shape
+        assert tuple(G._transpose_x_shape(gy, w, stride, pad, dil, 1, op)) == tuple(want)
+    with pytest.raises(ArgumentError):
+        G._transpose_x_shape(torch.empty(2, 8, 7, 6), torch.empty(8, 4, 3, 3), 2, 1, 1, 1, 2)
+
+
+# ---------------------------------------------------------------- numerics helpers
+def test_tolerance_args_follow_notes():
+    p = _p(dtype="float32")
+    assert G.tolerance_args(p, []) == {"factor": 1.0}
+    assert G.tolerance_args(p, ["TENSOR_CORE"])["compute"] == "tf32"
+    assert G.tolerance_args(p, ["DOWN_CONVERT_INPUTS"])["compute"] == "bfloat16"
+    assert G.tolerance_args(p, ["WINOGRAD"])["factor"] == 8.0
+    h = _p(dtype="float16")
+    kw = G.tolerance_args(h, ["REDUCED_PRECISION_REDUCTION"])
+    assert kw["compute"] == "float16" and kw["factor"] == 1.0
+    bf = _p(dtype="bfloat16")
+    kw = G.tolerance_args(bf, ["REDUCED_PRECISION_REDUCTION"])
+    assert kw["factor"] == pytest.approx(EPS["bfloat16"] / EPS["float32"])
+    # backward filter reduces over N*out: a longer reduction widens the bound by sqrt
+    kw = G.tolerance_args(p, [], "backward_filter")
+    L, Lf = p.n * math.prod(p.out_spatial), p.reduction_length
+    assert kw["factor"] == pytest.approx(math.sqrt(L / Lf)) if L > Lf else kw["factor"] == 1.0
+
+
+@pytest.mark.parametrize("name", ["2d-nhwc", "1d-lifted", "3d", "groups", "asym-stride"])
+def test_device_reference_equals_problem_reference_on_cpu(name):
+    p = GRAPHS[name].with_(device="cpu")
+    x, w, _ = p.make_inputs(seed=3)
+    ref, ref_abs = G.reference(p, "forward", {"x": x, "w": w})
+    assert torch.equal(ref, conv_reference(p, x, w))
+    assert torch.equal(ref_abs, abs_reference(p, x, w))
+    st = G.check_result(p, ref.to(p.torch_dtype), ref, ref_abs)
+    assert st.ok and st.nan == 0
+    bad = ref.contiguous().clone()
+    bad.view(-1)[0] = float("nan")
+    assert not G.check_result(p, bad, ref, ref_abs).ok
+
+
+def test_backward_references_match_autograd():
+    p = GRAPHS["asym-stride"].with_(device="cpu", dtype="float64", layout="nchw")
+    x, w, _ = p.make_inputs(seed=1)
+    dy = torch.randn(p.y_shape, dtype=torch.float64)
+    xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+    y = F.conv2d(F.pad(xx, (0, 2, 1, 0)), ww, None, p.stride)
+    gx, gw = torch.autograd.grad(y, (xx, ww), dy)
+    dx, _ = G.reference(p, "backward_data", {"dy": dy, "w": w})
+    dw, _ = G.reference(p, "backward_filter", {"x": x, "dy": dy})
+    assert torch.allclose(dx, gx) and torch.allclose(dw, gw)
+
+
+# ---------------------------------------------------------------- tuning cache
+def test_tuning_cache_roundtrip(tmp_path):
+    G.clear_tuning_cache()
+    G._tuning_put("k1", {"engine": "eng28{k2=3}", "median_ms": 0.1})
+    path = tmp_path / "tune.json"
+    G.save_tuning_cache(str(path))
+    G.clear_tuning_cache()
+    assert G.tuning_cache() == {}
+    assert G.load_tuning_cache(str(path)) == 1
+    assert G.tuning_cache()["k1"]["engine"] == "eng28{k2=3}"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"something": 1}))
+    with pytest.raises(ArgumentError):
+        G.load_tuning_cache(str(bad))
+    G.clear_tuning_cache()
+
+
+def test_reexported_from_rawconv_cudnn():
+    from rawconv import cudnn
+
+    assert cudnn.EngineConfig is G.EngineConfig and cudnn.engines is G.engines
