@@ -256,7 +256,7 @@ class _Handle:
         else:  # cuDNN says why (CUDNN_STATUS_NOT_INITIALIZED: no device)
             call("cudnnCreate", p, detail=f"device cuda:{device}; torch sees no CUDA device")
         L = lib()
-        self.ptr = ffi.gc(p[0], lambda h, L=L: None if _state.get("exiting") else L.cudnnDestroy(h))
+        self.ptr = ffi.gc(p[0], lambda h, L=L, st=_state: None if st.get("exiting") else L.cudnnDestroy(h))
         self.device = device
         self.stream = None
 
@@ -318,7 +318,7 @@ def workspace(nbytes: int, device) -> "object":
 def _gc(ptr, destroy: str):
     L = lib()
     fn = getattr(L, destroy)
-    return ffi.gc(ptr, lambda p, fn=fn: None if _state.get("exiting") else fn(p))
+    return ffi.gc(ptr, lambda p, fn=fn, st=_state: None if st.get("exiting") else fn(p))
 
 
 def tensor_desc(dtype: str, dims, strides):

@@ -28,7 +28,9 @@ def _compute(dtype: str, math: str) -> str | None:
 
 
 def _factor(algo: str) -> float:
-    return 16.0 if ("FFT" in algo or "WINOGRAD" in algo) else 1.0
+    # transform algos (Winograd, FFT) round in the transformed domain: their error does not shrink
+    # with a short reduction (depthwise 3x3: L = 9), so they get a wider bound
+    return 64.0 if ("FFT" in algo or "WINOGRAD" in algo) else 1.0
 
 
 def _nan(shape, layout, dtype, wl=None):
