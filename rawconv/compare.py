@@ -220,15 +220,70 @@ def _onednn_rows(problem, x, w, b, ref, ref_abs, timer, *, fpmath="strict", prep
     return rows
 
 
-def _cudnn_rows(problem, x, w, b, ref, ref_abs, timer, **kw) -> list[Row]:
+def cudnn_tolerance(dtype: str, math_reported: str, algo: str = "") -> dict:
+    """Tolerance arguments (for :func:`~rawconv.problem.compare_to_reference`) for a cuDNN result:
+    fp32 under the default / tensor-op math types may run on TF32 tensor cores, under
+    ``tensor_op_allow_conversion`` on fp16/bf16 ones; transform algos (Winograd, FFT) round in the
+    transformed domain, so their bound is 64x wider."""
+    compute = None
+    if dtype == "float32" and math_reported in ("default", "tensor_op"):
+        compute = "tf32"
+    elif dtype == "float32" and math_reported == "tensor_op_allow_conversion":
+        compute = "float16"
+    factor = 64.0 if ("FFT" in algo.upper() or "WINOGRAD" in algo.upper()) else 1.0
+    return {"compute": compute, "factor": factor}
+
+
+def _cudnn_rows(problem, x, w, b, ref, ref_abs, timer, engines=None, **_kw) -> list[Row]:
+    name = str(problem.name or problem.describe())
     try:
         from . import cudnn
-        rows_fn = getattr(cudnn, "compare_rows", None)
-    except ImportError:
-        rows_fn = None
-    if rows_fn is None:
-        return [Row(str(problem.name or problem.describe()), "cudnn", "-", error="rawconv.cudnn is not available")]
-    return rows_fn(problem, x, w, b, ref, ref_abs, timer, measure=_measure, **kw)
+    except Exception as exc:  # pragma: no cover - import errors are bugs, shown as a row
+        return [Row(name, "cudnn", "-", error=f"{type(exc).__name__}: {exc}")]
+    rows: list[Row] = []
+    pad = list(zip(problem.pad_before, problem.pad_after))
+    try:
+        plan = cudnn.Convolution(x, w, b, problem.stride, pad, problem.dilation, problem.groups)
+        algos = plan.algorithms(mode="find", math="all")
+    except RawconvError as exc:
+        return [Row(name, "cudnn", "-", error=f"{type(exc).__name__}: {exc}")]
+    for a in algos:
+        label = f"{a.algo} math={a.math}"
+        if not a.ok:
+            rows.append(Row(name, "cudnn", label, error=a.status, workspace_bytes=a.workspace_bytes))
+            continue
+
+        def run(a=a):
+            return plan.execute(x, w, b)
+
+        try:
+            info = plan.select(a.algo_id, a.requested_math or a.math)
+        except RawconvError as exc:
+            rows.append(Row(name, "cudnn", label, error=f"{type(exc).__name__}: {exc}"))
+            continue
+        detail = (f"math set {info.math}, reported {info.math_reported}; "
+                  f"{'deterministic' if info.deterministic else 'non-deterministic'}"
+                  + (f"; fused bias" if info.fused else "") + (f"; {'; '.join(info.notes)}" if info.notes else ""))
+        rows.append(_measure(problem, "cudnn", label, detail, run, ref, ref_abs, timer,
+                             tol=cudnn_tolerance(problem.dtype, info.math_reported, info.algo),
+                             workspace=info.workspace_bytes,
+                             extra={"algo": info.algo, "algo_id": info.algo_id, "math": info.math,
+                                    "math_reported": info.math_reported, "deterministic": info.deterministic,
+                                    "find_ms": a.time_ms}))
+    plan.free()
+    if engines:
+        rows += _cudnn_graph_rows(problem, x, w, b, ref, ref_abs, timer, engines)
+    return rows
+
+
+def _cudnn_graph_rows(problem, x, w, b, ref, ref_abs, timer, engines) -> list[Row]:
+    name = str(problem.name or problem.describe())
+    try:
+        from . import cudnn_graph
+        rows_fn = cudnn_graph.compare_rows
+    except (ImportError, AttributeError) as exc:
+        return [Row(name, "cudnn-graph", "-", error=f"graph API rows unavailable: {exc}")]
+    return rows_fn(problem, x, w, b, ref, ref_abs, timer, engines=engines, measure=_measure)
 
 
 # --------------------------------------------------------------------------- driver

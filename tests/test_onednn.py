@@ -328,3 +328,18 @@ def test_info():
     assert info["cpu_isa"] and info["threads"] >= 1
     full = rawconv.info()
     assert full["onednn"]["version"] == info["version"] and full["torch"]["version"] == torch.__version__
+
+
+def test_inputs_in_nchw_or_channels_last_are_used_in_place(monkeypatch):
+    from rawconv import onednn as mod
+
+    def no_copy(*a, **k):
+        raise AssertionError("an input was copied although its strides fit")
+
+    monkeypatch.setattr(mod, "_restride", no_copy)
+    for fmt in (torch.contiguous_format, torch.channels_last):
+        x = torch.randn(2, 8, 9, 9).contiguous(memory_format=fmt)
+        w = torch.randn(8, 8, 3, 3).contiguous(memory_format=fmt)
+        y = onednn.forward(x, w, padding=1)
+        assert y.is_contiguous(memory_format=fmt)
+        torch.testing.assert_close(y, F.conv2d(x, w, padding=1), rtol=1e-4, atol=1e-4)
