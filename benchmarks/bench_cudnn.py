@@ -103,7 +103,7 @@ def torch_time(p: ConvProblem, x, w, allow_tf32: bool, iterations: int) -> float
     torch.backends.cuda.matmul.allow_tf32 = allow_tf32
     fn = lambda: F.conv2d(x, w, None, p.stride, p.pad_before, p.dilation, p.groups)  # noqa: E731
     time_cuda(fn, iterations=3, warmup=3)  # lets cudnn.benchmark pick its algo first
-    return _host_and_gpu(fn, calls=iterations, repeats=3)[1] / 1e3
+    return cudnn.gpu_time(fn, iterations=iterations).median_ms
 
 
 def resnet(batch: int, layers: int | None, iterations: int, modes) -> dict:
@@ -128,7 +128,7 @@ def resnet(batch: int, layers: int | None, iterations: int, modes) -> dict:
                     print(f"  {p.name:<22} rawconv failed: {type(exc).__name__}: {exc}")
                     continue
                 best = rows[0]
-                t_raw = _host_and_gpu(lambda: plan.execute(x, w), calls=iterations, repeats=3)[1] / 1e3
+                t_raw = cudnn.gpu_time(lambda: plan.execute(x, w), iterations=iterations).median_ms
             ratio = t_torch / t_raw
             ratios.append(ratio)
             print(f"  {p.name:<22} torch {t_torch:8.4f} ms   rawconv {t_raw:8.4f} ms "
