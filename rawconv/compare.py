@@ -277,13 +277,44 @@ def _cudnn_rows(problem, x, w, b, ref, ref_abs, timer, engines=None, **_kw) -> l
 
 
 def _cudnn_graph_rows(problem, x, w, b, ref, ref_abs, timer, engines) -> list[Row]:
+    """Rows for cuDNN graph-API engine configs: ``engines="all"`` (every engine with its default
+    knobs, plus the heuristic modes' configs) or an int N (the first N of heuristic modes
+    instant, b and fallback)."""
     name = str(problem.name or problem.describe())
     try:
-        from . import cudnn_graph
-        rows_fn = cudnn_graph.compare_rows
-    except (ImportError, AttributeError) as exc:
-        return [Row(name, "cudnn-graph", "-", error=f"graph API rows unavailable: {exc}")]
-    return rows_fn(problem, x, w, b, ref, ref_abs, timer, engines=engines, measure=_measure)
+        from . import cudnn_graph as G
+    except Exception as exc:  # pragma: no cover - an import error is a bug: show it as a row
+        return [Row(name, "cudnn-graph", "-", error=f"{type(exc).__name__}: {exc}")]
+    pad = list(zip(problem.pad_before, problem.pad_after))
+    rows: list[Row] = []
+    try:
+        plan = G.GraphConvolution(x, w, b, problem.stride, pad, problem.dilation, problem.groups, allow_tf32=True)
+        if str(engines) == "all":
+            configs = plan.engines("all", limit=1)
+        else:
+            configs = plan.engines(list(G.HEURISTIC_MODES), limit=None)[: int(engines)]
+    except (RawconvError, ValueError) as exc:
+        return [Row(name, "cudnn-graph", "-", error=f"{type(exc).__name__}: {exc}")]
+    for cfg in configs:
+        label = cfg.name
+        notes = ",".join(cfg.numerical_notes) or "-"
+        detail = f"notes {notes}; heuristic {','.join(cfg.heuristics) or '-'}"
+        if cfg.finalizes is False:
+            rows.append(Row(name, "cudnn-graph", label, detail, error=cfg.error or "does not finalize"))
+            continue
+        try:
+            plan.select(cfg)
+        except RawconvError as exc:
+            rows.append(Row(name, "cudnn-graph", label, detail, error=f"{type(exc).__name__}: {exc}"))
+            continue
+        rows.append(_measure(problem, "cudnn-graph", label, detail, lambda: plan.execute(x, w, b), ref, ref_abs,
+                             timer, tol=G.tolerance_args(problem, cfg.numerical_notes),
+                             workspace=cfg.workspace_bytes,
+                             extra={"engine": cfg.engine, "knobs": list(cfg.knobs),
+                                    "numerical_notes": list(cfg.numerical_notes),
+                                    "behavior_notes": list(cfg.behavior_notes)}))
+    plan.free()
+    return rows
 
 
 # --------------------------------------------------------------------------- driver
