@@ -43,7 +43,7 @@ def _ints(text: str):
     return vals[0] if len(vals) == 1 else tuple(vals)
 
 
-def _problems(args) -> list:
+def _problems_on(args, device) -> list:
     from . import presets
     from .problem import ConvProblem
 
@@ -58,7 +58,7 @@ def _problems(args) -> list:
         w = torch.empty(args.weight, device="meta")
         b = torch.empty(args.weight[0], device="meta") if args.bias else None
         p = ConvProblem.from_torch(x, w, b, args.stride, args.padding, args.dilation, args.groups)
-        p = p.with_(dtype=dtype, layout=layout, device=args.device, name="cli")
+        p = p.with_(dtype=dtype, layout=layout, device=device, name="cli")
         return [p]
     spec = args.problem or "resnet50"
     if spec in presets.PRESETS:
@@ -69,9 +69,28 @@ def _problems(args) -> list:
             if not sel:
                 raise RawconvError(f"--layers {args.layers!r} matches none of {[p.name for p in ps]}")
             ps = sel
-        return [p.with_(device=args.device) for p in ps]
+        return [p.with_(device=device) for p in ps]
     p = ConvProblem.from_benchdnn(spec, dtype=dtype, layout=layout, has_bias=args.bias)
-    return [p.with_(device=args.device, name=p.name or spec)]
+    return [p.with_(device=device, name=p.name or spec)]
+
+
+def _devices(args) -> list[str]:
+    import torch
+
+    if args.device == "auto":
+        return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise RawconvError(f"--device {args.device}: torch sees no CUDA device")
+    if not (args.device == "cpu" or args.device.startswith("cuda")):
+        raise RawconvError(f"--device must be auto, cpu or cuda[:N], got {args.device!r}")
+    return [args.device]
+
+
+def _problems(args) -> list:
+    out = []
+    for dev in _devices(args):
+        out += _problems_on(args, dev)
+    return out
 
 
 def _fmt_ms(v):
@@ -222,7 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--layers", help="comma-separated layer names or indices of a preset")
         p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
         p.add_argument("--layout", default="nchw", choices=["nchw", "nhwc", "channels_last"])
-        p.add_argument("--device", default="cpu", help="cpu (oneDNN) or cuda[:N] (cuDNN)")
+        p.add_argument("--device", default="auto", help="auto (cpu, plus cuda when torch sees a GPU), cpu (oneDNN) "
+                       "or cuda[:N] (cuDNN)")
         p.add_argument("--fpmath", default="strict", choices=["strict", "bf16", "f16", "tf32", "any"],
                        help="oneDNN fpmath mode")
 
