@@ -927,8 +927,10 @@ class GraphConvolution:
         knob values (one knob at a time, keeping improvements) from their best config so far.
         Each candidate: execution plan finalized, output filled with NaN, run once and checked
         against the float64 reference within the tolerance its numerical notes imply (``check``),
-        then timed with CUDA events (:func:`rawconv.bench.time_cuda`, ``iterations`` runs, median);
-        the best five are timed again with ``final_iterations`` runs.
+        then timed with CUDA events (:func:`rawconv.bench.time_cuda`, ``iterations`` groups of
+        back-to-back calls, median per call; a candidate 20x slower than the best so far, or one
+        that would overrun the budget, keeps its single checked run); the best eight are timed
+        again with ``final_iterations`` groups.
 
         Filters: ``workspace_limit`` (bytes), ``deterministic_only``, ``no_tensor_cores`` (default:
         True for float32 unless the plan allows TF32), ``no_down_conversion``,
@@ -971,6 +973,7 @@ class GraphConvolution:
         out = empty_like_layout(out_shape, self.problem.layout, self.problem.torch_dtype,
                                 f"cuda:{self.device_index}")
         rows: dict[str, TimedConfig] = {}
+        best_ms: list = [None]
 
         def trial(ec: EngineConfig, phase: str) -> TimedConfig | None:
             if ec.name in rows:
@@ -996,15 +999,23 @@ class GraphConvolution:
             try:
                 if check:
                     out.fill_(float("nan"))
-                    fn()
+                first = time_cuda(fn, iterations=1, warmup=0)  # one timed call, whose output is checked
+                if check:
                     err = check_result(self.problem, out, ref, ref_abs,
                                        **tolerance_args(self.problem, ec.numerical_notes, self.direction,
                                                         self.activation))
-                stats = _time_reps(time_cuda, fn, iterations, warmup=1)
+                remaining = deadline - time.perf_counter()
+                if (first.median_ms * 1e-3 * (iterations + 3) > remaining or
+                        (best_ms[0] is not None and first.median_ms > 1.0 and first.median_ms > 20 * best_ms[0])):
+                    stats = first  # far slower than the best so far, or past the budget: one run is enough
+                else:
+                    stats = _time_reps(time_cuda, fn, iterations, warmup=1, first_ms=first.min_ms)
             except LibraryError as exc:
                 rows[ec.name] = TimedConfig(ec, status="error", phase=phase, detail=str(exc))
                 return None
             status = "ok" if err is None or err.ok else "mismatch"
+            if status == "ok" and (best_ms[0] is None or stats.median_ms < best_ms[0]):
+                best_ms[0] = stats.median_ms
             row = TimedConfig(ec, stats.median_ms, stats.min_ms, stats.runs, status, err, phase)
             rows[ec.name] = row
             return row
@@ -1030,7 +1041,7 @@ class GraphConvolution:
         self._knob_search(rows, trial, left)
         # 4. re-time the best few
         ok = sorted((r for r in rows.values() if r.status == "ok"), key=lambda r: r.median_ms)
-        for r in ok[:5]:
+        for r in ok[:8]:
             b = self._built[r.config.name]
             stats = _time_reps(time_cuda, self._call_for(b, tensors, out), final_iterations, warmup=2)
             r.median_ms, r.min_ms, r.runs = stats.median_ms, stats.min_ms, stats.runs
@@ -1129,14 +1140,15 @@ class GraphConvolution:
         return f"<rawconv.cudnn_graph.GraphConvolution {self._describe()} engine={sel}>"
 
 
-def _time_reps(time_cuda, fn, iterations: int, warmup: int = 1, target_ms: float = 0.25, max_reps: int = 32):
+def _time_reps(time_cuda, fn, iterations: int, warmup: int = 1, target_ms: float = 0.25, max_reps: int = 32,
+               first_ms: float | None = None):
     """:func:`rawconv.bench.time_cuda` of ``reps`` back-to-back calls per event pair, divided by
     ``reps``: a short kernel timed alone between two events also measures the host's launch
     time when the host is the slower side; ``reps`` grows until a timed group lasts about
     ``target_ms`` (the GPU then runs the calls back to back). Returns per-call TimeStats (ms)."""
     from .bench import TimeStats
 
-    first = time_cuda(fn, iterations=2, warmup=warmup).min_ms
+    first = first_ms if first_ms is not None else time_cuda(fn, iterations=2, warmup=warmup).min_ms
     reps = max(1, min(max_reps, math.ceil(target_ms / max(first, 1e-4))))
     if reps == 1:
         return time_cuda(fn, iterations=iterations, warmup=0)
