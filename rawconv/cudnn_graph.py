@@ -170,6 +170,7 @@ class TimedConfig:
     error: ErrorStats | None = None
     phase: str = ""
     detail: str = ""
+    seconds: float = 0.0  # wall time autotune spent on this candidate (finalization, check, timing)
 
     @property
     def name(self) -> str:
@@ -178,7 +179,8 @@ class TimedConfig:
     def __str__(self) -> str:
         t = "-" if self.median_ms is None else f"{self.median_ms:.4f} ms"
         err = "" if self.error is None else f" err/tol={self.error.ratio:.2g}"
-        return f"{self.name:<28} {t:>12} {self.status:<13}{err} [{self.phase}] {self.detail}".rstrip()
+        return (f"{self.name:<28} {t:>12} {self.status:<13}{err} [{self.phase}, {self.seconds:.2f} s] "
+                f"{self.detail}").rstrip()
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -978,6 +980,14 @@ class GraphConvolution:
         def trial(ec: EngineConfig, phase: str) -> TimedConfig | None:
             if ec.name in rows:
                 return rows[ec.name]
+            t0 = time.perf_counter()
+            row = _trial(ec, phase)
+            r = rows.get(ec.name)
+            if r is not None:
+                r.seconds = time.perf_counter() - t0
+            return row
+
+        def _trial(ec: EngineConfig, phase: str) -> TimedConfig | None:
             ec = self._annotate(ec)
             why = self._allowed(ec, **filters)
             if why:
