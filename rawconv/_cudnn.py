@@ -256,7 +256,7 @@ class _Handle:
         else:  # cuDNN says why (CUDNN_STATUS_NOT_INITIALIZED: no device)
             call("cudnnCreate", p, detail=f"device cuda:{device}; torch sees no CUDA device")
         L = lib()
-        self.ptr = ffi.gc(p[0], lambda h, L=L, st=_state: None if st.get("exiting") else L.cudnnDestroy(h))
+        self.ptr = ffi.gc(p[0], _destructor(L.cudnnDestroy))
         self.device = device
         self.stream = None
 
@@ -318,7 +318,22 @@ def workspace(nbytes: int, device) -> "object":
 def _gc(ptr, destroy: str):
     L = lib()
     fn = getattr(L, destroy)
-    return ffi.gc(ptr, lambda p, fn=fn, st=_state: None if st.get("exiting") else fn(p))
+    return ffi.gc(ptr, _destructor(fn))
+
+
+def _destructor(fn):
+    """A cffi gc destructor calling ``fn(ptr)``, skipped at interpreter exit (the CUDA context may
+    already be gone) and never raising (a destructor's exception is only printed)."""
+    st = _state
+
+    def destroy(ptr, fn=fn, st=st):
+        try:
+            if st is not None and not st.get("exiting"):
+                fn(ptr)
+        except Exception:  # pragma: no cover - interpreter teardown
+            pass
+
+    return destroy
 
 
 def tensor_desc(dtype: str, dims, strides):

@@ -1,0 +1,73 @@
+"""Per-call host time on a tiny CUDA convolution: back-to-back calls, one synchronize at the end.
+
+The GPU time of x(1,8,8,8) * w(8,8,3,3) is a few microseconds, so the loop time per call is the
+host's. Same problem, same process: F.conv2d, rawconv.cudnn (legacy: cached plan per algo, the
+function form), rawconv.cudnn_graph (cached plan, function form).
+
+    python benchmarks/bench_overhead_cuda.py [--calls 2000] [--layout nchw|nhwc]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+
+from rawconv import cudnn, cudnn_graph
+
+
+def per_call_us(fn, calls, repeats=5):
+    for _ in range(100):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    return best
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--layout", default="nhwc")
+    args = ap.parse_args()
+    fmt = torch.channels_last if args.layout == "nhwc" else torch.contiguous_format
+    x = torch.randn(1, 8, 8, 8, device="cuda").contiguous(memory_format=fmt)
+    w = torch.randn(8, 8, 3, 3, device="cuda").contiguous(memory_format=fmt)
+    y = torch.empty_like(F.conv2d(x, w, padding=1))
+    rows = [("F.conv2d", per_call_us(lambda: F.conv2d(x, w, padding=1), args.calls))]
+    torch.backends.cudnn.benchmark = True
+    rows.append(("F.conv2d cudnn.benchmark", per_call_us(lambda: F.conv2d(x, w, padding=1), args.calls)))
+    torch.backends.cudnn.benchmark = False
+    plan = cudnn.Convolution(x, w, padding=1)
+    for a in plan.algorithms(mode="heuristic", math=None):
+        if not a.ok:
+            continue
+        try:
+            plan.select(a.algo_id)
+        except Exception as exc:  # noqa: BLE001
+            rows.append((f"legacy {a.algo}", f"{type(exc).__name__}"))
+            continue
+        rows.append((f"legacy plan.execute {a.algo}", per_call_us(lambda: plan.execute(x, w), args.calls)))
+        rows.append((f"legacy plan.execute(out=) {a.algo}", per_call_us(lambda: plan.execute(x, w, out=y), args.calls)))
+    rows.append(("legacy cudnn.forward (heuristic)", per_call_us(lambda: cudnn.forward(x, w, padding=1), args.calls)))
+    g = cudnn_graph.GraphConvolution(x, w, padding=1)
+    rows.append((f"graph plan.execute {g.selected.name}", per_call_us(lambda: g.execute(x, w), args.calls)))
+    rows.append(("graph plan.execute(out=)", per_call_us(lambda: g.execute(x, w, out=y), args.calls)))
+    rows.append(("graph cudnn_graph.forward", per_call_us(lambda: cudnn_graph.forward(x, w, padding=1), args.calls)))
+    base = rows[0][1]
+    print(f"host time per call, tiny conv x(1,8,8,8) w(8,8,3,3) {args.layout}, best of 5 x {args.calls} calls")
+    for name, v in rows:
+        if isinstance(v, float):
+            print(f"  {name:<48} {v:8.2f} us   ratio to F.conv2d {v / base:5.2f}")
+        else:
+            print(f"  {name:<48} {v}")
+
+
+if __name__ == "__main__":
+    main()
