@@ -1316,6 +1316,7 @@ def clear_cache() -> None:
     """Drop every cached plan used by the function forms (the tuning cache stays)."""
     with _plans_lock:
         _plans.clear()
+        _fast_plans.clear()
 
 
 _MATH_TF32 = {"fma": False, "ieee": False, "tensor_op": True, "tensor_op_allow_conversion": True, "default": True,
@@ -1357,10 +1358,32 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
     :class:`NotSupportedError` when cuDNN has no engine (or the forced config does not finalize,
     or the fusion is not supported). Wraps ``cudnnBackendExecute``.
     """
-    problem = _problem(x, w, bias, stride, padding, dilation, groups)
-    activation = _check_activation(activation, "forward", bias is not None)
-    plan = _plan(problem, "forward", activation, _tf32(allow_tf32, math), engine)
+    try:   # fast path: a call signature seen before reuses its plan without re-validation
+        ekey = engine.name if isinstance(engine, EngineConfig) else engine
+        key = (x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device,
+               None if bias is None else (bias.shape, bias.dtype, bias.device), _hashable(stride),
+               _hashable(padding), _hashable(dilation), groups, ekey, activation, allow_tf32, math,
+               threading.get_ident())
+        plan = _fast_plans.get(key)
+    except (AttributeError, TypeError):
+        key = plan = None
+    if plan is None or plan._freed:
+        problem = _problem(x, w, bias, stride, padding, dilation, groups)
+        act = _check_activation(activation, "forward", bias is not None)
+        plan = _plan(problem, "forward", act, _tf32(allow_tf32, math), engine)
+        if key is not None:
+            with _plans_lock:
+                if len(_fast_plans) >= _PLANS_MAX:
+                    _fast_plans.pop(next(iter(_fast_plans)))
+                _fast_plans[key] = plan
     return plan.execute(x, w, bias, out)
+
+
+_fast_plans: dict = {}
+
+
+def _hashable(v):
+    return tuple(_hashable(i) for i in v) if isinstance(v, list) else v
 
 
 def _transpose_x_shape(grad_y, w, stride, padding, dilation, groups, output_padding):
