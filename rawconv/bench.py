@@ -79,6 +79,38 @@ def time_cuda(fn: Callable[[], object], iterations: int = 20, warmup: int = 3,
     return _stats([a.elapsed_time(b) / 1e3 for a, b in events])
 
 
+def time_cuda_queued(fn: Callable[[], object], iterations: int = 20, warmup: int = 3,
+                     repeats: int = 3) -> TimeStats:
+    """GPU time per call of ``fn`` (ms), free of host gaps: the GPU is held busy
+    (``torch.cuda._sleep``) while ``iterations`` calls are queued, and CUDA events around the
+    queued calls time only the GPU work. Returns :class:`TimeStats` over ``repeats`` loops (each
+    value a per-call mean over the loop). Use it to compare kernels whose host cost per call
+    exceeds their GPU time (small problems; cuDNN's legacy entry points): per-call event pairs
+    would time the host instead."""
+    import torch
+
+    if iterations < 1:
+        raise ValueError("iterations must be >= 1")
+    t0 = time.perf_counter()
+    for _ in range(max(warmup, 1)):
+        fn()
+    host = (time.perf_counter() - t0) / max(warmup, 1)
+    torch.cuda.synchronize()
+    cycles = int(min(max(4 * host * iterations * 2e9, 2e6), 2e9))   # ~2 GHz: 4x the host time of the loop
+    per = []
+    for _ in range(repeats):
+        torch.cuda._sleep(cycles)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(iterations):
+            fn()
+        b.record()
+        b.synchronize()
+        per.append(a.elapsed_time(b) / iterations)
+    per.sort()
+    return TimeStats(per[len(per) // 2], per[0], sum(per) / len(per), len(per) * iterations)
+
+
 def geomean(values) -> float:
     """Geometric mean of positive values."""
     import math

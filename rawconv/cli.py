@@ -26,7 +26,39 @@ def _shape(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected a shape like 8x64x56x56, got {text!r}") from None
     if not out or any(v < 0 for v in out):
         raise argparse.ArgumentTypeError(f"expected a shape like 8x64x56x56, got {text!r}")
+    if any(v >= 2 ** 31 for v in out):
+        raise argparse.ArgumentTypeError(f"every size must be below 2^31, got {text!r}")
     return out
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {v}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {v}")
+    return v
 
 
 def _ints(text: str):
@@ -70,7 +102,15 @@ def _problems_on(args, device) -> list:
                 raise RawconvError(f"--layers {args.layers!r} matches none of {[p.name for p in ps]}")
             ps = sel
         return [p.with_(device=device) for p in ps]
-    p = ConvProblem.from_benchdnn(spec, dtype=dtype, layout=layout, has_bias=args.bias)
+    import re
+
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]*", spec) and not re.search(r"(ic|oc)\d", spec):
+        raise RawconvError(f"unknown problem {spec!r}: not a preset ({', '.join(sorted(presets.PRESETS))}) "
+                           "and not a benchdnn descriptor (like mb8ic64ih56oc64oh56kh3ph1)")
+    try:
+        p = ConvProblem.from_benchdnn(spec, dtype=dtype, layout=layout, has_bias=args.bias)
+    except RawconvError as exc:
+        raise RawconvError(f"{exc} (known presets: {', '.join(sorted(presets.PRESETS))})") from None
     return [p.with_(device=device, name=p.name or spec)]
 
 
@@ -132,6 +172,12 @@ def cmd_compare(args) -> int:
 
     console = Console(width=args.width) if args.width else Console()
     problems = _problems(args)
+    if args.json:
+        try:
+            with open(args.json, "a"):
+                pass
+        except OSError as exc:
+            raise RawconvError(f"--json {args.json}: cannot write there ({exc.strerror})") from None
     meta = {"rawconv": __version__, "threads": args.threads, "iterations": args.iterations,
             "warmup": args.warmup, "budget_s": args.budget, "prepack": not args.no_prepack}
     all_rows = []
@@ -235,9 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--stride", type=_ints, default=1)
         p.add_argument("--padding", type=_ints, default=0, help="1, 1,2, same, valid, or before:after per dim (0:1,1:2)")
         p.add_argument("--dilation", type=_ints, default=1)
-        p.add_argument("--groups", type=int, default=1)
+        p.add_argument("--groups", type=_positive_int, default=1)
         p.add_argument("--bias", action="store_true", help="add a bias")
-        p.add_argument("--batch", type=int, default=1, help="batch size for presets (default 1)")
+        p.add_argument("--batch", type=_positive_int, default=1, help="batch size for presets (default 1)")
         p.add_argument("--layers", help="comma-separated layer names or indices of a preset")
         p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
         p.add_argument("--layout", default="nchw", choices=["nchw", "nhwc", "channels_last"])
@@ -248,10 +294,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("compare", help="time and check torch and every rawconv implementation")
     problem_args(c)
-    c.add_argument("--iterations", type=int, default=10, help="timed calls per candidate (default 10)")
-    c.add_argument("--warmup", type=int, default=2, help="untimed calls per candidate (default 2)")
-    c.add_argument("--budget", type=float, default=0.25, help="seconds of timing per candidate at most; a candidate whose first call takes longer is timed by that call alone (default 0.25)")
-    c.add_argument("--threads", type=int, default=None, help="torch/oneDNN threads (default: torch's)")
+    c.add_argument("--iterations", type=_positive_int, default=10, help="timed calls per candidate (default 10)")
+    c.add_argument("--warmup", type=_nonneg_int, default=2, help="untimed calls per candidate (default 2)")
+    c.add_argument("--budget", type=_positive_float, default=0.25, help="seconds of timing per candidate at most; a candidate whose first call takes longer is timed by that call alone (default 0.25)")
+    c.add_argument("--threads", type=_positive_int, default=None, help="torch/oneDNN threads (default: torch's)")
     c.add_argument("--json", help="also write the results as JSON to this file")
     c.add_argument("--random", action="store_true", help="random input everywhere (no sample photo)")
     c.add_argument("--no-prepack", action="store_true", help="reorder oneDNN weights on every call")
@@ -278,6 +324,9 @@ def main(argv=None) -> int:
         return args.func(args)
     except RawconvError as exc:
         print(f"rawconv: error: {exc}", file=sys.stderr)
+        return 2
+    except (OverflowError, MemoryError) as exc:
+        print(f"rawconv: error: problem too large: {exc}", file=sys.stderr)
         return 2
 
 

@@ -24,7 +24,7 @@ from typing import Callable, Iterable
 import torch
 import torch.nn.functional as F
 
-from .bench import TimeStats, geomean, time_cpu, time_cuda
+from .bench import TimeStats, geomean, time_cpu, time_cuda_queued
 from .errors import RawconvError
 from .problem import ConvProblem, abs_reference, compare_to_reference
 
@@ -88,7 +88,7 @@ def inputs_for(problem: ConvProblem, *, photo: bool = False, seed: int = 0, devi
     with ``photo`` on a 2-D problem, x = the sample photo resized to the problem (each batch
     element the same photo) and w = Kaiming-normal random weights."""
     x, w, b = problem.make_inputs(seed=seed, device=device or problem.device)
-    if photo and problem.ndim == 2:
+    if photo and problem.ndim == 2 and not problem.is_empty and min(problem.in_spatial) > 0:
         img = real_photo(problem.in_spatial, problem.c).expand(problem.n, -1, -1, -1)
         from .problem import to_layout
 
@@ -334,7 +334,9 @@ def compare_problem(problem: ConvProblem, *, x=None, w=None, b=None, iterations:
     ref_abs = abs_reference(problem, x, w, b)
     on_gpu = problem.device.startswith("cuda")
     if on_gpu:
-        timer = lambda fn: time_cuda(fn, iterations=iterations, warmup=warmup, budget_s=budget_s)  # noqa: E731
+        # pure GPU time per call (calls queued behind a GPU sleep): host overheads differ by
+        # entry point (cuDNN's legacy calls cost 50-150 us of host time) and would hide the kernels
+        timer = lambda fn: time_cuda_queued(fn, iterations=iterations, warmup=warmup)  # noqa: E731
     else:
         timer = lambda fn: time_cpu(fn, iterations=iterations, warmup=warmup, budget_s=budget_s)  # noqa: E731
     backends = tuple(backends)

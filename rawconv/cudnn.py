@@ -212,34 +212,12 @@ _ACT_FNS = {"relu": torch.relu_, "sigmoid": torch.sigmoid_, "tanh": torch.tanh_,
 
 
 def gpu_time(fn, iterations: int = 20, warmup: int = 3, repeats: int = 3):
-    """GPU time per call of ``fn`` (ms), free of host gaps: the GPU is held busy
-    (``torch.cuda._sleep``) while ``iterations`` calls are queued, and CUDA events around the queued
-    calls time only the GPU work. Returns :class:`rawconv.bench.TimeStats` over ``repeats`` loops
-    (each value a per-call mean). cuDNN's legacy entry points cost far more host time per call than
-    their kernels take on small problems (see benchmarks/bench_cudnn.py), so per-call event pairs
-    would time the host instead."""
-    import time
+    """GPU time per call of ``fn`` (ms), free of host gaps: :func:`rawconv.bench.time_cuda_queued`.
+    cuDNN's legacy entry points cost far more host time per call than their kernels take on small
+    problems (see benchmarks/bench_overhead_cuda.py), so per-call event pairs would time the host."""
+    from .bench import time_cuda_queued
 
-    from .bench import TimeStats
-
-    t0 = time.perf_counter()
-    for _ in range(max(warmup, 1)):
-        fn()
-    host = (time.perf_counter() - t0) / max(warmup, 1)
-    torch.cuda.synchronize()
-    cycles = int(min(max(4 * host * iterations * 2e9, 2e6), 2e9))
-    per = []
-    for _ in range(repeats):
-        torch.cuda._sleep(cycles)
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(iterations):
-            fn()
-        b.record()
-        b.synchronize()
-        per.append(a.elapsed_time(b) / iterations)
-    per.sort()
-    return TimeStats(per[len(per) // 2], per[0], sum(per) / len(per), len(per) * iterations)
+    return time_cuda_queued(fn, iterations=iterations, warmup=warmup, repeats=repeats)
 
 
 # ---------------------------------------------------------------------------- the plan

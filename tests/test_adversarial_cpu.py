@@ -569,26 +569,20 @@ def test_nested_tensor_input():
 
 
 # ---- CLI tracebacks -----------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="CLI garbage numbers end in a traceback instead of exit 2 with a message")
 @pytest.mark.parametrize("extra", [["--threads", "0"], ["--iterations", "0"]], ids=["threads0", "iterations0"])
 def test_cli_bad_timing_options(extra, capsys):
     assert _cli(["compare", "--input", "1x3x5x5", "--weight", "3x3x3x3", "--device", "cpu", "--no-ref"] + extra) == 2
 
 
-@pytest.mark.xfail(strict=True, reason="CLI --input with a size beyond memory: torch RuntimeError traceback")
 def test_cli_huge_input_shape():
     assert _cli(["list", "--input", "4611686018427387904x3x5x5", "--weight", "3x3x3x3", "--device", "cpu"]) == 2
 
 
-@pytest.mark.xfail(strict=True, reason="CLI compare of a zero-spatial problem feeds the photo through "
-                                       "F.interpolate to size 0: RuntimeError traceback")
 def test_cli_zero_spatial_compare_with_photo():
     assert _cli(["compare", "--input", "1x3x0x5", "--weight", "3x3x1x1", "--padding", "1", "--iterations", "1",
                  "--device", "cpu", "--no-ref"]) == 0
 
 
-@pytest.mark.xfail(strict=True, reason="CLI --json to an unwritable path: FileNotFoundError traceback, after all "
-                                       "the timing work")
 def test_cli_json_unwritable_path(tmp_path):
     target = str(tmp_path / "missing-dir" / "out.json")
     assert _cli(["compare", "--input", "1x3x5x5", "--weight", "3x3x3x3", "--iterations", "1", "--device", "cpu",
@@ -631,8 +625,6 @@ def test_forward_plan_rejects_grad_y():
         conv.execute(grad_y=torch.randn(1, 2, 3, 3))
 
 
-@pytest.mark.xfail(strict=True, reason="an unknown preset is reported as an unparsable benchdnn descriptor "
-                                       "without naming the known presets")
 def test_cli_unknown_preset_message(capsys):
     assert _cli(["list", "resnet51", "--device", "cpu"]) == 2
     assert "resnet50" in capsys.readouterr().err
