@@ -56,6 +56,23 @@ def main():
         rows.append((f"legacy plan.execute {a.algo}", per_call_us(lambda: plan.execute(x, w), args.calls)))
         rows.append((f"legacy plan.execute(out=) {a.algo}", per_call_us(lambda: plan.execute(x, w, out=y), args.calls)))
     rows.append(("legacy cudnn.forward (heuristic)", per_call_us(lambda: cudnn.forward(x, w, padding=1), args.calls)))
+    # the bare C call, every argument prepared once: what cuDNN's legacy entry point itself costs
+    from rawconv import _cudnn
+
+    L, ffi = _cudnn.lib(), _cudnn.ffi
+    for a in plan.algorithms(mode="heuristic", math=None):
+        if not a.ok:
+            continue
+        info = plan.select(a.algo_id)
+        xd, wd, yd, cd = plan.descriptors()
+        ws = torch.empty(max(info.workspace_bytes, 1), dtype=torch.uint8, device="cuda")
+        h = _cudnn.handle_for(0)
+        cargs = (h, plan._alpha, xd, ffi.cast("void *", x.data_ptr()), wd, ffi.cast("void *", w.data_ptr()), cd,
+                 info.algo_id, ffi.cast("void *", ws.data_ptr()), info.workspace_bytes, plan._beta0, yd,
+                 ffi.cast("void *", y.data_ptr()))
+        fn = L.cudnnConvolutionForward
+        assert fn(*cargs) == 0
+        rows.append((f"bare cudnnConvolutionForward {a.algo}", per_call_us(lambda: fn(*cargs), args.calls)))
     g = cudnn_graph.GraphConvolution(x, w, padding=1)
     rows.append((f"graph plan.execute {g.selected.name}", per_call_us(lambda: g.execute(x, w), args.calls)))
     rows.append(("graph plan.execute(out=)", per_call_us(lambda: g.execute(x, w, out=y), args.calls)))
