@@ -15,6 +15,7 @@ Conventions (as in :func:`torch.nn.functional.conv2d`):
 from __future__ import annotations
 
 import math
+import operator
 import re
 from functools import cached_property
 from dataclasses import dataclass, field, replace
@@ -40,22 +41,62 @@ EPS = {"float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "flo
 DIRECTIONS = ("forward", "backward_data", "backward_weights")
 
 
+MAX_DIM = 2 ** 31 - 1      # bound on every size, stride, pad and dilation (oneDNN and cuDNN take int32/int64)
+MAX_ELEMENTS = 2 ** 40     # bound on the elements of x, w and y: larger cannot be allocated anyway
+
+
+def _int(v: Any):
+    """``v`` as a Python int when it is an integer (int, numpy integer, anything with ``__index__``)
+    but not a bool; None otherwise."""
+    if type(v) is int:
+        return v
+    if isinstance(v, (bool, float, str)) or type(v).__name__ in ("bool_", "bool") \
+            or (isinstance(v, torch.Tensor) and v.dtype == torch.bool):
+        return None
+    if hasattr(type(v), "__index__"):
+        try:
+            return operator.index(v)
+        except (TypeError, ValueError, RuntimeError):
+            return None
+    return None
+
+
 def _tuple(value: Any, n: int, name: str, minimum: int) -> tuple[int, ...]:
     if isinstance(value, bool):
         raise ArgumentTypeError(f"{name} must be an int or a tuple of {n} ints, got {value!r}")
-    if isinstance(value, int):
-        out = (value,) * n
+    iv = _int(value)
+    if iv is not None:
+        out = (iv,) * n
     elif isinstance(value, (tuple, list, torch.Size)):
         if len(value) == 1 and n > 1:
             value = tuple(value) * n
-        if len(value) != n or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        vals = [_int(v) for v in value]
+        if len(value) != n or any(v is None for v in vals):
             raise ArgumentError(f"{name} must be an int or a tuple of {n} ints, got {value!r}")
-        out = tuple(int(v) for v in value)
+        out = tuple(vals)
     else:
         raise ArgumentTypeError(f"{name} must be an int or a tuple of {n} ints, got {type(value).__name__}")
     if any(v < minimum for v in out):
         raise ArgumentError(f"{name} must be >= {minimum} in every dim, got {out}")
+    if any(v > MAX_DIM for v in out):
+        raise ArgumentError(f"{name} must be < 2**31 in every dim, got {out}")
     return out
+
+
+def shape_arg(shape: Any, name: str, ranks: Sequence[int]) -> tuple[int, ...]:
+    """A tensor shape given as an argument (``x_shape``, ``w_shape``): a tuple/list/torch.Size of
+    non-negative ints below 2**31 whose length is one of ``ranks``. Raises ArgumentTypeError /
+    ArgumentError."""
+    if not isinstance(shape, (tuple, list, torch.Size)):
+        raise ArgumentTypeError(f"{name} must be a tuple of ints, got {type(shape).__name__}")
+    vals = [_int(s) for s in shape]
+    if any(v is None for v in vals):
+        raise ArgumentError(f"{name} must be a tuple of ints, got {tuple(shape)!r}")
+    if len(vals) not in ranks:
+        raise ArgumentError(f"{name} must have {' or '.join(map(str, ranks))} dims, got {tuple(shape)!r}")
+    if any(v < 0 or v > MAX_DIM for v in vals):
+        raise ArgumentError(f"{name} must be non-negative ints below 2**31, got {tuple(shape)!r}")
+    return tuple(vals)
 
 
 def resolve_padding(padding: Any, ndim: int, kernel: Sequence[int], dilation: Sequence[int],
@@ -148,26 +189,45 @@ class ConvProblem:
     name: str = field(default="", compare=False)
 
     def __post_init__(self):
+        if not isinstance(self.in_spatial, (tuple, list, torch.Size)):
+            raise ArgumentTypeError(
+                f"in_spatial must be a tuple of 1 to 3 ints, got {type(self.in_spatial).__name__}")
         nd = len(self.in_spatial)
         if nd not in (1, 2, 3):
             raise ArgumentError(f"only 1-D, 2-D and 3-D convolutions are supported, got {nd} spatial dims")
         for attr, default in (("stride", 1), ("dilation", 1), ("pad_before", 0), ("pad_after", 0)):
             v = getattr(self, attr)
-            if v == ():
+            if isinstance(v, tuple) and len(v) == 0:
                 object.__setattr__(self, attr, (default,) * nd)
             else:
                 object.__setattr__(self, attr, _tuple(v, nd, attr, 1 if attr in ("stride", "dilation") else 0))
         object.__setattr__(self, "in_spatial", _tuple(self.in_spatial, nd, "input spatial size", 0))
         object.__setattr__(self, "kernel", _tuple(self.kernel, nd, "kernel size", 1))
-        if self.dtype not in DTYPE_BY_NAME:
-            raise ArgumentError(f"unsupported dtype {self.dtype!r}; rawconv handles {sorted(DTYPES.values())}")
-        object.__setattr__(self, "dtype", DTYPES[DTYPE_BY_NAME[self.dtype]])
+        dtype = self.dtype
+        if isinstance(dtype, torch.dtype) and dtype in DTYPES:
+            dtype = DTYPES[dtype]
+        if not isinstance(dtype, str):
+            raise ArgumentTypeError(f"dtype must be a name such as 'float32', got {type(dtype).__name__}")
+        if dtype not in DTYPE_BY_NAME:
+            raise ArgumentError(f"unsupported dtype {dtype!r}; rawconv handles {sorted(DTYPES.values())}")
+        object.__setattr__(self, "dtype", DTYPES[DTYPE_BY_NAME[dtype]])
+        if not isinstance(self.layout, str):
+            raise ArgumentTypeError(f"layout must be 'nchw' or 'nhwc', got {type(self.layout).__name__}")
         if self.layout not in ("nchw", "nhwc"):
             raise ArgumentError(f"layout must be 'nchw' or 'nhwc', got {self.layout!r}")
+        if not isinstance(self.device, str):
+            raise ArgumentTypeError(f"device must be a string such as 'cpu', got {type(self.device).__name__}")
+        if not isinstance(self.name, str):
+            raise ArgumentTypeError(f"name must be a string, got {type(self.name).__name__}")
+        for attr in ("has_bias", "unbatched"):
+            if not isinstance(getattr(self, attr), bool):
+                raise ArgumentTypeError(f"{attr} must be a bool, got {getattr(self, attr)!r}")
         for attr in ("n", "c", "k", "groups"):
             v = getattr(self, attr)
-            if not isinstance(v, int) or isinstance(v, bool) or v < (1 if attr == "groups" else 0):
-                raise ArgumentError(f"{attr} must be a non-negative int (groups >= 1), got {v!r}")
+            iv = _int(v)
+            if iv is None or iv < (1 if attr == "groups" else 0) or iv > MAX_DIM:
+                raise ArgumentError(f"{attr} must be a non-negative int below 2**31 (groups >= 1), got {v!r}")
+            object.__setattr__(self, attr, iv)
         if self.c % self.groups or self.k % self.groups:
             raise ArgumentError(
                 f"groups={self.groups} must divide both input channels ({self.c}) and output channels ({self.k})")
@@ -179,6 +239,10 @@ class ConvProblem:
                 raise ArgumentError(
                     f"spatial dim {i}: padded input size {size + pb + pa} is smaller than the dilated "
                     f"kernel size {ek} (kernel {self.kernel[i]}, dilation {self.dilation[i]})")
+        for nm, shape in (("input", self.x_shape), ("weight", self.w_shape), ("output", self.y_shape)):
+            if math.prod(shape) > MAX_ELEMENTS:
+                raise ArgumentError(f"the {nm} would have {math.prod(shape)} elements (shape {shape}), "
+                                    f"more than rawconv handles (2**40)")
 
     # ---------------------------------------------------------------- derived sizes
     @property
@@ -257,8 +321,16 @@ class ConvProblem:
         if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
             raise ArgumentTypeError(
                 f"x and w must be torch.Tensor, got {type(x).__name__} and {type(w).__name__}")
-        if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
+        for t, nm in ((x, "x"), (w, "w"), (bias, "bias")):
+            if t is not None and not isinstance(t, torch.Tensor):
+                raise ArgumentTypeError(f"{nm} must be a torch.Tensor, got {type(t).__name__}")
+            if t is not None and (t.is_nested or t.layout != torch.strided):
+                raise ArgumentError(f"{nm} must be a dense (strided) tensor, got "
+                                    f"{'a nested tensor' if t.is_nested else 'layout ' + str(t.layout)}")
+        g = _int(groups)
+        if g is None or g < 1 or g > MAX_DIM:
             raise ArgumentError(f"groups must be a positive int, got {groups!r}")
+        groups = g
         if w.dim() not in (3, 4, 5):
             raise ArgumentError(f"weight must be 3-D, 4-D or 5-D (K, C/groups, *kernel), got shape {tuple(w.shape)}")
         nd = w.dim() - 2
@@ -322,11 +394,17 @@ class ConvProblem:
         Follows benchdnn's rules: missing width/depth copy height (so the problem is 2-D unless a
         ``d`` key appears, 1-D when only ``w`` keys appear), ``mb`` defaults to 2, stride to 1,
         benchdnn's dilation ``d*`` counts 0 for none (rawconv adds 1), padding is symmetric
-        unless the given ``oh`` needs an extra trailing pad (then the difference goes after), an
-        optional trailing ``_nNAME`` or ``nNAME`` sets the name. Raises :class:`ArgumentError`.
+        unless the given ``oh`` needs another trailing pad (then the smallest non-negative trailing
+        pad that gives ``oh``), an optional trailing ``_nNAME`` or ``nNAME`` sets the name.
+        Raises :class:`ArgumentError`, also for an output size no trailing pad >= 0 can give.
+        With a stride > 1 several trailing pads can give the same output size (the extra pad is
+        never read); the notation cannot tell them apart and the symmetric one is taken.
         """
         if not isinstance(desc, str) or not desc:
             raise ArgumentError(f"benchdnn descriptor must be a non-empty string, got {desc!r}")
+        if not isinstance(dtype, (str, torch.dtype)) or not isinstance(layout, str):
+            raise ArgumentTypeError(f"dtype and layout must be strings, got {type(dtype).__name__} and "
+                                    f"{type(layout).__name__}")
         s = desc.strip()
         name = ""
         m = re.search(r"_?n([A-Za-z_\"][^\d]*.*)$", s)
@@ -373,8 +451,16 @@ class ConvProblem:
         after = list(pads)
         if all(v is not None for v in outs):
             for i, (o, i_, s_, p, k, d) in enumerate(zip(outs, ins, st, pads, ks, dil)):
-                need = (o - 1) * s_ + (k - 1) * d + 1 - i_ - p  # trailing pad to reach o outputs
-                after[i] = max(need, 0) if need > p else p
+                ek = (k - 1) * d + 1
+                if o >= 1 and (i_ + 2 * p - ek) // s_ + 1 == o:
+                    continue                        # the symmetric pad gives o: keep it
+                need = (o - 1) * s_ + ek - i_ - p   # smallest trailing pad that reaches o outputs
+                after[i] = max(need, 0)
+                if o < 1 or (i_ + p + after[i] - ek) // s_ + 1 != o:
+                    raise ArgumentError(
+                        f"benchdnn descriptor {desc!r}: output size {o} (dim {dims[i]}) cannot come from input "
+                        f"{i_}, kernel {k}, stride {s_}, dilation {d - 1} (benchdnn's), leading pad {p} with "
+                        f"any trailing pad >= 0")
         g = vals.get("g", 1)
         return cls(n=vals.get("mb", 2), c=vals["ic"], k=vals["oc"], in_spatial=ins, kernel=ks,
                    stride=st, dilation=dil, pad_before=pads, pad_after=tuple(after), groups=g,
@@ -464,22 +550,46 @@ def _torch_conv(nd: int):
     return {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nd]
 
 
+def _check_ref_tensor(t, name: str, shapes) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.is_nested or t.layout != torch.strided:
+        raise ArgumentError(f"{name} must be a dense (strided) tensor")
+    if not t.is_floating_point():
+        raise ArgumentError(f"{name} must be a real floating tensor, got {t.dtype}")
+    if tuple(t.shape) not in shapes:
+        raise ArgumentError(f"{name} must have shape {' or '.join(map(str, shapes))} for this problem, "
+                            f"got {tuple(t.shape)}")
+
+
 def conv_reference(p: ConvProblem, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """float64 forward convolution on the CPU, asymmetric padding included (zero-pad first)."""
+    """float64 forward convolution on the CPU, asymmetric padding included (zero-pad first).
+
+    ``x`` of the problem's ``x_shape``, or for an unbatched problem also ``(C, *spatial)``: then
+    the result is unbatched too ``(K, *out)``, as :func:`rawconv.onednn.forward` returns it.
+    Raises :class:`ArgumentError` / :class:`ArgumentTypeError` for tensors that do not fit."""
     import torch.nn.functional as F
+    xs = (p.x_shape,) + ((p.x_shape[1:],) if p.unbatched else ())
+    _check_ref_tensor(x, "x", xs)
+    _check_ref_tensor(w, "w", (p.w_shape,))
+    if bias is not None:
+        _check_ref_tensor(bias, "bias", ((p.k,),))
     x64 = x.detach().to("cpu", torch.float64)
-    if p.unbatched and x64.dim() == p.ndim + 1:
+    squeeze = p.unbatched and x64.dim() == p.ndim + 1
+    if squeeze:
         x64 = x64.unsqueeze(0)
     w64 = w.detach().to("cpu", torch.float64)
     b64 = bias.detach().to("cpu", torch.float64) if bias is not None else None
     if p.is_empty:
         y = torch.zeros(p.y_shape, dtype=torch.float64)
-        return y + b64.view(1, -1, *([1] * p.ndim)) if b64 is not None else y
-    pad = []
-    for b, a in reversed(list(zip(p.pad_before, p.pad_after))):
-        pad += [b, a]
-    xp = F.pad(x64, pad) if any(pad) else x64
-    return _torch_conv(p.ndim)(xp, w64, b64, p.stride, 0, p.dilation, p.groups)
+        y = y + b64.view(1, -1, *([1] * p.ndim)) if b64 is not None else y
+    else:
+        pad = []
+        for b, a in reversed(list(zip(p.pad_before, p.pad_after))):
+            pad += [b, a]
+        xp = F.pad(x64, pad) if any(pad) else x64
+        y = _torch_conv(p.ndim)(xp, w64, b64, p.stride, 0, p.dilation, p.groups)
+    return y.squeeze(0) if squeeze else y
 
 
 def abs_reference(p: ConvProblem, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
