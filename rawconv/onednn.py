@@ -28,7 +28,7 @@ import torch
 from . import _dnnl
 from ._dnnl import ffi
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
-from .problem import ConvProblem, empty_like_layout, layout_of, to_layout
+from .problem import ConvProblem, _int, empty_like_layout, layout_of, shape_arg, to_layout
 
 __all__ = ["Implementation", "Convolution", "forward", "backward_data", "backward_weights",
            "implementations", "info", "verbose", "clear_cache", "FPMATH_MODES", "ALGORITHMS"]
@@ -135,15 +135,77 @@ def _ptr(t: torch.Tensor):
 
 
 def _check_fpmath(fpmath: str) -> int:
+    if not isinstance(fpmath, str):
+        raise ArgumentTypeError(f"fpmath must be one of {list(FPMATH_MODES)}, got {type(fpmath).__name__}")
     if fpmath not in FPMATH_MODES:
         raise ArgumentError(f"fpmath must be one of {list(FPMATH_MODES)}, got {fpmath!r}")
     return FPMATH_MODES[fpmath]
 
 
 def _check_algorithm(algorithm: str) -> str:
+    if not isinstance(algorithm, str):
+        raise ArgumentTypeError(f"algorithm must be one of {list(ALGORITHMS)}, got {type(algorithm).__name__}")
     if algorithm not in ALGORITHMS:
         raise ArgumentError(f"algorithm must be one of {list(ALGORITHMS)}, got {algorithm!r}")
     return algorithm
+
+
+def _check_direction(direction: str) -> str:
+    if not isinstance(direction, str):
+        raise ArgumentTypeError(f"direction must be one of {list(_ARGS)}, got {type(direction).__name__}")
+    if direction not in _ARGS:
+        raise ArgumentError(f"direction must be one of {list(_ARGS)}, got {direction!r}")
+    return direction
+
+
+def _check_impl(impl: Any):
+    """``impl`` as :meth:`Convolution.select` takes it: None, an int (numpy integers too), a name
+    string or an :class:`Implementation`. Raises :class:`ArgumentError` for anything else."""
+    if impl is None or type(impl) is int or isinstance(impl, (str, Implementation)):
+        return impl
+    i = _int(impl)
+    if i is None:
+        raise ArgumentError(f"impl must be None, an int position, a name string or an Implementation, got {impl!r}")
+    return i
+
+
+def _span(t: torch.Tensor):
+    """(first byte, one past the last byte) of the memory ``t`` can touch; None when empty."""
+    if t.numel() == 0:
+        return None
+    start = t.data_ptr()
+    extent = sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))
+    return start, start + (extent + 1) * t.element_size()
+
+
+def _check_no_overlap(out: torch.Tensor, inputs) -> None:
+    """out= must not share memory with an input: implementations read their inputs while writing."""
+    so = _span(out)
+    if so is None:
+        return
+    for name, t in inputs:
+        if t is None:
+            continue
+        st = _span(t)
+        if st is not None and st[0] < so[1] and so[0] < st[1]:
+            raise ArgumentError(f"out overlaps {name} in memory; pass a separate output tensor (or none)")
+
+
+def _ambiguous(shape: Sequence[int]) -> bool:
+    """True when a dense tensor of ``shape`` has the same strides in NCHW and NHWC (one channel,
+    or all spatial sizes and the batch 1): its layout cannot be told from its strides."""
+    if len(shape) < 3:
+        return True
+    a, b = _dense_strides(shape, "nchw"), _dense_strides(shape, "nhwc")
+    return all(s == 1 or u == v for s, u, v in zip(shape, a, b))
+
+
+def _backward_data_layout(layout: str, problem: ConvProblem, w: torch.Tensor) -> str:
+    """The layout of a backward-data problem: grad_y's (``layout``), but w's when grad_y's shape
+    cannot tell (see :func:`_ambiguous`). :func:`implementations` applies the same rule to x's."""
+    if _ambiguous(problem.y_shape):
+        return _w_layout(w)
+    return "nhwc" if layout == "nhwc" else "nchw"
 
 
 # ---------------------------------------------------------------------------- one built implementation
@@ -188,7 +250,11 @@ class _Built:
         self.exec_args[n - 1].memory = sp_mem
         self._keep = (sp_mem,)
         self.nargs = n
-        self.packed_w = None   # (weakref to w, w._version, data_ptr) whose reorder sits in the buffer
+        # (weakref to w, w._version, data_ptr, bytes compared) whose reorder sits in the buffer, and
+        # a copy of the first bytes of those weights (an update through w.data keeps the version)
+        self.packed_w = None
+        self._wsnap = torch.empty(_WCHECK, dtype=torch.uint8)
+        self._wsnap_ptr = self._wsnap.data_ptr()
 
     def run(self, tensors: dict, stream, prepack: bool) -> None:
         L = _dnnl.lib()
@@ -209,11 +275,16 @@ class _Built:
                 continue
             if role == "w" and prepack:
                 key = self.packed_w
-                if key is not None and key[0]() is t and key[1] == t._version and key[2] == t.data_ptr():
+                if key is not None and key[0]() is t and key[1] == t._version and key[2] == t.data_ptr() \
+                        and not _memcmp()(key[2], self._wsnap_ptr, key[3]):
                     continue
             _dnnl.check(execute(rprim, stream, 2, rargs), "dnnl_primitive_execute", self.impl.name + " (reorder)")
             if role == "w":
-                self.packed_w = (weakref.ref(t), t._version, t.data_ptr()) if prepack else None
+                self.packed_w = None
+                if prepack:
+                    nb = min(_WCHECK, t.numel() * t.element_size())
+                    _memcpy()(self._wsnap_ptr, t.data_ptr(), nb)
+                    self.packed_w = (weakref.ref(t), t._version, t.data_ptr(), nb)
         st = execute(self.prim, stream, self.nargs, self.exec_args)
         if st:
             _dnnl.check(st, "dnnl_primitive_execute", self.impl.name)
@@ -225,6 +296,34 @@ class _Built:
 
 
 _SET_HANDLE = []
+_WCHECK = 4096    # bytes at the start of prepacked weights compared on every call (updates through .data)
+_LIBC: list = []
+
+
+def _libc_funcs():
+    if not _LIBC:
+        try:
+            import cffi
+
+            f = cffi.FFI()
+            f.cdef("int memcmp(const void *, const void *, size_t); void *memcpy(void *, const void *, size_t);")
+            C = f.dlopen(None)
+            _LIBC.extend([f.cast("int(*)(intptr_t, intptr_t, size_t)", C.memcmp),
+                          f.cast("intptr_t(*)(intptr_t, intptr_t, size_t)", C.memcpy), C, f])
+        except Exception:   # noqa: BLE001  (no C library to dlopen: ctypes does it, slower)
+            import ctypes
+
+            _LIBC.extend([lambda a, b, n: ctypes.string_at(a, n) != ctypes.string_at(b, n),
+                          lambda d, s, n: ctypes.memmove(d, s, n), None, None])
+    return _LIBC
+
+
+def _memcmp():
+    return (_LIBC or _libc_funcs())[0]
+
+
+def _memcpy():
+    return (_LIBC or _libc_funcs())[1]
 
 
 def _set_handle_int():
@@ -248,8 +347,15 @@ class Convolution:
     ``implementations`` lists every implementation (:class:`Implementation`); ``autotune()``
     times them and selects the fastest; ``execute(x, w=None, bias=None, out=None)`` runs the
     selected one (``w=None`` uses the weights given at construction; with ``prepack`` their
-    reordered copy is kept until the tensor changes, as seen by its version counter);
-    ``free()`` (or ``with``) releases the primitives and buffers. Not thread-safe: one plan per thread.
+    reordered copy is kept until the tensor changes, as seen by its version counter, its data
+    pointer and its first 4 KiB of memory); ``free()`` (or ``with``) releases the primitives and
+    buffers. Not thread-safe: one plan per thread.
+
+    Prepacking caveat: an in-place update through ``w.data`` (``w.data.mul_(3)``, some optimizers)
+    does not bump ``w``'s version counter. rawconv then still sees it when the update changes any
+    of the weights' first 4 KiB (any update of all elements does), not when it only changes later
+    elements (``w.data[5:] = ...``): call :meth:`repack` after such an update, or build the plan
+    with ``prepack=False``. The function forms (:func:`forward` ...) never prepack.
 
     Also built for the backward passes by :func:`backward_data` / :func:`backward_weights` via
     :meth:`from_problem`. Raises :class:`~rawconv.errors.ArgumentError` for bad input before any
@@ -266,6 +372,7 @@ class Convolution:
                  prepack: bool = True):
         problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
         _check_device(problem)
+        impl = _check_impl(impl)
         self._init(problem, "forward", algorithm, fpmath, _w_layout(w), prepack)
         self._x, self._w, self._b = x, w, bias
         if impl is not None:
@@ -276,8 +383,13 @@ class Convolution:
                      fpmath: str = "strict", w_layout: str = "nchw", impl: Any = None,
                      prepack: bool = True) -> "Convolution":
         """A plan from a :class:`ConvProblem` (no tensors needed until :meth:`execute`)."""
-        if direction not in _ARGS:
-            raise ArgumentError(f"direction must be one of {list(_ARGS)}, got {direction!r}")
+        if not isinstance(problem, ConvProblem):
+            raise ArgumentTypeError(f"problem must be a ConvProblem (see ConvProblem.from_benchdnn for a "
+                                    f"descriptor string), got {type(problem).__name__}")
+        _check_direction(direction)
+        if not isinstance(w_layout, str) or w_layout not in ("nchw", "nhwc"):
+            raise ArgumentError(f"w_layout must be 'nchw' or 'nhwc', got {w_layout!r}")
+        impl = _check_impl(impl)
         _check_device(problem)
         self = cls.__new__(cls)
         self._init(problem, direction, algorithm, fpmath, w_layout, prepack)
@@ -289,6 +401,8 @@ class Convolution:
     def _init(self, problem, direction, algorithm, fpmath, w_layout, prepack):
         if problem.dtype not in DTYPES:
             raise ArgumentError(f"oneDNN backend handles {list(DTYPES)}, got {problem.dtype}")
+        if not isinstance(prepack, bool):
+            raise ArgumentTypeError(f"prepack must be True or False, got {prepack!r}")
         self.problem = problem
         self.direction = direction
         self.algorithm = _check_algorithm(algorithm)
@@ -308,22 +422,27 @@ class Convolution:
         self._fast = {}
 
     # ------------------------------------------------------------------ descriptors
-    def _mds(self):
+    def _strides(self):
+        """The strides each user tensor must have (pure Python: no library call)."""
         p = self.problem
-        if self.user_md:
-            return
         xs = _dense_strides(p.x_shape, p.layout)
         ys = _dense_strides(p.y_shape, p.layout)
         self._user_strides = {"x": xs, "y": ys, "dx": xs, "dy": ys,
                               "w": _dense_strides(p.w_shape, self.w_layout),
                               "dw": _dense_strides(p.w_shape, self.w_layout), "b": [1], "db": [1]}
-        wmd, _ = _weights_md(p, self.w_layout)
-        xmd = _dnnl.md_strides(p.x_shape, p.dtype, xs)
-        ymd = _dnnl.md_strides(p.y_shape, p.dtype, ys)
-        bmd = _dnnl.md_strides([p.k], p.dtype, [1]) if p.has_bias else ffi.NULL
-        self.user_md = {"x": xmd, "y": ymd, "dx": xmd, "dy": ymd, "w": wmd, "dw": wmd, "b": bmd, "db": bmd}
         shapes = {"x": p.x_shape, "dx": p.x_shape, "y": p.y_shape, "dy": p.y_shape, "w": p.w_shape, "b": (p.k,)}
         self._fast = {r: (torch.Size(shapes[r]), tuple(self._user_strides[r]), p.torch_dtype) for r in shapes}
+
+    def _mds(self):
+        p = self.problem
+        if self.user_md:
+            return
+        self._strides()
+        wmd, _ = _weights_md(p, self.w_layout)
+        xmd = _dnnl.md_strides(p.x_shape, p.dtype, self._user_strides["x"])
+        ymd = _dnnl.md_strides(p.y_shape, p.dtype, self._user_strides["y"])
+        bmd = _dnnl.md_strides([p.k], p.dtype, [1]) if p.has_bias else ffi.NULL
+        self.user_md = {"x": xmd, "y": ymd, "dx": xmd, "dy": ymd, "w": wmd, "dw": wmd, "b": bmd, "db": bmd}
 
     def _create_pd(self, layouts: str):
         """The first primitive descriptor (an iterator over implementations) for ``layouts``
@@ -417,16 +536,32 @@ class Convolution:
 
     # ------------------------------------------------------------------ selection
     def _resolve(self, impl: Any) -> int:
+        impl = _check_impl(impl)
         impls = self.implementations
+        if impl is None:
+            return 0
         if isinstance(impl, Implementation):
             for i, r in enumerate(impls):
-                if r.name == impl.name and r.layouts == impl.layouts and r.formats == impl.formats:
+                if r.name == impl.name and r.layouts == impl.layouts and r.formats == impl.formats \
+                        and r.direction == impl.direction:
                     return i
+
+            def fmt(r):
+                return " ".join(f"{_ROLE_NAMES.get(k, k)}={v}" for k, v in r.formats.items())
+
+            same = [r for r in impls if r.name == impl.name and r.layouts == impl.layouts]
+            if impl.direction != self.direction:
+                why = (f"it was listed for direction {impl.direction!r}, this plan's direction is "
+                       f"{self.direction!r}")
+            elif same:
+                why = (f"it was listed with formats {fmt(impl)}, here {impl.name} ({impl.layouts}) has formats "
+                       f"{fmt(same[0])} (another problem or memory layout)")
+            else:
+                why = "it was listed for another problem"
             raise NotSupportedError(f"implementation {impl.name} ({impl.layouts}) is not offered for "
-                                    f"{self.problem.describe()}; offered: {[r.name for r in impls]}",
+                                    f"{self.problem.describe()} ({self.direction}): {why}; offered: "
+                                    f"{[r.name for r in impls]}",
                                     library="oneDNN", offered=[r.name for r in impls])
-        if isinstance(impl, bool) or not isinstance(impl, (int, str)):
-            raise ArgumentError(f"impl must be None, an int position, a name string or an Implementation, got {impl!r}")
         if isinstance(impl, int):
             if not 0 <= impl < len(impls):
                 raise NotSupportedError(
@@ -447,7 +582,8 @@ class Convolution:
 
     def select(self, impl: Any) -> Implementation:
         """Select the implementation :meth:`execute` runs: an int position, a name (``"jit:avx512_core"``,
-        optionally ``"name@user"``/``"name@any"``), or an :class:`Implementation`.
+        optionally ``"name@user"``/``"name@any"``), an :class:`Implementation` of this plan's list,
+        or None for oneDNN's first choice (position 0).
         Raises :class:`NotSupportedError` naming what oneDNN offers."""
         i = self._resolve(impl)
         self._selected = i
@@ -456,6 +592,7 @@ class Convolution:
     @property
     def selected(self) -> Implementation:
         """The implementation :meth:`execute` runs (oneDNN's first choice unless selected/autotuned)."""
+        self._check_live()
         if self._selected is None:
             self._selected = 0 if self.implementations else None
         return self._impls[self._selected]
@@ -471,21 +608,30 @@ class Convolution:
     def _prepare(self, role: str, t: torch.Tensor, shape) -> torch.Tensor:
         fast = self._fast.get(role)
         if fast is not None and type(t) is torch.Tensor and t.dtype is fast[2] and t.shape == fast[0] \
-                and t.is_cpu and t.stride() == fast[1]:
+                and t.is_cpu and t.stride() == fast[1] and not t.is_neg():
             return t   # the common case: exactly the plan's shape, dtype and strides
         p = self.problem
+        is_out = role in ("y", "dx", "dw", "db")
+        name = _ROLE_NAMES[role] if not is_out else f"out ({_ROLE_NAMES[role]})"
         if not isinstance(t, torch.Tensor):
-            raise ArgumentError(f"{_ROLE_NAMES[role]} must be a torch.Tensor, got {type(t).__name__}")
+            raise ArgumentError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.is_nested or t.layout != torch.strided:
+            raise ArgumentError(f"{name} must be a dense (strided) tensor, got "
+                                f"{'a nested tensor' if t.is_nested else 'layout ' + str(t.layout)}")
         if p.unbatched and role in ("x", "y", "dx", "dy") and t.dim() == p.ndim + 1:
             t = t.unsqueeze(0)
         if tuple(t.shape) != tuple(shape):
-            raise ArgumentError(f"{_ROLE_NAMES[role]} must have shape {tuple(shape)} for this plan, got {tuple(t.shape)}")
+            raise ArgumentError(f"{name} must have shape {tuple(shape)} for this plan, got {tuple(t.shape)}")
         if t.dtype != p.torch_dtype:
-            raise ArgumentError(f"{_ROLE_NAMES[role]} must be {p.torch_dtype} for this plan, got {t.dtype}")
+            raise ArgumentError(f"{name} must be {p.torch_dtype} for this plan, got {t.dtype}")
         if t.device.type != "cpu":
-            raise ArgumentError(f"{_ROLE_NAMES[role]} must be on the CPU for oneDNN, got {t.device}")
-        if not _strides_match(t, self._user_strides[role]):
-            if role in ("y", "dx", "dw", "db"):
+            raise ArgumentError(f"{name} must be on the CPU for oneDNN, got {t.device}")
+        if t.is_neg() or t.is_conj():
+            if is_out:
+                raise ArgumentError(f"{name} must not be a negative or conjugate view (torch._neg_view, .conj())")
+            t = t.resolve_neg().resolve_conj()   # the memory holds -t: oneDNN reads memory
+        if t.numel() and not _strides_match(t, self._user_strides[role]):
+            if is_out:
                 raise ArgumentError(f"out ({_ROLE_NAMES[role]}) must have strides {tuple(self._user_strides[role])} "
                                     f"(the plan's layout), got {t.stride()}")
             t = _restride(t, self._user_strides[role])
@@ -497,18 +643,27 @@ class Convolution:
         """Run the selected implementation and return the result.
 
         forward: ``execute(x, w=None, bias=None, out=None)`` -> y (N, K, *out), in x's layout.
-        backward_data: ``execute(grad_y=dy, w=w)`` -> dx. backward_weights: ``execute(x, grad_y=dy)``
-        -> dw, or ``(dw, db)`` when the plan has a bias. ``None`` for w/bias uses the tensors given
-        at construction. Output buffers may be passed as ``out`` (forward, backward_data).
-        Raises :class:`ArgumentError` when tensors do not fit the plan. Wraps ``dnnl_primitive_execute``.
+        backward_data: ``execute(grad_y=dy, w=w, out=None)`` -> dx. backward_weights:
+        ``execute(x, grad_y=dy)`` -> dw, or ``(dw, db)`` when the plan has a bias. ``None`` for
+        w/bias uses the tensors given at construction. Output buffers may be passed as ``out``
+        (forward, backward_data; for an unbatched problem of either shape): ``out`` itself is
+        returned; it must not overlap an input in memory. Raises :class:`ArgumentError` when
+        tensors do not fit the plan (also for zero-size problems, which need no library call).
+        Wraps ``dnnl_primitive_execute``.
         """
-        self._check_live()
+        if self._freed:
+            raise ArgumentError("this Convolution plan was freed")
         p = self.problem
         d = self.direction
-        x = self._x if x is None and d != "backward_data" else x
-        w = self._w if w is None else w
-        bias = self._b if bias is None else bias
         if d == "forward":
+            if grad_y is not None:
+                raise ArgumentError("a forward plan takes x (and w, bias, out), not grad_y")
+            if x is None:
+                x = self._x
+            if w is None:
+                w = self._w
+            if bias is None:
+                bias = self._b
             if x is None or w is None:
                 raise ArgumentError("execute needs x and w (none were given at construction)")
             if p.has_bias and bias is None:
@@ -516,44 +671,73 @@ class Convolution:
             if not p.has_bias and bias is not None:
                 raise ArgumentError("this plan was built without a bias; build one with bias to use it")
         elif d == "backward_data":
+            if x is not None or bias is not None:
+                raise ArgumentError("a backward_data plan takes grad_y and w (and out), not x or bias")
+            if w is None:
+                w = self._w
             if grad_y is None or w is None:
                 raise ArgumentError("backward_data needs grad_y and w")
         else:
+            if w is not None or bias is not None or out is not None:
+                raise ArgumentError("a backward_weights plan takes x and grad_y only (no w, bias or out)")
+            if x is None:
+                x = self._x
             if grad_y is None or x is None:
                 raise ArgumentError("backward_weights needs x and grad_y")
-        if p.is_empty:
-            return _empty_result(self, x, w, bias, out)
-        if not self.user_md:
-            self._mds()
+        if not self._fast:
+            self._strides()
+        prepare = self._prepare
         tensors = {}
         if d == "forward":
-            tensors["x"] = self._prepare("x", x, p.x_shape)
-            tensors["w"] = self._prepare("w", w, p.w_shape)
+            tensors["x"] = prepare("x", x, p.x_shape)
+            tensors["w"] = prepare("w", w, p.w_shape)
             if p.has_bias:
-                tensors["b"] = self._prepare("b", bias, (p.k,))
-            y = out if out is not None else empty_like_layout(p.y_shape, p.layout, p.torch_dtype, "cpu")
-            tensors["y"] = self._prepare("y", y, p.y_shape)
-            result = y
+                tensors["b"] = prepare("b", bias, (p.k,))
+            if out is None:
+                y = empty_like_layout(p.y_shape, p.layout, p.torch_dtype, "cpu")
+                tensors["y"] = y
+                result = y.squeeze(0) if p.unbatched else y
+            else:
+                tensors["y"] = prepare("y", out, p.y_shape)
+                _check_no_overlap(out, (("x", x), ("w", w), ("bias", bias)))
+                result = out
         elif d == "backward_data":
-            tensors["dy"] = self._prepare("dy", grad_y, p.y_shape)
-            tensors["w"] = self._prepare("w", w, p.w_shape)
-            dx = out if out is not None else empty_like_layout(p.x_shape, p.layout, p.torch_dtype, "cpu")
-            tensors["dx"] = self._prepare("dx", dx, p.x_shape)
-            result = dx
+            tensors["dy"] = prepare("dy", grad_y, p.y_shape)
+            tensors["w"] = prepare("w", w, p.w_shape)
+            if out is None:
+                dx = empty_like_layout(p.x_shape, p.layout, p.torch_dtype, "cpu")
+                tensors["dx"] = dx
+                result = dx.squeeze(0) if p.unbatched else dx
+            else:
+                tensors["dx"] = prepare("dx", out, p.x_shape)
+                _check_no_overlap(out, (("grad_y", grad_y), ("w", w)))
+                result = out
         else:
-            tensors["x"] = self._prepare("x", x, p.x_shape)
-            tensors["dy"] = self._prepare("dy", grad_y, p.y_shape)
+            tensors["x"] = prepare("x", x, p.x_shape)
+            tensors["dy"] = prepare("dy", grad_y, p.y_shape)
+            if p.is_empty:
+                return _empty_result(self, tensors)
             dw = empty_like_layout(p.w_shape, self.w_layout, p.torch_dtype, "cpu")
             tensors["dw"] = dw
             result = dw
             if p.has_bias:
                 tensors["db"] = torch.empty(p.k, dtype=p.torch_dtype)
                 result = (dw, tensors["db"])
+        if p.is_empty:
+            _empty_result(self, tensors)
+            return result
+        if not self.user_md:
+            self._mds()
         built = self._build(self.selected.index)
         built.run(tensors, _dnnl.stream(), self.prepack)
-        if p.unbatched and d in ("forward", "backward_data"):
-            return result.squeeze(0)
         return result
+
+    def repack(self) -> None:
+        """Forget the prepacked (reordered) weights: the next :meth:`execute` reorders them again.
+        Needed only after an in-place update through ``w.data`` that leaves the weights' first
+        4 KiB unchanged (see the class notes)."""
+        for b in self._built.values():
+            b.packed_w = None
 
     __call__ = execute
 
@@ -571,6 +755,17 @@ class Convolution:
         from .bench import time_cpu
 
         self._check_live()
+        it, wu = _int(iterations), _int(warmup)
+        if it is None or wu is None:
+            raise ArgumentTypeError(f"iterations and warmup must be ints, got {iterations!r} and {warmup!r}")
+        if it < 1 or wu < 0:
+            raise ArgumentError(f"iterations must be >= 1 and warmup >= 0, got {iterations} and {warmup}")
+        if budget_s is not None:
+            if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)):
+                raise ArgumentTypeError(f"budget_s must be a number of seconds or None, got {budget_s!r}")
+            if not budget_s > 0:
+                raise ArgumentError(f"budget_s must be positive, got {budget_s!r}")
+        iterations, warmup = it, wu
         tensors = self._example_tensors()
         rows = []
         for impl in self.implementations:
@@ -643,22 +838,27 @@ def _restride(t: torch.Tensor, strides) -> torch.Tensor:
     return out
 
 
-def _empty_result(plan: Convolution, x, w, bias, out):
-    """Zero-sized problems (shared/cases C1): torch's result without any library call."""
+def _empty_result(plan: Convolution, tensors: dict):
+    """Zero-sized problems (shared/cases C1): torch's result without any library call, written
+    into the prepared (checked) tensors. backward_weights: returns ``dw`` or ``(dw, db)``; db is
+    grad_y summed over N and space (grad_y need not be empty when x is: padding)."""
     p = plan.problem
     d = plan.direction
     if d == "forward":
-        y = out if out is not None else empty_like_layout(p.y_shape, p.layout, p.torch_dtype, "cpu")
+        y = tensors["y"]
         y.zero_()
-        if bias is not None and y.numel():
-            y += bias.view(1, -1, *([1] * p.ndim))
-        return y.squeeze(0) if p.unbatched else y
+        if p.has_bias and y.numel():
+            y += tensors["b"].view(1, -1, *([1] * p.ndim))
+        return y
     if d == "backward_data":
-        dx = out if out is not None else empty_like_layout(p.x_shape, p.layout, p.torch_dtype, "cpu")
-        dx.zero_()
-        return dx.squeeze(0) if p.unbatched else dx
+        tensors["dx"].zero_()
+        return tensors["dx"]
     dw = torch.zeros(p.w_shape, dtype=p.torch_dtype)
-    return (dw, torch.zeros(p.k, dtype=p.torch_dtype)) if p.has_bias else dw
+    if not p.has_bias:
+        return dw
+    dy = tensors["dy"]
+    db = dy.sum([0] + list(range(2, dy.dim())), dtype=torch.float64 if p.dtype == "float64" else torch.float32)
+    return dw, db.to(p.torch_dtype)
 
 
 def _check_device(p: ConvProblem):
@@ -674,6 +874,10 @@ _CACHE_MAX = 256
 
 
 def _plan(problem: ConvProblem, direction: str, algorithm: str, fpmath: str, w_layout: str, impl: Any) -> Convolution:
+    _check_direction(direction)
+    _check_algorithm(algorithm)
+    _check_fpmath(fpmath)
+    impl = _check_impl(impl)
     key = (problem, direction, algorithm, fpmath, w_layout,
            impl if not isinstance(impl, Implementation) else (impl.name, impl.layouts, tuple(impl.formats.items())),
            threading.get_ident())
@@ -712,22 +916,27 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
     are). Wraps ``dnnl_convolution_forward_primitive_desc_create`` and ``dnnl_primitive_execute``.
     """
     try:   # fast path: the same call signature as an earlier call reuses its plan without re-validation
+        # the key tells the argument types apart (True == 1 == 1.0 in Python): a key matches only
+        # arguments of the same types as a call that passed validation
         key = (x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device, bias is None,
-               _hashable(stride), _hashable(padding), _hashable(dilation), groups, impl, algorithm, fpmath,
-               threading.get_ident())
-        hash(key)
-    except (AttributeError, TypeError):
-        key = None
-    plan = _fast_plans.get(key) if key is not None else None
+               stride if type(stride) is int else _key(stride), padding if type(padding) is int else _key(padding),
+               dilation if type(dilation) is int else _key(dilation), groups if type(groups) is int else _key(groups),
+               impl if impl is None or type(impl) is int else _key(impl),
+               algorithm if type(algorithm) is str else _key(algorithm),
+               fpmath if type(fpmath) is str else _key(fpmath), threading.get_ident())
+        plan = _fast_plans.get(key)
+    except Exception:   # noqa: BLE001  (not tensors, unhashable options...: the slow path says what is wrong)
+        key = plan = None
     if plan is None or plan._freed:
         problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
         _check_device(problem)
         plan = _plan(problem, "forward", algorithm, fpmath, _w_layout(w), impl)
         if key is not None:
-            if len(_fast_plans) >= _CACHE_MAX:
-                _fast_plans.pop(next(iter(_fast_plans)))
-            _fast_plans[key] = plan
-    elif bias is not None and (bias.dtype != x.dtype or bias.device != x.device or bias.shape != (plan.problem.k,)):
+            with _cache_lock:
+                if len(_fast_plans) >= _CACHE_MAX:
+                    _fast_plans.pop(next(iter(_fast_plans)), None)
+                _fast_plans[key] = plan
+    elif bias is not None and not _bias_fits(bias, x, plan.problem.k):
         ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)   # raises the clear error
     return plan.execute(x, w, bias, out)
 
@@ -735,10 +944,22 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
 _fast_plans: dict = {}
 
 
-def _hashable(v):
-    if isinstance(v, list):
-        return tuple(_hashable(i) for i in v)
-    return v
+def _key(v):
+    """A hashable key of an argument that differs between types Python finds equal (1, 1.0, True)."""
+    t = type(v)
+    if t is int or t is str or v is None:
+        return v
+    if t is tuple or t is list:
+        return (tuple, tuple(_key(i) for i in v))
+    return (t, v)
+
+
+def _bias_fits(bias, x, k: int) -> bool:
+    try:
+        return (isinstance(bias, torch.Tensor) and bias.dtype == x.dtype and bias.device == x.device
+                and not bias.is_nested and bias.shape == (k,))
+    except Exception:   # noqa: BLE001
+        return False
 
 
 def implementations(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
@@ -749,9 +970,19 @@ def implementations(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None 
     Arguments as in :func:`forward` (for ``direction="backward_data"``/``"backward_weights"`` pass
     the forward problem's x and w). Each :class:`Implementation` gives its name, the layouts it
     wants, the reorders it implies and its scratchpad bytes. Wraps ``dnnl_primitive_desc_next_impl``.
+
+    The memory layout is x's. For ``"backward_data"`` it is the layout :func:`backward_data`
+    takes for a grad_y in x's layout: x's, except when the output's shape cannot tell NCHW from
+    NHWC (one output channel, or a 1x1 output with batch 1): then w's. The positions and the
+    :class:`Implementation` objects of this list select the same implementations there.
     """
+    _check_direction(direction)
     problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
     _check_device(problem)
+    if direction == "backward_data":
+        lay = _backward_data_layout(problem.layout, problem, w)
+        if lay != problem.layout:
+            problem = problem.with_(layout=lay)
     return _plan(problem, direction, algorithm, fpmath, _w_layout(w), None).implementations
 
 
@@ -761,9 +992,12 @@ def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int],
     """Gradient of the forward convolution with respect to its input (oneDNN backward data).
 
     ``grad_y``: (N, K, *out) in NCHW or channels_last; ``w``: (K, C/groups, *kernel);
-    ``x_shape``: the forward input's shape (N, C, *spatial). Returns dx of ``x_shape`` in
-    grad_y's memory format. Same ``impl`` selection as :func:`forward`.
-    Wraps ``dnnl_convolution_backward_data_primitive_desc_create`` (with a forward hint).
+    ``x_shape``: the forward input's shape (N, C, *spatial) or unbatched (C, *spatial). Returns
+    dx of ``x_shape`` in grad_y's memory format (w's when grad_y's shape cannot tell: one channel,
+    or a 1x1 output with batch 1), or ``out``. Same ``impl`` selection as :func:`forward`; the
+    positions are those :func:`implementations` lists with ``direction="backward_data"`` for an x
+    in grad_y's layout. Wraps ``dnnl_convolution_backward_data_primitive_desc_create`` (with a
+    forward hint).
     """
     problem = _backward_problem(grad_y, w, x_shape, stride, padding, dilation, groups, False)
     plan = _plan(problem, "backward_data", algorithm, fpmath, _w_layout(w), impl)
@@ -783,8 +1017,13 @@ def backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[in
         raise ArgumentTypeError(f"w_shape must be a tuple of ints, got {type(w_shape).__name__}")
     if not isinstance(x, torch.Tensor) or not isinstance(grad_y, torch.Tensor):
         raise ArgumentTypeError("x and grad_y must be torch.Tensor")
-    if len(w_shape) < 1 or not all(isinstance(s, int) and s >= 0 for s in w_shape):
-        raise ArgumentError(f"w_shape must be a tuple of non-negative ints, got {tuple(w_shape)!r}")
+    if not isinstance(bias, bool):
+        raise ArgumentTypeError(f"bias must be True or False (whether to return db), got {type(bias).__name__}")
+    w_shape = shape_arg(w_shape, "w_shape", (3, 4, 5))
+    if grad_y.is_nested or grad_y.layout != torch.strided:
+        raise ArgumentError("grad_y must be a dense (strided) tensor")
+    if grad_y.dtype != x.dtype:
+        raise ArgumentError(f"grad_y must have x's dtype {x.dtype}, got {grad_y.dtype}")
     fake_b = _fake((w_shape[0],), x) if bias else None
     problem = ConvProblem.from_torch(x, _fake(w_shape, x), fake_b, stride, padding, dilation, groups)
     _check_device(problem)
@@ -815,12 +1054,21 @@ def _backward_problem(grad_y, w, x_shape, stride, padding, dilation, groups, has
         raise ArgumentTypeError(f"x_shape must be a tuple of ints, got {type(x_shape).__name__}")
     if not isinstance(grad_y, torch.Tensor) or not isinstance(w, torch.Tensor):
         raise ArgumentTypeError("grad_y and w must be torch.Tensor")
+    for t, nm in ((grad_y, "grad_y"), (w, "w")):
+        if t.is_nested or t.layout != torch.strided:
+            raise ArgumentError(f"{nm} must be a dense (strided) tensor")
+    x_shape = shape_arg(x_shape, "x_shape", (w.dim() - 1, w.dim()))
+    if grad_y.dtype != w.dtype:
+        raise ArgumentError(f"grad_y and w must have the same dtype, got {grad_y.dtype} and {w.dtype}")
+    if grad_y.device != w.device:
+        raise ArgumentError(f"grad_y and w must be on the same device, got {grad_y.device} and {w.device}")
     fake_x = _fake(x_shape, grad_y)
-    lay = layout_of(grad_y) if grad_y.dim() >= 3 else "nchw"
     problem = ConvProblem.from_torch(fake_x, w, None, stride, padding, dilation, groups)
-    if lay == "nhwc":
-        problem = problem.with_(layout="nhwc")
     _check_device(problem)
+    gy = grad_y.unsqueeze(0) if problem.unbatched and grad_y.dim() == problem.ndim + 1 else grad_y
+    lay = _backward_data_layout(layout_of(gy), problem, w)
+    if lay != problem.layout:
+        problem = problem.with_(layout=lay)
     _check_grad(problem, grad_y, "grad_y", problem.y_shape)
     return problem
 
@@ -837,6 +1085,12 @@ def info() -> dict:
 
 
 def verbose(level: int = 1) -> None:
-    """oneDNN's verbose mode (0 off, 1 exec, 2 also creation); printed on the C stdout. Wraps ``dnnl_set_verbose``."""
-    _dnnl.set_verbose(level)
+    """oneDNN's verbose mode (0 off, 1 exec, 2 also creation); printed on the C stdout. Wraps ``dnnl_set_verbose``.
+    Raises :class:`ArgumentTypeError` / :class:`ArgumentError` for a level that is not 0, 1 or 2."""
+    lv = _int(level)
+    if lv is None:
+        raise ArgumentTypeError(f"verbose level must be an int (0, 1 or 2), got {type(level).__name__}")
+    if not 0 <= lv <= 2:
+        raise ArgumentError(f"verbose level must be 0, 1 or 2, got {level!r}")
+    _dnnl.set_verbose(lv)
 
