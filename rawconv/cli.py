@@ -164,13 +164,23 @@ def _print_rows(console, problem, rows):
     console.print(t)
 
 
+def _console(width):
+    """A rich console that does not split numbers: a terminal's width, or 220 columns when the
+    output goes to a file or pipe (rich would assume 80); no automatic highlighting."""
+    from rich.console import Console
+
+    if width is None and not sys.stdout.isatty():
+        width = 220
+    return Console(width=width, highlight=False)
+
+
 def cmd_compare(args) -> int:
     from rich.console import Console
 
     from . import compare as cmp
     from ._info import collect
 
-    console = Console(width=args.width) if args.width else Console()
+    console = _console(args.width)
     problems = _problems(args)
     if args.json:
         try:
@@ -178,7 +188,9 @@ def cmd_compare(args) -> int:
                 pass
         except OSError as exc:
             raise RawconvError(f"--json {args.json}: cannot write there ({exc.strerror})") from None
-    meta = {"rawconv": __version__, "threads": args.threads, "iterations": args.iterations,
+    import torch
+
+    meta = {"rawconv": __version__, "threads": args.threads or torch.get_num_threads(), "iterations": args.iterations,
             "warmup": args.warmup, "budget_s": args.budget, "prepack": not args.no_prepack}
     all_rows = []
     with cmp.threads(args.threads):
@@ -188,7 +200,9 @@ def cmd_compare(args) -> int:
         on = meta["info"].get("onednn", {})
         console.print(f"rawconv {__version__}; torch {torch.__version__} ({torch.get_num_threads()} threads); "
                       f"oneDNN {on.get('version', '?')} ({on.get('cpu_isa', on.get('error', ''))})")
-        photo_note = " (first layer fed the sample photo)" if not args.random and problems[0].ndim == 2 else ""
+        first = problems[0]
+        photo_note = (" (the first problem's input is matplotlib's sample photo; weights are random)"
+                      if not args.random and first.ndim == 2 and first.c == 3 and not first.is_empty else "")
         console.print(f"{len(problems)} problem(s){photo_note}; times: median/min of up to {args.iterations} "
                       f"calls after {args.warmup} warm-up, at most {args.budget} s each; error vs float64 reference")
 
@@ -197,16 +211,17 @@ def cmd_compare(args) -> int:
 
         all_rows = cmp.compare(problems, photo_first=not args.random, iterations=args.iterations, warmup=args.warmup,
                                budget_s=args.budget, fpmath=args.fpmath, prepack=not args.no_prepack,
-                               include_ref=not args.no_ref, on_problem=show,
+                               include_ref=False if args.no_ref else (True if args.ref else "auto"), on_problem=show,
                                progress=sys.stderr.isatty() and len(problems) > 1, engines=args.engines)
     s = cmp.summary(all_rows)
     if args.json:
-        cmp.write_json(args.json, all_rows, meta)
+        cmp.write_json(args.json, all_rows, meta, problems)
     gm = s["geomean_torch_over_best"]
     console.print(
         f"summary: {s['problems']} problem(s), {s['results']} results checked against float64: "
-        f"{s['within_tolerance']} within tolerance, {len(s['outside_tolerance'])} outside, {len(s['failed'])} failed; "
-        f"torch default / best rawconv time, geometric mean: {gm:.2f}x" + (f"; JSON: {args.json}" if args.json else ""))
+        f"{s['within_tolerance']} within tolerance, {len(s['outside_tolerance'])} outside, {len(s['failed'])} failed"
+        + (f", {len(s['skipped'])} skipped" if s["skipped"] else "") + "; "
+        f"torch default / best rawconv median time, geometric mean: {gm:.2f}x" + (f"; JSON: {args.json}" if args.json else ""))
     for line in s["outside_tolerance"]:
         console.print(f"  outside tolerance: {line}")
     return 1 if s["outside_tolerance"] else 0
@@ -234,7 +249,7 @@ def cmd_info(args) -> int:
                 t.add_row(prefix + k, str(v))
 
     add("", data)
-    Console().print(t)
+    _console(None).print(t)
     return 0
 
 
@@ -242,7 +257,7 @@ def cmd_list(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = _console(None)
     for p in _problems(args):
         x, w, b = p.make_inputs()
         if p.device.startswith("cuda"):
@@ -302,6 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--random", action="store_true", help="random input everywhere (no sample photo)")
     c.add_argument("--no-prepack", action="store_true", help="reorder oneDNN weights on every call")
     c.add_argument("--no-ref", action="store_true", help="skip oneDNN's reference (ref:any) implementations")
+    c.add_argument("--ref", action="store_true", help="run oneDNN's reference implementations even on large problems "
+                   "(by default they are listed but not run above 0.5 GFLOP: one call can take minutes)")
     c.add_argument("--engines", default=None, help="cuDNN graph-API engines: 'all' or the top N by heuristic")
     c.add_argument("--width", type=int, default=None, help="table width (default: the terminal's)")
     c.set_defaults(func=cmd_compare)

@@ -125,10 +125,64 @@ def torch_backend(problem: ConvProblem, x, w, b) -> str:
         return f"unknown ({type(exc).__name__})"
 
 
+def torch_onednn_trace(fn: Callable[[], object]) -> list[dict]:
+    """What torch's own (bundled) oneDNN executes for one call of ``fn``: one dict per primitive
+    (``kind``: "convolution" / "reorder", ``impl``: e.g. "jit:avx512_core", ``formats``: the memory
+    descriptors as oneDNN's verbose mode prints them). Runs ``fn`` once under
+    ``torch.backends.mkldnn.verbose`` with the C stdout redirected to a temporary file.
+    Returns ``[]`` when torch's path did not go through oneDNN."""
+    import ctypes
+    import os
+    import sys
+    import tempfile
+
+    libc = ctypes.CDLL(None)
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 1)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+                    fn()
+        finally:
+            libc.fflush(None)
+            os.dup2(saved, 1)
+            os.close(saved)
+        tmp.seek(0)
+        text = tmp.read().decode(errors="replace")
+    out = []
+    for line in text.splitlines():
+        parts = line.split(",")
+        if not line.startswith("onednn_verbose") or "exec" not in parts:
+            continue
+        i = parts.index("exec")
+        if len(parts) > i + 4:
+            out.append({"kind": parts[i + 2], "impl": parts[i + 3], "formats": parts[i + 5] if len(parts) > i + 5 else ""})
+    return out
+
+
+def _trace_detail(trace: list[dict]) -> str:
+    convs = [t for t in trace if t["kind"] == "convolution"]
+    if not convs:
+        return ""
+    fm = {}
+    for item in convs[0]["formats"].split():
+        role, _, rest = item.partition(":")
+        bits = rest.split(":")
+        if len(bits) >= 4 and bits[3]:
+            fm[role] = bits[3]
+    reorders = sum(t["kind"] == "reorder" for t in trace)
+    return (f"; torch's oneDNN ran {convs[0]['impl']} (src {fm.get('src', '?')}, weights {fm.get('wei', '?')})"
+            f" + {reorders} reorder(s)")
+
+
 def _measure(problem, label_backend, label_impl, detail, fn, ref, ref_abs, timer, *, tol=None,
              workspace=None, extra=None, slow_s: float | None = None) -> Row:
     row = Row(str(problem.name or problem.describe()), label_backend, label_impl, detail,
-              workspace_bytes=workspace, extra=dict(extra or {}))
+              workspace_bytes=workspace, extra=dict(extra or {}, problem=problem.describe(),
+                                                     benchdnn=problem.to_benchdnn(), device=problem.device))
     try:
         import time as _time
 
@@ -171,7 +225,14 @@ def _torch_rows(problem, x, w, b, ref, ref_abs, timer) -> list[Row]:
             rows.append(_measure(problem, "torch", "cudnn disabled", torch_backend(problem, x, w, b), call,
                                  ref, ref_abs, timer))
         return rows
-    rows.append(_measure(problem, "torch", "default", torch_backend(problem, x, w, b), call, ref, ref_abs, timer))
+    backend = torch_backend(problem, x, w, b)
+    if backend == "Mkldnn":
+        try:
+            call()
+            backend += _trace_detail(torch_onednn_trace(call))
+        except Exception:  # pragma: no cover - the trace is a bonus; never fail the comparison for it
+            pass
+    rows.append(_measure(problem, "torch", "default", backend, call, ref, ref_abs, timer))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch warns about oneDNN TF32 on Intel GPUs when flags are set
         ctx = torch.backends.mkldnn.flags(enabled=False)
@@ -187,7 +248,8 @@ def _torch_rows(problem, x, w, b, ref, ref_abs, timer) -> list[Row]:
 
 
 # --------------------------------------------------------------------------- backend rows
-_ROLE = {"x": "src", "w": "wei", "b": "bias", "y": "dst"}
+_ROLE = {"x": "src", "w": "weights", "b": "bias", "y": "dst"}
+REF_AUTO_MAX_FLOPS = 5e8   # include_ref="auto": oneDNN's ref:any is run only on problems up to this size
 
 
 def _onednn_rows(problem, x, w, b, ref, ref_abs, timer, *, fpmath="strict", prepack=True,
@@ -205,10 +267,17 @@ def _onednn_rows(problem, x, w, b, ref, ref_abs, timer, *, fpmath="strict", prep
     for impl in impls:
         if impl.name.startswith("ref") and not include_ref:
             continue
+        if impl.name.startswith("ref") and include_ref == "auto" and problem.flops > REF_AUTO_MAX_FLOPS:
+            rows.append(Row(str(problem.name or problem.describe()), "onednn", f"[{impl.index}] {impl.name}",
+                            f"{impl.layouts}; not run: oneDNN's reference code runs at ~0.1-1 GFLOP/s and this "
+                            f"problem is {problem.flops / 1e9:.1f} GFLOP (use --ref)", error="skipped (slow reference)",
+                            workspace_bytes=impl.scratchpad_bytes))
+            continue
         plan.select(impl.index)
         reorders = ",".join(_ROLE.get(r, r) + ("(once)" if r == "w" and prepack else "")
                             for r in impl.reorders) or "none"
-        detail = f"{impl.layouts}; src {impl.formats.get('x')} wei {impl.formats.get('w')}; reorders {reorders}"
+        detail = (f"{impl.layouts}; src {impl.formats.get('x')} weights {impl.formats.get('w')} "
+                  f"dst {impl.formats.get('y')}; reorders {reorders}")
         rows.append(_measure(problem, "onednn", f"[{impl.index}] {impl.name}", detail,
                              lambda: plan.execute(x, w, b), ref, ref_abs, timer,
                              tol={"compute": compute} if compute else None,
@@ -362,7 +431,7 @@ def compare(problems: list[ConvProblem], *, photo_first: bool = True, progress: 
 
         it = tqdm(problems, desc="problems", unit="conv", leave=False)
     for i, p in enumerate(it):
-        rows = compare_problem(p, photo=photo_first and i == 0 and p.ndim == 2, **kw)
+        rows = compare_problem(p, photo=photo_first and i == 0 and p.ndim == 2 and p.c == 3, **kw)
         out += rows
         if on_problem is not None:
             on_problem(p, rows)
@@ -395,15 +464,21 @@ def summary(rows: list[Row]) -> dict:
     checked = [r for r in rows if r.ok is not None]
     return {"problems": len(by_problem), "results": len(checked), "within_tolerance": sum(bool(r.ok) for r in checked),
             "outside_tolerance": [f"{r.problem}: {r.backend} {r.implementation}" for r in checked if not r.ok],
-            "failed": [f"{r.problem}: {r.backend} {r.implementation}: {r.error}" for r in rows if r.error],
+            "failed": [f"{r.problem}: {r.backend} {r.implementation}: {r.error}" for r in rows
+                       if r.error and not r.error.startswith("skipped")],
+            "skipped": [f"{r.problem}: {r.backend} {r.implementation}" for r in rows
+                        if r.error.startswith("skipped")],
             "geomean_torch_over_best": geomean(ratios), "per_problem": per}
 
 
-def write_json(path: str, rows: list[Row], meta: dict) -> None:
-    """Write rows + summary + environment to ``path`` as JSON."""
+def write_json(path: str, rows: list[Row], meta: dict, problems: list[ConvProblem] | None = None) -> None:
+    """Write rows + summary + environment (+ the problems, as dataclass fields) to ``path`` as JSON."""
+    data = {"meta": meta, "summary": summary(rows), "rows": [r.as_dict() for r in rows]}
+    if problems is not None:
+        data["problems"] = [dict(dataclasses.asdict(p), describe=p.describe(), benchdnn=p.to_benchdnn(),
+                                 flops=p.flops, y_shape=p.y_shape) for p in problems]
     with open(path, "w") as f:
-        json.dump({"meta": meta, "summary": summary(rows), "rows": [r.as_dict() for r in rows]}, f, indent=1,
-                  default=str)
+        json.dump(data, f, indent=1, default=str)
 
 
 @contextlib.contextmanager

@@ -35,6 +35,8 @@ def test_compare_benchdnn_problem_writes_json(tmp_path):
     assert torch_default["detail"]   # which backend torch picked
     assert data["summary"]["within_tolerance"] == len(rows)
     assert data["meta"]["info"]["onednn"]["version"].startswith("3.")
+    assert data["problems"][0]["benchdnn"].startswith("mb2ic8ih12iw12oc8") and data["meta"]["threads"] >= 1
+    assert all(row["extra"]["problem"] == data["problems"][0]["describe"] for row in rows)
 
 
 def test_compare_flags_and_preset_layer_with_photo(tmp_path):
@@ -46,7 +48,7 @@ def test_compare_flags_and_preset_layer_with_photo(tmp_path):
     r = rawconv("compare", "resnet50", "--layers", "conv1", "--iterations", "1", "--budget", "0.05", "--no-ref",
                 "--layout", "nhwc", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "first layer fed the sample photo" in r.stdout and "conv1" in r.stdout
+    assert "input is matplotlib's sample photo" in r.stdout and "conv1" in r.stdout
 
 
 def test_info_json():
