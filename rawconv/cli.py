@@ -151,6 +151,10 @@ def _print_rows(console, problem, rows):
         t.add_column(col, justify=just, overflow="fold")
     fastest = min((r.median_ms for r in rows if r.ok and math.isfinite(r.median_ms)), default=None)
     for r in rows:
+        if r.error.startswith("skipped"):
+            t.add_row(r.backend, r.implementation, r.detail, "-", "-", "-", "-", "-", "skipped",
+                      "-" if r.workspace_bytes is None else str(r.workspace_bytes), style="dim")
+            continue
         if r.error:
             t.add_row(r.backend, r.implementation, r.detail, "-", "-", "-", "-", "-", "[red]error[/red]",
                       "-", style="dim")
