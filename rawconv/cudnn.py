@@ -36,7 +36,7 @@ import torch
 from . import _cudnn
 from ._cudnn import ffi
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
-from .problem import ConvProblem, empty_like_layout, layout_of, to_layout
+from .problem import ConvProblem, empty_like_layout, layout_of, to_layout, dense_strides, strides_match, shape_only
 
 __all__ = ["Algorithm", "TimedAlgorithm", "RunInfo", "Convolution", "forward", "backward_data",
            "backward_filter", "conv_transpose", "algorithms", "info", "clear_cache", "MATH_TYPES",
@@ -147,18 +147,6 @@ class RunInfo:
 
 
 # ---------------------------------------------------------------------------- helpers
-def _dense_strides(shape: Sequence[int], layout: str) -> list[int]:
-    nd = len(shape)
-    order = list(range(nd - 1, -1, -1)) if layout == "nchw" else [1] + list(range(nd - 1, 1, -1)) + [0]
-    strides, acc = [0] * nd, 1
-    for d in order:
-        strides[d] = acc
-        acc *= max(int(shape[d]), 1)
-    return strides
-
-
-def _strides_match(t: torch.Tensor, strides: Sequence[int]) -> bool:
-    return all(s == 1 or st == want for s, st, want in zip(t.shape, t.stride(), strides))
 
 
 def _w_layout(w: torch.Tensor) -> str:
@@ -325,9 +313,9 @@ class Convolution:
             self.notes.append(f"{ip.n} samples run in chunks of {self.batch_chunk} (int32 element limit)")
         self._descs: dict[int, tuple] = {}
         self._cdesc_by_math: dict[str, object] = {}
-        self._xs = tuple(_dense_strides(p.x_shape, p.layout))
-        self._ys = tuple(_dense_strides(p.y_shape, p.layout))
-        self._wst = tuple(_dense_strides(p.w_shape, w_layout))
+        self._xs = tuple(dense_strides(p.x_shape, p.layout))
+        self._ys = tuple(dense_strides(p.y_shape, p.layout))
+        self._wst = tuple(dense_strides(p.w_shape, w_layout))
         self._algo_id = algo_id
 
     # ------------------------------------------------------------------ descriptors (no GPU needed)
@@ -352,8 +340,8 @@ class Convolution:
         if d is None:
             ip = self.inner
             xs, ys = (n,) + ip.x_shape[1:], (n,) + ip.y_shape[1:]
-            xd = _cudnn.tensor_desc(ip.dtype, _as4d(xs), _dense_strides(_as4d(xs), ip.layout))
-            yd = _cudnn.tensor_desc(ip.dtype, _as4d(ys), _dense_strides(_as4d(ys), ip.layout))
+            xd = _cudnn.tensor_desc(ip.dtype, _as4d(xs), dense_strides(_as4d(xs), ip.layout))
+            yd = _cudnn.tensor_desc(ip.dtype, _as4d(ys), dense_strides(_as4d(ys), ip.layout))
             wd = _cudnn.filter_desc(ip.dtype, _as4d(ip.w_shape), self.w_layout)
             d = (xd, wd, yd, self._conv_desc(self.math))
             self._descs[n] = d
@@ -613,7 +601,7 @@ class Convolution:
         if not t.is_cuda or t.get_device() != self.device_index:
             raise ArgumentError(f"{name} must be on cuda:{self.device_index} for this plan, got {t.device}"
                                 + (" (use rawconv.onednn for CPU tensors)" if not t.is_cuda else ""))
-        if t.stride() != strides and not _strides_match(t, strides):
+        if t.stride() != strides and not strides_match(t, strides):
             if is_out:
                 raise ArgumentError(f"out ({name}) must have strides {tuple(strides)} (the plan's layout), "
                                     f"got {t.stride()}")
@@ -779,7 +767,7 @@ class Convolution:
         if bd is None:
             nd = 4 if self.inner.ndim <= 2 else 5
             dims = [1, self.problem.k] + [1] * (nd - 2)
-            bd = self._descs["bias"] = _cudnn.tensor_desc(self.problem.dtype, dims, _dense_strides(dims, "nchw"))
+            bd = self._descs["bias"] = _cudnn.tensor_desc(self.problem.dtype, dims, dense_strides(dims, "nchw"))
         return bd
 
     def _act_desc(self):
@@ -996,10 +984,6 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
     return plan.execute(x, w, bias, out, return_info=return_info)
 
 
-def _fake(shape, like: torch.Tensor) -> torch.Tensor:
-    """A zero-stride tensor of ``shape`` used only to describe a problem (never read)."""
-    return torch.empty(1, dtype=like.dtype, device=like.device).expand(*[int(s) for s in shape])
-
 
 def _check_shape_arg(shape, name):
     if not isinstance(shape, (tuple, list, torch.Size)) or not all(
@@ -1013,10 +997,10 @@ def _grad_problem(grad_y, w_or_x, shape, stride, padding, dilation, groups, dire
                                 + " must be torch.Tensor")
     if direction == "backward_data":
         _check_shape_arg(shape, "x_shape")
-        problem = ConvProblem.from_torch(_fake(shape, grad_y), w_or_x, None, stride, padding, dilation, groups)
+        problem = ConvProblem.from_torch(shape_only(shape, grad_y), w_or_x, None, stride, padding, dilation, groups)
     else:
         _check_shape_arg(shape, "w_shape")
-        problem = ConvProblem.from_torch(w_or_x, _fake(shape, grad_y), None, stride, padding, dilation, groups)
+        problem = ConvProblem.from_torch(w_or_x, shape_only(shape, grad_y), None, stride, padding, dilation, groups)
     if direction == "backward_data" and grad_y.dim() >= 3 and layout_of(grad_y) == "nhwc":
         problem = problem.with_(layout="nhwc")
     _check_device(problem)

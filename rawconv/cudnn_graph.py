@@ -41,7 +41,7 @@ import torch
 
 from . import _cudnn, _cudnn_backend as B
 from .errors import ArgumentError, ArgumentTypeError, LibraryError, NotSupportedError
-from .problem import ConvProblem, ErrorStats, empty_like_layout, layout_of, to_layout, tolerance, EPS
+from .problem import ConvProblem, ErrorStats, empty_like_layout, layout_of, to_layout, tolerance, EPS, dense_strides, shape_only
 
 __all__ = ["EngineConfig", "TimedConfig", "GraphConvolution", "engines", "forward", "backward_data",
            "backward_filter", "clear_cache", "tuning_cache", "save_tuning_cache", "load_tuning_cache",
@@ -184,15 +184,6 @@ class TimedConfig:
 
 
 # ---------------------------------------------------------------------------- helpers
-def _dense_strides(shape: Sequence[int], layout: str) -> list[int]:
-    nd = len(shape)
-    order = list(range(nd - 1, -1, -1)) if layout == "nchw" else [1] + list(range(nd - 1, 1, -1)) + [0]
-    strides, acc = [0] * nd, 1
-    for d in order:
-        strides[d] = acc
-        acc *= max(shape[d], 1)
-    return strides
-
 
 def _lift(shape: Sequence[int]) -> list[int]:
     """1-D (N, C, W) -> (N, C, 1, W): cuDNN's convolution engines take 4-D and 5-D tensors."""
@@ -368,9 +359,9 @@ class _Graph:
         for role in _ROLES[direction]:
             shape = shapes[role]
             layout = w_layout if role in ("w", "dw") else lay
-            st = _dense_strides(shape, layout)
+            st = dense_strides(shape, layout)
             self.strides[role] = st
-            gshape, gst = _lift(shape), _dense_strides(_lift(shape), layout)
+            gshape, gst = _lift(shape), dense_strides(_lift(shape), layout)
             self.tensors[role] = B.tensor(UID[role], gshape, gst, p.dtype, alignment=ALIGNMENT)
         pre, post = list(p.pad_before), list(p.pad_after)
         st, dil = list(p.stride), list(p.dilation)
@@ -382,14 +373,14 @@ class _Graph:
         if direction == "forward" and (p.has_bias or activation):
             ydesc = self.tensors["y"]
             ygshape = _lift(p.y_shape)
-            ygst = _dense_strides(ygshape, lay)
+            ygst = dense_strides(ygshape, lay)
             v1 = B.tensor(_VIRTUAL_UIDS[0], ygshape, ygst, compute, alignment=ALIGNMENT, virtual=True)
             ops.append(B.conv_operation("forward", {**named, "Y": v1}, self.conv, compute))
             cur = v1
             if p.has_bias:
                 bshape = [1, p.k] + [1] * nd
                 self.strides["b"] = [1]
-                self.tensors["b"] = B.tensor(UID["b"], bshape, _dense_strides(bshape, lay), p.dtype,
+                self.tensors["b"] = B.tensor(UID["b"], bshape, dense_strides(bshape, lay), p.dtype,
                                              alignment=ALIGNMENT)
                 nxt = ydesc if not activation else B.tensor(_VIRTUAL_UIDS[1], ygshape, ygst, compute,
                                                             alignment=ALIGNMENT, virtual=True)
@@ -793,7 +784,7 @@ class GraphConvolution:
         want = self._want.get(role)
         if want is None:
             want = self._want[role] = tuple(self._graph.strides[role] if self._graph is not None else
-                                            _dense_strides(shape, self.problem.layout) if role != "b" else [1])
+                                            dense_strides(shape, self.problem.layout) if role != "b" else [1])
         st = t.stride()
         ok = st == want or all(s == 1 or a == b for s, a, b in zip(t.shape, st, want))
         if not ok or t.data_ptr() % ALIGNMENT:
@@ -1407,9 +1398,6 @@ def _transpose_x_shape(grad_y, w, stride, padding, dilation, groups, output_padd
     return shape[1:] if unbatched else shape
 
 
-def _fake(shape, like: torch.Tensor) -> torch.Tensor:
-    return torch.empty(1, dtype=like.dtype, device=like.device).expand(*[int(s) for s in shape])
-
 
 def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int] | None = None, stride: Any = 1,
                   padding: Any = 0, dilation: Any = 1, groups: int = 1, *, output_padding: Any = 0,
@@ -1432,7 +1420,7 @@ def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int] 
         x_shape = _transpose_x_shape(grad_y, w, stride, padding, dilation, groups, output_padding)
     if not isinstance(x_shape, (tuple, list, torch.Size)) or not all(isinstance(s, int) and s >= 0 for s in x_shape):
         raise ArgumentError(f"x_shape must be a tuple of non-negative ints, got {x_shape!r}")
-    p = _problem(_fake(x_shape, grad_y), w, None, stride, padding, dilation, groups)
+    p = _problem(shape_only(x_shape, grad_y), w, None, stride, padding, dilation, groups)
     lay = layout_of(grad_y if grad_y.dim() == p.ndim + 2 else grad_y.unsqueeze(0))
     if lay == "nhwc":
         p = p.with_(layout="nhwc")
@@ -1455,7 +1443,7 @@ def backward_filter(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[int
         raise ArgumentTypeError("x and grad_y must be torch.Tensor")
     if not isinstance(w_shape, (tuple, list, torch.Size)) or not all(isinstance(s, int) and s >= 0 for s in w_shape):
         raise ArgumentError(f"w_shape must be a tuple of non-negative ints, got {w_shape!r}")
-    p = _problem(x, _fake(w_shape, x), None, stride, padding, dilation, groups)
+    p = _problem(x, shape_only(w_shape, x), None, stride, padding, dilation, groups)
     _check_tensor(p, grad_y, "grad_y", p.y_shape)
     plan = _plan(p, "backward_filter", None, _tf32(allow_tf32, math), engine)
     return plan.execute(x, grad_y=grad_y, out=out)

@@ -28,7 +28,7 @@ import torch
 from . import _dnnl
 from ._dnnl import ffi
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
-from .problem import ConvProblem, _int, empty_like_layout, layout_of, shape_arg, to_layout
+from .problem import ConvProblem, _int, empty_like_layout, layout_of, shape_arg, to_layout, dense_strides, strides_match, shape_only
 
 __all__ = ["Implementation", "Convolution", "forward", "backward_data", "backward_weights",
            "implementations", "info", "verbose", "clear_cache", "FPMATH_MODES", "ALGORITHMS"]
@@ -94,18 +94,6 @@ class TimedImplementation:
 
 
 # ---------------------------------------------------------------------------- helpers
-def _dense_strides(shape: Sequence[int], layout: str) -> list[int]:
-    nd = len(shape)
-    order = list(range(nd - 1, -1, -1)) if layout == "nchw" else [1] + list(range(nd - 1, 1, -1)) + [0]
-    strides, acc = [0] * nd, 1
-    for d in order:
-        strides[d] = acc
-        acc *= max(shape[d], 1)
-    return strides
-
-
-def _strides_match(t: torch.Tensor, strides: Sequence[int]) -> bool:
-    return all(s == 1 or st == want for s, st, want in zip(t.shape, t.stride(), strides))
 
 
 def _w_layout(w: torch.Tensor) -> str:
@@ -115,7 +103,7 @@ def _w_layout(w: torch.Tensor) -> str:
 def _weights_md(p: ConvProblem, layout: str):
     """User weights md: (K, C/g, *k) or, grouped, (G, K/g, C/g, *k) with the same strides."""
     shape = list(p.w_shape)
-    st = _dense_strides(shape, layout)
+    st = dense_strides(shape, layout)
     if p.groups > 1:
         g = p.groups
         shape = [g, shape[0] // g] + shape[1:]
@@ -196,7 +184,7 @@ def _ambiguous(shape: Sequence[int]) -> bool:
     or all spatial sizes and the batch 1): its layout cannot be told from its strides."""
     if len(shape) < 3:
         return True
-    a, b = _dense_strides(shape, "nchw"), _dense_strides(shape, "nhwc")
+    a, b = dense_strides(shape, "nchw"), dense_strides(shape, "nhwc")
     return all(s == 1 or u == v for s, u, v in zip(shape, a, b))
 
 
@@ -425,11 +413,11 @@ class Convolution:
     def _strides(self):
         """The strides each user tensor must have (pure Python: no library call)."""
         p = self.problem
-        xs = _dense_strides(p.x_shape, p.layout)
-        ys = _dense_strides(p.y_shape, p.layout)
+        xs = dense_strides(p.x_shape, p.layout)
+        ys = dense_strides(p.y_shape, p.layout)
         self._user_strides = {"x": xs, "y": ys, "dx": xs, "dy": ys,
-                              "w": _dense_strides(p.w_shape, self.w_layout),
-                              "dw": _dense_strides(p.w_shape, self.w_layout), "b": [1], "db": [1]}
+                              "w": dense_strides(p.w_shape, self.w_layout),
+                              "dw": dense_strides(p.w_shape, self.w_layout), "b": [1], "db": [1]}
         shapes = {"x": p.x_shape, "dx": p.x_shape, "y": p.y_shape, "dy": p.y_shape, "w": p.w_shape, "b": (p.k,)}
         self._fast = {r: (torch.Size(shapes[r]), tuple(self._user_strides[r]), p.torch_dtype) for r in shapes}
 
@@ -630,7 +618,7 @@ class Convolution:
             if is_out:
                 raise ArgumentError(f"{name} must not be a negative or conjugate view (torch._neg_view, .conj())")
             t = t.resolve_neg().resolve_conj()   # the memory holds -t: oneDNN reads memory
-        if t.numel() and not _strides_match(t, self._user_strides[role]):
+        if t.numel() and not strides_match(t, self._user_strides[role]):
             if is_out:
                 raise ArgumentError(f"out ({_ROLE_NAMES[role]}) must have strides {tuple(self._user_strides[role])} "
                                     f"(the plan's layout), got {t.stride()}")
@@ -1024,17 +1012,13 @@ def backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[in
         raise ArgumentError("grad_y must be a dense (strided) tensor")
     if grad_y.dtype != x.dtype:
         raise ArgumentError(f"grad_y must have x's dtype {x.dtype}, got {grad_y.dtype}")
-    fake_b = _fake((w_shape[0],), x) if bias else None
-    problem = ConvProblem.from_torch(x, _fake(w_shape, x), fake_b, stride, padding, dilation, groups)
+    fake_b = shape_only((w_shape[0],), x) if bias else None
+    problem = ConvProblem.from_torch(x, shape_only(w_shape, x), fake_b, stride, padding, dilation, groups)
     _check_device(problem)
     _check_grad(problem, grad_y, "grad_y", problem.y_shape)
     plan = _plan(problem, "backward_weights", algorithm, fpmath, "nchw", impl)
     return plan.execute(x, grad_y=grad_y)
 
-
-def _fake(shape, like: torch.Tensor) -> torch.Tensor:
-    """A zero-stride tensor of ``shape`` used only to describe a problem (never read)."""
-    return torch.empty(1, dtype=like.dtype, device=like.device).expand(*[int(s) for s in shape])
 
 
 def _check_grad(problem: ConvProblem, t, name, shape):
@@ -1062,7 +1046,7 @@ def _backward_problem(grad_y, w, x_shape, stride, padding, dilation, groups, has
         raise ArgumentError(f"grad_y and w must have the same dtype, got {grad_y.dtype} and {w.dtype}")
     if grad_y.device != w.device:
         raise ArgumentError(f"grad_y and w must be on the same device, got {grad_y.device} and {w.device}")
-    fake_x = _fake(x_shape, grad_y)
+    fake_x = shape_only(x_shape, grad_y)
     problem = ConvProblem.from_torch(fake_x, w, None, stride, padding, dilation, groups)
     _check_device(problem)
     gy = grad_y.unsqueeze(0) if problem.unbatched and grad_y.dim() == problem.ndim + 1 else grad_y

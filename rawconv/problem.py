@@ -148,6 +148,29 @@ def layout_of(t: torch.Tensor) -> str:
     return "strided"
 
 
+def dense_strides(shape: Sequence[int], layout: str) -> list[int]:
+    """Element strides of a dense tensor of ``shape`` in ``layout``: ``"nchw"`` (row-major) or
+    ``"nhwc"`` (channels last: dim 1 innermost, then the spatial dims, then dim 0)."""
+    nd = len(shape)
+    order = list(range(nd - 1, -1, -1)) if layout == "nchw" else [1] + list(range(nd - 1, 1, -1)) + [0]
+    strides, acc = [0] * nd, 1
+    for d in order:
+        strides[d] = acc
+        acc *= max(int(shape[d]), 1)
+    return strides
+
+
+def strides_match(t: torch.Tensor, strides: Sequence[int]) -> bool:
+    """True when ``t``'s strides equal ``strides`` in every dim of size > 1."""
+    return all(s == 1 or st == want for s, st, want in zip(t.shape, t.stride(), strides))
+
+
+def shape_only(shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+    """A zero-stride tensor of ``shape`` (``like``'s dtype and device) used only to describe a
+    problem to :meth:`ConvProblem.from_torch`; its memory is never read."""
+    return torch.empty(1, dtype=like.dtype, device=like.device).expand(*[int(s) for s in shape])
+
+
 def empty_like_layout(shape: Sequence[int], layout: str, dtype: torch.dtype,
                       device: torch.device | str) -> torch.Tensor:
     """A new tensor of ``shape`` in ``layout`` (``"nchw"`` or ``"nhwc"``), for outputs."""
