@@ -151,8 +151,9 @@ def _print_rows(console, problem, rows):
         t.add_column(col, justify=just, overflow="fold")
     fastest = min((r.median_ms for r in rows if r.ok and math.isfinite(r.median_ms)), default=None)
     for r in rows:
-        if r.error.startswith("skipped"):
-            t.add_row(r.backend, r.implementation, r.detail, "-", "-", "-", "-", "-", "skipped",
+        if r.error.startswith(("skipped", "not supported")):
+            t.add_row(r.backend, r.implementation, r.detail or r.error, "-", "-", "-", "-", "-",
+                      "skipped" if r.error.startswith("skipped") else "n/a",
                       "-" if r.workspace_bytes is None else str(r.workspace_bytes), style="dim")
             continue
         if r.error:
@@ -224,7 +225,8 @@ def cmd_compare(args) -> int:
     console.print(
         f"summary: {s['problems']} problem(s), {s['results']} results checked against float64: "
         f"{s['within_tolerance']} within tolerance, {len(s['outside_tolerance'])} outside, {len(s['failed'])} failed"
-        + (f", {len(s['skipped'])} skipped" if s["skipped"] else "") + "; "
+        + (f", {len(s['skipped'])} skipped" if s["skipped"] else "")
+        + (f", {len(s['not_supported'])} not supported by the library here" if s["not_supported"] else "") + "; "
         f"torch default / best rawconv median time, geometric mean: {gm:.2f}x" + (f"; JSON: {args.json}" if args.json else ""))
     for line in s["outside_tolerance"]:
         console.print(f"  outside tolerance: {line}")

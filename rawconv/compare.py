@@ -319,7 +319,8 @@ def _cudnn_rows(problem, x, w, b, ref, ref_abs, timer, engines=None, **_kw) -> l
     for a in algos:
         label = f"{a.algo} math={a.math}"
         if not a.ok:
-            rows.append(Row(name, "cudnn", label, error=a.status, workspace_bytes=a.workspace_bytes))
+            rows.append(Row(name, "cudnn", label, error=f"not supported here ({a.status})",
+                            workspace_bytes=a.workspace_bytes))
             continue
 
         def run(a=a):
@@ -465,7 +466,9 @@ def summary(rows: list[Row]) -> dict:
     return {"problems": len(by_problem), "results": len(checked), "within_tolerance": sum(bool(r.ok) for r in checked),
             "outside_tolerance": [f"{r.problem}: {r.backend} {r.implementation}" for r in checked if not r.ok],
             "failed": [f"{r.problem}: {r.backend} {r.implementation}: {r.error}" for r in rows
-                       if r.error and not r.error.startswith("skipped")],
+                       if r.error and not r.error.startswith(("skipped", "not supported"))],
+            "not_supported": [f"{r.problem}: {r.backend} {r.implementation}" for r in rows
+                              if r.error.startswith("not supported")],
             "skipped": [f"{r.problem}: {r.backend} {r.implementation}" for r in rows
                         if r.error.startswith("skipped")],
             "geomean_torch_over_best": geomean(ratios), "per_problem": per}
