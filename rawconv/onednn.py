@@ -736,9 +736,11 @@ class Convolution:
 
         Each implementation is built, run ``warmup`` times, then timed over ``iterations`` calls
         (``time.perf_counter``, per call, reorders included; weights prepacked once when
-        ``prepack``). ``ref:any`` is skipped unless ``include_ref`` (it is orders of magnitude
-        slower). ``budget_s`` caps the seconds spent per implementation. Returns the rows sorted
-        fastest first.
+        ``prepack``); the implementations within 15% of the fastest are then timed again over
+        three interleaved rounds and ranked by their best round's median. ``ref:any`` is skipped
+        unless ``include_ref`` (it is orders of magnitude slower). ``budget_s`` caps the seconds
+        spent per implementation and round. Returns the rows sorted fastest first (``median_ms``:
+        the best median seen).
         """
         from .bench import time_cpu
 
@@ -769,6 +771,18 @@ class Convolution:
         if not rows:
             raise NotSupportedError("no implementation could be timed for " + self.problem.describe())
         rows.sort(key=lambda r: r.median_ms)
+        # the close contenders (within 15% of the best) are timed again, interleaved over rounds, and
+        # ranked by their best round: one noisy pass (a descheduled OpenMP thread) must not decide
+        close = [r for r in rows[:4] if r.median_ms <= rows[0].median_ms * 1.15]
+        if len(close) > 1:
+            best = {id(r): r.median_ms for r in close}
+            for _ in range(3):
+                for r in close:
+                    self._selected = r.impl.index
+                    st = time_cpu(lambda: self.execute(**tensors), iterations=iterations, warmup=1, budget_s=budget_s)
+                    best[id(r)] = min(best[id(r)], st.median_ms)
+            retimed = [TimedImplementation(r.impl, best[id(r)], min(r.min_ms, best[id(r)]), r.runs) for r in close]
+            rows = sorted(retimed + rows[len(close):], key=lambda r: r.median_ms)
         self._selected = rows[0].impl.index
         for i in list(self._built):
             if i != self._selected:
