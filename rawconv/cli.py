@@ -31,34 +31,22 @@ def _shape(text: str) -> tuple[int, ...]:
     return out
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
+def _bounded(kind, minimum, what):
+    """An argparse type: ``kind(text)`` that must be > ``minimum`` (``minimum`` None: >= 0)."""
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if (v < 0) if minimum is None else not v > minimum:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
+        return v
+    return parse
 
 
-def _nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {v}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {v}")
-    return v
+_positive_int = _bounded(int, 0, "a positive integer")
+_nonneg_int = _bounded(int, None, "a non-negative integer")
+_positive_float = _bounded(float, 0, "a positive number")
 
 
 def _ints(text: str):
