@@ -911,12 +911,14 @@ class GraphConvolution:
                  deterministic_only: bool = False, no_tensor_cores: bool | None = None,
                  no_down_conversion: bool = True, no_reduced_precision: bool = False,
                  iterations: int = 5, final_iterations: int = 30, check: bool = True,
-                 use_cache: bool = True, seed: int = 0) -> list[TimedConfig]:
+                 use_cache: bool = True, seed: int = 0,
+                 include_runtime_compiled: bool = False) -> list[TimedConfig]:
         """Search engine configs for the fastest correct one, select it and return the ranked table.
 
         Candidates, in order, while ``budget_s`` seconds (wall time, finalization included) last:
         the configs of heuristic modes instant, B and FALLBACK; every engine with its default
-        knobs; then, for the fastest few engines (ranked by their first measurement), neighbouring
+        knobs (a runtime-compiled engine that no heuristic mode proposes only with
+        ``include_runtime_compiled``: one such compilation took 21 s, and cannot be cut short); then, for the fastest few engines (ranked by their first measurement), neighbouring
         knob values (one knob at a time, keeping improvements) from their best config so far.
         Each candidate: execution plan finalized, output filled with NaN, run once and checked
         against the float64 reference within the tolerance its numerical notes imply (``check``),
@@ -942,7 +944,7 @@ class GraphConvolution:
             raise ArgumentError(f"workspace_limit must be None or bytes >= 0, got {workspace_limit!r}")
         filters = dict(deterministic_only=deterministic_only, no_tensor_cores=no_tensor_cores,
                        no_down_conversion=no_down_conversion, no_reduced_precision=no_reduced_precision)
-        key = self._tuning_key(workspace_limit, filters)
+        key = self._tuning_key(workspace_limit, dict(filters, include_runtime_compiled=include_runtime_compiled))
         if use_cache:
             hit = _tuning_get(key)
             if hit is not None:
@@ -1025,19 +1027,30 @@ class GraphConvolution:
             return time.perf_counter() < deadline
 
         # 1. heuristic configs
+        proposed = set()
         for mode in HEURISTIC_MODES:
             for ec in self.heuristic(mode):
+                proposed.add(ec.engine)
                 if not left():
                     break
                 trial(ec, "heuristic")
-        # 2. every engine with default knobs
+        # 2. every engine with default knobs. A runtime-compiled engine that no heuristic mode
+        # proposes is left out unless asked for: its compilation, which cannot be interrupted, took
+        # 21 s on an H200 (cuDNN 9.19, engine 80 on a stride-2 3x3 conv) for a 13 ms kernel.
         for idx in range(self.global_count):
             if not left():
                 break
             info = self.engine_info(idx)
             if info is None:
                 continue
-            trial(EngineConfig(idx, (), (), **info[0]), "default knobs")
+            ec = EngineConfig(idx, (), (), **info[0])
+            if ("RUNTIME_COMPILATION" in ec.behavior_notes and idx not in proposed
+                    and not include_runtime_compiled):
+                rows[ec.name] = TimedConfig(ec, status="filtered", phase="default knobs",
+                                            detail="runtime-compiled engine that no heuristic mode proposes "
+                                                   "(autotune(include_runtime_compiled=True) tries it)")
+                continue
+            trial(ec, "default knobs")
         # 3. neighbouring knob values of the fastest engines
         self._knob_search(rows, trial, left)
         # 4. re-time the best few
