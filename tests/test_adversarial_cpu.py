@@ -4,7 +4,7 @@ The promise under test: bad input gets a clear rawconv exception (ArgumentError 
 NotSupportedError / LibraryError) before any C call, never a crash or a raw Python/torch/cffi error;
 every result matches a float64 reference.
 
-Tests marked ``xfail(strict=True)`` document defects found by a QA pass; remove the mark once fixed.
+The tests after the "defects" line cover defects a QA pass found; each is fixed and must stay fixed.
 """
 from __future__ import annotations
 
@@ -319,7 +319,7 @@ def test_cli_zero_batch_compare_runs(capsys):
                  "--no-ref", "--random"]) == 0
 
 
-# =============================================================================== defects (xfail)
+# =============================================================================== defects (fixed)
 # ---- wrong numerical results ------------------------------------------------------------------
 def test_out_aliasing_input_is_rejected_or_correct():
     g = _gen(17)
