@@ -36,6 +36,7 @@ import torch
 from . import _cudnn
 from ._cudnn import ffi
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
+from ._plans import PlanCache, PlanLifetime
 from .problem import ConvProblem, empty_like_layout, layout_of, to_layout, dense_strides, strides_match, shape_only
 
 __all__ = ["Algorithm", "TimedAlgorithm", "RunInfo", "Convolution", "forward", "backward_data",
@@ -209,7 +210,7 @@ def gpu_time(fn, iterations: int = 20, warmup: int = 3, repeats: int = 3):
 
 
 # ---------------------------------------------------------------------------- the plan
-class Convolution:
+class Convolution(PlanLifetime):
     """A cuDNN (legacy API) convolution plan for one problem, in the style of nvmath-python's ``Matmul``.
 
     ``Convolution(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, *, algo=None,
@@ -875,12 +876,6 @@ class Convolution:
         self._x = self._w = self._b = None
         self._freed = True
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.free()
-
     def __repr__(self) -> str:
         if self._freed:
             return "<rawconv.cudnn.Convolution (freed)>"
@@ -889,10 +884,8 @@ class Convolution:
 
 
 # ---------------------------------------------------------------------------- plan caches and functions
-_cache: dict = {}
-_fast: dict = {}
-_cache_lock = threading.Lock()
-_CACHE_MAX = 256
+_cache = PlanCache(256)
+_fast = PlanCache(256)
 
 
 def _plan(problem: ConvProblem, direction: str, w_layout: str, algo, math, deterministic, workspace_limit,
@@ -903,19 +896,14 @@ def _plan(problem: ConvProblem, direction: str, w_layout: str, algo, math, deter
         plan = Convolution.from_problem(problem, direction=direction, w_layout=w_layout, algo=algo, math=math,
                                         deterministic=deterministic, workspace_limit=workspace_limit,
                                         activation=activation)
-        with _cache_lock:
-            if len(_cache) >= _CACHE_MAX:
-                _cache.pop(next(iter(_cache)))
-                _fast.clear()
-            _cache[key] = plan
+        _cache.put(key, plan)
     return plan
 
 
 def clear_cache() -> None:
     """Drop every cached plan (descriptors, chosen algos, workspaces) used by the function forms."""
-    with _cache_lock:
-        _cache.clear()
-        _fast.clear()
+    _cache.clear()
+    _fast.clear()
 
 
 def _graph(name: str):
@@ -980,7 +968,7 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
         _check_device(problem)
         plan = _plan(problem, "forward", _w_layout(w), algo, math, deterministic, workspace_limit, activation)
         if key is not None:
-            _fast[key] = plan
+            _fast.put(key, plan)
     return plan.execute(x, w, bias, out, return_info=return_info)
 
 
@@ -1041,7 +1029,7 @@ def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int],
         problem = _grad_problem(grad_y, w, x_shape, stride, padding, dilation, groups, "backward_data")
         plan = _plan(problem, "backward_data", _w_layout(w), algo, math, deterministic, workspace_limit, None)
         if key is not None:
-            _fast[key] = plan
+            _fast.put(key, plan)
     return plan.execute(grad_y=grad_y, w=w, out=out, return_info=return_info)
 
 
@@ -1075,7 +1063,7 @@ def backward_filter(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[int
         plan = _plan(problem, "backward_filter", w_layout or problem.layout, algo, math, deterministic,
                      workspace_limit, None)
         if key is not None:
-            _fast[key] = plan
+            _fast.put(key, plan)
     return plan.execute(x, grad_y=grad_y, out=out, return_info=return_info)
 
 

@@ -41,6 +41,7 @@ import torch
 
 from . import _cudnn, _cudnn_backend as B
 from .errors import ArgumentError, ArgumentTypeError, LibraryError, NotSupportedError
+from ._plans import PlanCache, PlanLifetime
 from .problem import ConvProblem, ErrorStats, empty_like_layout, layout_of, to_layout, tolerance, EPS, dense_strides, shape_only
 
 __all__ = ["EngineConfig", "TimedConfig", "GraphConvolution", "engines", "forward", "backward_data",
@@ -419,7 +420,7 @@ class _Built:
 
 
 # ---------------------------------------------------------------------------- the plan
-class GraphConvolution:
+class GraphConvolution(PlanLifetime):
     """A cuDNN graph-API convolution plan for one problem, in the style of nvmath-python's ``Matmul``.
 
     ``GraphConvolution(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, *,
@@ -1141,12 +1142,6 @@ class GraphConvolution:
         self._x = self._w = self._b = None
         self._freed = True
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.free()
-
     def __repr__(self) -> str:
         if self._freed:
             return "<rawconv.cudnn_graph.GraphConvolution (freed)>"
@@ -1291,9 +1286,7 @@ def clear_tuning_cache() -> None:
 
 
 # ---------------------------------------------------------------------------- function forms
-_plans: dict = {}
-_plans_lock = threading.Lock()
-_PLANS_MAX = 256
+_plans = PlanCache(256)
 
 
 def _plan(problem: ConvProblem, direction: str, activation, allow_tf32: bool, engine) -> GraphConvolution:
@@ -1309,18 +1302,14 @@ def _plan(problem: ConvProblem, direction: str, activation, allow_tf32: bool, en
             plan.autotune()
         elif engine is not None:
             plan.select(engine)
-        with _plans_lock:
-            if len(_plans) >= _PLANS_MAX:
-                _plans.pop(next(iter(_plans)))
-            _plans[key] = plan
+        _plans.put(key, plan)
     return plan
 
 
 def clear_cache() -> None:
     """Drop every cached plan used by the function forms (the tuning cache stays)."""
-    with _plans_lock:
-        _plans.clear()
-        _fast_plans.clear()
+    _plans.clear()
+    _fast_plans.clear()
 
 
 _MATH_TF32 = {"fma": False, "ieee": False, "tensor_op": True, "tensor_op_allow_conversion": True, "default": True,
@@ -1376,14 +1365,11 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
         act = _check_activation(activation, "forward", bias is not None)
         plan = _plan(problem, "forward", act, _tf32(allow_tf32, math), engine)
         if key is not None:
-            with _plans_lock:
-                if len(_fast_plans) >= _PLANS_MAX:
-                    _fast_plans.pop(next(iter(_fast_plans)))
-                _fast_plans[key] = plan
+            _fast_plans.put(key, plan)
     return plan.execute(x, w, bias, out)
 
 
-_fast_plans: dict = {}
+_fast_plans = PlanCache(256)
 
 
 def _hashable(v):

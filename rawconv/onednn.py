@@ -28,6 +28,7 @@ import torch
 from . import _dnnl
 from ._dnnl import ffi
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
+from ._plans import PlanCache, PlanLifetime
 from .problem import ConvProblem, _int, empty_like_layout, layout_of, shape_arg, to_layout, dense_strides, strides_match, shape_only
 
 __all__ = ["Implementation", "Convolution", "forward", "backward_data", "backward_weights",
@@ -324,7 +325,7 @@ def _set_handle_int():
 
 
 # ---------------------------------------------------------------------------- the plan
-class Convolution:
+class Convolution(PlanLifetime):
     """A oneDNN convolution plan for one problem, in the style of nvmath-python's ``Matmul``.
 
     ``Convolution(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, *, impl=None,
@@ -820,12 +821,6 @@ class Convolution:
         self.user_md = {}
         self._freed = True
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.free()
-
     def __repr__(self) -> str:
         if self._freed:
             return "<rawconv.onednn.Convolution (freed)>"
@@ -870,9 +865,7 @@ def _check_device(p: ConvProblem):
 
 
 # ---------------------------------------------------------------------------- plan cache and functions
-_cache: dict = {}
-_cache_lock = threading.Lock()
-_CACHE_MAX = 256
+_cache = PlanCache(256)
 
 
 def _plan(problem: ConvProblem, direction: str, algorithm: str, fpmath: str, w_layout: str, impl: Any) -> Convolution:
@@ -887,18 +880,14 @@ def _plan(problem: ConvProblem, direction: str, algorithm: str, fpmath: str, w_l
     if plan is None:
         plan = Convolution.from_problem(problem, direction=direction, algorithm=algorithm, fpmath=fpmath,
                                         w_layout=w_layout, impl=impl, prepack=False)
-        with _cache_lock:
-            if len(_cache) >= _CACHE_MAX:
-                _cache.pop(next(iter(_cache)))
-            _cache[key] = plan
+        _cache.put(key, plan)
     return plan
 
 
 def clear_cache() -> None:
     """Drop every cached plan used by the function forms."""
-    with _cache_lock:
-        _cache.clear()
-        _fast_plans.clear()
+    _cache.clear()
+    _fast_plans.clear()
 
 
 def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
@@ -934,16 +923,13 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
         _check_device(problem)
         plan = _plan(problem, "forward", algorithm, fpmath, _w_layout(w), impl)
         if key is not None:
-            with _cache_lock:
-                if len(_fast_plans) >= _CACHE_MAX:
-                    _fast_plans.pop(next(iter(_fast_plans)), None)
-                _fast_plans[key] = plan
+            _fast_plans.put(key, plan)
     elif bias is not None and not _bias_fits(bias, x, plan.problem.k):
         ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)   # raises the clear error
     return plan.execute(x, w, bias, out)
 
 
-_fast_plans: dict = {}
+_fast_plans = PlanCache(256)
 
 
 def _key(v):

@@ -1,0 +1,42 @@
+"""What every backend's plans share: a bounded cache for the function forms, and ``with``."""
+from __future__ import annotations
+
+import threading
+
+
+class PlanCache:
+    """A thread-safe dict of plans holding at most ``maxsize`` entries (the oldest is dropped
+    first). The function forms (``forward``...) keep their plans here, keyed by problem/options."""
+
+    def __init__(self, maxsize: int = 256):
+        self.maxsize = maxsize
+        self._plans: dict = {}
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        return self._plans.get(key)
+
+    def put(self, key, plan):
+        """Store ``plan`` under ``key`` and return it."""
+        with self._lock:
+            if len(self._plans) >= self.maxsize:
+                self._plans.pop(next(iter(self._plans)), None)
+            self._plans[key] = plan
+        return plan
+
+    def clear(self) -> None:
+        with self._lock:
+            self._plans.clear()
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+
+class PlanLifetime:
+    """``with plan: ...`` calls ``plan.free()`` on the way out."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
