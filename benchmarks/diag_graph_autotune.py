@@ -11,8 +11,6 @@ from __future__ import annotations
 import argparse
 import time
 
-import torch
-
 from rawconv import ConvProblem, cudnn_graph as G
 
 

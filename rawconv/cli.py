@@ -168,8 +168,6 @@ def _console(width):
 
 
 def cmd_compare(args) -> int:
-    from rich.console import Console
-
     from . import compare as cmp
     from ._info import collect
 
@@ -228,7 +226,6 @@ def cmd_info(args) -> int:
     if args.json:
         print(json.dumps(data, indent=1, default=str))
         return 0
-    from rich.console import Console
     from rich.table import Table
 
     t = Table(title="rawconv info", show_header=False)
@@ -248,7 +245,6 @@ def cmd_info(args) -> int:
 
 
 def cmd_list(args) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     console = _console(None)

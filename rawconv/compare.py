@@ -333,7 +333,7 @@ def _cudnn_rows(problem, x, w, b, ref, ref_abs, timer, engines=None, **_kw) -> l
             continue
         detail = (f"math set {info.math}, reported {info.math_reported}; "
                   f"{'deterministic' if info.deterministic else 'non-deterministic'}"
-                  + (f"; fused bias" if info.fused else "") + (f"; {'; '.join(info.notes)}" if info.notes else ""))
+                  + ("; fused bias" if info.fused else "") + (f"; {'; '.join(info.notes)}" if info.notes else ""))
         rows.append(_measure(problem, "cudnn", label, detail, run, ref, ref_abs, timer,
                              tol=cudnn_tolerance(problem.dtype, info.math_reported, info.algo),
                              workspace=info.workspace_bytes,

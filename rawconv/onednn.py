@@ -17,7 +17,6 @@ user *scratchpad*, the *fpmath mode*.
 """
 from __future__ import annotations
 
-import math
 import threading
 import weakref
 from dataclasses import dataclass, field

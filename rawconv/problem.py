@@ -453,7 +453,6 @@ class ConvProblem:
         def get(prefix, default):
             out = []
             for dname in dims:
-                key = prefix + dname
                 # benchdnn: a missing W copies H, a missing H copies D
                 src = {"w": ("h", "d"), "h": ("d",), "d": ()}[dname]
                 for cand in (dname,) + src:
