@@ -122,28 +122,25 @@ def _ptr(t: torch.Tensor):
     return ffi.cast("void *", t.data_ptr())
 
 
+def _check_choice(value, choices, name: str):
+    """``value`` if it is one of ``choices`` (a str key), else ArgumentTypeError/ArgumentError."""
+    if not isinstance(value, str):
+        raise ArgumentTypeError(f"{name} must be one of {list(choices)}, got {type(value).__name__}")
+    if value not in choices:
+        raise ArgumentError(f"{name} must be one of {list(choices)}, got {value!r}")
+    return value
+
+
 def _check_fpmath(fpmath: str) -> int:
-    if not isinstance(fpmath, str):
-        raise ArgumentTypeError(f"fpmath must be one of {list(FPMATH_MODES)}, got {type(fpmath).__name__}")
-    if fpmath not in FPMATH_MODES:
-        raise ArgumentError(f"fpmath must be one of {list(FPMATH_MODES)}, got {fpmath!r}")
-    return FPMATH_MODES[fpmath]
+    return FPMATH_MODES[_check_choice(fpmath, FPMATH_MODES, "fpmath")]
 
 
 def _check_algorithm(algorithm: str) -> str:
-    if not isinstance(algorithm, str):
-        raise ArgumentTypeError(f"algorithm must be one of {list(ALGORITHMS)}, got {type(algorithm).__name__}")
-    if algorithm not in ALGORITHMS:
-        raise ArgumentError(f"algorithm must be one of {list(ALGORITHMS)}, got {algorithm!r}")
-    return algorithm
+    return _check_choice(algorithm, ALGORITHMS, "algorithm")
 
 
 def _check_direction(direction: str) -> str:
-    if not isinstance(direction, str):
-        raise ArgumentTypeError(f"direction must be one of {list(_ARGS)}, got {type(direction).__name__}")
-    if direction not in _ARGS:
-        raise ArgumentError(f"direction must be one of {list(_ARGS)}, got {direction!r}")
-    return direction
+    return _check_choice(direction, _ARGS, "direction")
 
 
 def _check_impl(impl: Any):
