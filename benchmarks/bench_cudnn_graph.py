@@ -1,66 +1,70 @@
-"""rawconv.cudnn_graph (autotuned engine configs) against torch with cudnn.benchmark=True, on the H200.
+"""rawconv.cudnn_graph (autotuned engine configs) against torch with cudnn.benchmark=True, on a GPU.
 
-One process. For each precision (fp32 IEEE, TF32, fp16, bf16) and each ResNet-50 layer (batch 32,
-channels_last by default): torch's time with ``torch.backends.cudnn.benchmark = True`` (and
-``allow_tf32`` as the precision says), rawconv's autotuned best (budget per layer), both timed
-with CUDA events (:func:`rawconv.bench.time_cuda`, medians), the ratio torch / rawconv, the
-geometric mean per precision, the autotune seconds per layer cold and warm (tuning-cache hit), and
-the per-call host overhead of a cached plan against ``F.conv2d``.
+One process per GPU. For each layout (channels_last "nhwc", "nchw"), precision (fp32 IEEE, TF32,
+fp16, bf16) and ResNet-50 layer (the 23 distinct convolutions of ``rawconv.presets.resnet50``,
+batch 32): torch's time with ``torch.backends.cudnn.benchmark = True`` (and ``allow_tf32`` as the
+precision says), rawconv's autotuned best (``--budget`` seconds per layer, cold), both timed with
+CUDA events around groups of back-to-back calls in interleaved rounds (torch, rawconv, torch, ...;
+median of the round medians, so that clock drift hits both alike), the ratio torch / rawconv, the
+geometric mean per precision and layout, the autotune seconds per layer cold and warm
+(tuning-cache hit), and the per-call host overhead of a cached plan against ``F.conv2d``.
 
-    python benchmarks/bench_cudnn_graph.py [--budget 8] [--layers 6] [--layouts nhwc,nchw] [--json out.json]
+    python benchmarks/bench_cudnn_graph.py [--budget 8] [--layers 23] [--layouts nhwc,nchw] [--json out.json]
+    python benchmarks/bench_cudnn_graph.py --summary a.json b.json     # one table from several runs
+
+Two GPUs: run one process per layout with ``CUDA_VISIBLE_DEVICES=0`` / ``=1`` and ``--json``, then
+``--summary``.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
+from collections import defaultdict
 
-import torch
-import torch.nn.functional as F
-
-from rawconv import cudnn_graph as G
-from rawconv.bench import geomean, time_cuda
-from rawconv.problem import to_layout
-
-try:
-    from rawconv.presets import resnet50
-except ImportError:  # pragma: no cover
-    resnet50 = None
-
-# six layers as in shared/LIBRARY-FACTS.md's probe, then the rest of ResNet-50 in network order
+# six layers as in shared/LIBRARY-FACTS.md's probe first, then the rest of ResNet-50 in network order
 PREFERRED = ["layer1.0.conv1", "layer1.0.conv2", "layer1.0.conv3", "layer2.0.conv2", "layer3.1.conv2",
              "layer4.0.conv3"]
 MODES = {"fp32": ("float32", False), "tf32": ("float32", True), "fp16": ("float16", False),
          "bf16": ("bfloat16", False)}
 
 
-def layers(batch: int, dtype: str, layout: str, count: int):
+def layers(batch: int, dtype: str, layout: str, count: int, only: str | None = None):
+    from rawconv.presets import resnet50
+
     probs = resnet50(batch, dtype=dtype, layout=layout)
     byname = {p.name: p for p in probs}
     order = [byname[n] for n in PREFERRED if n in byname] + [p for p in probs if p.name not in PREFERRED]
+    if only:
+        names = only.split(",")
+        order = [p for p in order if p.name in names]
     return order[:count]
 
 
-def timed(fn, iters: int) -> float:
-    """Median GPU ms per call: CUDA events (time_cuda) around groups of back-to-back calls, so that
-    a short kernel is not timed together with its launch (same method for torch and rawconv)."""
-    return G._time_reps(time_cuda, fn, iters, warmup=3).median_ms
+def interleaved(fns: dict, iters: int, rounds: int = 5) -> dict:
+    """Median GPU ms per call for each callable: CUDA events around groups of back-to-back calls
+    (``rawconv.cudnn_graph._time_reps``), ``rounds`` rounds alternating the callables; the median
+    of the round medians."""
+    from rawconv import cudnn_graph as G
+    from rawconv.bench import time_cuda
+
+    per = defaultdict(list)
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            per[name].append(G._time_reps(time_cuda, fn, max(2, iters // rounds), warmup=2).median_ms)
+    return {name: statistics.median(v) for name, v in per.items()}
 
 
-def torch_time(x, w, p, tf32: bool, iters: int) -> float:
-    torch.backends.cudnn.benchmark = True
-    torch.backends.cudnn.allow_tf32 = tf32
-    pad = p.torch_padding
-    fn = lambda: F.conv2d(x, w, None, p.stride, pad, p.dilation, p.groups)  # noqa: E731
-    for _ in range(3):
-        fn()  # the first call runs torch's own benchmark search
-    return timed(fn, iters)
-
-
-def host_overhead(n: int = 2000) -> dict:
+def host_overhead(n: int = 3000, repeats: int = 5) -> dict:
     """Per-call host time (µs) of back-to-back calls, one synchronize at the end: a tiny fp16 NHWC
-    problem so that the GPU is never the bottleneck."""
+    problem so that the GPU is never the bottleneck. Best of ``repeats`` loops of ``n`` calls."""
+    import torch
+    import torch.nn.functional as F
+    from rawconv import cudnn_graph as G
+    from rawconv.problem import to_layout
+
     x = to_layout(torch.randn(1, 8, 8, 8, device="cuda", dtype=torch.float16), "nhwc")
     w = to_layout(torch.randn(8, 8, 1, 1, device="cuda", dtype=torch.float16), "nhwc")
     torch.backends.cudnn.benchmark = True
@@ -68,44 +72,64 @@ def host_overhead(n: int = 2000) -> dict:
     plan.autotune(budget_s=2.0)
     y = torch.empty_like(F.conv2d(x, w))
     out = {}
-    for name, fn in (("F.conv2d", lambda: F.conv2d(x, w)),
+    for name, fn in (("F.conv2d(x, w)", lambda: F.conv2d(x, w)),
                      ("rawconv plan.execute(x, w)", lambda: plan.execute(x, w)),
                      ("rawconv plan.execute(x, w, out=y)", lambda: plan.execute(x, w, out=y)),
                      ("rawconv cudnn_graph.forward(x, w, engine=...)",
                       lambda: G.forward(x, w, engine=plan.selected))):
-        for _ in range(50):
+        for _ in range(100):
             fn()
         torch.cuda.synchronize()
         best = float("inf")
-        for _ in range(3):
+        for _ in range(repeats):
             t0 = time.perf_counter()
             for _ in range(n):
                 fn()
             torch.cuda.synchronize()
             best = min(best, (time.perf_counter() - t0) / n * 1e6)
         out[name] = best
+    # rawconv's own Python part: the same call with cudnnBackendExecute replaced by a no-op
+    from rawconv import _cudnn
+
+    real_lib = _cudnn.lib
+
+    class _NoExecute:
+        def __init__(self, lib):
+            self._lib = lib
+
+        def __getattr__(self, name):
+            return getattr(self._lib, name)
+
+        @staticmethod
+        def cudnnBackendExecute(*args):
+            return 0
+
+    stub = _NoExecute(real_lib())
+    _cudnn.lib = lambda: stub
+    try:
+        fn = lambda: plan.execute(x, w, out=y)  # noqa: E731
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            best = min(best, (time.perf_counter() - t0) / n * 1e6)
+        out["rawconv plan.execute(x, w, out=y), cudnnBackendExecute stubbed"] = best
+    finally:
+        _cudnn.lib = real_lib
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--budget", type=float, default=8.0, help="autotune seconds per layer (cold)")
-    ap.add_argument("--layers", type=int, default=6)
-    ap.add_argument("--modes", default="fp32,tf32,fp16,bf16")
-    ap.add_argument("--layouts", default="nhwc")
-    ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--no-overhead", action="store_true")
-    args = ap.parse_args(argv)
-    if resnet50 is None:
-        print("rawconv.presets.resnet50 is missing", file=sys.stderr)
-        return 2
-    dev = torch.cuda.get_device_name()
-    from rawconv import _cudnn
+def run(args) -> list:
+    import torch
+    import torch.nn.functional as F
+    from rawconv import _cudnn, cudnn_graph as G
+    from rawconv.problem import to_layout
 
+    dev = torch.cuda.get_device_name()
     print(f"# {dev}, torch {torch.__version__}, cuDNN {_cudnn.version()['version']} (torch's: "
-          f"{torch.backends.cudnn.version()}), batch {args.batch}, budget {args.budget} s/layer", flush=True)
+          f"{torch.backends.cudnn.version()}), batch {args.batch}, budget {args.budget} s/layer, "
+          f"patience {args.patience}", flush=True)
     results = []
     for layout in args.layouts.split(","):
         for mode in args.modes.split(","):
@@ -114,55 +138,127 @@ def main(argv=None) -> int:
             print(f"\n## {mode} {layout}", flush=True)
             print(f"{'layer':<22} {'problem':<44} {'torch ms':>9} {'rawconv ms':>10} {'ratio':>6} "
                   f"{'cold s':>6} {'warm s':>7} {'cands':>5}  best config [notes]", flush=True)
-            for p in layers(args.batch, dtype, layout, args.layers):
+            for p in layers(args.batch, dtype, layout, args.layers, args.only):
                 x, w, _ = p.make_inputs(seed=0, device="cuda")
                 w = to_layout(w, layout)
-                t_torch = torch_time(x, w, p, tf32, args.iters)
-                plan = G.GraphConvolution(x, w, None, p.stride, p.torch_padding, p.dilation, p.groups,
-                                          allow_tf32=tf32)
+                torch.backends.cudnn.benchmark = True
+                torch.backends.cudnn.allow_tf32 = tf32
+                pad = p.torch_padding
+                f_torch = lambda: F.conv2d(x, w, None, p.stride, pad, p.dilation, p.groups)  # noqa: E731
+                for _ in range(3):
+                    f_torch()  # the first call runs torch's own benchmark search
+                plan = G.GraphConvolution(x, w, None, p.stride, pad, p.dilation, p.groups, allow_tf32=tf32)
                 t0 = time.perf_counter()
                 try:
-                    table = plan.autotune(budget_s=args.budget)
+                    table = plan.autotune(budget_s=args.budget, patience=args.patience)
                 except Exception as exc:  # report and go on
                     print(f"{p.name:<22} autotune failed: {exc}", flush=True)
                     results.append({"layer": p.name, "mode": mode, "layout": layout, "error": str(exc)})
                     continue
                 cold = time.perf_counter() - t0
-                y = torch.empty_like(F.conv2d(x, w, None, p.stride, p.torch_padding))
-                t_raw = timed(lambda: plan.execute(x, w, out=y), args.iters)
-                plan2 = G.GraphConvolution(x, w, None, p.stride, p.torch_padding, p.dilation, p.groups,
-                                           allow_tf32=tf32)
+                y = torch.empty_like(f_torch())
+                f_raw = lambda: plan.execute(x, w, out=y)  # noqa: E731
+                times = interleaved({"torch": f_torch, "rawconv": f_raw}, args.iters)
+                t_torch, t_raw = times["torch"], times["rawconv"]
+                plan2 = G.GraphConvolution(x, w, None, p.stride, pad, p.dilation, p.groups, allow_tf32=tf32)
                 t0 = time.perf_counter()
-                table2 = plan2.autotune(budget_s=args.budget)
+                table2 = plan2.autotune(budget_s=args.budget, patience=args.patience)
                 warm = time.perf_counter() - t0
                 if table2[0].phase != "cache":
                     print(f"  (warning: the second autotune of {p.name} did not hit the tuning cache)", flush=True)
-                best = table[0].config
+                best = table[0]
                 ratio = t_torch / t_raw
                 ratios.append(ratio)
                 n_ok = sum(r.status == "ok" for r in table)
+                phase_s = defaultdict(float)
+                for r in table:
+                    phase_s[r.phase] += r.seconds
                 print(f"{p.name:<22} {p.describe()[:44]:<44} {t_torch:9.4f} {t_raw:10.4f} {ratio:6.2f} "
-                      f"{cold:6.1f} {warm:7.3f} {n_ok:>5}  {best.name} [{','.join(best.numerical_notes)}]",
-                      flush=True)
+                      f"{cold:6.1f} {warm:7.3f} {n_ok:>5}  {best.name} [{','.join(best.config.numerical_notes)}]"
+                      f" ({best.phase})", flush=True)
                 results.append({"layer": p.name, "mode": mode, "layout": layout, "problem": p.describe(),
                                 "torch_ms": t_torch, "rawconv_ms": t_raw, "ratio": ratio, "cold_s": cold,
-                                "warm_s": warm, "best": best.name, "notes": list(best.numerical_notes),
-                                "candidates_ok": n_ok, "candidates": len(table),
-                                "mismatches": sum(r.status == "mismatch" for r in table)})
+                                "warm_s": warm, "best": best.name, "best_phase": best.phase,
+                                "notes": list(best.config.numerical_notes), "candidates_ok": n_ok,
+                                "candidates": len(table),
+                                "mismatches": sum(r.status == "mismatch" for r in table),
+                                "mismatch_configs": [r.name for r in table if r.status == "mismatch"][:20],
+                                "seconds_by_phase": dict(phase_s)})
                 plan.free()
                 plan2.free()
             if ratios:
                 print(f"geomean torch/rawconv {mode} {layout}: {geomean(ratios):.3f}  (min {min(ratios):.2f}, "
                       f"{len(ratios)} layers)", flush=True)
     if not args.no_overhead:
-        print("\n## per-call host overhead (µs, tiny fp16 NHWC problem, back-to-back calls, best of 3)")
+        print("\n## per-call host overhead (µs, tiny fp16 NHWC problem, back-to-back calls, best of 5 x 3000)")
         oh = host_overhead()
         for k, v in oh.items():
             print(f"{k:<48} {v:7.2f} µs")
         results.append({"host_overhead_us": oh})
+    return results
+
+
+def geomean(values) -> float:
+    from rawconv.bench import geomean as g
+    return g(values)
+
+
+def summary(results: list) -> None:
+    """Per (precision, layout): geomean, min and max ratio, layers below 1.0, cold/warm autotune s."""
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = [r for r in results if "ratio" in r]
+    failed = [r for r in results if "error" in r]
+    t = Table(title="torch (cudnn.benchmark=True) time / rawconv.cudnn_graph autotuned time")
+    for col in ("precision", "layout", "layers", "geomean", "min", "max", "below 1.0", "cold s (median/max)",
+                "warm s (max)"):
+        t.add_column(col, justify="right" if col not in ("precision", "layout") else "left")
+    keys = sorted({(r["mode"], r["layout"]) for r in rows}, key=lambda k: (list(MODES).index(k[0]), k[1]))
+    for mode, layout in keys:
+        rs = [r for r in rows if r["mode"] == mode and r["layout"] == layout]
+        ratios = [r["ratio"] for r in rs]
+        below = [f"{r['layer']} {r['ratio']:.2f}" for r in rs if r["ratio"] < 1.0]
+        cold = [r["cold_s"] for r in rs]
+        t.add_row(mode, layout, str(len(rs)), f"{geomean(ratios):.3f}", f"{min(ratios):.2f}", f"{max(ratios):.2f}",
+                  f"{len(below)}" + (f": {', '.join(below)}" if below else ""),
+                  f"{statistics.median(cold):.1f} / {max(cold):.1f}", f"{max(r['warm_s'] for r in rs):.3f}")
+    Console(width=200).print(t)
+    for r in failed:
+        print(f"failed: {r['mode']} {r['layout']} {r['layer']}: {r['error'][:200]}")
+    for r in results:
+        if "host_overhead_us" in r:
+            print("host overhead per call (µs): " + ", ".join(f"{k} {v:.2f}" for k, v in r["host_overhead_us"].items()))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--budget", type=float, default=8.0, help="autotune seconds per layer (cold)")
+    ap.add_argument("--patience", type=int, default=300, help="autotune(patience=): candidates without gain")
+    ap.add_argument("--layers", type=int, default=23)
+    ap.add_argument("--only", default=None, help="comma-separated layer names")
+    ap.add_argument("--modes", default="fp32,tf32,fp16,bf16")
+    ap.add_argument("--layouts", default="nhwc,nchw")
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--no-overhead", action="store_true")
+    ap.add_argument("--summary", nargs="+", default=None, metavar="JSON",
+                    help="print one summary table from earlier --json outputs and exit")
+    args = ap.parse_args(argv)
+    if args.summary:
+        results = []
+        for path in args.summary:
+            with open(path) as f:
+                results += json.load(f)
+        summary(results)
+        return 0
+    results = run(args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
+    print()
+    summary(results)
     return 0
 
 

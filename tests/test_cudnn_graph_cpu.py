@@ -351,3 +351,100 @@ def test_reexported_from_rawconv_cudnn():
     from rawconv import cudnn
 
     assert cudnn.EngineConfig is G.EngineConfig and cudnn.engines is G.engines
+
+
+class _FakeGraph:
+    """Enough of a GraphConvolution for the knob search, on a synthetic cost landscape."""
+
+    def __init__(self, engines):
+        self.engines = engines  # index -> (behavior notes, knob info, cost(knobs) or None = no finalize)
+        self.global_count = max(engines) + 1
+
+    def engine_info(self, idx):
+        e = self.engines.get(idx)
+        if e is None:
+            return None
+        return ({"numerical_notes": (), "behavior_notes": e[0]}, e[1])
+
+    _random_search = G.GraphConvolution._random_search
+    _neighbours = G.GraphConvolution._neighbours
+    _knob_search = G.GraphConvolution._knob_search
+
+
+def _search(fake, budget_trials, seed=0, rows=None):
+    rows = {} if rows is None else rows
+    calls = []
+
+    def trial(ec, phase):
+        if ec.name in rows:
+            return rows[ec.name]
+        calls.append(ec)
+        cost = fake.engines[ec.engine][2](dict(ec.knobs))
+        if cost is None:
+            rows[ec.name] = G.TimedConfig(ec, status="not supported", phase=phase)
+            return None
+        rows[ec.name] = row = G.TimedConfig(ec, cost, cost, 1, "ok", None, phase)
+        return row
+
+    def left():
+        return len(calls) < budget_trials
+
+    for idx in fake.engines:  # default knobs, as autotune's phase 2
+        trial(G.EngineConfig(idx), "default knobs")
+    fake._knob_search(rows, trial, left)
+    fake._random_search(rows, trial, left, seed, set(), False)
+    return rows, calls
+
+
+def test_knob_search_finds_a_hidden_optimum_within_the_trial_budget():
+    # engine 3: the good region is only reachable by changing two knobs together (k2 and k5)
+    def cost3(k):
+        if not k:
+            return 1.0
+        if k.get(2, 0) % 3 == 2 and k.get(5, 0) >= 6:
+            return 0.5 + 0.01 * abs(k[2] - 5) + 0.01 * (7 - k[5])
+        return None if k.get(2, 0) > 6 else 1.0 + 0.01 * k.get(2, 0)
+
+    fake = _FakeGraph({
+        1: ((), [(2, 0, 3, 1)], lambda k: 2.0 - 0.1 * k.get(2, 0)),
+        3: ((), [(2, 0, 8, 1), (5, 0, 7, 1)], cost3),
+        7: ((), [], lambda k: 1.5),
+        9: ((), [(1, 0, 3, 1)], lambda k: None),   # never finalizes: dropped after 16 draws
+    })
+    rows, calls = _search(fake, budget_trials=70)  # fewer than the 86 configs there are
+    ok = sorted((r for r in rows.values() if r.status == "ok"), key=lambda r: r.median_ms)
+    assert ok[0].config.name == "eng3{k2=5,k5=7}", [str(r) for r in ok[:5]]
+    assert len(calls) <= 70
+    assert len({c.name for c in calls}) == len(calls), "a config was tried twice"
+    assert sum(c.engine == 9 for c in calls) <= 17
+
+
+def test_knob_search_stops_when_every_combination_was_tried():
+    fake = _FakeGraph({0: ((), [(2, 0, 2, 1)], lambda k: 1.0 + k.get(2, 0)),
+                       4: ((), [(3, 1, 4, 1)], lambda k: 3.0 - 0.1 * k.get(3, 1))})
+    rows, calls = _search(fake, budget_trials=10_000)
+    # 2 defaults + 3 + 4 combinations, each once
+    assert len(calls) == len({c.name for c in calls}) == 2 + 3 + 4
+
+
+def test_knob_search_skips_slow_runtime_compiled_engines_it_was_not_told_about():
+    fake = _FakeGraph({5: (("RUNTIME_COMPILATION",), [(2, 0, 50, 1)], lambda k: 1.0)})
+    rows, calls = _search(fake, budget_trials=500)
+    # not proposed by a heuristic: the random phase leaves it alone (the default phase tried it)
+    assert rows and not any(r.phase == "random knobs" for r in rows.values())
+
+
+def test_known_wrong_engines_match_only_their_problems():
+    asym = ConvProblem(n=2, c=16, k=32, in_spatial=(10, 10), kernel=(3, 3), stride=(2, 2), pad_before=(1, 0),
+                       pad_after=(2, 1), dtype="float32", layout="nhwc")
+    sym = ConvProblem(n=2, c=16, k=32, in_spatial=(10, 10), kernel=(3, 3), stride=(2, 2), pad_before=(1, 1),
+                      pad_after=(1, 1), dtype="float32", layout="nhwc")
+    assert G.known_wrong(asym, "backward_filter", 1) and G.known_wrong(asym, "backward_filter", 20)
+    assert not G.known_wrong(asym, "backward_filter", 2)
+    assert not G.known_wrong(asym, "forward", 1)
+    assert not G.known_wrong(sym, "backward_filter", 1)
+    half = ConvProblem(n=2, c=16, k=32, in_spatial=(10, 10), kernel=(3, 3), pad_before=(1, 1), pad_after=(1, 1),
+                       dtype="float16", layout="nhwc")
+    assert G.known_wrong(half, "backward_data", 2)
+    assert not G.known_wrong(half, "backward_data", 1)
+    assert not G.known_wrong(half.with_(dtype="bfloat16"), "backward_data", 2)

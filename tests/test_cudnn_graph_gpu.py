@@ -274,3 +274,30 @@ def test_cached_plan_execute_reuses_variant_pack():
     for _ in range(10):
         plan.execute(x, w, out=y)
     assert len(b.vps) == n
+
+
+@pytest.mark.parametrize("name,direction", sorted(KNOWN_CUDNN_WRONG))
+def test_default_selection_skips_known_wrong_engines_and_is_right(name, direction):
+    p, tf32 = GRID[name]
+    # the suite's own list and rawconv's must agree for these problems
+    for e in KNOWN_CUDNN_WRONG[(name, direction)]:
+        assert G.known_wrong(p, direction, e), f"rawconv.cudnn_graph.KNOWN_WRONG misses engine {e} for {name}"
+    x, w, dy = _inputs(p)
+    ref, ref_abs = _references(p, direction, x, w, dy)
+    plan = G.GraphConvolution.from_problem(p, direction=direction, allow_tf32=tf32)
+    assert plan.selected.engine not in KNOWN_CUDNN_WRONG[(name, direction)]
+    out_shape = {"backward_data": p.x_shape, "backward_filter": p.w_shape}[direction]
+    out = empty_like_layout(out_shape, p.layout, p.torch_dtype, "cuda").fill_(float("nan"))
+    if direction == "backward_data":
+        plan.execute(grad_y=dy, w=w, out=out)
+    else:
+        plan.execute(x, grad_y=dy, out=out)
+    torch.cuda.synchronize()
+    st = compare_to_reference(p, out, ref, ref_abs,
+                              **G.tolerance_args(p, plan.selected.numerical_notes, direction))
+    assert st.ok, f"default {plan.selected.name}: {st}"
+    with pytest.warns(RuntimeWarning, match="wrong results"):
+        try:
+            plan.select(min(KNOWN_CUDNN_WRONG[(name, direction)]))
+        except NotSupportedError:
+            pass
