@@ -301,3 +301,68 @@ def test_default_selection_skips_known_wrong_engines_and_is_right(name, directio
             plan.select(min(KNOWN_CUDNN_WRONG[(name, direction)]))
         except NotSupportedError:
             pass
+
+
+def _wait_for_background_compilation(limit_s=120.0):
+    t0 = time.perf_counter()
+    while G._rtc_running and time.perf_counter() - t0 < limit_s:
+        time.sleep(0.05)
+    assert not G._rtc_running, f"a runtime compilation is still running after {limit_s} s: {G._rtc_running}"
+
+
+def test_runtime_compiled_engines_build_in_the_background_and_run_right():
+    p, _ = GRID["fp16-nhwc"]
+    x, w, _dy = _inputs(p)
+    _wait_for_background_compilation()
+    plan = G.GraphConvolution(x, w, padding=1)
+    rtc = [i for i in range(plan.global_count)
+           if plan.engine_info(i) is not None and "RUNTIME_COMPILATION" in plan.engine_info(i)[0]["behavior_notes"]]
+    if not rtc:
+        pytest.skip("this cuDNN offers no runtime-compiled engine for the graph")
+    ref, ref_abs = conv_reference(p, x, w), abs_reference(p, x, w)
+    ran = 0
+    for idx in rtc:
+        ec = plan._annotate(G.EngineConfig(idx))
+        try:
+            b, why = G._build_in_background(plan, ec, 120.0)
+        except NotSupportedError:
+            continue
+        assert b is not None, why
+        plan.select(b.config)
+        assert plan.engine_id() == idx
+        y = plan.execute().clone()
+        torch.cuda.synchronize()
+        st = compare_to_reference(p, y, ref, ref_abs, **G.tolerance_args(p, b.config.numerical_notes))
+        assert st.ok, f"{b.config.name}: {st}"
+        ran += 1
+    assert ran, f"no runtime-compiled engine among {rtc} finalized"
+    # a timeout shorter than any compilation: the caller is told, the build finishes in the background
+    plan2 = G.GraphConvolution(x, w, padding=1)
+    ec = plan2._annotate(G.EngineConfig(rtc[0]))
+    b, why = G._build_in_background(plan2, ec, 1e-6)
+    assert (b is None and "still running" in why) or b is not None
+    b2, why2 = G._build_in_background(plan2, plan2._annotate(G.EngineConfig(rtc[-1])), 1e-6)
+    if b is None and G._rtc_running:
+        assert b2 is None and "skipped" in why2
+    _wait_for_background_compilation()
+
+
+def test_autotune_budget_holds_with_runtime_compiled_engines():
+    """Cold autotune on a stride-2 ResNet-50 layer, where one runtime-compiled engine once took
+    21 s to compile: the wall time stays near the budget (the compilation is left running)."""
+    from rawconv.presets import resnet50
+
+    _wait_for_background_compilation()
+    p = next(q for q in resnet50(32, dtype="float16", layout="nhwc") if q.name == "layer2.0.conv2")
+    x, w, _ = p.make_inputs(seed=0, device="cuda")
+    w = to_layout(w, "nhwc")
+    G.clear_tuning_cache()
+    plan = G.GraphConvolution(x, w, None, p.stride, p.torch_padding)
+    t0 = time.perf_counter()
+    table = plan.autotune(budget_s=4.0, use_cache=False, patience=None)
+    took = time.perf_counter() - t0
+    assert table[0].status == "ok"
+    assert took < 4.0 + 2.0, f"autotune took {took:.1f} s for a 4 s budget"
+    print(f"autotune {took:.1f} s; statuses: "
+          + str({s: sum(r.status == s for r in table) for s in {r.status for r in table}}))
+    _wait_for_background_compilation()
