@@ -186,6 +186,9 @@ def run(args) -> list:
                                 "seconds_by_phase": dict(phase_s)})
                 plan.free()
                 plan2.free()
+                if args.json:  # after every layer, so that a run cut short keeps what it measured
+                    with open(args.json, "w") as f:
+                        json.dump(results, f, indent=1)
             if ratios:
                 print(f"geomean torch/rawconv {mode} {layout}: {geomean(ratios):.3f}  (min {min(ratios):.2f}, "
                       f"{len(ratios)} layers)", flush=True)

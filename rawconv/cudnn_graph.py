@@ -963,9 +963,10 @@ class GraphConvolution(PlanLifetime):
         combination was tried, or ``patience`` candidates in a row (after the default-knob phase)
         brought no gain of 0.5% or more (``None``: use the whole budget).
         Runtime-compiled engines (behavior note RUNTIME_COMPILATION) compile in a background
-        thread, one at a time in the process: a compilation still running when the budget ends is
-        left to finish there (row status ``"over budget"``; one took 21 s on an H200 for a 13 ms
-        kernel), and while one runs the other runtime-compiled candidates are skipped the same way.
+        thread, one at a time in the process: a compilation still running when the budget ends (or,
+        for an engine's default knobs, after a fifth of the budget) is left to finish there (row
+        status ``"over budget"``; one took 21 s on an H200 for a 13 ms kernel) while the search goes
+        on; runtime-compiled candidates met meanwhile are skipped and retried later.
         Each candidate: execution plan finalized, output filled with NaN, run once and checked
         against the float64 reference within the tolerance its numerical notes imply (``check``),
         then timed with CUDA events (:func:`rawconv.bench.time_cuda`, ``iterations`` groups of
@@ -1022,8 +1023,10 @@ class GraphConvolution(PlanLifetime):
         stall = {"count": 0, "counting": False, "best": None}
 
         def trial(ec: EngineConfig, phase: str) -> TimedConfig | None:
-            if ec.name in rows:
-                return rows[ec.name]
+            old = rows.get(ec.name)
+            if old is not None and not (old.status == "over budget" and old.detail.startswith("skipped")
+                                        and not _rtc_running):
+                return old
             t0 = time.perf_counter()
             row = _trial(ec, phase)
             r = rows.get(ec.name)
@@ -1044,7 +1047,10 @@ class GraphConvolution(PlanLifetime):
                 return None
             try:
                 if "RUNTIME_COMPILATION" in ec.behavior_notes and ec.name not in self._built:
-                    b, why = _build_in_background(self, ec, max(deadline - time.perf_counter(), 0.05))
+                    wait = max(deadline - time.perf_counter(), 0.05)
+                    if phase == "default knobs":  # an untried engine: do not let it take the budget
+                        wait = min(wait, max(0.5, 0.2 * budget_s))
+                    b, why = _build_in_background(self, ec, wait)
                     if b is None:
                         rows[ec.name] = TimedConfig(ec, status="over budget", phase=phase, detail=why)
                         return None
@@ -1124,6 +1130,11 @@ class GraphConvolution(PlanLifetime):
         self._knob_search(rows, trial, left)
         # 4. random knob combinations, weighted to the fastest engines, until budget or patience end
         self._random_search(rows, trial, left, seed, proposed, include_runtime_compiled)
+        # 4b. configs skipped while a runtime compilation ran
+        for r in [r for r in rows.values() if r.status == "over budget" and r.detail.startswith("skipped")]:
+            if not left():
+                break
+            trial(r.config, r.phase)
         # 5. re-time the best few in interleaved rounds
         ok = sorted((r for r in rows.values() if r.status == "ok"), key=lambda r: r.median_ms)
         top = ok[:8]
@@ -1296,6 +1307,12 @@ class GraphConvolution(PlanLifetime):
                         self._neighbours(rows, trial, left, row, infos[idx][1])
             if not progressed:
                 return
+            for r in [r for r in rows.values() if r.status == "over budget" and r.detail.startswith("skipped")]:
+                if not left() or _rtc_running:
+                    break
+                row = trial(r.config, r.phase)  # skipped while another runtime compilation ran: retry
+                if row is not None and row.status == "ok":
+                    self._neighbours(rows, trial, left, row, infos.get(row.config.engine, (None, []))[1])
 
     def _neighbours(self, rows: dict, trial, left, start, knobs) -> None:
         """One knob at a time, to each neighbouring value, from ``start``, keeping improvements."""
