@@ -962,11 +962,12 @@ class GraphConvolution(PlanLifetime):
         followed by a neighbour search from it. The search ends when the budget is spent, every
         combination was tried, or ``patience`` candidates in a row (after the default-knob phase)
         brought no gain of 0.5% or more (``None``: use the whole budget).
-        Runtime-compiled engines (behavior note RUNTIME_COMPILATION) compile in a background
-        thread, one at a time in the process: a compilation still running when the budget ends (or,
-        for an engine's default knobs, after a fifth of the budget) is left to finish there (row
-        status ``"over budget"``; one took 21 s on an H200 for a 13 ms kernel) while the search goes
-        on; runtime-compiled candidates met meanwhile are skipped and retried later.
+        Runtime-compiled engines (behavior note RUNTIME_COMPILATION) compile in background threads,
+        the values of one knob (or one batch of random draws) at once, up to 8 at a time in the
+        process: a compilation still running when the budget ends (or, for an engine's default
+        knobs, after a fifth of the budget) is left to finish there (row status ``"over budget"``;
+        one took 21 s on an H200 for a 13 ms kernel) while the search goes on; runtime-compiled
+        candidates met while 8 compile are skipped and retried later.
         Each candidate: execution plan finalized, output filled with NaN, run once and checked
         against the float64 reference within the tolerance its numerical notes imply (``check``),
         then timed with CUDA events (:func:`rawconv.bench.time_cuda`, ``iterations`` groups of
@@ -1025,7 +1026,7 @@ class GraphConvolution(PlanLifetime):
         def trial(ec: EngineConfig, phase: str) -> TimedConfig | None:
             old = rows.get(ec.name)
             if old is not None and not (old.status == "over budget" and old.detail.startswith("skipped")
-                                        and not _rtc_running):
+                                        and not _rtc_busy()):
                 return old
             t0 = time.perf_counter()
             row = _trial(ec, phase)
@@ -1049,7 +1050,7 @@ class GraphConvolution(PlanLifetime):
                 if "RUNTIME_COMPILATION" in ec.behavior_notes and ec.name not in self._built:
                     wait = max(deadline - time.perf_counter(), 0.05)
                     if phase == "default knobs":  # an untried engine: do not let it take the budget
-                        wait = min(wait, max(0.5, 0.2 * budget_s))
+                        wait = 0.01 if (id(self), ec.name) in _rtc_inflight else min(wait, max(0.5, 0.2 * budget_s))
                     b, why = _build_in_background(self, ec, wait)
                     if b is None:
                         rows[ec.name] = TimedConfig(ec, status="over budget", phase=phase, detail=why)
@@ -1096,6 +1097,17 @@ class GraphConvolution(PlanLifetime):
             rows[ec.name] = row
             return row
 
+        def prebuild(configs) -> None:
+            """Compile the runtime-compiled ones among ``configs`` at once (worker threads)."""
+            todo = []
+            for ec in configs:
+                ec = self._annotate(ec)
+                if ("RUNTIME_COMPILATION" in ec.behavior_notes and ec.name not in rows
+                        and not self._allowed(ec, **filters)):
+                    todo.append(ec)
+            if len(todo) > 1 and time.perf_counter() < deadline:
+                _compile_in_background(self, todo, max(deadline - time.perf_counter(), 0.05))
+
         def left() -> bool:
             return (time.perf_counter() < deadline and
                     (patience is None or not stall["counting"] or stall["count"] < patience))
@@ -1113,6 +1125,13 @@ class GraphConvolution(PlanLifetime):
         # 13 ms kernel), so it runs in a background thread that the budget does not wait for.
         supported = [i for i in range(self.global_count) if self.engine_info(i) is not None]
         supported.sort(key=lambda i: "RUNTIME_COMPILATION" in self.engine_info(i)[0]["behavior_notes"])
+        rtc_defaults = [EngineConfig(i, (), (), **self.engine_info(i)[0]) for i in supported
+                        if "RUNTIME_COMPILATION" in self.engine_info(i)[0]["behavior_notes"]
+                        and (i in proposed or include_runtime_compiled)]
+        rtc_defaults = [ec for ec in rtc_defaults if ec.name not in rows and not self._allowed(ec, **filters)]
+        if rtc_defaults and left():  # all at once, at most a fifth of the budget
+            _compile_in_background(self, rtc_defaults,
+                                   min(max(deadline - time.perf_counter(), 0.05), max(0.5, 0.2 * budget_s)))
         for idx in supported:
             if not left():
                 break
@@ -1127,9 +1146,9 @@ class GraphConvolution(PlanLifetime):
             trial(ec, "default knobs")
         # 3. neighbouring knob values of the fastest engines
         stall["counting"], stall["best"] = True, best_ms[0]
-        self._knob_search(rows, trial, left)
+        self._knob_search(rows, trial, left, prebuild)
         # 4. random knob combinations, weighted to the fastest engines, until budget or patience end
-        self._random_search(rows, trial, left, seed, proposed, include_runtime_compiled)
+        self._random_search(rows, trial, left, seed, proposed, include_runtime_compiled, prebuild)
         # 4b. configs skipped while a runtime compilation ran
         for r in [r for r in rows.values() if r.status == "over budget" and r.detail.startswith("skipped")]:
             if not left():
@@ -1168,8 +1187,9 @@ class GraphConvolution(PlanLifetime):
                           "problem": self._describe()})
         return table
 
-    def _knob_search(self, rows: dict, trial, left) -> None:
-        """Coordinate search over knob values, from the best config of each of the fastest engines."""
+    def _knob_search(self, rows: dict, trial, left, prebuild=None) -> None:
+        """Coordinate search over knob values, from the best config of each of the fastest engines.
+        ``prebuild(configs)``: compile runtime-compiled candidates together before they are tried."""
         def best_by_engine():
             best = {}
             for r in rows.values():
@@ -1203,6 +1223,9 @@ class GraphConvolution(PlanLifetime):
                     else:
                         base = {t: lo for t, lo, hi, st in info[1]}
                 for t, lo, hi, st in info[1]:
+                    if prebuild is not None:
+                        prebuild([EngineConfig(start.config.engine, tuple({**base, t: v}.items()))
+                                  for v in _knob_values(lo, hi, st, base.get(t, lo)) if v != base.get(t)])
                     for v in _knob_values(lo, hi, st, base.get(t, lo)):
                         if not left():
                             return
@@ -1218,7 +1241,7 @@ class GraphConvolution(PlanLifetime):
                 return
 
     def _random_search(self, rows: dict, trial, left, seed: int, proposed: set,
-                       include_runtime_compiled: bool) -> None:
+                       include_runtime_compiled: bool, prebuild=None) -> None:
         """Random knob combinations: per round, 3 draws for each of the two fastest engines, 2 for
         the next four, 1 for every other engine with knobs (one that never finalized is dropped
         after 16 failed draws; a runtime-compiled engine is drawn only while its trials average
@@ -1289,13 +1312,20 @@ class GraphConvolution(PlanLifetime):
             plan += [(idx, 1) for idx in others]
             progressed = False
             for idx, n in plan:
+                if not usable(idx):
+                    continue
+                batch = {}
                 for _ in range(n):
+                    ec = draw(idx)
+                    if ec is None:
+                        break
+                    batch[ec.name] = ec
+                if prebuild is not None and len(batch) > 1:
+                    prebuild(list(batch.values()))
+                for ec in batch.values():
                     if not left():
                         return
                     if not usable(idx):
-                        break
-                    ec = draw(idx)
-                    if ec is None:
                         break
                     before = best_of(idx)
                     row = trial(ec, "random knobs")
@@ -1304,23 +1334,27 @@ class GraphConvolution(PlanLifetime):
                         fails[idx] += 1
                         continue
                     if before is None or row.median_ms < 0.995 * before.median_ms:
-                        self._neighbours(rows, trial, left, row, infos[idx][1])
+                        self._neighbours(rows, trial, left, row, infos[idx][1], prebuild)
             if not progressed:
                 return
             for r in [r for r in rows.values() if r.status == "over budget" and r.detail.startswith("skipped")]:
-                if not left() or _rtc_running:
+                if not left() or _rtc_busy():
                     break
                 row = trial(r.config, r.phase)  # skipped while another runtime compilation ran: retry
                 if row is not None and row.status == "ok":
-                    self._neighbours(rows, trial, left, row, infos.get(row.config.engine, (None, []))[1])
+                    self._neighbours(rows, trial, left, row, infos.get(row.config.engine, (None, []))[1], prebuild)
 
-    def _neighbours(self, rows: dict, trial, left, start, knobs) -> None:
+    def _neighbours(self, rows: dict, trial, left, start, knobs, prebuild=None) -> None:
         """One knob at a time, to each neighbouring value, from ``start``, keeping improvements."""
         current = start
         improved = True
         while improved and left():
             improved = False
             base = dict(current.config.knobs)
+            if prebuild is not None:
+                prebuild([EngineConfig(current.config.engine, tuple({**base, t: v}.items()))
+                          for t, lo, hi, st in knobs for v in (base.get(t, lo) - (st or 1), base.get(t, lo) + (st or 1))
+                          if lo <= v <= hi])
             for t, lo, hi, st in knobs:
                 step = st if st > 0 else 1
                 for v in (base.get(t, lo) - step, base.get(t, lo) + step):
@@ -1360,42 +1394,75 @@ class GraphConvolution(PlanLifetime):
         return f"<rawconv.cudnn_graph.GraphConvolution {self._describe()} engine={sel}>"
 
 
+_RTC_WORKERS = max(2, min(8, os.cpu_count() or 2))  # runtime compilations running at once, per process
 _rtc_lock = threading.Lock()
-_rtc_running: dict = {}  # while a background runtime compilation runs: {"what": name, "since": perf_counter}
+_rtc_inflight: dict = {}  # (id(plan), config name) -> perf_counter at its start, while it compiles
+
+
+def _rtc_busy() -> bool:
+    return len(_rtc_inflight) >= _RTC_WORKERS
+
+
+def _compile_in_background(plan: "GraphConvolution", configs, timeout_s: float) -> None:
+    """Finalize runtime-compiled engine configs at once, each in a daemon thread on the calling
+    thread's cuDNN handle (as cudnn-frontend's multithreaded plan builds share one handle), at most
+    ``_RTC_WORKERS`` in the process at a time (the rest are left for later), and wait at most
+    ``timeout_s`` for them. A compilation still running then finishes in the background and the
+    plan keeps its result; one that fails is recorded as :meth:`GraphConvolution.build` does."""
+    with _rtc_lock:
+        todo = [ec for ec in configs if ec.name not in plan._built and ec.name not in plan._failed
+                and (id(plan), ec.name) not in _rtc_inflight]
+        todo = list({ec.name: ec for ec in todo}.values())[:max(0, _RTC_WORKERS - len(_rtc_inflight))]
+        now = time.perf_counter()
+        for ec in todo:
+            _rtc_inflight[(id(plan), ec.name)] = now
+    if not todo:
+        return
+    handle = plan._handle()
+
+    def work(ec):
+        try:
+            plan.build(ec, handle=handle)
+        except BaseException:  # noqa: BLE001 - build() recorded why in plan._failed
+            pass
+        finally:
+            with _rtc_lock:
+                _rtc_inflight.pop((id(plan), ec.name), None)
+
+    threads = [threading.Thread(target=work, args=(ec,), name=f"rawconv-rtc-{ec.name}", daemon=True)
+               for ec in todo]
+    for t in threads:
+        t.start()
+    end = time.perf_counter() + timeout_s
+    for t in threads:
+        t.join(max(0.0, end - time.perf_counter()))
 
 
 def _build_in_background(plan: "GraphConvolution", ec: EngineConfig, timeout_s: float):
-    """Finalize ``ec`` (a runtime-compiled engine config) in a daemon thread on the calling
-    thread's cuDNN handle (cudnn-frontend's multithreaded plan builds share one handle the same
-    way) and wait at most ``timeout_s``. Returns ``(built, "")``, or ``(None, why)`` when the
-    compilation is still running (it finishes in the background; the plan keeps the result) or
-    another one is. Re-raises the build's :class:`NotSupportedError`."""
-    with _rtc_lock:
-        if _rtc_running:
-            return None, (f"skipped: the runtime compilation of {_rtc_running['what']} has been running for "
-                          f"{time.perf_counter() - _rtc_running['since']:.1f} s")
-        _rtc_running.update(what=ec.name, since=time.perf_counter())
-    handle = plan._handle()
-    result: dict = {}
-
-    def work():
-        try:
-            result["built"] = plan.build(ec, handle=handle)
-        except BaseException as exc:  # handed to the caller
-            result["exc"] = exc
-        finally:
-            with _rtc_lock:
-                _rtc_running.clear()
-
-    t = threading.Thread(target=work, name=f"rawconv-rtc-{ec.name}", daemon=True)
-    t.start()
-    t.join(timeout_s)
-    if t.is_alive():
+    """Finalize one runtime-compiled config through :func:`_compile_in_background` (or wait for
+    the compilation of it already running), at most ``timeout_s``. Returns ``(built, "")``, or
+    ``(None, why)`` when it is still compiling (it finishes in the background) or when the
+    process already runs ``_RTC_WORKERS`` compilations. Raises the build's
+    :class:`NotSupportedError`."""
+    b = plan._built.get(ec.name)
+    if b is not None:
+        return b, ""
+    key = (id(plan), ec.name)
+    if key in _rtc_inflight:
+        end = time.perf_counter() + timeout_s
+        while key in _rtc_inflight and time.perf_counter() < end:
+            time.sleep(0.002)
+    elif _rtc_busy():
+        return None, f"skipped: {len(_rtc_inflight)} runtime compilations already running"
+    else:
+        _compile_in_background(plan, [ec], timeout_s)
+    b = plan._built.get(ec.name)
+    if b is not None:
+        return b, ""
+    if key in _rtc_inflight:
         return None, (f"runtime compilation still running after {timeout_s:.1f} s (the budget's end); "
                       f"it finishes in the background")
-    if "exc" in result:
-        raise result["exc"]
-    return result["built"], ""
+    return plan.build(ec), ""  # it failed: raises NotSupportedError with cuDNN's reason
 
 
 def _time_reps(time_cuda, fn, iterations: int, warmup: int = 1, target_ms: float = 0.25, max_reps: int = 32,
