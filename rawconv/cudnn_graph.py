@@ -963,11 +963,11 @@ class GraphConvolution(PlanLifetime):
         combination was tried, or ``patience`` candidates in a row (after the default-knob phase)
         brought no gain of 0.5% or more (``None``: use the whole budget).
         Runtime-compiled engines (behavior note RUNTIME_COMPILATION) compile in background threads,
-        the values of one knob (or one batch of random draws) at once, up to 8 at a time in the
-        process: a compilation still running when the budget ends (or, for an engine's default
+        the values of one knob (or one batch of random draws) at once, at most min(8, CPU count) at
+        a time in the process: a compilation still running when the budget ends (or, for an engine's default
         knobs, after a fifth of the budget) is left to finish there (row status ``"over budget"``;
         one took 21 s on an H200 for a 13 ms kernel) while the search goes on; runtime-compiled
-        candidates met while 8 compile are skipped and retried later.
+        candidates met while that many compile are skipped and retried later.
         Each candidate: execution plan finalized, output filled with NaN, run once and checked
         against the float64 reference within the tolerance its numerical notes imply (``check``),
         then timed with CUDA events (:func:`rawconv.bench.time_cuda`, ``iterations`` groups of

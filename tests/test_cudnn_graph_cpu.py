@@ -262,6 +262,9 @@ def test_plan_argument_checks_on_a_cpu_built_graph(cudnn):
         plan.autotune(budget_s=0)
     with pytest.raises(ArgumentError):
         plan.autotune(workspace_limit=-1)
+    for bad in (0, -3, True, 2.5):
+        with pytest.raises(ArgumentError, match="patience"):
+            plan.autotune(patience=bad)
     with pytest.raises(ArgumentError):
         plan.engines("sometimes")
     with pytest.raises(ArgumentError):
