@@ -639,7 +639,8 @@ class GraphConvolution(PlanLifetime):
         ec = ec.with_(workspace_bytes=ws, finalizes=True, error="")
         ec = self._remember(ec)
         b = _Built(ec, plan, ws, back)
-        self._built[ec.name] = b
+        if not self._freed:  # a background compilation may end after free()
+            self._built[ec.name] = b
         return b
 
     def _resolve(self, config: Any) -> EngineConfig:
@@ -1264,23 +1265,39 @@ class GraphConvolution(PlanLifetime):
             infos[idx] = info
         fails = {idx: 0 for idx in infos}
         exhausted: set = set()
+        # per engine, kept up to date as rows come (a scan of every row per draw would cost
+        # O(rows) each, thousands of times per search)
+        best: dict = {}    # engine -> its fastest "ok" row
+        spent: dict = {}   # engine -> (rows, seconds)
 
-        def engine_rows(idx):
-            return [r for r in rows.values() if r.config.engine == idx]
+        def note(r):
+            e = r.config.engine
+            n, sec = spent.get(e, (0, 0.0))
+            spent[e] = (n + 1, sec + r.seconds)
+            if r.status == "ok" and (e not in best or r.median_ms < best[e].median_ms):
+                best[e] = r
 
-        def best_of(idx):
-            ok = [r for r in engine_rows(idx) if r.status == "ok"]
-            return min(ok, key=lambda r: r.median_ms) if ok else None
+        for r in rows.values():
+            note(r)
+
+        def tracked(ec, phase):
+            before = rows.get(ec.name)
+            row = trial(ec, phase)
+            r = rows.get(ec.name)
+            if r is not None and r is not before:
+                note(r)
+            return row
+
+        best_of = best.get
 
         def usable(idx):
             if idx in exhausted:
                 return False
-            rs = engine_rows(idx)
             if best_of(idx) is None and fails[idx] >= 16:
                 return False
-            if "RUNTIME_COMPILATION" in infos[idx][0]["behavior_notes"] and rs:
-                if sum(r.seconds for r in rs) / len(rs) > 1.0:
-                    return False
+            n, sec = spent.get(idx, (0, 0.0))
+            if "RUNTIME_COMPILATION" in infos[idx][0]["behavior_notes"] and n and sec / n > 1.0:
+                return False
             return True
 
         def draw(idx):
@@ -1328,21 +1345,21 @@ class GraphConvolution(PlanLifetime):
                     if not usable(idx):
                         break
                     before = best_of(idx)
-                    row = trial(ec, "random knobs")
+                    row = tracked(ec, "random knobs")
                     progressed = True
                     if row is None or row.status != "ok":
                         fails[idx] += 1
                         continue
                     if before is None or row.median_ms < 0.995 * before.median_ms:
-                        self._neighbours(rows, trial, left, row, infos[idx][1], prebuild)
+                        self._neighbours(rows, tracked, left, row, infos[idx][1], prebuild)
             if not progressed:
                 return
             for r in [r for r in rows.values() if r.status == "over budget" and r.detail.startswith("skipped")]:
                 if not left() or _rtc_busy():
                     break
-                row = trial(r.config, r.phase)  # skipped while another runtime compilation ran: retry
+                row = tracked(r.config, r.phase)  # skipped while another runtime compilation ran: retry
                 if row is not None and row.status == "ok":
-                    self._neighbours(rows, trial, left, row, infos.get(row.config.engine, (None, []))[1], prebuild)
+                    self._neighbours(rows, tracked, left, row, infos.get(row.config.engine, (None, []))[1], prebuild)
 
     def _neighbours(self, rows: dict, trial, left, start, knobs, prebuild=None) -> None:
         """One knob at a time, to each neighbouring value, from ``start``, keeping improvements."""
@@ -1404,7 +1421,7 @@ def _rtc_busy() -> bool:
 
 
 def _compile_in_background(plan: "GraphConvolution", configs, timeout_s: float) -> None:
-    """Finalize runtime-compiled engine configs at once, each in a daemon thread on the calling
+    """Finalize runtime-compiled engine configs at once, each in a thread of its own on the calling
     thread's cuDNN handle (as cudnn-frontend's multithreaded plan builds share one handle), at most
     ``_RTC_WORKERS`` in the process at a time (the rest are left for later), and wait at most
     ``timeout_s`` for them. A compilation still running then finishes in the background and the
@@ -1429,8 +1446,9 @@ def _compile_in_background(plan: "GraphConvolution", configs, timeout_s: float) 
             with _rtc_lock:
                 _rtc_inflight.pop((id(plan), ec.name), None)
 
-    threads = [threading.Thread(target=work, args=(ec,), name=f"rawconv-rtc-{ec.name}", daemon=True)
-               for ec in todo]
+    # not daemon threads: at exit the interpreter waits for a compilation still inside cuDNN
+    # rather than tearing the process down under it
+    threads = [threading.Thread(target=work, args=(ec,), name=f"rawconv-rtc-{ec.name}") for ec in todo]
     for t in threads:
         t.start()
     end = time.perf_counter() + timeout_s
