@@ -37,7 +37,7 @@ from . import _cudnn
 from ._cudnn import ffi
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from ._plans import PlanCache, PlanLifetime
-from .problem import ConvProblem, empty_like_layout, layout_of, to_layout, dense_strides, strides_match, shape_only
+from .problem import ConvProblem, check_tensor, empty_like_layout, layout_of, to_layout, dense_strides, strides_match, shape_only
 
 __all__ = ["Algorithm", "TimedAlgorithm", "RunInfo", "Convolution", "forward", "backward_data",
            "backward_filter", "conv_transpose", "algorithms", "info", "clear_cache", "MATH_TYPES",
@@ -992,11 +992,7 @@ def _grad_problem(grad_y, w_or_x, shape, stride, padding, dilation, groups, dire
     if direction == "backward_data" and grad_y.dim() >= 3 and layout_of(grad_y) == "nhwc":
         problem = problem.with_(layout="nhwc")
     _check_device(problem)
-    gshape = tuple(grad_y.shape) if not problem.unbatched else (1,) + tuple(grad_y.shape)
-    if gshape != problem.y_shape:
-        raise ArgumentError(f"grad_y must have shape {problem.y_shape} for this problem, got {tuple(grad_y.shape)}")
-    if grad_y.dtype != problem.torch_dtype:
-        raise ArgumentError(f"grad_y must be {problem.torch_dtype}, got {grad_y.dtype}")
+    check_tensor(problem, grad_y, "grad_y", problem.y_shape)
     if grad_y.device != w_or_x.device:
         raise ArgumentError(f"grad_y must be on {w_or_x.device}, got {grad_y.device}")
     return problem

@@ -43,7 +43,7 @@ import torch
 from . import _cudnn, _cudnn_backend as B
 from .errors import ArgumentError, ArgumentTypeError, LibraryError, NotSupportedError
 from ._plans import PlanCache, PlanLifetime
-from .problem import ConvProblem, ErrorStats, empty_like_layout, layout_of, to_layout, tolerance, EPS, dense_strides, shape_only
+from .problem import ConvProblem, ErrorStats, check_tensor, empty_like_layout, layout_of, to_layout, tolerance, EPS, dense_strides, shape_only
 
 __all__ = ["EngineConfig", "TimedConfig", "GraphConvolution", "engines", "forward", "backward_data",
            "backward_filter", "clear_cache", "tuning_cache", "save_tuning_cache", "load_tuning_cache",
@@ -1783,13 +1783,7 @@ def backward_filter(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[int
 
 
 def _check_tensor(p: ConvProblem, t, name, shape):
-    if not isinstance(t, torch.Tensor):
-        raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    tshape = tuple(t.shape) if not p.unbatched else (1,) + tuple(t.shape)
-    if tshape != tuple(shape):
-        raise ArgumentError(f"{name} must have shape {tuple(shape)} for this problem, got {tuple(t.shape)}")
-    if t.dtype != p.torch_dtype:
-        raise ArgumentError(f"{name} must be {p.torch_dtype}, got {t.dtype}")
+    check_tensor(p, t, name, shape)
     if str(t.device) != p.device and torch.device(t.device) != torch.device(p.device):
         raise ArgumentError(f"{name} must be on {p.device}, got {t.device}")
 

@@ -28,7 +28,7 @@ from . import _dnnl
 from ._dnnl import ffi
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from ._plans import PlanCache, PlanLifetime
-from .problem import ConvProblem, _int, empty_like_layout, layout_of, shape_arg, to_layout, dense_strides, strides_match, shape_only
+from .problem import ConvProblem, _int, check_tensor, empty_like_layout, layout_of, shape_arg, to_layout, dense_strides, strides_match, shape_only
 
 __all__ = ["Implementation", "Convolution", "forward", "backward_data", "backward_weights",
            "implementations", "info", "verbose", "clear_cache", "FPMATH_MODES", "ALGORITHMS"]
@@ -1018,13 +1018,7 @@ def backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[in
 
 
 def _check_grad(problem: ConvProblem, t, name, shape):
-    if not isinstance(t, torch.Tensor):
-        raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    tshape = tuple(t.shape) if not problem.unbatched else (1,) + tuple(t.shape)
-    if tshape != tuple(shape):
-        raise ArgumentError(f"{name} must have shape {tuple(shape)} for this problem, got {tuple(t.shape)}")
-    if t.dtype != problem.torch_dtype:
-        raise ArgumentError(f"{name} must be {problem.torch_dtype}, got {t.dtype}")
+    check_tensor(problem, t, name, shape)
     if t.device.type != "cpu":
         raise ArgumentError(f"{name} must be on the CPU, got {t.device}")
 

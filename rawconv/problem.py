@@ -572,6 +572,19 @@ def _torch_conv(nd: int):
     return {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nd]
 
 
+def check_tensor(p: "ConvProblem", t, name: str, shape) -> None:
+    """Check that ``t`` is a torch.Tensor of ``shape`` (for an unbatched problem, without its
+    leading 1) and of the problem's dtype: :class:`ArgumentTypeError` / :class:`ArgumentError`
+    otherwise. Devices are the caller's to check."""
+    if not isinstance(t, torch.Tensor):
+        raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    tshape = tuple(t.shape) if not p.unbatched else (1,) + tuple(t.shape)
+    if tshape != tuple(shape):
+        raise ArgumentError(f"{name} must have shape {tuple(shape)} for this problem, got {tuple(t.shape)}")
+    if t.dtype != p.torch_dtype:
+        raise ArgumentError(f"{name} must be {p.torch_dtype}, got {t.dtype}")
+
+
 def _check_ref_tensor(t, name: str, shapes) -> None:
     if not isinstance(t, torch.Tensor):
         raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
