@@ -63,6 +63,7 @@ def host_overhead(n: int = 3000, repeats: int = 5) -> dict:
     import torch
     import torch.nn.functional as F
     from rawconv import cudnn_graph as G
+    from rawconv.bench import wall_us_per_call
     from rawconv.problem import to_layout
 
     x = to_layout(torch.randn(1, 8, 8, 8, device="cuda", dtype=torch.float16), "nhwc")
@@ -77,17 +78,7 @@ def host_overhead(n: int = 3000, repeats: int = 5) -> dict:
                      ("rawconv plan.execute(x, w, out=y)", lambda: plan.execute(x, w, out=y)),
                      ("rawconv cudnn_graph.forward(x, w, engine=...)",
                       lambda: G.forward(x, w, engine=plan.selected))):
-        for _ in range(100):
-            fn()
-        torch.cuda.synchronize()
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            torch.cuda.synchronize()
-            best = min(best, (time.perf_counter() - t0) / n * 1e6)
-        out[name] = best
+        out[name] = wall_us_per_call(fn, n, repeats)
     # rawconv's own Python part: the same call with cudnnBackendExecute replaced by a no-op
     from rawconv import _cudnn
 
@@ -107,14 +98,8 @@ def host_overhead(n: int = 3000, repeats: int = 5) -> dict:
     stub = _NoExecute(real_lib())
     _cudnn.lib = lambda: stub
     try:
-        fn = lambda: plan.execute(x, w, out=y)  # noqa: E731
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            best = min(best, (time.perf_counter() - t0) / n * 1e6)
-        out["rawconv plan.execute(x, w, out=y), cudnnBackendExecute stubbed"] = best
+        out["rawconv plan.execute(x, w, out=y), cudnnBackendExecute stubbed"] = wall_us_per_call(
+            lambda: plan.execute(x, w, out=y), n, repeats)
     finally:
         _cudnn.lib = real_lib
     return out

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from rawconv import cudnn, cudnn_graph
+from rawconv.bench import wall_us_per_call
 
 
 def per_call_us(fn, calls, repeats=5):
@@ -23,16 +24,9 @@ def per_call_us(fn, calls, repeats=5):
     wall: ``calls`` back-to-back calls, one synchronize at the end (bounded by the slower of host
     and GPU). host: 200 calls queued behind a GPU sleep (``torch.cuda._sleep``), so the loop's time
     is the host's alone (200 calls stay under the launch queue's depth for a few launches a call)."""
-    for _ in range(100):
-        fn()
-    torch.cuda.synchronize()
-    wall = host = float("inf")
+    wall = wall_us_per_call(fn, calls, repeats)
+    host = float("inf")
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        wall = min(wall, (time.perf_counter() - t0) / calls * 1e6)
         torch.cuda._sleep(int(2e8))   # ~0.1 s of GPU time
         t0 = time.perf_counter()
         for _ in range(200):

@@ -111,6 +111,25 @@ def time_cuda_queued(fn: Callable[[], object], iterations: int = 20, warmup: int
     return TimeStats(per[len(per) // 2], per[0], sum(per) / len(per), len(per) * iterations)
 
 
+def wall_us_per_call(fn: Callable[[], object], calls: int = 2000, repeats: int = 5, warmup: int = 100) -> float:
+    """Microseconds per call of ``fn``: ``warmup`` calls, then the best of ``repeats`` loops of
+    ``calls`` back-to-back calls with one ``torch.cuda.synchronize`` at the end of each (bounded
+    by the slower of host and GPU; for a tiny problem, the host's cost per call)."""
+    import torch
+
+    for _ in range(max(warmup, 0)):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    return best
+
+
 def geomean(values) -> float:
     """Geometric mean of positive values."""
     import math
