@@ -994,6 +994,10 @@ class GraphConvolution(PlanLifetime):
             raise ArgumentError(f"workspace_limit must be None or bytes >= 0, got {workspace_limit!r}")
         if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 1):
             raise ArgumentError(f"patience must be None or a positive int, got {patience!r}")
+        if not isinstance(include_runtime_compiled, bool):
+            raise ArgumentError(f"include_runtime_compiled must be True or False, got {include_runtime_compiled!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ArgumentError(f"seed must be an int, got {seed!r}")
         filters = dict(deterministic_only=deterministic_only, no_tensor_cores=no_tensor_cores,
                        no_down_conversion=no_down_conversion, no_reduced_precision=no_reduced_precision)
         key = self._tuning_key(workspace_limit, dict(filters, include_runtime_compiled=include_runtime_compiled))

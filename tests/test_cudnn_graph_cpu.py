@@ -265,6 +265,10 @@ def test_plan_argument_checks_on_a_cpu_built_graph(cudnn):
     for bad in (0, -3, True, 2.5):
         with pytest.raises(ArgumentError, match="patience"):
             plan.autotune(patience=bad)
+    with pytest.raises(ArgumentError, match="include_runtime_compiled"):
+        plan.autotune(include_runtime_compiled="yes")
+    with pytest.raises(ArgumentError, match="seed"):
+        plan.autotune(seed=1.5)
     with pytest.raises(ArgumentError):
         plan.engines("sometimes")
     with pytest.raises(ArgumentError):
