@@ -9,6 +9,11 @@ median of the round medians, so that clock drift hits both alike), the ratio tor
 geometric mean per precision and layout, the autotune seconds per layer cold and warm
 (tuning-cache hit), and the per-call host overhead of a cached plan against ``F.conv2d``.
 
+``--relayout``: NCHW layers autotune with ``relayout=True`` (the channels_last graph's configs,
+run on channels_last copies with the output copied back, compete end to end, copies timed). The
+best config of the NCHW graph alone is then timed in the same rounds too, and its ratio printed
+in the column ``own graph``.
+
     python benchmarks/bench_cudnn_graph.py [--budget 8] [--layers 23] [--layouts nhwc,nchw] [--json out.json]
     python benchmarks/bench_cudnn_graph.py --summary a.json b.json     # one table from several runs
 
@@ -119,10 +124,10 @@ def run(args) -> list:
     for layout in args.layouts.split(","):
         for mode in args.modes.split(","):
             dtype, tf32 = MODES[mode]
-            ratios = []
+            ratios, own_ratios = [], []
             print(f"\n## {mode} {layout}", flush=True)
             print(f"{'layer':<22} {'problem':<44} {'torch ms':>9} {'rawconv ms':>10} {'ratio':>6} "
-                  f"{'cold s':>6} {'warm s':>7} {'cands':>5}  best config [notes]", flush=True)
+                  f"{'own graph':>9} {'cold s':>6} {'warm s':>7} {'cands':>5}  best config [notes]", flush=True)
             for p in layers(args.batch, dtype, layout, args.layers, args.only):
                 x, w, _ = p.make_inputs(seed=0, device="cuda")
                 w = to_layout(w, layout)
@@ -134,36 +139,48 @@ def run(args) -> list:
                     f_torch()  # the first call runs torch's own benchmark search
                 plan = G.GraphConvolution(x, w, None, p.stride, pad, p.dilation, p.groups, allow_tf32=tf32)
                 t0 = time.perf_counter()
+                relayout = args.relayout and layout == "nchw"
                 try:
-                    table = plan.autotune(budget_s=args.budget, patience=args.patience)
+                    table = plan.autotune(budget_s=args.budget, patience=args.patience, relayout=relayout)
                 except Exception as exc:  # report and go on
                     print(f"{p.name:<22} autotune failed: {exc}", flush=True)
                     results.append({"layer": p.name, "mode": mode, "layout": layout, "error": str(exc)})
                     continue
                 cold = time.perf_counter() - t0
                 y = torch.empty_like(f_torch())
-                f_raw = lambda: plan.execute(x, w, out=y)  # noqa: E731
-                times = interleaved({"torch": f_torch, "rawconv": f_raw}, args.iters)
+                fns = {"torch": f_torch, "rawconv": lambda: plan.execute(x, w, out=y)}
+                own = next((r for r in table if r.status == "ok" and not r.layout), None)
+                plan_own = None
+                if table[0].layout and own is not None:  # the best of the layer's own graph, same rounds
+                    plan_own = G.GraphConvolution(x, w, None, p.stride, pad, p.dilation, p.groups,
+                                                  allow_tf32=tf32, engine=own.config)
+                    y_own = torch.empty_like(y)
+                    fns["own graph"] = lambda: plan_own.execute(x, w, out=y_own)
+                times = interleaved(fns, args.iters)
                 t_torch, t_raw = times["torch"], times["rawconv"]
+                t_own = times.get("own graph", t_raw if not table[0].layout else float("nan"))
                 plan2 = G.GraphConvolution(x, w, None, p.stride, pad, p.dilation, p.groups, allow_tf32=tf32)
                 t0 = time.perf_counter()
-                table2 = plan2.autotune(budget_s=args.budget, patience=args.patience)
+                table2 = plan2.autotune(budget_s=args.budget, patience=args.patience, relayout=relayout)
                 warm = time.perf_counter() - t0
                 if table2[0].phase != "cache":
                     print(f"  (warning: the second autotune of {p.name} did not hit the tuning cache)", flush=True)
                 best = table[0]
                 ratio = t_torch / t_raw
                 ratios.append(ratio)
+                own_ratios.append(t_torch / t_own)
                 n_ok = sum(r.status == "ok" for r in table)
                 phase_s = defaultdict(float)
                 for r in table:
                     phase_s[r.phase] += r.seconds
                 print(f"{p.name:<22} {p.describe()[:44]:<44} {t_torch:9.4f} {t_raw:10.4f} {ratio:6.2f} "
-                      f"{cold:6.1f} {warm:7.3f} {n_ok:>5}  {best.name} [{','.join(best.config.numerical_notes)}]"
-                      f" ({best.phase})", flush=True)
+                      f"{t_torch / t_own:9.2f} {cold:6.1f} {warm:7.3f} {n_ok:>5}  {best.name} "
+                      f"[{','.join(best.config.numerical_notes)}] ({best.phase})", flush=True)
                 results.append({"layer": p.name, "mode": mode, "layout": layout, "problem": p.describe(),
                                 "torch_ms": t_torch, "rawconv_ms": t_raw, "ratio": ratio, "cold_s": cold,
+                                "relayout": relayout, "own_graph_ms": t_own, "own_graph_ratio": t_torch / t_own,
                                 "warm_s": warm, "best": best.name, "best_phase": best.phase,
+                                "best_detail": best.detail,
                                 "notes": list(best.config.numerical_notes), "candidates_ok": n_ok,
                                 "candidates": len(table),
                                 "mismatches": sum(r.status == "mismatch" for r in table),
@@ -171,12 +188,14 @@ def run(args) -> list:
                                 "seconds_by_phase": dict(phase_s)})
                 plan.free()
                 plan2.free()
+                if plan_own is not None:
+                    plan_own.free()
                 if args.json:  # after every layer, so that a run cut short keeps what it measured
                     with open(args.json, "w") as f:
                         json.dump(results, f, indent=1)
             if ratios:
                 print(f"geomean torch/rawconv {mode} {layout}: {geomean(ratios):.3f}  (min {min(ratios):.2f}, "
-                      f"{len(ratios)} layers)", flush=True)
+                      f"{len(ratios)} layers; own graph only: {geomean(own_ratios):.3f})", flush=True)
     if not args.no_overhead:
         print("\n## per-call host overhead (µs, tiny fp16 NHWC problem, back-to-back calls, best of 5 x 3000)")
         oh = host_overhead()
@@ -199,17 +218,22 @@ def summary(results: list) -> None:
     rows = [r for r in results if "ratio" in r]
     failed = [r for r in results if "error" in r]
     t = Table(title="torch (cudnn.benchmark=True) time / rawconv.cudnn_graph autotuned time")
-    for col in ("precision", "layout", "layers", "geomean", "min", "max", "below 1.0", "cold s (median/max)",
-                "warm s (max)"):
+    for col in ("precision", "layout", "layers", "geomean", "min", "max", "below 1.0", "own graph geomean",
+                "cold s (median/max)", "warm s (max)"):
         t.add_column(col, justify="right" if col not in ("precision", "layout") else "left")
-    keys = sorted({(r["mode"], r["layout"]) for r in rows}, key=lambda k: (list(MODES).index(k[0]), k[1]))
+    def lay(r):
+        return r["layout"] + ("+relayout" if r.get("relayout") else "")
+
+    keys = sorted({(r["mode"], lay(r)) for r in rows}, key=lambda k: (list(MODES).index(k[0]), k[1]))
     for mode, layout in keys:
-        rs = [r for r in rows if r["mode"] == mode and r["layout"] == layout]
+        rs = [r for r in rows if r["mode"] == mode and lay(r) == layout]
+        own = [r.get("own_graph_ratio", float("nan")) for r in rs]
+        own_s = f"{geomean(own):.3f}" if all(o == o for o in own) else "-"
         ratios = [r["ratio"] for r in rs]
         below = [f"{r['layer']} {r['ratio']:.2f}" for r in rs if r["ratio"] < 1.0]
         cold = [r["cold_s"] for r in rs]
         t.add_row(mode, layout, str(len(rs)), f"{geomean(ratios):.3f}", f"{min(ratios):.2f}", f"{max(ratios):.2f}",
-                  f"{len(below)}" + (f": {', '.join(below)}" if below else ""),
+                  f"{len(below)}" + (f": {', '.join(below)}" if below else ""), own_s,
                   f"{statistics.median(cold):.1f} / {max(cold):.1f}", f"{max(r['warm_s'] for r in rs):.3f}")
     Console(width=200).print(t)
     for r in failed:
@@ -231,6 +255,8 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-overhead", action="store_true")
+    ap.add_argument("--relayout", action="store_true",
+                    help="NCHW layers: autotune(relayout=True), the channels_last graph's configs compete too")
     ap.add_argument("--summary", nargs="+", default=None, metavar="JSON",
                     help="print one summary table from earlier --json outputs and exit")
     args = ap.parse_args(argv)

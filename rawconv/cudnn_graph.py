@@ -185,7 +185,9 @@ class TimedConfig:
     left NaN), ``"not supported"`` (did not finalize), ``"filtered"`` (notes or workspace outside
     the request), ``"over budget"`` (a runtime compilation the budget did not wait for), ``"error"``; ``error``: the :class:`~rawconv.problem.ErrorStats` against float64;
     ``phase``: how the search found it (``"heuristic"``, ``"default knobs"``, ``"knob search"``,
-    ``"random knobs"``, ``"cache"``)."""
+    ``"random knobs"``, ``"cache"``); ``layout``: ``""`` for the plan's own graph, ``"nhwc"``
+    for a config of the channels_last graph that an NCHW plan runs on channels_last copies
+    (``autotune(relayout=True)``; its name then starts with ``"nhwc:"``)."""
 
     config: EngineConfig
     median_ms: float | None = None
@@ -196,10 +198,11 @@ class TimedConfig:
     phase: str = ""
     detail: str = ""
     seconds: float = 0.0  # wall time autotune spent on this candidate (finalization, check, timing)
+    layout: str = ""
 
     @property
     def name(self) -> str:
-        return self.config.name
+        return f"{self.layout}:{self.config.name}" if self.layout else self.config.name
 
     def __str__(self) -> str:
         t = "-" if self.median_ms is None else f"{self.median_ms:.4f} ms"
@@ -209,6 +212,13 @@ class TimedConfig:
 
 
 # ---------------------------------------------------------------------------- helpers
+def _ranked(rows) -> list[TimedConfig]:
+    """Autotune rows: ``ok`` by median time, then mismatches by time, then the rest."""
+    rows = list(rows)
+    ok = sorted((r for r in rows if r.status == "ok"), key=lambda r: r.median_ms)
+    bad = sorted((r for r in rows if r.status == "mismatch"), key=lambda r: r.median_ms)
+    return ok + bad + [r for r in rows if r.status not in ("ok", "mismatch")]
+
 
 def _lift(shape: Sequence[int]) -> list[int]:
     """1-D (N, C, W) -> (N, C, 1, W): cuDNN's convolution engines take 4-D and 5-D tensors."""
@@ -514,6 +524,8 @@ class GraphConvolution(PlanLifetime):
         self._freed = False
         self.last_autotune: list[TimedConfig] | None = None
         self._lock = threading.RLock()
+        self._cl: GraphConvolution | None = None    # the channels_last graph's plan (NCHW plans)
+        self._via: GraphConvolution | None = None   # _cl when an "nhwc:" config is selected
         self._want: dict = {}
         self._torch_dtype = problem.torch_dtype
 
@@ -727,11 +739,22 @@ class GraphConvolution(PlanLifetime):
         """Select the engine config :meth:`execute` runs: an :class:`EngineConfig`, a name
         (``"eng28{k2=3,k3=0}"``, ``"eng28"``) or an engine index (default knobs). Forcing runs
         exactly that config, notes notwithstanding; one listed in ``KNOWN_WRONG`` for this problem
-        warns (``RuntimeWarning``). Raises :class:`NotSupportedError` (naming the configs
-        heuristic mode instant offers) when it does not finalize."""
+        warns (``RuntimeWarning``). On an NCHW plan, ``"nhwc:<name>"`` selects a config of the
+        channels_last graph of the same problem, run on channels_last copies of the inputs with the
+        output copied back (see ``autotune(relayout=True)``). Raises :class:`NotSupportedError`
+        (naming the configs heuristic mode instant offers) when it does not finalize,
+        :class:`ArgumentError` for ``"nhwc:"`` on a channels_last or empty plan."""
+        return self._select(engine)
+
+    def _select(self, engine: Any, warn: bool = True) -> EngineConfig:
         self._check_live()
+        if isinstance(engine, str) and engine.strip().lower().startswith("nhwc:"):
+            cl = self._channels_last()
+            ec = cl._select(engine.strip()[5:], warn)
+            self._via = cl
+            return ec
         ec = self._resolve(engine)
-        bad = known_wrong(self.problem, self.direction, ec.engine)
+        bad = known_wrong(self.problem, self.direction, ec.engine) if warn else ""
         if bad:
             import warnings
             warnings.warn(f"engine {ec.engine} gave wrong results for a problem like this one ({bad}); "
@@ -743,6 +766,7 @@ class GraphConvolution(PlanLifetime):
             raise NotSupportedError(f"{exc}; heuristic mode instant offers: {', '.join(offered) or 'nothing'}"
                                     + self._layout_hint(), library="cuDNN", offered=offered) from None
         self._selected = b
+        self._via = None
         return b.config
 
     def _layout_hint(self) -> str:
@@ -784,27 +808,39 @@ class GraphConvolution(PlanLifetime):
             + (f" with allow_tf32={self.allow_tf32}" if self.problem.dtype == "float32" else "")
             + f"; tried {len(tried)}: {'; '.join(tried[:8])}" + self._layout_hint(), library="cuDNN")
 
+    def _current(self) -> _Built:
+        self._check_live()
+        if self._via is not None:
+            return self._via._current()
+        return self._selected or self._select_default()
+
     @property
     def selected(self) -> EngineConfig:
-        """The engine config :meth:`execute` runs (cuDNN's first heuristic choice unless selected)."""
-        self._check_live()
-        return (self._selected or self._select_default()).config
+        """The engine config :meth:`execute` runs (cuDNN's first heuristic choice unless selected);
+        of the channels_last graph when :attr:`selected_name` starts with ``"nhwc:"``."""
+        return self._current().config
+
+    @property
+    def selected_name(self) -> str:
+        """The selected config's name as :meth:`select` takes it (``"nhwc:"`` first when it runs on
+        channels_last copies)."""
+        name = self._current().config.name
+        return f"nhwc:{name}" if self._via is not None else name
 
     def engine_id(self) -> int:
         """The engine global index of the selected plan, read back from cuDNN
         (``CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG`` -> ``CUDNN_ATTR_ENGINE_GLOBAL_INDEX``)."""
-        b = self._selected or self._select_default()
-        return int(b.read_back["engine"])
+        return int(self._current().read_back["engine"])
 
     def plan_readback(self) -> dict:
         """The selected plan's engine config as cuDNN reports it: engine, knobs, notes."""
-        b = self._selected or self._select_default()
-        return dict(b.read_back)
+        return dict(self._current().read_back)
 
     @property
     def workspace_bytes(self) -> int:
-        """Workspace of the selected plan, in bytes."""
-        return (self._selected or self._select_default()).workspace_bytes
+        """Workspace of the selected plan, in bytes (an ``"nhwc:"`` config needs
+        :attr:`transpose_bytes` more)."""
+        return self._current().workspace_bytes
 
     # ------------------------------------------------------------------ execution
     def _prepare(self, role: str, t, shape) -> torch.Tensor:
@@ -863,6 +899,8 @@ class GraphConvolution(PlanLifetime):
         not fit the plan. Wraps ``cudnnBackendExecute``.
         """
         self._check_live()
+        if self._via is not None:
+            return self._execute_via(x, w, bias, out, grad_y)
         p = self.problem
         d = self.direction
         w = self._w if w is None else w
@@ -911,6 +949,22 @@ class GraphConvolution(PlanLifetime):
 
     __call__ = execute
 
+    def _execute_via(self, x, w, bias, out, grad_y) -> torch.Tensor:
+        """execute() of an ``"nhwc:"`` config: the channels_last plan copies the inputs to its
+        layout; its output is copied back into this plan's layout."""
+        p, d = self.problem, self.direction
+        role = _OUT_ROLE[d]
+        if out is not None:
+            self._prepare(role, out, {"y": p.y_shape, "dx": p.x_shape, "dw": p.w_shape}[role])
+        w = self._w if w is None else w
+        if d == "forward":
+            r = self._via.execute(self._x if x is None else x, w, self._b if bias is None else bias)
+        elif d == "backward_data":
+            r = self._via.execute(w=w, grad_y=grad_y)
+        else:
+            r = self._via.execute(self._x if x is None else x, grad_y=grad_y)
+        return r.contiguous() if out is None else out.copy_(r)
+
     # ------------------------------------------------------------------ autotune
     def _example(self, seed: int = 0) -> dict:
         p = self.problem
@@ -950,7 +1004,8 @@ class GraphConvolution(PlanLifetime):
                  no_down_conversion: bool = True, no_reduced_precision: bool = False,
                  iterations: int = 5, final_iterations: int = 30, check: bool = True,
                  use_cache: bool = True, seed: int = 0,
-                 include_runtime_compiled: bool = True, patience: int | None = 200) -> list[TimedConfig]:
+                 include_runtime_compiled: bool = True, patience: int | None = 200,
+                 relayout: bool = False) -> list[TimedConfig]:
         """Search engine configs for the fastest correct one, select it and return the ranked table.
 
         Candidates, in order, while ``budget_s`` seconds (wall time, finalization included) last:
@@ -982,10 +1037,19 @@ class GraphConvolution(PlanLifetime):
         ``no_reduced_precision``. With ``use_cache`` a problem already in the tuning cache (see
         :func:`tuning_cache`) selects its stored config without searching (one row, phase
         ``"cache"``). Rows: ``ok`` ranked by median time, then mismatches, then the rest.
+
+        ``relayout`` (NCHW plans only): also search the channels_last (NHWC) graph of the same
+        problem, whose engines are the tensor-core ones that NCHW graphs mostly lack or run
+        through internal transposes. Half the budget goes to each graph. A channels_last config
+        runs on channels_last copies of the inputs and its output is copied back to NCHW (torch
+        copies, on the same stream), and its time includes those copies: the best one is timed end
+        to end against the best NCHW config in interleaved rounds, and its output checked against
+        float64 end to end; the other channels_last rows add the copies' measured time to their
+        engine time (``detail`` gives both). Those rows are named ``"nhwc:eng72{k17=1,k24=4}"``, the
+        name :meth:`select` and :func:`forward` take, and their :attr:`TimedConfig.layout` is
+        ``"nhwc"``. The copies need ``transpose_bytes`` of memory besides the workspace.
         Raises :class:`NotSupportedError` when no candidate runs correctly.
         """
-        from .bench import time_cuda
-
         self._check_live()
         if not isinstance(budget_s, (int, float)) or isinstance(budget_s, bool) or budget_s <= 0:
             raise ArgumentError(f"budget_s must be a positive number of seconds, got {budget_s!r}")
@@ -998,31 +1062,70 @@ class GraphConvolution(PlanLifetime):
             raise ArgumentError(f"include_runtime_compiled must be True or False, got {include_runtime_compiled!r}")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ArgumentError(f"seed must be an int, got {seed!r}")
+        if not isinstance(relayout, bool):
+            raise ArgumentError(f"relayout must be True or False, got {relayout!r}")
         filters = dict(deterministic_only=deterministic_only, no_tensor_cores=no_tensor_cores,
                        no_down_conversion=no_down_conversion, no_reduced_precision=no_reduced_precision)
-        key = self._tuning_key(workspace_limit, dict(filters, include_runtime_compiled=include_runtime_compiled))
+        relayout = relayout and self.problem.layout == "nchw" and not self.problem.is_empty
+        key_filters = dict(filters, include_runtime_compiled=include_runtime_compiled)
+        if relayout:
+            key_filters["relayout"] = True
+        key = self._tuning_key(workspace_limit, key_filters)
         if use_cache:
             hit = _tuning_get(key)
             if hit is not None:
                 try:
-                    b = self.build(hit["engine"])
-                    self._selected = b
-                    rows = [TimedConfig(b.config, hit.get("median_ms"), hit.get("min_ms"), 0, "ok", None, "cache",
-                                        "from the tuning cache")]
+                    ec = self._select(hit["engine"], warn=False)
+                    rows = [TimedConfig(ec, hit.get("median_ms"), hit.get("min_ms"), 0, "ok", None, "cache",
+                                        "from the tuning cache", layout="nhwc" if self._via else "")]
                     self.last_autotune = rows
                     return rows
-                except NotSupportedError:
+                except (NotSupportedError, ArgumentError):
                     pass
         t_start = time.perf_counter()
-        deadline = t_start + budget_s
         tensors = self._example(seed)
         ref = ref_abs = None
         if check:
             ref, ref_abs = reference(self.problem, self.direction, tensors, activation=self.activation)
-        out_shape = {"forward": self.problem.y_shape, "backward_data": self.problem.x_shape,
-                     "backward_filter": self.problem.w_shape}[self.direction]
-        out = empty_like_layout(out_shape, self.problem.layout, self.problem.torch_dtype,
-                                f"cuda:{self.device_index}")
+        opts = dict(workspace_limit=workspace_limit, filters=filters, iterations=iterations,
+                    final_iterations=final_iterations, check=check, seed=seed,
+                    include_runtime_compiled=include_runtime_compiled, patience=patience)
+        if relayout:
+            table = self._search_relayout(t_start, budget_s, tensors, ref, ref_abs, opts)
+        else:
+            table = self._search(t_start + budget_s, budget_s, tensors, ref, ref_abs, **opts)
+        self.last_autotune = table
+        self.autotune_seconds = time.perf_counter() - t_start
+        if not table or table[0].status != "ok":
+            raise NotSupportedError(
+                f"autotune found no engine config that runs correctly for {self._describe()}: "
+                + "; ".join(f"{r.name}: {r.status} {r.detail}" for r in table[:10]) + self._layout_hint(),
+                library="cuDNN")
+        if table[0].layout:
+            self._via = self._cl
+        else:
+            self._via = None
+            self._selected = self._built[table[0].config.name]
+            if self._cl is not None:  # not chosen: release its plans and workspaces
+                self._cl.free()
+                self._cl = None
+        _tuning_put(key, {"engine": table[0].name, "median_ms": table[0].median_ms, "min_ms": table[0].min_ms,
+                          "problem": self._describe()})
+        return table
+
+    def _out_tensor(self, layout: str) -> torch.Tensor:
+        p = self.problem
+        shape = {"forward": p.y_shape, "backward_data": p.x_shape, "backward_filter": p.w_shape}[self.direction]
+        return empty_like_layout(shape, layout, p.torch_dtype, f"cuda:{self.device_index}")
+
+    def _search(self, deadline: float, budget_s: float, tensors: dict, ref, ref_abs, *, workspace_limit,
+                filters: dict, iterations: int, final_iterations: int, check: bool, seed: int,
+                include_runtime_compiled: bool, patience) -> list[TimedConfig]:
+        """The search of :meth:`autotune` on this graph until ``deadline`` (perf_counter seconds):
+        the ranked table; selects nothing."""
+        from .bench import time_cuda
+
+        out = self._out_tensor(self.problem.layout)
         rows: dict[str, TimedConfig] = {}
         best_ms: list = [None]
         # candidates since the best improved by 0.5% (counted from the knob phases on)
@@ -1176,21 +1279,107 @@ class GraphConvolution(PlanLifetime):
             r.median_ms = statistics.median(medians[r.config.name])
             r.min_ms = min(mins[r.config.name])
             r.runs = rounds * per_round
-        ok = sorted((r for r in rows.values() if r.status == "ok"), key=lambda r: r.median_ms)
-        rest = sorted((r for r in rows.values() if r.status == "mismatch"), key=lambda r: r.median_ms)
-        rest += [r for r in rows.values() if r.status not in ("ok", "mismatch")]
-        table = ok + rest
-        self.last_autotune = table
-        self.autotune_seconds = time.perf_counter() - t_start
-        if not ok:
-            raise NotSupportedError(
-                f"autotune found no engine config that runs correctly for {self._describe()}: "
-                + "; ".join(f"{r.name}: {r.status} {r.detail}" for r in table[:10]) + self._layout_hint(),
-                library="cuDNN")
-        self._selected = self._built[ok[0].config.name]
-        _tuning_put(key, {"engine": ok[0].name, "median_ms": ok[0].median_ms, "min_ms": ok[0].min_ms,
-                          "problem": self._describe()})
-        return table
+        return _ranked(rows.values())
+
+    def _search_relayout(self, t_start: float, budget_s: float, tensors: dict, ref, ref_abs,
+                         opts: dict) -> list[TimedConfig]:
+        """``autotune(relayout=True)``: this NCHW graph for half the budget, the channels_last graph
+        of the same problem for the rest, then the best of each timed end to end (layout copies
+        included) in interleaved rounds. Leaves the channels_last plan's choice selected there."""
+        from .bench import time_cuda
+
+        native = self._search(t_start + budget_s / 2, budget_s / 2, tensors, ref, ref_abs, **opts)
+        cl = self._channels_last()
+        cl_opts = dict(opts)
+        if opts["workspace_limit"] is not None:
+            cl_opts["workspace_limit"] = opts["workspace_limit"] - self.transpose_bytes
+            if cl_opts["workspace_limit"] < 0:
+                return native
+        cl_tensors = {k: (to_layout(v, "nhwc") if isinstance(v, torch.Tensor) and v.dim() >= 3 else v)
+                      for k, v in tensors.items()}
+        end = t_start + budget_s
+        cl_rows = cl._search(end, max(end - time.perf_counter(), 0.05), cl_tensors, ref, ref_abs, **cl_opts)
+        for r in cl_rows:
+            r.layout = "nhwc"
+        cl_ok = [r for r in cl_rows if r.status == "ok"]
+        if not cl_ok:
+            return _ranked(native + cl_rows)
+        best = cl_ok[0]
+        cl._selected = cl._built[best.config.name]
+        out = self._out_tensor(self.problem.layout)
+        cl_out = cl._out_tensor("nhwc")
+        fns = {"nhwc": self._via_call(cl, tensors, out),
+               "engine": cl._call_for(cl._selected, cl_tensors, cl_out)}
+        nat_best = next((r for r in native if r.status == "ok"), None)
+        if nat_best is not None:
+            fns["nchw"] = self._call_for(self._built[nat_best.config.name], tensors, out)
+        if opts["check"]:  # the whole path: copies in, engine, copy out
+            out.fill_(float("nan"))
+            fns["nhwc"]()
+            err = check_result(self.problem, out, ref, ref_abs,
+                               **tolerance_args(self.problem, best.config.numerical_notes, self.direction,
+                                                self.activation))
+            if not err.ok:
+                best.status, best.error = "mismatch", err
+                best.detail = "wrong end to end (layout copies included)"
+                return _ranked(native + cl_rows)
+        rounds = 5
+        per_round = max(2, opts["final_iterations"] // rounds)
+        med = {k: [] for k in fns}
+        mins = {k: [] for k in fns}
+        for _ in range(rounds):
+            for k, fn in fns.items():
+                st = _time_reps(time_cuda, fn, per_round, warmup=1)
+                med[k].append(st.median_ms)
+                mins[k].append(st.min_ms)
+        t = {k: statistics.median(v) for k, v in med.items()}
+        copies = max(t["nhwc"] - t["engine"], 0.0)
+        for r in cl_rows:
+            if r.median_ms is not None:
+                r.detail = f"engine {r.median_ms:.4f} ms + layout copies {copies:.4f} ms" + (
+                    "" if r is not best else " (timed end to end)")
+                r.median_ms += copies
+                r.min_ms = (r.min_ms or 0.0) + copies
+        best.median_ms, best.min_ms = t["nhwc"], min(mins["nhwc"])
+        best.runs = rounds * per_round
+        if nat_best is not None:
+            nat_best.median_ms, nat_best.min_ms = t["nchw"], min(mins["nchw"])
+            nat_best.runs = rounds * per_round
+        return _ranked(native + cl_rows)
+
+    def _via_call(self, cl: "GraphConvolution", t: dict, out: torch.Tensor):
+        """One call of ``cl``'s selected config on channels_last copies of ``t``, copied into ``out``."""
+        d = self.direction
+        if d == "forward":
+            args = {"x": t["x"], "w": t["w"], "bias": t.get("b")}
+        elif d == "backward_data":
+            args = {"w": t["w"], "grad_y": t["dy"]}
+        else:
+            args = {"x": t["x"], "grad_y": t["dy"]}
+        return lambda: out.copy_(cl.execute(**args))
+
+    @property
+    def transpose_bytes(self) -> int:
+        """Bytes of the channels_last copies (inputs and output) that a ``"nhwc:"`` config of an
+        NCHW plan needs per call, besides its workspace."""
+        p = self.problem
+        size = torch.empty((), dtype=p.torch_dtype).element_size()
+        shapes = {"forward": (p.x_shape, p.w_shape, p.y_shape), "backward_data": (p.y_shape, p.w_shape, p.x_shape),
+                  "backward_filter": (p.x_shape, p.y_shape, p.w_shape)}[self.direction]
+        return size * sum(math.prod(s) for s in shapes)
+
+    def _channels_last(self) -> "GraphConvolution":
+        """The plan of this NCHW problem's channels_last (NHWC) graph, made once."""
+        p = self.problem
+        if p.layout != "nchw":
+            raise ArgumentError("an 'nhwc:' config runs an NCHW plan's engine on channels_last copies; this plan "
+                                "is channels_last already: name the config without the prefix")
+        if p.is_empty:
+            raise ArgumentError(f"{self._describe()} is empty (zero batch or spatial size): no cuDNN graph")
+        if self._cl is None:
+            self._cl = GraphConvolution.from_problem(p.with_(layout="nhwc"), direction=self.direction,
+                                                     activation=self.activation, allow_tf32=self.allow_tf32)
+        return self._cl
 
     def _knob_search(self, rows: dict, trial, left, prebuild=None) -> None:
         """Coordinate search over knob values, from the best config of each of the fastest engines.
@@ -1405,13 +1594,16 @@ class GraphConvolution(PlanLifetime):
         """Release descriptors, plans, workspaces and tensor references. Idempotent."""
         self._built.clear()
         self._selected = None
+        if self._cl is not None:
+            self._cl.free()
+        self._cl = self._via = None
         self._x = self._w = self._b = None
         self._freed = True
 
     def __repr__(self) -> str:
         if self._freed:
             return "<rawconv.cudnn_graph.GraphConvolution (freed)>"
-        sel = self._selected.config.name if self._selected is not None else "(heuristic)"
+        sel = self.selected_name if self._selected is not None or self._via is not None else "(heuristic)"
         return f"<rawconv.cudnn_graph.GraphConvolution {self._describe()} engine={sel}>"
 
 

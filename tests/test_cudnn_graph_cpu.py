@@ -281,6 +281,41 @@ def test_plan_argument_checks_on_a_cpu_built_graph(cudnn):
         plan.select(0)
 
 
+def test_relayout_arguments_checked_before_any_c_call(cudnn, monkeypatch):
+    """'nhwc:' names only make sense on an NCHW plan; relayout must be a bool."""
+    nhwc = G.GraphConvolution.from_problem(_p())
+    empty = G.GraphConvolution.from_problem(_p(n=0, layout="nchw"))
+    monkeypatch.setattr(_cudnn, "lib", lambda: pytest.fail("a C function was called"))
+    with pytest.raises(ArgumentError, match="channels_last already"):
+        nhwc.select("nhwc:eng0")
+    with pytest.raises(ArgumentError, match="relayout"):
+        nhwc.autotune(relayout="yes")
+    with pytest.raises(ArgumentError, match="empty"):
+        empty.select("nhwc:eng0")
+
+
+@pytest.mark.parametrize("direction", G.DIRECTIONS)
+def test_relayout_plan_is_the_channels_last_graph_of_the_same_problem(cudnn, direction):
+    """An NCHW plan's channels_last sibling: same problem but NHWC strides for every tensor; the
+    copies it needs per call are the inputs and the output, in bytes."""
+    p = _p(layout="nchw", dtype="bfloat16")
+    plan = G.GraphConvolution.from_problem(p, direction=direction)
+    cl = plan._channels_last()
+    assert cl is plan._channels_last()
+    assert cl.problem == p.with_(layout="nhwc") and cl.direction == direction
+    for role, st in cl._graph.strides.items():
+        shape = {"x": p.x_shape, "dx": p.x_shape, "y": p.y_shape, "dy": p.y_shape, "w": p.w_shape,
+                 "dw": p.w_shape}[role]
+        assert st == list(torch.empty(shape).to(memory_format=torch.channels_last).stride()), role
+        assert plan._graph.strides[role] == list(torch.empty(shape).stride()), role
+    n = sum(math.prod(s) for s in (p.x_shape, p.w_shape, p.y_shape))
+    assert plan.transpose_bytes == 2 * n
+    row = G.TimedConfig(G.EngineConfig(72, ((17, 1), (24, 4))), layout="nhwc")
+    assert row.name == "nhwc:eng72{k17=1,k24=4}"
+    plan.free()
+    assert plan._cl is None and cl._freed
+
+
 def test_transpose_shape_matches_torch():
     for stride, pad, op, dil in [(2, 1, 1, 1), (1, 0, 0, 2), (3, 2, 2, 1), ((2, 1), (0, 1), (1, 0), 1)]:
         gy = torch.empty(2, 8, 7, 6)

@@ -371,3 +371,61 @@ def test_autotune_budget_holds_with_runtime_compiled_engines():
     print(f"autotune {took:.1f} s; statuses: "
           + str({s: sum(r.status == s for r in table) for s in {r.status for r in table}}))
     _wait_for_background_compilation()
+
+
+@pytest.mark.parametrize("direction", G.DIRECTIONS)
+def test_nhwc_config_on_an_nchw_plan_matches_float64(direction):
+    """``"nhwc:<config>"`` on an NCHW plan: NCHW tensors in, an NCHW result out (new or ``out=``),
+    right within the config's tolerance; the channels_last graph's engine runs (read back)."""
+    p, _ = GRID["fp16-nchw"]
+    x, w, dy = _inputs(p)
+    ref, ref_abs = _references(p, direction, x, w, dy)
+    cl = G.GraphConvolution.from_problem(p.with_(layout="nhwc"), direction=direction)
+    name = "nhwc:" + cl.selected.name  # the default selection skips known-wrong engines
+    plan = G.GraphConvolution.from_problem(p, direction=direction)
+    ec = plan.select(name)
+    assert plan.selected_name == name and plan.engine_id() == ec.engine == cl.engine_id()
+    out_shape = {"forward": p.y_shape, "backward_data": p.x_shape, "backward_filter": p.w_shape}[direction]
+    for use_out in (False, True):
+        out = empty_like_layout(out_shape, "nchw", p.torch_dtype, "cuda").fill_(float("nan")) if use_out else None
+        if direction == "forward":
+            r = plan.execute(x, w, out=out)
+        elif direction == "backward_data":
+            r = plan.execute(grad_y=dy, w=w, out=out)
+        else:
+            r = plan.execute(x, grad_y=dy, out=out)
+        assert r.is_contiguous() and (out is None or r is out)
+        st = compare_to_reference(p, r, ref, ref_abs, **G.tolerance_args(p, ec.numerical_notes, direction))
+        assert st.ok, (name, st)
+    for native in plan.heuristic("instant") + plan.heuristic("fallback"):  # back to the NCHW graph
+        try:
+            plan.select(native)
+            break
+        except NotSupportedError:
+            continue
+    assert plan.selected_name == plan.selected.name == native.name
+
+
+def test_autotune_relayout_searches_both_graphs_and_caches_the_choice():
+    p = P(n=8, c=64, k=64, in_spatial=(28, 28), layout="nchw")
+    x, w, _dy = _inputs(p)
+    ref, ref_abs = conv_reference(p, x, w), abs_reference(p, x, w)
+    G.clear_tuning_cache()
+    plan = G.GraphConvolution(x, w, padding=1)
+    table = plan.autotune(budget_s=4.0, relayout=True)
+    ok = [r for r in table if r.status == "ok"]
+    assert {r.layout for r in ok} == {"", "nhwc"}, "both graphs searched"
+    assert [r.median_ms for r in ok] == sorted(r.median_ms for r in ok)
+    assert all(r.error is not None and r.error.ok for r in ok)
+    assert all("layout copies" in r.detail for r in ok if r.layout)
+    assert plan.selected_name == table[0].name
+    y = plan.execute()
+    assert y.is_contiguous()
+    st = compare_to_reference(p, y, ref, ref_abs, **G.tolerance_args(p, plan.selected.numerical_notes))
+    assert st.ok, st
+    again = G.GraphConvolution(x, w, padding=1)
+    rows = again.autotune(budget_s=4.0, relayout=True)
+    assert rows[0].phase == "cache" and rows[0].name == table[0].name == again.selected_name
+    y2 = G.forward(x, w, padding=1, engine=table[0].name)
+    st = compare_to_reference(p, y2, ref, ref_abs, **G.tolerance_args(p, plan.selected.numerical_notes))
+    assert st.ok, st
