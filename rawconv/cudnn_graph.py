@@ -526,6 +526,7 @@ class GraphConvolution(PlanLifetime):
         self._lock = threading.RLock()
         self._cl: GraphConvolution | None = None    # the channels_last graph's plan (NCHW plans)
         self._via: GraphConvolution | None = None   # _cl when an "nhwc:" config is selected
+        self._bufs: dict | None = None               # channels_last buffers of "nhwc:" configs
         self._want: dict = {}
         self._torch_dtype = problem.torch_dtype
 
@@ -896,14 +897,30 @@ class GraphConvolution(PlanLifetime):
         another layout, or not 16-byte aligned, are copied first (``out`` must fit as it is).
         A cached plan costs one ``cudnnBackendExecute`` plus this argument handling: variant
         packs are kept per set of data pointers. Raises :class:`ArgumentError` when tensors do
-        not fit the plan. Wraps ``cudnnBackendExecute``.
+        not fit the plan. An ``"nhwc:"`` config (see :meth:`select`) first transforms the inputs
+        into channels_last buffers the plan owns (:attr:`transpose_bytes`) and the result back
+        (``cudnnTransformTensor``). Wraps ``cudnnBackendExecute``.
         """
         self._check_live()
-        if self._via is not None:
-            return self._execute_via(x, w, bias, out, grad_y)
+        t, result = self._bind(x, w, bias, out, grad_y)
         p = self.problem
-        d = self.direction
+        if p.is_empty:
+            return _empty_result(self, result, t.get("b"))
+        if self._via is not None:
+            self._run_via(t)
+        else:
+            self._run(self._selected or self._select_default(), tuple(t[r].data_ptr() for r in self._graph.roles))
+        if p.unbatched and self.direction in ("forward", "backward_data"):
+            return result.squeeze(0)
+        return result
+
+    __call__ = execute
+
+    def _bind(self, x, w, bias, out, grad_y) -> tuple[dict, torch.Tensor]:
+        """execute()'s arguments checked and in the plan's layout: ({role: tensor}, result)."""
+        p, d = self.problem, self.direction
         w = self._w if w is None else w
+        t = {}
         if d == "forward":
             x = self._x if x is None else x
             bias = self._b if bias is None else bias
@@ -912,58 +929,76 @@ class GraphConvolution(PlanLifetime):
             if p.has_bias != (bias is not None):
                 raise ArgumentError("this plan was built " + ("with a bias: pass bias" if p.has_bias else
                                                               "without a bias; build one with bias to use it"))
-            x = self._prepare("x", x, p.x_shape)
-            w = self._prepare("w", w, p.w_shape)
-            y = out if out is not None else empty_like_layout(p.y_shape, p.layout, p.torch_dtype, x.device)
-            y = self._prepare("y", y, p.y_shape)
-            ptrs = (x.data_ptr(), w.data_ptr(), y.data_ptr())
+            t["x"] = self._prepare("x", x, p.x_shape)
+            t["w"] = self._prepare("w", w, p.w_shape)
             if p.has_bias:
-                bias = self._prepare("b", bias, (p.k,))
-                ptrs += (bias.data_ptr(),)
-            result = y
+                t["b"] = self._prepare("b", bias, (p.k,))
         elif d == "backward_data":
             if grad_y is None or w is None:
                 raise ArgumentError("backward_data needs grad_y and w")
-            dy = self._prepare("dy", grad_y, p.y_shape)
-            w = self._prepare("w", w, p.w_shape)
-            dx = out if out is not None else empty_like_layout(p.x_shape, p.layout, p.torch_dtype, dy.device)
-            dx = self._prepare("dx", dx, p.x_shape)
-            ptrs = (dx.data_ptr(), w.data_ptr(), dy.data_ptr())
-            result = dx
+            t["dy"] = self._prepare("dy", grad_y, p.y_shape)
+            t["w"] = self._prepare("w", w, p.w_shape)
         else:
             x = self._x if x is None else x
             if grad_y is None or x is None:
                 raise ArgumentError("backward_filter needs x and grad_y")
-            x = self._prepare("x", x, p.x_shape)
-            dy = self._prepare("dy", grad_y, p.y_shape)
-            dw = out if out is not None else empty_like_layout(p.w_shape, p.layout, p.torch_dtype, x.device)
-            dw = self._prepare("dw", dw, p.w_shape)
-            ptrs = (x.data_ptr(), dw.data_ptr(), dy.data_ptr())
-            result = dw
-        if p.is_empty:
-            return _empty_result(self, result, bias)
-        self._run(self._selected or self._select_default(), ptrs)
-        if p.unbatched and d in ("forward", "backward_data"):
-            return result.squeeze(0)
-        return result
-
-    __call__ = execute
-
-    def _execute_via(self, x, w, bias, out, grad_y) -> torch.Tensor:
-        """execute() of an ``"nhwc:"`` config: the channels_last plan copies the inputs to its
-        layout; its output is copied back into this plan's layout."""
-        p, d = self.problem, self.direction
+            t["x"] = self._prepare("x", x, p.x_shape)
+            t["dy"] = self._prepare("dy", grad_y, p.y_shape)
         role = _OUT_ROLE[d]
-        if out is not None:
-            self._prepare(role, out, {"y": p.y_shape, "dx": p.x_shape, "dw": p.w_shape}[role])
-        w = self._w if w is None else w
-        if d == "forward":
-            r = self._via.execute(self._x if x is None else x, w, self._b if bias is None else bias)
-        elif d == "backward_data":
-            r = self._via.execute(w=w, grad_y=grad_y)
-        else:
-            r = self._via.execute(self._x if x is None else x, grad_y=grad_y)
-        return r.contiguous() if out is None else out.copy_(r)
+        shape = {"y": p.y_shape, "dx": p.x_shape, "dw": p.w_shape}[role]
+        if out is None:
+            out = empty_like_layout(shape, p.layout, p.torch_dtype, f"cuda:{self.device_index}")
+        t[role] = self._prepare(role, out, shape)
+        return t, t[role]
+
+    # ------------------------------------------------------------------ "nhwc:" configs
+    def _run_via(self, t: dict, cl: "GraphConvolution | None" = None) -> None:
+        """The selected channels_last config (of ``cl``, default the selected one) on ``t`` (this
+        plan's layout): inputs transformed into the plan's channels_last buffers, the engine run
+        there, the output transformed back."""
+        cl = cl or self._via
+        bufs = self._relayout_buffers()
+        out_role = _OUT_ROLE[self.direction]
+        for role in _ROLES[self.direction]:
+            if role != out_role:
+                self._transform(bufs[role][2], t[role].data_ptr(), bufs[role][3], bufs[role][1])
+        ptrs = tuple(bufs[r][0].data_ptr() for r in _ROLES[self.direction])
+        if "b" in t:
+            ptrs += (t["b"].data_ptr(),)
+        cl._run(cl._selected or cl._select_default(), ptrs)
+        ob = bufs[out_role]
+        self._transform(ob[3], ob[1], ob[2], t[out_role].data_ptr())
+
+    def _transform(self, src_desc, src_ptr, dst_desc, dst_ptr) -> None:
+        ffi = _cudnn.ffi
+        status = _cudnn.lib().cudnnTransformTensor(
+            _cudnn.handle_for(self.device_index), self._one, src_desc,
+            src_ptr if isinstance(src_ptr, ffi.CData) else ffi.cast("void *", src_ptr), self._zero, dst_desc,
+            dst_ptr if isinstance(dst_ptr, ffi.CData) else ffi.cast("void *", dst_ptr))
+        if status:
+            raise _cudnn.error(status, "cudnnTransformTensor", f"layout copy for {self._describe()}")
+
+    def _relayout_buffers(self) -> dict:
+        """role -> (channels_last buffer, its void *, descriptor of this plan's layout, descriptor
+        of channels_last), made once per plan (4-D or 5-D descriptors, 1-D problems lifted)."""
+        if self._bufs is None:
+            p = self.problem
+            ffi = _cudnn.ffi
+            one_t = "double *" if p.dtype == "float64" else "float *"
+            self._one, self._zero = ffi.new(one_t, 1.0), ffi.new(one_t, 0.0)
+            shapes = {"x": p.x_shape, "dx": p.x_shape, "y": p.y_shape, "dy": p.y_shape, "w": p.w_shape,
+                      "dw": p.w_shape}
+            bufs = {}
+            for role in _ROLES[self.direction]:
+                shape = shapes[role]
+                buf = torch.empty_strided(shape, dense_strides(shape, "nhwc"), dtype=p.torch_dtype,
+                                          device=f"cuda:{self.device_index}")
+                g = _lift(shape)
+                bufs[role] = (buf, ffi.cast("void *", buf.data_ptr()),
+                              _cudnn.tensor_desc(p.dtype, g, dense_strides(g, p.layout)),
+                              _cudnn.tensor_desc(p.dtype, g, dense_strides(g, "nhwc")))
+            self._bufs = bufs
+        return self._bufs
 
     # ------------------------------------------------------------------ autotune
     def _example(self, seed: int = 0) -> dict:
@@ -981,23 +1016,15 @@ class GraphConvolution(PlanLifetime):
             return {"dy": dy, "w": w}
         return {"x": x, "dy": dy}
 
-    def _call_for(self, b: _Built, t: dict, out: torch.Tensor):
-        d = self.direction
-        p = self.problem
-        if d == "forward":
-            x = self._prepare("x", t["x"], p.x_shape)
-            w = self._prepare("w", t["w"], p.w_shape)
-            ptrs = (x.data_ptr(), w.data_ptr(), out.data_ptr())
-            if p.has_bias:
-                ptrs += (self._prepare("b", t["b"], (p.k,)).data_ptr(),)
-        elif d == "backward_data":
-            ptrs = (out.data_ptr(), self._prepare("w", t["w"], p.w_shape).data_ptr(),
-                    self._prepare("dy", t["dy"], p.y_shape).data_ptr())
-        else:
-            ptrs = (self._prepare("x", t["x"], p.x_shape).data_ptr(), out.data_ptr(),
-                    self._prepare("dy", t["dy"], p.y_shape).data_ptr())
-        keep = (t, out)
-        return lambda: self._run(b, ptrs) or keep
+    def _call_for(self, b: _Built | None, t: dict, out: torch.Tensor, cl: "GraphConvolution | None" = None):
+        """A no-argument callable running ``b`` on autotune's example tensors ``t``, writing
+        ``out``; with ``b`` None, ``cl``'s selected config as an ``"nhwc:"`` config (layout copies
+        included)."""
+        bound, _ = self._bind(t.get("x"), t.get("w"), t.get("b"), out, t.get("dy"))
+        if b is None:
+            return lambda: self._run_via(bound, cl)
+        ptrs = tuple(bound[r].data_ptr() for r in self._graph.roles)
+        return lambda: self._run(b, ptrs) or bound
 
     def autotune(self, *, budget_s: float = 10.0, workspace_limit: int | None = None,
                  deterministic_only: bool = False, no_tensor_cores: bool | None = None,
@@ -1308,7 +1335,7 @@ class GraphConvolution(PlanLifetime):
         cl._selected = cl._built[best.config.name]
         out = self._out_tensor(self.problem.layout)
         cl_out = cl._out_tensor("nhwc")
-        fns = {"nhwc": self._via_call(cl, tensors, out),
+        fns = {"nhwc": self._call_for(None, tensors, out, cl),
                "engine": cl._call_for(cl._selected, cl_tensors, cl_out)}
         nat_best = next((r for r in native if r.status == "ok"), None)
         if nat_best is not None:
@@ -1346,17 +1373,6 @@ class GraphConvolution(PlanLifetime):
             nat_best.median_ms, nat_best.min_ms = t["nchw"], min(mins["nchw"])
             nat_best.runs = rounds * per_round
         return _ranked(native + cl_rows)
-
-    def _via_call(self, cl: "GraphConvolution", t: dict, out: torch.Tensor):
-        """One call of ``cl``'s selected config on channels_last copies of ``t``, copied into ``out``."""
-        d = self.direction
-        if d == "forward":
-            args = {"x": t["x"], "w": t["w"], "bias": t.get("b")}
-        elif d == "backward_data":
-            args = {"w": t["w"], "grad_y": t["dy"]}
-        else:
-            args = {"x": t["x"], "grad_y": t["dy"]}
-        return lambda: out.copy_(cl.execute(**args))
 
     @property
     def transpose_bytes(self) -> int:
@@ -1596,7 +1612,7 @@ class GraphConvolution(PlanLifetime):
         self._selected = None
         if self._cl is not None:
             self._cl.free()
-        self._cl = self._via = None
+        self._cl = self._via = self._bufs = None
         self._x = self._w = self._b = None
         self._freed = True
 

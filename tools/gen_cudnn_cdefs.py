@@ -53,6 +53,7 @@ LEGACY_FUNCTIONS = [
     "cudnnCreateTensorDescriptor", "cudnnSetTensor4dDescriptor", "cudnnSetTensor4dDescriptorEx",
     "cudnnSetTensorNdDescriptor", "cudnnSetTensorNdDescriptorEx", "cudnnGetTensorNdDescriptor",
     "cudnnGetTensorSizeInBytes", "cudnnDestroyTensorDescriptor", "cudnnAddTensor", "cudnnSetTensor",
+    "cudnnTransformTensor",
     # filters
     "cudnnCreateFilterDescriptor", "cudnnSetFilter4dDescriptor", "cudnnSetFilterNdDescriptor",
     "cudnnGetFilterNdDescriptor", "cudnnGetFilterSizeInBytes", "cudnnDestroyFilterDescriptor",
