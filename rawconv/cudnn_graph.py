@@ -1016,13 +1016,9 @@ class GraphConvolution(PlanLifetime):
             return {"dy": dy, "w": w}
         return {"x": x, "dy": dy}
 
-    def _call_for(self, b: _Built | None, t: dict, out: torch.Tensor, cl: "GraphConvolution | None" = None):
-        """A no-argument callable running ``b`` on autotune's example tensors ``t``, writing
-        ``out``; with ``b`` None, ``cl``'s selected config as an ``"nhwc:"`` config (layout copies
-        included)."""
+    def _call_for(self, b: _Built, t: dict, out: torch.Tensor):
+        """A no-argument callable running ``b`` on autotune's example tensors ``t``, writing ``out``."""
         bound, _ = self._bind(t.get("x"), t.get("w"), t.get("b"), out, t.get("dy"))
-        if b is None:
-            return lambda: self._run_via(bound, cl)
         ptrs = tuple(bound[r].data_ptr() for r in self._graph.roles)
         return lambda: self._run(b, ptrs) or bound
 
@@ -1068,13 +1064,14 @@ class GraphConvolution(PlanLifetime):
         ``relayout`` (NCHW plans only): also search the channels_last (NHWC) graph of the same
         problem, whose engines are the tensor-core ones that NCHW graphs mostly lack or run
         through internal transposes. Half the budget goes to each graph. A channels_last config
-        runs on channels_last copies of the inputs and its output is copied back to NCHW (torch
-        copies, on the same stream), and its time includes those copies: the best one is timed end
-        to end against the best NCHW config in interleaved rounds, and its output checked against
-        float64 end to end; the other channels_last rows add the copies' measured time to their
-        engine time (``detail`` gives both). Those rows are named ``"nhwc:eng72{k17=1,k24=4}"``, the
-        name :meth:`select` and :func:`forward` take, and their :attr:`TimedConfig.layout` is
-        ``"nhwc"``. The copies need ``transpose_bytes`` of memory besides the workspace.
+        runs on channels_last buffers the plan owns (:attr:`transpose_bytes`): the inputs are
+        transformed into them and the output back (``cudnnTransformTensor``) on every call. So
+        the best channels_last config is timed end to end, as :meth:`execute` runs it (argument
+        handling, transforms, engine), against the best NCHW config the same way, in interleaved
+        rounds, and its output checked against float64 end to end; the other channels_last rows
+        add the measured cost of the transforms to their engine time (``detail`` gives both).
+        Those rows are named ``"nhwc:eng72{k17=1,k24=4}"``, the name :meth:`select` and
+        :func:`forward` take, and their :attr:`TimedConfig.layout` is ``"nhwc"``.
         Raises :class:`NotSupportedError` when no candidate runs correctly.
         """
         self._check_live()
@@ -1335,11 +1332,24 @@ class GraphConvolution(PlanLifetime):
         cl._selected = cl._built[best.config.name]
         out = self._out_tensor(self.problem.layout)
         cl_out = cl._out_tensor("nhwc")
-        fns = {"nhwc": self._call_for(None, tensors, out, cl),
-               "engine": cl._call_for(cl._selected, cl_tensors, cl_out)}
         nat_best = next((r for r in native if r.status == "ok"), None)
+
+        def full(b):
+            """What execute(..., out=) does per call, argument handling included: the copies' calls
+            add host time that can exceed the GPU time of a small problem."""
+            args = (tensors.get("x"), tensors.get("w"), tensors.get("b"), out, tensors.get("dy"))
+
+            def call():
+                bound, _ = self._bind(*args)
+                if b is None:
+                    self._run_via(bound, cl)
+                else:
+                    self._run(b, tuple(bound[r].data_ptr() for r in self._graph.roles))
+            return call
+
+        fns = {"nhwc": full(None), "engine": cl._call_for(cl._selected, cl_tensors, cl_out)}
         if nat_best is not None:
-            fns["nchw"] = self._call_for(self._built[nat_best.config.name], tensors, out)
+            fns["nchw"] = full(self._built[nat_best.config.name])
         if opts["check"]:  # the whole path: copies in, engine, copy out
             out.fill_(float("nan"))
             fns["nhwc"]()
@@ -1363,7 +1373,7 @@ class GraphConvolution(PlanLifetime):
         copies = max(t["nhwc"] - t["engine"], 0.0)
         for r in cl_rows:
             if r.median_ms is not None:
-                r.detail = f"engine {r.median_ms:.4f} ms + layout copies {copies:.4f} ms" + (
+                r.detail = f"engine {r.median_ms:.4f} ms + layout copies and their calls {copies:.4f} ms" + (
                     "" if r is not best else " (timed end to end)")
                 r.median_ms += copies
                 r.min_ms = (r.min_ms or 0.0) + copies
