@@ -3,9 +3,11 @@
 One process per GPU. For each layout (channels_last "nhwc", "nchw"), precision (fp32 IEEE, TF32,
 fp16, bf16) and ResNet-50 layer (the 23 distinct convolutions of ``rawconv.presets.resnet50``,
 batch 32): torch's time with ``torch.backends.cudnn.benchmark = True`` (and ``allow_tf32`` as the
-precision says), rawconv's autotuned best (``--budget`` seconds per layer, cold), both timed with
-CUDA events around groups of back-to-back calls in interleaved rounds (torch, rawconv, torch, ...;
-median of the round medians, so that clock drift hits both alike), the ratio torch / rawconv, the
+precision says), rawconv's autotuned best (``--budget`` seconds per layer, cold), both timed on
+the GPU: CUDA events around groups of back-to-back calls queued while the GPU is held busy
+(``rawconv.bench.time_cuda_queued``), so that the host's launch time, measured apart below, is
+left out, in interleaved rounds (torch, rawconv, torch, ...; median of the round medians, so that
+clock drift hits both alike), the ratio torch / rawconv, the
 geometric mean per precision and layout, the autotune seconds per layer cold and warm
 (tuning-cache hit), and the per-call host overhead of a cached plan against ``F.conv2d``.
 
@@ -50,15 +52,14 @@ def layers(batch: int, dtype: str, layout: str, count: int, only: str | None = N
 
 def interleaved(fns: dict, iters: int, rounds: int = 5) -> dict:
     """Median GPU ms per call for each callable: CUDA events around groups of back-to-back calls
-    (``rawconv.cudnn_graph._time_reps``), ``rounds`` rounds alternating the callables; the median
+    queued behind a GPU sleep (``rawconv.cudnn_graph._time_reps``), ``rounds`` rounds alternating the callables; the median
     of the round medians."""
     from rawconv import cudnn_graph as G
-    from rawconv.bench import time_cuda
 
     per = defaultdict(list)
     for _ in range(rounds):
         for name, fn in fns.items():
-            per[name].append(G._time_reps(time_cuda, fn, max(2, iters // rounds), warmup=2).median_ms)
+            per[name].append(G._time_reps(fn, max(2, iters // rounds), warmup=2).median_ms)
     return {name: statistics.median(v) for name, v in per.items()}
 
 

@@ -96,7 +96,7 @@ def time_cuda_queued(fn: Callable[[], object], iterations: int = 20, warmup: int
         fn()
     host = (time.perf_counter() - t0) / max(warmup, 1)
     torch.cuda.synchronize()
-    cycles = int(min(max(4 * host * iterations * 2e9, 2e6), 2e9))   # ~2 GHz: 4x the host time of the loop
+    cycles = int(min(max(4 * host * iterations * 2e9, 5e5), 2e9))   # ~2 GHz: 4x the host time of the loop
     per = []
     for _ in range(repeats):
         torch.cuda._sleep(cycles)

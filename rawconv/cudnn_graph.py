@@ -1049,8 +1049,9 @@ class GraphConvolution(PlanLifetime):
         candidates met while that many compile are skipped and retried later.
         Each candidate: execution plan finalized, output filled with NaN, run once and checked
         against the float64 reference within the tolerance its numerical notes imply (``check``),
-        then timed with CUDA events (:func:`rawconv.bench.time_cuda`, ``iterations`` groups of
-        back-to-back calls, median per call; a candidate whose second, warm run took over 3x the
+        then timed on the GPU (``iterations`` groups of back-to-back calls queued while the GPU is
+        held busy, CUDA events around each group, so that the host's launch time is left out;
+        median per call; a candidate whose second, warm run took over 3x the
         best so far, or one that would overrun the budget, keeps that single run); the best eight are then
         timed again in 5 interleaved rounds (``final_iterations`` groups in all, so that clock
         drift hits each alike), median of the round medians.
@@ -1218,7 +1219,7 @@ class GraphConvolution(PlanLifetime):
                         stats = probe  # far slower than the best so far (one call timed alone may
                         # include launch time, hence the margin): one run is enough
                     else:
-                        stats = _time_reps(time_cuda, fn, iterations, warmup=0, first_ms=probe.min_ms)
+                        stats = _time_reps(fn, iterations, warmup=0, first_ms=probe.min_ms)
             except LibraryError as exc:
                 rows[ec.name] = TimedConfig(ec, status="error", phase=phase, detail=str(exc))
                 return None
@@ -1296,7 +1297,7 @@ class GraphConvolution(PlanLifetime):
         fns = {r.config.name: self._call_for(self._built[r.config.name], tensors, out) for r in top}
         for _ in range(rounds):
             for r in top:
-                st = _time_reps(time_cuda, fns[r.config.name], per_round, warmup=1)
+                st = _time_reps(fns[r.config.name], per_round, warmup=1)
                 medians[r.config.name].append(st.median_ms)
                 mins[r.config.name].append(st.min_ms)
         for r in top:
@@ -1310,7 +1311,6 @@ class GraphConvolution(PlanLifetime):
         """``autotune(relayout=True)``: this NCHW graph for half the budget, the channels_last graph
         of the same problem for the rest, then the best of each timed end to end (layout copies
         included) in interleaved rounds. Leaves the channels_last plan's choice selected there."""
-        from .bench import time_cuda
 
         native = self._search(t_start + budget_s / 2, budget_s / 2, tensors, ref, ref_abs, **opts)
         cl = self._channels_last()
@@ -1335,8 +1335,7 @@ class GraphConvolution(PlanLifetime):
         nat_best = next((r for r in native if r.status == "ok"), None)
 
         def full(b):
-            """What execute(..., out=) does per call, argument handling included: the copies' calls
-            add host time that can exceed the GPU time of a small problem."""
+            """What execute(..., out=) does per call, argument handling included."""
             args = (tensors.get("x"), tensors.get("w"), tensors.get("b"), out, tensors.get("dy"))
 
             def call():
@@ -1366,7 +1365,7 @@ class GraphConvolution(PlanLifetime):
         mins = {k: [] for k in fns}
         for _ in range(rounds):
             for k, fn in fns.items():
-                st = _time_reps(time_cuda, fn, per_round, warmup=1)
+                st = _time_reps(fn, per_round, warmup=1)
                 med[k].append(st.median_ms)
                 mins[k].append(st.min_ms)
         t = {k: statistics.median(v) for k, v in med.items()}
@@ -1705,21 +1704,20 @@ def _build_in_background(plan: "GraphConvolution", ec: EngineConfig, timeout_s: 
     return plan.build(ec), ""  # it failed: raises NotSupportedError with cuDNN's reason
 
 
-def _time_reps(time_cuda, fn, iterations: int, warmup: int = 1, target_ms: float = 0.25, max_reps: int = 32,
+def _time_reps(fn, iterations: int, warmup: int = 1, target_ms: float = 0.25, max_reps: int = 32,
                first_ms: float | None = None):
-    """:func:`rawconv.bench.time_cuda` of ``reps`` back-to-back calls per event pair, divided by
-    ``reps``: a short kernel timed alone between two events also measures the host's launch
-    time when the host is the slower side; ``reps`` grows until a timed group lasts about
-    ``target_ms`` (the GPU then runs the calls back to back). Returns per-call TimeStats (ms)."""
-    from .bench import TimeStats
+    """GPU time per call of ``fn`` (ms): ``iterations`` groups of ``reps`` back-to-back calls, each
+    group queued while the GPU is held busy (:func:`rawconv.bench.time_cuda_queued`) so that CUDA
+    events around it time the GPU work alone. Timed one by one, a kernel of ~20 µs measures the
+    host's launch time instead, which a loaded host stretches (seen on an H200: the same config
+    timed 0.014 and 0.027 ms in two runs). ``reps`` grows until a group lasts about
+    ``target_ms``. Host time per call is measured apart (``benchmarks/bench_cudnn_graph.py``).
+    Returns per-call TimeStats (ms)."""
+    from .bench import time_cuda, time_cuda_queued
 
     first = first_ms if first_ms is not None else time_cuda(fn, iterations=2, warmup=warmup).min_ms
     reps = max(1, min(max_reps, math.ceil(target_ms / max(first, 1e-4))))
-    if reps == 1:
-        return time_cuda(fn, iterations=iterations, warmup=0)
-    group = lambda: [fn() for _ in range(reps)]  # noqa: E731
-    st = time_cuda(group, iterations=iterations, warmup=0)
-    return TimeStats(st.median_ms / reps, st.min_ms / reps, st.mean_ms / reps, st.runs)
+    return time_cuda_queued(fn, iterations=reps, warmup=max(warmup, 1), repeats=iterations)
 
 
 def _knob_combinations(knobs: list):
