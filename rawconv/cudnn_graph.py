@@ -73,6 +73,10 @@ KNOWN_WRONG = (
      "dw max relative error 1.5"),
     ("backward_data", frozenset({2}), lambda p: p.dtype == "float16",
      "cuDNN 9.19 on an H200, float16 NHWC: dx 7-9x over the fp32-accumulation error bound"),
+    ("forward", frozenset({71}), lambda p: p.layout == "nchw" and p.dtype != "float64",
+     "cuDNN 9.19 on an H200, NCHW float16/bfloat16/TF32 ResNet-50 layers (batch 32): autotune "
+     "found knob choices of this runtime-compiled engine outside tolerance on 30 layer runs, mostly "
+     "k24=27 and k24=30 (benchmarks/results/*/nchw*.json, mismatch_configs)"),
 )
 
 

@@ -490,3 +490,7 @@ def test_known_wrong_engines_match_only_their_problems():
     assert G.known_wrong(half, "backward_data", 2)
     assert not G.known_wrong(half, "backward_data", 1)
     assert not G.known_wrong(half.with_(dtype="bfloat16"), "backward_data", 2)
+    nchw = _p(layout="nchw")
+    assert G.known_wrong(nchw, "forward", 71) and not G.known_wrong(nchw, "forward", 72)
+    assert not G.known_wrong(nchw.with_(layout="nhwc"), "forward", 71)
+    assert not G.known_wrong(nchw, "backward_data", 71)
