@@ -74,7 +74,8 @@ KNOWN_WRONG = (
     ("backward_data", frozenset({2}), lambda p: p.dtype == "float16",
      "cuDNN 9.19 on an H200, float16 NHWC: dx 7-9x over the fp32-accumulation error bound"),
     ("forward", frozenset({71}), lambda p: p.layout == "nchw" and p.dtype != "float64",
-     "cuDNN 9.19 on an H200, NCHW float16/bfloat16/TF32 ResNet-50 layers (batch 32): autotune "
+     "cuDNN 9.19 on an H200, NCHW float16/bfloat16/TF32 ResNet-50 layers (batch 32; float32 runs "
+     "this tensor-core engine as TF32): autotune "
      "found knob choices of this runtime-compiled engine outside tolerance on 30 layer runs, mostly "
      "k24=27 and k24=30 (benchmarks/results/*/nchw*.json, mismatch_configs)"),
 )
@@ -749,13 +750,13 @@ class GraphConvolution(PlanLifetime):
         output copied back (see ``autotune(relayout=True)``). Raises :class:`NotSupportedError`
         (naming the configs heuristic mode instant offers) when it does not finalize,
         :class:`ArgumentError` for ``"nhwc:"`` on a channels_last or empty plan."""
-        return self._select(engine)
+        return self._select(engine, stacklevel=3)
 
-    def _select(self, engine: Any, warn: bool = True) -> EngineConfig:
+    def _select(self, engine: Any, warn: bool = True, stacklevel: int = 2) -> EngineConfig:
         self._check_live()
         if isinstance(engine, str) and engine.strip().lower().startswith("nhwc:"):
             cl = self._channels_last()
-            ec = cl._select(engine.strip()[5:], warn)
+            ec = cl._select(engine.strip()[5:], warn, stacklevel + 1)
             self._via = cl
             return ec
         ec = self._resolve(engine)
@@ -763,7 +764,7 @@ class GraphConvolution(PlanLifetime):
         if bad:
             import warnings
             warnings.warn(f"engine {ec.engine} gave wrong results for a problem like this one ({bad}); "
-                          f"rawconv's default selection skips it", RuntimeWarning, stacklevel=2)
+                          f"rawconv's default selection skips it", RuntimeWarning, stacklevel=stacklevel)
         try:
             b = self.build(engine)
         except NotSupportedError as exc:
@@ -771,7 +772,7 @@ class GraphConvolution(PlanLifetime):
             raise NotSupportedError(f"{exc}; heuristic mode instant offers: {', '.join(offered) or 'nothing'}"
                                     + self._layout_hint(), library="cuDNN", offered=offered) from None
         self._selected = b
-        self._via = None
+        self._via = self._bufs = None
         return b.config
 
     def _layout_hint(self) -> str:
@@ -822,7 +823,8 @@ class GraphConvolution(PlanLifetime):
     @property
     def selected(self) -> EngineConfig:
         """The engine config :meth:`execute` runs (cuDNN's first heuristic choice unless selected);
-        of the channels_last graph when :attr:`selected_name` starts with ``"nhwc:"``."""
+        of the channels_last graph when :attr:`selected_name` starts with ``"nhwc:"`` (an
+        :class:`EngineConfig` carries no layout: re-select such a config by :attr:`selected_name`)."""
         return self._current().config
 
     @property
@@ -956,8 +958,8 @@ class GraphConvolution(PlanLifetime):
         return t, t[role]
 
     # ------------------------------------------------------------------ "nhwc:" configs
-    def _run_via(self, t: dict, cl: "GraphConvolution | None" = None) -> None:
-        """The selected channels_last config (of ``cl``, default the selected one) on ``t`` (this
+    def _run_via(self, t: dict, cl: "GraphConvolution | None" = None, b: _Built | None = None) -> None:
+        """A channels_last config (``b`` of ``cl``; default: the selected one) on ``t`` (this
         plan's layout): inputs transformed into the plan's channels_last buffers, the engine run
         there, the output transformed back."""
         cl = cl or self._via
@@ -969,7 +971,7 @@ class GraphConvolution(PlanLifetime):
         ptrs = tuple(bufs[r][0].data_ptr() for r in _ROLES[self.direction])
         if "b" in t:
             ptrs += (t["b"].data_ptr(),)
-        cl._run(cl._selected or cl._select_default(), ptrs)
+        cl._run(b or cl._selected or cl._select_default(), ptrs)
         ob = bufs[out_role]
         self._transform(ob[3], ob[1], ob[2], t[out_role].data_ptr())
 
@@ -1070,13 +1072,15 @@ class GraphConvolution(PlanLifetime):
         problem, whose engines are the tensor-core ones that NCHW graphs mostly lack or run
         through internal transposes. Half the budget goes to each graph. A channels_last config
         runs on channels_last buffers the plan owns (:attr:`transpose_bytes`): the inputs are
-        transformed into them and the output back (``cudnnTransformTensor``) on every call. So
-        the best channels_last config is timed end to end, as :meth:`execute` runs it (argument
-        handling, transforms, engine), against the best NCHW config the same way, in interleaved
-        rounds, and its output checked against float64 end to end; the other channels_last rows
-        add the measured cost of the transforms to their engine time (``detail`` gives both).
-        Those rows are named ``"nhwc:eng72{k17=1,k24=4}"``, the name :meth:`select` and
-        :func:`forward` take, and their :attr:`TimedConfig.layout` is ``"nhwc"``.
+        transformed into them and the output back (``cudnnTransformTensor``) on every call. The
+        best four configs of each graph then run as :meth:`execute` runs them (transforms
+        included; each channels_last one checked against float64 end to end first) and are timed
+        on the GPU in interleaved rounds; the other channels_last rows add the transforms' GPU
+        time (median over those four) to their engine time (``detail`` says which). The host time
+        of the transforms' calls (``cudnnTransformTensor`` costs several µs each) is not in these
+        GPU times. Those rows are named ``"nhwc:eng72{k17=1,k24=4}"``, the name :meth:`select`
+        and :func:`forward` take, and their :attr:`TimedConfig.layout` is ``"nhwc"``; the top
+        row is what gets selected.
         Raises :class:`NotSupportedError` when no candidate runs correctly.
         """
         self._check_live()
@@ -1130,14 +1134,16 @@ class GraphConvolution(PlanLifetime):
                 f"autotune found no engine config that runs correctly for {self._describe()}: "
                 + "; ".join(f"{r.name}: {r.status} {r.detail}" for r in table[:10]) + self._layout_hint(),
                 library="cuDNN")
-        if table[0].layout:
+        if table[0].layout:  # exactly the top row runs
+            self._cl._selected = self._cl._built[table[0].config.name]
             self._via = self._cl
         else:
             self._via = None
             self._selected = self._built[table[0].config.name]
-            if self._cl is not None:  # not chosen: release its plans and workspaces
+            if self._cl is not None:  # not chosen: release its plans, workspaces and buffers
                 self._cl.free()
                 self._cl = None
+                self._bufs = None
         _tuning_put(key, {"engine": table[0].name, "median_ms": table[0].median_ms, "min_ms": table[0].min_ms,
                           "problem": self._describe()})
         return table
@@ -1313,78 +1319,92 @@ class GraphConvolution(PlanLifetime):
     def _search_relayout(self, t_start: float, budget_s: float, tensors: dict, ref, ref_abs,
                          opts: dict) -> list[TimedConfig]:
         """``autotune(relayout=True)``: this NCHW graph for half the budget, the channels_last graph
-        of the same problem for the rest, then the best of each timed end to end (layout copies
-        included) in interleaved rounds. Leaves the channels_last plan's choice selected there."""
-
-        native = self._search(t_start + budget_s / 2, budget_s / 2, tensors, ref, ref_abs, **opts)
-        cl = self._channels_last()
+        of the same problem for the rest (a graph cuDNN rejects, or a search that fails, leaves the
+        other), then the best four of each run as execute runs them (transforms included for the
+        channels_last ones, each checked end to end first) and timed in interleaved rounds.
+        Selects nothing."""
+        half = t_start + budget_s / 2
+        try:
+            native = self._search(half, budget_s / 2, tensors, ref, ref_abs, **opts)
+        except (NotSupportedError, LibraryError):
+            native = []
         cl_opts = dict(opts)
         if opts["workspace_limit"] is not None:
             cl_opts["workspace_limit"] = opts["workspace_limit"] - self.transpose_bytes
             if cl_opts["workspace_limit"] < 0:
                 return native
+        cl = self._channels_last()
         cl_tensors = {k: (to_layout(v, "nhwc") if isinstance(v, torch.Tensor) and v.dim() >= 3 else v)
                       for k, v in tensors.items()}
         end = t_start + budget_s
-        cl_rows = cl._search(end, max(end - time.perf_counter(), 0.05), cl_tensors, ref, ref_abs, **cl_opts)
+        try:
+            cl_rows = cl._search(end, max(end - time.perf_counter(), 0.05), cl_tensors, ref, ref_abs, **cl_opts)
+        except (NotSupportedError, LibraryError):
+            return native
         for r in cl_rows:
             r.layout = "nhwc"
-        cl_ok = [r for r in cl_rows if r.status == "ok"]
-        if not cl_ok:
+        cl_top = [r for r in cl_rows if r.status == "ok"][:4]
+        if not cl_top:
             return _ranked(native + cl_rows)
-        best = cl_ok[0]
-        cl._selected = cl._built[best.config.name]
         out = self._out_tensor(self.problem.layout)
-        cl_out = cl._out_tensor("nhwc")
-        nat_best = next((r for r in native if r.status == "ok"), None)
+        args = (tensors.get("x"), tensors.get("w"), tensors.get("b"), out, tensors.get("dy"))
 
-        def full(b):
-            """What execute(..., out=) does per call, argument handling included."""
-            args = (tensors.get("x"), tensors.get("w"), tensors.get("b"), out, tensors.get("dy"))
-
+        def as_execute(b: _Built, via: bool):
+            """One call as execute(..., out=) makes it."""
             def call():
                 bound, _ = self._bind(*args)
-                if b is None:
-                    self._run_via(bound, cl)
+                if via:
+                    self._run_via(bound, cl, b)
                 else:
                     self._run(b, tuple(bound[r].data_ptr() for r in self._graph.roles))
             return call
 
-        fns = {"nhwc": full(None), "engine": cl._call_for(cl._selected, cl_tensors, cl_out)}
-        if nat_best is not None:
-            fns["nchw"] = full(self._built[nat_best.config.name])
-        if opts["check"]:  # the whole path: copies in, engine, copy out
-            out.fill_(float("nan"))
-            fns["nhwc"]()
-            err = check_result(self.problem, out, ref, ref_abs,
-                               **tolerance_args(self.problem, best.config.numerical_notes, self.direction,
-                                                self.activation))
-            if not err.ok:
-                best.status, best.error = "mismatch", err
-                best.detail = "wrong end to end (layout copies included)"
-                return _ranked(native + cl_rows)
-        rounds = 5
-        per_round = max(2, opts["final_iterations"] // rounds)
-        med = {k: [] for k in fns}
-        mins = {k: [] for k in fns}
-        for _ in range(rounds):
-            for k, fn in fns.items():
-                st = _time_reps(fn, per_round, warmup=1)
-                med[k].append(st.median_ms)
-                mins[k].append(st.min_ms)
-        t = {k: statistics.median(v) for k, v in med.items()}
-        copies = max(t["nhwc"] - t["engine"], 0.0)
+        try:
+            fns = []  # (row, callable); rows are not hashable
+            for r in cl_top:
+                fn = as_execute(cl._built[r.config.name], True)
+                fns.append((r, fn))
+                if opts["check"]:  # the whole path: transforms in, engine, transform out
+                    out.fill_(float("nan"))
+                    fn()
+                    err = check_result(self.problem, out, ref, ref_abs,
+                                       **tolerance_args(self.problem, r.config.numerical_notes, self.direction,
+                                                        self.activation))
+                    if not err.ok:  # the engine alone was right: the transform path is wrong
+                        for c in cl_rows:
+                            if c.status == "ok":
+                                c.status, c.error = "mismatch", err
+                                c.detail = f"the layout transforms gave wrong results end to end with {r.name}"
+                        return _ranked(native + cl_rows)
+            for r in [r for r in native if r.status == "ok"][:4]:
+                fns.append((r, as_execute(self._built[r.config.name], False)))
+            engine_ms = [r.median_ms for r in cl_top]
+            rounds = 5
+            per_round = max(2, opts["final_iterations"] // rounds)
+            med = [[] for _ in fns]
+            mins = [[] for _ in fns]
+            for _ in range(rounds):
+                for i, (r, fn) in enumerate(fns):
+                    st = _time_reps(fn, per_round, warmup=1)
+                    med[i].append(st.median_ms)
+                    mins[i].append(st.min_ms)
+        except LibraryError as exc:  # e.g. cudnnTransformTensor failed: keep the NCHW graph's rows
+            for c in cl_rows:
+                if c.status == "ok":
+                    c.status, c.detail = "error", f"end to end: {exc}"
+            return _ranked(native + cl_rows)
+        for i, (r, _fn) in enumerate(fns):
+            r.median_ms, r.min_ms, r.runs = statistics.median(med[i]), min(mins[i]), rounds * per_round
+        # the transforms' GPU time, measured on the best four, added to the engine time of the rest
+        copies = statistics.median(max(r.median_ms - e, 0.0) for r, e in zip(cl_top, engine_ms))
         for r in cl_rows:
-            if r.median_ms is not None:
-                r.detail = f"engine {r.median_ms:.4f} ms + layout copies and their calls {copies:.4f} ms" + (
-                    "" if r is not best else " (timed end to end)")
+            if any(r is c for c in cl_top):
+                e = engine_ms[next(i for i, c in enumerate(cl_top) if c is r)]
+                r.detail = f"timed end to end: engine {e:.4f} ms + transforms {r.median_ms - e:.4f} ms"
+            elif r.median_ms is not None:
+                r.detail = f"engine {r.median_ms:.4f} ms + transforms {copies:.4f} ms (measured on the best four)"
                 r.median_ms += copies
                 r.min_ms = (r.min_ms or 0.0) + copies
-        best.median_ms, best.min_ms = t["nhwc"], min(mins["nhwc"])
-        best.runs = rounds * per_round
-        if nat_best is not None:
-            nat_best.median_ms, nat_best.min_ms = t["nchw"], min(mins["nchw"])
-            nat_best.runs = rounds * per_round
         return _ranked(native + cl_rows)
 
     @property
