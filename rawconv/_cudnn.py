@@ -30,7 +30,7 @@ from pathlib import Path
 import cffi
 
 from . import _loader
-from .errors import LibraryError, NotSupportedError
+from .errors import ArgumentError, ArgumentTypeError, LibraryError, NotSupportedError
 
 log = logging.getLogger("rawconv")
 
@@ -303,6 +303,28 @@ def current_stream_of_handle(idx: int) -> int | None:
     """The raw stream last set on this thread's handle for device ``idx`` (None if no handle yet)."""
     h = getattr(_tls, "handles", {}).get(idx)
     return None if h is None else h.stream
+
+
+# ------------------------------------------------------------------ plan arguments
+def check_plan_tensor(p, t, name: str, shape, device_index: int, batched_names) -> "object":
+    """``t`` checked against a CUDA plan of problem ``p``: a torch.Tensor of ``shape``, of ``p``'s
+    dtype, on ``cuda:device_index`` (:class:`ArgumentTypeError` / :class:`ArgumentError`
+    otherwise, before any C call). For an unbatched problem, a tensor named in
+    ``batched_names`` given without its batch dim gets one (a view). Returns the tensor."""
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if p.unbatched and name in batched_names and t.dim() == p.ndim + 1:
+        t = t.unsqueeze(0)
+    if t.shape != shape:
+        raise ArgumentError(f"{name} must have shape {tuple(shape)} for this plan, got {tuple(t.shape)}")
+    if t.dtype != p.torch_dtype:
+        raise ArgumentError(f"{name} must be {p.torch_dtype} for this plan, got {t.dtype}")
+    if not t.is_cuda or t.get_device() != device_index:
+        raise ArgumentError(f"{name} must be on cuda:{device_index} for this plan, got {t.device}"
+                            + (" (use rawconv.onednn for CPU tensors)" if not t.is_cuda else ""))
+    return t
 
 
 # ------------------------------------------------------------------ workspaces

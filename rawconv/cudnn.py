@@ -590,18 +590,8 @@ class Convolution(PlanLifetime):
 
     # ------------------------------------------------------------------ execution
     def _prep(self, name: str, t, shape, strides, is_out: bool = False) -> torch.Tensor:
-        p = self.problem
-        if not isinstance(t, torch.Tensor):
-            raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if p.unbatched and name in ("x", "y", "grad_y", "dx", "out") and t.dim() == p.ndim + 1:
-            t = t.unsqueeze(0)
-        if t.shape != shape:
-            raise ArgumentError(f"{name} must have shape {tuple(shape)} for this plan, got {tuple(t.shape)}")
-        if t.dtype != p.torch_dtype:
-            raise ArgumentError(f"{name} must be {p.torch_dtype} for this plan, got {t.dtype}")
-        if not t.is_cuda or t.get_device() != self.device_index:
-            raise ArgumentError(f"{name} must be on cuda:{self.device_index} for this plan, got {t.device}"
-                                + (" (use rawconv.onednn for CPU tensors)" if not t.is_cuda else ""))
+        t = _cudnn.check_plan_tensor(self.problem, t, name, shape, self.device_index,
+                                     ("x", "y", "grad_y", "dx", "out"))
         if t.stride() != strides and not strides_match(t, strides):
             if is_out:
                 raise ArgumentError(f"out ({name}) must have strides {tuple(strides)} (the plan's layout), "

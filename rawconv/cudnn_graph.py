@@ -533,7 +533,6 @@ class GraphConvolution(PlanLifetime):
         self._via: GraphConvolution | None = None   # _cl when an "nhwc:" config is selected
         self._bufs: dict | None = None               # channels_last buffers of "nhwc:" configs
         self._want: dict = {}
-        self._torch_dtype = problem.torch_dtype
 
     # ------------------------------------------------------------------ graph and engines
     def _handle(self):
@@ -851,17 +850,7 @@ class GraphConvolution(PlanLifetime):
 
     # ------------------------------------------------------------------ execution
     def _prepare(self, role: str, t, shape) -> torch.Tensor:
-        p = self.problem
-        if not isinstance(t, torch.Tensor):
-            raise ArgumentTypeError(f"{role} must be a torch.Tensor, got {type(t).__name__}")
-        if p.unbatched and role in ("x", "y", "dx", "dy") and t.dim() == p.ndim + 1:
-            t = t.unsqueeze(0)
-        if t.shape != shape:
-            raise ArgumentError(f"{role} must have shape {tuple(shape)} for this plan, got {tuple(t.shape)}")
-        if t.dtype != self._torch_dtype:
-            raise ArgumentError(f"{role} must be {p.torch_dtype} for this plan, got {t.dtype}")
-        if not t.is_cuda or t.get_device() != self.device_index:
-            raise ArgumentError(f"{role} must be on cuda:{self.device_index} for this plan, got {t.device}")
+        t = _cudnn.check_plan_tensor(self.problem, t, role, shape, self.device_index, ("x", "y", "dx", "dy"))
         want = self._want.get(role)
         if want is None:
             want = self._want[role] = tuple(self._graph.strides[role] if self._graph is not None else

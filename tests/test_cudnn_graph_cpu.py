@@ -565,3 +565,18 @@ def test_relayout_autotune_wrong_transforms_fall_back_to_the_nchw_graph(cudnn, m
     assert table[0].name == "eng1" and plan.selected_name == "eng1" and plan._via is None
     assert all(r.status == "mismatch" for r in table if r.layout == "nhwc")
     assert plan._cl is None and cl._freed, "the unchosen channels_last plan is released"
+
+
+def test_check_plan_tensor_shared_by_both_cuda_plans(no_c_calls):
+    """One check for rawconv.cudnn and rawconv.cudnn_graph plan arguments: an unbatched problem
+    takes its tensors with or without the batch dim; CPU tensors are pointed to rawconv.onednn."""
+    p = _p(n=1, unbatched=True, layout="nchw")
+    t = _cudnn.check_plan_tensor
+    with pytest.raises(ArgumentError, match="rawconv.onednn"):
+        t(p, torch.empty(p.x_shape[1:], dtype=torch.float16), "x", p.x_shape, 0, ("x",))
+    with pytest.raises(ArgumentError, match="shape"):
+        t(p, torch.empty(p.w_shape[1:], dtype=torch.float16), "w", p.w_shape, 0, ("x",))
+    with pytest.raises(ArgumentError, match="float16"):
+        t(p, torch.empty(p.x_shape), "x", p.x_shape, 0, ("x",))
+    with pytest.raises(ArgumentTypeError):
+        t(p, None, "x", p.x_shape, 0, ("x",))
