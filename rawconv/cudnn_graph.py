@@ -954,20 +954,21 @@ class GraphConvolution(PlanLifetime):
         cl = cl or self._via
         bufs = self._relayout_buffers()
         out_role = _OUT_ROLE[self.direction]
+        h = _cudnn.handle_for(self.device_index)
         for role in _ROLES[self.direction]:
             if role != out_role:
-                self._transform(bufs[role][2], t[role].data_ptr(), bufs[role][3], bufs[role][1])
+                self._transform(h, bufs[role][2], t[role].data_ptr(), bufs[role][3], bufs[role][1])
         ptrs = tuple(bufs[r][0].data_ptr() for r in _ROLES[self.direction])
         if "b" in t:
             ptrs += (t["b"].data_ptr(),)
         cl._run(b or cl._selected or cl._select_default(), ptrs)
         ob = bufs[out_role]
-        self._transform(ob[3], ob[1], ob[2], t[out_role].data_ptr())
+        self._transform(h, ob[3], ob[1], ob[2], t[out_role].data_ptr())
 
-    def _transform(self, src_desc, src_ptr, dst_desc, dst_ptr) -> None:
+    def _transform(self, handle, src_desc, src_ptr, dst_desc, dst_ptr) -> None:
         ffi = _cudnn.ffi
         status = _cudnn.lib().cudnnTransformTensor(
-            _cudnn.handle_for(self.device_index), self._one, src_desc,
+            handle, self._one, src_desc,
             src_ptr if isinstance(src_ptr, ffi.CData) else ffi.cast("void *", src_ptr), self._zero, dst_desc,
             dst_ptr if isinstance(dst_ptr, ffi.CData) else ffi.cast("void *", dst_ptr))
         if status:
