@@ -29,7 +29,7 @@ import json
 import statistics
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 # six layers as in shared/LIBRARY-FACTS.md's probe first, then the rest of ResNet-50 in network order
 PREFERRED = ["layer1.0.conv1", "layer1.0.conv2", "layer1.0.conv3", "layer2.0.conv2", "layer3.1.conv2",
@@ -186,7 +186,9 @@ def run(args) -> list:
                                 "candidates": len(table),
                                 "mismatches": sum(r.status == "mismatch" for r in table),
                                 "mismatch_configs": [r.name for r in table if r.status == "mismatch"][:20],
-                                "seconds_by_phase": dict(phase_s)})
+                                "seconds_by_phase": dict(phase_s),
+                                "statuses": dict(Counter(r.status for r in table)),
+                                "best_by_engine": best_by_engine(table)})
                 plan.free()
                 plan2.free()
                 if plan_own is not None:
@@ -204,6 +206,18 @@ def run(args) -> list:
             print(f"{k:<48} {v:7.2f} µs")
         results.append({"host_overhead_us": oh})
     return results
+
+
+def best_by_engine(table, n: int = 8) -> dict:
+    """The fastest "ok" row of each engine (graph prefix kept), the ``n`` fastest engines: name -> ms."""
+    best = {}
+    for r in table:
+        if r.status != "ok":
+            continue
+        key = ("nhwc:" if r.layout else "") + f"eng{r.config.engine}"
+        if key not in best or r.median_ms < best[key][1]:
+            best[key] = (r.name, r.median_ms)
+    return dict(sorted(best.values(), key=lambda v: v[1])[:n])
 
 
 def geomean(values) -> float:

@@ -1041,8 +1041,10 @@ class GraphConvolution(PlanLifetime):
         the values of one knob (or one batch of random draws) at once, at most min(8, CPU count) at
         a time in the process: a compilation still running when the budget ends (or, for an engine's default
         knobs, after a fifth of the budget) is left to finish there (row status ``"over budget"``;
-        one took 21 s on an H200 for a 13 ms kernel) while the search goes on; runtime-compiled
-        candidates met while that many compile are skipped and retried later.
+        one took 21 s on an H200 for a 13 ms kernel) while the search goes on, and is tried once
+        it has finished (before the knob phases, after each round of random draws, and in the last
+        5% of the budget, at most 0.5 s, which the search phases leave for it); runtime-compiled
+        candidates met while that many compile are skipped and retried likewise.
         Each candidate: execution plan finalized, output filled with NaN, run once and checked
         against the float64 reference within the tolerance its numerical notes imply (``check``),
         then timed on the GPU (``iterations`` groups of back-to-back calls queued while the GPU is
@@ -1156,10 +1158,15 @@ class GraphConvolution(PlanLifetime):
         # candidates since the best improved by 0.5% (counted from the knob phases on)
         stall = {"count": 0, "counting": False, "best": None}
 
+        def retry(old: TimedConfig) -> bool:
+            return _worth_retry(self, old)
+
+        def late(rows: dict) -> list:
+            return [r for r in rows.values() if _worth_retry(self, r)]
+
         def trial(ec: EngineConfig, phase: str) -> TimedConfig | None:
             old = rows.get(ec.name)
-            if old is not None and not (old.status == "over budget" and old.detail.startswith("skipped")
-                                        and not _rtc_busy()):
+            if old is not None and not retry(old):
                 return old
             t0 = time.perf_counter()
             row = _trial(ec, phase)
@@ -1241,8 +1248,12 @@ class GraphConvolution(PlanLifetime):
             if len(todo) > 1 and time.perf_counter() < deadline:
                 _compile_in_background(self, todo, max(deadline - time.perf_counter(), 0.05))
 
+        # the search phases end a little early: the rest of the budget goes to runtime
+        # compilations that ended after their trial gave up on them (see late())
+        search_end = deadline - min(0.05 * budget_s, 0.5)
+
         def left() -> bool:
-            return (time.perf_counter() < deadline and
+            return (time.perf_counter() < search_end and
                     (patience is None or not stall["counting"] or stall["count"] < patience))
 
         # 1. heuristic configs
@@ -1277,14 +1288,18 @@ class GraphConvolution(PlanLifetime):
                                                    "(autotune(include_runtime_compiled=True) tries it)")
                 continue
             trial(ec, "default knobs")
+        for r in late(rows):  # default-knob compilations that ended since their trial
+            if not left():
+                break
+            trial(r.config, r.phase)
         # 3. neighbouring knob values of the fastest engines
         stall["counting"], stall["best"] = True, best_ms[0]
         self._knob_search(rows, trial, left, prebuild)
         # 4. random knob combinations, weighted to the fastest engines, until budget or patience end
-        self._random_search(rows, trial, left, seed, proposed, include_runtime_compiled, prebuild)
-        # 4b. configs skipped while a runtime compilation ran
-        for r in [r for r in rows.values() if r.status == "over budget" and r.detail.startswith("skipped")]:
-            if not left():
+        self._random_search(rows, trial, left, seed, proposed, include_runtime_compiled, prebuild, late)
+        # 4b. configs skipped while a runtime compilation ran, or whose compilation ended late
+        for r in late(rows):
+            if time.perf_counter() >= deadline:
                 break
             trial(r.config, r.phase)
         # 5. re-time the best few in interleaved rounds
@@ -1474,11 +1489,12 @@ class GraphConvolution(PlanLifetime):
                 return
 
     def _random_search(self, rows: dict, trial, left, seed: int, proposed: set,
-                       include_runtime_compiled: bool, prebuild=None) -> None:
+                       include_runtime_compiled: bool, prebuild=None, late=None) -> None:
         """Random knob combinations: per round, 3 draws for each of the two fastest engines, 2 for
         the next four, 1 for every other engine with knobs (one that never finalized is dropped
         after 16 failed draws; a runtime-compiled engine is drawn only while its trials average
-        under 1 s). A draw that beats its engine's best by 0.5% starts a neighbour search."""
+        under 1 s). A draw that beats its engine's best by 0.5% starts a neighbour search. After
+        each round, the rows ``late(rows)`` returns (compiled since, or skipped) are tried again."""
         import random
 
         rng = random.Random(seed)
@@ -1586,10 +1602,11 @@ class GraphConvolution(PlanLifetime):
                         self._neighbours(rows, tracked, left, row, infos[idx][1], prebuild)
             if not progressed:
                 return
-            for r in [r for r in rows.values() if r.status == "over budget" and r.detail.startswith("skipped")]:
-                if not left() or _rtc_busy():
+            for r in (late(rows) if late is not None else []):
+                if not left():
                     break
-                row = tracked(r.config, r.phase)  # skipped while another runtime compilation ran: retry
+                # skipped while other runtime compilations ran, or compiled since: try it now
+                row = tracked(r.config, r.phase)
                 if row is not None and row.status == "ok":
                     self._neighbours(rows, tracked, left, row, infos.get(row.config.engine, (None, []))[1], prebuild)
 
@@ -1653,6 +1670,14 @@ _rtc_inflight: dict = {}  # (id(plan), config name) -> perf_counter at its start
 
 def _rtc_busy() -> bool:
     return len(_rtc_inflight) >= _RTC_WORKERS
+
+
+def _worth_retry(plan: "GraphConvolution", row: TimedConfig) -> bool:
+    """Whether an autotune row deserves another trial: an ``"over budget"`` runtime compilation
+    that has finished since (the plan holds its execution plan), or one skipped while
+    ``_RTC_WORKERS`` others compiled, now that there is room."""
+    return row.status == "over budget" and (
+        row.config.name in plan._built or (row.detail.startswith("skipped") and not _rtc_busy()))
 
 
 def _compile_in_background(plan: "GraphConvolution", configs, timeout_s: float) -> None:

@@ -580,3 +580,51 @@ def test_check_plan_tensor_shared_by_both_cuda_plans(no_c_calls):
         t(p, torch.empty(p.x_shape), "x", p.x_shape, 0, ("x",))
     with pytest.raises(ArgumentTypeError):
         t(p, None, "x", p.x_shape, 0, ("x",))
+
+
+def test_a_runtime_compilation_that_ended_late_is_worth_another_trial(monkeypatch):
+    class Plan:
+        _built = {"eng72": object()}
+
+    ec72, ec80 = G.EngineConfig(72), G.EngineConfig(80)
+    still = "runtime compilation still running after 0.8 s (the budget's end); it finishes in the background"
+    assert G._worth_retry(Plan, G.TimedConfig(ec72, status="over budget", detail=still))  # compiled since
+    assert not G._worth_retry(Plan, G.TimedConfig(ec80, status="over budget", detail=still))  # still compiling
+    assert not G._worth_retry(Plan, G.TimedConfig(ec72, 0.01, 0.01, 5, "ok"))  # tried already
+    skipped = G.TimedConfig(ec80, status="over budget", detail="skipped: 8 runtime compilations already running")
+    monkeypatch.setattr(G, "_rtc_inflight", {})
+    assert G._worth_retry(Plan, skipped)
+    monkeypatch.setattr(G, "_rtc_inflight", {(0, f"c{i}"): 0.0 for i in range(G._RTC_WORKERS)})
+    assert not G._worth_retry(Plan, skipped)
+
+
+def test_random_search_tries_late_compilations_and_searches_from_them():
+    # engine 5 (runtime-compiled, proposed by a heuristic): its default-knob compilation ended
+    # late; once tried it is the fastest engine and its knob neighbours are searched
+    fake = _FakeGraph({1: ((), [(2, 0, 3, 1)], lambda k: 2.0),
+                       5: (("RUNTIME_COMPILATION",), [(3, 0, 4, 1)], lambda k: 1.0 - 0.1 * k.get(3, 0))})
+    rows = {}
+    calls = []
+
+    def trial(ec, phase):
+        old = rows.get(ec.name)
+        if old is not None and old.status != "over budget":
+            return old
+        calls.append(ec)
+        cost = fake.engines[ec.engine][2](dict(ec.knobs))
+        rows[ec.name] = row = G.TimedConfig(ec, cost, cost, 1, "ok", None, phase)
+        return row
+
+    trial(G.EngineConfig(1), "default knobs")
+    rows["eng5"] = G.TimedConfig(G.EngineConfig(5, (), ("RUNTIME_COMPILATION",)), status="over budget",
+                                 phase="default knobs", detail="runtime compilation still running")
+    late_calls = []
+
+    def late(rows):
+        late_calls.append(1)
+        return [r for r in rows.values() if r.status == "over budget"]
+
+    fake._random_search(rows, trial, lambda: len(calls) < 40, 0, {5}, False, None, late)
+    assert late_calls and rows["eng5"].status == "ok"
+    best = min((r for r in rows.values() if r.status == "ok"), key=lambda r: r.median_ms)
+    assert best.config.engine == 5 and dict(best.config.knobs).get(3) == 4, best

@@ -373,6 +373,29 @@ def test_autotune_budget_holds_with_runtime_compiled_engines():
     _wait_for_background_compilation()
 
 
+def test_autotune_tries_runtime_compilations_that_end_after_their_trial():
+    """Default-knob compilations already running when autotune reaches them are marked
+    "over budget" at first; once they finish within the budget they are tried and timed."""
+    p, _ = GRID["fp16-nhwc"]
+    x, w, _dy = _inputs(p)
+    _wait_for_background_compilation()
+    G.clear_tuning_cache()
+    plan = G.GraphConvolution(x, w, padding=1)
+    rtc = [plan._annotate(G.EngineConfig(i)) for i in range(plan.global_count)
+           if plan.engine_info(i) is not None and "RUNTIME_COMPILATION" in plan.engine_info(i)[0]["behavior_notes"]]
+    if not rtc:
+        pytest.skip("this cuDNN offers no runtime-compiled engine for the graph")
+    G._compile_in_background(plan, rtc, 0.0)  # started, not waited for
+    table = plan.autotune(budget_s=8.0, use_cache=False, patience=None, include_runtime_compiled=True)
+    built = set(plan._built)  # right at the return
+    rows = {r.name: r for r in table}
+    stale = [ec.name for ec in rtc if ec.name in rows and rows[ec.name].status == "over budget" and ec.name in built]
+    assert not stale, f"compiled within the budget but never tried: {stale}"
+    assert any(rows[ec.name].status in ("ok", "mismatch") for ec in rtc if ec.name in rows), \
+        [str(rows.get(ec.name)) for ec in rtc]
+    _wait_for_background_compilation()
+
+
 @pytest.mark.parametrize("direction", G.DIRECTIONS)
 def test_nhwc_config_on_an_nchw_plan_matches_float64(direction):
     """``"nhwc:<config>"`` on an NCHW plan: NCHW tensors in, an NCHW result out (new or ``out=``),
