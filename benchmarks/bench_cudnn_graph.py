@@ -258,6 +258,28 @@ def summary(results: list) -> None:
             print("host overhead per call (µs): " + ", ".join(f"{k} {v:.2f}" for k, v in r["host_overhead_us"].items()))
 
 
+def best_of(results: list) -> None:
+    """Per (precision, layout): geomean over layers of median torch ms over the runs / the lowest
+    rawconv ms of any run. Runs may come from different processes and GPUs of one kind."""
+    from rich.console import Console
+    from rich.table import Table
+
+    by = defaultdict(lambda: defaultdict(list))
+    for r in results:
+        if "ratio" in r:
+            lay = r["layout"] + ("+relayout" if r.get("relayout") else "")
+            by[(r["mode"], lay)][r["layer"]].append((r["torch_ms"], r["rawconv_ms"]))
+    t = Table(title="median torch time / fastest rawconv time of any run (per layer), geometric mean")
+    for col in ("precision", "layout", "layers", "runs per layer", "geomean", "min", "max"):
+        t.add_column(col, justify="right" if col not in ("precision", "layout") else "left")
+    for (mode, lay), layers in sorted(by.items(), key=lambda kv: (list(MODES).index(kv[0][0]), kv[0][1])):
+        ratios = [statistics.median(t for t, _ in v) / min(x for _, x in v) for v in layers.values()]
+        runs = sorted({len(v) for v in layers.values()})
+        t.add_row(mode, lay, str(len(layers)), "-".join(map(str, (runs[0], runs[-1]))) if len(runs) > 1
+                  else str(runs[0]), f"{geomean(ratios):.3f}", f"{min(ratios):.2f}", f"{max(ratios):.2f}")
+    Console(width=200).print(t)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=32)
@@ -274,6 +296,10 @@ def main(argv=None) -> int:
                     help="NCHW layers: autotune(relayout=True), the channels_last graph's configs compete too")
     ap.add_argument("--summary", nargs="+", default=None, metavar="JSON",
                     help="print one summary table from earlier --json outputs and exit")
+    ap.add_argument("--best-of", action="store_true",
+                    help="with --summary over several runs of the same layers: also the ratio of the median "
+                         "torch time to the fastest rawconv time any run found, per layer (how far a search "
+                         "that always found the best config seen would go)")
     args = ap.parse_args(argv)
     if args.summary:
         results = []
@@ -281,6 +307,8 @@ def main(argv=None) -> int:
             with open(path) as f:
                 results += json.load(f)
         summary(results)
+        if args.best_of:
+            best_of(results)
         return 0
     results = run(args)
     if args.json:
