@@ -367,7 +367,7 @@ class Convolution(PlanLifetime):
         rows = self._rows.get(key)
         if rows is not None:
             return rows
-        L = _cudnn.lib()
+        _cudnn.lib()  # loads cuDNN, or raises, before any descriptor is made
         xd, wd, yd, _ = self.descriptors()
         cd = self._conv_desc(math)
         h = self._handle()

@@ -16,7 +16,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import rawconv
 from rawconv import (ArgumentError, ArgumentTypeError, ConvProblem, NotSupportedError, RawconvError,
                      onednn)
 from rawconv.problem import abs_reference, compare_to_reference, to_layout

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from rawconv import ConvProblem, _cudnn
 from rawconv import _cudnn_backend as B
 from rawconv import cudnn_graph as G
-from rawconv.errors import ArgumentError, ArgumentTypeError, LibraryError, NotSupportedError
-from rawconv.problem import EPS, abs_reference, conv_reference, tolerance
+from rawconv.errors import ArgumentError, ArgumentTypeError, LibraryError
+from rawconv.problem import EPS, abs_reference, conv_reference
 
 
 @pytest.fixture(scope="module")
