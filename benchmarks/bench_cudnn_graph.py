@@ -120,7 +120,7 @@ def run(args) -> list:
     dev = torch.cuda.get_device_name()
     print(f"# {dev}, torch {torch.__version__}, cuDNN {_cudnn.version()['version']} (torch's: "
           f"{torch.backends.cudnn.version()}), batch {args.batch}, budget {args.budget} s/layer, "
-          f"patience {args.patience}", flush=True)
+          f"patience {args.patience}, cache seeds {'off' if args.no_cache_seeds else 'on'}", flush=True)
     results = []
     for layout in args.layouts.split(","):
         for mode in args.modes.split(","):
@@ -142,7 +142,8 @@ def run(args) -> list:
                 t0 = time.perf_counter()
                 relayout = args.relayout and layout == "nchw"
                 try:
-                    table = plan.autotune(budget_s=args.budget, patience=args.patience, relayout=relayout)
+                    table = plan.autotune(budget_s=args.budget, patience=args.patience, relayout=relayout,
+                                          seed_from_cache=not args.no_cache_seeds)
                 except Exception as exc:  # report and go on
                     print(f"{p.name:<22} autotune failed: {exc}", flush=True)
                     results.append({"layer": p.name, "mode": mode, "layout": layout, "error": str(exc)})
@@ -162,7 +163,8 @@ def run(args) -> list:
                 t_own = times.get("own graph", t_raw if not table[0].layout else float("nan"))
                 plan2 = G.GraphConvolution(x, w, None, p.stride, pad, p.dilation, p.groups, allow_tf32=tf32)
                 t0 = time.perf_counter()
-                table2 = plan2.autotune(budget_s=args.budget, patience=args.patience, relayout=relayout)
+                table2 = plan2.autotune(budget_s=args.budget, patience=args.patience, relayout=relayout,
+                                        seed_from_cache=not args.no_cache_seeds)
                 warm = time.perf_counter() - t0
                 if table2[0].phase != "cache":
                     print(f"  (warning: the second autotune of {p.name} did not hit the tuning cache)", flush=True)
@@ -292,6 +294,9 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-overhead", action="store_true")
+    ap.add_argument("--no-cache-seeds", action="store_true",
+                    help="autotune(seed_from_cache=False): no layer's search starts from the winners of "
+                         "the layers tuned before it")
     ap.add_argument("--relayout", action="store_true",
                     help="NCHW layers: autotune(relayout=True), the channels_last graph's configs compete too")
     ap.add_argument("--summary", nargs="+", default=None, metavar="JSON",

@@ -1024,11 +1024,17 @@ class GraphConvolution(PlanLifetime):
                  iterations: int = 5, final_iterations: int = 30, check: bool = True,
                  use_cache: bool = True, seed: int = 0,
                  include_runtime_compiled: bool = True, patience: int | None = 200,
-                 relayout: bool = False) -> list[TimedConfig]:
+                 relayout: bool = False, seed_from_cache: bool = True) -> list[TimedConfig]:
         """Search engine configs for the fastest correct one, select it and return the ranked table.
 
         Candidates, in order, while ``budget_s`` seconds (wall time, finalization included) last:
-        the configs of heuristic modes instant, B and FALLBACK; every engine with its default
+        the configs of heuristic modes instant, B and FALLBACK; with ``seed_from_cache``, the
+        configs that won for other problems in the tuning cache (same direction, cuDNN and GPU;
+        same data type and layout first, most recent first; at most 8 runtime-compiled ones,
+        compiled at once and waited for at most a fifth of the budget, and 16 others; phase
+        ``"cache seed"``): the knob values that suit one layer often suit its
+        neighbours, and a runtime-compiled engine's default knobs say little about its best
+        ones; every engine with its default
         knobs, runtime-compiled engines last (those no heuristic mode proposes only with
         ``include_runtime_compiled``); then, for
         the fastest few engines (ranked by their first measurement), neighbouring knob values (one
@@ -1089,6 +1095,8 @@ class GraphConvolution(PlanLifetime):
             raise ArgumentError(f"seed must be an int, got {seed!r}")
         if not isinstance(relayout, bool):
             raise ArgumentError(f"relayout must be True or False, got {relayout!r}")
+        if not isinstance(seed_from_cache, bool):
+            raise ArgumentError(f"seed_from_cache must be True or False, got {seed_from_cache!r}")
         filters = dict(deterministic_only=deterministic_only, no_tensor_cores=no_tensor_cores,
                        no_down_conversion=no_down_conversion, no_reduced_precision=no_reduced_precision)
         relayout = relayout and self.problem.layout == "nchw" and not self.problem.is_empty
@@ -1114,9 +1122,11 @@ class GraphConvolution(PlanLifetime):
             ref, ref_abs = reference(self.problem, self.direction, tensors, activation=self.activation)
         opts = dict(workspace_limit=workspace_limit, filters=filters, iterations=iterations,
                     final_iterations=final_iterations, check=check, seed=seed,
-                    include_runtime_compiled=include_runtime_compiled, patience=patience)
+                    include_runtime_compiled=include_runtime_compiled, patience=patience,
+                    seeds=_seed_names(tuning_cache(), key) if seed_from_cache else [])
         if relayout:
-            table = self._search_relayout(t_start, budget_s, tensors, ref, ref_abs, opts)
+            cl_seeds = _seed_names(tuning_cache(), key, layout="nhwc") if seed_from_cache else []
+            table = self._search_relayout(t_start, budget_s, tensors, ref, ref_abs, opts, cl_seeds)
         else:
             table = self._search(t_start + budget_s, budget_s, tensors, ref, ref_abs, **opts)
         self.last_autotune = table
@@ -1147,7 +1157,7 @@ class GraphConvolution(PlanLifetime):
 
     def _search(self, deadline: float, budget_s: float, tensors: dict, ref, ref_abs, *, workspace_limit,
                 filters: dict, iterations: int, final_iterations: int, check: bool, seed: int,
-                include_runtime_compiled: bool, patience) -> list[TimedConfig]:
+                include_runtime_compiled: bool, patience, seeds: Sequence[str] = ()) -> list[TimedConfig]:
         """The search of :meth:`autotune` on this graph until ``deadline`` (perf_counter seconds):
         the ranked table; selects nothing."""
         from .bench import time_cuda
@@ -1189,7 +1199,7 @@ class GraphConvolution(PlanLifetime):
             try:
                 if "RUNTIME_COMPILATION" in ec.behavior_notes and ec.name not in self._built:
                     wait = max(deadline - time.perf_counter(), 0.05)
-                    if phase == "default knobs":  # an untried engine: do not let it take the budget
+                    if phase in ("default knobs", "cache seed"):  # do not let one compilation take the budget
                         wait = 0.01 if (id(self), ec.name) in _rtc_inflight else min(wait, max(0.5, 0.2 * budget_s))
                     b, why = _build_in_background(self, ec, wait)
                     if b is None:
@@ -1264,6 +1274,17 @@ class GraphConvolution(PlanLifetime):
                 if not left():
                     break
                 trial(ec, "heuristic")
+        # 1b. the winners of other problems in the tuning cache, runtime-compiled ones built together
+        seeded = self._seed_configs(seeds)
+        rtc_seeded = [ec for ec in seeded if "RUNTIME_COMPILATION" in ec.behavior_notes
+                      and not self._allowed(ec, **filters)]
+        if rtc_seeded and left():  # all at once, at most a fifth of the budget (late ones: see late())
+            _compile_in_background(self, rtc_seeded,
+                                   min(max(deadline - time.perf_counter(), 0.05), max(0.5, 0.2 * budget_s)))
+        for ec in seeded:
+            if not left():
+                break
+            trial(ec, "cache seed")
         # 2. every engine with default knobs, runtime-compiled ones last: their compilation cannot
         # be interrupted (21 s on an H200, cuDNN 9.19, engine 80 on a stride-2 3x3 conv, for a
         # 13 ms kernel), so it runs in a background thread that the budget does not wait for.
@@ -1322,7 +1343,7 @@ class GraphConvolution(PlanLifetime):
         return _ranked(rows.values())
 
     def _search_relayout(self, t_start: float, budget_s: float, tensors: dict, ref, ref_abs,
-                         opts: dict) -> list[TimedConfig]:
+                         opts: dict, cl_seeds: Sequence[str] = ()) -> list[TimedConfig]:
         """``autotune(relayout=True)``: this NCHW graph for half the budget, the channels_last graph
         of the same problem for the rest (a graph cuDNN rejects, or a search that fails, leaves the
         other), then the best four of each run as execute runs them (transforms included for the
@@ -1333,7 +1354,7 @@ class GraphConvolution(PlanLifetime):
             native = self._search(half, budget_s / 2, tensors, ref, ref_abs, **opts)
         except (NotSupportedError, LibraryError):
             native = []
-        cl_opts = dict(opts)
+        cl_opts = dict(opts, seeds=cl_seeds)
         if opts["workspace_limit"] is not None:
             cl_opts["workspace_limit"] = opts["workspace_limit"] - self.transpose_bytes
             if cl_opts["workspace_limit"] < 0:
@@ -1434,6 +1455,30 @@ class GraphConvolution(PlanLifetime):
             self._cl = GraphConvolution.from_problem(p.with_(layout="nhwc"), direction=self.direction,
                                                      activation=self.activation, allow_tf32=self.allow_tf32)
         return self._cl
+
+    def _seed_configs(self, names: Sequence[str], max_rtc: int = 8, max_other: int = 16) -> list[EngineConfig]:
+        """The configs named in ``names`` (from :func:`_seed_names`, best first) whose engine this
+        graph supports: at most ``max_rtc`` runtime-compiled ones and ``max_other`` others."""
+        out, n_rtc, n_other, seen = [], 0, 0, set()
+        for name in names:
+            try:
+                ec = EngineConfig.parse(name)
+            except ArgumentError:
+                continue
+            if ec.name in seen or self.engine_info(ec.engine) is None:
+                continue
+            seen.add(ec.name)
+            ec = self._annotate(ec)
+            if "RUNTIME_COMPILATION" in ec.behavior_notes:
+                if n_rtc >= max_rtc:
+                    continue
+                n_rtc += 1
+            else:
+                if n_other >= max_other:
+                    continue
+                n_other += 1
+            out.append(ec)
+        return out
 
     def _knob_search(self, rows: dict, trial, left, prebuild=None) -> None:
         """Coordinate search over knob values, from the best config of each of the fastest engines.
@@ -1799,6 +1844,35 @@ def _empty_result(plan: GraphConvolution, result: torch.Tensor, bias):
     if p.unbatched and plan.direction in ("forward", "backward_data"):
         return result.squeeze(0)
     return result
+
+
+def _seed_names(cache: dict, key: str, layout: str | None = None) -> list[str]:
+    """Engine config names (any ``"nhwc:"`` prefix dropped) that won for problems in ``cache``
+    other than ``key``, for autotune's cache seeds: same direction and the same cuDNN version and
+    GPU as ``key``; those of the same data type and layout (``layout``, default: ``key``'s) first,
+    then the same layout, then the rest; most recent first within each; each name once."""
+    def parts(k):
+        fields = k.split("|")
+        words = fields[0].split()  # "<direction> <N>d <dtype> <layout> x(...) ..."
+        return (words[0] if words else "", words[2] if len(words) > 2 else "",
+                words[3] if len(words) > 3 else "", "|".join(fields[-2:]))
+
+    direction, dtype, own_layout, where = parts(key)
+    layout = layout or own_layout
+    ranked = []
+    for order, (k, v) in enumerate(reversed(list(cache.items()))):
+        if k == key or not isinstance(v, dict) or not isinstance(v.get("engine"), str):
+            continue
+        d, t, lay, w = parts(k)
+        if d != direction or w != where:
+            continue
+        ranked.append(((0 if (t, lay) == (dtype, layout) else 1 if lay == layout else 2), order,
+                       v["engine"].split(":", 1)[-1]))
+    names = []
+    for _, _, name in sorted(ranked):
+        if name not in names:
+            names.append(name)
+    return names
 
 
 def _version() -> str:

@@ -628,3 +628,60 @@ def test_random_search_tries_late_compilations_and_searches_from_them():
     assert late_calls and rows["eng5"].status == "ok"
     best = min((r for r in rows.values() if r.status == "ok"), key=lambda r: r.median_ms)
     assert best.config.engine == 5 and dict(best.config.knobs).get(3) == 4, best
+
+
+def _key(desc, tail="|tf32=False|ws=None|f|cudnn 9.19.0|NVIDIA H200"):
+    return desc + tail
+
+
+def test_cache_seeds_rank_same_dtype_and_layout_first_and_skip_other_gpus_and_directions():
+    own = _key("forward 2d float16 nhwc x(32,64,56,56) w(64,64,3,3) p1,1")
+    cache = {  # insertion order = age, oldest first
+        _key("forward 2d float16 nhwc x(32,64,56,56) w(64,64,1,1)"): {"engine": "eng72{k17=1,k24=4}"},
+        _key("forward 2d bfloat16 nhwc x(32,128,28,28) w(128,128,3,3) p1,1"): {"engine": "eng58{k25=0}"},
+        _key("forward 2d float16 nchw x(32,256,56,56) w(64,256,1,1)"): {"engine": "nhwc:eng72{k17=1,k24=7}"},
+        _key("backward_data 2d float16 nhwc x(32,64,56,56) w(64,64,3,3)"): {"engine": "eng1"},
+        _key("forward 2d float16 nhwc x(32,64,56,56) w(64,64,3,3)", "|tf32=False|ws=None|f|cudnn 9.19.0|H100"):
+            {"engine": "eng2"},
+        _key("forward 2d float16 nhwc x(32,512,28,28) w(128,512,1,1)"): {"engine": "eng62{k2=1}"},
+        _key("forward 2d float16 nhwc x(32,128,28,28) w(512,128,1,1)"): {"engine": "eng72{k17=1,k24=4}"},
+        own: {"engine": "eng9"},
+        "not a key": {"engine": 3},
+    }
+    names = G._seed_names(cache, own)
+    # same dtype+layout, newest first (eng72 k24=4 once), then same layout, then the rest
+    assert names == ["eng72{k17=1,k24=4}", "eng62{k2=1}", "eng58{k25=0}", "eng72{k17=1,k24=7}"]
+    # for the channels_last graph of an NCHW problem: rank by layout nhwc
+    own_nchw = _key("forward 2d float16 nchw x(32,64,56,56) w(64,64,3,3) p1,1")
+    assert G._seed_names(cache, own_nchw)[0] == "eng72{k17=1,k24=7}"
+    # (the 3x3 NHWC problem is another problem here, the newest)
+    assert G._seed_names(cache, own_nchw, layout="nhwc")[:3] == ["eng9", "eng72{k17=1,k24=4}", "eng62{k2=1}"]
+    assert G._seed_names({}, own) == []
+
+
+def test_cache_seed_configs_keep_supported_engines_within_the_caps():
+    class Fake:
+        def engine_info(self, idx):
+            if idx == 5:
+                return None  # not offered for this graph
+            return ({"numerical_notes": (), "behavior_notes": ("RUNTIME_COMPILATION",) if idx == 72 else ()}, [])
+
+        def _annotate(self, ec):
+            info = self.engine_info(ec.engine)
+            return ec.with_(numerical_notes=info[0]["numerical_notes"], behavior_notes=info[0]["behavior_notes"])
+
+        _configs = {}
+        _seed_configs = G.GraphConvolution._seed_configs
+
+    names = ["eng72{k24=1}", "eng5{k1=1}", "not a name", "eng58{k25=0}", "eng72{k24=2}", "eng72{k24=1}",
+             "eng72{k24=3}", "eng62{k2=1}", "eng62{k2=2}"]
+    got = Fake()._seed_configs(names, max_rtc=2, max_other=1)
+    assert [ec.name for ec in got] == ["eng72{k24=1}", "eng58{k25=0}", "eng72{k24=2}"]
+    assert "RUNTIME_COMPILATION" in got[0].behavior_notes
+
+
+def test_autotune_refuses_a_non_bool_seed_from_cache():
+    plan = object.__new__(G.GraphConvolution)
+    plan._freed = False
+    with pytest.raises(ArgumentError, match="seed_from_cache"):
+        plan.autotune(seed_from_cache="yes")

@@ -396,6 +396,30 @@ def test_autotune_tries_runtime_compilations_that_end_after_their_trial():
     _wait_for_background_compilation()
 
 
+def test_autotune_seeds_from_the_winners_of_other_problems_in_the_tuning_cache():
+    """A config that won for another problem (here: an engine's default knobs that no heuristic
+    mode proposes) is tried, as a "cache seed", before the default-knob phase."""
+    p, _ = GRID["fp16-nhwc"]
+    G.clear_tuning_cache()
+    a = G.GraphConvolution.from_problem(p)
+    a.autotune(budget_s=1.0, patience=20)
+    (key, entry), = G.tuning_cache().items()
+    b = G.GraphConvolution.from_problem(p.with_(n=4))
+    heur = {ec.name for mode in G.HEURISTIC_MODES for ec in b.heuristic(mode)}
+    cand = [f"eng{i}" for i in range(b.global_count) if b.engine_info(i) is not None and f"eng{i}" not in heur
+            and "RUNTIME_COMPILATION" not in b.engine_info(i)[0]["behavior_notes"]]
+    if not cand:
+        pytest.skip("every engine's default config is a heuristic one here")
+    G._tuning_put(key, dict(entry, engine=cand[-1]))
+    rows = b.autotune(budget_s=2.0, patience=40)
+    seeded = [r for r in rows if r.phase == "cache seed"]
+    assert [r.name for r in seeded] == [cand[-1]], [str(r) for r in rows[:5]]
+    assert seeded[0].status in ("ok", "mismatch", "not supported", "filtered"), seeded[0]
+    c = G.GraphConvolution.from_problem(p.with_(n=6))
+    assert not any(r.phase == "cache seed" for r in c.autotune(budget_s=1.0, patience=20, seed_from_cache=False))
+    G.clear_tuning_cache()
+
+
 @pytest.mark.parametrize("direction", G.DIRECTIONS)
 def test_nhwc_config_on_an_nchw_plan_matches_float64(direction):
     """``"nhwc:<config>"`` on an NCHW plan: NCHW tensors in, an NCHW result out (new or ``out=``),
