@@ -447,7 +447,7 @@ class _Graph:
 class _Built:
     """A finalized execution plan and what executing it needs (workspace, variant packs)."""
 
-    __slots__ = ("config", "plan", "workspace_bytes", "workspace", "vps", "read_back")
+    __slots__ = ("config", "plan", "workspace_bytes", "workspace", "vps", "read_back", "finalized_at")
 
     def __init__(self, config: EngineConfig, plan: B.Descriptor, workspace_bytes: int, read_back: dict):
         self.config = config
@@ -455,6 +455,7 @@ class _Built:
         self.workspace_bytes = workspace_bytes
         self.workspace = None
         self.vps: dict = {}
+        self.finalized_at = time.perf_counter()  # when cudnnBackendFinalize returned (perf_counter s)
         self.read_back = read_back
 
 
@@ -1030,11 +1031,11 @@ class GraphConvolution(PlanLifetime):
         Candidates, in order, while ``budget_s`` seconds (wall time, finalization included) last:
         the configs of heuristic modes instant, B and FALLBACK; with ``seed_from_cache``, the
         configs that won for other problems in the tuning cache (same direction, cuDNN and GPU;
-        same data type and layout first, most recent first; at most 8 runtime-compiled ones,
-        compiled at once and waited for at most a fifth of the budget, and 16 others; phase
-        ``"cache seed"``): the knob values that suit one layer often suit its
-        neighbours, and a runtime-compiled engine's default knobs say little about its best
-        ones; every engine with its default
+        same dimensions, data type, layout and activation first, newest first; only those the
+        filters below allow; at most 8 runtime-compiled ones, whose compilations the phase waits
+        for at most a fifth of the budget in all, and 16 others; phase ``"cache seed"``): the
+        knob values that suit one layer often suit its neighbours, and a runtime-compiled
+        engine's default knobs say little about its best ones; every engine with its default
         knobs, runtime-compiled engines last (those no heuristic mode proposes only with
         ``include_runtime_compiled``); then, for
         the fastest few engines (ranked by their first measurement), neighbouring knob values (one
@@ -1049,7 +1050,8 @@ class GraphConvolution(PlanLifetime):
         knobs, after a fifth of the budget) is left to finish there (row status ``"over budget"``;
         one took 21 s on an H200 for a 13 ms kernel) while the search goes on, and is tried once
         it has finished (before the knob phases, after each round of random draws, and in the last
-        5% of the budget, at most 0.5 s, which the search phases leave for it); runtime-compiled
+        5% of the budget, at most 0.5 s, which the search phases and their compilation waits leave
+        for it, waiting there for this plan's compilations still running); runtime-compiled
         candidates met while that many compile are skipped and retried likewise.
         Each candidate: execution plan finalized, output filled with NaN, run once and checked
         against the float64 reference within the tolerance its numerical notes imply (``check``),
@@ -1147,7 +1149,7 @@ class GraphConvolution(PlanLifetime):
                 self._cl = None
                 self._bufs = None
         _tuning_put(key, {"engine": table[0].name, "median_ms": table[0].median_ms, "min_ms": table[0].min_ms,
-                          "problem": self._describe()})
+                          "problem": self._describe(), "t": time.time()})
         return table
 
     def _out_tensor(self, layout: str) -> torch.Tensor:
@@ -1198,9 +1200,13 @@ class GraphConvolution(PlanLifetime):
                 return None
             try:
                 if "RUNTIME_COMPILATION" in ec.behavior_notes and ec.name not in self._built:
-                    wait = max(deadline - time.perf_counter(), 0.05)
-                    if phase in ("default knobs", "cache seed"):  # do not let one compilation take the budget
+                    now = time.perf_counter()
+                    # the search phases leave the reserve (see search_end) to late compilations
+                    wait = max((deadline if now >= search_end else search_end) - now, 0.05)
+                    if phase == "default knobs":  # an untried engine: do not let it take the budget
                         wait = 0.01 if (id(self), ec.name) in _rtc_inflight else min(wait, max(0.5, 0.2 * budget_s))
+                    elif phase == "cache seed":  # the seeds share one limit
+                        wait = 0.01 if (id(self), ec.name) in _rtc_inflight else max(0.01, seed_end[0] - now)
                     b, why = _build_in_background(self, ec, wait)
                     if b is None:
                         rows[ec.name] = TimedConfig(ec, status="over budget", phase=phase, detail=why)
@@ -1255,12 +1261,13 @@ class GraphConvolution(PlanLifetime):
                 if ("RUNTIME_COMPILATION" in ec.behavior_notes and ec.name not in rows
                         and not self._allowed(ec, **filters)):
                     todo.append(ec)
-            if len(todo) > 1 and time.perf_counter() < deadline:
-                _compile_in_background(self, todo, max(deadline - time.perf_counter(), 0.05))
+            if len(todo) > 1 and time.perf_counter() < search_end:
+                _compile_in_background(self, todo, max(search_end - time.perf_counter(), 0.05))
 
         # the search phases end a little early: the rest of the budget goes to runtime
         # compilations that ended after their trial gave up on them (see late())
         search_end = deadline - min(0.05 * budget_s, 0.5)
+        seed_end = [search_end]
 
         def left() -> bool:
             return (time.perf_counter() < search_end and
@@ -1275,12 +1282,13 @@ class GraphConvolution(PlanLifetime):
                     break
                 trial(ec, "heuristic")
         # 1b. the winners of other problems in the tuning cache, runtime-compiled ones built together
-        seeded = self._seed_configs(seeds)
-        rtc_seeded = [ec for ec in seeded if "RUNTIME_COMPILATION" in ec.behavior_notes
-                      and not self._allowed(ec, **filters)]
-        if rtc_seeded and left():  # all at once, at most a fifth of the budget (late ones: see late())
-            _compile_in_background(self, rtc_seeded,
-                                   min(max(deadline - time.perf_counter(), 0.05), max(0.5, 0.2 * budget_s)))
+        seeded = self._seed_configs(seeds, filters=filters, proposed=proposed,
+                                    include_runtime_compiled=include_runtime_compiled)
+        rtc_seeded = [ec for ec in seeded if "RUNTIME_COMPILATION" in ec.behavior_notes]
+        # the whole phase's compilations: at most a fifth of the budget (late ones: see late())
+        seed_end[0] = min(search_end, time.perf_counter() + max(0.5, 0.2 * budget_s))
+        if rtc_seeded and left():  # all at once, as many as there are workers free
+            _compile_in_background(self, rtc_seeded, max(seed_end[0] - time.perf_counter(), 0.05))
         for ec in seeded:
             if not left():
                 break
@@ -1318,11 +1326,18 @@ class GraphConvolution(PlanLifetime):
         self._knob_search(rows, trial, left, prebuild)
         # 4. random knob combinations, weighted to the fastest engines, until budget or patience end
         self._random_search(rows, trial, left, seed, proposed, include_runtime_compiled, prebuild, late)
-        # 4b. configs skipped while a runtime compilation ran, or whose compilation ended late
-        for r in late(rows):
-            if time.perf_counter() >= deadline:
-                break
-            trial(r.config, r.phase)
+        # 4b. until the deadline: configs skipped while runtime compilations ran, or whose
+        # compilation ended late, as this plan's compilations end
+        while time.perf_counter() < deadline:
+            todo = late(rows)
+            for r in todo:
+                if time.perf_counter() >= deadline:
+                    break
+                trial(r.config, r.phase)
+            if not todo:
+                if not _compiling(self):
+                    break
+                time.sleep(0.005)
         # 5. re-time the best few in interleaved rounds
         ok = sorted((r for r in rows.values() if r.status == "ok"), key=lambda r: r.median_ms)
         top = ok[:8]
@@ -1456,9 +1471,14 @@ class GraphConvolution(PlanLifetime):
                                                      activation=self.activation, allow_tf32=self.allow_tf32)
         return self._cl
 
-    def _seed_configs(self, names: Sequence[str], max_rtc: int = 8, max_other: int = 16) -> list[EngineConfig]:
+    def _seed_configs(self, names: Sequence[str], max_rtc: int = 8, max_other: int = 16, *,
+                      filters: dict | None = None, proposed: set | None = None,
+                      include_runtime_compiled: bool = True) -> list[EngineConfig]:
         """The configs named in ``names`` (from :func:`_seed_names`, best first) whose engine this
-        graph supports: at most ``max_rtc`` runtime-compiled ones and ``max_other`` others."""
+        graph supports and that autotune's filters allow (``filters`` as :meth:`_allowed` takes
+        them; a runtime-compiled engine outside ``proposed`` only with
+        ``include_runtime_compiled``): at most ``max_rtc`` runtime-compiled ones and
+        ``max_other`` others."""
         out, n_rtc, n_other, seen = [], 0, 0, set()
         for name in names:
             try:
@@ -1469,6 +1489,11 @@ class GraphConvolution(PlanLifetime):
                 continue
             seen.add(ec.name)
             ec = self._annotate(ec)
+            if filters is not None and self._allowed(ec, **filters):
+                continue
+            if ("RUNTIME_COMPILATION" in ec.behavior_notes and not include_runtime_compiled
+                    and ec.engine not in (proposed or ())):
+                continue
             if "RUNTIME_COMPILATION" in ec.behavior_notes:
                 if n_rtc >= max_rtc:
                     continue
@@ -1717,6 +1742,12 @@ def _rtc_busy() -> bool:
     return len(_rtc_inflight) >= _RTC_WORKERS
 
 
+def _compiling(plan: "GraphConvolution") -> bool:
+    """Whether a runtime compilation of ``plan`` is running."""
+    with _rtc_lock:
+        return any(k[0] == id(plan) for k in _rtc_inflight)
+
+
 def _worth_retry(plan: "GraphConvolution", row: TimedConfig) -> bool:
     """Whether an autotune row deserves another trial: an ``"over budget"`` runtime compilation
     that has finished since (the plan holds its execution plan), or one skipped while
@@ -1849,27 +1880,33 @@ def _empty_result(plan: GraphConvolution, result: torch.Tensor, bias):
 def _seed_names(cache: dict, key: str, layout: str | None = None) -> list[str]:
     """Engine config names (any ``"nhwc:"`` prefix dropped) that won for problems in ``cache``
     other than ``key``, for autotune's cache seeds: same direction and the same cuDNN version and
-    GPU as ``key``; those of the same data type and layout (``layout``, default: ``key``'s) first,
-    then the same layout, then the rest; most recent first within each; each name once."""
-    def parts(k):
+    GPU as ``key``. Ranked: same spatial dimensions, data type, layout (``layout``, default:
+    ``key``'s; an ``"nhwc:"`` winner counts as NHWC) and activation first; then same dimensions
+    and layout; then the rest; newest first within each (an entry's ``"t"``, seconds since the
+    epoch, else its place in ``cache``); each name once."""
+    def parts(k, engine=""):
         fields = k.split("|")
-        words = fields[0].split()  # "<direction> <N>d <dtype> <layout> x(...) ..."
-        return (words[0] if words else "", words[2] if len(words) > 2 else "",
-                words[3] if len(words) > 3 else "", "|".join(fields[-2:]))
+        words = fields[0].split()  # "<direction> <N>d <dtype> <layout> x(...) ... [activation <name>]"
+        act = words[words.index("activation") + 1] if "activation" in words[:-1] else ""
+        lay = "nhwc" if engine.startswith("nhwc:") else (words[3] if len(words) > 3 else "")
+        return (words[0] if words else "", words[1] if len(words) > 1 else "",
+                words[2] if len(words) > 2 else "", lay, act, "|".join(fields[-2:]))
 
-    direction, dtype, own_layout, where = parts(key)
+    direction, dims, dtype, own_layout, act, where = parts(key)
     layout = layout or own_layout
     ranked = []
     for order, (k, v) in enumerate(reversed(list(cache.items()))):
         if k == key or not isinstance(v, dict) or not isinstance(v.get("engine"), str):
             continue
-        d, t, lay, w = parts(k)
+        d, n, t, lay, a, w = parts(k, v["engine"])
         if d != direction or w != where:
             continue
-        ranked.append(((0 if (t, lay) == (dtype, layout) else 1 if lay == layout else 2), order,
-                       v["engine"].split(":", 1)[-1]))
+        tier = 0 if (n, t, lay, a) == (dims, dtype, layout, act) else 1 if (n, lay) == (dims, layout) else 2
+        stamp = v.get("t")
+        stamp = float(stamp) if isinstance(stamp, (int, float)) and not isinstance(stamp, bool) else 0.0
+        ranked.append((tier, -stamp, order, v["engine"].split(":", 1)[-1]))
     names = []
-    for _, _, name in sorted(ranked):
+    for *_, name in sorted(ranked):
         if name not in names:
             names.append(name)
     return names
@@ -1885,26 +1922,34 @@ def _version() -> str:
 # ---------------------------------------------------------------------------- tuning cache
 _tuning: dict[str, dict] = {}
 _tuning_lock = threading.Lock()
+_env_lock = threading.Lock()
 _tuning_state = {"loaded_env": False}
 ENV_TUNING_FILE = "RAWCONV_CUDNN_TUNING_CACHE"
 
 
 def tuning_cache() -> dict:
-    """The in-memory tuning cache: problem key -> ``{"engine": name, "median_ms": ...}``. Keys
+    """The in-memory tuning cache: problem key -> ``{"engine": name, "median_ms": ..., "t": when
+    (seconds since the epoch)}``. Keys
     hold the direction, the problem's description, activation, allow_tf32, filters, workspace
     limit, cuDNN version and GPU name. With ``$RAWCONV_CUDNN_TUNING_CACHE`` set to a JSON file,
     it is loaded from there on first use and written back after each autotune."""
     _load_env()
-    return dict(_tuning)
+    with _tuning_lock:
+        return dict(_tuning)
 
 
 def _load_env():
     if _tuning_state["loaded_env"]:
         return
-    _tuning_state["loaded_env"] = True
-    path = os.environ.get(ENV_TUNING_FILE)
-    if path and os.path.exists(path):
-        load_tuning_cache(path)
+    with _env_lock:  # one thread loads; the others wait for the entries
+        if _tuning_state["loaded_env"]:
+            return
+        try:
+            path = os.environ.get(ENV_TUNING_FILE)
+            if path and os.path.exists(path):
+                load_tuning_cache(path)
+        finally:
+            _tuning_state["loaded_env"] = True
 
 
 def _tuning_get(key: str):

@@ -634,28 +634,38 @@ def _key(desc, tail="|tf32=False|ws=None|f|cudnn 9.19.0|NVIDIA H200"):
     return desc + tail
 
 
-def test_cache_seeds_rank_same_dtype_and_layout_first_and_skip_other_gpus_and_directions():
+def test_cache_seeds_rank_like_problems_first_and_skip_other_gpus_and_directions():
     own = _key("forward 2d float16 nhwc x(32,64,56,56) w(64,64,3,3) p1,1")
     cache = {  # insertion order = age, oldest first
         _key("forward 2d float16 nhwc x(32,64,56,56) w(64,64,1,1)"): {"engine": "eng72{k17=1,k24=4}"},
         _key("forward 2d bfloat16 nhwc x(32,128,28,28) w(128,128,3,3) p1,1"): {"engine": "eng58{k25=0}"},
+        # a relayout winner of an NCHW problem ran on the channels_last graph: it counts as NHWC
         _key("forward 2d float16 nchw x(32,256,56,56) w(64,256,1,1)"): {"engine": "nhwc:eng72{k17=1,k24=7}"},
         _key("backward_data 2d float16 nhwc x(32,64,56,56) w(64,64,3,3)"): {"engine": "eng1"},
         _key("forward 2d float16 nhwc x(32,64,56,56) w(64,64,3,3)", "|tf32=False|ws=None|f|cudnn 9.19.0|H100"):
             {"engine": "eng2"},
         _key("forward 2d float16 nhwc x(32,512,28,28) w(128,512,1,1)"): {"engine": "eng62{k2=1}"},
         _key("forward 2d float16 nhwc x(32,128,28,28) w(512,128,1,1)"): {"engine": "eng72{k17=1,k24=4}"},
+        _key("forward 3d float16 nhwc x(2,8,5,6,7) w(16,8,3,3,3)"): {"engine": "eng3"},
+        _key("forward 2d float16 nhwc x(32,64,56,56) w(64,64,3,3) activation relu"): {"engine": "eng4"},
+        _key("forward 2d float16 nchw x(32,64,56,56) w(64,64,1,1)"): {"engine": "eng5"},
         own: {"engine": "eng9"},
         "not a key": {"engine": 3},
     }
-    names = G._seed_names(cache, own)
-    # same dtype+layout, newest first (eng72 k24=4 once), then same layout, then the rest
-    assert names == ["eng72{k17=1,k24=4}", "eng62{k2=1}", "eng58{k25=0}", "eng72{k17=1,k24=7}"]
-    # for the channels_last graph of an NCHW problem: rank by layout nhwc
+    # like problems (2d fp16 NHWC, no activation), newest first, each once; then the same
+    # dimensions and layout; then the rest, newest first
+    assert G._seed_names(cache, own) == ["eng72{k17=1,k24=4}", "eng62{k2=1}", "eng72{k17=1,k24=7}",
+                                         "eng4", "eng58{k25=0}", "eng5", "eng3"]
+    # the native graph of an NCHW problem, then its channels_last graph
     own_nchw = _key("forward 2d float16 nchw x(32,64,56,56) w(64,64,3,3) p1,1")
-    assert G._seed_names(cache, own_nchw)[0] == "eng72{k17=1,k24=7}"
-    # (the 3x3 NHWC problem is another problem here, the newest)
-    assert G._seed_names(cache, own_nchw, layout="nhwc")[:3] == ["eng9", "eng72{k17=1,k24=4}", "eng62{k2=1}"]
+    assert G._seed_names(cache, own_nchw)[0] == "eng5"
+    assert G._seed_names(cache, own_nchw, layout="nhwc")[:4] == ["eng9", "eng72{k17=1,k24=4}", "eng62{k2=1}",
+                                                                 "eng72{k17=1,k24=7}"]
+    # a time stamp beats the place in the cache (a cache read from a file is in key order)
+    stamped = dict(cache)
+    stamped[_key("forward 2d float16 nhwc x(32,64,56,56) w(64,64,1,1)")] = {"engine": "eng72{k17=1,k24=4}", "t": 5.0}
+    stamped[_key("forward 2d float16 nhwc x(32,512,28,28) w(128,512,1,1)")] = {"engine": "eng62{k2=1}", "t": 9.0}
+    assert G._seed_names(stamped, own)[:2] == ["eng62{k2=1}", "eng72{k17=1,k24=4}"]
     assert G._seed_names({}, own) == []
 
 
@@ -678,6 +688,16 @@ def test_cache_seed_configs_keep_supported_engines_within_the_caps():
     got = Fake()._seed_configs(names, max_rtc=2, max_other=1)
     assert [ec.name for ec in got] == ["eng72{k24=1}", "eng58{k25=0}", "eng72{k24=2}"]
     assert "RUNTIME_COMPILATION" in got[0].behavior_notes
+    # autotune's filters: a config they refuse is dropped before it takes a place under the caps
+    plan = Fake()
+    plan._allowed = lambda ec, **f: "nondeterministic" if f.get("deterministic_only") and ec.engine == 58 else ""
+    got = plan._seed_configs(names, max_rtc=2, max_other=1, filters={"deterministic_only": True})
+    assert [ec.name for ec in got] == ["eng72{k24=1}", "eng72{k24=2}", "eng62{k2=1}"]
+    # include_runtime_compiled=False: only runtime-compiled engines a heuristic mode proposed
+    got = plan._seed_configs(names, filters={}, proposed={58}, include_runtime_compiled=False)
+    assert [ec.name for ec in got] == ["eng58{k25=0}", "eng62{k2=1}", "eng62{k2=2}"]
+    got = plan._seed_configs(names, filters={}, proposed={72}, include_runtime_compiled=False)
+    assert got[0].name == "eng72{k24=1}"
 
 
 def test_autotune_refuses_a_non_bool_seed_from_cache():
