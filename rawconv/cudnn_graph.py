@@ -1326,18 +1326,10 @@ class GraphConvolution(PlanLifetime):
         self._knob_search(rows, trial, left, prebuild)
         # 4. random knob combinations, weighted to the fastest engines, until budget or patience end
         self._random_search(rows, trial, left, seed, proposed, include_runtime_compiled, prebuild, late)
-        # 4b. until the deadline: configs skipped while runtime compilations ran, or whose
-        # compilation ended late, as this plan's compilations end
-        while time.perf_counter() < deadline:
-            todo = late(rows)
-            for r in todo:
-                if time.perf_counter() >= deadline:
-                    break
-                trial(r.config, r.phase)
-            if not todo:
-                if not _compiling(self):
-                    break
-                time.sleep(0.005)
+        # 4b. configs skipped while runtime compilations ran, or whose compilation ended late;
+        # unless patience ended the search, until the deadline as this plan's compilations end
+        patient = patience is not None and stall["counting"] and stall["count"] >= patience
+        _try_late(self, lambda: late(rows), trial, deadline, wait=not patient)
         # 5. re-time the best few in interleaved rounds
         ok = sorted((r for r in rows.values() if r.status == "ok"), key=lambda r: r.median_ms)
         top = ok[:8]
@@ -1746,6 +1738,22 @@ def _compiling(plan: "GraphConvolution") -> bool:
     """Whether a runtime compilation of ``plan`` is running."""
     with _rtc_lock:
         return any(k[0] == id(plan) for k in _rtc_inflight)
+
+
+def _try_late(plan: "GraphConvolution", late, trial, deadline: float, wait: bool) -> None:
+    """Autotune's step 4b: try the rows ``late()`` returns (see :func:`_worth_retry`) until
+    ``deadline`` (perf_counter s); with ``wait``, while ``plan`` still has runtime compilations
+    running, wait for them (5 ms polls) and try what they give."""
+    while time.perf_counter() < deadline:
+        todo = late()
+        for r in todo:
+            if time.perf_counter() >= deadline:
+                return
+            trial(r.config, r.phase)
+        if not todo:
+            if not wait or not _compiling(plan):
+                return
+            time.sleep(0.005)
 
 
 def _worth_retry(plan: "GraphConvolution", row: TimedConfig) -> bool:

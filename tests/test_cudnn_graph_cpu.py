@@ -705,3 +705,36 @@ def test_autotune_refuses_a_non_bool_seed_from_cache():
     plan._freed = False
     with pytest.raises(ArgumentError, match="seed_from_cache"):
         plan.autotune(seed_from_cache="yes")
+
+
+def test_late_compilations_are_waited_for_until_the_deadline_unless_patience_ended_the_search(monkeypatch):
+    import time
+
+    row = G.TimedConfig(G.EngineConfig(72), status="over budget", detail="runtime compilation still running")
+    polls = {"n": 0}
+    tried = []
+
+    def late():
+        return [row] if polls["n"] >= 3 and row.status == "over budget" else []
+
+    def compiling(plan):
+        polls["n"] += 1
+        return polls["n"] <= 3  # this plan's compilation ends after three polls
+
+    def trial(ec, phase):
+        tried.append(ec.name)
+        row.status = "ok"
+
+    monkeypatch.setattr(G, "_compiling", compiling)
+    t0 = time.perf_counter()
+    G._try_late(object(), late, trial, t0 + 5.0, wait=True)
+    assert tried == ["eng72"] and time.perf_counter() - t0 < 1.0  # tried once it ended, then returned
+    # patience ended the search: no waiting for running compilations
+    row.status, polls["n"], tried[:] = "over budget", 0, []
+    G._try_late(object(), late, trial, time.perf_counter() + 5.0, wait=False)
+    assert tried == [] and polls["n"] == 0
+    # a compilation that never ends: back at the deadline
+    monkeypatch.setattr(G, "_compiling", lambda plan: True)
+    t0 = time.perf_counter()
+    G._try_late(object(), lambda: [], trial, t0 + 0.1, wait=True)
+    assert 0.09 < time.perf_counter() - t0 < 0.5
