@@ -1122,12 +1122,13 @@ class GraphConvolution(PlanLifetime):
         ref = ref_abs = None
         if check:
             ref, ref_abs = reference(self.problem, self.direction, tensors, activation=self.activation)
+        cache = tuning_cache() if seed_from_cache else {}  # one copy for both graphs' seeds
         opts = dict(workspace_limit=workspace_limit, filters=filters, iterations=iterations,
                     final_iterations=final_iterations, check=check, seed=seed,
                     include_runtime_compiled=include_runtime_compiled, patience=patience,
-                    seeds=_seed_names(tuning_cache(), key) if seed_from_cache else [])
+                    seeds=_seed_names(cache, key))
         if relayout:
-            cl_seeds = _seed_names(tuning_cache(), key, layout="nhwc") if seed_from_cache else []
+            cl_seeds = _seed_names(cache, key, layout="nhwc")
             table = self._search_relayout(t_start, budget_s, tensors, ref, ref_abs, opts, cl_seeds)
         else:
             table = self._search(t_start + budget_s, budget_s, tensors, ref, ref_abs, **opts)
@@ -1170,15 +1171,12 @@ class GraphConvolution(PlanLifetime):
         # candidates since the best improved by 0.5% (counted from the knob phases on)
         stall = {"count": 0, "counting": False, "best": None}
 
-        def retry(old: TimedConfig) -> bool:
-            return _worth_retry(self, old)
-
         def late(rows: dict) -> list:
             return [r for r in rows.values() if _worth_retry(self, r)]
 
         def trial(ec: EngineConfig, phase: str) -> TimedConfig | None:
             old = rows.get(ec.name)
-            if old is not None and not retry(old):
+            if old is not None and not _worth_retry(self, old):
                 return old
             t0 = time.perf_counter()
             row = _trial(ec, phase)
@@ -1206,7 +1204,7 @@ class GraphConvolution(PlanLifetime):
                     if phase == "default knobs":  # an untried engine: do not let it take the budget
                         wait = 0.01 if (id(self), ec.name) in _rtc_inflight else min(wait, max(0.5, 0.2 * budget_s))
                     elif phase == "cache seed":  # the seeds share one limit
-                        wait = 0.01 if (id(self), ec.name) in _rtc_inflight else max(0.01, seed_end[0] - now)
+                        wait = 0.01 if (id(self), ec.name) in _rtc_inflight else max(0.01, seed_end - now)
                     b, why = _build_in_background(self, ec, wait)
                     if b is None:
                         rows[ec.name] = TimedConfig(ec, status="over budget", phase=phase, detail=why)
@@ -1267,7 +1265,7 @@ class GraphConvolution(PlanLifetime):
         # the search phases end a little early: the rest of the budget goes to runtime
         # compilations that ended after their trial gave up on them (see late())
         search_end = deadline - min(0.05 * budget_s, 0.5)
-        seed_end = [search_end]
+        seed_end = search_end  # set for the seed phase below; _trial reads it when called
 
         def left() -> bool:
             return (time.perf_counter() < search_end and
@@ -1286,9 +1284,9 @@ class GraphConvolution(PlanLifetime):
                                     include_runtime_compiled=include_runtime_compiled)
         rtc_seeded = [ec for ec in seeded if "RUNTIME_COMPILATION" in ec.behavior_notes]
         # the whole phase's compilations: at most a fifth of the budget (late ones: see late())
-        seed_end[0] = min(search_end, time.perf_counter() + max(0.5, 0.2 * budget_s))
+        seed_end = min(search_end, time.perf_counter() + max(0.5, 0.2 * budget_s))
         if rtc_seeded and left():  # all at once, as many as there are workers free
-            _compile_in_background(self, rtc_seeded, max(seed_end[0] - time.perf_counter(), 0.05))
+            _compile_in_background(self, rtc_seeded, max(seed_end - time.perf_counter(), 0.05))
         for ec in seeded:
             if not left():
                 break
