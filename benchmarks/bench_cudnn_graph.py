@@ -227,23 +227,37 @@ def geomean(values) -> float:
     return g(values)
 
 
+def _lay(r: dict) -> str:
+    """A result's layout column: "nhwc", "nchw" or "nchw+relayout"."""
+    return r["layout"] + ("+relayout" if r.get("relayout") else "")
+
+
+def _pair_order(key) -> tuple:
+    """Sort key of a (precision, layout) pair: precisions in MODES order."""
+    return list(MODES).index(key[0]), key[1]
+
+
+def _table(title: str, cols):
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in cols:
+        t.add_column(col, justify="right" if col not in ("precision", "layout") else "left")
+    return t
+
+
 def summary(results: list) -> None:
     """Per (precision, layout): geomean, min and max ratio, layers below 1.0, cold/warm autotune s."""
     from rich.console import Console
-    from rich.table import Table
 
     rows = [r for r in results if "ratio" in r]
     failed = [r for r in results if "error" in r]
-    t = Table(title="torch (cudnn.benchmark=True) time / rawconv.cudnn_graph autotuned time")
-    for col in ("precision", "layout", "layers", "geomean", "min", "max", "below 1.0", "own graph geomean",
-                "cold s (median/max)", "warm s (max)"):
-        t.add_column(col, justify="right" if col not in ("precision", "layout") else "left")
-    def lay(r):
-        return r["layout"] + ("+relayout" if r.get("relayout") else "")
-
-    keys = sorted({(r["mode"], lay(r)) for r in rows}, key=lambda k: (list(MODES).index(k[0]), k[1]))
+    t = _table("torch (cudnn.benchmark=True) time / rawconv.cudnn_graph autotuned time",
+               ("precision", "layout", "layers", "geomean", "min", "max", "below 1.0", "own graph geomean",
+                "cold s (median/max)", "warm s (max)"))
+    keys = sorted({(r["mode"], _lay(r)) for r in rows}, key=_pair_order)
     for mode, layout in keys:
-        rs = [r for r in rows if r["mode"] == mode and lay(r) == layout]
+        rs = [r for r in rows if r["mode"] == mode and _lay(r) == layout]
         own = [r.get("own_graph_ratio", float("nan")) for r in rs]
         own_s = f"{geomean(own):.3f}" if all(o == o for o in own) else "-"
         ratios = [r["ratio"] for r in rs]
@@ -264,17 +278,14 @@ def best_of(results: list) -> None:
     """Per (precision, layout): geomean over layers of median torch ms over the runs / the lowest
     rawconv ms of any run. Runs may come from different processes and GPUs of one kind."""
     from rich.console import Console
-    from rich.table import Table
 
     by = defaultdict(lambda: defaultdict(list))
     for r in results:
         if "ratio" in r:
-            lay = r["layout"] + ("+relayout" if r.get("relayout") else "")
-            by[(r["mode"], lay)][r["layer"]].append((r["torch_ms"], r["rawconv_ms"]))
-    t = Table(title="median torch time / fastest rawconv time of any run (per layer), geometric mean")
-    for col in ("precision", "layout", "layers", "runs per layer", "geomean", "min", "max"):
-        t.add_column(col, justify="right" if col not in ("precision", "layout") else "left")
-    for (mode, lay), layers in sorted(by.items(), key=lambda kv: (list(MODES).index(kv[0][0]), kv[0][1])):
+            by[(r["mode"], _lay(r))][r["layer"]].append((r["torch_ms"], r["rawconv_ms"]))
+    t = _table("median torch time / fastest rawconv time of any run (per layer), geometric mean",
+               ("precision", "layout", "layers", "runs per layer", "geomean", "min", "max"))
+    for (mode, lay), layers in sorted(by.items(), key=lambda kv: _pair_order(kv[0])):
         ratios = [statistics.median(t for t, _ in v) / min(x for _, x in v) for v in layers.values()]
         runs = sorted({len(v) for v in layers.values()})
         t.add_row(mode, lay, str(len(layers)), "-".join(map(str, (runs[0], runs[-1]))) if len(runs) > 1
