@@ -337,19 +337,18 @@ def reference(p: ConvProblem, direction: str, tensors: dict, *, activation: str 
             if activation:
                 ref = _ACT_REF[activation](ref)
             return ref, ref_abs
-    if direction == "backward_data":
-        dy, w = t64("dy"), t64("w")
+    def vjp(shape, call, a, dy):
+        """The gradient of ``call(z, a)`` at a zero ``z`` of ``shape`` against ``dy``, for the
+        values and for their absolute values."""
         out = []
-        for dyv, wv in ((dy, w), (dy.abs(), w.abs())):
-            xz = torch.zeros(p.x_shape, dtype=torch.float64, device=dy.device, requires_grad=True)
-            out.append(torch.autograd.grad(fwd(xz, wv), xz, dyv)[0])
+        for av, dyv in ((a, dy), (a.abs(), dy.abs())):
+            z = torch.zeros(shape, dtype=torch.float64, device=dy.device, requires_grad=True)
+            out.append(torch.autograd.grad(call(z, av), z, dyv)[0])
         return out[0], out[1]
-    x, dy = t64("x"), t64("dy")
-    out = []
-    for xv, dyv in ((x, dy), (x.abs(), dy.abs())):
-        wz = torch.zeros(p.w_shape, dtype=torch.float64, device=x.device, requires_grad=True)
-        out.append(torch.autograd.grad(fwd(xv, wz), wz, dyv)[0])
-    return out[0], out[1]
+
+    if direction == "backward_data":
+        return vjp(p.x_shape, fwd, t64("w"), t64("dy"))
+    return vjp(p.w_shape, lambda z, xv: fwd(xv, z), t64("x"), t64("dy"))
 
 
 def _swish(t):
