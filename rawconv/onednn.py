@@ -1068,3 +1068,58 @@ def verbose(level: int = 1) -> None:
         raise ArgumentError(f"verbose level must be 0, 1 or 2, got {level!r}")
     _dnnl.set_verbose(lv)
 
+
+
+# ---------------------------------------------------------------------------- reference-time estimate
+_REF_RATES: dict = {}
+_REF_RATES_LOCK = threading.Lock()
+
+
+def reference_seconds(problem: ConvProblem, direction: str = "forward") -> float:
+    """Estimated seconds of one call of oneDNN's reference implementation (``ref:any``) on ``problem``.
+
+    oneDNN's reference code runs one scalar loop per output element; its cost grows with the
+    multiply-adds, not with how well a problem suits vector units. The rate (multiply-adds per
+    second) is measured once per process for each (direction, dtype, spatial rank, layout,
+    thread count) on a small problem of that kind (a few milliseconds), then applied to
+    ``problem.flops / 2``. The small problem has little work per thread, so the estimate leans
+    high. Returns ``inf`` when oneDNN offers no reference implementation for that kind.
+    Wraps what :class:`Convolution` wraps (``dnnl_primitive_execute`` on ``ref:any``).
+    """
+    import math
+    import time
+
+    _check_direction(direction)
+    if not isinstance(problem, ConvProblem):
+        raise ArgumentTypeError(f"problem must be a ConvProblem, got {type(problem).__name__}")
+    if problem.is_empty:
+        return 0.0
+    key = (direction, problem.dtype, problem.ndim, problem.layout, torch.get_num_threads())
+    rate = _REF_RATES.get(key)
+    if rate is None:
+        with _REF_RATES_LOCK:
+            rate = _REF_RATES.get(key)
+            if rate is None:
+                side = {1: 64, 2: 16, 3: 6}[problem.ndim]
+                tiny = ConvProblem(n=1, c=16, k=16, in_spatial=(side,) * problem.ndim,
+                                   kernel=(3,) * problem.ndim, pad_before=(1,) * problem.ndim,
+                                   pad_after=(1,) * problem.ndim, dtype=problem.dtype, layout=problem.layout)
+                rate = 0.0
+                try:
+                    plan = Convolution.from_problem(tiny, direction=direction, prepack=False)
+                    refs = [r.index for r in plan.implementations if r.name.startswith("ref")]
+                    if refs:
+                        plan.select(refs[-1])
+                        tensors = plan._example_tensors()
+                        plan.execute(**tensors)
+                        best = math.inf
+                        for _ in range(3):
+                            t0 = time.perf_counter()
+                            plan.execute(**tensors)
+                            best = min(best, time.perf_counter() - t0)
+                        rate = (tiny.flops / 2) / max(best, 1e-6)
+                    plan.free()
+                except NotSupportedError:
+                    rate = 0.0
+                _REF_RATES[key] = rate
+    return (problem.flops / 2) / rate if rate > 0 else math.inf
