@@ -1070,7 +1070,7 @@ def conv_transpose(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None =
     if w.dim() not in (3, 4, 5):
         raise ArgumentError(f"weight must be 3-D, 4-D or 5-D (C_in, C_out/groups, *kernel), got {tuple(w.shape)}")
     nd = w.dim() - 2
-    from .problem import _tuple
+    from .problem import tuple_arg as _tuple
 
     s, p = _tuple(stride, nd, "stride", 1), _tuple(padding, nd, "padding", 0)
     d, op = _tuple(dilation, nd, "dilation", 1), _tuple(output_padding, nd, "output_padding", 0)

@@ -43,7 +43,9 @@ import torch
 from . import _cudnn, _cudnn_backend as B
 from .errors import ArgumentError, ArgumentTypeError, LibraryError, NotSupportedError
 from ._plans import PlanCache, PlanLifetime
-from .problem import ConvProblem, ErrorStats, check_tensor, empty_like_layout, layout_of, to_layout, tolerance, EPS, dense_strides, shape_only
+from . import check as _check
+from .check import ErrorStats, Tolerance, tolerance_for
+from .problem import ConvProblem, check_tensor, empty_like_layout, layout_of, to_layout, dense_strides, shape_only
 
 __all__ = ["EngineConfig", "TimedConfig", "GraphConvolution", "engines", "forward", "backward_data",
            "backward_filter", "clear_cache", "tuning_cache", "save_tuning_cache", "load_tuning_cache",
@@ -257,126 +259,21 @@ def _device_index(p: ConvProblem) -> int:
     return d.index if d.index is not None else torch.cuda.current_device()
 
 
-def _reduction_length(p: ConvProblem, direction: str) -> int:
-    if direction == "backward_data":
-        return max((p.k // p.groups) * math.prod(p.kernel), 1)
-    if direction == "backward_filter":
-        return max(p.n * math.prod(p.out_spatial), 1)
-    return max(p.reduction_length, 1)
-
-
 def tolerance_args(p: ConvProblem, notes: Sequence[str], direction: str = "forward",
                    activation: str | None = None) -> dict:
-    """Keyword arguments for :func:`rawconv.problem.tolerance` that the numerical ``notes`` of an
-    engine config imply for problem ``p``: TENSOR_CORE on float32 data -> TF32 inputs;
-    DOWN_CONVERT_INPUTS on float32 -> bfloat16 inputs (the coarsest it may convert to);
-    REDUCED_PRECISION_REDUCTION -> accumulation in the data type; FFT / WINOGRAD -> 8x (their
-    transforms round more); a backward pass's own reduction length; GELU/SWISH 1.2x."""
-    notes = set(notes)
-    compute = None
-    acc = EPS["float64"] if p.dtype == "float64" else EPS["float32"]
-    if p.dtype == "float32":
-        if "TENSOR_CORE" in notes:
-            compute = "tf32"
-        if "DOWN_CONVERT_INPUTS" in notes:
-            compute = "bfloat16"
-    if "REDUCED_PRECISION_REDUCTION" in notes and p.dtype in ("float16", "bfloat16"):
-        compute = p.dtype
-        acc = EPS[p.dtype]
-    # what tolerance() assumes (it widens only for a compute type other than the data's),
-    # against what these notes imply
-    widened = bool(compute) and compute not in (p.dtype, "float32", "float64")
-    eps_in = EPS[compute] if widened else 0.0
-    L_fwd = max(p.reduction_length, 1)
-    L = _reduction_length(p, direction)
-    assumed_acc = EPS["float64"] if p.dtype == "float64" else EPS["float32"]
-    if widened and compute == "float16":
-        assumed_acc = max(assumed_acc, EPS["float16"])
-    factor = (2 * eps_in + 4 * acc * math.sqrt(L)) / (2 * eps_in + 4 * assumed_acc * math.sqrt(L_fwd))
-    factor = max(factor, 1.0)
-    if notes & {"FFT", "WINOGRAD", "WINOGRAD_TILE_4x4", "WINOGRAD_TILE_6x6", "WINOGRAD_TILE_13x13"}:
-        factor *= 8.0
-    if activation in ("gelu", "swish", "elu"):
-        factor *= 1.2
-    out = {"factor": factor}
-    if compute:
-        out["compute"] = compute
-    return out
+    """Keyword arguments for :func:`rawconv.check.tolerance` that the numerical ``notes`` of an
+    engine config imply for problem ``p`` (:func:`rawconv.check.tolerance_for`, the one policy)."""
+    return tolerance_for(p, direction, notes=notes, activation=activation).kwargs()
 
 
 def reference(p: ConvProblem, direction: str, tensors: dict, *, activation: str | None = None):
-    """The float64 result and its error scale (the same computation on |inputs|) for ``direction``,
-    on the tensors' own device (torch's float64 convolution; asymmetric padding by zero-padding
-    first, as :func:`rawconv.problem.conv_reference` does). ``tensors``: forward ``x``, ``w``,
-    optional ``b``; backward_data ``dy``, ``w``; backward_filter ``x``, ``dy``. Returns
-    ``(ref, ref_abs)`` float64 tensors in (N, K, *out) / (N, C, *in) / (K, C/g, *k) shape."""
-    import torch.nn.functional as F
-
-    direction = _norm_direction(direction)
-    conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[p.ndim]
-    pad = []
-    for b, a in reversed(list(zip(p.pad_before, p.pad_after))):
-        pad += [b, a]
-
-    def t64(name):
-        t = tensors[name].detach().to(torch.float64)
-        if p.unbatched and name in ("x", "dy") and t.dim() == p.ndim + 1:
-            t = t.unsqueeze(0)
-        return t
-
-    def fwd(x, w, b=None):
-        xp = F.pad(x, pad) if any(pad) else x
-        return conv(xp, w, b, p.stride, 0, p.dilation, p.groups)
-
-    with torch.no_grad():
-        if direction == "forward":
-            x, w = t64("x"), t64("w")
-            b = t64("b") if tensors.get("b") is not None else None
-            ref = fwd(x, w, b)
-            ref_abs = fwd(x.abs(), w.abs(), b.abs() if b is not None else None)
-            if activation:
-                ref = _ACT_REF[activation](ref)
-            return ref, ref_abs
-    def vjp(shape, call, a, dy):
-        """The gradient of ``call(z, a)`` at a zero ``z`` of ``shape`` against ``dy``, for the
-        values and for their absolute values."""
-        out = []
-        for av, dyv in ((a, dy), (a.abs(), dy.abs())):
-            z = torch.zeros(shape, dtype=torch.float64, device=dy.device, requires_grad=True)
-            out.append(torch.autograd.grad(call(z, av), z, dyv)[0])
-        return out[0], out[1]
-
-    if direction == "backward_data":
-        return vjp(p.x_shape, fwd, t64("w"), t64("dy"))
-    return vjp(p.w_shape, lambda z, xv: fwd(xv, z), t64("x"), t64("dy"))
-
-
-def _swish(t):
-    return t * torch.sigmoid(t)
-
-
-_ACT_REF = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid,
-            "elu": torch.nn.functional.elu, "gelu": torch.nn.functional.gelu, "swish": _swish}
+    """:func:`rawconv.check.reference` (kept here for old callers)."""
+    return _check.reference(p, direction, tensors, activation=activation)
 
 
 def check_result(p: ConvProblem, y: torch.Tensor, ref: torch.Tensor, ref_abs: torch.Tensor, **tol_kw) -> ErrorStats:
-    """Error statistics of ``y`` against float64 ``ref``, computed on ``ref``'s device with
-    :func:`rawconv.problem.tolerance` (the same numbers :func:`rawconv.problem.compare_to_reference`
-    gives, without the copy to the CPU)."""
-    y64 = y.detach().to(ref.device, torch.float64)
-    if p.unbatched and y64.dim() == ref.dim() - 1:
-        y64 = y64.unsqueeze(0)
-    if tuple(y64.shape) != tuple(ref.shape):
-        raise ArgumentError(f"result shape {tuple(y64.shape)} differs from the reference's {tuple(ref.shape)}")
-    if y64.numel() == 0:
-        return ErrorStats(0.0, 0.0, 0.0, 0)
-    finite = torch.isfinite(y64)
-    diff = (y64 - ref).abs()
-    diff = torch.where(torch.isfinite(diff), diff, torch.full_like(diff, float("inf")))
-    tol = tolerance(p, ref_abs, ref, **tol_kw)
-    vals = torch.stack([(~finite).sum().to(torch.float64), diff.max(), ref.abs().max(), (diff / tol).max()]).tolist()
-    nan, max_abs, denom, ratio = vals
-    return ErrorStats(max_abs, max_abs / denom if denom > 0 else max_abs, ratio, int(nan))
+    """:func:`rawconv.check.check` with :func:`rawconv.check.tolerance` keyword arguments."""
+    return _check.check(p, y, ref, ref_abs, Tolerance(**tol_kw))
 
 
 # ---------------------------------------------------------------------------- the graph
@@ -1876,7 +1773,7 @@ def _empty_result(plan: GraphConvolution, result: torch.Tensor, bias):
         if bias is not None and result.numel():
             result += bias.view(1, -1, *([1] * p.ndim))
         if plan.activation and result.numel():
-            result.copy_(_ACT_REF[plan.activation](result))
+            result.copy_(_check.ACTIVATION_REFERENCE[plan.activation](result))
     if p.unbatched and plan.direction in ("forward", "backward_data"):
         return result.squeeze(0)
     return result
@@ -2096,7 +1993,7 @@ def _hashable(v):
 def _transpose_x_shape(grad_y, w, stride, padding, dilation, groups, output_padding):
     """conv_transpose semantics: the input shape of the forward conv whose output is grad_y."""
     nd = w.dim() - 2
-    from .problem import _tuple, resolve_padding
+    from .problem import tuple_arg as _tuple, resolve_padding
 
     s = _tuple(stride, nd, "stride", 1)
     d = _tuple(dilation, nd, "dilation", 1)

@@ -36,8 +36,6 @@ DTYPE_BY_NAME.update({"f32": torch.float32, "fp32": torch.float32, "f16": torch.
                       "fp16": torch.float16, "half": torch.float16, "bf16": torch.bfloat16,
                       "f64": torch.float64, "fp64": torch.float64, "double": torch.float64,
                       "float": torch.float32})
-EPS = {"float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float64": 2.0 ** -53,
-       "tf32": 2.0 ** -11}
 DIRECTIONS = ("forward", "backward_data", "backward_weights")
 
 
@@ -45,7 +43,7 @@ MAX_DIM = 2 ** 31 - 1      # bound on every size, stride, pad and dilation (oneD
 MAX_ELEMENTS = 2 ** 40     # bound on the elements of x, w and y: larger cannot be allocated anyway
 
 
-def _int(v: Any):
+def int_arg(v: Any):
     """``v`` as a Python int when it is an integer (int, numpy integer, anything with ``__index__``)
     but not a bool; None otherwise."""
     if type(v) is int:
@@ -61,16 +59,19 @@ def _int(v: Any):
     return None
 
 
-def _tuple(value: Any, n: int, name: str, minimum: int) -> tuple[int, ...]:
+def tuple_arg(value: Any, n: int, name: str, minimum: int) -> tuple[int, ...]:
+    """``value`` (an int, or a tuple/list of ``n`` ints; one element repeats) as a tuple of ``n``
+    ints, each >= ``minimum`` and below 2**31. Raises :class:`ArgumentTypeError` /
+    :class:`ArgumentError` naming ``name``."""
     if isinstance(value, bool):
         raise ArgumentTypeError(f"{name} must be an int or a tuple of {n} ints, got {value!r}")
-    iv = _int(value)
+    iv = int_arg(value)
     if iv is not None:
         out = (iv,) * n
     elif isinstance(value, (tuple, list, torch.Size)):
         if len(value) == 1 and n > 1:
             value = tuple(value) * n
-        vals = [_int(v) for v in value]
+        vals = [int_arg(v) for v in value]
         if len(value) != n or any(v is None for v in vals):
             raise ArgumentError(f"{name} must be an int or a tuple of {n} ints, got {value!r}")
         out = tuple(vals)
@@ -89,7 +90,7 @@ def shape_arg(shape: Any, name: str, ranks: Sequence[int]) -> tuple[int, ...]:
     ArgumentError."""
     if not isinstance(shape, (tuple, list, torch.Size)):
         raise ArgumentTypeError(f"{name} must be a tuple of ints, got {type(shape).__name__}")
-    vals = [_int(s) for s in shape]
+    vals = [int_arg(s) for s in shape]
     if any(v is None for v in vals):
         raise ArgumentError(f"{name} must be a tuple of ints, got {tuple(shape)!r}")
     if len(vals) not in ranks:
@@ -120,10 +121,10 @@ def resolve_padding(padding: Any, ndim: int, kernel: Sequence[int], dilation: Se
         if len(padding) != ndim or not all(len(p) == 2 for p in padding):
             raise ArgumentError(
                 f"asymmetric padding must be one (before, after) pair per spatial dim ({ndim}), got {padding!r}")
-        before = _tuple(tuple(p[0] for p in padding), ndim, "padding (before)", 0)
-        after = _tuple(tuple(p[1] for p in padding), ndim, "padding (after)", 0)
+        before = tuple_arg(tuple(p[0] for p in padding), ndim, "padding (before)", 0)
+        after = tuple_arg(tuple(p[1] for p in padding), ndim, "padding (after)", 0)
         return before, after
-    p = _tuple(padding, ndim, "padding", 0)
+    p = tuple_arg(padding, ndim, "padding", 0)
     return p, p
 
 
@@ -223,9 +224,9 @@ class ConvProblem:
             if isinstance(v, tuple) and len(v) == 0:
                 object.__setattr__(self, attr, (default,) * nd)
             else:
-                object.__setattr__(self, attr, _tuple(v, nd, attr, 1 if attr in ("stride", "dilation") else 0))
-        object.__setattr__(self, "in_spatial", _tuple(self.in_spatial, nd, "input spatial size", 0))
-        object.__setattr__(self, "kernel", _tuple(self.kernel, nd, "kernel size", 1))
+                object.__setattr__(self, attr, tuple_arg(v, nd, attr, 1 if attr in ("stride", "dilation") else 0))
+        object.__setattr__(self, "in_spatial", tuple_arg(self.in_spatial, nd, "input spatial size", 0))
+        object.__setattr__(self, "kernel", tuple_arg(self.kernel, nd, "kernel size", 1))
         dtype = self.dtype
         if isinstance(dtype, torch.dtype) and dtype in DTYPES:
             dtype = DTYPES[dtype]
@@ -247,7 +248,7 @@ class ConvProblem:
                 raise ArgumentTypeError(f"{attr} must be a bool, got {getattr(self, attr)!r}")
         for attr in ("n", "c", "k", "groups"):
             v = getattr(self, attr)
-            iv = _int(v)
+            iv = int_arg(v)
             if iv is None or iv < (1 if attr == "groups" else 0) or iv > MAX_DIM:
                 raise ArgumentError(f"{attr} must be a non-negative int below 2**31 (groups >= 1), got {v!r}")
             object.__setattr__(self, attr, iv)
@@ -350,7 +351,7 @@ class ConvProblem:
             if t is not None and (t.is_nested or t.layout != torch.strided):
                 raise ArgumentError(f"{nm} must be a dense (strided) tensor, got "
                                     f"{'a nested tensor' if t.is_nested else 'layout ' + str(t.layout)}")
-        g = _int(groups)
+        g = int_arg(groups)
         if g is None or g < 1 or g > MAX_DIM:
             raise ArgumentError(f"groups must be a positive int, got {groups!r}")
         groups = g
@@ -395,8 +396,8 @@ class ConvProblem:
         kernel = tuple(w.shape[2:])
         if any(s == 0 for s in kernel):
             raise ArgumentError(f"kernel sizes must be positive, got weight shape {tuple(w.shape)}")
-        s = _tuple(stride, nd, "stride", 1)
-        d = _tuple(dilation, nd, "dilation", 1)
+        s = tuple_arg(stride, nd, "stride", 1)
+        d = tuple_arg(dilation, nd, "dilation", 1)
         pb, pa = resolve_padding(padding, nd, kernel, d, s)
         layout = layout_of(x if not unbatched else x.unsqueeze(0))
         if layout == "strided":
@@ -532,6 +533,8 @@ class ConvProblem:
 
     def reference(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """The forward result in float64 on the CPU (torch's own conv on upcast inputs)."""
+        from .check import conv_reference
+
         return conv_reference(self, x, w, bias)
 
     def describe(self) -> str:
@@ -567,11 +570,6 @@ def to_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
     return t.contiguous()
 
 
-def _torch_conv(nd: int):
-    import torch.nn.functional as F
-    return {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nd]
-
-
 def check_tensor(p: "ConvProblem", t, name: str, shape) -> None:
     """Check that ``t`` is a torch.Tensor of ``shape`` (for an unbatched problem, without its
     leading 1) and of the problem's dtype: :class:`ArgumentTypeError` / :class:`ArgumentError`
@@ -585,107 +583,16 @@ def check_tensor(p: "ConvProblem", t, name: str, shape) -> None:
         raise ArgumentError(f"{name} must be {p.torch_dtype}, got {t.dtype}")
 
 
-def _check_ref_tensor(t, name: str, shapes) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.is_nested or t.layout != torch.strided:
-        raise ArgumentError(f"{name} must be a dense (strided) tensor")
-    if not t.is_floating_point():
-        raise ArgumentError(f"{name} must be a real floating tensor, got {t.dtype}")
-    if tuple(t.shape) not in shapes:
-        raise ArgumentError(f"{name} must have shape {' or '.join(map(str, shapes))} for this problem, "
-                            f"got {tuple(t.shape)}")
+_MOVED = ("EPS", "ErrorStats", "tolerance", "compare_to_reference", "conv_reference", "abs_reference")
 
 
-def conv_reference(p: ConvProblem, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """float64 forward convolution on the CPU, asymmetric padding included (zero-pad first).
+def __getattr__(name):  # these moved to rawconv.check; old imports keep working
+    if name in _MOVED:
+        from . import check
 
-    ``x`` of the problem's ``x_shape``, or for an unbatched problem also ``(C, *spatial)``: then
-    the result is unbatched too ``(K, *out)``, as :func:`rawconv.onednn.forward` returns it.
-    Raises :class:`ArgumentError` / :class:`ArgumentTypeError` for tensors that do not fit."""
-    import torch.nn.functional as F
-    xs = (p.x_shape,) + ((p.x_shape[1:],) if p.unbatched else ())
-    _check_ref_tensor(x, "x", xs)
-    _check_ref_tensor(w, "w", (p.w_shape,))
-    if bias is not None:
-        _check_ref_tensor(bias, "bias", ((p.k,),))
-    x64 = x.detach().to("cpu", torch.float64)
-    squeeze = p.unbatched and x64.dim() == p.ndim + 1
-    if squeeze:
-        x64 = x64.unsqueeze(0)
-    w64 = w.detach().to("cpu", torch.float64)
-    b64 = bias.detach().to("cpu", torch.float64) if bias is not None else None
-    if p.is_empty:
-        y = torch.zeros(p.y_shape, dtype=torch.float64)
-        y = y + b64.view(1, -1, *([1] * p.ndim)) if b64 is not None else y
-    else:
-        pad = []
-        for b, a in reversed(list(zip(p.pad_before, p.pad_after))):
-            pad += [b, a]
-        xp = F.pad(x64, pad) if any(pad) else x64
-        y = _torch_conv(p.ndim)(xp, w64, b64, p.stride, 0, p.dilation, p.groups)
-    return y.squeeze(0) if squeeze else y
+        return getattr(check, name)
+    raise AttributeError(f"module 'rawconv.problem' has no attribute {name!r}")
 
 
-def abs_reference(p: ConvProblem, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """float64 conv of |x| and |w| (+|bias|): the scale each output's rounding error is bounded by."""
-    return conv_reference(p, x.detach().abs(), w.detach().abs(), bias.detach().abs() if bias is not None else None)
-
-
-@dataclass(frozen=True)
-class ErrorStats:
-    """Error of a result against the float64 reference.
-
-    ``max_abs``: max |y - ref|; ``max_rel``: max_abs / max |ref| (normwise); ``ratio``: the largest
-    |y - ref| / tolerance over all elements (<= 1 passes); ``nan``: count of non-finite outputs.
-    """
-
-    max_abs: float
-    max_rel: float
-    ratio: float
-    nan: int
-
-    @property
-    def ok(self) -> bool:
-        return self.nan == 0 and self.ratio <= 1.0
-
-
-def tolerance(p: ConvProblem, ref_abs: torch.Tensor, ref: torch.Tensor, *, compute: str | None = None,
-              out_dtype: str | None = None, factor: float = 1.0) -> torch.Tensor:
-    """Per-element error bound for a result of problem ``p``.
-
-    ``|y - ref| <= eps_out*|ref| + (2*eps_in + 4*eps_acc*sqrt(L)) * conv(|x|,|w|) * factor + tiny``
-
-    ``eps_out``: rounding of the output dtype; ``eps_in``: inputs down-converted before the
-    products (``compute`` "tf32", "bfloat16", "float16"; 0 when used as they are); ``eps_acc``: the
-    accumulation's precision (float32, or the compute type when it is coarser); ``L``: reduction length.
-    ``factor`` widens it for algorithms with transforms (Winograd, FFT).
-    """
-    out = out_dtype or p.dtype
-    eps_out = EPS[out] if out != "float32" else EPS["float32"] * 2
-    eps_in = 0.0
-    eps_acc = EPS["float64"] if p.dtype == "float64" else EPS["float32"]
-    if compute and compute not in (p.dtype, "float32", "float64"):
-        eps_in = EPS[compute]
-        if compute == "float16":
-            eps_acc = max(eps_acc, EPS["float16"])
-    L = max(p.reduction_length, 1)
-    bound = eps_out * ref.abs() + (2 * eps_in + 4 * eps_acc * math.sqrt(L)) * ref_abs * factor
-    return bound + 1e-30 + EPS[p.dtype] * 1e-3
-
-
-def compare_to_reference(p: ConvProblem, y: torch.Tensor, ref: torch.Tensor, ref_abs: torch.Tensor,
-                         **tol_kw) -> ErrorStats:
-    """Error statistics of ``y`` against the float64 ``ref`` (see :func:`tolerance`)."""
-    y64 = y.detach().to("cpu", torch.float64)
-    if tuple(y64.shape) != tuple(ref.shape):
-        raise ArgumentError(f"result shape {tuple(y64.shape)} differs from the reference's {tuple(ref.shape)}")
-    if y64.numel() == 0:
-        return ErrorStats(0.0, 0.0, 0.0, 0)
-    nan = int((~torch.isfinite(y64)).sum())
-    diff = (y64 - ref).abs()
-    diff = torch.where(torch.isfinite(diff), diff, torch.full_like(diff, float("inf")))
-    max_abs = float(diff.max())
-    denom = float(ref.abs().max())
-    ratio = float((diff / tolerance(p, ref_abs, ref, **tol_kw)).max())
-    return ErrorStats(max_abs, max_abs / denom if denom > 0 else max_abs, ratio, nan)
+_int = int_arg      # old private names, kept for code outside rawconv that used them
+_tuple = tuple_arg
