@@ -37,14 +37,15 @@ from . import _cudnn
 from ._cudnn import ffi
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from ._plans import PlanCache, PlanLifetime
+from ._backend import Candidate, canonical_direction
 from .problem import ConvProblem, check_tensor, empty_like_layout, layout_of, to_layout, dense_strides, strides_match, shape_only
 
 __all__ = ["Algorithm", "TimedAlgorithm", "RunInfo", "Convolution", "forward", "backward_data",
-           "backward_filter", "conv_transpose", "algorithms", "info", "clear_cache", "MATH_TYPES",
+           "backward_weights", "backward_filter", "candidates", "conv_transpose", "algorithms", "info", "clear_cache", "MATH_TYPES",
            "FwdAlgo", "BwdDataAlgo", "BwdFilterAlgo", "MathType", "DIRECTIONS", "INT32_LIMIT"]
 # also, lazily from rawconv.cudnn_graph: engines, EngineConfig (see __getattr__ at the end)
 
-DIRECTIONS = ("forward", "backward_data", "backward_filter")
+DIRECTIONS = ("forward", "backward_data", "backward_weights")   # "backward_filter" is accepted as cuDNN's alias
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 INT32_LIMIT = 2 ** 31 - 1  # cuDNN's legacy descriptors hold int32 dims and strides
 MATH_TYPES = {"default": "CUDNN_DEFAULT_MATH", "tensor_op": "CUDNN_TENSOR_OP_MATH",
@@ -53,7 +54,7 @@ _MATH_BY_VALUE = {_cudnn.enum_value(v): k for k, v in MATH_TYPES.items()}
 ACTIVATIONS = ("identity", "relu", "sigmoid", "tanh", "elu")
 _ALGO_ENUM = {"forward": ("cudnnConvolutionFwdAlgo_t", "CUDNN_CONVOLUTION_FWD_ALGO_"),
               "backward_data": ("cudnnConvolutionBwdDataAlgo_t", "CUDNN_CONVOLUTION_BWD_DATA_ALGO_"),
-              "backward_filter": ("cudnnConvolutionBwdFilterAlgo_t", "CUDNN_CONVOLUTION_BWD_FILTER_ALGO_")}
+              "backward_weights": ("cudnnConvolutionBwdFilterAlgo_t", "CUDNN_CONVOLUTION_BWD_FILTER_ALGO_")}
 
 
 def _short(name: str, prefix: str) -> str:
@@ -67,17 +68,19 @@ def _algo_table(direction: str) -> dict[int, str]:
 
 
 ALGOS = {d: _algo_table(d) for d in DIRECTIONS}
+ALGOS["backward_filter"] = ALGOS["backward_weights"]
 FwdAlgo = enum.IntEnum("FwdAlgo", {n: v for v, n in ALGOS["forward"].items()})
 BwdDataAlgo = enum.IntEnum("BwdDataAlgo", {n: v for v, n in ALGOS["backward_data"].items()})
-BwdFilterAlgo = enum.IntEnum("BwdFilterAlgo", {n: v for v, n in ALGOS["backward_filter"].items()})
+BwdFilterAlgo = enum.IntEnum("BwdFilterAlgo", {n: v for v, n in ALGOS["backward_weights"].items()})
 MathType = enum.IntEnum("MathType", {k.upper(): _cudnn.enum_value(v) for k, v in MATH_TYPES.items()})
-_ALGO_ENUMS = {"forward": FwdAlgo, "backward_data": BwdDataAlgo, "backward_filter": BwdFilterAlgo}
+_ALGO_ENUMS = {"forward": FwdAlgo, "backward_data": BwdDataAlgo, "backward_weights": BwdFilterAlgo,
+               "backward_filter": BwdFilterAlgo}
 
 
 # ---------------------------------------------------------------------------- result rows
 @dataclass(frozen=True)
-class Algorithm:
-    """One row of :func:`algorithms`: an (algo, math type) pair as cuDNN reports it.
+class Algorithm(Candidate):
+    """One row of :func:`algorithms` / :func:`candidates`: an (algo, math type) pair as cuDNN reports it.
 
     ``algo``: name without the C prefix (``"IMPLICIT_PRECOMP_GEMM"``, ``"ALGO_1"``); ``algo_id``:
     its enum value; ``math``: the math type cuDNN reports for this row (``"fma"``, ``"default"``,
@@ -97,6 +100,18 @@ class Algorithm:
     deterministic: bool
     mode: str = "heuristic"
     requested_math: str = ""
+
+    backend = "cudnn"
+
+    @property
+    def choice(self) -> str:
+        """The stable name :meth:`Convolution.select` and ``choice=`` take: ``"ALGO@math"``,
+        e.g. ``"IMPLICIT_PRECOMP_GEMM@fma"``."""
+        return f"{self.algo}@{self.math}"
+
+    @property
+    def notes(self) -> tuple:
+        return (f"math={self.math}", "deterministic" if self.deterministic else "non-deterministic")
 
     @property
     def ok(self) -> bool:
@@ -178,7 +193,72 @@ def _check_device(p: ConvProblem) -> int:
     return d.index if d.index is not None else torch.cuda.current_device()
 
 
+_PRECISION_MATH = {"strict": None, "tf32": "tensor_op", "bf16": "tensor_op_allow_conversion",
+                   "f16": "tensor_op_allow_conversion", "any": "default"}
+
+
+def _math_of(math: str | None, precision: str | None, options=None) -> str | None:
+    """The math type from ``math`` (cuDNN's word) or ``precision`` (rawconv's, see
+    :mod:`rawconv.options`; or ``options.precision``); both given must agree."""
+    if options is not None:
+        from .options import options_of
+
+        opt = options_of(options)
+        if precision is None and opt.precision != "strict":
+            precision = opt.precision
+    if precision is None:
+        return math
+    from .options import PRECISIONS
+
+    if precision not in PRECISIONS:
+        raise ArgumentError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
+    m = _PRECISION_MATH[precision]
+    if math is not None and m is not None and math != m:
+        raise ArgumentError(f"math={math!r} and precision={precision!r} disagree (precision {precision!r} is "
+                            f"math {m!r})")
+    return math if math is not None else m
+
+
+def _split_choice(direction: str, algo, choice, math):
+    """``choice`` (rawconv's word: an :class:`Algorithm` row or ``"ALGO@math"``) or ``algo``
+    (cuDNN's: a name, enum value, ``"fastest"``, None) as ``(algo, math)``."""
+    if choice is not None and algo is not None and choice != algo:
+        raise ArgumentError(f"choice={choice!r} and algo={algo!r} disagree; pass one (algo is cuDNN's word for choice)")
+    c = choice if choice is not None else algo
+    if isinstance(c, Algorithm):
+        if canonical_direction(c.direction) != canonical_direction(direction):
+            raise ArgumentError(f"{c.choice} was listed for {c.direction}, not {direction}")
+        c, m = c.algo_id, c.math
+    elif isinstance(c, str) and "@" in c:
+        c, _, m = c.partition("@")
+        _math_name(m, "float32")
+    else:
+        return c, math
+    if math is not None and math != m:
+        raise ArgumentError(f"the choice runs math {m!r}, but math={math!r} was given")
+    return c, m
+
+
+def _is_graph_choice(c) -> bool:
+    """Whether a choice names a graph-API engine config (``"eng28{k2=3}"``, ``"nhwc:eng72"``, an
+    ``EngineConfig``): those run through :mod:`rawconv.cudnn_graph`."""
+    if isinstance(c, str):
+        return c.startswith(("eng", "nhwc:eng"))
+    return type(c).__name__ == "EngineConfig"
+
+
+def _normalize(direction, algo, choice, math, precision, engine):
+    """``(algo, math, engine)`` from the function forms' keywords: a graph choice becomes ``engine``."""
+    if choice is not None and _is_graph_choice(choice):
+        if engine is not None and engine != choice:
+            raise ArgumentError(f"choice={choice!r} and engine={engine!r} disagree; pass one")
+        return algo, _math_of(math, precision), choice
+    algo, math = _split_choice(direction, algo, choice, _math_of(math, precision))
+    return algo, math, engine
+
+
 def _resolve_algo(direction: str, algo) -> int:
+    direction = canonical_direction(direction)
     table = ALGOS[direction]
     if isinstance(algo, bool) or not isinstance(algo, (int, str)):
         raise ArgumentError(f"algo must be None, 'fastest', a name or an int, got {algo!r}")
@@ -236,26 +316,38 @@ class Convolution(PlanLifetime):
     def __init__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                  stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1, *,
                  algo: Any = None, math: str | None = None, deterministic: bool = False,
-                 workspace_limit: int | None = None, activation: str | None = None):
+                 workspace_limit: int | None = None, activation: str | None = None, choice: Any = None,
+                 precision: str | None = None, options: Any = None):
         problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
-        self._init(problem, "forward", _w_layout(w), algo, math, deterministic, workspace_limit, activation)
+        self._init(problem, "forward", _w_layout(w), algo, math, deterministic, workspace_limit, activation,
+                   choice, precision, options)
         self._x, self._w, self._b = x, w, bias
 
     @classmethod
     def from_problem(cls, problem: ConvProblem, *, direction: str = "forward", w_layout: str | None = None,
                      algo: Any = None, math: str | None = None, deterministic: bool = False,
-                     workspace_limit: int | None = None, activation: str | None = None) -> "Convolution":
+                     workspace_limit: int | None = None, activation: str | None = None, choice: Any = None,
+                     precision: str | None = None, options: Any = None) -> "Convolution":
         """A plan from a :class:`ConvProblem` (``direction`` "forward", "backward_data" or
-        "backward_filter"); no tensors needed until :meth:`execute`."""
+        "backward_weights" (alias "backward_filter")); no tensors needed until :meth:`execute`."""
+        if not isinstance(problem, ConvProblem):
+            raise ArgumentTypeError(f"problem must be a ConvProblem, got {type(problem).__name__}")
         self = cls.__new__(cls)
         self._init(problem, direction, w_layout or problem.layout, algo, math, deterministic,
-                   workspace_limit, activation)
+                   workspace_limit, activation, choice, precision, options)
         self._x = self._w = self._b = None
         return self
 
-    def _init(self, problem, direction, w_layout, algo, math, deterministic, workspace_limit, activation):
-        if direction not in DIRECTIONS:
-            raise ArgumentError(f"direction must be one of {list(DIRECTIONS)}, got {direction!r}")
+    def _init(self, problem, direction, w_layout, algo, math, deterministic, workspace_limit, activation,
+              choice=None, precision=None, options=None):
+        direction = canonical_direction(direction)
+        if options is not None:
+            from .options import options_of
+
+            opt = options_of(options)
+            deterministic = deterministic or opt.deterministic
+            workspace_limit = workspace_limit if workspace_limit is not None else opt.workspace_limit
+        algo, math = _split_choice(direction, algo, choice, _math_of(math, precision, options))
         self.device_index = _check_device(problem)
         if workspace_limit is not None and (not isinstance(workspace_limit, int) or workspace_limit < 0):
             raise ArgumentError(f"workspace_limit must be None or a number of bytes >= 0, got {workspace_limit!r}")
@@ -373,14 +465,14 @@ class Convolution(PlanLifetime):
         h = self._handle()
         d = self.direction
         perf_t = {"forward": "cudnnConvolutionFwdAlgoPerf_t", "backward_data": "cudnnConvolutionBwdDataAlgoPerf_t",
-                  "backward_filter": "cudnnConvolutionBwdFilterAlgoPerf_t"}[d]
+                  "backward_weights": "cudnnConvolutionBwdFilterAlgoPerf_t"}[d]
         count = 2 * len(ALGOS[d]) * len(MATH_TYPES)
         perf = ffi.new(f"{perf_t}[{count}]")
         ret = ffi.new("int *")
         if mode == "heuristic":
             fn, args = {"forward": ("cudnnGetConvolutionForwardAlgorithm_v7", (h, xd, wd, cd, yd)),
                         "backward_data": ("cudnnGetConvolutionBackwardDataAlgorithm_v7", (h, wd, yd, cd, xd)),
-                        "backward_filter": ("cudnnGetConvolutionBackwardFilterAlgorithm_v7", (h, xd, yd, cd, wd))}[d]
+                        "backward_weights": ("cudnnGetConvolutionBackwardFilterAlgorithm_v7", (h, xd, yd, cd, wd))}[d]
             _cudnn.call(fn, *args, count, ret, perf, detail=self.problem.describe())
         elif mode == "find":
             t = self._example_tensors()
@@ -575,10 +667,13 @@ class Convolution(PlanLifetime):
                     self._choose()
         return self._info
 
-    def select(self, algo: Any, math: str | None = None) -> RunInfo:
+    def select(self, algo: Any = None, math: str | None = None, *, choice: Any = None) -> RunInfo:
         """Force ``algo`` (name, enum value, or ``None``/``"fastest"``), optionally with another
-        math type. Raises :class:`NotSupportedError` naming the supported algos."""
+        math type; or ``choice``: an :class:`Algorithm` row or its stable name ``"ALGO@math"``
+        (``algo="IMPLICIT_PRECOMP_GEMM@fma"`` works too). Raises :class:`NotSupportedError` naming
+        the supported algos."""
         self._check_live()
+        algo, math = _split_choice(self.direction, algo, choice, math)
         if math is not None:
             self.math = _math_name(math, self.problem.dtype)
             self._descs = {}
@@ -631,7 +726,7 @@ class Convolution(PlanLifetime):
         d = self.direction
         if x is None and d != "backward_data":
             x = self._x
-        if w is None and d != "backward_filter":
+        if w is None and d != "backward_weights":
             w = self._w
         if bias is None:
             bias = self._b
@@ -645,7 +740,7 @@ class Convolution(PlanLifetime):
             if grad_y is None or w is None:
                 raise ArgumentError("backward_data needs grad_y and w")
         elif grad_y is None or x is None:
-            raise ArgumentError("backward_filter needs x and grad_y")
+            raise ArgumentError("backward_weights (backward_filter) needs x and grad_y")
         if p.is_empty:
             res = self._empty(x, w, bias, out)
             return (res, self._info) if return_info else res
@@ -747,7 +842,7 @@ class Convolution(PlanLifetime):
                 if st:
                     raise _cudnn.error(st, "cudnnConvolutionBackwardFilter", f"algo {info.algo}, {p.describe()}")
             result = dw
-        if p.unbatched and d != "backward_filter":
+        if p.unbatched and d != "backward_weights":
             result = result.squeeze(0)
         return (result, self._info) if return_info else result
 
@@ -847,7 +942,7 @@ class Convolution(PlanLifetime):
             if p.unbatched:
                 x, gy = x.squeeze(0), gy.squeeze(0)
             ex = {"forward": {"x": x, "w": w, "bias": b}, "backward_data": {"grad_y": gy, "w": w},
-                  "backward_filter": {"x": x, "grad_y": gy}}[self.direction]
+                  "backward_weights": {"x": x, "grad_y": gy}}[self.direction]
             self._exec_example = ex
         return ex
 
@@ -921,7 +1016,8 @@ def _fast_key(tag, *parts):
 def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
             padding: Any = 0, dilation: Any = 1, groups: int = 1, *, algo: Any = None, math: str | None = None,
             deterministic: bool = False, workspace_limit: int | None = None, activation: str | None = None,
-            out: torch.Tensor | None = None, engine: Any = None, return_info: bool = False):
+            out: torch.Tensor | None = None, engine: Any = None, return_info: bool = False, choice: Any = None,
+            precision: str | None = None):
     """cuDNN forward convolution with the semantics of ``torch.nn.functional.conv{1,2,3}d``.
 
     ``x``: (N, C, *spatial) or unbatched (C, *spatial), CUDA, float32 / float16 / bfloat16 / float64,
@@ -935,14 +1031,19 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
     ``deterministic``: only deterministic algos. ``workspace_limit``: bytes. ``activation``:
     ``"relu"``, ``"identity"``, ``"sigmoid"``, ``"tanh"``, ``"elu"``; with a bias, relu/identity run
     fused (``cudnnConvolutionBiasActivationForward``) when cuDNN allows, else unfused (RunInfo says).
-    ``engine``: run through the graph API instead (:mod:`rawconv.cudnn_graph`).
-    Returns y (N, K, *out) in x's layout, or ``(y, RunInfo)`` with ``return_info``.
+    ``engine``: run through the graph API instead (:mod:`rawconv.cudnn_graph`). ``choice``:
+    rawconv's word for what runs: an :class:`Algorithm` row or ``"ALGO@math"`` (legacy API), or a
+    graph engine config name (``"eng28{k2=3}"``: graph API). ``precision``: rawconv's word for the
+    math type (:mod:`rawconv.options`: ``"strict"`` = the dtype's default, ``"tf32"``,
+    ``"bf16"``/``"f16"``, ``"any"``). Returns y (N, K, *out) in x's layout, or ``(y, RunInfo)``
+    with ``return_info``.
 
     Raises :class:`ArgumentError` / :class:`ArgumentTypeError` for bad input (before any C call;
     CPU tensors are pointed to :mod:`rawconv.onednn`), :class:`NotSupportedError` for a forced
     algo cuDNN does not support here (naming those it does) or tensors past the int32 limit.
     Wraps ``cudnnConvolutionForward``.
     """
+    algo, math, engine = _normalize("forward", algo, choice, math, precision, engine)
     if engine is not None:
         kw = {k: v for k, v in (("math", math), ("out", out), ("activation", activation)) if v is not None}
         return _graph("forward")(x, w, bias, stride, padding, dilation, groups, engine=engine, **kw)
@@ -991,7 +1092,8 @@ def _grad_problem(grad_y, w_or_x, shape, stride, padding, dilation, groups, dire
 def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int], stride: Any = 1,
                   padding: Any = 0, dilation: Any = 1, groups: int = 1, *, algo: Any = None,
                   math: str | None = None, deterministic: bool = False, workspace_limit: int | None = None,
-                  out: torch.Tensor | None = None, engine: Any = None, return_info: bool = False):
+                  out: torch.Tensor | None = None, engine: Any = None, return_info: bool = False,
+                  choice: Any = None, precision: str | None = None):
     """Gradient of the forward convolution with respect to its input (``torch.nn.grad.conv2d_input``).
 
     ``grad_y``: (N, K, *out), CUDA, NCHW or channels_last; ``w``: (K, C/groups, *kernel);
@@ -999,8 +1101,9 @@ def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int],
     layout (or ``(dx, RunInfo)``). ``algo``/``math``/``deterministic``/``workspace_limit`` as in
     :func:`forward`, with backward-data algo names (``"ALGO_0"``, ``"ALGO_1"``, ``"FFT"``,
     ``"FFT_TILING"``, ``"WINOGRAD"``, ``"WINOGRAD_NONFUSED"``). Raises as :func:`forward`.
-    Wraps ``cudnnConvolutionBackwardData``.
+    ``choice``/``precision`` as in :func:`forward`. Wraps ``cudnnConvolutionBackwardData``.
     """
+    algo, math, engine = _normalize("backward_data", algo, choice, math, precision, engine)
     if engine is not None:
         kw = {k: v for k, v in (("math", math), ("out", out)) if v is not None}
         return _graph("backward_data")(grad_y, w, x_shape, stride, padding, dilation, groups, engine=engine, **kw)
@@ -1019,22 +1122,24 @@ def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int],
     return plan.execute(grad_y=grad_y, w=w, out=out, return_info=return_info)
 
 
-def backward_filter(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[int], stride: Any = 1,
-                    padding: Any = 0, dilation: Any = 1, groups: int = 1, *, algo: Any = None,
-                    math: str | None = None, deterministic: bool = False, workspace_limit: int | None = None,
-                    w_layout: str | None = None, out: torch.Tensor | None = None, engine: Any = None,
-                    return_info: bool = False):
+def backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[int], stride: Any = 1,
+                     padding: Any = 0, dilation: Any = 1, groups: int = 1, *, algo: Any = None,
+                     math: str | None = None, deterministic: bool = False, workspace_limit: int | None = None,
+                     w_layout: str | None = None, out: torch.Tensor | None = None, engine: Any = None,
+                     return_info: bool = False, choice: Any = None, precision: str | None = None):
     """Gradient of the forward convolution with respect to its weights (``torch.nn.grad.conv2d_weight``).
 
     ``x``: (N, C, *spatial), CUDA; ``grad_y``: (N, K, *out) in x's layout; ``w_shape``:
     (K, C/groups, *kernel). Returns dw (in ``w_layout``: "nchw" or "nhwc", default x's layout), or
     ``(dw, RunInfo)``. Algo names: ``"ALGO_0"``, ``"ALGO_1"``, ``"FFT"``, ``"ALGO_3"``,
     ``"WINOGRAD_NONFUSED"``, ``"FFT_TILING"``. Raises as :func:`forward`.
+    ``choice``/``precision`` as in :func:`forward`. :func:`backward_filter` is cuDNN's name for it.
     Wraps ``cudnnConvolutionBackwardFilter``.
     """
+    algo, math, engine = _normalize("backward_weights", algo, choice, math, precision, engine)
     if engine is not None:
         kw = {k: v for k, v in (("math", math), ("out", out)) if v is not None}
-        return _graph("backward_filter")(x, grad_y, w_shape, stride, padding, dilation, groups, engine=engine, **kw)
+        return _graph("backward_weights")(x, grad_y, w_shape, stride, padding, dilation, groups, engine=engine, **kw)
     if w_layout is not None and w_layout not in ("nchw", "nhwc"):
         raise ArgumentError(f"w_layout must be 'nchw' or 'nhwc', got {w_layout!r}")
     try:
@@ -1045,12 +1150,15 @@ def backward_filter(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[int
         key = None
     plan = _fast.get(key) if key is not None else None
     if plan is None:
-        problem = _grad_problem(grad_y, x, w_shape, stride, padding, dilation, groups, "backward_filter")
-        plan = _plan(problem, "backward_filter", w_layout or problem.layout, algo, math, deterministic,
+        problem = _grad_problem(grad_y, x, w_shape, stride, padding, dilation, groups, "backward_weights")
+        plan = _plan(problem, "backward_weights", w_layout or problem.layout, algo, math, deterministic,
                      workspace_limit, None)
         if key is not None:
             _fast.put(key, plan)
     return plan.execute(x, grad_y=grad_y, out=out, return_info=return_info)
+
+
+backward_filter = backward_weights   # cuDNN's name
 
 
 def conv_transpose(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
@@ -1114,8 +1222,7 @@ def algorithms(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     set in turn, rows merged), one math type, or None (the dtype's default). ``workspace_limit``
     caps the workspace Find may use (bytes).
     """
-    if direction not in DIRECTIONS:
-        raise ArgumentError(f"direction must be one of {list(DIRECTIONS)}, got {direction!r}")
+    direction = canonical_direction(direction)
     problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
     _check_device(problem)
     if problem.is_empty:
@@ -1123,6 +1230,15 @@ def algorithms(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     plan = _plan(problem, direction, _w_layout(w), None, None if math == "all" else math, deterministic,
                  workspace_limit, None)
     return plan.algorithms(mode, math)
+
+
+def candidates(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
+               padding: Any = 0, dilation: Any = 1, groups: int = 1, *, direction: str = "forward",
+               mode: str = "find", math: str | None = "all", deterministic: bool = False,
+               workspace_limit: int | None = None) -> list[Algorithm]:
+    """rawconv's word for :func:`algorithms` (every backend has ``candidates``); the same rows."""
+    return algorithms(x, w, bias, stride, padding, dilation, groups, direction=direction, mode=mode, math=math,
+                      deterministic=deterministic, workspace_limit=workspace_limit)
 
 
 # ---------------------------------------------------------------------------- info and graph re-exports

@@ -42,6 +42,7 @@ import torch
 
 from . import _cudnn, _cudnn_backend as B
 from .errors import ArgumentError, ArgumentTypeError, LibraryError, NotSupportedError
+from ._backend import Candidate
 from ._plans import PlanCache, PlanLifetime
 from . import check as _check
 from .check import ErrorStats, Tolerance, tolerance_for
@@ -97,7 +98,7 @@ _NAME_RE = re.compile(r"^eng(\d+)(?:\{\s*((?:k\d+\s*=\s*-?\d+\s*(?:,\s*k\d+\s*=\
 
 # ---------------------------------------------------------------------------- engine configs
 @dataclass(frozen=True)
-class EngineConfig:
+class EngineConfig(Candidate):
     """One engine config of a graph: engine global index plus knob choices.
 
     ``engine``: global engine index; ``knobs``: sorted ``(knob type, value)`` pairs (empty: the
@@ -117,6 +118,18 @@ class EngineConfig:
     workspace_bytes: int | None = field(default=None, compare=False)
     finalizes: bool | None = field(default=None, compare=False)
     error: str = field(default="", compare=False)
+    direction: str = field(default="forward", compare=False)
+
+    backend = "cudnn_graph"
+
+    @property
+    def choice(self) -> str:
+        """The stable name ``select()`` and ``choice=`` take (:attr:`name`)."""
+        return self.name
+
+    @property
+    def notes(self) -> tuple:
+        return tuple(self.numerical_notes) + tuple(self.behavior_notes)
 
     def __post_init__(self):
         if isinstance(self.engine, bool) or not isinstance(self.engine, int) or self.engine < 0:
@@ -2060,6 +2073,9 @@ def backward_filter(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[int
     _check_tensor(p, grad_y, "grad_y", p.y_shape)
     plan = _plan(p, "backward_filter", None, _tf32(allow_tf32, math), engine)
     return plan.execute(x, grad_y=grad_y, out=out)
+
+
+backward_weights = backward_filter   # rawconv's word (backward_filter is cuDNN's)
 
 
 def _check_tensor(p: ConvProblem, t, name, shape):

@@ -411,7 +411,10 @@ def test_bad_plan_options_rejected(no_c_calls):
     with pytest.raises(ArgumentError, match="activation"):
         cudnn.Convolution.from_problem(p, activation="gelu")
     with pytest.raises(ArgumentError, match="direction"):
-        cudnn.Convolution.from_problem(p, direction="backward_weights")
+        cudnn.Convolution.from_problem(p, direction="sideways")
+    # one set of direction names (issue 11): backward_weights everywhere, backward_filter is cuDNN's alias
+    for d in ("backward_weights", "backward_filter"):
+        assert cudnn.Convolution.from_problem(p, direction=d).direction == "backward_weights"
     with pytest.raises(ArgumentError, match="workspace_limit"):
         cudnn.Convolution.from_problem(p, workspace_limit=-1)
     with pytest.raises(ArgumentError, match="output_padding"):
