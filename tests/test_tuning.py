@@ -300,3 +300,20 @@ def test_process_cache_file_from_environment_alias_and_set_cache_file(tmp_path, 
     with pytest.raises(ArgumentTypeError):
         tuning.set_cache_file(3)
 
+
+def test_cudnn_graph_wrappers_use_the_structured_cache(tmp_path):
+    from rawconv import cudnn_graph as G
+
+    G.clear_tuning_cache()
+    r = record(median_ms=0.5)
+    tuning.cache().put(r)
+    tuning.cache().put(record(key(backend="onednn"), "brgconv:avx2", detail={}))
+    snap = G.tuning_cache()
+    assert list(snap) == [r.key], "the graph's records only"
+    assert snap[r.key]["engine"] == r.choice and snap[r.key]["median_ms"] == 0.5 and snap[r.key]["record"] == r
+    G.save_tuning_cache(str(tmp_path / "g.json"))
+    G.clear_tuning_cache()
+    assert G.tuning_cache() == {} and len(tuning.cache()) == 0
+    assert G.load_tuning_cache(str(tmp_path / "g.json")) == 2
+    with pytest.raises(ArgumentError, match="does not exist"):
+        G.load_tuning_cache(str(tmp_path / "none.json"))
