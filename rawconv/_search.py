@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from .errors import ArgumentError, LibraryError, NotSupportedError
-from .problem import ConvProblem, ErrorStats
+from .check import ErrorStats
+from .problem import ConvProblem
 
 log = logging.getLogger("rawconv.search")
 

@@ -49,6 +49,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from ._backend import BUILTIN as BACKENDS, DIRECTIONS, canonical_direction
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 
 log = logging.getLogger("rawconv.tuning")
@@ -62,9 +63,6 @@ CACHE_FORMAT = "rawconv-tuning-cache"
 CACHE_VERSION = 1
 ENV_FILE = "RAWCONV_TUNING_CACHE"
 ENV_FILE_ALIASES = ("RAWCONV_CUDNN_TUNING_CACHE",)
-BACKENDS = ("cudnn_graph", "cudnn", "onednn")
-DIRECTIONS = ("forward", "backward_data", "backward_weights")
-_DIRECTION_ALIASES = {"backward_filter": "backward_weights"}
 _OLD_FORMAT = "rawconv_cudnn_graph_tuning"
 _ENV_FIELDS = ("library", "library_version", "device", "device_arch")
 
@@ -77,17 +75,6 @@ class TuningEnvironmentError(ArgumentError):
     def __init__(self, message: str, differences: list):
         super().__init__(message)
         self.differences = list(differences)
-
-
-def canonical_direction(direction: str) -> str:
-    """``"forward"``, ``"backward_data"`` or ``"backward_weights"`` (``"backward_filter"``, cuDNN's
-    word, is taken for the last). Raises :class:`ArgumentError` for anything else."""
-    if not isinstance(direction, str):
-        raise ArgumentTypeError(f"direction must be a str, got {type(direction).__name__}")
-    direction = _DIRECTION_ALIASES.get(direction, direction)
-    if direction not in DIRECTIONS:
-        raise ArgumentError(f"direction must be one of {list(DIRECTIONS)} (or 'backward_filter'), got {direction!r}")
-    return direction
 
 
 # ---------------------------------------------------------------------------- keys
@@ -162,7 +149,8 @@ def _problem_fields(problem) -> dict:
 class TuningKey:
     """What was tuned (hashable; equal keys mean the same tuning question).
 
-    ``backend``: one of :data:`BACKENDS`; ``direction``: canonical (:func:`canonical_direction`);
+    ``backend``: one of :data:`BACKENDS` (``rawconv._backend.BUILTIN``); ``direction``: canonical
+    (:func:`rawconv._backend.canonical_direction`);
     ``problem``: the :class:`~rawconv.problem.ConvProblem` fields as a read-only mapping (a
     ConvProblem or a dict is accepted; ``name`` and the device index are dropped); ``activation``:
     a fused activation or None; ``options``: the options and filters in force (names and JSON
