@@ -99,7 +99,8 @@ def _plain(v):
 
 
 class _Fields(Mapping):
-    """A read-only, hashable mapping of str to JSON-like values, in sorted key order."""
+    """A read-only, hashable mapping of str to JSON-like values (equality and hash do not depend
+    on the key order, which is kept for display)."""
 
     __slots__ = ("_d", "_h")
 
@@ -108,8 +109,8 @@ class _Fields(Mapping):
             raise ArgumentTypeError(f"{what} must be a mapping, got {type(d).__name__}")
         if not all(isinstance(k, str) for k in d):
             raise ArgumentTypeError(f"{what} keys must be str, got {sorted(map(repr, d))}")
-        self._d = {k: _frozen(d[k], what) for k in sorted(d)}
-        self._h = hash(tuple(self._d.items()))
+        self._d = {k: _frozen(d[k], what) for k in d}
+        self._h = hash(tuple(sorted(self._d.items(), key=lambda kv: kv[0])))
 
     def __getitem__(self, k):
         return self._d[k]
@@ -349,8 +350,9 @@ class TuningRecord:
         except ArgumentTypeError as exc:  # a JSON file's content: a wrong value, not a wrong call
             raise ArgumentError(str(exc)) from None
 
-    def to_json(self, indent: int | None = 1) -> str:
-        return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
+    def to_json(self, compact: bool = False) -> str:
+        """The record as JSON text: one field per line (``compact``: all on one line)."""
+        return _dumps(self.to_dict(), 0 if compact else 1)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "TuningRecord":
@@ -373,7 +375,7 @@ class TuningRecord:
         records = list(records)
         if not all(isinstance(r, TuningRecord) for r in records):
             raise ArgumentTypeError("save_all takes TuningRecords")
-        _write_json(path, [r.to_dict() for r in records])
+        _write_json(path, [r.to_dict() for r in records], 2)
 
     @classmethod
     def load(cls, path) -> "TuningRecord | list[TuningRecord]":
@@ -458,12 +460,23 @@ def _read_json(path):
         raise ArgumentError(f"tuning file {os.fspath(path)!s} is not valid JSON: {exc}") from None
 
 
-def _write_json(path, data) -> None:
+def _dumps(data, depth: int) -> str:
+    """JSON text with line breaks down to ``depth`` levels (0: one line; 1: one field of an object
+    per line; 2: one list item (a record) per line); deeper values stay on their line."""
+    if depth <= 0 or not isinstance(data, (dict, list)) or not data:
+        return json.dumps(data)
+    if isinstance(data, list):
+        return "[\n" + ",\n".join(" " + _dumps(v, depth - 2) for v in data) + "\n]"
+    # a cache file: the header fields on one line each, its records one per line
+    return "{\n" + ",\n".join(f" {json.dumps(k)}: " + _dumps(v, depth - 1 if k != "records" else 2)
+                               .replace("\n", "\n ") for k, v in data.items()) + "\n}"
+
+
+def _write_json(path, data, depth: int = 1) -> None:
     path = os.fspath(path)
     tmp = f"{path}.tmp{os.getpid()}.{threading.get_ident()}"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
+        f.write(_dumps(data, depth) + "\n")
     os.replace(tmp, path)
 
 

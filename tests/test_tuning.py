@@ -66,6 +66,8 @@ def test_keys_are_structured_canonical_and_hashable():
     assert key(fields) == k
     assert key(P(n=16)) != k and key(activation="relu") != k and key(library_version="9.20.0") != k
     assert key(options={"allow_tf32": True, "workspace_limit": None}) != k
+    swapped = key(options={"workspace_limit": None, "allow_tf32": False})
+    assert swapped == k and hash(swapped) == hash(k), "the order of the options does not matter"
     assert k.conv_problem() == P(device="cuda")
     assert {k: 1}[key()] == 1
 
@@ -224,6 +226,10 @@ def test_cache_get_put_records_and_file_format(tmp_path, caplog):
     assert fresh.records() == cache.records()
     data = json.loads((tmp_path / "c.json").read_text())
     assert data["format"] == "rawconv-tuning-cache" and data["version"] == 1 and len(data["records"]) == 2
+    lines = (tmp_path / "c.json").read_text().splitlines()
+    assert len(lines) == 4 + 2 + 2, "the header fields, then one record per line"
+    assert [json.loads(line.strip().rstrip(",")) for line in lines[4:6]] == data["records"]
+    assert list(data["records"][0]["problem"])[:3] == ["n", "c", "k"], "ConvProblem's field order"
     msgs = caplog.messages
     assert msgs[0].startswith("miss cudnn_graph forward 2d float16 nhwc")
     assert any(m.startswith("hit cudnn_graph forward") and m.endswith("eng3") for m in msgs)
