@@ -1,12 +1,13 @@
 """Raw oneDNN binding: the FFI, the loader, status checks, and descriptor helpers.
 
 No torch semantics here; names follow the oneDNN C API (``cdefs/dnnl.h``, oneDNN 3.2).
-The library is loaded on first use, under a lock, from (in order):
+The library is loaded on first use, under a lock. ``$RAWCONV_DNNL_LIBRARY`` (an explicit path),
+when set, is the only candidate: if it does not load (or is not oneDNN) that is an error naming
+the path and the loader's message, never a silent fall-back to another copy. Otherwise, in order:
 
-1. ``$RAWCONV_DNNL_LIBRARY`` (an explicit path),
-2. ``<prefix>/lib/libdnnl.so.3`` for ``sys.prefix`` and the venv base (where the
+1. ``<prefix>/lib/libdnnl.so.3`` for ``sys.prefix`` and the venv base (where the
    ``onednn-cpu-gomp`` wheel puts it), and ``<site-packages>/../../../lib`` for ``--target`` installs,
-3. the system loader (``libdnnl.so.3``).
+2. the system loader (``libdnnl.so.3``).
 """
 from __future__ import annotations
 
@@ -35,11 +36,12 @@ _state: dict = {}
 
 
 def candidates() -> list[tuple[str, str]]:
-    """The ``(how, path)`` search list, in order (see the module docstring)."""
+    """The ``(how, path)`` search list, in order (see the module docstring): only
+    ``$RAWCONV_DNNL_LIBRARY`` when it is set."""
     out: list[tuple[str, str]] = []
     env = os.environ.get(ENV_VAR)
     if env:
-        out.append((f"${ENV_VAR}", env))
+        return [(f"${ENV_VAR}", env)]
     seen = set()
     for pre in _loader.prefixes():
         p = str(pre / "lib" / SONAME)
@@ -71,7 +73,8 @@ def _mapped_path(soname: str) -> str | None:
 def load() -> _loader.Loaded:
     """Load libdnnl (once per process, thread-safe) and return what was loaded.
 
-    Raises :class:`~rawconv.errors.LibraryNotFoundError` listing every attempt.
+    Raises :class:`~rawconv.errors.LibraryNotFoundError` listing every attempt with the
+    dynamic loader's message; with ``$RAWCONV_DNNL_LIBRARY`` set, the one attempt at that path.
     """
     loaded = _state.get("loaded")
     if loaded is not None:
@@ -80,7 +83,11 @@ def load() -> _loader.Loaded:
         loaded = _state.get("loaded")
         if loaded is None:
             import torch  # noqa: F401  (torch's libgomp.so.1 then satisfies libdnnl's OpenMP)
-            loaded = _loader.try_load(ffi, "oneDNN (libdnnl.so.3)", candidates())
+            cands = candidates()
+            label = "oneDNN (libdnnl.so.3)"
+            if cands[0][0] == f"${ENV_VAR}":
+                label = _loader.explicit_label(label, ENV_VAR, cands[0][1])
+            loaded = _loader.try_load(ffi, label, cands, symbol="dnnl_version")
             if os.sep not in loaded.path:
                 loaded.path = _mapped_path(SONAME) or loaded.path
             else:
