@@ -5,7 +5,9 @@ Quick use::
     y = rawconv.onednn.forward(x, w, padding=1)                       # oneDNN's first choice
     for impl in rawconv.onednn.implementations(x, w, padding=1):       # all it offers
         print(impl)
-    y = rawconv.onednn.forward(x, w, padding=1, impl="jit:avx512_core")  # exactly that one
+    y = rawconv.onednn.forward(x, w, padding=1, impl="x64:gemm:jit")     # exactly that one (names depend
+                                                                       # on the CPU; this one is everywhere)
+    print(rawconv.onednn.capabilities())                               # dtypes/fpmath offered on this CPU
 
     with rawconv.onednn.Convolution(x, w, padding=1) as conv:         # a plan for one problem
         best = conv.autotune(iterations=20)                            # time every implementation
@@ -570,7 +572,7 @@ class Convolution(PlanLifetime):
         return min(matches, key=lambda i: (len([r for r in impls[i].reorders if r not in ("w",)]), i))
 
     def select(self, impl: Any) -> Implementation:
-        """Select the implementation :meth:`execute` runs: an int position, a name (``"jit:avx512_core"``,
+        """Select the implementation :meth:`execute` runs: an int position, a name (``"x64:gemm:jit"``,
         optionally ``"name@user"``/``"name@any"``), an :class:`Implementation` of this plan's list,
         or None for oneDNN's first choice (position 0).
         Raises :class:`NotSupportedError` naming what oneDNN offers."""
@@ -899,7 +901,8 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
     the CPU supports it), NCHW or channels_last (used in place). ``w``: (K, C/groups, *kernel).
     ``bias``: (K,). ``padding``: int, tuple, ``"same"``/``"valid"`` or one ``(before, after)``
     pair per spatial dim. ``impl``: None (oneDNN's first choice), an int position in
-    :func:`implementations`, or a name such as ``"brgconv:avx512_core"``. ``fpmath``: "strict",
+    :func:`implementations`, or a name such as ``"x64:gemm:jit"`` (names carry the ISA they need,
+    e.g. ``"brgconv:avx512_core"`` only on AVX-512 CPUs: see :func:`implementations`). ``fpmath``: "strict",
     "bf16", "f16", "tf32", "any" (oneDNN fpmath mode). Returns y (N, K, *out) in x's memory format.
 
     Raises :class:`ArgumentError` / :class:`ArgumentTypeError` for bad input (before any C call),
