@@ -5,7 +5,9 @@ Quick use::
     y = rawconv.onednn.forward(x, w, padding=1)                       # oneDNN's first choice
     for impl in rawconv.onednn.implementations(x, w, padding=1):       # all it offers
         print(impl)
-    y = rawconv.onednn.forward(x, w, padding=1, impl="jit:avx512_core")  # exactly that one
+    y = rawconv.onednn.forward(x, w, padding=1, impl="x64:gemm:jit")     # exactly that one (names depend
+                                                                       # on the CPU; this one is everywhere)
+    print(rawconv.onednn.capabilities())                               # dtypes/fpmath offered on this CPU
 
     with rawconv.onednn.Convolution(x, w, padding=1) as conv:         # a plan for one problem
         best = conv.autotune(iterations=20)                            # time every implementation
@@ -31,7 +33,8 @@ from ._plans import PlanCache, PlanLifetime
 from .problem import ConvProblem, _int, check_tensor, empty_like_layout, layout_of, shape_arg, to_layout, dense_strides, strides_match, shape_only
 
 __all__ = ["Implementation", "Convolution", "forward", "backward_data", "backward_weights",
-           "implementations", "info", "verbose", "clear_cache", "FPMATH_MODES", "ALGORITHMS"]
+           "implementations", "info", "verbose", "clear_cache", "FPMATH_MODES", "ALGORITHMS",
+           "capabilities"]
 
 FPMATH_MODES = {"strict": 0, "bf16": 1, "f16": 2, "any": 3, "tf32": 4}
 ALGORITHMS = {"direct": "dnnl_convolution_direct", "winograd": "dnnl_convolution_winograd",
@@ -224,15 +227,18 @@ class _Built:
                 reorder = (rprim, umem, rargs)
             self.args.append((role, getattr(L, "DNNL_ARG_" + arg), mem, is_out, reorder, buf))
         sp_md = _dnnl.pd_md(pd, "scratchpad")
-        self.scratchpad = torch.empty(max(_dnnl.md_size(sp_md), 1), dtype=torch.uint8)
+        sp_bytes = _dnnl.md_size(sp_md)
+        self.scratchpad = torch.empty(max(sp_bytes, 1), dtype=torch.uint8)
         sp_mem = _dnnl.memory(sp_md, _ptr(self.scratchpad))
-        n = len(self.args) + 1
+        # no scratchpad argument when none is needed (oneDNN's verbose check flags it as unused)
+        n = len(self.args) + (1 if sp_bytes else 0)
         self.exec_args = ffi.new(f"dnnl_exec_arg_t[{n}]")
         for i, (role, arg, mem, *_rest) in enumerate(self.args):
             self.exec_args[i].arg = arg
             self.exec_args[i].memory = mem
-        self.exec_args[n - 1].arg = L.DNNL_ARG_SCRATCHPAD
-        self.exec_args[n - 1].memory = sp_mem
+        if sp_bytes:
+            self.exec_args[n - 1].arg = L.DNNL_ARG_SCRATCHPAD
+            self.exec_args[n - 1].memory = sp_mem
         self._keep = (sp_mem,)
         self.nargs = n
         # (weakref to w, w._version, data_ptr, bytes compared) whose reorder sits in the buffer, and
@@ -566,7 +572,7 @@ class Convolution(PlanLifetime):
         return min(matches, key=lambda i: (len([r for r in impls[i].reorders if r not in ("w",)]), i))
 
     def select(self, impl: Any) -> Implementation:
-        """Select the implementation :meth:`execute` runs: an int position, a name (``"jit:avx512_core"``,
+        """Select the implementation :meth:`execute` runs: an int position, a name (``"x64:gemm:jit"``,
         optionally ``"name@user"``/``"name@any"``), an :class:`Implementation` of this plan's list,
         or None for oneDNN's first choice (position 0).
         Raises :class:`NotSupportedError` naming what oneDNN offers."""
@@ -895,7 +901,8 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
     the CPU supports it), NCHW or channels_last (used in place). ``w``: (K, C/groups, *kernel).
     ``bias``: (K,). ``padding``: int, tuple, ``"same"``/``"valid"`` or one ``(before, after)``
     pair per spatial dim. ``impl``: None (oneDNN's first choice), an int position in
-    :func:`implementations`, or a name such as ``"brgconv:avx512_core"``. ``fpmath``: "strict",
+    :func:`implementations`, or a name such as ``"x64:gemm:jit"`` (names carry the ISA they need,
+    e.g. ``"brgconv:avx512_core"`` only on AVX-512 CPUs: see :func:`implementations`). ``fpmath``: "strict",
     "bf16", "f16", "tf32", "any" (oneDNN fpmath mode). Returns y (N, K, *out) in x's memory format.
 
     Raises :class:`ArgumentError` / :class:`ArgumentTypeError` for bad input (before any C call),
@@ -1123,3 +1130,106 @@ def reference_seconds(problem: ConvProblem, direction: str = "forward") -> float
                     rate = 0.0
                 _REF_RATES[key] = rate
     return (problem.flops / 2) / rate if rate > 0 else math.inf
+
+
+# ---------------------------------------------------------------------------- capabilities
+_CAPS: dict = {}
+_CAPS_LOCK = threading.Lock()
+# the tiny problem every capability is probed on; no padding, so that every output of the
+# down-conversion probe sums whole kernels
+CAPABILITY_PROBE = ConvProblem(n=1, c=16, k=16, in_spatial=(6, 6), kernel=(3, 3), dtype="float32", layout="nchw")
+# every element of the down-conversion probe's inputs: exact in float32, rounded to 1.0 in
+# bfloat16 (8 significant bits), float16 and TF32 (11 each)
+_PROBE_VALUE = 1.0 + 2.0 ** -12
+
+
+def capabilities(refresh: bool = False):
+    """What this oneDNN offers on this CPU, asked of oneDNN: a :class:`rawconv._capabilities.Capabilities`.
+
+    For each direction ("forward", "backward_data", "backward_weights") and dtype ("float32",
+    "bfloat16", "float16"), and for float32 each fpmath mode ("strict", "bf16", "f16", "tf32",
+    "any"): the implementations oneDNN lists for the tiny problem :data:`CAPABILITY_PROBE`
+    (primitive descriptors only, as :attr:`Convolution.implementations` lists them), split into
+    non-reference ones and ``ref:any``, or the status when it lists nothing
+    (``dnnl_unimplemented``: e.g. bfloat16 and float16 on a CPU without AVX-512).
+
+    fpmath modes on float32 are also run: oneDNN 3.2 accepts ``fpmath="bf16"`` on every CPU but
+    only some implementations honour it (``brgconv:avx512_core_amx`` on AMX CPUs); the others
+    compute in float32 as if it were ``"strict"``, with the same names. So each listed
+    non-reference implementation runs the probe on inputs of 1 + 2**-12 (exact in float32,
+    1.0 after rounding to bf16, f16 or TF32) and is recorded in ``down_converts`` when its
+    result is the rounded inputs' one. On a CPU with AVX-512 (no AMX) and on AVX2, every
+    mode's list equals strict's and none down-converts.
+
+    Cached per process (``refresh=True`` probes again); the first call takes about a second.
+    Raises :class:`~rawconv.errors.LibraryNotFoundError` when oneDNN cannot be loaded. Wraps
+    ``dnnl_convolution_*_primitive_desc_create``, ``dnnl_primitive_desc_next_impl``,
+    ``dnnl_get_effective_cpu_isa``, ``dnnl_version`` and, for the fpmath probe,
+    ``dnnl_primitive_execute``.
+    """
+    if not isinstance(refresh, bool):
+        raise ArgumentTypeError(f"refresh must be True or False, got {refresh!r}")
+    caps = _CAPS.get("caps")
+    if caps is None or refresh:
+        with _CAPS_LOCK:
+            caps = _CAPS.get("caps")
+            if caps is None or refresh:
+                caps = _probe_capabilities()
+                _CAPS["caps"] = caps
+    return caps
+
+
+def _probe_capabilities():
+    from ._capabilities import DIRECTIONS as CAP_DIRECTIONS, Capabilities, CapabilityRow
+    from .errors import LibraryError
+
+    _dnnl.load()
+    rows = []
+    for direction in CAP_DIRECTIONS:
+        for dtype in DTYPES:
+            modes = list(FPMATH_MODES) if dtype == "float32" else ["strict"]
+            for fm in modes:
+                plan = Convolution.from_problem(CAPABILITY_PROBE.with_(dtype=dtype), direction=direction,
+                                                fpmath=fm, prepack=False)
+                names, status, down = [], "ok", None
+                try:
+                    impls = plan.implementations
+                    names = list(dict.fromkeys(i.name for i in impls))
+                    if dtype == "float32" and fm != "strict":
+                        down = tuple(n for n in names if not n.startswith("ref") and _rounds_inputs(plan, n))
+                except LibraryError as exc:   # NotSupportedError (dnnl_unimplemented) included
+                    status = exc.status_name or type(exc).__name__
+                finally:
+                    plan.free()
+                rows.append(CapabilityRow(
+                    direction, dtype, fm, tuple(n for n in names if not n.startswith("ref")),
+                    tuple(n for n in names if n.startswith("ref")), status,
+                    f"fpmath {fm}" if fm != "strict" else "", down))
+    v = _dnnl.version()
+    return Capabilities("oneDNN", v["version"], _dnnl.effective_cpu_isa(),
+                        f"{CAPABILITY_PROBE.describe()}", tuple(rows))
+
+
+def _rounds_inputs(plan: Convolution, name: str) -> bool:
+    """Run implementation ``name`` of ``plan`` (float32, a reduced-precision fpmath mode) on
+    inputs of :data:`_PROBE_VALUE` and say whether the result is the one of inputs rounded to
+    1.0 (each output is ``count * v * v`` exactly, ``count`` if inputs were rounded)."""
+    import torch.nn.functional as F
+
+    p = plan.problem
+    plan.select(name)
+    v = _PROBE_VALUE
+    if plan.direction == "forward":
+        y = plan.execute(torch.full(p.x_shape, v), torch.full(p.w_shape, v))
+        count = F.conv2d(torch.ones(p.x_shape, dtype=torch.float64), torch.ones(p.w_shape, dtype=torch.float64))
+    elif plan.direction == "backward_data":
+        y = plan.execute(grad_y=torch.full(p.y_shape, v), w=torch.full(p.w_shape, v))
+        count = torch.nn.grad.conv2d_input(p.x_shape, torch.ones(p.w_shape, dtype=torch.float64),
+                                           torch.ones(p.y_shape, dtype=torch.float64))
+    else:
+        y = plan.execute(torch.full(p.x_shape, v), grad_y=torch.full(p.y_shape, v))
+        count = torch.nn.grad.conv2d_weight(torch.ones(p.x_shape, dtype=torch.float64), p.w_shape,
+                                            torch.ones(p.y_shape, dtype=torch.float64))
+    per_product = y.double() / count
+    # exact: v * v = 1 + 2**-11 + 2**-24 per product; rounded inputs: 1. A quarter of the gap decides.
+    return bool((per_product - v * v).abs().max() > (v * v - 1.0) / 4)
