@@ -36,8 +36,9 @@ The bug is there exactly when all of these hold:
   rows of a channels_last problem; the ``layouts=any`` rows reorder the source to a blocked
   format and are fine, as is an NCHW source);
 * a stride above 1 in any spatial dim (the "reduce to unit stride" copy; stride 1 is fine);
-* input channels per group below ic_block: IC 2-7 on ``jit_1x1:avx2`` (IC 1 is not offered),
-  IC 2-15 on the AVX-512 ones. IC = 8 and 12 (avx2), 16 and 24 (avx512) are fine.
+* input channels per group below ic_block: IC 1-7 on ``jit_1x1:avx2``, IC 1-15 on the AVX-512
+  ones. IC = 8 and 12 (avx2), 16 and 24 (avx512) are fine. (IC 1 reaches them only from a
+  ``ConvProblem`` with ``layout="nhwc"``: a torch tensor with one channel reads as NCHW.)
 
 Output channels, batch, 1-D or 2-D do not matter (3-D and grouped 1x1 backward weights are not
 offered by these implementations). What goes wrong depends on the thread count: the reduced
