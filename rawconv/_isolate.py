@@ -88,7 +88,8 @@ class Isolation:
 
 def options(isolate: Any) -> Isolation | None:
     """``isolate=`` as the entry points take it: False/None -> None; True -> defaults; an
-    :class:`Isolation`; a dict of its fields. Raises :class:`ArgumentTypeError` otherwise."""
+    :class:`Isolation`; a dict of its fields; an options object with ``isolate`` and
+    ``timeout_s`` fields (``rawconv.Options``). Raises :class:`ArgumentTypeError` otherwise."""
     if isolate is None or isolate is False:
         return None
     if isolate is True:
@@ -100,6 +101,9 @@ def options(isolate: Any) -> Isolation | None:
         if unknown:
             raise ArgumentError(f"isolate takes timeout_s, env and threads; got {sorted(unknown)}")
         return Isolation(**isolate)
+    if isinstance(getattr(isolate, "isolate", None), bool) and hasattr(isolate, "timeout_s"):
+        # an options object with isolate / timeout_s fields (rawconv.Options)
+        return Isolation(timeout_s=isolate.timeout_s) if isolate.isolate else None
     raise ArgumentTypeError(f"isolate must be True/False, a rawconv._isolate.Isolation or a dict, got {isolate!r}")
 
 
