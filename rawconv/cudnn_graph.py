@@ -37,7 +37,7 @@ from typing import Any, Sequence
 
 import torch
 
-from . import _cudnn, _cudnn_backend as B, _search, tuning
+from . import _cudnn, _cudnn_backend as B, _search, tuning, known_bad as _known_bad
 from ._search import TimedConfig, knob_combinations
 from .errors import ArgumentError, ArgumentTypeError, LibraryError, NotSupportedError
 from ._backend import Candidate
@@ -63,32 +63,18 @@ _ROLES = {"forward": ("x", "w", "y"), "backward_data": ("dx", "w", "dy"), "backw
 _OUT_ROLE = {"forward": "y", "backward_data": "dx", "backward_filter": "dw"}
 _GRAPH_NAMES = {"x": "X", "w": "W", "y": "Y", "dx": "DX", "dw": "DW", "dy": "DY"}
 
-# Engine configs that gave wrong results in rawconv's GPU tests (tests/test_cudnn_graph_gpu.py:
-# every config checked against float64). Not known to be fixed in later cuDNN versions, so they
-# apply to all: the default selection (no autotune, no forced engine) skips them, forcing one
-# warns, and autotune checks every candidate anyway.
-KNOWN_WRONG = (
-    ("backward_filter", frozenset({1, 20}),
-     lambda p: any(s > 1 for s in p.stride) and tuple(p.pad_before) != tuple(p.pad_after),
-     "cuDNN 9.19 on an H200, float32 NHWC, stride 2, padding before (1,0) / after (2,1): "
-     "dw max relative error 1.5"),
-    ("backward_data", frozenset({2}), lambda p: p.dtype == "float16",
-     "cuDNN 9.19 on an H200, float16 NHWC: dx 7-9x over the fp32-accumulation error bound"),
-    ("forward", frozenset({71}), lambda p: p.layout == "nchw" and p.dtype != "float64",
-     "cuDNN 9.19 on an H200, NCHW float16/bfloat16/TF32 ResNet-50 layers (batch 32; float32 runs "
-     "this tensor-core engine as TF32): autotune "
-     "found knob choices of this runtime-compiled engine outside tolerance on 30 layer runs, mostly "
-     "k24=27 and k24=30 (benchmarks/results/*/nchw*.json, mismatch_configs)"),
-)
+# Engine configs that gave wrong results in rawconv's GPU tests: rows of rawconv.known_bad's table
+# (backend "cudnn_graph"). Not known to be fixed in later cuDNN versions, so they apply to all: the
+# default selection (no autotune, no forced engine) skips them, forcing one warns, and autotune
+# checks every candidate anyway.
+KNOWN_WRONG = tuple(_known_bad.entries(backend="cudnn_graph"))
 
 
 def known_wrong(problem: ConvProblem, direction: str, engine: int) -> str:
     """Why engine ``engine`` is known to give wrong results for ``problem``/``direction`` ('' when
-    it is not); see ``KNOWN_WRONG``."""
-    for d, engines, when, seen in KNOWN_WRONG:
-        if d == direction and engine in engines and when(problem):
-            return seen
-    return ""
+    it is not): what was seen, from :mod:`rawconv.known_bad` (``KNOWN_WRONG`` holds its rows)."""
+    e = _known_bad.check("cudnn_graph", problem, direction, f"eng{int(engine)}")
+    return e.seen if e is not None else ""
 
 
 _NAME_RE = re.compile(r"^eng(\d+)(?:\{\s*((?:k\d+\s*=\s*-?\d+\s*(?:,\s*k\d+\s*=\s*-?\d+\s*)*)?)\}|((?:_k\d+=-?\d+)*))$")
