@@ -763,6 +763,7 @@ def _fuse_fx(model, report: ConvertReport, backend, choice, precision):
         report.fused[name] = "+".join(kind) or "bias"
     graph.lint()
     gm.recompile()
+    gm.delete_all_unused_submodules()   # the folded BatchNorms, ReLUs no longer called
     return gm
 
 
