@@ -386,9 +386,51 @@ def plan_for(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, residu
         else:
             plan = G.GraphConvolution.from_problem(problem, activation=act, allow_tf32=allow_tf32)
         if choice is not None:
-            plan.select(choice)
+            plan.select(choice)   # a forced config that does not finalize raises (NotSupportedError)
+        elif not problem.is_empty:
+            try:
+                plan._current()   # cuDNN's default config for this graph
+            except NotSupportedError as exc:
+                plan = _CudaFallback(problem, activation, precision, str(exc))
         _gpu_plans.put(key, plan)
     return plan
+
+
+class _CudaFallback:
+    """When cuDNN offers no engine for the fused graph (NCHW graphs often have none; some
+    residual graphs may not fuse): the legacy API's convolution with bias and ReLU
+    (``rawconv.cudnn.forward(..., activation=...)``, fused by
+    ``cudnnConvolutionBiasActivationForward`` where cuDNN allows), and the residual added in torch
+    before the activation. Said once per problem by a ``RuntimeWarning``."""
+
+    _freed = False
+
+    def __init__(self, problem: ConvProblem, activation: str, precision: str, why: str):
+        import warnings
+
+        self.problem, self.activation, self.precision = problem, activation, precision
+        self.selected_name = "legacy (graph not supported)"
+        warnings.warn(f"rawconv.fused: cuDNN offers no graph for {activation}(conv + bias [+ residual]) "
+                      f"on {problem.describe()} ({why.splitlines()[0][:200]}); running the legacy convolution "
+                      "with the bias (and activation) and adding the residual in torch", RuntimeWarning, stacklevel=4)
+
+    def run(self, x, w, bias, residual=None):
+        from . import cudnn
+
+        p = self.problem
+        pad = tuple(zip(p.pad_before, p.pad_after)) if not p.symmetric else p.pad_before
+        if residual is None:
+            act = None if self.activation == "none" else self.activation
+            return cudnn.forward(x, w, bias, p.stride, pad, p.dilation, p.groups, activation=act,
+                                 precision=self.precision)
+        y = cudnn.forward(x, w, bias, p.stride, pad, p.dilation, p.groups, precision=self.precision)
+        y = y + residual
+        return torch.relu(y) if self.activation == "relu" else y
+
+    execute = run
+
+    def autotune(self, **_kw):
+        raise NotSupportedError(f"no cuDNN graph to tune for {self.problem.describe()} (legacy fallback)")
 
 
 def _run(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision):
@@ -410,7 +452,7 @@ def _run(x, w, bias, residual, stride, padding, dilation, groups, activation, ba
             if len(_fast) >= _FAST_MAX:
                 _fast.clear()
             _fast[key] = plan
-    if isinstance(plan, FusedConvolution):
+    if isinstance(plan, (FusedConvolution, _CudaFallback)):
         return plan.run(x, w, bias, residual)
     if residual is not None:
         return plan.run(x, w, bias, residual)
