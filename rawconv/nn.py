@@ -637,9 +637,15 @@ def _fold_bn(conv: torch.nn.Module, bn: torch.nn.Module) -> torch.nn.Module:
     if bn.running_mean is None or bn.running_var is None:
         raise ArgumentError(f"{type(bn).__name__} without running statistics cannot be folded")
     transposed = isinstance(conv, _TORCH_TRANSPOSED)
-    w, b = fuse_conv_bn_weights(conv.weight, conv.bias, bn.running_mean, bn.running_var, bn.eps, bn.weight,
-                                bn.bias, transpose=transposed)
-    conv.weight, conv.bias = w, b
+    d = lambda t: t.detach().double() if t is not None else None   # noqa: E731  (fold in float64)
+    w, b = fuse_conv_bn_weights(d(conv.weight), d(conv.bias), d(bn.running_mean), d(bn.running_var), bn.eps,
+                                d(bn.weight), d(bn.bias), transpose=transposed)
+    old_w = conv.weight
+    w = w.detach().to(old_w.dtype)
+    if _is_cl(old_w):   # keep the weights' memory format (NHWC plans take NHWC weights as they are)
+        w = w.contiguous(memory_format=torch.channels_last if w.dim() == 4 else torch.channels_last_3d)
+    conv.weight = torch.nn.Parameter(w, requires_grad=old_w.requires_grad)
+    conv.bias = torch.nn.Parameter(b.detach().to(old_w.dtype), requires_grad=old_w.requires_grad)
     return conv
 
 
@@ -819,7 +825,7 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
     ``example_input``: the model runs once on it, every convolution call is recorded, each
     distinct problem (shape, layout, dtype, fusion) is searched ONCE (oneDNN: every
     implementation timed; cuDNN: :meth:`rawconv.cudnn_graph.GraphConvolution.autotune` with
-    ``autotune_budget_s`` per problem, default 1 s, tuning cache first) and the winner is pinned
+    ``autotune_budget_s`` per problem, default 0.7 s, tuning cache first) and the winner is pinned
     as ``choice`` on every layer with that problem. Winners are remembered for the process (a
     second convert of the same problems searches nothing). Backward passes keep the backend's
     default choices. ``model.rawconv_report`` (:class:`ConvertReport`) says what was done.
@@ -955,7 +961,7 @@ def _tune_one(m, kind: str, args: dict, backend: str, budget_s: float | None) ->
         return f"{best.name}@{best.layouts}"
     from . import cudnn_graph as G
 
-    budget = budget_s or 1.0
+    budget = budget_s or 0.7   # per distinct problem: ResNet-50 has ~24 (fusion kinds included)
     allow_tf32 = prec != "strict"
     if kind == "conv":
         plan = G.GraphConvolution(x, w, b, m.stride, _norm_padding(args["padding"]), m.dilation, m.groups,
@@ -1104,7 +1110,8 @@ def _rawconv_runs(m, kind, args, backend) -> str:
                                                        impl=m.choice, fpmath=m.precision,
                                                        w_layout=onednn._w_layout(w), prepack=False)
             s = plan.selected
-            label = f"{s.name}@{s.layouts}" + (f" reorders={','.join(s.reorders)}" if s.reorders else "")
+            ro = [r + ("(prepacked)" if r == "w" and plan.prepack else "") for r in s.reorders]
+            label = f"{s.name}@{s.layouts}" + (f" reorders={','.join(ro)}" if ro else "")
             if kind == "fused":
                 label += f" post-ops={'+'.join(o[0] if o[0] == 'sum' else o[1] for o in plan._post_ops) or 'none'}"
             return label
