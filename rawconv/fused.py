@@ -482,11 +482,8 @@ def _out_meta(x, w, stride, padding, dilation):
     return (shape[1:] if unbatched else shape), cl, unbatched
 
 
-@torch.library.custom_op("rawconv::conv_bias_act", mutates_args=())
-def _conv_bias_act_op(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
-                      stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int,
-                      activation: str, backend: str, choice: Optional[str], precision: str) -> torch.Tensor:
-    """``act(conv(x, w) + bias + residual)`` on oneDNN (CPU) or a cuDNN graph (CUDA)."""
+def _op_kernel(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision):
+    """The operator's kernel (also called directly by the modules in eager inference)."""
     y = _run(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision)
     shape, cl, unbatched = _out_meta(x, w, stride, padding, dilation)
     if not unbatched and y.dim() >= 3:
@@ -495,6 +492,14 @@ def _conv_bias_act_op(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Ten
         if not y.is_contiguous(memory_format=fmt):
             y = y.contiguous(memory_format=fmt)
     return y
+
+
+@torch.library.custom_op("rawconv::conv_bias_act", mutates_args=())
+def _conv_bias_act_op(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
+                      stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int,
+                      activation: str, backend: str, choice: Optional[str], precision: str) -> torch.Tensor:
+    """``act(conv(x, w) + bias + residual)`` on oneDNN (CPU) or a cuDNN graph (CUDA)."""
+    return _op_kernel(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision)
 
 
 @_conv_bias_act_op.register_fake

@@ -509,6 +509,12 @@ class _ConvBiasAct(_RawconvConv):
             _record(self, "fused", x=x, padding=padding, residual=residual)
         if not isinstance(x, torch.Tensor):
             raise ArgumentTypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        if type(x) is torch.Tensor and not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and (
+                x.requires_grad or self.weight.requires_grad or (self.bias is not None and self.bias.requires_grad)
+                or (residual is not None and residual.requires_grad))):
+            # eager inference: the operator's kernel directly (the dispatcher's round trip costs host time)
+            return _fused._op_kernel(x, self.weight, self.bias, residual, stride, pads, dilation, self.groups,
+                                     self.activation, self.backend, choice, self.precision)
         return torch.ops.rawconv.conv_bias_act(x, self.weight, self.bias, residual, stride, pads, dilation,
                                                self.groups, self.activation, self.backend, choice, self.precision)
 
