@@ -32,7 +32,7 @@ import torch
 from . import onednn
 from ._plans import PlanCache
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
-from .problem import ConvProblem, empty_like_layout, layout_of, to_layout
+from .problem import ConvProblem, dense_strides, empty_like_layout, layout_of, strides_match, to_layout
 
 __all__ = ["conv_bias_act", "FusedConvolution", "ResidualGraphConvolution", "ACTIVATIONS", "BACKENDS",
            "clear_cache"]
@@ -140,8 +140,12 @@ class FusedConvolution(onednn.Convolution):
         return b
 
     def run(self, x: torch.Tensor | None = None, w: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-            residual: torch.Tensor | None = None) -> torch.Tensor:
+            residual: torch.Tensor | None = None, *, inplace: bool = False) -> torch.Tensor:
         """``act(conv(x, w) + bias + residual)`` on the selected implementation; y in the plan's layout.
+
+        ``inplace``: the result may be written into ``residual`` itself (returned then) when it is a
+        dense tensor in the plan's layout that shares no memory with x, w or bias; otherwise the
+        residual is copied into a new output first (the ``sum`` post-op reads the destination).
         Raises :class:`ArgumentError` when a residual is missing, unexpected or of the wrong shape/dtype."""
         p = self.problem
         if self.residual != (residual is not None):
@@ -153,6 +157,16 @@ class FusedConvolution(onednn.Convolution):
         if residual is None:
             return self.execute(x, w, bias)
         r = _check_residual(residual, p)
+        if inplace and r.numel() and strides_match(r, dense_strides(p.y_shape, p.layout)) and not r.is_neg() \
+                and not r.is_conj():
+            try:
+                onednn._check_no_overlap(r, (("x", x if x is not None else self._x), ("w", w if w is not None else
+                                                                                       self._w), ("bias", bias)))
+            except ArgumentError:
+                pass
+            else:
+                self.execute(x, w, bias, out=r)
+                return residual
         y = empty_like_layout(p.y_shape, p.layout, p.torch_dtype, "cpu")
         y.copy_(r)
         self.execute(x, w, bias, out=y)
@@ -433,7 +447,8 @@ class _CudaFallback:
         raise NotSupportedError(f"no cuDNN graph to tune for {self.problem.describe()} (legacy fallback)")
 
 
-def _run(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision):
+def _run(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision,
+         residual_inplace=False):
     nd = w.dim() - 2
     pad = _pad_arg(padding, nd)
     try:
@@ -452,7 +467,9 @@ def _run(x, w, bias, residual, stride, padding, dilation, groups, activation, ba
             if len(_fast) >= _FAST_MAX:
                 _fast.clear()
             _fast[key] = plan
-    if isinstance(plan, (FusedConvolution, _CudaFallback)):
+    if isinstance(plan, FusedConvolution):
+        return plan.run(x, w, bias, residual, inplace=residual_inplace)
+    if isinstance(plan, _CudaFallback):
         return plan.run(x, w, bias, residual)
     if residual is not None:
         return plan.run(x, w, bias, residual)
@@ -482,9 +499,12 @@ def _out_meta(x, w, stride, padding, dilation):
     return (shape[1:] if unbatched else shape), cl, unbatched
 
 
-def _op_kernel(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision):
-    """The operator's kernel (also called directly by the modules in eager inference)."""
-    y = _run(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision)
+def _op_kernel(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision,
+               residual_inplace=False):
+    """The operator's kernel (also called directly by the modules in eager inference, where
+    ``residual_inplace`` lets the oneDNN path write the result into the residual's memory)."""
+    y = _run(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision,
+             residual_inplace)
     shape, cl, unbatched = _out_meta(x, w, stride, padding, dilation)
     if not unbatched and y.dim() >= 3:
         fmt = (torch.channels_last if y.dim() == 4 else torch.channels_last_3d) if cl and y.dim() in (4, 5) \

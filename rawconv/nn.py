@@ -514,7 +514,8 @@ class _ConvBiasAct(_RawconvConv):
                 or (residual is not None and residual.requires_grad))):
             # eager inference: the operator's kernel directly (the dispatcher's round trip costs host time)
             return _fused._op_kernel(x, self.weight, self.bias, residual, stride, pads, dilation, self.groups,
-                                     self.activation, self.backend, choice, self.precision)
+                                     self.activation, self.backend, choice, self.precision,
+                                     self.__dict__.get("residual_inplace", False))
         return torch.ops.rawconv.conv_bias_act(x, self.weight, self.bias, residual, stride, pads, dilation,
                                                self.groups, self.activation, self.backend, choice, self.precision)
 
@@ -773,10 +774,27 @@ def _fuse_fx(model, report: ConvertReport, backend, choice, precision):
             graph.erase_node(n)
             erased.add(n)
         report.fused[name] = "+".join(kind) or "bias"
+    _mark_inplace_residuals(graph, modules)
     graph.lint()
     gm.recompile()
     gm.delete_all_unused_submodules()   # the folded BatchNorms, ReLUs no longer called
     return gm
+
+
+def _mark_inplace_residuals(graph, modules) -> None:
+    """Let a fused module write its result into its residual's memory (eager inference on oneDNN:
+    no copy of the residual into a new output) where that is safe: the residual is the fresh
+    output of another fused module (not an input, parameter or view), and every other use of it
+    comes earlier in the graph."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for node in graph.nodes:
+        m = modules.get(node.target) if node.op == "call_module" else None
+        if not isinstance(m, _ConvBiasAct) or len(node.args) != 2:
+            continue
+        r = node.args[1]
+        producer = modules.get(r.target) if getattr(r, "op", None) == "call_module" else None
+        if isinstance(producer, _ConvBiasAct) and all(order[u] < order[node] for u in r.users if u is not node):
+            m.residual_inplace = True
 
 
 def _fuse_sequential(model, report: ConvertReport, backend, choice, precision) -> None:

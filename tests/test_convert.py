@@ -300,3 +300,44 @@ def test_cuda_fused_convert_matches_eager_in_fp16():
     _close(want.float().cpu(), ref, rel=2e-2)
     rows = rnn.describe(m, x, iterations=3)
     assert all(r.rawconv_backend == "cudnn" for r in rows)
+
+
+class LaterUse(nn.Module):
+    """A fused conv's output used as a residual AND again after the add: it must not be overwritten."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(4, 4, 3, padding=1)
+        self.b = nn.Conv2d(4, 4, 3, padding=1)
+        self.c = nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x):
+        ya = torch.relu(self.a(x))
+        yb = torch.relu(self.b(ya) + ya)     # ya's other use (b's input) comes first: may be overwritten
+        yc = torch.relu(self.c(yb) + yb)     # yb is used again below: must not be overwritten
+        return yc + yb
+
+
+def test_in_place_residuals_only_where_no_later_use_reads_them():
+    torch.manual_seed(3)
+    net = LaterUse().eval()
+    x = torch.randn(2, 4, 6, 6)
+    ref = _ref64(net, x)
+    m = rnn.convert(net, fuse=True)
+    assert m.rawconv_report.fused == {"a": "relu", "b": "add+relu", "c": "add+relu"}
+    assert m.get_submodule("b").__dict__.get("residual_inplace") is True
+    assert not m.get_submodule("c").__dict__.get("residual_inplace", False)
+    with torch.no_grad():
+        _close(m(x), ref)
+    # the in-place path writes into the residual's memory, and says so by returning it
+    b = m.get_submodule("b")
+    r = torch.relu(torch.randn(2, 4, 6, 6))
+    r_copy = r.clone()
+    with torch.no_grad():
+        y = b(torch.randn(2, 4, 6, 6), r)
+    assert y.data_ptr() == r.data_ptr() and not torch.equal(r, r_copy)
+    # the operator itself (and anything that needs gradients) stays functional
+    with torch.no_grad():
+        y2 = torch.ops.rawconv.conv_bias_act(torch.randn(2, 4, 6, 6), b.weight, b.bias, r_copy, [1, 1], [1, 1],
+                                             [1, 1], 1, "relu", "auto", None, "strict")
+    assert y2.data_ptr() != r_copy.data_ptr()
