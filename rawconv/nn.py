@@ -966,7 +966,7 @@ def _tune_one(m, kind: str, args: dict, backend: str, budget_s: float | None) ->
     w, b = m.weight.detach(), (m.bias.detach() if m.bias is not None else None)
     prec = m.precision
     if backend == "onednn":
-        opts = dict(iterations=5, warmup=1, budget_s=min(budget_s, 1.0) if budget_s else 0.5)
+        opts = dict(iterations=3, warmup=1, budget_s=min(budget_s, 1.0) if budget_s else 0.25)   # per implementation
         if kind == "conv":
             plan = onednn.Convolution(x, w, b, m.stride, _norm_padding(args["padding"]), m.dilation, m.groups,
                                       fpmath=prec)
