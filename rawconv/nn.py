@@ -2,7 +2,7 @@
 
     import rawconv.nn
 
-    conv = rawconv.nn.Conv2d(64, 64, 3, padding=1, choice="brgconv:avx512_core")  # a torch.nn.Conv2d
+    conv = rawconv.nn.Conv2d(64, 64, 3, padding=1, choice="x64:gemm:jit")  # a torch.nn.Conv2d
     y = conv(x)                          # forward on exactly that oneDNN implementation
     conv.cuda()                          # follows the device: cuDNN now (a oneDNN choice is dropped)
 

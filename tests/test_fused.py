@@ -268,6 +268,27 @@ def test_residual_graph_descriptors_finalize_without_gpu(cudnn, bias, act, kinds
         G._Graph(p.with_(has_bias=False), "backward_data", None, "nhwc", residual=True)
 
 
+def test_residual_graph_autotune_checks_candidates_against_the_residual_reference():
+    """The search's correctness check (GraphConvolution.check_output) on a residual graph compares
+    with act(conv + b + r), not with the base class's act(conv + b): checked on CPU tensors."""
+    from rawconv import cudnn_graph as G
+
+    cls = fu._graph_class()
+    plan = cls.__new__(cls)   # no GPU here: only what check_output reads
+    p = ConvProblem(n=2, c=4, k=6, in_spatial=(5, 5), kernel=(3, 3), pad_before=(1, 1), pad_after=(1, 1),
+                    has_bias=True)
+    plan.problem, plan.direction, plan.activation, plan._ref_r = p, "forward", "relu", None
+    torch.manual_seed(12)
+    t = {"x": torch.randn(p.x_shape), "w": torch.randn(p.w_shape), "b": torch.randn(6), "r": torch.randn(p.y_shape)}
+    plan._tune_tensors = t
+    base_ref, base_abs = G.reference(p, "forward", t, activation="relu")   # what autotune passes in
+    right = _ref(t["x"], t["w"], t["b"], t["r"], 1, 1, 1, 1, "relu").float()
+    wrong = _ref(t["x"], t["w"], t["b"], None, 1, 1, 1, 1, "relu").float()
+    cfg = G.EngineConfig(0)
+    assert plan.check_output(right, cfg, base_ref, base_abs).ok
+    assert not plan.check_output(wrong, cfg, base_ref, base_abs).ok
+
+
 def test_residual_graph_plan_needs_cuda_tensors():
     p = ConvProblem(n=1, c=4, k=4, in_spatial=(6, 6), kernel=(3, 3), device="cpu")
     with pytest.raises(ArgumentError, match="CUDA"):
