@@ -393,7 +393,10 @@ def plan_for(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, residu
     if bk == "onednn":
         if isinstance(choice, str) and choice.isdigit():
             choice = int(choice)   # a position in the implementation list
-        key = (problem, has_r, activation, choice, precision, onednn._w_layout(w), threading.get_ident())
+        # one plan per weight tensor: a plan keeps ONE prepacked copy of the weights, and layers of
+        # the same shape (most of ResNet-50's blocks) sharing a plan would reorder on every call
+        key = (problem, has_r, activation, choice, precision, onednn._w_layout(w), w.data_ptr(),
+               threading.get_ident())
         plan = _cpu_plans.get(key)
         if plan is None or plan._freed:
             plan = FusedConvolution.for_problem(problem, residual=has_r, activation=activation, impl=choice,
@@ -466,7 +469,7 @@ def _run(x, w, bias, residual, stride, padding, dilation, groups, activation, ba
     nd = w.dim() - 2
     pad = _pad_arg(padding, nd)
     try:
-        key = (x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype,
+        key = (x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.data_ptr(),
                None if bias is None else (bias.shape, bias.dtype, bias.device),
                None if residual is None else (residual.shape, residual.dtype, residual.device),
                tuple(stride), pad, tuple(dilation), groups, activation, backend, choice, precision,

@@ -351,3 +351,19 @@ def test_cuda_fused_module_captures_into_a_cuda_graph():
     torch.cuda.synchronize()
     want = _ref(x.cpu().float(), m.weight.cpu().float(), m.bias.cpu().float(), r.cpu().float(), 1, 1, 1, 1, "relu")
     _close(out.cpu(), want, rel=4e-3)
+
+
+def test_layers_of_the_same_shape_keep_their_own_prepacked_weights():
+    """Each weight tensor gets its own plan (a plan holds one prepacked copy): two layers of the
+    same problem called in turn do not evict each other's reordered weights."""
+    torch.manual_seed(13)
+    x = torch.randn(1, 8, 6, 6)
+    w1, w2, b = torch.randn(8, 8, 3, 3), torch.randn(8, 8, 3, 3), torch.randn(8)
+    p1, p2 = fu.plan_for(x, w1, b, None, 1, 1), fu.plan_for(x, w2, b, None, 1, 1)
+    assert p1 is not p2 and fu.plan_for(x, w1, b, None, 1, 1) is p1
+    for _ in range(2):
+        for w in (w1, w2):
+            _close(fu.conv_bias_act(x, w, b, padding=1), _ref(x, w, b, None, 1, 1, 1, 1, "relu"))
+    for plan, w in ((p1, w1), (p2, w2)):
+        packed = [bt.packed_w for bt in plan._built.values() if bt.packed_w is not None]
+        assert all(pw[0]() is w for pw in packed)
