@@ -23,7 +23,7 @@ __all__ = ["ConvProblem", "RawconvError", "ArgumentError", "ArgumentTypeError", 
 
 
 def __getattr__(name):  # lazy submodules: rawconv.onednn, rawconv.cudnn
-    if name in ("onednn", "cudnn", "cudnn_graph", "nn", "bench", "compare", "presets", "cli"):
+    if name in ("onednn", "cudnn", "cudnn_graph", "nn", "fused", "bench", "compare", "presets", "cli"):
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'rawconv' has no attribute {name!r}")
 

@@ -57,8 +57,8 @@ DTYPES = ("float32", "float16", "bfloat16", "float64")
 ALIGNMENT = 16  # bytes every data pointer bound to a graph tensor must be aligned to
 
 # unique ids of the graph's tensors
-UID = {"x": 1, "w": 2, "y": 3, "b": 4, "dx": 1, "dw": 2, "dy": 3}
-_VIRTUAL_UIDS = (101, 102)
+UID = {"x": 1, "w": 2, "y": 3, "b": 4, "r": 5, "dx": 1, "dw": 2, "dy": 3}
+_VIRTUAL_UIDS = (101, 102, 103)
 _ROLES = {"forward": ("x", "w", "y"), "backward_data": ("dx", "w", "dy"), "backward_filter": ("x", "dw", "dy")}
 _OUT_ROLE = {"forward": "y", "backward_data": "dx", "backward_filter": "dw"}
 _GRAPH_NAMES = {"x": "X", "w": "W", "y": "Y", "dx": "DX", "dw": "DW", "dy": "DY"}
@@ -234,8 +234,14 @@ class _Graph:
     """The backend descriptors of one problem's graph: tensors, convolution, operations
     (built without a GPU) and, on demand, the operation graph (needs a handle)."""
 
-    def __init__(self, p: ConvProblem, direction: str, activation: str | None, w_layout: str):
+    def __init__(self, p: ConvProblem, direction: str, activation: str | None, w_layout: str,
+                 residual: bool = False):
+        # residual (forward only): y = act(conv(x, w) + b + r), r a tensor of y's shape and layout
+        # (uid UID["r"]), added by one more pointwise node before the activation
+        if residual and direction != "forward":
+            raise ArgumentError("a residual add fuses into forward graphs only")
         self.problem, self.direction, self.activation = p, direction, activation
+        self.residual = residual
         compute = "float64" if p.dtype == "float64" else "float32"
         self.compute = compute
         lay = p.layout
@@ -259,7 +265,7 @@ class _Graph:
         self.conv = B.convolution(nd, compute, dilations=dil, strides=st, pre_paddings=pre, post_paddings=post)
         ops = []
         named = {_GRAPH_NAMES[r]: t for r, t in self.tensors.items()}
-        if direction == "forward" and (p.has_bias or activation):
+        if direction == "forward" and (p.has_bias or activation or residual):
             ydesc = self.tensors["y"]
             ygshape = _lift(p.y_shape)
             ygst = dense_strides(ygshape, lay)
@@ -271,17 +277,25 @@ class _Graph:
                 self.strides["b"] = [1]
                 self.tensors["b"] = B.tensor(UID["b"], bshape, dense_strides(bshape, lay), p.dtype,
                                              alignment=ALIGNMENT)
-                nxt = ydesc if not activation else B.tensor(_VIRTUAL_UIDS[1], ygshape, ygst, compute,
-                                                            alignment=ALIGNMENT, virtual=True)
+                nxt = ydesc if not (activation or residual) else B.tensor(
+                    _VIRTUAL_UIDS[1], ygshape, ygst, compute, alignment=ALIGNMENT, virtual=True)
                 ops.append(B.pointwise_operation(B.pointwise("add", compute), cur, nxt, self.tensors["b"]))
+                cur = nxt
+            if residual:
+                self.strides["r"] = dense_strides(p.y_shape, lay)
+                self.tensors["r"] = B.tensor(UID["r"], ygshape, ygst, p.dtype, alignment=ALIGNMENT)
+                nxt = ydesc if not activation else B.tensor(_VIRTUAL_UIDS[2], ygshape, ygst, compute,
+                                                            alignment=ALIGNMENT, virtual=True)
+                ops.append(B.pointwise_operation(B.pointwise("add", compute), cur, nxt, self.tensors["r"]))
                 cur = nxt
             if activation:
                 ops.append(B.pointwise_operation(B.pointwise(activation, compute), cur, ydesc))
         else:
             ops.append(B.conv_operation(direction, named, self.conv, compute))
         self.ops = ops
-        self.uids = [UID[r] for r in _ROLES[direction]] + ([UID["b"]] if "b" in self.tensors else [])
-        self.roles = list(_ROLES[direction]) + (["b"] if "b" in self.tensors else [])
+        extra = [r for r in ("b", "r") if r in self.tensors]
+        self.uids = [UID[r] for r in _ROLES[direction]] + [UID[r] for r in extra]
+        self.roles = list(_ROLES[direction]) + extra
         self.graph = None
         self.global_count = None
 

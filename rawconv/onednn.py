@@ -401,6 +401,8 @@ class Convolution(PlanLifetime):
     ``dnnl_reorder_primitive_desc_create``.
     """
 
+    _post_ops: tuple = ()   # oneDNN post-ops of the forward primitive (none here; see rawconv.fused)
+
     def __init__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                  stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1, *,
                  impl: Any = None, algorithm: str = "direct", fpmath: str = "strict",
@@ -497,7 +499,8 @@ class Convolution(PlanLifetime):
         dil = [d - 1 for d in p.dilation]
         pl, pr = list(p.pad_before), list(p.pad_after)
         alg = getattr(L, ALGORITHMS[self.algorithm])
-        a = _dnnl.attr(self._fpmath)
+        # _post_ops (subclasses: rawconv.fused): [("sum", scale), ("eltwise", alg, alpha, beta)]
+        a = _dnnl.attr(self._fpmath, post_ops=_dnnl.post_ops(self._post_ops) if self._post_ops else None)
         out = ffi.new("dnnl_primitive_desc_t *")
         detail = f"{p.describe()} ({self.direction}, layouts {layouts}, algorithm {self.algorithm}, fpmath {self.fpmath})"
         prop = L.dnnl_forward_inference if self.direction == "forward" else L.dnnl_forward_training

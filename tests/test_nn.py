@@ -1,33 +1,48 @@
-"""rawconv.nn: drop-in modules and a differentiable op on pinned oneDNN implementations,
-checked against torch autograd in float64."""
+"""rawconv.nn modules: drop-in torch modules on pinned oneDNN (CPU) / cuDNN (GPU) choices, checked
+against torch autograd in float64: convolutions, transposed convolutions, padding modes, aliases,
+device following, bad input."""
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import rawconv.nn as rnn
-from rawconv import ArgumentError, NotSupportedError, onednn
+from rawconv import ArgumentError, ArgumentTypeError, NotSupportedError, onednn
 
 pytestmark = pytest.mark.usefixtures("dnnl")
 
+CONV = {1: (rnn.Conv1d, F.conv1d, torch.nn.Conv1d), 2: (rnn.Conv2d, F.conv2d, torch.nn.Conv2d),
+        3: (rnn.Conv3d, F.conv3d, torch.nn.Conv3d)}
+TRANSPOSED = {1: (rnn.ConvTranspose1d, F.conv_transpose1d, torch.nn.ConvTranspose1d),
+              2: (rnn.ConvTranspose2d, F.conv_transpose2d, torch.nn.ConvTranspose2d),
+              3: (rnn.ConvTranspose3d, F.conv_transpose3d, torch.nn.ConvTranspose3d)}
 
-def _grads64(mod_args, x, w, b, gy, conv):
+
+def _close(got, want, rel=2e-5):
+    """float32 result vs float64 reference: normwise (max abs error <= rel * max |ref|)."""
+    assert got.shape == want.shape, (got.shape, want.shape)
+    err = (got.detach().double() - want).abs().max().item()
+    assert err <= rel * max(want.abs().max().item(), 1.0), err
+
+
+def _grads64(fn, x, w, b, gy):
     x64 = x.detach().double().requires_grad_()
     w64 = w.detach().double().requires_grad_()
-    b64 = b.detach().double().requires_grad_()
-    y = conv(x64, w64, b64, **mod_args)
+    b64 = b.detach().double().requires_grad_() if b is not None else None
+    y = fn(x64, w64, b64)
     y.backward(gy.double())
-    return y.detach(), x64.grad, w64.grad, b64.grad
+    return y.detach(), x64.grad, w64.grad, (b64.grad if b is not None else None)
 
 
 @pytest.mark.parametrize("nd, layout", [(1, "nchw"), (2, "nchw"), (2, "nhwc"), (3, "nchw")])
 def test_modules_match_torch_autograd(nd, layout):
     torch.manual_seed(nd)
-    cls, tconv = {1: (rnn.Conv1d, F.conv1d), 2: (rnn.Conv2d, F.conv2d), 3: (rnn.Conv3d, F.conv3d)}[nd]
+    cls, tconv, tcls = CONV[nd]
     m = cls(6, 8, 3, stride=2, padding=1, dilation=1, groups=2, bias=True)
-    ref = {1: torch.nn.Conv1d, 2: torch.nn.Conv2d, 3: torch.nn.Conv3d}[nd](6, 8, 3, stride=2, padding=1, groups=2)
-    assert isinstance(m, type(ref)) and "impl=None" in repr(m)
+    assert isinstance(m, tcls) and "choice=None" in repr(m) and "backend='auto'" in repr(m)
     x = torch.randn((2, 6) + (9,) * nd)
     if layout == "nhwc":
         x = x.to(memory_format=torch.channels_last)
@@ -36,12 +51,24 @@ def test_modules_match_torch_autograd(nd, layout):
     y = m(x)
     gy = torch.randn_like(y)
     y.backward(gy)
-    args = dict(stride=2, padding=1, groups=2)
-    y64, gx64, gw64, gb64 = _grads64(args, x, m.weight, m.bias, gy, tconv)
+    y64, gx64, gw64, gb64 = _grads64(lambda a, b_, c: tconv(a, b_, c, stride=2, padding=1, groups=2), x, m.weight,
+                                     m.bias, gy)
     for got, want in ((y, y64), (x.grad, gx64), (m.weight.grad, gw64), (m.bias.grad, gb64)):
-        assert got.shape == want.shape
-        err = (got.double() - want).abs().max().item()
-        assert err <= 1e-5 * max(want.abs().max().item(), 1.0), err
+        _close(got, want)
+
+
+@pytest.mark.parametrize("nd", [1, 2, 3])
+def test_state_dict_is_torchs(nd):
+    cls, _, tcls = CONV[nd]
+    t = tcls(4, 6, 3, padding=1)
+    m = cls(4, 6, 3, padding=1, backend="onednn")
+    assert list(m.state_dict()) == list(t.state_dict())
+    m.load_state_dict(t.state_dict())
+    x = torch.randn((2, 4) + (7,) * nd)
+    with torch.no_grad():
+        _close(m(x), t.double()(x.double()))
+    tc, _, ttc = TRANSPOSED[nd]
+    assert list(tc(4, 6, 3).state_dict()) == list(ttc(4, 6, 3).state_dict())
 
 
 def test_pinned_implementations_and_bad_names():
@@ -49,16 +76,144 @@ def test_pinned_implementations_and_bad_names():
     w = torch.randn(16, 16, 3, 3, requires_grad=True)
     fwd = [i.name for i in onednn.implementations(x.detach(), w.detach(), padding=1)]
     bwd = [i.name for i in onednn.implementations(x.detach(), w.detach(), padding=1, direction="backward_data")]
+    wts = [i.name for i in onednn.implementations(x.detach(), w.detach(), padding=1, direction="backward_weights")]
+    ref = F.conv2d(x.detach().double(), w.detach().double(), padding=1)
+    grads = []
     for name in dict.fromkeys(fwd[:3]):
-        y = rnn.conv(x, w, None, 1, 1, impl=name, backward_impl=(bwd[0], None))
-        torch.testing.assert_close(y, F.conv2d(x, w, padding=1), rtol=1e-4, atol=1e-4)
+        x.grad = w.grad = None
+        y = rnn.conv(x, w, None, 1, 1, choice=name, backward_choice=(bwd[-2], wts[0]))
+        _close(y, ref)
         y.sum().backward()
+        grads.append((x.grad.clone(), w.grad.clone()))
+    for gx, gw in grads[1:]:   # other forward implementations, same pinned backward ones: same gradients
+        torch.testing.assert_close(gx, grads[0][0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(gw, grads[0][1], rtol=1e-5, atol=1e-4)
     with pytest.raises(NotSupportedError, match="offered"):
-        rnn.conv(x, w, padding=1, impl="no-such-impl")
-    with pytest.raises(ArgumentError):
-        rnn.Conv2d(4, 4, 3, padding_mode="reflect")
+        rnn.conv(x, w, padding=1, choice="no-such-impl")
+    with pytest.raises(NotSupportedError, match="offered"):
+        rnn.conv(x, w, padding=1, impl="no-such-impl")   # the old name
     with pytest.raises(ArgumentError, match="groups"):
         rnn.conv(x, w, groups=3)
+
+
+def test_old_names_are_aliases_and_conflicts_are_errors():
+    m = rnn.Conv2d(4, 4, 3, impl="jit:avx2", fpmath="bf16", backward_impl=("a", "b"))
+    assert (m.choice, m.precision, m.backward_choice) == ("jit:avx2", "bf16", ("a", "b"))
+    assert (m.impl, m.fpmath, m.backward_impl) == ("jit:avx2", "bf16", ("a", "b"))
+    m.impl = 0
+    assert m.choice == 0
+    with pytest.raises(ArgumentError, match="disagree"):
+        rnn.Conv2d(4, 4, 3, impl="jit:avx2", choice="brgconv:avx2")
+    with pytest.raises(ArgumentError, match="precision"):
+        rnn.Conv2d(4, 4, 3, precision="fp8")
+    with pytest.raises(ArgumentError, match="backend"):
+        rnn.Conv2d(4, 4, 3, backend="mkl")
+    with pytest.raises(ArgumentTypeError):
+        rnn.Conv2d(4, 4, 3, backend=1)
+
+
+def test_backend_must_match_the_device():
+    m = rnn.Conv2d(4, 4, 3)
+    m.backend = "cudnn"
+    with pytest.raises(ArgumentError, match="CUDA tensors"):
+        m(torch.randn(1, 4, 8, 8))
+    with pytest.raises(ArgumentError, match="CUDA tensors"):
+        rnn.conv(torch.randn(1, 4, 8, 8), torch.randn(4, 4, 3, 3), backend="cudnn")
+    with pytest.raises(ArgumentTypeError):
+        rnn.conv([1.0], torch.randn(4, 4, 3, 3))
+
+
+def test_moving_to_the_other_device_switches_backend_and_drops_foreign_choices():
+    # built for cuDNN (explicit backend, pinned engine) while on the CPU, then .cpu(): the module
+    # follows its device to oneDNN, and the cuDNN choice is dropped with a warning
+    m = rnn.Conv2d(4, 4, 3, padding=1, backend="cudnn", choice="eng0")
+    with pytest.warns(RuntimeWarning, match="dropped"):
+        m.cpu()
+    assert m.backend == "onednn" and m.choice is None
+    x = torch.randn(1, 4, 6, 6)
+    with torch.no_grad():
+        _close(m(x), F.conv2d(x.double(), m.weight.double(), m.bias.double(), padding=1))
+    # a choice made for the device the module is on survives moves that keep the device
+    m2 = rnn.Conv2d(4, 4, 3, choice="x64:gemm:jit")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m2.float().cpu()
+    assert m2.choice == "x64:gemm:jit" and m2.backend == "auto"
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
+@pytest.mark.parametrize("nd", [1, 2])
+def test_padding_modes_pad_in_torch_then_convolve(mode, nd):
+    torch.manual_seed(3)
+    cls, _, tcls = CONV[nd]
+    m = cls(3, 5, 3, padding=2 if mode != "reflect" else 1, padding_mode=mode, dilation=1)
+    t = tcls(3, 5, 3, padding=2 if mode != "reflect" else 1, padding_mode=mode).double()
+    t.load_state_dict(m.state_dict())
+    x = torch.randn((2, 3) + (8,) * nd, requires_grad=True)
+    y = m(x)
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    x64 = x.detach().double().requires_grad_()
+    y64 = t(x64)
+    y64.backward(gy.double())
+    _close(y, y64)
+    _close(x.grad, x64.grad)
+    _close(m.weight.grad, t.weight.grad)
+
+
+@pytest.mark.parametrize("nd, stride, padding, output_padding, dilation, groups", [
+    (1, 2, 1, 1, 1, 1), (2, 2, 1, 1, 1, 2), (2, 3, 0, 2, 1, 1), (2, 1, 2, 0, 2, 1), (3, 2, 1, 1, 1, 1)])
+def test_transposed_modules_match_torch_autograd(nd, stride, padding, output_padding, dilation, groups):
+    torch.manual_seed(nd + stride)
+    cls, tfn, tcls = TRANSPOSED[nd]
+    m = cls(4, 6, 3, stride=stride, padding=padding, output_padding=output_padding, dilation=dilation,
+            groups=groups)
+    assert isinstance(m, tcls)
+    x = torch.randn((2, 4) + (5,) * nd, requires_grad=True)
+    y = m(x)
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    y64, gx64, gw64, gb64 = _grads64(
+        lambda a, b_, c: tfn(a, b_, c, stride, padding, output_padding, groups, dilation), x, m.weight, m.bias, gy)
+    for got, want in ((y, y64), (x.grad, gx64), (m.weight.grad, gw64), (m.bias.grad, gb64)):
+        _close(got, want)
+
+
+def test_transposed_output_size_channels_last_and_unbatched():
+    torch.manual_seed(5)
+    m = rnn.ConvTranspose2d(4, 3, 3, stride=2, padding=1, bias=False)
+    t = torch.nn.ConvTranspose2d(4, 3, 3, stride=2, padding=1, bias=False).double()
+    t.load_state_dict(m.state_dict())
+    x = torch.randn(2, 4, 6, 5)
+    with torch.no_grad():
+        y = m(x, output_size=[12, 10])     # output_padding (1, 1) from output_size, as torch
+        _close(y, t(x.double(), output_size=[12, 10]))
+        xc = x.to(memory_format=torch.channels_last)
+        yc = m(xc)
+        assert yc.is_contiguous(memory_format=torch.channels_last)
+        _close(yc, t(x.double()))
+        _close(m(x[0]), t(x[0].double()))   # unbatched
+    with pytest.raises(ArgumentError, match="output_padding"):
+        rnn.conv_transpose(x, m.weight, output_padding=2, stride=2)
+    with pytest.raises(ArgumentError, match="channels"):
+        rnn.conv_transpose(torch.randn(1, 5, 4, 4), m.weight)
+    with pytest.raises(ArgumentError, match="bias"):
+        rnn.conv_transpose(x, m.weight, torch.randn(7))
+
+
+def test_transposed_choice_pins_a_backward_data_implementation():
+    torch.manual_seed(6)
+    x = torch.randn(2, 8, 6, 6)
+    w = torch.randn(8, 4, 3, 3)
+    ref = F.conv_transpose2d(x.double(), w.double(), stride=2, padding=1, output_padding=1)
+    # the matching convolution: input of ref's shape, weight w, output of x's shape
+    fake_x = torch.empty(ref.shape)
+    names = [i.name for i in onednn.implementations(fake_x, w, stride=2, padding=1, direction="backward_data")]
+    for name in dict.fromkeys(n for n in names if not n.startswith("ref")):
+        y = rnn.conv_transpose(x, w, None, 2, 1, 1, choice=name)
+        _close(y, ref)
+    with pytest.raises(NotSupportedError, match="offered"):
+        rnn.conv_transpose(x, w, None, 2, 1, 1, choice="no-such-impl")
 
 
 def test_asymmetric_padding_gradients():
@@ -73,3 +228,58 @@ def test_asymmetric_padding_gradients():
     F.conv2d(F.pad(x64, (1, 0, 0, 2)), w64).backward(gy.double())
     torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(w.grad.double(), w64.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_double_backward_is_refused_not_silently_wrong():
+    x = torch.randn(1, 3, 6, 6, requires_grad=True)
+    m = rnn.Conv2d(3, 3, 3)
+    y = m(x)
+    (gx,) = torch.autograd.grad(y.sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|not differentiable|does not require grad"):
+        gx.sum().backward()
+
+
+# ---------------------------------------------------------------- GPU (the lead runs these on the device machine)
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_cuda_modules_match_float64(layout):
+    torch.manual_seed(7)
+    m = rnn.Conv2d(8, 16, 3, padding=1, stride=2).cuda()
+    assert m.backend == "auto"
+    x = torch.randn(2, 8, 12, 12, device="cuda")
+    if layout == "nhwc":
+        x = x.to(memory_format=torch.channels_last)
+        m = m.to(memory_format=torch.channels_last)
+    x.requires_grad_()
+    y = m(x)
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    y64, gx64, gw64, gb64 = _grads64(lambda a, b_, c: F.conv2d(a, b_, c, stride=2, padding=1), x.cpu(),
+                                     m.weight.cpu(), m.bias.cpu(), gy.cpu())
+    for got, want in ((y, y64), (x.grad, gx64), (m.weight.grad, gw64), (m.bias.grad, gb64)):
+        _close(got.cpu(), want)
+
+
+@pytest.mark.gpu
+def test_cuda_move_switches_an_explicit_onednn_module_to_cudnn():
+    m = rnn.Conv2d(4, 4, 3, padding=1, backend="onednn", choice="x64:gemm:jit")
+    with pytest.warns(RuntimeWarning, match="dropped"):
+        m.cuda()
+    assert m.backend == "cudnn" and m.choice is None
+    x = torch.randn(1, 4, 6, 6, device="cuda")
+    with torch.no_grad():
+        _close(m(x).cpu(), F.conv2d(x.cpu().double(), m.weight.cpu().double(), m.bias.cpu().double(), padding=1))
+
+
+@pytest.mark.gpu
+def test_cuda_transposed_matches_float64():
+    torch.manual_seed(8)
+    m = rnn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1).cuda()
+    x = torch.randn(2, 4, 7, 7, device="cuda", requires_grad=True)
+    y = m(x)
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    y64, gx64, gw64, gb64 = _grads64(lambda a, b_, c: F.conv_transpose2d(a, b_, c, 2, 1, 1), x.cpu(),
+                                     m.weight.cpu(), m.bias.cpu(), gy.cpu())
+    for got, want in ((y, y64), (x.grad, gx64), (m.weight.grad, gw64), (m.bias.grad, gb64)):
+        _close(got.cpu(), want)

@@ -1,0 +1,415 @@
+"""ResNet-50 inference: torch (eager, BN folded by torch.fx, torch.compile, torch.compile with inductor
+freezing) against rawconv.nn.convert(fuse=True, autotune=example), in one process.
+
+CUDA (default when a GPU is there): batch 32, float16, channels_last, eval, random weights. Per
+variant: GPU time per batch (calls queued behind a busy GPU: rawconv.bench.time_cuda_queued, so the
+host's launch time is left out) and wall time per batch (back-to-back calls, one synchronize);
+rawconv also under a CUDA graph (captured after warm-up on a side stream) with its wall time; the
+autotune time cold (process and tuning caches cleared) and warm (second convert); every output
+against eager (and against float64 with --ref64) within the dtype's tolerance. CPU (--device cpu):
+float32, batch 8, --threads N: eager NCHW and channels_last, torch.compile, torch.compile with
+freezing, rawconv converted (prepacked weights, oneDNN post-ops for bias, ReLU and the residual sum)
+on NCHW and channels_last input.
+
+    python benchmarks/bench_resnet50.py                                   # the H200 run
+    python benchmarks/bench_resnet50.py --device cpu --threads 8          # the CPU run
+    python benchmarks/bench_resnet50.py --device cpu --batch 1 --size 64 --variants eager,rawconv  # quick
+
+torchvision's resnet50 when ``import torchvision`` works, else the same architecture defined here
+(--base-width shrinks it for smoke tests). Prints one table with ratios against torch.compile with
+freezing and against eager; --json writes the rows.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import sys
+import time
+import warnings
+
+import torch
+import torch.nn as nn
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import rawconv.nn as rnn  # noqa: E402
+from rawconv.bench import time_cpu, time_cuda_queued  # noqa: E402
+
+VARIANTS_CUDA = ("eager", "fx_bn_fold", "compile", "compile_freezing", "rawconv", "rawconv_cudagraph")
+VARIANTS_CPU = ("eager", "channels_last", "compile", "compile_freezing", "rawconv", "rawconv_channels_last")
+
+
+# ---------------------------------------------------------------------------- the model
+class Bottleneck(nn.Module):
+    """torchvision's Bottleneck (ResNet v1.5: stride in the 3x3)."""
+
+    expansion = 4
+
+    def __init__(self, inplanes, planes, stride=1, downsample=None):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inplanes, planes, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = nn.Conv2d(planes, planes * 4, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(planes * 4)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = downsample
+
+    def forward(self, x):
+        identity = x
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        if self.downsample is not None:
+            identity = self.downsample(x)
+        out += identity
+        return self.relu(out)
+
+
+class ResNet(nn.Module):
+    """torchvision's ResNet with Bottleneck blocks [3, 4, 6, 3] (ResNet-50), same module names;
+    ``base`` (64 in ResNet-50) scales every width."""
+
+    def __init__(self, layers=(3, 4, 6, 3), base=64, num_classes=1000):
+        super().__init__()
+        self.inplanes = base
+        self.conv1 = nn.Conv2d(3, base, 7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(base)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
+        self.layer1 = self._make_layer(base, layers[0])
+        self.layer2 = self._make_layer(base * 2, layers[1], stride=2)
+        self.layer3 = self._make_layer(base * 4, layers[2], stride=2)
+        self.layer4 = self._make_layer(base * 8, layers[3], stride=2)
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(base * 8 * 4, num_classes)
+
+    def _make_layer(self, planes, blocks, stride=1):
+        downsample = None
+        if stride != 1 or self.inplanes != planes * 4:
+            downsample = nn.Sequential(nn.Conv2d(self.inplanes, planes * 4, 1, stride=stride, bias=False),
+                                       nn.BatchNorm2d(planes * 4))
+        layers = [Bottleneck(self.inplanes, planes, stride, downsample)]
+        self.inplanes = planes * 4
+        layers += [Bottleneck(self.inplanes, planes) for _ in range(1, blocks)]
+        return nn.Sequential(*layers)
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def build_resnet50(base: int = 64, seed: int = 0) -> tuple[nn.Module, str]:
+    """(ResNet-50 in eval mode with random weights and BatchNorm statistics, where it came from)."""
+    torch.manual_seed(seed)
+    source = "rawconv's definition (torchvision's architecture)"
+    model = None
+    if base == 64:
+        try:
+            import torchvision
+
+            model = torchvision.models.resnet50(weights=None)
+            source = f"torchvision {torchvision.__version__}"
+        except ImportError:
+            pass
+    if model is None:
+        model = ResNet(base=base)
+        for m in model.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+    g = torch.Generator().manual_seed(seed + 1)
+    for m in model.modules():   # non-trivial statistics, so that folding them is exercised
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.copy_(torch.rand(m.num_features, generator=g) * 0.2 - 0.1)
+            m.running_var.copy_(torch.rand(m.num_features, generator=g) * 0.5 + 0.75)
+            m.weight.data.copy_(torch.rand(m.num_features, generator=g) * 0.5 + 0.5)
+            m.bias.data.copy_(torch.rand(m.num_features, generator=g) * 0.2 - 0.1)
+    return model.eval(), source
+
+
+# ---------------------------------------------------------------------------- timing
+def wall_ms(fn, device: str, iterations: int) -> float:
+    """Wall milliseconds per call: ``iterations`` back-to-back calls, one synchronize (CUDA)."""
+    fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    best = math.inf
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(iterations):
+            fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / iterations * 1e3)
+    return best
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |y - ref| / max |ref| (normwise), in float64 on the CPU."""
+    a, b = y.detach().double().cpu(), ref.detach().double().cpu()
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+def cuda_graph(model, x):
+    """(replay function, static output) of ``model(x)`` captured in a CUDA graph after warm-up on a side stream."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.no_grad():
+        for _ in range(3):
+            model(x)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g), torch.no_grad():
+        out = model(x)
+    return g.replay, out
+
+
+# ---------------------------------------------------------------------------- the variants
+def make_variants(model, x, args, log) -> dict:
+    """name -> (callable running one batch, note). Builds (compiles, converts, tunes) each variant."""
+    dev = args.device
+    out = {}
+    want = args.variants
+
+    def timed_build(name, build):
+        t0 = time.perf_counter()
+        try:
+            fn, note = build()
+        except Exception as exc:   # noqa: BLE001  (a variant that cannot be built is a row, not a crash)
+            log(f"  {name}: {type(exc).__name__}: {exc}")
+            out[name] = (None, f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+            return
+        with torch.no_grad():
+            fn()   # first call (compilation happens here)
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        secs = time.perf_counter() - t0
+        out[name] = (fn, (note + "; " if note else "") + f"build {secs:.1f} s")
+        log(f"  {name}: ready ({secs:.1f} s)")
+
+    def nograd(f):
+        def g():
+            with torch.no_grad():
+                return f()
+        return g
+
+    if "eager" in want:
+        timed_build("eager", lambda: (nograd(lambda: model(x)), ""))
+    if "channels_last" in want:
+        xc = x.to(memory_format=torch.channels_last)
+        mc = copy.deepcopy(model).to(memory_format=torch.channels_last)
+        timed_build("channels_last", lambda: (nograd(lambda: mc(xc)), ""))
+    if "fx_bn_fold" in want:
+        def fx():
+            from torch.fx.experimental.optimization import fuse
+            fm = fuse(copy.deepcopy(model))
+            return nograd(lambda: fm(x)), "torch.fx.experimental.optimization.fuse"
+        timed_build("fx_bn_fold", fx)
+    if "compile" in want:
+        def comp():
+            torch._dynamo.reset()
+            cm = torch.compile(copy.deepcopy(model))
+            return nograd(lambda: cm(x)), "torch.compile default"
+        timed_build("compile", comp)
+    if "compile_freezing" in want:
+        def compf():
+            import torch._inductor.config as icfg
+            torch._dynamo.reset()
+            icfg.freezing = True
+            cm = torch.compile(copy.deepcopy(model))
+
+            def run():
+                with torch.no_grad():
+                    return cm(x)
+            return run, "torch._inductor.config.freezing = True"
+        timed_build("compile_freezing", compf)
+    rawconv_wanted = [v for v in want if v.startswith("rawconv")]
+    if rawconv_wanted:
+        xc = x.to(memory_format=torch.channels_last)
+        tuned_on = {}
+
+        def conv_model(example):
+            t0 = time.perf_counter()
+            m = rnn.convert(model, fuse=True, autotune=None if args.no_autotune else example,
+                            autotune_budget_s=args.autotune_budget)
+            return m, time.perf_counter() - t0
+
+        # cold: the process's winners and cuDNN's tuning cache cleared; warm: the same convert again
+        first = x if ("rawconv" in want or dev == "cuda") else xc
+        rnn.clear_tuning()
+        if dev == "cuda":
+            from rawconv import cudnn_graph
+            cudnn_graph.clear_tuning_cache()
+        rm, cold = conv_model(first)
+        _, warm = conv_model(first)
+        tuned_on[first is xc] = rm
+        rep = rm.rawconv_report
+        out["_rawconv_info"] = {"convert_cold_s": cold, "convert_warm_s": warm, "autotune_cold_s": rep.autotune_s,
+                                "report": str(rep)}
+        log("  " + str(rep).replace("\n", "\n  "))
+        log(f"  convert + autotune: cold {cold:.2f} s, warm {warm:.2f} s")
+        note = f"{len(rep.fused)} convs fused"
+        if "rawconv" in want:
+            timed_build("rawconv", lambda: (nograd(lambda: rm(x)), note))
+        if "rawconv_channels_last" in want:
+            rmc = tuned_on.get(True) or conv_model(xc)[0]
+            timed_build("rawconv_channels_last", lambda: (nograd(lambda: rmc(xc)), note + "; channels_last input"))
+        if "rawconv_cudagraph" in want and dev == "cuda":
+            def graph():
+                replay, static_out = cuda_graph(rm, x)
+                return (lambda: (replay(), static_out)[1]), "torch.cuda.graph replay (input fixed)"
+            timed_build("rawconv_cudagraph", graph)
+    return out
+
+
+def run(args, log=print) -> dict:
+    """Build the model and every variant, time them, check them; returns {"rows": [...], "meta": {...}}."""
+    dev = args.device
+    if dev == "cpu" and args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    model, source = build_resnet50(args.base_width)
+    model = model.to(dev, dtype)
+    if dev == "cuda":
+        torch.backends.cudnn.benchmark = True
+        model = model.to(memory_format=torch.channels_last)
+    g = torch.Generator().manual_seed(123)
+    x = torch.randn(args.batch, 3, args.size, args.size, generator=g).to(dev, dtype)
+    if dev == "cuda":
+        x = x.to(memory_format=torch.channels_last)
+    log(f"ResNet-50 ({source}), {dev}, batch {args.batch}, {args.size}x{args.size}, {args.dtype}, "
+        f"threads {torch.get_num_threads()}, torch {torch.__version__}")
+    variants = make_variants(model, x, args, log)
+    info = variants.pop("_rawconv_info", {})
+    with torch.no_grad():
+        y_eager = model(x) if "eager" in variants else None
+        ref64 = None
+        if args.ref64:
+            m64 = copy.deepcopy(model).to("cpu", torch.float64).to(memory_format=torch.contiguous_format)
+            ref64 = m64(x.to("cpu", torch.float64).contiguous())
+    tol = {"float16": 2e-2, "bfloat16": 6e-2, "float32": 1e-4}[args.dtype]
+    rows = []
+    for name, (fn, note) in variants.items():
+        row = {"variant": name, "note": note, "gpu_ms": None, "wall_ms": None, "err_vs_eager": None,
+               "err_vs_f64": None, "ok": None}
+        if fn is None:
+            rows.append(row)
+            continue
+        with torch.no_grad():
+            y = fn()
+        if isinstance(y, torch.Tensor):
+            if y_eager is not None:
+                row["err_vs_eager"] = rel_err(y, y_eager)
+                row["ok"] = row["err_vs_eager"] <= tol
+            if ref64 is not None:
+                row["err_vs_f64"] = rel_err(y, ref64)
+        if dev == "cuda":
+            # few batches per queued group: a forward launches ~150-250 kernels, and the launch queue
+            # (about a thousand entries) must hold the whole group behind the GPU sleep, or the host's
+            # launch time leaks into the measurement; more repeats instead
+            row["gpu_ms"] = time_cuda_queued(fn, iterations=args.gpu_batches, warmup=2, repeats=7).median_ms
+            row["wall_ms"] = wall_ms(fn, dev, args.iterations)
+        else:
+            row["wall_ms"] = time_cpu(fn, iterations=args.iterations, warmup=1).median_ms
+        rows.append(row)
+        log(f"  {name}: {row['gpu_ms'] or row['wall_ms']:.3f} ms")
+    meta = {"device": dev, "batch": args.batch, "size": args.size, "dtype": args.dtype,
+            "threads": torch.get_num_threads(), "torch": torch.__version__, "model": source,
+            "cpu": _cpu_name(), "gpu": torch.cuda.get_device_name() if dev == "cuda" else None,
+            "tolerance_vs_eager": tol, **info}
+    return {"rows": rows, "meta": meta}
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "?"
+
+
+def table(result: dict) -> str:
+    """The rows as a table, with ratios against torch.compile+freezing and against eager (>1: faster)."""
+    rows = result["rows"]
+    key = "gpu_ms" if result["meta"]["device"] == "cuda" else "wall_ms"
+    by = {r["variant"]: r[key] for r in rows}
+    freeze, eager = by.get("compile_freezing"), by.get("eager")
+    lines = [f"{'variant':<22} {'GPU ms':>9} {'wall ms':>9} {'vs freezing':>12} {'vs eager':>9} "
+             f"{'err vs eager':>13} {'err vs f64':>11}  note"]
+    for r in rows:
+        t = r[key]
+        f = lambda v, fmt: format(v, fmt) if v is not None else format("-", ">" + fmt.split(".")[0])  # noqa: E731
+        ratio_f = freeze / t if (t and freeze) else None
+        ratio_e = eager / t if (t and eager) else None
+        x_f = f"{ratio_f:.2f}x" if ratio_f is not None else "-"
+        x_e = f"{ratio_e:.2f}x" if ratio_e is not None else "-"
+        lines.append(f"{r['variant']:<22} {f(r['gpu_ms'], '9.3f')} {f(r['wall_ms'], '9.3f')} "
+                     f"{x_f:>12} {x_e:>9} {f(r['err_vs_eager'], '13.2e')} "
+                     f"{f(r['err_vs_f64'], '11.2e')}  {r['note']}")
+    if result["meta"]["device"] == "cuda":
+        lines.append("GPU ms: GPU time per batch, calls queued behind a busy GPU; wall ms: back-to-back calls, "
+                     "one synchronize (host-bound when above GPU ms)")
+    else:
+        lines.append("wall ms: median time per batch (perf_counter)")
+    m = result["meta"]
+    if "convert_cold_s" in m:
+        lines.append(f"rawconv convert(fuse=True, autotune=x): cold {m['convert_cold_s']:.2f} s "
+                     f"(search {m['autotune_cold_s']:.2f} s), warm {m['convert_warm_s']:.2f} s")
+    return "\n".join(lines)
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--batch", type=int, default=None, help="default 32 on CUDA, 8 on CPU")
+    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--dtype", choices=("float16", "float32", "bfloat16"), default=None,
+                    help="default float16 on CUDA, float32 on CPU")
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads)")
+    ap.add_argument("--iterations", type=int, default=20, help="batches timed (wall time; CPU)")
+    ap.add_argument("--gpu-batches", type=int, default=4,
+                    help="batches per group queued behind the GPU sleep (GPU time; 7 groups)")
+    ap.add_argument("--variants", default=None, help="comma-separated subset; CUDA: " + ",".join(VARIANTS_CUDA) +
+                    "; CPU: " + ",".join(VARIANTS_CPU))
+    ap.add_argument("--autotune-budget", type=float, default=None, help="seconds per distinct problem (cuDNN)")
+    ap.add_argument("--no-autotune", action="store_true", help="rawconv with the libraries' default choices")
+    ap.add_argument("--ref64", action="store_true", help="also check every output against float64 (CPU, slow)")
+    ap.add_argument("--base-width", type=int, default=64, help="64 = ResNet-50; smaller for smoke tests")
+    ap.add_argument("--json", default=None, help="write the rows and metadata here")
+    args = ap.parse_args(argv)
+    if args.batch is None:
+        args.batch = 32 if args.device == "cuda" else 8
+    if args.dtype is None:
+        args.dtype = "float16" if args.device == "cuda" else "float32"
+    allowed = VARIANTS_CUDA if args.device == "cuda" else VARIANTS_CPU
+    args.variants = tuple(args.variants.split(",")) if args.variants else allowed
+    bad = [v for v in args.variants if v not in allowed]
+    if bad:
+        ap.error(f"unknown variants for {args.device}: {bad}; choose from {list(allowed)}")
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse(argv)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        result = run(args)
+    print(table(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1, default=str)
+    return result
+
+
+if __name__ == "__main__":
+    main()

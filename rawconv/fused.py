@@ -1,0 +1,621 @@
+"""Fused convolution + bias (+ residual) (+ ReLU) as ONE library call, and the torch operator over it.
+
+    y = rawconv.fused.conv_bias_act(x, w, b, residual=r, padding=1, activation="relu")
+    # = relu(conv(x, w) + b + r), one oneDNN primitive (CPU) or one cuDNN graph (CUDA)
+
+    torch.ops.rawconv.conv_bias_act(x, w, b, r, [1, 1], [1, 1], [1, 1], 1, "relu", "auto", None, "strict")
+
+* CPU: a oneDNN convolution primitive with the bias inside it and the post-ops ``sum`` (the
+  residual, which oneDNN reads from the destination buffer before writing it) then ``eltwise_relu``:
+  oneDNN applies post-ops in the order they are appended, so the result is
+  ``relu(conv(x, w) + b + r)`` (checked against float64 in tests/test_fused.py).
+  :class:`FusedConvolution` is the plan: a :class:`rawconv.onednn.Convolution` whose primitive
+  carries those post-ops (implementations, ``select``, ``autotune``, prepacked weights as there).
+* CUDA: one cuDNN graph: convolution, pointwise ``add`` of the bias, pointwise ``add`` of the
+  residual (a second input tensor of the graph), pointwise ``relu``
+  (:class:`ResidualGraphConvolution`; without a residual, :class:`rawconv.cudnn_graph.GraphConvolution`
+  with ``activation="relu"``).
+
+The operator ``rawconv::conv_bias_act`` has a fake (meta) kernel computed from the arguments alone
+(no library call), so ``torch.compile(fullgraph=True)`` traces it, and a backward (gradients of x,
+w, bias and residual through rawconv's own backward-data and backward-weights calls; no double
+backward). It is meant for inference (``rawconv.nn.convert(..., fuse=True)`` folds BatchNorm into
+the weights, which is only right in eval mode).
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any, Optional, Sequence
+
+import torch
+
+from . import onednn
+from ._plans import PlanCache
+from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
+from .problem import ConvProblem, dense_strides, empty_like_layout, layout_of, strides_match, to_layout
+
+__all__ = ["conv_bias_act", "FusedConvolution", "ResidualGraphConvolution", "ACTIVATIONS", "BACKENDS",
+           "clear_cache"]
+
+ACTIVATIONS = ("none", "relu")
+BACKENDS = ("auto", "onednn", "cudnn")
+PRECISIONS = ("strict", "tf32", "bf16", "f16", "any")
+
+
+# ---------------------------------------------------------------------------- oneDNN: post-ops
+class _FusedBuilt(onednn._Built):
+    """One built implementation of a :class:`FusedConvolution`. With a residual and an
+    implementation whose destination layout differs from the user's (a blocked ``dst``), the
+    residual is first reordered from the user's output tensor into the implementation's
+    destination buffer: the ``sum`` post-op reads that buffer."""
+
+    def __init__(self, plan: "FusedConvolution", impl, pd):
+        super().__init__(plan, impl, pd)
+        self.pre = None
+        if plan.residual:
+            from . import _dnnl
+            from ._dnnl import ffi
+
+            L = _dnnl.lib()
+            for role, _arg, mem, _is_out, reorder, _buf in self.args:
+                if role == "y" and reorder is not None:
+                    rpd = _dnnl.reorder_pd(plan.user_md["y"], _dnnl.pd_md(pd, "dst"))
+                    rprim = _dnnl.primitive(rpd)
+                    umem = _dnnl.memory(plan.user_md["y"])
+                    rargs = ffi.new("dnnl_exec_arg_t[2]")
+                    rargs[0].arg, rargs[1].arg = L.DNNL_ARG_FROM, L.DNNL_ARG_TO
+                    rargs[0].memory, rargs[1].memory = umem, mem
+                    self.pre = (rprim, umem, rargs)
+
+    def run(self, tensors: dict, stream, prepack: bool) -> None:
+        if self.pre is not None:
+            from . import _dnnl
+
+            rprim, umem, rargs = self.pre
+            _dnnl.check(onednn._set_handle_int()(umem, tensors["y"].data_ptr()), "dnnl_memory_set_data_handle")
+            _dnnl.check(_dnnl.lib().dnnl_primitive_execute(rprim, stream, 2, rargs), "dnnl_primitive_execute",
+                        self.impl.name + " (residual reorder)")
+        super().run(tensors, stream, prepack)
+
+
+class FusedConvolution(onednn.Convolution):
+    """A oneDNN forward convolution plan with the bias in the primitive and post-ops for a residual
+    add (``sum``) and an activation (``eltwise_relu``): ``y = act(conv(x, w) + b + r)``.
+
+    ``FusedConvolution(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, *,
+    residual=False, activation="relu", impl=None, fpmath="strict", prepack=True)``: arguments as
+    :class:`rawconv.onednn.Convolution`; ``residual`` (bool): whether :meth:`run` takes a residual
+    tensor of y's shape; ``activation``: ``"relu"`` or ``"none"``. :meth:`run` ``(x, w=None,
+    bias=None, residual=None)`` returns y in x's layout. ``implementations``, ``select``,
+    ``autotune`` and prepacking work as in the base class (the implementations are those oneDNN
+    offers for the primitive WITH these post-ops). Raises :class:`ArgumentError` for bad input
+    before any C call. Wraps ``dnnl_post_ops_append_sum``, ``dnnl_post_ops_append_eltwise``,
+    ``dnnl_primitive_attr_set_post_ops`` and what the base class wraps.
+    """
+
+    def __init__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
+                 padding: Any = 0, dilation: Any = 1, groups: int = 1, *, residual: bool = False,
+                 activation: str = "relu", impl: Any = None, fpmath: str = "strict", prepack: bool = True):
+        problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
+        onednn._check_device(problem)
+        self._setup(residual, activation)
+        self._init(problem, "forward", "direct", fpmath, onednn._w_layout(w), prepack)
+        self._x, self._w, self._b = x, w, bias
+        if impl is not None:
+            self.select(impl)
+
+    @classmethod
+    def for_problem(cls, problem: ConvProblem, *, residual: bool = False, activation: str = "relu",
+                    impl: Any = None, fpmath: str = "strict", w_layout: str = "nchw",
+                    prepack: bool = True) -> "FusedConvolution":
+        """A plan from a :class:`ConvProblem` (tensors given to :meth:`run`)."""
+        if not isinstance(problem, ConvProblem):
+            raise ArgumentTypeError(f"problem must be a ConvProblem, got {type(problem).__name__}")
+        onednn._check_device(problem)
+        self = cls.__new__(cls)
+        self._setup(residual, activation)
+        self._init(problem, "forward", "direct", fpmath, w_layout, prepack)
+        self._x = self._w = self._b = None
+        if impl is not None:
+            self.select(impl)
+        return self
+
+    def _setup(self, residual, activation):
+        if not isinstance(residual, bool):
+            raise ArgumentTypeError(f"residual must be True or False, got {residual!r}")
+        activation = _check_activation(activation)
+        self.residual, self.activation = residual, activation
+        ops = []
+        if residual:
+            ops.append(("sum", 1.0))
+        if activation == "relu":
+            ops.append(("eltwise", "relu", 0.0, 0.0))
+        self._post_ops = tuple(ops)
+
+    def _build(self, i: int):
+        b = self._built.get(i)
+        if b is None:
+            b = _FusedBuilt(self, self._impls[i], self._pds[i])
+            self._built[i] = b
+        return b
+
+    def run(self, x: torch.Tensor | None = None, w: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+            residual: torch.Tensor | None = None, *, inplace: bool = False) -> torch.Tensor:
+        """``act(conv(x, w) + bias + residual)`` on the selected implementation; y in the plan's layout.
+
+        ``inplace``: the result may be written into ``residual`` itself (returned then) when it is a
+        dense tensor in the plan's layout that shares no memory with x, w or bias; otherwise the
+        residual is copied into a new output first (the ``sum`` post-op reads the destination).
+        Raises :class:`ArgumentError` when a residual is missing, unexpected or of the wrong shape/dtype."""
+        p = self.problem
+        if self.residual != (residual is not None):
+            raise ArgumentError("this plan was built " + ("with a residual: pass residual" if self.residual
+                                                           else "without a residual"))
+        if p.is_empty:
+            return _torch_tail(torch.zeros(p.y_shape, dtype=p.torch_dtype), bias if bias is not None else self._b,
+                               residual, self.activation, p)
+        if residual is None:
+            return self.execute(x, w, bias)
+        r = _check_residual(residual, p)
+        if inplace and r.numel() and strides_match(r, dense_strides(p.y_shape, p.layout)) and not r.is_neg() \
+                and not r.is_conj():
+            try:
+                onednn._check_no_overlap(r, (("x", x if x is not None else self._x), ("w", w if w is not None else
+                                                                                       self._w), ("bias", bias)))
+            except ArgumentError:
+                pass
+            else:
+                self.execute(x, w, bias, out=r)
+                return residual
+        y = empty_like_layout(p.y_shape, p.layout, p.torch_dtype, "cpu")
+        y.copy_(r)
+        self.execute(x, w, bias, out=y)
+        return y.squeeze(0) if p.unbatched else y
+
+    def _example_tensors(self) -> dict:
+        t = super()._example_tensors()
+        if self.residual:   # the sum post-op reads dst: give it defined values while timing
+            t["out"] = empty_like_layout(self.problem.y_shape, self.problem.layout, self.problem.torch_dtype,
+                                         "cpu").zero_()
+        return t
+
+    def __repr__(self) -> str:
+        return super().__repr__().replace("onednn.Convolution", "fused.FusedConvolution")[:-1] + \
+            f" residual={self.residual} activation={self.activation}>"
+
+
+def _check_activation(activation) -> str:
+    if activation is None:
+        return "none"
+    if not isinstance(activation, str):
+        raise ArgumentTypeError(f"activation must be one of {list(ACTIVATIONS)}, got {type(activation).__name__}")
+    if activation == "identity":
+        activation = "none"
+    if activation not in ACTIVATIONS:
+        raise ArgumentError(f"activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
+    return activation
+
+
+def _check_residual(residual, p: ConvProblem) -> torch.Tensor:
+    if not isinstance(residual, torch.Tensor):
+        raise ArgumentTypeError(f"residual must be a torch.Tensor, got {type(residual).__name__}")
+    r = residual.unsqueeze(0) if p.unbatched and residual.dim() == p.ndim + 1 else residual
+    if tuple(r.shape) != tuple(p.y_shape):
+        raise ArgumentError(f"residual must have the output's shape {tuple(p.y_shape)}, got {tuple(residual.shape)}")
+    if r.dtype != p.torch_dtype:
+        raise ArgumentError(f"residual must be {p.torch_dtype} (the input's dtype), got {r.dtype}")
+    if str(r.device) != p.device and not (r.device.type == "cuda" and p.device.startswith("cuda")
+                                          and torch.device(p.device).index in (None, r.device.index)):
+        raise ArgumentError(f"residual must be on {p.device}, got {r.device}")
+    if r.is_nested or r.layout != torch.strided:
+        raise ArgumentError("residual must be a dense (strided) tensor")
+    return r
+
+
+def _torch_tail(z: torch.Tensor, bias, residual, activation: str, p: ConvProblem) -> torch.Tensor:
+    """``act(z + bias + residual)`` in torch (zero-sized problems: no library call)."""
+    y = to_layout(z, p.layout)
+    if bias is not None:
+        y = y + bias.view(1, -1, *([1] * p.ndim))
+    if residual is not None:
+        y = y + _check_residual(residual, p)
+    if activation == "relu":
+        y = torch.relu(y)
+    y = to_layout(y.contiguous(), p.layout) if p.layout == "nchw" else to_layout(y, p.layout)
+    return y.squeeze(0) if p.unbatched else y
+
+
+# ---------------------------------------------------------------------------- cuDNN: one graph
+def _graph_class():
+    """:class:`ResidualGraphConvolution`, defined on first use (cudnn_graph imports cuDNN lazily,
+    but keeping it out of ``import rawconv.fused`` keeps that import light)."""
+    global ResidualGraphConvolution
+    if isinstance(ResidualGraphConvolution, type):
+        return ResidualGraphConvolution
+    from . import check as _check
+    from . import cudnn_graph as G
+
+    class _ResidualGraphConvolution(G.GraphConvolution):
+        """A :class:`rawconv.cudnn_graph.GraphConvolution` whose graph also adds a residual tensor
+        of y's shape before the activation: ``y = act(conv(x, w) + b + r)`` (pointwise nodes
+        ``add`` (bias), ``add`` (residual, tensor uid 5), then the activation).
+
+        ``ResidualGraphConvolution.for_problem(problem, activation="relu", allow_tf32=False)``;
+        :meth:`run` ``(x, w, bias, residual, out=None)``; ``engines``, ``select`` and
+        ``autotune`` as the base class (autotune checks every candidate against the float64
+        ``act(conv + b + r)`` on a random residual). No ``"nhwc:"`` relayout configs.
+        """
+
+        @classmethod
+        def for_problem(cls, problem: ConvProblem, *, activation: str | None = "relu",
+                        allow_tf32: bool = False) -> "_ResidualGraphConvolution":
+            self = cls.from_problem(problem, direction="forward", activation=activation, allow_tf32=allow_tf32)
+            if not problem.is_empty:
+                self._graph = G._Graph(problem, "forward", self.activation, problem.layout, residual=True)
+            return self
+
+        def _describe(self) -> str:
+            return super()._describe() + " residual"
+
+        def _example(self, seed: int = 0) -> dict:
+            t = super()._example(seed)
+            p = self.problem
+            g = torch.Generator(device="cpu").manual_seed(seed + 2)
+            r = torch.randn(p.y_shape, generator=g, dtype=torch.float64).to(p.torch_dtype)
+            t["r"] = to_layout(r, p.layout).to(f"cuda:{self.device_index}")
+            self._tune_tensors = t
+            self._ref_r = None
+            return t
+
+        def _bind(self, x, w, bias, out, grad_y):
+            t, result = super()._bind(x, w, bias, out, grad_y)
+            r = getattr(self, "_pending_r", None)
+            if r is None:
+                raise ArgumentError("this plan adds a residual: use run(x, w, bias, residual)")
+            t["r"] = self._prepare("r", r, self.problem.y_shape)
+            return t, result
+
+        def call_for(self, b, t: dict, out: torch.Tensor):
+            self._pending_r = t["r"]
+            try:
+                bound, _ = self._bind(t.get("x"), t.get("w"), t.get("b"), out, None)
+            finally:
+                self._pending_r = None
+            ptrs = tuple(bound[r].data_ptr() for r in self._graph.roles)
+            return lambda: self._run(b, ptrs) or bound
+
+        def check_output(self, out, config, ref, ref_abs):
+            # autotune's reference has no residual: act(conv + b + r) in float64 on the same
+            # example tensors instead (computed once per autotune)
+            if self._ref_r is None or self._ref_r[0] is not ref:
+                t = self._tune_tensors
+                ref0, abs0 = _check.reference(self.problem, "forward", t)
+                r64 = t["r"].to(torch.float64)
+                refr = ref0 + r64
+                if self.activation:
+                    refr = _check.ACTIVATION_REFERENCE[self.activation](refr)
+                self._ref_r = (ref, refr, abs0 + r64.abs())
+            return super().check_output(out, config, self._ref_r[1], self._ref_r[2])
+
+        def _tuning_key(self, opts, relayout: bool):
+            key = super()._tuning_key(opts, relayout)
+            return dataclasses.replace(key, options=dict(key.options, residual=True))
+
+        def channels_last(self):
+            raise NotSupportedError("'nhwc:' configs are not offered for residual graphs: pass channels_last tensors")
+
+        def autotune(self, **kw):
+            """:meth:`rawconv.cudnn_graph.GraphConvolution.autotune` (``relayout`` is not offered)."""
+            if kw.get("relayout"):
+                raise NotSupportedError("relayout search is not offered for residual graphs: pass channels_last "
+                                        "tensors")
+            return super().autotune(**kw)
+
+        def run(self, x, w, bias, residual, out=None) -> torch.Tensor:
+            """``act(conv(x, w) + bias + residual)`` (asynchronous, torch's current stream)."""
+            p = self.problem
+            if p.is_empty:
+                return _torch_tail(torch.zeros(p.y_shape, dtype=p.torch_dtype, device=residual.device), bias,
+                                   residual, self.activation or "none", p)
+            _check_residual(residual, p)
+            self._pending_r = residual.unsqueeze(0) if p.unbatched and residual.dim() == p.ndim + 1 else residual
+            try:
+                return self.execute(x, w, bias, out)
+            finally:
+                self._pending_r = None
+
+    _ResidualGraphConvolution.__name__ = _ResidualGraphConvolution.__qualname__ = "ResidualGraphConvolution"
+    _ResidualGraphConvolution.__module__ = __name__
+    ResidualGraphConvolution = _ResidualGraphConvolution
+    return ResidualGraphConvolution
+
+
+ResidualGraphConvolution: Any = None   # the class, once _graph_class() made it (needs rawconv.cudnn_graph)
+
+
+# ---------------------------------------------------------------------------- plan caches and dispatch
+_cpu_plans = PlanCache(512)
+_gpu_plans = PlanCache(512)
+_fast: dict = {}
+_FAST_MAX = 1024
+
+
+def clear_cache() -> None:
+    """Drop the fused plans (oneDNN and cuDNN) the function form and the operator keep."""
+    _cpu_plans.clear()
+    _gpu_plans.clear()
+    _fast.clear()
+
+
+def _pad_arg(padding, nd: int):
+    """The operator's ``int[]`` padding (nd symmetric values, or 2*nd: all befores then all afters)
+    as rawconv's padding argument."""
+    if isinstance(padding, (str, int)):
+        return padding
+    pad = list(padding)
+    if len(pad) == 2 * nd:
+        return tuple((pad[i], pad[nd + i]) for i in range(nd))
+    return tuple(pad)
+
+
+def _backend_of(backend: str, device: torch.device) -> str:
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ArgumentError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    if backend == "auto":
+        return "cudnn" if device.type == "cuda" else "onednn"
+    if backend == "onednn" and device.type != "cpu":
+        raise ArgumentError(f"backend 'onednn' runs on CPU tensors, got tensors on {device}")
+    if backend == "cudnn" and device.type != "cuda":
+        raise ArgumentError(f"backend 'cudnn' runs on CUDA tensors, got tensors on {device}")
+    return backend
+
+
+def plan_for(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+             stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1, *, activation: str = "relu",
+             backend: str = "auto", choice: Any = None, precision: str = "strict"):
+    """The cached plan :func:`conv_bias_act` runs for these arguments: a :class:`FusedConvolution`
+    (oneDNN) or a cuDNN graph plan (:class:`rawconv.cudnn_graph.GraphConvolution` /
+    :class:`ResidualGraphConvolution`). Validates everything (``ArgumentError`` /
+    ``ArgumentTypeError`` before any C call)."""
+    activation = _check_activation(activation)
+    if precision not in PRECISIONS:
+        raise ArgumentError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
+    if not isinstance(x, torch.Tensor):
+        raise ArgumentTypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    bk = _backend_of(backend, x.device)
+    problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
+    if residual is not None:
+        _check_residual(residual, problem)
+    if choice is not None and not isinstance(choice, (str, int)) or isinstance(choice, bool):
+        raise ArgumentTypeError(f"choice must be None, a name or a position, got {choice!r}")
+    has_r = residual is not None
+    if bk == "onednn":
+        if isinstance(choice, str) and choice.isdigit():
+            choice = int(choice)   # a position in the implementation list
+        # one plan per weight tensor: a plan keeps ONE prepacked copy of the weights, and layers of
+        # the same shape (most of ResNet-50's blocks) sharing a plan would reorder on every call
+        key = (problem, has_r, activation, choice, precision, onednn._w_layout(w), w.data_ptr(),
+               threading.get_ident())
+        plan = _cpu_plans.get(key)
+        if plan is None or plan._freed:
+            plan = FusedConvolution.for_problem(problem, residual=has_r, activation=activation, impl=choice,
+                                                fpmath=precision, w_layout=onednn._w_layout(w), prepack=True)
+            _cpu_plans.put(key, plan)
+        return plan
+    from . import cudnn_graph as G
+
+    if problem.dtype not in G.DTYPES:
+        raise ArgumentError(f"cuDNN graphs take {list(G.DTYPES)}, got {problem.dtype}")
+    allow_tf32 = precision != "strict"
+    key = (problem, has_r, activation, choice, allow_tf32, threading.get_ident())
+    plan = _gpu_plans.get(key)
+    if plan is None or plan._freed:
+        act = None if activation == "none" else activation
+        if has_r:
+            plan = _graph_class().for_problem(problem, activation=act, allow_tf32=allow_tf32)
+        else:
+            plan = G.GraphConvolution.from_problem(problem, activation=act, allow_tf32=allow_tf32)
+        if choice is not None:
+            plan.select(choice)   # a forced config that does not finalize raises (NotSupportedError)
+        elif not problem.is_empty:
+            try:
+                plan._current()   # cuDNN's default config for this graph
+            except NotSupportedError as exc:
+                plan = _CudaFallback(problem, activation, precision, str(exc))
+        _gpu_plans.put(key, plan)
+    return plan
+
+
+class _CudaFallback:
+    """When cuDNN offers no engine for the fused graph (NCHW graphs often have none; some
+    residual graphs may not fuse): the legacy API's convolution with bias and ReLU
+    (``rawconv.cudnn.forward(..., activation=...)``, fused by
+    ``cudnnConvolutionBiasActivationForward`` where cuDNN allows), and the residual added in torch
+    before the activation. Said once per problem by a ``RuntimeWarning``."""
+
+    _freed = False
+
+    def __init__(self, problem: ConvProblem, activation: str, precision: str, why: str):
+        import warnings
+
+        self.problem, self.activation, self.precision = problem, activation, precision
+        self.selected_name = "legacy (graph not supported)"
+        warnings.warn(f"rawconv.fused: cuDNN offers no graph for {activation}(conv + bias [+ residual]) "
+                      f"on {problem.describe()} ({why.splitlines()[0][:200]}); running the legacy convolution "
+                      "with the bias (and activation) and adding the residual in torch", RuntimeWarning, stacklevel=4)
+
+    def run(self, x, w, bias, residual=None):
+        from . import cudnn
+
+        p = self.problem
+        pad = tuple(zip(p.pad_before, p.pad_after)) if not p.symmetric else p.pad_before
+        if residual is None:
+            act = None if self.activation == "none" else self.activation
+            return cudnn.forward(x, w, bias, p.stride, pad, p.dilation, p.groups, activation=act,
+                                 precision=self.precision)
+        y = cudnn.forward(x, w, bias, p.stride, pad, p.dilation, p.groups, precision=self.precision)
+        y = y + residual
+        return torch.relu(y) if self.activation == "relu" else y
+
+    execute = run
+
+    def autotune(self, **_kw):
+        raise NotSupportedError(f"no cuDNN graph to tune for {self.problem.describe()} (legacy fallback)")
+
+
+def _run(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision,
+         residual_inplace=False):
+    nd = w.dim() - 2
+    pad = _pad_arg(padding, nd)
+    try:
+        key = (x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.data_ptr(),
+               None if bias is None else (bias.shape, bias.dtype, bias.device),
+               None if residual is None else (residual.shape, residual.dtype, residual.device),
+               tuple(stride), pad, tuple(dilation), groups, activation, backend, choice, precision,
+               threading.get_ident())
+        plan = _fast.get(key)
+    except TypeError:
+        key = plan = None
+    if plan is None or plan._freed:
+        plan = plan_for(x, w, bias, residual, stride, pad, dilation, groups, activation=activation,
+                        backend=backend, choice=choice, precision=precision)
+        if key is not None:
+            if len(_fast) >= _FAST_MAX:
+                _fast.clear()
+            _fast[key] = plan
+    if isinstance(plan, FusedConvolution):
+        return plan.run(x, w, bias, residual, inplace=residual_inplace)
+    if isinstance(plan, _CudaFallback):
+        return plan.run(x, w, bias, residual)
+    if residual is not None:
+        return plan.run(x, w, bias, residual)
+    if plan.problem.is_empty:
+        return _torch_tail(torch.zeros(plan.problem.y_shape, dtype=x.dtype, device=x.device), bias, None,
+                           activation, plan.problem)
+    return plan.execute(x, w, bias)
+
+
+# ---------------------------------------------------------------------------- the torch operator
+def _out_meta(x, w, stride, padding, dilation):
+    """(shape, channels_last?) of the operator's result, from the arguments alone."""
+    nd = w.dim() - 2
+    pad = list(padding)
+    if len(pad) == nd:
+        pb, pa = pad, pad
+    elif len(pad) == 2 * nd:
+        pb, pa = pad[:nd], pad[nd:]
+    else:
+        raise ArgumentError(f"padding must have {nd} or {2 * nd} values, got {pad}")
+    unbatched = x.dim() == nd + 1
+    xs = list(x.shape) if not unbatched else [1] + list(x.shape)
+    out = [(i + b + a - (d * (k - 1) + 1)) // s + 1
+           for i, b, a, d, k, s in zip(xs[2:], pb, pa, dilation, w.shape[2:], stride)]
+    shape = [xs[0], w.shape[0]] + out
+    cl = layout_of(x if not unbatched else x.unsqueeze(0)) == "nhwc"
+    return (shape[1:] if unbatched else shape), cl, unbatched
+
+
+def _op_kernel(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision,
+               residual_inplace=False):
+    """The operator's kernel (also called directly by the modules in eager inference, where
+    ``residual_inplace`` lets the oneDNN path write the result into the residual's memory)."""
+    y = _run(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision,
+             residual_inplace)
+    shape, cl, unbatched = _out_meta(x, w, stride, padding, dilation)
+    if not unbatched and y.dim() >= 3:
+        fmt = (torch.channels_last if y.dim() == 4 else torch.channels_last_3d) if cl and y.dim() in (4, 5) \
+            else torch.contiguous_format
+        if not y.is_contiguous(memory_format=fmt):
+            y = y.contiguous(memory_format=fmt)
+    return y
+
+
+@torch.library.custom_op("rawconv::conv_bias_act", mutates_args=())
+def _conv_bias_act_op(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
+                      stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int,
+                      activation: str, backend: str, choice: Optional[str], precision: str) -> torch.Tensor:
+    """``act(conv(x, w) + bias + residual)`` on oneDNN (CPU) or a cuDNN graph (CUDA)."""
+    return _op_kernel(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision)
+
+
+@_conv_bias_act_op.register_fake
+def _(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision):
+    shape, cl, unbatched = _out_meta(x, w, stride, padding, dilation)
+    y = x.new_empty(shape)
+    if cl and not unbatched and len(shape) in (4, 5):
+        y = y.contiguous(memory_format=torch.channels_last if len(shape) == 4 else torch.channels_last_3d)
+    return y
+
+
+def _setup_context(ctx, inputs, output):
+    x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision = inputs
+    ctx.save_for_backward(x, w, output if activation == "relu" else None)
+    ctx.conf = (tuple(stride), tuple(padding), tuple(dilation), groups, activation, backend, precision,
+                bias is not None, residual is not None)
+
+
+def _backward(ctx, gy):
+    x, w, y = ctx.saved_tensors
+    stride, padding, dilation, groups, activation, backend, precision, has_b, has_r = ctx.conf
+    if torch.is_grad_enabled():
+        raise NotSupportedError("double backward through rawconv::conv_bias_act is not implemented "
+                                "(convert(..., fuse=False) for higher-order gradients)")
+    gz = gy * (y > 0) if activation == "relu" else gy
+    from . import nn as _nn
+
+    nd = w.dim() - 2
+    pad = _pad_arg(padding, nd)
+    gx = gw = gb = gr = None
+    if ctx.needs_input_grad[0]:
+        gx = _nn._backward_data(gz, w, tuple(x.shape), stride, pad, dilation, groups, backend=backend,
+                                precision=precision)
+    if ctx.needs_input_grad[1]:
+        gw = _nn._backward_weights(x, gz, tuple(w.shape), stride, pad, dilation, groups, backend=backend,
+                                   precision=precision)
+    if has_b and ctx.needs_input_grad[2]:
+        dims = [0] + list(range(2, gz.dim())) if gz.dim() == nd + 2 else list(range(1, gz.dim()))
+        gb = gz.sum(dims, dtype=torch.float32 if gz.dtype != torch.float64 else torch.float64).to(gz.dtype)
+    if has_r and ctx.needs_input_grad[3]:
+        gr = gz
+    return gx, gw, gb, gr, None, None, None, None, None, None, None, None
+
+
+_conv_bias_act_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def conv_bias_act(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
+                  residual: torch.Tensor | None = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
+                  groups: int = 1, *, activation: str = "relu", backend: str = "auto", choice: Any = None,
+                  precision: str = "strict") -> torch.Tensor:
+    """``activation(conv(x, w) + bias + residual)`` as one library call (``torch.ops.rawconv.conv_bias_act``).
+
+    ``x``: (N, C, *spatial) or unbatched, NCHW or channels_last; ``w``: (K, C/groups, *kernel);
+    ``bias``: (K,) or None; ``residual``: a tensor of the output's shape (N, K, *out) or None;
+    ``padding``: int, tuple, ``"same"``/``"valid"`` or one ``(before, after)`` pair per spatial
+    dim; ``activation``: ``"relu"`` or ``"none"``; ``backend``: ``"auto"`` (by x's device),
+    ``"onednn"`` (CPU: float32/bfloat16 where the CPU has it), ``"cudnn"`` (CUDA: one graph;
+    float32/float16/bfloat16/float64); ``choice``: the oneDNN implementation (name, ``"name@user"``,
+    position) or the cuDNN engine config name (``"eng28{k2=3}"``); ``precision``: ``"strict"``,
+    ``"tf32"``, ``"bf16"``, ``"f16"``, ``"any"`` (see :mod:`rawconv.options`). Returns y in x's
+    memory format, differentiable once (gradients through rawconv's backward-data and
+    backward-weights calls with the backend's default choices).
+
+    Raises :class:`ArgumentError` / :class:`ArgumentTypeError` before any C call for bad input,
+    :class:`NotSupportedError` when the library offers no (or not the chosen) implementation for
+    the fused primitive. Wraps ``dnnl_primitive_execute`` on a primitive with post-ops, or
+    ``cudnnBackendExecute`` on a graph with pointwise nodes.
+    """
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
+        raise ArgumentTypeError(f"x and w must be torch.Tensor, got {type(x).__name__} and {type(w).__name__}")
+    activation = _check_activation(activation)
+    if isinstance(choice, int) and not isinstance(choice, bool):
+        choice = str(choice)   # the operator's schema takes a string; positions stay positions
+    problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
+    if residual is not None:
+        _check_residual(residual, problem)
+    _backend_of(backend, x.device)
+    pads = list(problem.pad_before) + (list(problem.pad_after) if not problem.symmetric else [])
+    return torch.ops.rawconv.conv_bias_act(x, w, bias, residual, list(problem.stride), pads,
+                                           list(problem.dilation), problem.groups, activation, backend,
+                                           choice, precision)

@@ -1,0 +1,343 @@
+"""rawconv.nn.convert and describe on small CNNs (BatchNorm, residual blocks, ReLU, ConvTranspose, a
+reflect-padded Conv1d), checked against the original model in float64; torch.fx fusion and its
+module-level fallback; autotune once per distinct problem; the ResNet-50 benchmark and the training
+example at a tiny size."""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import rawconv.nn as rnn
+from rawconv import ArgumentError, ArgumentTypeError, onednn
+
+pytestmark = pytest.mark.usefixtures("dnnl")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Block(nn.Module):
+    def __init__(self, cin, cout, stride=1):
+        super().__init__()
+        self.c1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.b1 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=True)
+        self.c2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.b2 = nn.BatchNorm2d(cout)
+        self.down = None
+        if stride != 1 or cin != cout:
+            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        idt = x if self.down is None else self.down(x)
+        out = self.relu(self.b1(self.c1(x)))
+        out = self.b2(self.c2(out))
+        out += idt
+        return F.relu(out)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU())
+        self.blocks = nn.Sequential(Block(8, 8), Block(8, 8), Block(8, 16, stride=2), Block(16, 16))
+        self.up = nn.ConvTranspose2d(16, 8, 3, stride=2, padding=1, output_padding=1)
+        self.bn_up = nn.BatchNorm2d(8)
+        self.head = nn.Conv1d(8, 4, 3, padding=1, padding_mode="reflect")
+
+    def forward(self, x):
+        y = torch.relu(self.bn_up(self.up(self.blocks(self.stem(x)))))
+        return self.head(y.flatten(2))
+
+
+def _net(seed=0):
+    torch.manual_seed(seed)
+    net = Net()
+    g = torch.Generator().manual_seed(seed + 1)
+    for m in net.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.copy_(torch.rand(m.num_features, generator=g) - 0.5)
+            m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+            m.weight.data.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+            m.bias.data.copy_(torch.rand(m.num_features, generator=g) - 0.5)
+    return net.eval()
+
+
+def _close(got, want, rel=2e-5):
+    assert got.shape == want.shape, (got.shape, want.shape)
+    err = (got.detach().double() - want).abs().max().item()
+    assert err <= rel * max(want.abs().max().item(), 1.0), err
+
+
+def _ref64(net, x):
+    import copy
+    with torch.no_grad():
+        return copy.deepcopy(net).double()(x.double())
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("fuse", [False, True])
+def test_converted_model_matches_the_original_in_float64(fuse, layout):
+    net = _net()
+    x = torch.randn(2, 3, 16, 16)
+    if layout == "nhwc":
+        x = x.to(memory_format=torch.channels_last)
+    ref = _ref64(net, x)
+    m = rnn.convert(net, fuse=fuse)
+    rep = m.rawconv_report
+    assert len(rep.swapped) == 12
+    with torch.no_grad():
+        _close(m(x), ref)
+    # the original is untouched (inplace=False)
+    assert type(net.stem[0]) is nn.Conv2d and type(net.up) is nn.ConvTranspose2d
+    if not fuse:
+        assert list(m.state_dict()) == list(net.state_dict())
+        assert type(m.blocks[2].down[0]) is rnn.Conv2d and type(m.up) is rnn.ConvTranspose2d
+        assert type(m.head) is rnn.Conv1d and m.head.padding_mode == "reflect"
+        assert isinstance(m.up, nn.ConvTranspose2d)
+    else:
+        assert rep.traced is True
+        assert len(rep.folded) == 11   # 10 after convs + bn_up after the ConvTranspose
+        assert rep.fused["stem.0"] == "relu"
+        assert rep.fused["blocks.0.c1"] == "relu"
+        assert rep.fused["blocks.0.c2"] == "add+relu"
+        # the add joins whichever of its two convolutions the graph computes first
+        assert sorted([rep.fused["blocks.2.down.0"], rep.fused["blocks.2.c2"]]) == ["add+relu", "bias"]
+        assert rep.fused["head"] == "bias"
+        assert "up" not in rep.fused and type(m.get_submodule("up")) is rnn.ConvTranspose2d
+        c2 = m.get_submodule("blocks.0.c2")
+        assert type(c2) is rnn.ConvBiasAct2d and c2.activation == "relu"
+        assert not any(isinstance(mod, nn.BatchNorm2d) for mod in m.modules())
+
+
+def test_inplace_swaps_the_given_model_and_keeps_its_parameters():
+    net = _net()
+    w = net.stem[0].weight
+    out = rnn.convert(net, inplace=True, precision="strict", choice={"stem.0": "x64:gemm:jit"})
+    assert out is net and type(net.stem[0]) is rnn.Conv2d and net.stem[0].weight is w
+    assert net.stem[0].choice == "x64:gemm:jit" and net.blocks[0].c1.choice is None
+    x = torch.randn(1, 3, 8, 8)
+    with torch.no_grad():
+        _close(net(x), _ref64(_net(), x))
+
+
+def test_bad_arguments():
+    net = _net().train()
+    with pytest.raises(ArgumentError, match="eval"):
+        rnn.convert(net, fuse=True)
+    with pytest.raises(ArgumentTypeError):
+        rnn.convert("model")
+    with pytest.raises(ArgumentError, match="example_input"):
+        rnn.convert(_net(), autotune=True)
+    with pytest.raises(ArgumentError, match="backend"):
+        rnn.convert(_net(), backend="mkl")
+    with pytest.raises(ArgumentError, match="autotune_budget_s"):
+        rnn.convert(_net(), autotune_budget_s=0)
+
+
+class Untraceable(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU())
+        self.b = nn.Conv2d(6, 6, 3, padding=1)
+
+    def forward(self, x):
+        y = self.a(x)
+        if y.sum() > 0:      # data-dependent control flow: torch.fx cannot trace it
+            y = y + self.b(y)
+        return y
+
+
+def test_untraceable_models_fall_back_to_module_level_fusion_and_say_so():
+    torch.manual_seed(1)
+    net = Untraceable()
+    net.a[1].running_mean.uniform_(-0.5, 0.5)
+    net.eval()
+    x = torch.randn(2, 3, 8, 8)
+    ref = _ref64(net, x)
+    with pytest.warns(RuntimeWarning, match="could not trace"):
+        m = rnn.convert(net, fuse=True)
+    rep = m.rawconv_report
+    assert rep.traced is False and rep.trace_error
+    assert rep.fused == {"a.0": "relu"} and rep.folded == [("a.0", "a.1")]
+    assert type(m.a[0]) is rnn.ConvBiasAct2d and type(m.a[1]) is nn.Identity and type(m.b) is rnn.Conv2d
+    with torch.no_grad():
+        _close(m(x), ref)
+    assert "module-level fusion only" in str(rep)
+
+
+class Tricky(nn.Module):
+    """Patterns the fusion must leave alone or handle: a shared conv, an add whose other operand
+    depends on the conv, a residual that only broadcasts, relu_ as a method."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared = nn.Conv2d(4, 4, 3, padding=1)
+        self.c = nn.Conv2d(4, 4, 3, padding=1)
+        self.d = nn.Conv2d(4, 4, 1)
+        self.scale = nn.Parameter(torch.randn(4, 1, 1))
+
+    def forward(self, x):
+        a = self.shared(self.shared(x))          # two call sites: not fused
+        c = self.c(a)
+        b = c + c * 2                            # other operand depends on the conv: no residual fusion
+        e = (self.d(b) + self.scale).relu_()     # broadcasting residual: fused, added in torch at run time
+        return e
+
+
+def test_fusion_leaves_unsafe_patterns_correct():
+    torch.manual_seed(2)
+    net = Tricky().eval()
+    x = torch.randn(2, 4, 6, 6)
+    ref = _ref64(net, x)
+    m = rnn.convert(net, fuse=True)
+    rep = m.rawconv_report
+    assert "shared" not in rep.fused and type(m.get_submodule("shared")) is rnn.Conv2d
+    assert rep.fused["c"] == "bias" and rep.fused["d"] == "add+relu"
+    with torch.no_grad():
+        _close(m(x), ref)
+
+
+def test_autotune_searches_each_distinct_problem_once_and_is_warm_the_second_time():
+    rnn.clear_tuning()
+    net = _net()
+    x = torch.randn(2, 3, 16, 16)
+    ref = _ref64(net, x)
+    m = rnn.convert(net, fuse=True, autotune=x, autotune_budget_s=0.05)
+    tuned = m.rawconv_report.tuned
+    assert len(tuned) == 12
+    keys = [t["key"] for t in tuned]
+    searched = [t for t in tuned if t["searched"]]
+    assert len(searched) == len(set(keys)) < len(keys)   # blocks repeat problems
+    for t in tuned:
+        assert t["backend"] == "onednn" and "@" in t["choice"]
+        name, _, layouts = t["choice"].partition("@")
+        mod = m.get_submodule(t["name"])
+        assert mod.choice == t["choice"]
+    with torch.no_grad():
+        _close(m(x), ref)
+    m2 = rnn.convert(net, fuse=True, autotune=x)
+    assert not any(t["searched"] for t in m2.rawconv_report.tuned)
+    assert [t["choice"] for t in m2.rawconv_report.tuned] == [t["choice"] for t in tuned]
+    assert "12 layers" in str(m2.rawconv_report)
+
+
+def test_describe_lists_every_conv_with_what_each_side_runs():
+    net = _net()
+    x = torch.randn(1, 3, 8, 8)
+    rows = rnn.describe(net, x, iterations=2)
+    assert len(rows) == 12 and rows[0].name == "stem.0" and rows[-1].name == "head"   # call order
+    names = {r.name for r in rows}
+    assert {"stem.0", "blocks.0.c2", "up", "head"} <= names
+    offered = {i.name for i in onednn.implementations(torch.randn(1, 3, 8, 8), net.stem[0].weight, padding=1)}
+    for r in rows:
+        assert r.rawconv_backend == "onednn"
+        assert r.rawconv_err is not None and r.rawconv_err < 1e-5
+        assert r.torch_err is not None and r.torch_err < 1e-5
+        assert r.rawconv_ms > 0 and r.torch_ms > 0
+        assert r.torch_backend and "unknown" not in r.torch_backend
+    stem = next(r for r in rows if r.name == "stem.0")
+    assert stem.rawconv_runs.split("@")[0] in offered
+    up = next(r for r in rows if r.name == "up")
+    assert "Transpose" in up.torch_backend or "Slow" in up.torch_backend
+    table = repr(rows)
+    assert table.splitlines()[0].startswith("layer") and len(table.splitlines()) == len(rows) + 2
+    fused = rnn.describe(rnn.convert(net, fuse=True), x, iterations=2, timing=False)
+    c2 = next(r for r in fused if r.name == "blocks.0.c2")
+    assert "residual" in c2.module and "post-ops=sum+relu" in c2.rawconv_runs
+    assert c2.rawconv_err < 1e-5 and c2.rawconv_ms is None
+    assert "blocks.0.c2" in str(c2)
+
+
+# ---------------------------------------------------------------- the benchmark and the example at a tiny size
+def _load(path, name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, path))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_resnet50_benchmark_runs_at_a_tiny_size(capsys):
+    bench = _load("benchmarks/bench_resnet50.py", "bench_resnet50")
+    model, _ = bench.build_resnet50(base=64)
+    assert sum(isinstance(m, nn.Conv2d) for m in model.modules()) == 53
+    assert sum(p.numel() for p in model.parameters()) in (25557032,)   # ResNet-50's parameter count
+    res = bench.main(["--device", "cpu", "--batch", "1", "--size", "32", "--base-width", "4", "--iterations", "2",
+                      "--variants", "eager,rawconv,rawconv_channels_last", "--no-autotune", "--ref64"])
+    rows = {r["variant"]: r for r in res["rows"]}
+    assert set(rows) == {"eager", "rawconv", "rawconv_channels_last"}
+    for r in rows.values():
+        assert r["wall_ms"] > 0 and r["err_vs_f64"] < 1e-4
+    assert rows["rawconv"]["ok"] and rows["rawconv_channels_last"]["ok"]
+    out = capsys.readouterr().out
+    assert "vs freezing" in out and "53 conv modules on rawconv" in out
+
+
+def test_training_example_losses_agree_at_a_tiny_size():
+    ex = _load("examples/train_small_cnn.py", "train_small_cnn")
+    res = ex.run(steps=3, batch=4, crop=16, width=4, log=lambda *a: None)
+    assert set(res) == {"torch", "rawconv (first)", "rawconv (gemm)", "_worst_rel"}
+    assert res["_worst_rel"] <= 1e-4
+    assert res["torch"]["losses"][0] > 0
+
+
+# ---------------------------------------------------------------- GPU (the lead runs these on the device machine)
+@pytest.mark.gpu
+def test_cuda_fused_convert_matches_eager_in_fp16():
+    net = _net().cuda().half().to(memory_format=torch.channels_last)
+    x = torch.randn(4, 3, 32, 32, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        want = net(x)
+    m = rnn.convert(net, fuse=True, autotune=x, autotune_budget_s=1.0)
+    assert all(t["backend"] == "cudnn" for t in m.rawconv_report.tuned)
+    with torch.no_grad():
+        got = m(x)
+    ref = _ref64(_net(), x.float().cpu())
+    _close(got.float().cpu(), ref, rel=2e-2)
+    _close(want.float().cpu(), ref, rel=2e-2)
+    rows = rnn.describe(m, x, iterations=3)
+    assert all(r.rawconv_backend == "cudnn" for r in rows)
+
+
+class LaterUse(nn.Module):
+    """A fused conv's output used as a residual AND again after the add: it must not be overwritten."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(4, 4, 3, padding=1)
+        self.b = nn.Conv2d(4, 4, 3, padding=1)
+        self.c = nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x):
+        ya = torch.relu(self.a(x))
+        yb = torch.relu(self.b(ya) + ya)     # ya's other use (b's input) comes first: may be overwritten
+        yc = torch.relu(self.c(yb) + yb)     # yb is used again below: must not be overwritten
+        return yc + yb
+
+
+def test_in_place_residuals_only_where_no_later_use_reads_them():
+    torch.manual_seed(3)
+    net = LaterUse().eval()
+    x = torch.randn(2, 4, 6, 6)
+    ref = _ref64(net, x)
+    m = rnn.convert(net, fuse=True)
+    assert m.rawconv_report.fused == {"a": "relu", "b": "add+relu", "c": "add+relu"}
+    assert m.get_submodule("b").__dict__.get("residual_inplace") is True
+    assert not m.get_submodule("c").__dict__.get("residual_inplace", False)
+    with torch.no_grad():
+        _close(m(x), ref)
+    # the in-place path writes into the residual's memory, and says so by returning it
+    b = m.get_submodule("b")
+    r = torch.relu(torch.randn(2, 4, 6, 6))
+    r_copy = r.clone()
+    with torch.no_grad():
+        y = b(torch.randn(2, 4, 6, 6), r)
+    assert y.data_ptr() == r.data_ptr() and not torch.equal(r, r_copy)
+    # the operator itself (and anything that needs gradients) stays functional
+    with torch.no_grad():
+        y2 = torch.ops.rawconv.conv_bias_act(torch.randn(2, 4, 6, 6), b.weight, b.bias, r_copy, [1, 1], [1, 1],
+                                             [1, 1], 1, "relu", "auto", None, "strict")
+    assert y2.data_ptr() != r_copy.data_ptr()
