@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import torch
 
 from . import _dnnl
+from ._grad import needs_grad as _needs_grad
 from ._dnnl import ffi
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from ._plans import PlanCache, PlanLifetime
@@ -901,7 +902,12 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
     Raises :class:`ArgumentError` / :class:`ArgumentTypeError` for bad input (before any C call),
     :class:`NotSupportedError` when the forced implementation is not offered (naming those that
     are). Wraps ``dnnl_convolution_forward_primitive_desc_create`` and ``dnnl_primitive_execute``.
+    Tensors that require grad (grad mode on) run as :func:`rawconv.ops.conv` (autograd recorded).
     """
+    if _needs_grad(x, w, bias):   # record a differentiable op, never a silent detach
+        from .ops import _onednn_function
+        return _onednn_function("forward", x, w, bias, stride, padding, dilation, groups, impl=impl,
+                                algorithm=algorithm, fpmath=fpmath, out=out)
     try:   # fast path: the same call signature as an earlier call reuses its plan without re-validation
         # the key tells the argument types apart (True == 1 == 1.0 in Python): a key matches only
         # arguments of the same types as a call that passed validation
@@ -981,8 +987,12 @@ def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int],
     or a 1x1 output with batch 1), or ``out``. Same ``impl`` selection as :func:`forward`; the
     positions are those :func:`implementations` lists with ``direction="backward_data"`` for an x
     in grad_y's layout. Wraps ``dnnl_convolution_backward_data_primitive_desc_create`` (with a
-    forward hint).
+    forward hint). Tensors that require grad run as :func:`rawconv.ops.conv_backward_data`.
     """
+    if _needs_grad(grad_y, w):
+        from .ops import _onednn_function
+        return _onednn_function("backward_data", grad_y, w, x_shape, stride, padding, dilation, groups, impl=impl,
+                                algorithm=algorithm, fpmath=fpmath, out=out)
     problem = _backward_problem(grad_y, w, x_shape, stride, padding, dilation, groups, False)
     plan = _plan(problem, "backward_data", algorithm, fpmath, _w_layout(w), impl)
     return plan.execute(grad_y=grad_y, w=w, out=out)
@@ -996,7 +1006,12 @@ def backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[in
     ``x``: (N, C, *spatial); ``grad_y``: (N, K, *out); ``w_shape``: (K, C/groups, *kernel).
     Returns dw (contiguous), or ``(dw, db)`` with ``bias=True``. Same ``impl`` selection as
     :func:`forward`. Wraps ``dnnl_convolution_backward_weights_primitive_desc_create``.
+    Tensors that require grad run as :func:`rawconv.ops.conv_backward_weights`.
     """
+    if _needs_grad(x, grad_y):
+        from .ops import _onednn_function
+        return _onednn_function("backward_weights", x, grad_y, w_shape, stride, padding, dilation, groups,
+                                impl=impl, algorithm=algorithm, fpmath=fpmath, bias=bias)
     if not isinstance(w_shape, (tuple, list, torch.Size)):
         raise ArgumentTypeError(f"w_shape must be a tuple of ints, got {type(w_shape).__name__}")
     if not isinstance(x, torch.Tensor) or not isinstance(grad_y, torch.Tensor):
