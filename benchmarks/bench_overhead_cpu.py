@@ -12,10 +12,11 @@ the dispatcher, argument checks, the library call). Rows, all in one process, sa
 * ``rawconv.ops.conv``: the friendly wrapper over that operator;
 
 each as microseconds per call (best of ``--repeats`` loops of ``--calls`` back-to-back calls,
-after a warm-up) and the ratio to ``F.conv2d``. ``--grad`` adds rows with tensors that require
+after a warm-up; the rows take turns loop by loop) and the ratio to ``F.conv2d``. ``--grad`` adds rows with tensors that require
 grad (grad mode on: autograd records a node per call).
 
     python benchmarks/bench_overhead_cpu.py [--threads 1] [--calls 5000] [--repeats 7] [--layout nchw|nhwc]
+                                            [--grad] [--clock wall|cpu]
 """
 from __future__ import annotations
 
@@ -28,16 +29,20 @@ import torch.nn.functional as F
 from rawconv import onednn
 
 
-def us_per_call(fn, calls: int, repeats: int, warmup: int = 200) -> float:
-    """Microseconds per call: the best of ``repeats`` loops of ``calls`` back-to-back calls."""
-    for _ in range(warmup):
-        fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
+def us_per_call(rows, calls: int, repeats: int, warmup: int = 200, clock=time.perf_counter) -> list[float]:
+    """Microseconds per call of each ``(name, fn)`` row: the best of ``repeats`` loops of ``calls``
+    back-to-back calls. The rows take turns loop by loop, so a burst of load from elsewhere on a
+    shared machine hits every row alike, not one."""
+    for _, fn in rows:
+        for _ in range(warmup):
             fn()
-        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    best = [float("inf")] * len(rows)
+    for _ in range(repeats):
+        for i, (_, fn) in enumerate(rows):
+            t0 = clock()
+            for _ in range(calls):
+                fn()
+            best[i] = min(best[i], (clock() - t0) / calls * 1e6)
     return best
 
 
@@ -48,6 +53,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--layout", choices=("nchw", "nhwc"), default="nchw")
     ap.add_argument("--grad", action="store_true", help="also time calls on tensors that require grad")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="wall: time.perf_counter (default); cpu: time.process_time, the process's CPU time, which "
+                         "leaves out the time the process waits for a core on a busy machine (with --threads 1: "
+                         "the calling thread's work)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     fmt = torch.channels_last if args.layout == "nhwc" else torch.contiguous_format
@@ -80,14 +89,12 @@ def main() -> None:
             rows.append(("rawconv.ops.conv (requires grad)", lambda: ops.conv(xg, wg, None, 1, 1)))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), x{tuple(x.shape)} w{tuple(w.shape)} "
           f"padding 1, {args.layout}, oneDNN {onednn.info()['version']} ({plan.selected.name}); "
-          f"best of {args.repeats} loops of {args.calls} calls")
-    base = None
+          f"best of {args.repeats} loops of {args.calls} calls, {args.clock} clock")
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
+    times = us_per_call(rows, args.calls, args.repeats, clock=clock)
     print(f"{'path':<36} {'us/call':>9} {'x F.conv2d':>11}")
-    for name, fn in rows:
-        us = us_per_call(fn, args.calls, args.repeats)
-        base = base or us
-        print(f"{name:<36} {us:9.2f} {us / base:11.2f}")
-
+    for (name, _), us in zip(rows, times):
+        print(f"{name:<36} {us:9.2f} {us / times[0]:11.2f}")
 
 if __name__ == "__main__":
     main()

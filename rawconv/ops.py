@@ -58,8 +58,8 @@ when a tensor changes behind its back); CUDA on cuDNN's cached plans (:mod:`rawc
 from :class:`~rawconv.problem.ConvProblem` (or the same formulas on symbolic sizes) without a
 library call, so ``torch.compile(fullgraph=True)`` traces models using the operators.
 
-Autograd (``torch.library.register_autograd``) runs rawconv's own ops, so gradients of any order
-come from the same libraries:
+Autograd (an Autograd kernel, as ``torch.library.register_autograd`` registers one) runs rawconv's
+own ops, so gradients of any order come from the same libraries:
 
 * d conv_forward: dx = ``conv_backward_data(gy, w)`` with ``bwd_data_choice``, (dw, db) =
   ``conv_backward_weights(x, gy)`` with ``bwd_weights_choice``;
@@ -441,6 +441,29 @@ def _backward_weights_fake(x, grad_y, w_shape, stride, pad_before, pad_after, di
 
 
 # ---------------------------------------------------------------------------- autograd
+# Registered as torch.library.register_autograd registers (an Autograd kernel that applies an
+# autograd.Function whose forward redispatches below autograd), written out here: torch's generated
+# kernel re-fills the schema's defaults on every call (40% of a grad-mode call on a tiny problem),
+# and when the only key left below autograd is the backend's, the kernel is called directly (what
+# the redispatch would do), saving a second trip through the dispatcher.
+_AFTER_AUTOGRAD = torch._C._after_autograd_keyset
+_CPU_ONLY = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_CUDA_ONLY = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+_CPU_KEYSET = _CPU_ONLY | torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradCPU)
+_CUDA_KEYSET = _CUDA_ONLY | torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradCUDA)
+
+
+def _run_below_autograd(op, cpu_kernel, cuda_kernel, keyset, args):
+    rest = keyset & _AFTER_AUTOGRAD
+    if rest == _CPU_ONLY:
+        return cpu_kernel(*args)
+    if rest == _CUDA_ONLY:
+        return cuda_kernel(*args)
+    with _below_autograd():
+        return op.redispatch(rest, *args)
+
+
 def _grad_like(g: torch.Tensor, x: torch.Tensor, unbatched: bool) -> torch.Tensor:
     """``g`` dense in x's memory format (incoming gradients may be expanded or oddly strided)."""
     if _layout(_batched(x, unbatched)) == "nhwc":
@@ -452,74 +475,117 @@ def _grad_like(g: torch.Tensor, x: torch.Tensor, unbatched: bool) -> torch.Tenso
     return g.contiguous()
 
 
-def _forward_setup(ctx, inputs, output):
-    x, w, bias, stride, pb, pa, dil, groups, backend, choice, precision, bdc, bwc = inputs
-    ctx.save_for_backward(x, w)
-    ctx.conf = (stride, pb, pa, dil, groups, backend, precision, bdc, bwc, bias is not None,
-                x.dim() == w.dim() - 1)
+class RawconvConvForward(torch.autograd.Function):
+    """rawconv::conv_forward's autograd: dx by conv_backward_data(gy, w), (dw, db) by
+    conv_backward_weights(x, gy), with the pinned backward choices."""
+
+    @staticmethod
+    def forward(ctx, keyset, x, w, bias, *args):
+        y = _run_below_autograd(_fwd_op, _forward_cpu, _forward_cuda, keyset, (x, w, bias) + args)
+        ctx.save_for_backward(x, w)
+        ctx.conf = args, bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, w = ctx.saved_tensors
+        (stride, pb, pa, dil, groups, backend, _choice, precision, bdc, bwc), has_bias = ctx.conf
+        _, nx, nw, nb = ctx.needs_input_grad[:4]
+        gy = _grad_like(gy, x, x.dim() == w.dim() - 1)
+        gx = gw = gb = None
+        if nx:
+            gx = _bwd_data_op(gy, w, list(x.shape), stride, pb, pa, dil, groups, backend, bdc, precision)
+        if nw or (has_bias and nb):
+            gw, gb = _bwd_weights_op(x, gy, list(w.shape), stride, pb, pa, dil, groups, has_bias, backend, bwc,
+                                     precision)
+            gw = gw if nw else None
+            gb = gb if has_bias and nb else None
+        return (None, gx, gw, gb) + (None,) * 10
 
 
-def _forward_backward(ctx, gy):
-    x, w = ctx.saved_tensors
-    stride, pb, pa, dil, groups, backend, precision, bdc, bwc, has_bias, unbatched = ctx.conf
-    gy = _grad_like(gy, x, unbatched)
-    gx = gw = gb = None
-    needs = ctx.needs_input_grad
-    if needs[0]:
-        gx = _bwd_data_op(gy, w, list(x.shape), stride, pb, pa, dil, groups, backend, bdc, precision)
-    if needs[1] or (has_bias and needs[2]):
-        gw, gb = _bwd_weights_op(x, gy, list(w.shape), stride, pb, pa, dil, groups, has_bias, backend, bwc,
-                                 precision)
-        gw = gw if needs[1] else None
-        gb = gb if has_bias and needs[2] else None
-    return (gx, gw, gb) + (None,) * 10
+class RawconvConvBackwardData(torch.autograd.Function):
+    """rawconv::conv_backward_data's autograd (linear in grad_y and w): d grad_y = conv_forward(g, w),
+    dw = conv_backward_weights(g, grad_y), at the library's first choice."""
+
+    @staticmethod
+    def forward(ctx, keyset, grad_y, w, *args):
+        dx = _run_below_autograd(_bwd_data_op, _backward_data_cpu, _backward_data_cuda, keyset, (grad_y, w) + args)
+        ctx.save_for_backward(grad_y, w)
+        ctx.conf = args
+        return dx
+
+    @staticmethod
+    def backward(ctx, g):
+        grad_y, w = ctx.saved_tensors
+        _x_shape, stride, pb, pa, dil, groups, backend, _choice, precision = ctx.conf
+        _, ngy, nw = ctx.needs_input_grad[:3]
+        ggy = gw = None
+        if ngy:
+            ggy = _fwd_op(g, w, None, stride, pb, pa, dil, groups, backend, "", precision, "", "")
+        if nw:
+            gw = _bwd_weights_op(g, grad_y, list(w.shape), stride, pb, pa, dil, groups, False, backend, "",
+                                 precision)[0]
+        return (None, ggy, gw) + (None,) * 9
 
 
-def _data_setup(ctx, inputs, output):
-    grad_y, w, x_shape, stride, pb, pa, dil, groups, backend, choice, precision = inputs
-    ctx.save_for_backward(grad_y, w)
-    ctx.conf = (stride, pb, pa, dil, groups, backend, precision)
+class RawconvConvBackwardWeights(torch.autograd.Function):
+    """rawconv::conv_backward_weights's autograd (linear in x and grad_y): dx = conv_backward_data(grad_y,
+    g_w), d grad_y = conv_forward(x, g_w, g_b), at the library's first choice."""
+
+    @staticmethod
+    def forward(ctx, keyset, x, grad_y, *args):
+        dw, db = _run_below_autograd(_bwd_weights_op, _backward_weights_cpu, _backward_weights_cuda, keyset,
+                                     (x, grad_y) + args)
+        ctx.save_for_backward(x, grad_y)
+        ctx.conf = args
+        return dw, db
+
+    @staticmethod
+    def backward(ctx, gdw, gdb):
+        x, grad_y = ctx.saved_tensors
+        _w_shape, stride, pb, pa, dil, groups, bias, backend, _choice, precision = ctx.conf
+        _, nx, ngy = ctx.needs_input_grad[:3]
+        gx = ggy = None
+        use_b = bias and gdb is not None
+        if nx and gdw is not None:
+            gx = _bwd_data_op(grad_y, gdw, list(x.shape), stride, pb, pa, dil, groups, backend, "", precision)
+        if ngy:
+            if gdw is not None:
+                ggy = _fwd_op(x, gdw, gdb if use_b else None, stride, pb, pa, dil, groups, backend, "", precision,
+                              "", "")
+            elif use_b:   # only db is used: d grad_y is gdb broadcast over batch and space
+                nd = len(stride)
+                shape = ([-1] if grad_y.dim() == nd + 1 else [1, -1]) + [1] * nd
+                ggy = gdb.view(shape).expand(grad_y.shape).contiguous()
+        return (None, gx, ggy) + (None,) * 10
 
 
-def _data_backward(ctx, g):
-    grad_y, w = ctx.saved_tensors
-    stride, pb, pa, dil, groups, backend, precision = ctx.conf
-    ggy = gw = None
-    needs = ctx.needs_input_grad
-    if needs[0]:
-        ggy = _fwd_op(g, w, None, stride, pb, pa, dil, groups, backend, "", precision, "", "")
-    if needs[1]:
-        gw = _bwd_weights_op(g, grad_y, list(w.shape), stride, pb, pa, dil, groups, False, backend, "", precision)[0]
-    return (ggy, gw) + (None,) * 9
+def _needs(a, b, c=None) -> bool:
+    return _grad_enabled() and (a.requires_grad or b.requires_grad or (c is not None and c.requires_grad))
 
 
-def _weights_setup(ctx, inputs, output):
-    x, grad_y, w_shape, stride, pb, pa, dil, groups, bias, backend, choice, precision = inputs
-    ctx.save_for_backward(x, grad_y)
-    ctx.conf = (stride, pb, pa, dil, groups, bias, backend, precision)
+def _forward_autograd(keyset, x, w, bias, *args):
+    if _needs(x, w, bias):
+        return RawconvConvForward.apply(keyset, x, w, bias, *args)
+    return _run_below_autograd(_fwd_op, _forward_cpu, _forward_cuda, keyset, (x, w, bias) + args)
 
 
-def _weights_backward(ctx, gdw, gdb):
-    x, grad_y = ctx.saved_tensors
-    stride, pb, pa, dil, groups, bias, backend, precision = ctx.conf
-    gx = ggy = None
-    needs = ctx.needs_input_grad
-    use_b = bias and gdb is not None
-    if needs[0] and gdw is not None:
-        gx = _bwd_data_op(grad_y, gdw, list(x.shape), stride, pb, pa, dil, groups, backend, "", precision)
-    if needs[1]:
-        if gdw is not None:
-            ggy = _fwd_op(x, gdw, gdb if use_b else None, stride, pb, pa, dil, groups, backend, "", precision, "", "")
-        elif use_b:   # only db is used: d grad_y is gdb broadcast over batch and space
-            nd = len(stride)
-            shape = ([-1] if grad_y.dim() == nd + 1 else [1, -1]) + [1] * nd
-            ggy = gdb.view(shape).expand(grad_y.shape).contiguous()
-    return (gx, ggy) + (None,) * 10
+def _backward_data_autograd(keyset, grad_y, w, *args):
+    if _needs(grad_y, w):
+        return RawconvConvBackwardData.apply(keyset, grad_y, w, *args)
+    return _run_below_autograd(_bwd_data_op, _backward_data_cpu, _backward_data_cuda, keyset, (grad_y, w) + args)
 
 
-torch.library.register_autograd("rawconv::conv_forward", _forward_backward, setup_context=_forward_setup)
-torch.library.register_autograd("rawconv::conv_backward_data", _data_backward, setup_context=_data_setup)
-torch.library.register_autograd("rawconv::conv_backward_weights", _weights_backward, setup_context=_weights_setup)
+def _backward_weights_autograd(keyset, x, grad_y, *args):
+    if _needs(x, grad_y):
+        return RawconvConvBackwardWeights.apply(keyset, x, grad_y, *args)
+    return _run_below_autograd(_bwd_weights_op, _backward_weights_cpu, _backward_weights_cuda, keyset,
+                               (x, grad_y) + args)
+
+
+_lib.impl("conv_forward", _forward_autograd, "Autograd", with_keyset=True)
+_lib.impl("conv_backward_data", _backward_data_autograd, "Autograd", with_keyset=True)
+_lib.impl("conv_backward_weights", _backward_weights_autograd, "Autograd", with_keyset=True)
 
 
 # ---------------------------------------------------------------------------- the friendly API
@@ -584,13 +650,11 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _compiling = torch.compiler.is_compiling
 
 
-def _direct(x, w, bias) -> bool:
-    """True when calling the kernel directly is exactly what the operator would do: no autograd
-    to record, no dispatch or function mode, no functorch transform, no tracer, plain tensors."""
-    if _grad_enabled() and (x.requires_grad or w.requires_grad or (bias is not None and bias.requires_grad)):
-        return False
-    return (not _dispatch_modes() and not _function_mode() and not _functorch() and _tracing() is None
-            and type(x) in _PLAIN and type(w) in _PLAIN and (bias is None or type(bias) in _PLAIN))
+def _plain(x, w, bias) -> bool:
+    """True when calling the kernel (or the autograd Function) directly is exactly what the operator
+    would do: no dispatch or function mode, no functorch transform, no tracer, plain tensors."""
+    return (type(x) in _PLAIN and type(w) in _PLAIN and (bias is None or type(bias) in _PLAIN)
+            and not _dispatch_modes() and not _function_mode() and not _functorch() and _tracing() is None)
 
 
 def _prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice, precision, backward_choice):
@@ -629,26 +693,40 @@ def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, str
     if _compiling():   # dynamo traces the operator (its fake kernel gives the shapes)
         return _fwd_op(x, w, bias, *_prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice,
                                                   precision, backward_choice))
-    try:
-        key = (x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, bias is None,
-               stride if type(stride) is int else _key(stride), padding if type(padding) is int else _key(padding),
-               dilation if type(dilation) is int else _key(dilation), groups if type(groups) is int else _key(groups),
-               backend, choice if choice is None or type(choice) is str else _key(choice), precision,
+    try:   # the arguments' pack (and the last CPU plan used with it) by the arguments alone
+        key = (w.shape, stride if type(stride) is int else _key(stride),
+               padding if type(padding) is int else _key(padding), dilation if type(dilation) is int else _key(dilation),
+               groups if type(groups) is int else _key(groups), backend,
+               choice if choice is None or type(choice) is str else _key(choice), precision,
                backward_choice if backward_choice is None or type(backward_choice) is str else _key(backward_choice),
                _get_ident())
         entry = _conv_cache.get(key)
     except Exception:   # noqa: BLE001  (unhashable or not tensors: the slow path says what is wrong)
         key = entry = None
     if entry is None:
-        args = _prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice, precision,
-                             backward_choice)
-        run = _forward_cpu_plan(x, w, bias, *args).execute if x.device.type == "cpu" else None
-        entry = (args, run)
+        entry = [_prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice, precision,
+                               backward_choice), None]
         if key is not None:
             _conv_cache.put(key, entry)
-    args, run = entry
-    if run is not None and _direct(x, w, bias):
-        return run(x, w, bias)
+    args = entry[0]
+    if _plain(x, w, bias):
+        if x.is_cpu:
+            if _needs(x, w, bias):   # what the operator's Autograd kernel does, without the dispatcher
+                return RawconvConvForward.apply(_CPU_KEYSET, x, w, bias, *args)
+            plan = entry[1]
+            if plan is not None:
+                y = plan._hot_run(x, w, bias, None)
+                if y is not None:
+                    return y
+            plan = entry[1] = _forward_cpu_plan(x, w, bias, *args)
+            return plan.execute(x, w, bias)
+        if x.is_cuda:
+            if _needs(x, w, bias):
+                return RawconvConvForward.apply(_CUDA_KEYSET, x, w, bias, *args)
+            return _forward_cuda(x, w, bias, *args)
+    elif not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or \
+            (bias is not None and not isinstance(bias, torch.Tensor)):
+        _prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice, precision, backward_choice)
     return _fwd_op(x, w, bias, *args)
 
 

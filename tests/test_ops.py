@@ -94,7 +94,7 @@ def test_forward_and_gradients_match_float64(case):
     x, w, b, kw = _tensors(case)
     p = _problem(x, w, b, kw)
     y = ops.conv(x, w, b, **kw)
-    assert y.grad_fn is not None and "rawconv_conv_forward" in type(y.grad_fn).__name__
+    assert y.grad_fn is not None and type(y.grad_fn).__name__ == "RawconvConvForwardBackward"
     ref, ref_abs = reference(p, "forward", {"x": x, "w": w, "b": b})
     st = check(p, y, ref, ref_abs, tolerance_for(p, "forward"))
     assert st.ok, st
@@ -528,3 +528,52 @@ def test_cudnn_function_forms_record_autograd():
     assert cudnn.backward_data(gy, w, tuple(x.shape), **kw).grad_fn is not None
     assert cudnn.backward_weights(x, gy, tuple(w.shape), **kw).grad_fn is not None
     assert cudnn_graph.backward_filter(x, gy, tuple(w.shape), **kw).grad_fn is not None
+
+
+# ---------------------------------------------------------------------------- hot paths (per-call cost work)
+def test_hot_paths_follow_new_pointers_shapes_and_contents():
+    """The hot paths skip checks and handle updates only when nothing changed: new tensors, new
+    contents at the same address, other shapes with the same arguments, unbatched input, bias."""
+    torch.manual_seed(2)
+    w = torch.randn(6, 4, 3, 3)
+    b = torch.randn(6)
+    plan = onednn.Convolution(torch.randn(2, 4, 9, 9), w, b, padding=1)
+    for fn in (lambda x: plan.execute(x, w, b), lambda x: onednn.forward(x, w, b, padding=1),
+               lambda x: ops.conv(x, w, b, padding=1)):
+        x = torch.randn(2, 4, 9, 9)
+        for _ in range(3):
+            torch.testing.assert_close(fn(x), F.conv2d(x, w, b, padding=1), rtol=1e-4, atol=1e-4)
+            x.mul_(-2)                                      # same address, new contents
+        x2 = torch.randn(2, 4, 9, 9)
+        torch.testing.assert_close(fn(x2), F.conv2d(x2, w, b, padding=1), rtol=1e-4, atol=1e-4)
+    for shape in ((3, 4, 7, 5), (4, 9, 9), (2, 4, 9, 9)):    # other shapes through the same arguments
+        x = torch.randn(shape)
+        for fn in (onednn.forward, ops.conv):
+            y = fn(x, w, b, padding=1)
+            torch.testing.assert_close(y, F.conv2d(x, w, b, padding=1), rtol=1e-4, atol=1e-4)
+    xc = torch.randn(2, 4, 9, 9).to(memory_format=torch.channels_last)   # same shape, other strides
+    yc = onednn.forward(xc, w, b, padding=1)
+    assert yc.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(yc, F.conv2d(xc, w, b, padding=1), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ArgumentError, match="float32"):
+        plan.execute(torch.randn(2, 4, 9, 9).double(), w, b)   # a misfit still gets the checks
+
+
+def test_hot_path_out_bumps_the_version_and_refuses_overlap():
+    torch.manual_seed(3)
+    x, w = torch.randn(1, 4, 8, 8), torch.randn(4, 4, 3, 3)
+    plan = onednn.Convolution(x, w, padding=1)
+    out = torch.empty(1, 4, 8, 8)
+    for _ in range(3):   # the first call takes the checked path, the next ones the hot path
+        v = out._version
+        assert plan.execute(x, out=out) is out and out._version > v
+        torch.testing.assert_close(out, F.conv2d(x, w, padding=1), rtol=1e-4, atol=1e-4)
+    a = torch.ones(1, 4, 8, 8, requires_grad=True)
+    z = (a * out).sum()
+    onednn.forward(x, w, padding=1, out=out)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        z.backward()                                       # as torch's own out= functions
+    with pytest.raises(ArgumentError, match="overlaps"):
+        plan.execute(x, out=x)
+    with pytest.raises(ArgumentError, match="strides"):
+        plan.execute(x, out=torch.empty(1, 8, 8, 4).permute(0, 3, 1, 2))
