@@ -283,22 +283,21 @@ _GRAPH_MATH = {"strict": None, "tf32": "tensor_op", "bf16": "tensor_op_allow_con
 
 def _forward_cuda(x, w, bias, stride, pad_before, pad_after, dilation, groups, backend, choice, precision,
                   bwd_data_choice, bwd_weights_choice):
+    # y comes out in x's memory format from both APIs (their plans take ConvProblem.layout, the
+    # rule the fake kernel follows): no check needed here
     _check_strings(backend, choice, precision, "cuda", bwd_data_choice, bwd_weights_choice)
     padding = _padding(pad_before, pad_after)
-    p = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
     with torch.no_grad():   # the function forms route tensors that need grad back here
         if backend == "cudnn_graph":
             from . import cudnn_graph
 
-            y = cudnn_graph.forward(x, w, bias, list(stride), padding, list(dilation), groups,
-                                    engine=choice or None, math=_GRAPH_MATH[precision])
-        else:
-            from . import cudnn
+            return cudnn_graph.forward(x, w, bias, tuple(stride), padding, tuple(dilation), groups,
+                                       engine=choice or None, math=_GRAPH_MATH[precision])
+        from . import cudnn
 
-            c, math = _legacy_choice(choice)
-            y = cudnn.forward(x, w, bias, list(stride), padding, list(dilation), groups, choice=c, math=math,
-                              precision=precision)
-    return _enforce_layout(y, p.layout, p.unbatched)
+        c, math = _legacy_choice(choice)
+        return cudnn.forward(x, w, bias, tuple(stride), padding, tuple(dilation), groups, choice=c, math=math,
+                             precision=precision)
 
 
 def _backward_data_cuda(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, backend, choice,
@@ -309,20 +308,20 @@ def _backward_data_cuda(grad_y, w, x_shape, stride, pad_before, pad_after, dilat
     unbatched = len(x_shape) == w.dim() - 1
     gy = _batched(grad_y, unbatched)
     xs = (1,) + x_shape if unbatched else x_shape
-    p = ConvProblem.from_torch(shape_only(xs, grad_y), w, None, stride, padding, dilation, groups)
     with torch.no_grad():
         if backend == "cudnn_graph":
             from . import cudnn_graph
 
-            dx = cudnn_graph.backward_data(gy, w, xs, list(stride), padding, list(dilation), groups,
+            dx = cudnn_graph.backward_data(gy, w, xs, tuple(stride), padding, tuple(dilation), groups,
                                            engine=choice or None, math=_GRAPH_MATH[precision])
         else:
             from . import cudnn
 
             c, math = _legacy_choice(choice)
-            dx = cudnn.backward_data(gy, w, xs, list(stride), padding, list(dilation), groups, choice=c, math=math,
-                                     precision=precision)
-    dx = _enforce_layout(dx, _dx_layout(p.y_shape, gy, w), False)
+            dx = cudnn.backward_data(gy, w, xs, tuple(stride), padding, tuple(dilation), groups, choice=c,
+                                     math=math, precision=precision)
+    if onednn._ambiguous(tuple(gy.shape)):   # grad_y's strides cannot tell: the layout is w's (the fake's rule)
+        dx = _enforce_layout(dx, onednn._w_layout(w), False)
     return dx.squeeze(0) if unbatched else dx
 
 
@@ -336,14 +335,14 @@ def _backward_weights_cuda(x, grad_y, w_shape, stride, pad_before, pad_after, di
         if backend == "cudnn_graph":
             from . import cudnn_graph
 
-            dw = cudnn_graph.backward_weights(xb, gy, p.w_shape, list(stride), padding, list(dilation), groups,
+            dw = cudnn_graph.backward_weights(xb, gy, p.w_shape, tuple(stride), padding, tuple(dilation), groups,
                                               engine=choice or None, math=_GRAPH_MATH[precision])
         else:
             from . import cudnn
 
             c, math = _legacy_choice(choice)
-            dw = cudnn.backward_weights(xb, gy, p.w_shape, list(stride), padding, list(dilation), groups, choice=c,
-                                        math=math, precision=precision, w_layout=p.layout)
+            dw = cudnn.backward_weights(xb, gy, p.w_shape, tuple(stride), padding, tuple(dilation), groups,
+                                        choice=c, math=math, precision=precision, w_layout=p.layout)
         dw = _enforce_layout(dw, p.layout, False)
         if bias:
             db = gy.sum([0] + list(range(2, gy.dim())), dtype=torch.float64 if gy.dtype == torch.float64
