@@ -466,6 +466,13 @@ def _gpu_cases():
             ("1d-unbatched", (4, 11), (6, 4, 3), dict(padding=1), True, "nchw")]
 
 
+def _gpu_params():
+    """(case, backend) pairs: cuDNN's legacy API on every case; the graph API on channels_last ones (most
+    graph engines take NHWC only; NCHW graphs often get no engine at all)."""
+    return [pytest.param(c, b, id=f"{c[0]}-{b}") for c in _gpu_cases() for b in ("cudnn", "cudnn_graph")
+            if b == "cudnn" or c[5] == "nhwc"]
+
+
 def _cuda(case, dtype=torch.float32):
     x, w, b, kw = _tensors(case, dtype=dtype, requires_grad=False)
     out = [t.cuda().requires_grad_() if t is not None else None for t in (x, w, b)]
@@ -473,8 +480,7 @@ def _cuda(case, dtype=torch.float32):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["cudnn", "cudnn_graph"])
-@pytest.mark.parametrize("case", _gpu_cases(), ids=[c[0] for c in _gpu_cases()])
+@pytest.mark.parametrize("case, backend", _gpu_params())
 def test_opcheck_cuda(case, backend):
     x, w, b, kw = _cuda(case)
     a = _op_args(x, w, kw)
@@ -488,9 +494,10 @@ def test_opcheck_cuda(case, backend):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["cudnn", "cudnn_graph"])
-@pytest.mark.parametrize("case", _gpu_cases(), ids=[c[0] for c in _gpu_cases()])
+@pytest.mark.parametrize("case, backend", _gpu_params())
 def test_double_backward_cuda_matches_float64(case, backend):
+    """As the CPU test, on cuDNN (precision strict: no TF32); tolerances leave room for the transform
+    algorithms (FFT, Winograd) cuDNN's heuristic may pick; a wrong formula is off by O(1)."""
     x, w, b, kw = _cuda(case)
     p = _problem(x, w, b, kw)
     xc, wc, bc = (t.detach().cpu() if t is not None else None for t in (x, w, b))
@@ -505,7 +512,7 @@ def test_double_backward_cuda_matches_float64(case, backend):
         got = run(lambda xx, ww, bb: ops.conv(xx, ww, bb, **kw, backend=backend), x, w, b)
     want = run(lambda xx, ww, bb: _fconv(xx, ww, bb, p), *_leaves64(xc, wc, bc))
     for name, g, r in zip(("gx", "gw", "d2x", "d2w", "d2b"), got, want):
-        _close(g.cpu(), r, 1e-5 if name in ("gx", "gw") else 2e-4, name)
+        _close(g.cpu(), r, 1e-4 if name in ("gx", "gw") else 1e-3, name)
 
 
 @pytest.mark.gpu
