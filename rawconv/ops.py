@@ -176,8 +176,9 @@ def _forward_cpu_plan(x, w, bias, stride, pad_before, pad_after, dilation, group
                       bwd_data_choice, bwd_weights_choice) -> onednn.Convolution:
     """The cached oneDNN forward plan for these arguments (validated on the first call)."""
     try:   # fast path: the same tensors' metadata and arguments as an earlier call reuse its plan
-        key = ("f", x.shape, x.stride(), x.dtype, w.shape, w.stride(), w.dtype, bias is None, tuple(stride),
-               tuple(pad_before), tuple(pad_after), tuple(dilation), groups, backend, choice, precision, _get_ident())
+        # (w's dtype must be x's: a call that differs there fails the plan's checks, with the clear error)
+        key = (x.shape, x.stride(), x.dtype, w.shape, w.stride(), bias is None, *stride, None, *pad_before, None,
+               *pad_after, None, *dilation, groups, backend, choice, precision, _get_ident())
         plan = _cpu_cache.get(key)
     except Exception:   # noqa: BLE001  (the slow path says what is wrong)
         key = plan = None
@@ -207,9 +208,8 @@ def _backward_data_plan(grad_y, w, x_shape, stride, pad_before, pad_after, dilat
 def _backward_data_cpu(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, backend, choice,
                        precision):
     try:
-        key = ("d", grad_y.shape, grad_y.stride(), grad_y.dtype, w.shape, w.stride(), w.dtype, tuple(x_shape),
-               tuple(stride), tuple(pad_before), tuple(pad_after), tuple(dilation), groups, backend, choice,
-               precision, _get_ident())
+        key = ("d", grad_y.shape, grad_y.stride(), grad_y.dtype, w.shape, w.stride(), *x_shape, None, *stride, None,
+               *pad_before, None, *pad_after, None, *dilation, groups, backend, choice, precision, _get_ident())
         plan = _cpu_cache.get(key)
     except Exception:   # noqa: BLE001
         key = plan = None
@@ -245,9 +245,8 @@ def _backward_weights_problem(x, grad_y, w_shape, stride, pad_before, pad_after,
 def _backward_weights_cpu(x, grad_y, w_shape, stride, pad_before, pad_after, dilation, groups, bias, backend,
                           choice, precision):
     try:
-        key = ("w", x.shape, x.stride(), x.dtype, grad_y.shape, grad_y.stride(), grad_y.dtype, tuple(w_shape),
-               tuple(stride), tuple(pad_before), tuple(pad_after), tuple(dilation), groups, bias, backend, choice,
-               precision, _get_ident())
+        key = ("w", x.shape, x.stride(), x.dtype, grad_y.shape, grad_y.stride(), *w_shape, None, *stride, None,
+               *pad_before, None, *pad_after, None, *dilation, groups, bias, backend, choice, precision, _get_ident())
         plan = _cpu_cache.get(key)
     except Exception:   # noqa: BLE001
         key = plan = None
@@ -449,7 +448,6 @@ _AFTER_AUTOGRAD = torch._C._after_autograd_keyset
 _CPU_ONLY = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _CUDA_ONLY = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
 _below_autograd = torch._C._AutoDispatchBelowAutograd
-_CPU_KEYSET = _CPU_ONLY | torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradCPU)
 _CUDA_KEYSET = _CUDA_ONLY | torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradCUDA)
 
 
@@ -479,8 +477,15 @@ class RawconvConvForward(torch.autograd.Function):
     conv_backward_weights(x, gy), with the pinned backward choices."""
 
     @staticmethod
-    def forward(ctx, keyset, x, w, bias, *args):
-        y = _run_below_autograd(_fwd_op, _forward_cpu, _forward_cuda, keyset, (x, w, bias) + args)
+    def forward(ctx, how, x, w, bias, *args):
+        # how: the dispatch keyset (from the operator's Autograd kernel), or a oneDNN plan that may fit
+        # (from conv()'s direct path: its hot path checks the tensors, else the kernel runs)
+        if type(how) is onednn.Convolution:
+            y = how._hot_run(x, w, bias, None)
+            if y is None:
+                y = _forward_cpu(x, w, bias, *args)
+        else:
+            y = _run_below_autograd(_fwd_op, _forward_cpu, _forward_cuda, how, (x, w, bias) + args)
         ctx.save_for_backward(x, w)
         ctx.conf = args, bias is not None
         return y
@@ -710,13 +715,14 @@ def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, str
     args = entry[0]
     if _plain(x, w, bias):
         if x.is_cpu:
-            if _needs(x, w, bias):   # what the operator's Autograd kernel does, without the dispatcher
-                return RawconvConvForward.apply(_CPU_KEYSET, x, w, bias, *args)
             plan = entry[1]
-            if plan is not None:
-                y = plan._hot_run(x, w, bias, None)
-                if y is not None:
-                    return y
+            if plan is None:
+                plan = entry[1] = _forward_cpu_plan(x, w, bias, *args)
+            if _needs(x, w, bias):   # what the operator's Autograd kernel does, without the dispatcher
+                return RawconvConvForward.apply(plan, x, w, bias, *args)
+            y = plan._hot_run(x, w, bias, None)
+            if y is not None:
+                return y
             plan = entry[1] = _forward_cpu_plan(x, w, bias, *args)
             return plan.execute(x, w, bias)
         if x.is_cuda:
