@@ -713,9 +713,12 @@ class Convolution(PlanLifetime):
         ``execute(x, grad_y=dy)`` -> dw, or ``(dw, db)`` when the plan has a bias. ``None`` for
         w/bias uses the tensors given at construction. Output buffers may be passed as ``out``
         (forward, backward_data; for an unbatched problem of either shape): ``out`` itself is
-        returned; it must not overlap an input in memory. Raises :class:`ArgumentError` when
-        tensors do not fit the plan (also for zero-size problems, which need no library call).
-        Wraps ``dnnl_primitive_execute``.
+        returned, its version counter bumped (as torch's ``out=`` functions do); it must not
+        overlap an input in memory. Raises :class:`ArgumentError` when tensors do not fit the plan
+        (also for zero-size problems, which need no library call). A forward call whose tensors
+        have exactly the shapes, strides and dtypes of an earlier call that used them as they are
+        skips the checks (the hot path: one allocation, the library calls). Wraps
+        ``dnnl_primitive_execute``.
         """
         if self._hot is not None and grad_y is None:
             y = self._hot_run(x, w, bias, out)
