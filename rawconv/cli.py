@@ -203,7 +203,8 @@ def cmd_compare(args) -> int:
         all_rows = cmp.compare(problems, photo_first=not args.random, iterations=args.iterations, warmup=args.warmup,
                                budget_s=args.budget, fpmath=args.fpmath, prepack=not args.no_prepack,
                                include_ref=False if args.no_ref else (True if args.ref else "auto"), on_problem=show,
-                               progress=sys.stderr.isatty() and len(problems) > 1, engines=args.engines)
+                               progress=sys.stderr.isatty() and len(problems) > 1, engines=args.engines,
+                               allow_known_bad=args.allow_known_bad)
     s = cmp.summary(all_rows)
     if args.json:
         cmp.write_json(args.json, all_rows, meta, problems)
@@ -258,16 +259,17 @@ def cmd_list(args) -> int:
             for r in rows:
                 console.print(f"  {r}")
             continue
-        from . import onednn
+        from . import known_bad, onednn
 
         impls = onednn.implementations(x, w, b, p.stride, list(zip(p.pad_before, p.pad_after)), p.dilation, p.groups,
                                        direction=args.direction, fpmath=args.fpmath)
         t = Table(title=f"{p} ({args.direction}, fpmath {args.fpmath})", title_justify="left")
-        for col in ("#", "implementation", "layouts", "formats", "reorders", "scratchpad B"):
+        bad = any(i.known_bad for i in impls)
+        for col in ("#", "implementation", "layouts", "formats", "reorders", "scratchpad B") + (("known bad",) if bad else ()):
             t.add_column(col)
         for i in impls:
             t.add_row(str(i.index), i.name, i.layouts, " ".join(f"{k}={v}" for k, v in i.formats.items()),
-                      ",".join(i.reorders) or "none", str(i.scratchpad_bytes))
+                      ",".join(i.reorders) or "none", str(i.scratchpad_bytes), *((known_bad.short(i.known_bad),) if bad else ()))
         console.print(t)
     return 0
 
@@ -311,6 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(by default they are listed but not run above 0.5 GFLOP: one call can take minutes)")
     c.add_argument("--engines", default=None, help="cuDNN graph-API engines: 'all' or the top N by heuristic")
     c.add_argument("--width", type=int, default=None, help="table width (default: the terminal's)")
+    c.add_argument("--allow-known-bad", action="store_true",
+                   help="also run oneDNN implementations rawconv.known_bad lists for a problem (they may crash, "
+                        "hang or give wrong results; see README)")
     c.set_defaults(func=cmd_compare)
 
     i = sub.add_parser("info", help="versions, library paths and how they were found")

@@ -253,7 +253,7 @@ REF_AUTO_MAX_FLOPS = 5e8   # include_ref="auto": oneDNN's ref:any is run only on
 
 
 def _onednn_rows(problem, x, w, b, ref, ref_abs, timer, *, fpmath="strict", prepack=True,
-                 include_ref=True, slow_s=None) -> list[Row]:
+                 include_ref=True, slow_s=None, allow_known_bad=False, isolate=None, timing=(10, 2, None)) -> list[Row]:
     from . import onednn
 
     rows = []
@@ -273,20 +273,61 @@ def _onednn_rows(problem, x, w, b, ref, ref_abs, timer, *, fpmath="strict", prep
                             f"problem is {problem.flops / 1e9:.1f} GFLOP (use --ref)", error="skipped (slow reference)",
                             workspace_bytes=impl.scratchpad_bytes))
             continue
-        plan.select(impl.index)
+        if impl.known_bad and not allow_known_bad:
+            rows.append(Row(str(problem.name or problem.describe()), "onednn", f"[{impl.index}] {impl.name}",
+                            f"{impl.layouts}; not run: known bad ({impl.known_bad}; --allow-known-bad runs it)",
+                            error="skipped (known bad)", workspace_bytes=impl.scratchpad_bytes))
+            continue
         reorders = ",".join(_ROLE.get(r, r) + ("(once)" if r == "w" and prepack else "")
                             for r in impl.reorders) or "none"
         detail = (f"{impl.layouts}; src {impl.formats.get('x')} weights {impl.formats.get('w')} "
                   f"dst {impl.formats.get('y')}; reorders {reorders}")
+        extra = {"index": impl.index, "layouts": impl.layouts, "formats": impl.formats,
+                 "reorders": list(impl.reorders), "fpmath": fpmath}
+        if isolate:   # run below, all in one child process; the row keeps its place
+            rows.append((impl, detail, extra))
+            continue
+        plan.select(impl.index, allow_known_bad=allow_known_bad)
         rows.append(_measure(problem, "onednn", f"[{impl.index}] {impl.name}", detail,
                              lambda: plan.execute(x, w, b), ref, ref_abs, timer,
                              tol={"compute": compute} if compute else None,
-                             workspace=impl.scratchpad_bytes,
-                             extra={"index": impl.index, "layouts": impl.layouts, "formats": impl.formats,
-                                    "reorders": list(impl.reorders), "fpmath": fpmath},
-                             slow_s=slow_s))
+                             workspace=impl.scratchpad_bytes, extra=extra, slow_s=slow_s))
     plan.free()
+    if isolate:
+        _run_isolated(problem, rows, x, w, b, ref, ref_abs, compute, fpmath=fpmath, prepack=prepack,
+                      slow_s=slow_s, allow_known_bad=allow_known_bad, isolate=isolate, timing=timing)
     return rows
+
+
+def _run_isolated(problem, rows, x, w, b, ref, ref_abs, compute, *, fpmath, prepack, slow_s, allow_known_bad,
+                  isolate, timing) -> None:
+    """Run the (impl, detail, extra) placeholders of ``rows`` in a child process (rawconv._isolate)
+    and put their Rows in place: a crash or hang is that row's error ("crashed: SIGSEGV",
+    "timed out after 60 s"), and the comparison goes on."""
+    from . import _isolate
+
+    iso = _isolate.options(isolate)
+    todo = [i for i, r in enumerate(rows) if isinstance(r, tuple)]
+    iterations, warmup, budget_s = timing
+    results = _isolate.run_onednn_candidates(
+        problem, x, w, b, indices=[rows[i][0] for i in todo], fpmath=fpmath, prepack=prepack,
+        allow_known_bad=allow_known_bad, slow_s=slow_s, iterations=iterations, warmup=warmup, budget_s=budget_s,
+        check=False, keep_output=True, timeout_s=iso.timeout_s, env=iso.env, threads=iso.threads)
+    for i, res in zip(todo, results):
+        impl, detail, extra = rows[i]
+        row = Row(str(problem.name or problem.describe()), "onednn", f"[{impl.index}] {impl.name}",
+                  detail + "; isolated", workspace_bytes=impl.scratchpad_bytes,
+                  extra=dict(extra, status=res["status"], problem=problem.describe(),
+                             benchdnn=problem.to_benchdnn(), device=problem.device))
+        if res["status"] != "ok":   # "crashed: SIGSEGV", "timed out after 60 s", ...: failures
+            st = {"known bad": "skipped (known bad)"}.get(res["status"], res["status"])
+            row.error = st + (f": {res['detail']}" if res["detail"] else "")
+        else:
+            err = compare_to_reference(problem, res["output"], ref, ref_abs, **({"compute": compute} if compute else {}))
+            row.median_ms, row.min_ms, row.runs = res["median_ms"], res["min_ms"], res["runs"]
+            row.gflops = problem.flops / (row.median_ms * 1e6) if row.median_ms > 0 else float("nan")
+            row.max_abs, row.max_rel, row.ok = err.max_abs, err.max_rel, err.ok
+        rows[i] = row
 
 
 def cudnn_tolerance(dtype: str, math_reported: str, algo: str = "") -> dict:
@@ -391,12 +432,16 @@ def _cudnn_graph_rows(problem, x, w, b, ref, ref_abs, timer, engines) -> list[Ro
 def compare_problem(problem: ConvProblem, *, x=None, w=None, b=None, iterations: int = 10, warmup: int = 2,
                     budget_s: float = 0.5, backends: Iterable[str] = ("torch", "onednn", "cudnn"),
                     photo: bool = False, fpmath: str = "strict", prepack: bool = True,
-                    include_ref: bool = True, engines: str | int | None = None) -> list[Row]:
+                    include_ref: bool = True, engines: str | int | None = None, allow_known_bad: bool = False,
+                    isolate=None) -> list[Row]:
     """Time and check ``problem`` on torch and every rawconv implementation; returns :class:`Row` s.
 
     ``iterations``/``warmup``: timed and untimed calls per candidate; ``budget_s``: seconds of
     timing per candidate at most (slow reference implementations stop early, at least one timed
-    call each). CPU problems run on oneDNN, ``cuda`` problems on cuDNN.
+    call each). CPU problems run on oneDNN, ``cuda`` problems on cuDNN. oneDNN implementations
+    that :mod:`rawconv.known_bad` lists get a "known bad" row unless ``allow_known_bad``;
+    ``isolate`` (True, or ``rawconv._isolate.Isolation``/dict) runs them in a child process
+    where a crash or hang becomes the row's error.
     """
     if x is None:
         x, w, b = inputs_for(problem, photo=photo)
@@ -415,7 +460,8 @@ def compare_problem(problem: ConvProblem, *, x=None, w=None, b=None, iterations:
         rows += _torch_rows(problem, x, w, b, ref, ref_abs, timer)
     if not on_gpu and "onednn" in backends:
         rows += _onednn_rows(problem, x, w, b, ref, ref_abs, timer, fpmath=fpmath, prepack=prepack,
-                             include_ref=include_ref, slow_s=budget_s)
+                             include_ref=include_ref, slow_s=budget_s, allow_known_bad=allow_known_bad,
+                             isolate=isolate, timing=(iterations, warmup, budget_s))
     if on_gpu and "cudnn" in backends:
         rows += _cudnn_rows(problem, x, w, b, ref, ref_abs, timer, engines=engines)
     return rows

@@ -828,9 +828,11 @@ def _onednn_impl_choice(plan_fn, impl) -> str:
 
 
 def _onednn_function(direction: str, a, b, c, stride, padding, dilation, groups, *, impl, algorithm, fpmath,
-                     out=None, bias=False):
-    """rawconv.onednn.{forward, backward_data, backward_weights} on tensors that require grad."""
-    _refuse(f"rawconv.onednn.{direction}", out=(out, None), algorithm=(algorithm, "direct"))
+                     out=None, bias=False, allow_known_bad=False):
+    """rawconv.onednn.{forward, backward_data, backward_weights} on tensors that require grad (the
+    operators never run a known-bad implementation: rawconv.known_bad's check applies)."""
+    _refuse(f"rawconv.onednn.{direction}", out=(out, None), algorithm=(algorithm, "direct"),
+            allow_known_bad=(allow_known_bad, False))
     onednn._check_fpmath(fpmath)
     if direction == "forward":
         def plan_fn():
