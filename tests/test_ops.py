@@ -584,3 +584,23 @@ def test_hot_path_out_bumps_the_version_and_refuses_overlap():
         plan.execute(x, out=x)
     with pytest.raises(ArgumentError, match="strides"):
         plan.execute(x, out=torch.empty(1, 8, 8, 4).permute(0, 3, 1, 2))
+
+
+# ---------------------------------------------------------------------------- known-bad implementations
+def test_operators_never_run_a_known_bad_implementation():
+    """oneDNN #6035 (rawconv.known_bad): the operators' plans refuse it by name before any C call, and a
+    function form asked to allow it on tensors that require grad refuses (the operators cannot)."""
+    from rawconv.errors import KnownBadError
+
+    x = torch.randn(32, 4, 32, 32).to(memory_format=torch.channels_last)
+    gy = torch.randn(32, 8, 16, 16).to(memory_format=torch.channels_last)
+    a = ops._conv_args((1, 1), 2, 0, 1, 1)
+    p = ops._backward_weights_problem(x, gy, (8, 4, 1, 1), *a, False)
+    bad = [r for r in onednn._plan(p, "backward_weights", "direct", "strict", p.layout, None).implementations
+           if r.known_bad]
+    if not bad:
+        pytest.skip("no implementation rawconv.known_bad lists for the #6035 problem is offered on this CPU")
+    with pytest.raises(KnownBadError, match="6035"):
+        ops.conv_backward_weights(x, gy, (8, 4, 1, 1), stride=2, choice=f"{bad[0].name}@{bad[0].layouts}")
+    with pytest.raises(ArgumentError, match="allow_known_bad"):
+        onednn.backward_weights(x.requires_grad_(), gy, (8, 4, 1, 1), stride=2, allow_known_bad=True)
