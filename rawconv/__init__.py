@@ -5,6 +5,8 @@ and nothing is loaded until a backend is first used, so ``import rawconv`` works
 
 * :mod:`rawconv.onednn`: oneDNN (libdnnl.so.3) on CPU tensors: implementations, forcing, plans.
 * :mod:`rawconv.cudnn`: cuDNN 9 (libcudnn.so.9) on CUDA tensors.
+* :mod:`rawconv.ops`: the convolutions as torch custom operators (``torch.ops.rawconv.*``):
+  differentiable to any order, traceable by ``torch.compile``.
 * :class:`rawconv.ConvProblem`: the one description of a convolution every backend speaks.
 * :func:`rawconv.info`: what was loaded, from where, and how it was found.
 """
@@ -23,7 +25,8 @@ __all__ = ["ConvProblem", "RawconvError", "ArgumentError", "ArgumentTypeError", 
 
 
 def __getattr__(name):  # lazy submodules: rawconv.onednn, rawconv.cudnn
-    if name in ("onednn", "cudnn", "cudnn_graph", "nn", "fused", "bench", "compare", "presets", "cli"):
+    if name in ("onednn", "cudnn", "cudnn_graph", "nn", "ops", "fused", "bench", "compare", "presets", "cli",
+                "check", "options", "results", "tuning", "known_bad"):
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'rawconv' has no attribute {name!r}")
 

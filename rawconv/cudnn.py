@@ -38,6 +38,7 @@ from ._cudnn import ffi
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from ._plans import PlanCache, PlanLifetime
 from ._backend import Candidate, canonical_direction
+from ._grad import needs_grad as _needs_grad
 from .problem import ConvProblem, check_tensor, empty_like_layout, layout_of, to_layout, dense_strides, strides_match, shape_only
 
 __all__ = ["Algorithm", "TimedAlgorithm", "RunInfo", "Convolution", "forward", "backward_data",
@@ -1042,8 +1043,15 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
     Raises :class:`ArgumentError` / :class:`ArgumentTypeError` for bad input (before any C call;
     CPU tensors are pointed to :mod:`rawconv.onednn`), :class:`NotSupportedError` for a forced
     algo cuDNN does not support here (naming those it does) or tensors past the int32 limit.
-    Wraps ``cudnnConvolutionForward``.
+    Wraps ``cudnnConvolutionForward``. Tensors that require grad (grad mode on) run as
+    :func:`rawconv.ops.conv` (autograd recorded; ``out``, ``return_info``, ``activation``,
+    ``deterministic`` and ``workspace_limit`` are then refused with :class:`ArgumentError`).
     """
+    if _needs_grad(x, w, bias):   # record a differentiable op, never a silent detach
+        from .ops import _cudnn_function
+        return _cudnn_function("forward", x, w, bias, stride, padding, dilation, groups, algo=algo, math=math,
+                               deterministic=deterministic, workspace_limit=workspace_limit, out=out, engine=engine,
+                               return_info=return_info, choice=choice, precision=precision, activation=activation)
     algo, math, engine = _normalize("forward", algo, choice, math, precision, engine)
     if engine is not None:
         kw = {k: v for k, v in (("math", math), ("out", out), ("activation", activation)) if v is not None}
@@ -1103,7 +1111,13 @@ def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int],
     :func:`forward`, with backward-data algo names (``"ALGO_0"``, ``"ALGO_1"``, ``"FFT"``,
     ``"FFT_TILING"``, ``"WINOGRAD"``, ``"WINOGRAD_NONFUSED"``). Raises as :func:`forward`.
     ``choice``/``precision`` as in :func:`forward`. Wraps ``cudnnConvolutionBackwardData``.
+    Tensors that require grad run as :func:`rawconv.ops.conv_backward_data` (as :func:`forward` does).
     """
+    if _needs_grad(grad_y, w):
+        from .ops import _cudnn_function
+        return _cudnn_function("backward_data", grad_y, w, x_shape, stride, padding, dilation, groups, algo=algo,
+                               math=math, deterministic=deterministic, workspace_limit=workspace_limit, out=out,
+                               engine=engine, return_info=return_info, choice=choice, precision=precision)
     algo, math, engine = _normalize("backward_data", algo, choice, math, precision, engine)
     if engine is not None:
         kw = {k: v for k, v in (("math", math), ("out", out)) if v is not None}
@@ -1135,8 +1149,15 @@ def backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[in
     ``(dw, RunInfo)``. Algo names: ``"ALGO_0"``, ``"ALGO_1"``, ``"FFT"``, ``"ALGO_3"``,
     ``"WINOGRAD_NONFUSED"``, ``"FFT_TILING"``. Raises as :func:`forward`.
     ``choice``/``precision`` as in :func:`forward`. :func:`backward_filter` is cuDNN's name for it.
-    Wraps ``cudnnConvolutionBackwardFilter``.
+    Wraps ``cudnnConvolutionBackwardFilter``. Tensors that require grad run as
+    :func:`rawconv.ops.conv_backward_weights` (as :func:`forward` does).
     """
+    if _needs_grad(x, grad_y):
+        from .ops import _cudnn_function
+        return _cudnn_function("backward_weights", x, grad_y, w_shape, stride, padding, dilation, groups, algo=algo,
+                               math=math, deterministic=deterministic, workspace_limit=workspace_limit, out=out,
+                               engine=engine, return_info=return_info, choice=choice, precision=precision,
+                               w_layout=w_layout)
     algo, math, engine = _normalize("backward_weights", algo, choice, math, precision, engine)
     if engine is not None:
         kw = {k: v for k, v in (("math", math), ("out", out)) if v is not None}

@@ -44,6 +44,7 @@ from ._backend import Candidate
 from ._plans import PlanCache, PlanLifetime
 from . import check as _check
 from .check import ErrorStats, Tolerance, tolerance_for
+from ._grad import needs_grad as _needs_grad
 from .problem import ConvProblem, check_tensor, empty_like_layout, layout_of, to_layout, dense_strides, shape_only
 
 __all__ = ["EngineConfig", "TimedConfig", "GraphConvolution", "engines", "forward", "backward_data",
@@ -1262,8 +1263,14 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
 
     Raises :class:`ArgumentError` / :class:`ArgumentTypeError` before any C call for bad input,
     :class:`NotSupportedError` when cuDNN has no engine (or the forced config does not finalize,
-    or the fusion is not supported). Wraps ``cudnnBackendExecute``.
+    or the fusion is not supported). Wraps ``cudnnBackendExecute``. Tensors that require grad (grad
+    mode on) run as :func:`rawconv.ops.conv` with ``backend="cudnn_graph"`` (autograd recorded;
+    ``out`` and ``activation`` are then refused with :class:`ArgumentError`).
     """
+    if _needs_grad(x, w, bias):   # record a differentiable op, never a silent detach
+        from .ops import _graph_function
+        return _graph_function("forward", x, w, bias, stride, padding, dilation, groups, engine=engine,
+                               allow_tf32=allow_tf32, math=math, out=out, activation=activation)
     try:   # fast path: a call signature seen before reuses its plan without re-validation
         ekey = engine.name if isinstance(engine, EngineConfig) else engine
         key = (x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device,
@@ -1330,6 +1337,10 @@ def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int] 
         raise ArgumentError(f"weight must be 3-D, 4-D or 5-D, got shape {tuple(w.shape)}")
     if x_shape is None:
         x_shape = _transpose_x_shape(grad_y, w, stride, padding, dilation, groups, output_padding)
+    if _needs_grad(grad_y, w):   # as forward: rawconv.ops.conv_backward_data records autograd
+        from .ops import _graph_function
+        return _graph_function("backward_data", grad_y, w, x_shape, stride, padding, dilation, groups,
+                               engine=engine, allow_tf32=allow_tf32, math=math, out=out)
     if not isinstance(x_shape, (tuple, list, torch.Size)) or not all(isinstance(s, int) and s >= 0 for s in x_shape):
         raise ArgumentError(f"x_shape must be a tuple of non-negative ints, got {x_shape!r}")
     p = _problem(shape_only(x_shape, grad_y), w, None, stride, padding, dilation, groups)
@@ -1351,6 +1362,10 @@ def backward_filter(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[int
     (K, C/groups, *kernel). Returns dw in x's layout (channels_last for an NHWC x).
     ``engine`` as in :func:`forward`. Wraps ``cudnnBackendExecute`` on an
     ``OPERATION_CONVOLUTION_BACKWARD_FILTER`` graph."""
+    if _needs_grad(x, grad_y):   # as forward: rawconv.ops.conv_backward_weights records autograd
+        from .ops import _graph_function
+        return _graph_function("backward_weights", x, grad_y, w_shape, stride, padding, dilation, groups,
+                               engine=engine, allow_tf32=allow_tf32, math=math, out=out)
     if not isinstance(x, torch.Tensor) or not isinstance(grad_y, torch.Tensor):
         raise ArgumentTypeError("x and grad_y must be torch.Tensor")
     if not isinstance(w_shape, (tuple, list, torch.Size)) or not all(isinstance(s, int) and s >= 0 for s in w_shape):

@@ -34,13 +34,11 @@ exists; until then through this module's autograd functions over :mod:`rawconv.o
 from __future__ import annotations
 
 import copy
-import math
 import operator
-import statistics
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -49,7 +47,7 @@ from . import fused as _fused
 from . import onednn
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from .options import PRECISIONS
-from .problem import ConvProblem, layout_of, shape_only, tuple_arg
+from .problem import ConvProblem, shape_only, tuple_arg
 
 __all__ = ["conv", "conv_transpose", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
            "ConvTranspose3d", "ConvBiasAct1d", "ConvBiasAct2d", "ConvBiasAct3d", "convert", "describe",

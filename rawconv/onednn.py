@@ -28,6 +28,7 @@ from typing import Any, Sequence
 import torch
 
 from . import _dnnl, known_bad as _known_bad
+from ._grad import needs_grad as _needs_grad
 from ._dnnl import ffi
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from ._plans import PlanCache, PlanLifetime
@@ -284,47 +285,126 @@ class _Built:
         self.packed_w = None
         self._wsnap = torch.empty(_WCHECK, dtype=torch.uint8)
         self._wsnap_ptr = self._wsnap.data_ptr()
+        # the hot path's prepared argument pack: per user tensor (in self.args order) the memory whose
+        # handle takes its pointer, the reorder to run (before the primitive for inputs, after it for
+        # outputs), and the pointer set last time (an unchanged pointer needs no call)
+        self.roles = tuple(a[0] for a in self.args)
+        self._steps = tuple((mem if reorder is None else reorder[1], is_out, role == "w",
+                             None if reorder is None else reorder[0], None if reorder is None else reorder[2])
+                            for role, _arg, mem, is_out, reorder, _buf in self.args)
+        self._last = [None] * len(self._steps)
+        self._post = tuple((rp, ra) for _m, is_out, _w, rp, ra in self._steps if is_out and rp is not None)
+        self._execute = L.dnnl_primitive_execute
+        # oneDNN's CPU streams execute synchronously except with the threadpool runtime
+        self._wait = int(L.dnnl_version().cpu_runtime) not in (1, 2, 4)
 
     def run(self, tensors: dict, stream, prepack: bool) -> None:
-        L = _dnnl.lib()
-        set_handle = _set_handle_int()
-        execute = L.dnnl_primitive_execute
-        post = []
-        for role, _arg, mem, is_out, reorder, _buf in self.args:
-            t = tensors[role]
-            if reorder is None:
-                st = set_handle(mem, t.data_ptr())
+        """Run on ``tensors`` (role -> prepared tensor): see :meth:`run_list`."""
+        self.run_list([tensors[r] for r in self.roles], stream, prepack)
+
+    def run_list(self, ts, stream, prepack: bool) -> None:
+        """Run on the prepared tensors ``ts``, one per role of :attr:`roles` (checked by the caller:
+        shape, dtype, strides, device). Sets each user memory's handle (only when its pointer
+        changed), runs the input reorders (the weights' only when not prepacked or changed), the
+        primitive, then the output reorders. Wraps ``dnnl_memory_set_data_handle``,
+        ``dnnl_primitive_execute`` (and ``dnnl_stream_wait`` for an asynchronous runtime)."""
+        set_handle = _SET_HANDLE[0] if _SET_HANDLE else _set_handle_int()
+        execute = self._execute
+        last = self._last
+        i = 0
+        for mem, is_out, is_w, rprim, rargs in self._steps:
+            t = ts[i]
+            ptr = t.data_ptr()
+            if ptr != last[i]:
+                last[i] = None
+                st = set_handle(mem, ptr)
                 if st:
                     _dnnl.check(st, "dnnl_memory_set_data_handle")
+                last[i] = ptr
+            i += 1
+            if rprim is None or is_out:
                 continue
-            rprim, umem, rargs = reorder
-            _dnnl.check(set_handle(umem, t.data_ptr()), "dnnl_memory_set_data_handle")
-            if is_out:
-                post.append((rprim, rargs))
-                continue
-            if role == "w" and prepack:
+            if is_w and prepack:
                 key = self.packed_w
-                if key is not None and key[0]() is t and key[1] == t._version and key[2] == t.data_ptr() \
-                        and not _memcmp()(key[2], self._wsnap_ptr, key[3]):
+                if key is not None and key[0]() is t and key[1] == t._version and key[2] == ptr \
+                        and not _memcmp()(ptr, self._wsnap_ptr, key[3]):
                     continue
-            _dnnl.check(execute(rprim, stream, 2, rargs), "dnnl_primitive_execute", self.impl.name + " (reorder)")
-            if role == "w":
+            st = execute(rprim, stream, 2, rargs)
+            if st:
+                _dnnl.check(st, "dnnl_primitive_execute", self.impl.name + " (reorder)")
+            if is_w:
                 self.packed_w = None
                 if prepack:
                     nb = min(_WCHECK, t.numel() * t.element_size())
-                    _memcpy()(self._wsnap_ptr, t.data_ptr(), nb)
-                    self.packed_w = (weakref.ref(t), t._version, t.data_ptr(), nb)
+                    _memcpy()(self._wsnap_ptr, ptr, nb)
+                    self.packed_w = (weakref.ref(t), t._version, ptr, nb)
         st = execute(self.prim, stream, self.nargs, self.exec_args)
         if st:
             _dnnl.check(st, "dnnl_primitive_execute", self.impl.name)
-        for rprim, rargs in post:
-            _dnnl.check(execute(rprim, stream, 2, rargs), "dnnl_primitive_execute", self.impl.name + " (reorder)")
-        st = L.dnnl_stream_wait(stream)
-        if st:
-            _dnnl.check(st, "dnnl_stream_wait")
+        for rprim, rargs in self._post:
+            st = execute(rprim, stream, 2, rargs)
+            if st:
+                _dnnl.check(st, "dnnl_primitive_execute", self.impl.name + " (reorder)")
+        if self._wait:
+            _dnnl.check(_dnnl.lib().dnnl_stream_wait(stream), "dnnl_stream_wait")
 
 
 _SET_HANDLE = []
+_PLAIN = (torch.Tensor, torch.nn.Parameter)   # tensor types the hot path takes as they are
+_increment_version = torch._C._increment_version
+
+
+class _Hot:
+    """A forward plan's prepared argument pack for :meth:`Convolution.execute`'s hot path: the
+    selected implementation (index, built primitive), each tensor's (shape, strides, dtype) as the
+    caller passed it (``b`` None without a bias), y's shape and strides, and the byte extents used
+    to reject an ``out`` that overlaps an input."""
+
+    __slots__ = ("index", "built", "x", "w", "b", "y_shape", "y_strides", "ext")
+
+    @classmethod
+    def of(cls, plan: "Convolution", built: "_Built", x, w, bias) -> "_Hot | None":
+        """The pack, or None when a tensor was not used as it is (a copy was made) or is a subclass."""
+        p = plan.problem
+        if not all(type(t) in _PLAIN for t in (x, w)) or (bias is not None and type(bias) not in _PLAIN):
+            return None
+        xb = x.unsqueeze(0) if p.unbatched and x.dim() == p.ndim + 1 else x
+        if tuple(xb.shape) != p.x_shape or tuple(w.shape) != p.w_shape or x.is_neg() or w.is_neg() \
+                or not strides_match(xb, plan._user_strides["x"]) or not strides_match(w, plan._user_strides["w"]):
+            return None
+        if bias is not None and (tuple(bias.shape) != (p.k,) or bias.is_neg() or not strides_match(bias, [1])):
+            return None
+        h = cls()
+        h.index, h.built = plan._selected, built
+        h.x, h.w = (x.shape, x.stride(), x.dtype), (w.shape, w.stride(), w.dtype)
+        h.b = (bias.shape, bias.stride(), bias.dtype) if bias is not None else None
+        y = empty_like_layout(p.y_shape, p.layout, p.torch_dtype, "cpu")   # what the checked path returns
+        y = y.squeeze(0) if p.unbatched else y
+        h.y_shape, h.y_strides = y.shape, y.stride()
+        h.ext = tuple(_extent(t) for t in (x, w, bias, y))
+        return h
+
+    def overlaps(self, out, x, w, bias) -> bool:
+        """Whether ``out`` shares memory with x, w or bias (pointer ranges of the packed extents)."""
+        eo = self.ext[3]
+        if not eo:
+            return False
+        o = out.data_ptr()
+        for t, e in ((x, self.ext[0]), (w, self.ext[1]), (bias, self.ext[2])):
+            if e and t is not None:
+                q = t.data_ptr()
+                if q < o + eo and o < q + e:
+                    return True
+        return False
+
+
+def _extent(t) -> int:
+    """Bytes from a tensor's first element to one past its last (0 when empty or None)."""
+    if t is None or t.numel() == 0:
+        return 0
+    return (sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
 _WCHECK = 4096    # bytes at the start of prepacked weights compared on every call (updates through .data)
 _LIBC: list = []
 
@@ -458,6 +538,7 @@ class Convolution(PlanLifetime):
         self.user_md = {}
         self._user_strides = {}
         self._fast = {}
+        self._hot = None    # the forward hot path's argument pack (see execute)
 
     # ------------------------------------------------------------------ descriptors
     def _strides(self):
@@ -737,10 +818,17 @@ class Convolution(PlanLifetime):
         ``execute(x, grad_y=dy)`` -> dw, or ``(dw, db)`` when the plan has a bias. ``None`` for
         w/bias uses the tensors given at construction. Output buffers may be passed as ``out``
         (forward, backward_data; for an unbatched problem of either shape): ``out`` itself is
-        returned; it must not overlap an input in memory. Raises :class:`ArgumentError` when
-        tensors do not fit the plan (also for zero-size problems, which need no library call).
-        Wraps ``dnnl_primitive_execute``.
+        returned, its version counter bumped (as torch's ``out=`` functions do); it must not
+        overlap an input in memory. Raises :class:`ArgumentError` when tensors do not fit the plan
+        (also for zero-size problems, which need no library call). A forward call whose tensors
+        have exactly the shapes, strides and dtypes of an earlier call that used them as they are
+        skips the checks (the hot path: one allocation, the library calls). Wraps
+        ``dnnl_primitive_execute``.
         """
+        if self._hot is not None and grad_y is None:
+            y = self._hot_run(x, w, bias, out)
+            if y is not None:
+                return y
         if self._freed:
             raise ArgumentError("this Convolution plan was freed")
         p = self.problem
@@ -820,7 +908,49 @@ class Convolution(PlanLifetime):
             self._mds()
         built = self._build(self.selected.index)
         built.run(tensors, _dnnl.stream(), self.prepack)
+        if out is not None:
+            _increment_version((out,))   # written in place, as torch's out= functions do
+        if d == "forward" and (self._hot is None or self._hot.index != self._selected):
+            self._hot = _Hot.of(self, built, x, w, bias)
         return result
+
+    def _hot_run(self, x, w, bias, out):
+        """The forward hot path: when the tensors have exactly the metadata of an earlier call that used
+        them as they are (no copy, no restride), run with no further checks and no allocation beyond
+        the output; returns y (or ``out``), or None when the hot path does not apply (the caller then
+        takes :meth:`execute`'s checks)."""
+        hot = self._hot
+        if hot is None or hot.index != self._selected or self._built.get(hot.index) is not hot.built or self._freed:
+            return None
+        if x is None:
+            x = self._x
+        if w is None:
+            w = self._w
+        if bias is None:
+            bias = self._b
+        xs, ws, bs = hot.x, hot.w, hot.b
+        try:   # (a nested or otherwise unusual tensor may raise on .shape: the checked path says what is wrong)
+            if not (type(x) in _PLAIN and x.shape == xs[0] and x.stride() == xs[1] and x.dtype is xs[2] and x.is_cpu
+                    and not x.is_neg() and type(w) in _PLAIN and w.shape == ws[0] and w.stride() == ws[1]
+                    and w.dtype is ws[2] and w.is_cpu and not w.is_neg() and
+                    (bias is None if bs is None else (type(bias) in _PLAIN and bias.shape == bs[0] and bias.stride()
+                                                      == bs[1] and bias.dtype is bs[2] and bias.is_cpu
+                                                      and not bias.is_neg()))):
+                return None
+            if out is None:
+                y = torch.empty_strided(hot.y_shape, hot.y_strides, dtype=xs[2])
+            elif type(out) in _PLAIN and out.shape == hot.y_shape and out.stride() == hot.y_strides \
+                    and out.dtype is xs[2] and out.is_cpu and not out.is_neg() and not out.requires_grad \
+                    and not hot.overlaps(out, x, w, bias):
+                y = out
+            else:
+                return None
+        except Exception:   # noqa: BLE001
+            return None
+        hot.built.run_list((x, w, y) if bs is None else (x, w, bias, y), _dnnl.stream(), self.prepack)
+        if out is not None:
+            _increment_version((out,))   # written in place, as torch's out= functions do
+        return y
 
     def repack(self) -> None:
         """Forget the prepacked (reordered) weights: the next :meth:`execute` reorders them again.
@@ -1046,6 +1176,7 @@ def clear_cache() -> None:
     """Drop every cached plan used by the function forms."""
     _cache.clear()
     _fast_plans.clear()
+    _last_plans.clear()
 
 
 def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
@@ -1068,7 +1199,25 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
     (:mod:`rawconv.known_bad`; ``allow_known_bad=True`` runs it anyway). A first choice
     (``impl=None``) that is known bad is replaced by the next one, with a ``RuntimeWarning``.
     Wraps ``dnnl_convolution_forward_primitive_desc_create`` and ``dnnl_primitive_execute``.
+    Tensors that require grad (grad mode on) run as :func:`rawconv.ops.conv` (autograd recorded).
     """
+    if _needs_grad(x, w, bias):   # record a differentiable op, never a silent detach
+        from .ops import _onednn_function
+        return _onednn_function("forward", x, w, bias, stride, padding, dilation, groups, impl=impl,
+                                algorithm=algorithm, fpmath=fpmath, out=out, allow_known_bad=allow_known_bad)
+    try:   # hot path: the plan of the last call with these arguments, when the tensors fit it exactly
+        akey = (w.shape, stride if type(stride) is int else _key(stride),
+                padding if type(padding) is int else _key(padding), dilation if type(dilation) is int else _key(dilation),
+                groups if type(groups) is int else _key(groups), impl if impl is None or type(impl) is int else _key(impl),
+                algorithm if type(algorithm) is str else _key(algorithm), fpmath if type(fpmath) is str else _key(fpmath),
+                allow_known_bad if type(allow_known_bad) is bool else _key(allow_known_bad), threading.get_ident())
+        plan = _last_plans.get(akey)
+    except Exception:   # noqa: BLE001  (not tensors, unhashable options...: the paths below say what is wrong)
+        akey = plan = None
+    if plan is not None:
+        y = plan._hot_run(x, w, bias, out)
+        if y is not None:
+            return y
     try:   # fast path: the same call signature as an earlier call reuses its plan without re-validation
         # the key tells the argument types apart (True == 1 == 1.0 in Python): a key matches only
         # arguments of the same types as a call that passed validation
@@ -1089,10 +1238,14 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
             _fast_plans.put(key, plan)
     elif bias is not None and not _bias_fits(bias, x, plan.problem.k):
         ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)   # raises the clear error
-    return plan.execute(x, w, bias, out)
+    y = plan.execute(x, w, bias, out)
+    if akey is not None:
+        _last_plans.put(akey, plan)
+    return y
 
 
 _fast_plans = PlanCache(256)
+_last_plans = PlanCache(256)    # arguments (no tensors) -> the plan of the last call with them
 
 
 def _key(v):
@@ -1176,7 +1329,12 @@ def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int],
     positions are those :func:`implementations` lists with ``direction="backward_data"`` for an x
     in grad_y's layout. Known-bad implementations as in :func:`forward` (``allow_known_bad``).
     Wraps ``dnnl_convolution_backward_data_primitive_desc_create`` (with a forward hint).
+    Tensors that require grad run as :func:`rawconv.ops.conv_backward_data`.
     """
+    if _needs_grad(grad_y, w):
+        from .ops import _onednn_function
+        return _onednn_function("backward_data", grad_y, w, x_shape, stride, padding, dilation, groups, impl=impl,
+                                algorithm=algorithm, fpmath=fpmath, out=out, allow_known_bad=allow_known_bad)
     problem = _backward_problem(grad_y, w, x_shape, stride, padding, dilation, groups, False)
     plan = _plan(problem, "backward_data", algorithm, fpmath, _w_layout(w), impl, allow_known_bad)
     return plan.execute(grad_y=grad_y, w=w, out=out)
@@ -1194,7 +1352,13 @@ def backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[in
     with stride > 1 and few input channels is oneDNN issue #6035 (:mod:`rawconv.known_bad`)
     and raises :class:`~rawconv.errors.KnownBadError` unless ``allow_known_bad=True``.
     Wraps ``dnnl_convolution_backward_weights_primitive_desc_create``.
+    Tensors that require grad run as :func:`rawconv.ops.conv_backward_weights`.
     """
+    if _needs_grad(x, grad_y):
+        from .ops import _onednn_function
+        return _onednn_function("backward_weights", x, grad_y, w_shape, stride, padding, dilation, groups,
+                                impl=impl, algorithm=algorithm, fpmath=fpmath, bias=bias,
+                                allow_known_bad=allow_known_bad)
     if not isinstance(w_shape, (tuple, list, torch.Size)):
         raise ArgumentTypeError(f"w_shape must be a tuple of ints, got {type(w_shape).__name__}")
     if not isinstance(x, torch.Tensor) or not isinstance(grad_y, torch.Tensor):

@@ -1,0 +1,100 @@
+"""Per-call host cost on a tiny CPU convolution: rawconv's cached paths against ``F.conv2d``.
+
+The problem is x (1, 8, 8, 8) * w (8, 8, 3, 3), padding 1 (74 kFLOP): the
+convolution itself takes a microsecond or two, so the time per call is mostly the host's (Python,
+the dispatcher, argument checks, the library call). Rows, all in one process, same thread count:
+
+* ``F.conv2d``: torch's own (its oneDNN / native kernel);
+* ``onednn.forward``: rawconv's function form on a cached plan (the fast path);
+* ``Convolution.execute``: a plan built once, ``execute(x)`` (weights prepacked);
+* ``Convolution.execute(out=)``: the same, writing into a preallocated output;
+* ``torch.ops.rawconv.conv_forward``: the custom operator (dispatcher + CPU kernel);
+* ``rawconv.ops.conv``: the friendly wrapper over that operator;
+
+each as microseconds per call (best of ``--repeats`` loops of ``--calls`` back-to-back calls,
+after a warm-up; the rows take turns loop by loop) and the ratio to ``F.conv2d``. ``--grad`` adds rows with tensors that require
+grad (grad mode on: autograd records a node per call).
+
+    python benchmarks/bench_overhead_cpu.py [--threads 1] [--calls 5000] [--repeats 7] [--layout nchw|nhwc]
+                                            [--grad] [--clock wall|cpu]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+
+from rawconv import onednn
+
+
+def us_per_call(rows, calls: int, repeats: int, warmup: int = 200, clock=time.perf_counter) -> list[float]:
+    """Microseconds per call of each ``(name, fn)`` row: the best of ``repeats`` loops of ``calls``
+    back-to-back calls. The rows take turns loop by loop, so a burst of load from elsewhere on a
+    shared machine hits every row alike, not one."""
+    for _, fn in rows:
+        for _ in range(warmup):
+            fn()
+    best = [float("inf")] * len(rows)
+    for _ in range(repeats):
+        for i, (_, fn) in enumerate(rows):
+            t0 = clock()
+            for _ in range(calls):
+                fn()
+            best[i] = min(best[i], (clock() - t0) / calls * 1e6)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=1, help="torch (and oneDNN OpenMP) threads (default 1)")
+    ap.add_argument("--calls", type=int, default=5000)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--layout", choices=("nchw", "nhwc"), default="nchw")
+    ap.add_argument("--grad", action="store_true", help="also time calls on tensors that require grad")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="wall: time.perf_counter (default); cpu: time.process_time, the process's CPU time, which "
+                         "leaves out the time the process waits for a core on a busy machine (with --threads 1: "
+                         "the calling thread's work)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    fmt = torch.channels_last if args.layout == "nhwc" else torch.contiguous_format
+    x = torch.randn(1, 8, 8, 8).contiguous(memory_format=fmt)
+    w = torch.randn(8, 8, 3, 3).contiguous(memory_format=fmt)
+    y_ref = F.conv2d(x, w, padding=1)
+    out = torch.empty_like(y_ref)
+    plan = onednn.Convolution(x, w, padding=1)
+    torch.testing.assert_close(plan.execute(x), y_ref, rtol=1e-4, atol=1e-4)
+
+    rows = [("F.conv2d", lambda: F.conv2d(x, w, None, 1, 1)),
+            ("onednn.forward", lambda: onednn.forward(x, w, None, 1, 1)),
+            ("Convolution.execute", lambda: plan.execute(x)),
+            ("Convolution.execute(out=)", lambda: plan.execute(x, out=out))]
+    try:
+        from rawconv import ops
+    except ImportError as exc:   # an older rawconv without the custom operators
+        print(f"(rawconv.ops not available: {exc})")
+        ops = None
+    if ops is not None:
+        op = torch.ops.rawconv.conv_forward.default
+        rows.append(("torch.ops.rawconv.conv_forward",
+                     lambda: op(x, w, None, [1, 1], [1, 1], [1, 1], [1, 1], 1, "onednn", "", "strict", "", "")))
+        rows.append(("rawconv.ops.conv", lambda: ops.conv(x, w, None, 1, 1)))
+        torch.testing.assert_close(ops.conv(x, w, None, 1, 1), y_ref, rtol=1e-4, atol=1e-4)
+    if args.grad:
+        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+        rows.append(("F.conv2d (requires grad)", lambda: F.conv2d(xg, wg, None, 1, 1)))
+        if ops is not None:
+            rows.append(("rawconv.ops.conv (requires grad)", lambda: ops.conv(xg, wg, None, 1, 1)))
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), x{tuple(x.shape)} w{tuple(w.shape)} "
+          f"padding 1, {args.layout}, oneDNN {onednn.info()['version']} ({plan.selected.name}); "
+          f"best of {args.repeats} loops of {args.calls} calls, {args.clock} clock")
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
+    times = us_per_call(rows, args.calls, args.repeats, clock=clock)
+    print(f"{'path':<36} {'us/call':>9} {'x F.conv2d':>11}")
+    for (name, _), us in zip(rows, times):
+        print(f"{name:<36} {us:9.2f} {us / times[0]:11.2f}")
+
+if __name__ == "__main__":
+    main()

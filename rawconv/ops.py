@@ -1,0 +1,923 @@
+"""rawconv's convolutions as PyTorch custom operators (``torch.library``), differentiable to any order.
+
+Quick use::
+
+    import rawconv.ops
+    y = rawconv.ops.conv(x, w, b, padding=1)                                  # oneDNN on CPU, cuDNN on CUDA
+    y = rawconv.ops.conv(x, w, padding=1, choice="brgconv:avx512_core")     # exactly that implementation
+    y = rawconv.ops.conv(x, w, padding=1, choice="eng28{k2=3}")             # a cuDNN graph engine config
+    y = torch.ops.rawconv.conv_forward(x, w, None, [1, 1], [1, 1], [1, 1], [1, 1], 1,
+                                       "auto", "", "strict", "", "")           # the operator itself
+
+Operators (namespace ``rawconv``; schemas exactly as registered)::
+
+    conv_forward(Tensor x, Tensor w, Tensor? bias, int[] stride, int[] pad_before, int[] pad_after,
+                 int[] dilation, int groups, str backend, str choice, str precision,
+                 str bwd_data_choice, str bwd_weights_choice) -> Tensor
+    conv_backward_data(Tensor grad_y, Tensor w, SymInt[] x_shape, int[] stride, int[] pad_before,
+                       int[] pad_after, int[] dilation, int groups, str backend, str choice,
+                       str precision) -> Tensor
+    conv_backward_weights(Tensor x, Tensor grad_y, SymInt[] w_shape, int[] stride, int[] pad_before,
+                          int[] pad_after, int[] dilation, int groups, bool bias, str backend,
+                          str choice, str precision) -> (Tensor, Tensor)
+
+Arguments, shared by all three:
+
+* tensors as ``torch.nn.functional.conv{1,2,3}d``: ``x`` (N, C, *spatial) or unbatched (C, *spatial),
+  ``w`` (K, C/groups, *kernel), ``bias`` (K,), ``grad_y`` (N, K, *out); float32, bfloat16 or
+  float16 (oneDNN: where this CPU offers them), also float64 on cuDNN; NCHW or channels_last.
+* ``stride``, ``dilation`` (torch's: 1 = none), ``pad_before``, ``pad_after``: one int per spatial dim
+  (asymmetric padding is allowed); ``groups``.
+* ``backend``: ``"onednn"`` (CPU tensors), ``"cudnn"`` (CUDA tensors: cuDNN's legacy API, or its
+  graph API when ``choice`` names an engine config), ``"cudnn_graph"`` (CUDA, graph API always),
+  ``"auto"`` (by the tensors' device).
+* ``choice``: ``""`` = the library's own first choice (oneDNN's first implementation, cuDNN's
+  heuristic), else a stable name: a oneDNN implementation (``"brgconv:avx512_core"``, optionally
+  ``"name@any"`` / ``"name@user"``), a cuDNN legacy algorithm ``"ALGO@math"``
+  (``"IMPLICIT_PRECOMP_GEMM@fma"``; ``"@tensor_op"`` sets only the math type; ``"fastest"`` runs
+  cuDNN's Find once per problem), or a graph engine config (``"eng28{k2=3}"``, ``"nhwc:eng72"``,
+  ``"fastest"`` = autotune for ``cudnn_graph``).
+* ``precision``: ``"strict"``, ``"tf32"``, ``"bf16"``, ``"f16"``, ``"any"`` (:mod:`rawconv.options`:
+  oneDNN's fpmath mode, cuDNN's math type).
+
+Results:
+
+* ``conv_forward``: y (N, K, *out) in x's memory format (channels_last in, channels_last out; an
+  unbatched x gives an unbatched y), as rawconv's function forms return it.
+* ``conv_backward_data``: dx of ``x_shape`` in grad_y's memory format (w's when grad_y's shape
+  cannot tell NCHW from NHWC: one output channel, or batch 1 with a 1x1 output).
+* ``conv_backward_weights``: ``(dw, db)``: dw of ``w_shape`` in x's memory format; db of shape
+  (K,) (grad_y summed over batch and space) when ``bias`` is True, else **an empty tensor of
+  shape (0,)** (a schema's output count is fixed; an empty tensor costs nothing and tells the
+  caller there is no bias gradient).
+
+Kernels: CPU on cached oneDNN plans (:mod:`rawconv.onednn`, keyed by problem, direction, choice,
+precision and thread; weights reordered on every call, never prepacked: an operator cannot know
+when a tensor changes behind its back); CUDA on cuDNN's cached plans (:mod:`rawconv.cudnn`,
+:mod:`rawconv.cudnn_graph`). Fake (meta) kernels compute shapes, dtypes, devices and strides
+from :class:`~rawconv.problem.ConvProblem` (or the same formulas on symbolic sizes) without a
+library call, so ``torch.compile(fullgraph=True)`` traces models using the operators.
+
+Autograd (an Autograd kernel, as ``torch.library.register_autograd`` registers one) runs rawconv's
+own ops, so gradients of any order come from the same libraries:
+
+* d conv_forward: dx = ``conv_backward_data(gy, w)`` with ``bwd_data_choice``, (dw, db) =
+  ``conv_backward_weights(x, gy)`` with ``bwd_weights_choice``;
+* d conv_backward_data (linear in grad_y and w): d grad_y = ``conv_forward(g, w)``,
+  dw = ``conv_backward_weights(g, grad_y)``;
+* d conv_backward_weights (linear in x and grad_y): dx = ``conv_backward_data(grad_y, g_w)``,
+  d grad_y = ``conv_forward(x, g_w, g_b)``.
+
+**Backward choices.** The forward's ``choice`` does not carry over to the backward passes: the
+libraries list forward, backward-data and backward-weights candidates separately (oneDNN names
+them differently; cuDNN's algorithm enums differ per direction), so there is no honest mapping.
+The backward passes run ``bwd_data_choice`` / ``bwd_weights_choice`` when given, else the
+library's own first choice for that backward problem: still one fixed candidate for a given
+problem, library version and machine (:func:`selected` says which). The derivatives of the
+backward operators (second order) run the library's first choice.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence
+
+import torch
+
+from . import onednn
+from ._plans import PlanCache
+from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
+from .options import PRECISIONS
+from .problem import (ConvProblem, dense_strides, empty_like_layout, int_arg, layout_of, resolve_padding,
+                      shape_arg, shape_only, strides_match, to_layout, tuple_arg)
+
+__all__ = ["conv", "conv_backward_data", "conv_backward_weights", "selected", "BACKENDS", "clear_cache"]
+
+BACKENDS = ("auto", "onednn", "cudnn", "cudnn_graph")
+_DEVICE_OF = {"onednn": "cpu", "cudnn": "cuda", "cudnn_graph": "cuda"}
+
+_lib = torch.library.Library("rawconv", "DEF")
+_ARGS = "int[] stride, int[] pad_before, int[] pad_after, int[] dilation, int groups"
+_lib.define(f"conv_forward(Tensor x, Tensor w, Tensor? bias, {_ARGS}, str backend, str choice, str precision, "
+            "str bwd_data_choice, str bwd_weights_choice) -> Tensor")
+_lib.define(f"conv_backward_data(Tensor grad_y, Tensor w, SymInt[] x_shape, {_ARGS}, str backend, str choice, "
+            "str precision) -> Tensor")
+_lib.define(f"conv_backward_weights(Tensor x, Tensor grad_y, SymInt[] w_shape, {_ARGS}, bool bias, str backend, "
+            "str choice, str precision) -> (Tensor, Tensor)")
+
+_fwd_op = torch.ops.rawconv.conv_forward.default
+_bwd_data_op = torch.ops.rawconv.conv_backward_data.default
+_bwd_weights_op = torch.ops.rawconv.conv_backward_weights.default
+
+
+# ---------------------------------------------------------------------------- argument checks
+def _check_strings(backend, choice, precision, device_type: str | None, *choices) -> None:
+    """Validate the operator's string arguments (and the backend against the tensors' device)."""
+    for v, nm in ((backend, "backend"), (choice, "choice"), (precision, "precision")) + \
+            tuple((c, "backward choice") for c in choices):
+        if not isinstance(v, str):
+            raise ArgumentTypeError(f"{nm} must be a string, got {type(v).__name__}")
+    if backend not in BACKENDS:
+        raise ArgumentError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    if precision not in PRECISIONS:
+        raise ArgumentError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
+    if device_type is not None and backend != "auto" and _DEVICE_OF[backend] != device_type:
+        other = "onednn" if device_type == "cpu" else "cudnn"
+        raise ArgumentError(f"backend {backend!r} runs on {_DEVICE_OF[backend].upper()} tensors, got "
+                            f"{device_type.upper()} tensors (use backend={other!r} or 'auto')")
+
+
+def _padding(pad_before, pad_after):
+    if len(pad_before) != len(pad_after):
+        raise ArgumentError(f"pad_before and pad_after must have one int per spatial dim each, got "
+                            f"{list(pad_before)} and {list(pad_after)}")
+    return tuple(zip(pad_before, pad_after))
+
+
+def _device_type(t: torch.Tensor) -> str:
+    return t.device.type
+
+
+def _batched(t: torch.Tensor, unbatched: bool) -> torch.Tensor:
+    return t.unsqueeze(0) if unbatched else t
+
+
+def _layout(t: torch.Tensor) -> str:
+    """"nhwc" when ``t`` (batched) is channels-last, else "nchw" (torch-contiguous or other strides)."""
+    return "nhwc" if layout_of(t) == "nhwc" else "nchw"
+
+
+def _dx_layout(y_shape, grad_y_batched: torch.Tensor, w: torch.Tensor) -> str:
+    """dx's layout: grad_y's, but w's when grad_y's shape cannot tell (rawconv.onednn's rule)."""
+    if onednn._ambiguous(y_shape):
+        return onednn._w_layout(w)
+    return _layout(grad_y_batched)
+
+
+def _enforce_layout(t: torch.Tensor, layout: str, unbatched: bool) -> torch.Tensor:
+    """``t`` with the dense strides of ``layout`` (a copy only when a library returned others)."""
+    tb = _batched(t, unbatched)
+    if strides_match(tb, dense_strides(tb.shape, layout)):
+        return t
+    out = empty_like_layout(tb.shape, layout, t.dtype, t.device)
+    out.copy_(tb)
+    return out.squeeze(0) if unbatched else out
+
+
+# ---------------------------------------------------------------------------- CPU kernels (oneDNN)
+_cpu_cache = PlanCache(512)
+_get_ident = threading.get_ident
+
+
+def _onednn_choice(choice: str):
+    return choice or None
+
+
+def _forward_cpu_plan(x, w, bias, stride, pad_before, pad_after, dilation, groups, backend, choice, precision,
+                      bwd_data_choice, bwd_weights_choice) -> onednn.Convolution:
+    """The cached oneDNN forward plan for these arguments (validated on the first call)."""
+    try:   # fast path: the same tensors' metadata and arguments as an earlier call reuse its plan
+        # (w's dtype must be x's: a call that differs there fails the plan's checks, with the clear error)
+        key = (x.shape, x.stride(), x.dtype, w.shape, w.stride(), bias is None, *stride, None, *pad_before, None,
+               *pad_after, None, *dilation, groups, backend, choice, precision, _get_ident())
+        plan = _cpu_cache.get(key)
+    except Exception:   # noqa: BLE001  (the slow path says what is wrong)
+        key = plan = None
+    if plan is None:
+        _check_strings(backend, choice, precision, "cpu", bwd_data_choice, bwd_weights_choice)
+        problem = ConvProblem.from_torch(x, w, bias, stride, _padding(pad_before, pad_after), dilation, groups)
+        onednn._check_device(problem)
+        plan = onednn._plan(problem, "forward", "direct", precision, onednn._w_layout(w), _onednn_choice(choice))
+        plan.selected   # noqa: B018  (resolve the selection now: a bad choice raises before caching)
+        if key is not None:
+            _cpu_cache.put(key, plan)
+    return plan
+
+
+def _forward_cpu(x, w, bias, *args):
+    return _forward_cpu_plan(x, w, bias, *args).execute(x, w, bias)
+
+
+def _backward_data_plan(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, choice, precision):
+    problem = onednn._backward_problem(grad_y, w, tuple(x_shape), stride, _padding(pad_before, pad_after),
+                                       dilation, groups, False)
+    plan = onednn._plan(problem, "backward_data", "direct", precision, onednn._w_layout(w), _onednn_choice(choice))
+    plan.selected   # noqa: B018
+    return plan
+
+
+def _backward_data_cpu(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, backend, choice,
+                       precision):
+    try:
+        key = ("d", grad_y.shape, grad_y.stride(), grad_y.dtype, w.shape, w.stride(), *x_shape, None, *stride, None,
+               *pad_before, None, *pad_after, None, *dilation, groups, backend, choice, precision, _get_ident())
+        plan = _cpu_cache.get(key)
+    except Exception:   # noqa: BLE001
+        key = plan = None
+    if plan is None:
+        _check_strings(backend, choice, precision, "cpu")
+        plan = _backward_data_plan(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, choice,
+                                   precision)
+        if key is not None:
+            _cpu_cache.put(key, plan)
+    return plan.execute(grad_y=grad_y, w=w)
+
+
+def _backward_weights_problem(x, grad_y, w_shape, stride, pad_before, pad_after, dilation, groups, bias):
+    """The forward problem of a backward-weights call (checks as :func:`rawconv.onednn.backward_weights`)."""
+    if not isinstance(x, torch.Tensor) or not isinstance(grad_y, torch.Tensor):
+        raise ArgumentTypeError("x and grad_y must be torch.Tensor")
+    w_shape = shape_arg(w_shape, "w_shape", (3, 4, 5))
+    if grad_y.is_nested or grad_y.layout != torch.strided:
+        raise ArgumentError("grad_y must be a dense (strided) tensor")
+    if grad_y.dtype != x.dtype:
+        raise ArgumentError(f"grad_y must have x's dtype {x.dtype}, got {grad_y.dtype}")
+    if grad_y.device != x.device:
+        raise ArgumentError(f"grad_y must be on x's device {x.device}, got {grad_y.device}")
+    fake_b = shape_only((w_shape[0],), x) if bias else None
+    problem = ConvProblem.from_torch(x, shape_only(w_shape, x), fake_b, stride, _padding(pad_before, pad_after),
+                                     dilation, groups)
+    from .problem import check_tensor
+
+    check_tensor(problem, grad_y, "grad_y", problem.y_shape)
+    return problem
+
+
+def _backward_weights_cpu(x, grad_y, w_shape, stride, pad_before, pad_after, dilation, groups, bias, backend,
+                          choice, precision):
+    try:
+        key = ("w", x.shape, x.stride(), x.dtype, grad_y.shape, grad_y.stride(), *w_shape, None, *stride, None,
+               *pad_before, None, *pad_after, None, *dilation, groups, bias, backend, choice, precision, _get_ident())
+        plan = _cpu_cache.get(key)
+    except Exception:   # noqa: BLE001
+        key = plan = None
+    if plan is None:
+        _check_strings(backend, choice, precision, "cpu")
+        if not isinstance(bias, bool):
+            raise ArgumentTypeError(f"bias must be True or False, got {bias!r}")
+        problem = _backward_weights_problem(x, grad_y, w_shape, stride, pad_before, pad_after, dilation, groups, bias)
+        onednn._check_device(problem)
+        # dw comes out in x's memory format (as the forward's y does)
+        plan = onednn._plan(problem, "backward_weights", "direct", precision, problem.layout, _onednn_choice(choice))
+        plan.selected   # noqa: B018
+        if key is not None:
+            _cpu_cache.put(key, plan)
+    res = plan.execute(x, grad_y=grad_y)
+    dw, db = res if bias else (res, torch.empty(0, dtype=x.dtype))
+    if plan.problem.is_empty:   # no library call: torch's zeros, in the layout the fake kernel says
+        dw = _enforce_layout(dw, plan.problem.layout, False)
+    return dw, db
+
+
+# ---------------------------------------------------------------------------- CUDA kernels (cuDNN)
+def _legacy_choice(choice: str):
+    """``(choice, math)`` for rawconv.cudnn's function forms: ``"@tensor_op"`` sets the math only."""
+    if choice.startswith("@"):
+        return None, choice[1:]
+    return (choice or None), None
+
+
+_GRAPH_MATH = {"strict": None, "tf32": "tensor_op", "bf16": "tensor_op_allow_conversion",
+               "f16": "tensor_op_allow_conversion", "any": "default"}
+
+
+def _forward_cuda(x, w, bias, stride, pad_before, pad_after, dilation, groups, backend, choice, precision,
+                  bwd_data_choice, bwd_weights_choice):
+    # y comes out in x's memory format from both APIs (their plans take ConvProblem.layout, the
+    # rule the fake kernel follows): no check needed here
+    _check_strings(backend, choice, precision, "cuda", bwd_data_choice, bwd_weights_choice)
+    padding = _padding(pad_before, pad_after)
+    with torch.no_grad():   # the function forms route tensors that need grad back here
+        if backend == "cudnn_graph":
+            from . import cudnn_graph
+
+            return cudnn_graph.forward(x, w, bias, tuple(stride), padding, tuple(dilation), groups,
+                                       engine=choice or None, math=_GRAPH_MATH[precision])
+        from . import cudnn
+
+        c, math = _legacy_choice(choice)
+        return cudnn.forward(x, w, bias, tuple(stride), padding, tuple(dilation), groups, choice=c, math=math,
+                             precision=precision)
+
+
+def _backward_data_cuda(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, backend, choice,
+                        precision):
+    _check_strings(backend, choice, precision, "cuda")
+    padding = _padding(pad_before, pad_after)
+    x_shape = tuple(int(s) for s in x_shape)
+    unbatched = len(x_shape) == w.dim() - 1
+    gy = _batched(grad_y, unbatched)
+    xs = (1,) + x_shape if unbatched else x_shape
+    with torch.no_grad():
+        if backend == "cudnn_graph":
+            from . import cudnn_graph
+
+            dx = cudnn_graph.backward_data(gy, w, xs, tuple(stride), padding, tuple(dilation), groups,
+                                           engine=choice or None, math=_GRAPH_MATH[precision])
+        else:
+            from . import cudnn
+
+            c, math = _legacy_choice(choice)
+            dx = cudnn.backward_data(gy, w, xs, tuple(stride), padding, tuple(dilation), groups, choice=c,
+                                     math=math, precision=precision)
+    if onednn._ambiguous(tuple(gy.shape)):   # grad_y's strides cannot tell: the layout is w's (the fake's rule)
+        dx = _enforce_layout(dx, onednn._w_layout(w), False)
+    return dx.squeeze(0) if unbatched else dx
+
+
+def _backward_weights_cuda(x, grad_y, w_shape, stride, pad_before, pad_after, dilation, groups, bias, backend,
+                           choice, precision):
+    _check_strings(backend, choice, precision, "cuda")
+    p = _backward_weights_problem(x, grad_y, w_shape, stride, pad_before, pad_after, dilation, groups, bias)
+    padding = _padding(pad_before, pad_after)
+    xb, gy = _batched(x, p.unbatched), _batched(grad_y, p.unbatched)
+    with torch.no_grad():
+        if backend == "cudnn_graph":
+            from . import cudnn_graph
+
+            dw = cudnn_graph.backward_weights(xb, gy, p.w_shape, tuple(stride), padding, tuple(dilation), groups,
+                                              engine=choice or None, math=_GRAPH_MATH[precision])
+        else:
+            from . import cudnn
+
+            c, math = _legacy_choice(choice)
+            dw = cudnn.backward_weights(xb, gy, p.w_shape, tuple(stride), padding, tuple(dilation), groups,
+                                        choice=c, math=math, precision=precision, w_layout=p.layout)
+        dw = _enforce_layout(dw, p.layout, False)
+        if bias:
+            db = gy.sum([0] + list(range(2, gy.dim())), dtype=torch.float64 if gy.dtype == torch.float64
+                        else torch.float32).to(gy.dtype)
+        else:
+            db = torch.empty(0, dtype=x.dtype, device=x.device)
+    return dw, db
+
+
+_lib.impl("conv_forward", _forward_cpu, "CPU")
+_lib.impl("conv_backward_data", _backward_data_cpu, "CPU")
+_lib.impl("conv_backward_weights", _backward_weights_cpu, "CPU")
+_lib.impl("conv_forward", _forward_cuda, "CUDA")
+_lib.impl("conv_backward_data", _backward_data_cuda, "CUDA")
+_lib.impl("conv_backward_weights", _backward_weights_cuda, "CUDA")
+
+
+# ---------------------------------------------------------------------------- fake (meta) kernels
+def _concrete(*seqs) -> bool:
+    return all(type(s) is int for q in seqs for s in q)
+
+
+def _out_spatial(in_spatial, kernel, stride, pad_before, pad_after, dilation):
+    """ConvProblem.out_spatial's formula, on ints or symbolic sizes."""
+    return tuple((i + pb + pa - d * (k - 1) - 1) // s + 1
+                 for i, k, s, pb, pa, d in zip(in_spatial, kernel, stride, pad_before, pad_after, dilation))
+
+
+def _fake_args(stride, pad_before, pad_after, dilation, groups, nd):
+    s = tuple_arg(list(stride), nd, "stride", 1)
+    d = tuple_arg(list(dilation), nd, "dilation", 1)
+    pb, pa = resolve_padding(_padding(pad_before, pad_after), nd, (1,) * nd, d, s)
+    g = int_arg(groups)
+    if g is None or g < 1:
+        raise ArgumentError(f"groups must be a positive int, got {groups!r}")
+    return s, pb, pa, d, g
+
+
+@torch.library.register_fake("rawconv::conv_forward")
+def _forward_fake(x, w, bias, stride, pad_before, pad_after, dilation, groups, backend, choice, precision,
+                  bwd_data_choice, bwd_weights_choice):
+    _check_strings(backend, choice, precision, _device_type(x), bwd_data_choice, bwd_weights_choice)
+    if _concrete(x.shape, x.stride(), w.shape, w.stride()):
+        p = ConvProblem.from_torch(x, w, bias, stride, _padding(pad_before, pad_after), dilation, groups)
+        y_shape, layout, unbatched = p.y_shape, p.layout, p.unbatched
+    else:   # symbolic sizes: the same formulas, without ConvProblem's int checks (they would specialize)
+        nd = w.dim() - 2
+        unbatched = x.dim() == nd + 1
+        s, pb, pa, d, _ = _fake_args(stride, pad_before, pad_after, dilation, groups, nd)
+        xb = _batched(x, unbatched)
+        y_shape = (xb.shape[0], w.shape[0]) + _out_spatial(xb.shape[2:], w.shape[2:], s, pb, pa, d)
+        layout = _layout(xb)
+    y = empty_like_layout(y_shape, layout, x.dtype, x.device)
+    return y.squeeze(0) if unbatched else y
+
+
+@torch.library.register_fake("rawconv::conv_backward_data")
+def _backward_data_fake(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, backend, choice,
+                        precision):
+    _check_strings(backend, choice, precision, _device_type(grad_y))
+    nd = w.dim() - 2
+    unbatched = len(x_shape) == nd + 1
+    xs = ((1,) + tuple(x_shape)) if unbatched else tuple(x_shape)
+    gy = _batched(grad_y, unbatched)
+    if _concrete(xs, grad_y.shape, grad_y.stride(), w.shape, w.stride()):
+        if grad_y.device.type == "cpu":
+            p = onednn._backward_problem(grad_y, w, tuple(x_shape), stride, _padding(pad_before, pad_after),
+                                         dilation, groups, False)
+            layout = p.layout
+        else:
+            p = ConvProblem.from_torch(shape_only(xs, grad_y), w, None, stride, _padding(pad_before, pad_after),
+                                       dilation, groups)
+            layout = _dx_layout(p.y_shape, gy, w)
+    else:
+        s, pb, pa, d, _ = _fake_args(stride, pad_before, pad_after, dilation, groups, nd)
+        y_shape = (xs[0], w.shape[0]) + _out_spatial(xs[2:], w.shape[2:], s, pb, pa, d)
+        layout = _dx_layout(y_shape, gy, w) if _concrete(y_shape) else _layout(gy)
+    dx = empty_like_layout(xs, layout, grad_y.dtype, grad_y.device)
+    return dx.squeeze(0) if unbatched else dx
+
+
+@torch.library.register_fake("rawconv::conv_backward_weights")
+def _backward_weights_fake(x, grad_y, w_shape, stride, pad_before, pad_after, dilation, groups, bias, backend,
+                           choice, precision):
+    _check_strings(backend, choice, precision, _device_type(x))
+    nd = len(w_shape) - 2
+    if _concrete(w_shape, x.shape, x.stride(), grad_y.shape):
+        p = _backward_weights_problem(x, grad_y, w_shape, stride, pad_before, pad_after, dilation, groups, bias)
+        layout = p.layout
+    else:
+        layout = _layout(_batched(x, x.dim() == nd + 1))
+    dw = empty_like_layout(tuple(w_shape), layout, x.dtype, x.device)
+    db = x.new_empty((w_shape[0],) if bias else (0,))
+    return dw, db
+
+
+# ---------------------------------------------------------------------------- autograd
+# Registered as torch.library.register_autograd registers (an Autograd kernel that applies an
+# autograd.Function whose forward redispatches below autograd), written out here: torch's generated
+# kernel re-fills the schema's defaults on every call (40% of a grad-mode call on a tiny problem),
+# and when the only key left below autograd is the backend's, the kernel is called directly (what
+# the redispatch would do), saving a second trip through the dispatcher.
+_AFTER_AUTOGRAD = torch._C._after_autograd_keyset
+_CPU_ONLY = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_CUDA_ONLY = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+_CUDA_KEYSET = _CUDA_ONLY | torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradCUDA)
+
+
+def _run_below_autograd(op, cpu_kernel, cuda_kernel, keyset, args):
+    rest = keyset & _AFTER_AUTOGRAD
+    if rest == _CPU_ONLY:
+        return cpu_kernel(*args)
+    if rest == _CUDA_ONLY:
+        return cuda_kernel(*args)
+    with _below_autograd():
+        return op.redispatch(rest, *args)
+
+
+def _grad_like(g: torch.Tensor, x: torch.Tensor, unbatched: bool) -> torch.Tensor:
+    """``g`` dense in x's memory format (incoming gradients may be expanded or oddly strided)."""
+    if _layout(_batched(x, unbatched)) == "nhwc":
+        if g.dim() == 4:
+            return g.contiguous(memory_format=torch.channels_last)
+        if g.dim() == 5:
+            return g.contiguous(memory_format=torch.channels_last_3d)
+        return to_layout(g, "nhwc") if g.dim() == 3 else g.contiguous()
+    return g.contiguous()
+
+
+class RawconvConvForward(torch.autograd.Function):
+    """rawconv::conv_forward's autograd: dx by conv_backward_data(gy, w), (dw, db) by
+    conv_backward_weights(x, gy), with the pinned backward choices."""
+
+    @staticmethod
+    def forward(ctx, how, x, w, bias, *args):
+        # how: the dispatch keyset (from the operator's Autograd kernel), or a oneDNN plan that may fit
+        # (from conv()'s direct path: its hot path checks the tensors, else the kernel runs)
+        if type(how) is onednn.Convolution:
+            y = how._hot_run(x, w, bias, None)
+            if y is None:
+                y = _forward_cpu(x, w, bias, *args)
+        else:
+            y = _run_below_autograd(_fwd_op, _forward_cpu, _forward_cuda, how, (x, w, bias) + args)
+        ctx.save_for_backward(x, w)
+        ctx.conf = args, bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, w = ctx.saved_tensors
+        (stride, pb, pa, dil, groups, backend, _choice, precision, bdc, bwc), has_bias = ctx.conf
+        _, nx, nw, nb = ctx.needs_input_grad[:4]
+        gy = _grad_like(gy, x, x.dim() == w.dim() - 1)
+        gx = gw = gb = None
+        if nx:
+            gx = _bwd_data_op(gy, w, list(x.shape), stride, pb, pa, dil, groups, backend, bdc, precision)
+        if nw or (has_bias and nb):
+            gw, gb = _bwd_weights_op(x, gy, list(w.shape), stride, pb, pa, dil, groups, has_bias, backend, bwc,
+                                     precision)
+            gw = gw if nw else None
+            gb = gb if has_bias and nb else None
+        return (None, gx, gw, gb) + (None,) * 10
+
+
+class RawconvConvBackwardData(torch.autograd.Function):
+    """rawconv::conv_backward_data's autograd (linear in grad_y and w): d grad_y = conv_forward(g, w),
+    dw = conv_backward_weights(g, grad_y), at the library's first choice."""
+
+    @staticmethod
+    def forward(ctx, keyset, grad_y, w, *args):
+        dx = _run_below_autograd(_bwd_data_op, _backward_data_cpu, _backward_data_cuda, keyset, (grad_y, w) + args)
+        ctx.save_for_backward(grad_y, w)
+        ctx.conf = args
+        return dx
+
+    @staticmethod
+    def backward(ctx, g):
+        grad_y, w = ctx.saved_tensors
+        _x_shape, stride, pb, pa, dil, groups, backend, _choice, precision = ctx.conf
+        _, ngy, nw = ctx.needs_input_grad[:3]
+        ggy = gw = None
+        if ngy:
+            ggy = _fwd_op(g, w, None, stride, pb, pa, dil, groups, backend, "", precision, "", "")
+        if nw:
+            gw = _bwd_weights_op(g, grad_y, list(w.shape), stride, pb, pa, dil, groups, False, backend, "",
+                                 precision)[0]
+        return (None, ggy, gw) + (None,) * 9
+
+
+class RawconvConvBackwardWeights(torch.autograd.Function):
+    """rawconv::conv_backward_weights's autograd (linear in x and grad_y): dx = conv_backward_data(grad_y,
+    g_w), d grad_y = conv_forward(x, g_w, g_b), at the library's first choice."""
+
+    @staticmethod
+    def forward(ctx, keyset, x, grad_y, *args):
+        dw, db = _run_below_autograd(_bwd_weights_op, _backward_weights_cpu, _backward_weights_cuda, keyset,
+                                     (x, grad_y) + args)
+        ctx.save_for_backward(x, grad_y)
+        ctx.conf = args
+        return dw, db
+
+    @staticmethod
+    def backward(ctx, gdw, gdb):
+        x, grad_y = ctx.saved_tensors
+        _w_shape, stride, pb, pa, dil, groups, bias, backend, _choice, precision = ctx.conf
+        _, nx, ngy = ctx.needs_input_grad[:3]
+        gx = ggy = None
+        use_b = bias and gdb is not None
+        if nx and gdw is not None:
+            gx = _bwd_data_op(grad_y, gdw, list(x.shape), stride, pb, pa, dil, groups, backend, "", precision)
+        if ngy:
+            if gdw is not None:
+                ggy = _fwd_op(x, gdw, gdb if use_b else None, stride, pb, pa, dil, groups, backend, "", precision,
+                              "", "")
+            elif use_b:   # only db is used: d grad_y is gdb broadcast over batch and space
+                nd = len(stride)
+                shape = ([-1] if grad_y.dim() == nd + 1 else [1, -1]) + [1] * nd
+                ggy = gdb.view(shape).expand(grad_y.shape).contiguous()
+        return (None, gx, ggy) + (None,) * 10
+
+
+def _needs(a, b, c=None) -> bool:
+    return _grad_enabled() and (a.requires_grad or b.requires_grad or (c is not None and c.requires_grad))
+
+
+def _forward_autograd(keyset, x, w, bias, *args):
+    if _needs(x, w, bias):
+        return RawconvConvForward.apply(keyset, x, w, bias, *args)
+    return _run_below_autograd(_fwd_op, _forward_cpu, _forward_cuda, keyset, (x, w, bias) + args)
+
+
+def _backward_data_autograd(keyset, grad_y, w, *args):
+    if _needs(grad_y, w):
+        return RawconvConvBackwardData.apply(keyset, grad_y, w, *args)
+    return _run_below_autograd(_bwd_data_op, _backward_data_cpu, _backward_data_cuda, keyset, (grad_y, w) + args)
+
+
+def _backward_weights_autograd(keyset, x, grad_y, *args):
+    if _needs(x, grad_y):
+        return RawconvConvBackwardWeights.apply(keyset, x, grad_y, *args)
+    return _run_below_autograd(_bwd_weights_op, _backward_weights_cpu, _backward_weights_cuda, keyset,
+                               (x, grad_y) + args)
+
+
+_lib.impl("conv_forward", _forward_autograd, "Autograd", with_keyset=True)
+_lib.impl("conv_backward_data", _backward_data_autograd, "Autograd", with_keyset=True)
+_lib.impl("conv_backward_weights", _backward_weights_autograd, "Autograd", with_keyset=True)
+
+
+# ---------------------------------------------------------------------------- the friendly API
+def _choice_name(c: Any, what: str) -> str:
+    """A choice as the operators take it: None -> "", a string as is, a listed candidate by its name."""
+    if c is None:
+        return ""
+    if isinstance(c, str):
+        return c
+    if isinstance(c, onednn.Implementation):
+        return f"{c.name}@{c.layouts}"
+    name = getattr(c, "choice", None)   # cuDNN Algorithm / EngineConfig rows (rawconv's Candidate)
+    if isinstance(name, str):
+        return name
+    raise ArgumentTypeError(f"{what} must be None, a name string or a listed candidate (Implementation, "
+                            f"Algorithm, EngineConfig), got {type(c).__name__}")
+
+
+def _backward_choices(backward_choice: Any) -> tuple[str, str]:
+    if isinstance(backward_choice, (tuple, list)):
+        if len(backward_choice) != 2:
+            raise ArgumentError(f"backward_choice must be one choice or a (data, weights) pair, got {backward_choice!r}")
+        return (_choice_name(backward_choice[0], "backward_choice[0]"),
+                _choice_name(backward_choice[1], "backward_choice[1]"))
+    c = _choice_name(backward_choice, "backward_choice")
+    return c, c
+
+
+def _conv_args(kernel: Sequence[int], stride, padding, dilation, groups):
+    """Torch-style arguments as the operators' lists: (stride, pad_before, pad_after, dilation, groups)."""
+    nd = len(kernel)
+    if nd not in (1, 2, 3):
+        raise ArgumentError(f"weight must be 3-D, 4-D or 5-D (K, C/groups, *kernel), got {nd + 2}-D")
+    s = tuple_arg(stride, nd, "stride", 1)
+    d = tuple_arg(dilation, nd, "dilation", 1)
+    if isinstance(padding, list):
+        padding = tuple(tuple(p) if isinstance(p, list) else p for p in padding)
+    pb, pa = resolve_padding(padding, nd, tuple(kernel), d, s)
+    g = int_arg(groups)
+    if g is None or g < 1:
+        raise ArgumentError(f"groups must be a positive int, got {groups!r}")
+    return list(s), list(pb), list(pa), list(d), g
+
+
+def _key(v):
+    """A hashable key of an argument that tells apart values Python finds equal (1, 1.0, True)."""
+    t = type(v)
+    if t is int or t is str or v is None:
+        return v
+    if t is tuple or t is list:
+        return (t, tuple(_key(i) for i in v))
+    return (t, v)
+
+
+_conv_cache = PlanCache(512)
+_grad_enabled = torch.is_grad_enabled
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_function_mode = torch._C._is_torch_function_mode_enabled
+_functorch = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+_tracing = torch._C._get_tracing_state
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_compiling = torch.compiler.is_compiling
+
+
+def _plain(x, w, bias) -> bool:
+    """True when calling the kernel (or the autograd Function) directly is exactly what the operator
+    would do: no dispatch or function mode, no functorch transform, no tracer, plain tensors."""
+    return (type(x) in _PLAIN and type(w) in _PLAIN and (bias is None or type(bias) in _PLAIN)
+            and not _dispatch_modes() and not _function_mode() and not _functorch() and _tracing() is None)
+
+
+def _prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice, precision, backward_choice):
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
+        raise ArgumentTypeError(f"x and w must be torch.Tensor, got {type(x).__name__} and {type(w).__name__}")
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        raise ArgumentTypeError(f"bias must be None or a torch.Tensor, got {type(bias).__name__}")
+    args = _conv_args(tuple(w.shape[2:]), stride, padding, dilation, groups)
+    c = _choice_name(choice, "choice")
+    bd, bw = _backward_choices(backward_choice)
+    _check_strings(backend, c, precision, x.device.type, bd, bw)
+    return list(args) + [backend, c, precision, bd, bw]
+
+
+def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1, padding: Any = 0,
+         dilation: Any = 1, groups: int = 1, *, backend: str = "auto", choice: Any = None, precision: str = "strict",
+         backward_choice: Any = None) -> torch.Tensor:
+    """``torch.nn.functional.conv{1,2,3}d`` on rawconv's operator ``rawconv::conv_forward``, differentiable.
+
+    ``x``: (N, C, *spatial) or unbatched (C, *spatial); ``w``: (K, C/groups, *kernel); ``bias``:
+    (K,) or None; same dtype and device (CPU: oneDNN, CUDA: cuDNN). ``padding``: as torch (int,
+    tuple, ``"same"``, ``"valid"``) or one ``(before, after)`` pair per spatial dim. ``backend``:
+    ``"auto"``, ``"onednn"``, ``"cudnn"``, ``"cudnn_graph"``. ``choice``: None (the library's first
+    choice) or a candidate's name (see the module notes) or a listed candidate
+    (:class:`rawconv.onednn.Implementation`, cuDNN ``Algorithm`` / ``EngineConfig``).
+    ``precision``: ``"strict"``, ``"tf32"``, ``"bf16"``, ``"f16"``, ``"any"``.
+    ``backward_choice``: what the backward passes run: None (each library's first choice), one
+    name for both, or a ``(data, weights)`` pair. Returns y (N, K, *out) in x's memory format.
+
+    Raises :class:`~rawconv.errors.ArgumentError` / :class:`~rawconv.errors.ArgumentTypeError`
+    for bad input before any library call, :class:`~rawconv.errors.NotSupportedError` for a
+    choice the library does not offer (naming those it does). When no autograd graph is recorded
+    and no tracer, mode or transform is active, the kernel runs without the dispatcher (same
+    result, less host time). Wraps ``dnnl_primitive_execute`` / cuDNN's convolution calls.
+    """
+    if _compiling():   # dynamo traces the operator (its fake kernel gives the shapes)
+        return _fwd_op(x, w, bias, *_prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice,
+                                                  precision, backward_choice))
+    try:   # the arguments' pack (and the last CPU plan used with it) by the arguments alone
+        key = (w.shape, stride if type(stride) is int else _key(stride),
+               padding if type(padding) is int else _key(padding), dilation if type(dilation) is int else _key(dilation),
+               groups if type(groups) is int else _key(groups), backend,
+               choice if choice is None or type(choice) is str else _key(choice), precision,
+               backward_choice if backward_choice is None or type(backward_choice) is str else _key(backward_choice),
+               _get_ident())
+        entry = _conv_cache.get(key)
+    except Exception:   # noqa: BLE001  (unhashable or not tensors: the slow path says what is wrong)
+        key = entry = None
+    if entry is None:
+        entry = [_prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice, precision,
+                               backward_choice), None]
+        if key is not None:
+            _conv_cache.put(key, entry)
+    args = entry[0]
+    if _plain(x, w, bias):
+        if x.is_cpu:
+            plan = entry[1]
+            if plan is None:
+                plan = entry[1] = _forward_cpu_plan(x, w, bias, *args)
+            if _needs(x, w, bias):   # what the operator's Autograd kernel does, without the dispatcher
+                return RawconvConvForward.apply(plan, x, w, bias, *args)
+            y = plan._hot_run(x, w, bias, None)
+            if y is not None:
+                return y
+            plan = entry[1] = _forward_cpu_plan(x, w, bias, *args)
+            return plan.execute(x, w, bias)
+        if x.is_cuda:
+            if _needs(x, w, bias):
+                return RawconvConvForward.apply(_CUDA_KEYSET, x, w, bias, *args)
+            return _forward_cuda(x, w, bias, *args)
+    elif not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or \
+            (bias is not None and not isinstance(bias, torch.Tensor)):
+        _prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice, precision, backward_choice)
+    return _fwd_op(x, w, bias, *args)
+
+
+def conv_backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int], stride: Any = 1,
+                       padding: Any = 0, dilation: Any = 1, groups: int = 1, *, backend: str = "auto",
+                       choice: Any = None, precision: str = "strict") -> torch.Tensor:
+    """Gradient of :func:`conv` with respect to x, on ``rawconv::conv_backward_data`` (differentiable).
+
+    ``grad_y``: (N, K, *out); ``w``: (K, C/groups, *kernel); ``x_shape``: the forward input's shape
+    (N, C, *spatial) or unbatched (C, *spatial). Other arguments as :func:`conv` (``choice`` names a
+    backward-data candidate). Returns dx of ``x_shape`` in grad_y's memory format. Raises as :func:`conv`.
+    """
+    if not isinstance(grad_y, torch.Tensor) or not isinstance(w, torch.Tensor):
+        raise ArgumentTypeError("grad_y and w must be torch.Tensor")
+    x_shape = shape_arg(x_shape, "x_shape", (w.dim() - 1, w.dim()))
+    s, pb, pa, d, g = _conv_args(tuple(w.shape[2:]), stride, padding, dilation, groups)
+    c = _choice_name(choice, "choice")
+    _check_strings(backend, c, precision, grad_y.device.type)
+    return _bwd_data_op(grad_y, w, list(x_shape), s, pb, pa, d, g, backend, c, precision)
+
+
+def conv_backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[int], stride: Any = 1,
+                          padding: Any = 0, dilation: Any = 1, groups: int = 1, *, bias: bool = False,
+                          backend: str = "auto", choice: Any = None, precision: str = "strict"):
+    """Gradient of :func:`conv` with respect to w (and the bias), on ``rawconv::conv_backward_weights``
+    (differentiable).
+
+    ``x``: (N, C, *spatial) or unbatched; ``grad_y``: (N, K, *out); ``w_shape``: (K, C/groups,
+    *kernel). Returns dw (in x's memory format), or ``(dw, db)`` with ``bias=True`` (db: (K,)).
+    Other arguments as :func:`conv` (``choice`` names a backward-weights candidate). Raises as :func:`conv`.
+    """
+    if not isinstance(x, torch.Tensor) or not isinstance(grad_y, torch.Tensor):
+        raise ArgumentTypeError("x and grad_y must be torch.Tensor")
+    if not isinstance(bias, bool):
+        raise ArgumentTypeError(f"bias must be True or False (whether to return db), got {type(bias).__name__}")
+    w_shape = shape_arg(w_shape, "w_shape", (3, 4, 5))
+    s, pb, pa, d, g = _conv_args(tuple(w_shape[2:]), stride, padding, dilation, groups)
+    c = _choice_name(choice, "choice")
+    _check_strings(backend, c, precision, x.device.type)
+    dw, db = _bwd_weights_op(x, grad_y, list(w_shape), s, pb, pa, d, g, bias, backend, c, precision)
+    return (dw, db) if bias else dw
+
+
+def selected(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
+             padding: Any = 0, dilation: Any = 1, groups: int = 1, *, backend: str = "auto", choice: Any = None,
+             precision: str = "strict", backward_choice: Any = None) -> dict:
+    """What :func:`conv` with these arguments runs, per direction (CPU tensors, oneDNN):
+    ``{"forward": name, "backward_data": name, "backward_weights": name}`` (oneDNN implementation
+    names). Builds the plans (no convolution is run). Raises as :func:`conv`;
+    :class:`~rawconv.errors.NotSupportedError` for CUDA tensors (cuDNN picks at the first call)."""
+    args = _prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice, precision,
+                         backward_choice)
+    s, pb, pa, d, g, _backend, c, prec, bd, bw = args
+    if x.device.type != "cpu":
+        raise NotSupportedError("selected() reports oneDNN's choices (CPU tensors); cuDNN chooses at the first call "
+                                "(see rawconv.cudnn.Convolution.info)")
+    x, w = x.detach(), w.detach()
+    problem = ConvProblem.from_torch(x, w, bias, s, _padding(pb, pa), d, g)
+    fwd = onednn._plan(problem, "forward", "direct", prec, onednn._w_layout(w), _onednn_choice(c)).selected
+    y = empty_like_layout(problem.y_shape, problem.layout, x.dtype, "cpu")
+    y = y.squeeze(0) if problem.unbatched else y
+    data = _backward_data_plan(y, w, tuple(x.shape), s, pb, pa, d, g, bd, prec).selected
+    wp = _backward_weights_problem(x, y, tuple(w.shape), s, pb, pa, d, g, bias is not None)
+    wts = onednn._plan(wp, "backward_weights", "direct", prec, wp.layout, _onednn_choice(bw)).selected
+    return {"forward": fwd.name, "backward_data": data.name, "backward_weights": wts.name}
+
+
+def clear_cache() -> None:
+    """Drop the operators' cached plans and argument packs (rawconv.onednn's plans stay cached there)."""
+    _cpu_cache.clear()
+    _conv_cache.clear()
+
+
+# ---------------------------------------------------------------------------- the function forms' autograd
+# rawconv.onednn / rawconv.cudnn / rawconv.cudnn_graph's function forms, given tensors that require
+# grad with grad mode on, come here: they record the differentiable operator (never a silent detach),
+# or raise for what an operator cannot express (out=, a fused activation, ...), as torch's out= does.
+def _refuse(fn: str, **options) -> None:
+    for name, (value, default) in options.items():
+        if value is not default and (isinstance(value, torch.Tensor) or value != default):
+            raise ArgumentError(
+                f"{fn}(..., {name}={value!r}) is not differentiable, and an argument requires grad: rawconv's "
+                f"operators record autograd without {name} (as torch's out= functions refuse autograd); call it "
+                f"under torch.no_grad(), on detached tensors, or without {name}")
+
+
+def _onednn_impl_choice(plan_fn, impl) -> str:
+    if impl is None:
+        return ""
+    if isinstance(impl, (str, onednn.Implementation)):
+        return _choice_name(impl, "impl")
+    plan = plan_fn()   # an int position: the implementation the no-grad path would run, by its name
+    return _choice_name(plan.implementations[plan._resolve(impl)], "impl")
+
+
+def _onednn_function(direction: str, a, b, c, stride, padding, dilation, groups, *, impl, algorithm, fpmath,
+                     out=None, bias=False, allow_known_bad=False):
+    """rawconv.onednn.{forward, backward_data, backward_weights} on tensors that require grad (the
+    operators never run a known-bad implementation: rawconv.known_bad's check applies)."""
+    _refuse(f"rawconv.onednn.{direction}", out=(out, None), algorithm=(algorithm, "direct"),
+            allow_known_bad=(allow_known_bad, False))
+    onednn._check_fpmath(fpmath)
+    if direction == "forward":
+        def plan_fn():
+            p = ConvProblem.from_torch(a, b, c, stride, padding, dilation, groups)
+            return onednn._plan(p, "forward", "direct", fpmath, onednn._w_layout(b), None)
+        return conv(a, b, c, stride, padding, dilation, groups, backend="onednn",
+                    choice=_onednn_impl_choice(plan_fn, impl), precision=fpmath)
+    if direction == "backward_data":
+        def plan_fn():
+            p = onednn._backward_problem(a, b, c, stride, padding, dilation, groups, False)
+            return onednn._plan(p, "backward_data", "direct", fpmath, onednn._w_layout(b), None)
+        return conv_backward_data(a, b, c, stride, padding, dilation, groups, backend="onednn",
+                                  choice=_onednn_impl_choice(plan_fn, impl), precision=fpmath)
+
+    def plan_fn():
+        s, pb, pa, d, g = _conv_args(tuple(c[2:]), stride, padding, dilation, groups)
+        p = _backward_weights_problem(a, b, c, s, pb, pa, d, g, bias)
+        return onednn._plan(p, "backward_weights", "direct", fpmath, "nchw", None)
+    res = conv_backward_weights(a, b, c, stride, padding, dilation, groups, bias=bias, backend="onednn",
+                                choice=_onednn_impl_choice(plan_fn, impl), precision=fpmath)
+    # rawconv.onednn.backward_weights returns a contiguous dw (the operator gives x's memory format)
+    return (res[0].contiguous(), res[1]) if bias else res.contiguous()
+
+
+_PRECISION_OF_MATH = {None: "strict", "fma": "strict", "tensor_op": "tf32", "tensor_op_allow_conversion": "bf16",
+                      "default": "any"}
+
+
+def _cudnn_choice(direction: str, algo, choice, math, precision, engine) -> tuple[str, str, str]:
+    """(backend, choice, precision) for the operators from rawconv.cudnn's keywords."""
+    from . import cudnn
+
+    algo, math, engine = cudnn._normalize(direction, algo, choice, math, precision, engine)
+    if engine is not None:
+        name = engine if isinstance(engine, str) else (f"eng{engine}" if isinstance(engine, int) else engine.name)
+        return "cudnn_graph", name, _PRECISION_OF_MATH.get(math, "strict")
+    if algo is None:
+        return "cudnn", ("@" + math) if math else "", "strict"
+    name = algo if isinstance(algo, str) else cudnn.ALGOS[canonical(direction)][cudnn._resolve_algo(direction, algo)]
+    return "cudnn", name + (("@" + math) if math else ""), "strict"
+
+
+def canonical(direction: str) -> str:
+    from ._backend import canonical_direction
+
+    return canonical_direction(direction)
+
+
+def _cudnn_function(direction: str, a, b, c, stride, padding, dilation, groups, *, algo, math, deterministic,
+                    workspace_limit, out, engine, return_info, choice, precision, activation=None, w_layout=None):
+    """rawconv.cudnn.{forward, backward_data, backward_weights} on tensors that require grad."""
+    _refuse(f"rawconv.cudnn.{direction}", out=(out, None), return_info=(return_info, False),
+            activation=(activation, None), deterministic=(deterministic, False),
+            workspace_limit=(workspace_limit, None))
+    backend, ch, prec = _cudnn_choice(direction, algo, choice, math, precision, engine)
+    if direction == "forward":
+        return conv(a, b, c, stride, padding, dilation, groups, backend=backend, choice=ch, precision=prec)
+    if direction == "backward_data":
+        return conv_backward_data(a, b, c, stride, padding, dilation, groups, backend=backend, choice=ch,
+                                  precision=prec)
+    dw = conv_backward_weights(a, b, c, stride, padding, dilation, groups, backend=backend, choice=ch, precision=prec)
+    if w_layout is not None and w_layout != _layout(_batched(a, a.dim() == len(c) - 1)):
+        dw = to_layout(dw, w_layout)
+    return dw
+
+
+def _graph_function(direction: str, a, b, c, stride, padding, dilation, groups, *, engine, allow_tf32, math, out,
+                    activation=None):
+    """rawconv.cudnn_graph.{forward, backward_data, backward_filter} on tensors that require grad."""
+    from . import cudnn_graph
+
+    _refuse(f"rawconv.cudnn_graph.{direction}", out=(out, None), activation=(activation, None))
+    if engine is None:
+        name = ""
+    elif isinstance(engine, str):
+        name = engine
+    elif isinstance(engine, int) and not isinstance(engine, bool):
+        name = f"eng{engine}"
+    else:
+        name = _choice_name(engine, "engine")
+    prec = "tf32" if cudnn_graph._tf32(allow_tf32, math) else "strict"
+    if direction == "forward":
+        return conv(a, b, c, stride, padding, dilation, groups, backend="cudnn_graph", choice=name, precision=prec)
+    if direction == "backward_data":
+        return conv_backward_data(a, b, c, stride, padding, dilation, groups, backend="cudnn_graph", choice=name,
+                                  precision=prec)
+    return conv_backward_weights(a, b, c, stride, padding, dilation, groups, backend="cudnn_graph", choice=name,
+                                 precision=prec)
