@@ -89,8 +89,26 @@ class TimedImplementation:
     min_ms: float
     runs: int
 
+    @property
+    def spread(self) -> float:
+        """median / min (:func:`rawconv.bench.spread`): well above 1 means noisy timings."""
+        from .bench import spread
+
+        return spread(self.median_ms, self.min_ms)
+
     def __str__(self) -> str:
-        return f"{self.impl.name:<28} ({self.impl.layouts}) median {self.median_ms:.4f} ms  min {self.min_ms:.4f} ms"
+        return (f"{self.impl.name:<28} ({self.impl.layouts}) median {self.median_ms:.4f} ms  min {self.min_ms:.4f} ms"
+                f"  median/min {self.spread:.2f}")
+
+
+def _warn_timings(monitor, rows) -> None:
+    """``warnings.warn`` each :func:`rawconv.bench.timing_warnings` line for autotune's rows."""
+    import warnings
+
+    from .bench import TimingWarning, timing_warnings
+
+    for line in timing_warnings(monitor.report(), [r.spread for r in rows]):
+        warnings.warn(f"Convolution.autotune: {line}", TimingWarning, stacklevel=3)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -737,9 +755,11 @@ class Convolution(PlanLifetime):
         three interleaved rounds and ranked by their best round's median. ``ref:any`` is skipped
         unless ``include_ref`` (it is orders of magnitude slower). ``budget_s`` caps the seconds
         spent per implementation and round. Returns the rows sorted fastest first (``median_ms``:
-        the best median seen).
+        the best median seen; ``spread``: median / min). Warns (:class:`rawconv.bench.TimingWarning`)
+        when other processes oversubscribed the CPUs while it timed, or a median/min spread exceeds
+        :data:`rawconv.bench.SPREAD_LIMIT`: the ranking may then be noise.
         """
-        from .bench import time_cpu
+        from .bench import LoadMonitor, time_cpu
 
         self._check_live()
         it, wu = _int(iterations), _int(warmup)
@@ -754,6 +774,7 @@ class Convolution(PlanLifetime):
                 raise ArgumentError(f"budget_s must be positive, got {budget_s!r}")
         iterations, warmup = it, wu
         tensors = self._example_tensors()
+        monitor = LoadMonitor()
         rows = []
         for impl in self.implementations:
             if impl.name.startswith("ref") and not include_ref:
@@ -780,6 +801,7 @@ class Convolution(PlanLifetime):
                     best[id(r)] = min(best[id(r)], st.median_ms)
             retimed = [TimedImplementation(r.impl, best[id(r)], min(r.min_ms, best[id(r)]), r.runs) for r in close]
             rows = sorted(retimed + rows[len(close):], key=lambda r: r.median_ms)
+        _warn_timings(monitor, rows)
         self._selected = rows[0].impl.index
         for i in list(self._built):
             if i != self._selected:
