@@ -1,12 +1,13 @@
 """The ``rawconv`` command line.
 
-    rawconv info [--json]
-    rawconv compare [PROBLEM] [--input NxCxHxW --weight KxCxRxS ...] [--batch N] [--json FILE]
-    rawconv list [PROBLEM | --input ... --weight ...]      # every implementation, no timing
+    rawconv info [--json] [--width N]
+    rawconv compare [PROBLEM] [--input NxCxHxW --weight KxCxRxS ...] [--batch N] [--json FILE] [--width N]
+    rawconv list [PROBLEM | --input ... --weight ...] [--width N]     # every implementation, no timing
 
 PROBLEM is a preset name (``resnet50``) or a oneDNN benchdnn descriptor
 (``mb8ic64ih56oc64oh56kh3ph1``). With no problem, ``compare`` runs the resnet50 preset at batch 1,
-feeding matplotlib's sample photo through its first layer.
+feeding matplotlib's sample photo through its first layer. ``compare``'s exit status is in
+:data:`rawconv.compare.EXIT_CODES` (and ``rawconv compare --help``).
 """
 from __future__ import annotations
 
@@ -433,9 +434,29 @@ def cmd_info(args) -> int:
                 values.append(str(v))
 
     add("", data)
-    render_table(_console(args.width), [Column("key", keys), Column("value", values, flex=True, flex_min=20)],
-                 title="rawconv info")
+    console = _console(args.width)
+    cols = [Column("key", keys), Column("value", values, flex=True, flex_min=20)]
+    room = dict((c.header, w) for c, w in fit_columns(cols, console.width))["value"]
+    cols[1].cells = [_break_long(v, room) for v in values]
+    render_table(console, cols, title="rawconv info")
     return 0
+
+
+def _break_long(text: str, room: int) -> str:
+    """``text`` with each word longer than ``room`` broken after a ``/`` (paths) or, failing
+    that, a ``.``/``_``/``,``, so that a long path wraps between its parts, not inside a name."""
+    import re
+
+    out = []
+    for word in text.split(" "):
+        lines, line = [], ""
+        for part in re.findall(r"[^/._,]*[/._,]?", word):
+            if line and len(line) + len(part) > room:
+                lines.append(line)
+                line = ""
+            line += part
+        out.append("\n".join(lines + [line]))
+    return " ".join(out)
 
 
 def cmd_list(args) -> int:
@@ -507,9 +528,13 @@ def build_parser() -> argparse.ArgumentParser:
                             f"through a pipe, stderr's terminal, else {PIPE_WIDTH}). Narrow tables leave out columns "
                             "(detail, GFLOP/s, scratch, max abs err, ...) rather than split a number")
 
+    from .bench import SPREAD_LIMIT
     from .compare import EXIT_CODES, REF_MAX_SECONDS
 
-    codes = "\n".join(f"  {k}  {v}" for k, v in EXIT_CODES.items())
+    import textwrap
+
+    codes = "\n".join(textwrap.fill(v, 78, initial_indent=f"  {k}  ", subsequent_indent="     ")
+                      for k, v in EXIT_CODES.items())
     c = sub.add_parser(
         "compare", help="time and check torch and every rawconv implementation",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -518,12 +543,12 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="row status: ok, wrong (outside tolerance), failed (library error), not supported (the library "
                "offers nothing\nfor this problem here, e.g. bf16 on an AVX2 CPU), skipped (not run on purpose).\n"
                "timing warnings: printed when other processes kept CPUs busy while we timed, our threads waited for "
-               "a CPU,\nor median/min exceeds 1.25; the summary's geometric mean is then marked UNRELIABLE.\n\n"
-               "exit status:\n" + codes)
+               f"a CPU,\nor median/min exceeds {SPREAD_LIMIT:g}; the summary's geometric mean is then marked UNRELIABLE.\n\n"
+               "exit status (when several apply: 1, then 3, then 4):\n" + codes)
     problem_args(c)
     c.add_argument("--iterations", type=_positive_int, default=10, help="timed calls per candidate (default 10)")
     c.add_argument("--warmup", type=_nonneg_int, default=2, help="untimed calls per candidate (default 2)")
-    c.add_argument("--budget", type=_positive_float, default=0.25, help="seconds of timing per candidate at most; a candidate whose first call takes longer is timed by that call alone (default 0.25)")
+    c.add_argument("--budget", type=_positive_float, default=0.25, help="seconds of timing per candidate at most; a candidate whose first call (which also builds it) takes longer is timed by one more call alone (default 0.25)")
     c.add_argument("--threads", type=_positive_int, default=None,
                    help="torch/oneDNN threads (default: the CPUs this process may use, from its affinity mask and "
                         "cgroup quota, capped by torch's thread count, which OMP_NUM_THREADS sets; more would "
