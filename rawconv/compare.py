@@ -26,13 +26,16 @@ import torch.nn.functional as F
 
 from .bench import SPREAD_LIMIT, LoadMonitor, LoadReport, TimeStats, geomean, spread, time_cpu, time_cuda_queued
 from .errors import LibraryNotFoundError, NotSupportedError, RawconvError
-from .problem import ConvProblem, abs_reference, compare_to_reference
+from .check import abs_reference, compare_to_reference
+from .problem import ConvProblem
+from .results import status_group
 
 __all__ = ["Row", "STATUSES", "status_category", "compare_problem", "compare", "real_photo", "inputs_for", "summary",
            "exit_code", "EXIT_CODES"]
 
 
-#: The statuses a :class:`Row` can have, each one of five categories (see :func:`status_category`):
+#: The statuses ``compare`` gives a :class:`Row` (each is also its own group in
+#: :data:`rawconv.results.STATUSES`, the one status vocabulary of rawconv):
 #:
 #: ``"ok"``             ran, every element within tolerance of the float64 reference
 #: ``"wrong"``          ran, some element outside tolerance (a wrong answer)
@@ -42,21 +45,16 @@ __all__ = ["Row", "STATUSES", "status_category", "compare_problem", "compare", "
 #:                      ``dnnl_unimplemented``, ``CUDNN_STATUS_NOT_SUPPORTED``; bf16 on an AVX2 CPU)
 #: ``"skipped"``        not run on purpose (oneDNN's reference code estimated too slow: ``--ref``)
 #:
-#: A status is a plain string: a new one is its text plus, when it is not one of the five, a
-#: prefix entry in :data:`STATUS_PREFIXES` naming its category (e.g. ``"crashed: SIGSEGV"`` and
-#: ``"timed out after 30 s"`` count as failed, ``"known bad"`` as skipped).
+#: A status is a plain string: any status of :data:`rawconv.results.STATUSES` works, grouped by
+#: :func:`status_category` (``"crashed: SIGSEGV"`` and ``"timed out after 30 s"`` count as failed,
+#: ``"known bad"`` as skipped); a new kind is one entry there.
 STATUSES = ("ok", "wrong", "failed", "not supported", "skipped")
-STATUS_PREFIXES = {"crashed": "failed", "timed out": "failed", "known bad": "skipped"}
 
 
 def status_category(status: str) -> str:
-    """The category of a row status: one of :data:`STATUSES` (an unknown status counts as failed)."""
-    if status in STATUSES:
-        return status
-    for prefix, cat in STATUS_PREFIXES.items():
-        if status.startswith(prefix):
-            return cat
-    return "failed"
+    """The group of a row status (:func:`rawconv.results.status_group`): "ok", "wrong", "failed",
+    "not supported", "skipped" (or "listed"); an unknown status counts as failed."""
+    return status_group(status)
 
 
 @dataclass
@@ -399,7 +397,7 @@ def _onednn_rows(problem, x, w, b, ref, ref_abs, timer, *, fpmath="strict", prep
 
 
 def cudnn_tolerance(dtype: str, math_reported: str, algo: str = "") -> dict:
-    """Tolerance arguments (for :func:`~rawconv.problem.compare_to_reference`) for a cuDNN result:
+    """Tolerance arguments (for :func:`~rawconv.check.compare_to_reference`) for a cuDNN result:
     fp32 under the default / tensor-op math types may run on TF32 tensor cores, under
     ``tensor_op_allow_conversion`` on fp16/bf16 ones; transform algos (Winograd, FFT) round in the
     transformed domain, so their bound is 64x wider."""

@@ -63,8 +63,11 @@ def _cpu_rows():
 
 # --------------------------------------------------------------------------- statuses and summary
 def test_status_categories_are_a_small_documented_set():
+    from rawconv.results import STATUSES as VOCABULARY
+
     assert compare.STATUSES == ("ok", "wrong", "failed", "not supported", "skipped")
     assert [status_category(s) for s in compare.STATUSES] == list(compare.STATUSES)
+    assert all(VOCABULARY[s] == s for s in compare.STATUSES)     # rawconv's one status vocabulary
     assert status_category("crashed: SIGSEGV") == "failed"
     assert status_category("timed out after 30 s") == "failed"
     assert status_category("known bad") == "skipped"
