@@ -548,7 +548,7 @@ def build_parser() -> argparse.ArgumentParser:
     problem_args(c)
     c.add_argument("--iterations", type=_positive_int, default=10, help="timed calls per candidate (default 10)")
     c.add_argument("--warmup", type=_nonneg_int, default=2, help="untimed calls per candidate (default 2)")
-    c.add_argument("--budget", type=_positive_float, default=0.25, help="seconds of timing per candidate at most; a candidate whose first call (which also builds it) takes longer is timed by one more call alone (default 0.25)")
+    c.add_argument("--budget", type=_positive_float, default=0.25, help="seconds of warm-up and timing per candidate at most (at least one timed call); a candidate whose first call (which also builds it) takes longer is timed by one more call alone (default 0.25)")
     c.add_argument("--threads", type=_positive_int, default=None,
                    help="torch/oneDNN threads (default: the CPUs this process may use, from its affinity mask and "
                         "cgroup quota, capped by torch's thread count, which OMP_NUM_THREADS sets; more would "

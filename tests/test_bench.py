@@ -86,3 +86,17 @@ def test_onednn_autotune_reports_spread_and_warns_when_oversubscribed(monkeypatc
     with pytest.warns(bench.TimingWarning, match="oversubscribed"):
         rows = conv.autotune(iterations=2, warmup=0)
     assert rows and all(r.spread >= 1.0 for r in rows) and "median/min" in str(rows[0])
+
+
+def test_time_cpu_budget_covers_warmup_and_always_times_once():
+    import time
+
+    calls = []
+
+    def slow():
+        calls.append(1)
+        time.sleep(0.02)
+
+    st = time_cpu(slow, iterations=50, warmup=50, budget_s=0.1)
+    assert st.runs == 1 and 2 <= len(calls) <= 12     # warm-up used the budget; one timed call still made
+    assert st.min_ms >= 20.0
