@@ -111,11 +111,6 @@ class Row:
         """median / min above :data:`rawconv.bench.SPREAD_LIMIT`."""
         return math.isfinite(self.spread) and self.spread > SPREAD_LIMIT
 
-    @property
-    def oversubscribed(self) -> bool:
-        """Timed while the machine was oversubscribed (see :class:`rawconv.bench.LoadReport`)."""
-        return bool(self.extra.get("machine", {}).get("oversubscribed"))
-
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["category"], d["spread"], d["unstable"] = self.category, self.spread, self.unstable
@@ -504,8 +499,8 @@ def compare_problem(problem: ConvProblem, *, x=None, w=None, b=None, iterations:
     """Time and check ``problem`` on torch and every rawconv implementation; returns :class:`Row` s.
 
     ``iterations``/``warmup``: timed and untimed calls per candidate; ``budget_s``: seconds of
-    timing per candidate at most (slow reference implementations stop early, at least one timed
-    call each). CPU problems run on oneDNN, ``cuda`` problems on cuDNN. ``include_ref``: oneDNN's
+    warm-up and timing per candidate at most (at least one timed call each; a candidate whose
+    first call, which also builds it, takes longer is timed by one more call alone). CPU problems run on oneDNN, ``cuda`` problems on cuDNN. ``include_ref``: oneDNN's
     reference implementations run (True), are dropped (False), or ("auto") run when one call is
     estimated at most ``ref_max_s`` seconds and are listed as "skipped" otherwise.
     """
@@ -557,25 +552,28 @@ def best_rawconv(rows: list[Row]) -> Row | None:
 
 
 def machine_report(rows: list[Row]) -> LoadReport | None:
-    """What the machine did over all timed ``rows``: their :class:`~rawconv.bench.LoadReport` s
-    (``extra["machine"]``) merged, each weighted by its seconds. None when no row has one."""
+    """What the machine did while ``rows`` were timed: their :class:`~rawconv.bench.LoadReport` s
+    (``extra["machine"]``) merged, each weighted by its seconds. When the average looks fine but
+    more than a tenth of the timing was oversubscribed, the merge of those rows alone (so a busy
+    minute inside a long run is not averaged away). None when no row has a report."""
     ms = [r.extra["machine"] for r in rows if isinstance(r.extra.get("machine"), dict)]
     if not ms:
         return None
-    secs = sum(m["seconds"] for m in ms) or 1e-9
 
-    def avg(key):
-        vals = [(m[key], m["seconds"]) for m in ms if m.get(key) is not None]
-        return sum(v * t for v, t in vals) / (sum(t for _, t in vals) or 1e-9) if vals else None
+    def merged(part):
+        secs = sum(m["seconds"] for m in part)
 
+        def avg(key):
+            vals = [(m[key], m["seconds"]) for m in part if m.get(key) is not None]
+            return sum(v * t for v, t in vals) / (sum(t for _, t in vals) or 1e-9) if vals else None
+
+        return LoadReport(secs, max(m["cpus"] for m in part), max(m["threads"] for m in part), avg("other_cpus"),
+                          avg("waited"), part[-1].get("loadavg"))
+
+    report = merged(ms)
     over = [m for m in ms if m.get("oversubscribed")]
-    report = LoadReport(secs, max(m["cpus"] for m in ms), max(m["threads"] for m in ms), avg("other_cpus"),
-                        avg("waited"), ms[-1].get("loadavg"))
-    # a run is oversubscribed when its average is, or when more than a tenth of its timing was
-    if not report.oversubscribed and sum(m["seconds"] for m in over) > 0.1 * secs:
-        worst = max(over, key=lambda m: (m.get("waited") or 0))
-        report = LoadReport(secs, worst["cpus"], worst["threads"], worst.get("other_cpus"), worst.get("waited"),
-                            worst.get("loadavg"))
+    if not report.oversubscribed and sum(m["seconds"] for m in over) > 0.1 * report.seconds:
+        report = merged(over)
     return report
 
 

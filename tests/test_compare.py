@@ -271,3 +271,18 @@ def test_main_ref_rows_are_skipped_by_their_estimate(capsys, monkeypatch, tmp_pa
     code, text, _ = _main(capsys, "compare", *TINY, "--width", "200", "--ref-limit", "100", "--json", str(out))
     refs = [r for r in json.loads(out.read_text())["rows"] if "ref:any" in r["implementation"]]
     assert code == 0 and refs and all(r["status"] == "ok" for r in refs)
+
+
+def test_a_busy_stretch_is_not_averaged_away():
+    calm = {"seconds": 1.0, "cpus": 2, "threads": 2, "other_cpus": 0.0, "waited": 0.0, "loadavg": 0.1,
+            "oversubscribed": False}
+    busy = dict(calm, other_cpus=1.5, waited=1.2, oversubscribed=True)
+    rows = []
+    for i, m in enumerate([calm] * 10 + [busy] * 2):
+        r = _ran("p", "onednn", f"[{i}] x", 1.0, 0.99)
+        r.extra["machine"] = dict(m)
+        rows.append(r)
+    rep = compare.machine_report(rows)
+    assert rep.oversubscribed and rep.seconds == 2.0 and rep.other_cpus == 1.5
+    rep = compare.machine_report(rows[:11])            # 1 s of 11 busy: below a tenth, the average stands
+    assert not rep.oversubscribed and rep.seconds == 11.0
