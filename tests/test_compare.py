@@ -276,7 +276,7 @@ def test_main_ref_rows_are_skipped_by_their_estimate(capsys, monkeypatch, tmp_pa
 def test_a_busy_stretch_is_not_averaged_away():
     calm = {"seconds": 1.0, "cpus": 2, "threads": 2, "other_cpus": 0.0, "waited": 0.0, "loadavg": 0.1,
             "oversubscribed": False}
-    busy = dict(calm, other_cpus=1.5, waited=1.2, oversubscribed=True)
+    busy = dict(calm, other_cpus=1.5, waited=0.3, oversubscribed=True)
     rows = []
     for i, m in enumerate([calm] * 10 + [busy] * 2):
         r = _ran("p", "onednn", f"[{i}] x", 1.0, 0.99)
