@@ -355,11 +355,12 @@ def timing_warnings(report: LoadReport | None, spreads: Iterable[float], *, limi
                     hint: str | None = None) -> list[str]:
     """Warning lines for a set of timings: one when ``report`` says the machine was oversubscribed,
     one when some median/min ``spreads`` exceed ``limit``. Empty when the timings look sound.
-    ``hint`` ends the first line (default: how many threads would fit, as ``torch.set_num_threads``)."""
+    ``hint`` ends the first line; ``{threads}`` in it becomes :func:`suggested_threads` (default:
+    ``"torch.set_num_threads({threads}) or a quiet machine"``)."""
     out = []
     if report is not None and report.oversubscribed:
-        if hint is None:
-            hint = f"torch.set_num_threads({suggested_threads(report)}) or a quiet machine"
+        hint = (hint or "torch.set_num_threads({threads}) or a quiet machine").format(
+            threads=suggested_threads(report))
         out.append(f"machine oversubscribed: {report.describe()}; times include waits for a CPU ({hint})")
     sp = [v for v in spreads if math.isfinite(v)]
     wide = [v for v in sp if v > limit]

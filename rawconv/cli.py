@@ -340,8 +340,7 @@ def cmd_compare(args) -> int:
             "threads_default": args.threads is None, "iterations": args.iterations, "warmup": args.warmup,
             "budget_s": args.budget, "prepack": not args.no_prepack, "ref": include_ref, "ref_limit_s": args.ref_limit}
 
-    def hint(report):
-        return f"--threads {suggested_threads(report)} or a quiet machine"
+    hint = "--threads {threads} or a quiet machine"
 
     with cmp.threads(nthreads):
         meta["info"] = collect()
@@ -349,6 +348,9 @@ def cmd_compare(args) -> int:
         console.print(f"rawconv {__version__}; torch {torch.__version__}; {torch.get_num_threads()} threads "
                       f"({usable_cpus()} CPUs usable{'' if args.threads is None else ', --threads'}); "
                       f"oneDNN {on.get('version', '?')} ({on.get('cpu_isa', on.get('error', ''))})")
+        if nthreads > usable_cpus():
+            _warn(console, f"--threads {nthreads} exceeds the {usable_cpus()} CPUs this process may use: "
+                           "OpenMP threads will wait for each other")
         first = problems[0]
         photo_note = (" (the first problem's input is matplotlib's sample photo; weights are random)"
                       if not args.random and first.ndim == 2 and first.c == 3 and not first.is_empty else "")
@@ -361,27 +363,19 @@ def cmd_compare(args) -> int:
             meta["machine_before"] = before.as_dict()
             if before.other_cpus is not None and before.oversubscribed:
                 _warn(console, f"the machine is busy before the start: {before.describe(timing=False)}; "
-                               f"timings will include waits for a CPU ({hint(before)})")
+                               f"timings will include waits for a CPU "
+                               f"({hint.format(threads=suggested_threads(before))})")
 
         def show(p, rows):
             print_rows(console, p, rows)
-            rep = cmp.machine_report(rows)
-            from .bench import timing_warnings
-
-            for line in timing_warnings(rep, [r.spread for r in rows if r.ran],
-                                        hint=hint(rep) if rep is not None else None):
+            for line in cmp.timing_warnings(rows, hint):
                 _warn(console, line)
 
         all_rows = cmp.compare(problems, photo_first=not args.random, iterations=args.iterations, warmup=args.warmup,
                                budget_s=args.budget, fpmath=args.fpmath, prepack=not args.no_prepack,
                                include_ref=include_ref, ref_max_s=args.ref_limit, on_problem=show,
                                progress=sys.stderr.isatty() and len(problems) > 1, engines=args.engines)
-    s = cmp.summary(all_rows)
-    rep = cmp.machine_report(all_rows)
-    if rep is not None and s["timing_warnings"]:
-        from .bench import timing_warnings
-
-        s["timing_warnings"] = timing_warnings(rep, [r.spread for r in all_rows if r.ran], hint=hint(rep))
+    s = cmp.summary(all_rows, hint=hint)
     code = cmp.exit_code(s)
     s["exit_code"] = code
     if args.json:

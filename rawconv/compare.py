@@ -577,20 +577,21 @@ def machine_report(rows: list[Row]) -> LoadReport | None:
     return report
 
 
-def timing_warnings(rows: list[Row]) -> list[str]:
-    """Warning lines for ``rows``' timings (:func:`rawconv.bench.timing_warnings`): the machine was
-    oversubscribed while they were timed, or some median/min spreads exceed the limit."""
+def timing_warnings(rows: list[Row], hint: str | None = None) -> list[str]:
+    """Warning lines for ``rows``' timings (:func:`rawconv.bench.timing_warnings`, which also
+    explains ``hint``): the machine was oversubscribed while they were timed, or some median/min
+    spreads exceed the limit."""
     from .bench import timing_warnings as tw
 
-    report = machine_report(rows)
-    return tw(report, [r.spread for r in rows if r.ran])
+    return tw(machine_report(rows), [r.spread for r in rows if r.ran], hint=hint)
 
 
-def summary(rows: list[Row]) -> dict:
+def summary(rows: list[Row], *, hint: str | None = None) -> dict:
     """Per problem: torch default time, best rawconv time and their ratio; overall geometric mean
     of torch default / best rawconv (over problems where both have status "ok": failed, not
     supported, skipped and wrong rows are left out; None when no problem has both), the rows of
-    each status category, and whether the timings can be trusted (``timing_warnings`` empty)."""
+    each status category, and whether the timings can be trusted (``timing_warnings`` empty;
+    ``hint`` ends the oversubscription warning, see :func:`timing_warnings`)."""
     by_problem: dict[str, list[Row]] = {}
     for r in rows:
         by_problem.setdefault(r.problem, []).append(r)
@@ -612,7 +613,7 @@ def summary(rows: list[Row]) -> dict:
         return f"{r.problem}: {r.backend} {r.implementation}"
 
     checked = [r for r in rows if r.ran]
-    warn = timing_warnings(rows)
+    warn = timing_warnings(rows, hint)
     report = machine_report(rows)
     return {"problems": len(by_problem), "results": len(checked),
             "within_tolerance": sum(r.category == "ok" for r in rows),
