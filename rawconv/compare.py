@@ -607,6 +607,7 @@ def summary(rows: list[Row], *, hint: str | None = None) -> dict:
                     "torch_status": torch_def.status if torch_def else None,
                     "best": best.implementation if best else None, "best_ms": best.median_ms if best else None,
                     "ratio": ratio, "unstable": bool(comparable and (torch_def.unstable or best.unstable)),
+                    "rawconv_rows": sum(r.backend != "torch" for r in rs),
                     "rawconv_ran": any(r.backend != "torch" and r.ran for r in rs)})
 
     def label(r):
@@ -620,11 +621,13 @@ def summary(rows: list[Row], *, hint: str | None = None) -> dict:
             "outside_tolerance": [label(r) for r in rows if r.category == "wrong"],
             "failed": [f"{label(r)}: {r.status if r.status != 'failed' else r.error}" for r in rows
                        if r.category == "failed"],
+            "rawconv_failed": sum(r.category == "failed" and r.backend != "torch" for r in rows),
             "not_supported": [f"{label(r)}: {r.error}" for r in rows if r.category == "not supported"],
             "skipped": [f"{label(r)}: {r.error or r.status}" for r in rows if r.category == "skipped"],
             "libraries_not_loaded": sorted({f"{r.backend}: {r.error}" for r in rows
                                             if r.extra.get("library_not_loaded")}),
-            "no_rawconv_result": [p["problem"] for p in per if not p["rawconv_ran"]],
+            # rawconv rows there, none ran (a problem whose only candidates --no-ref left out has none)
+            "no_rawconv_result": [p["problem"] for p in per if p["rawconv_rows"] and not p["rawconv_ran"]],
             "comparable_problems": len(ratios),
             "geomean_torch_over_best": geomean(ratios) if ratios else None,
             "timings_trustworthy": not warn, "timing_warnings": warn,
@@ -634,12 +637,13 @@ def summary(rows: list[Row], *, hint: str | None = None) -> dict:
 
 #: ``rawconv compare`` exit codes, most severe first (the first that applies is returned).
 EXIT_CODES = {
-    0: "every rawconv candidate that ran is within tolerance; none failed",
+    0: "every result is within tolerance; no rawconv candidate failed",
     1: "a result is outside tolerance (a wrong answer)",
     2: "bad command line or problem (nothing ran)",
     3: "nothing to compare: a library failed to load, or a problem on which no rawconv candidate ran "
-       "(every one failed, not supported or skipped)",
-    4: "a candidate failed (a library error other than not supported)",
+       "(every one listed failed, was not supported or was skipped)",
+    4: "a rawconv candidate failed (a library error other than not supported; torch's own failures are "
+       "listed but do not count)",
 }
 
 
@@ -649,7 +653,7 @@ def exit_code(s: dict) -> int:
         return 1
     if s["libraries_not_loaded"] or s["no_rawconv_result"] or s["problems"] == 0:
         return 3
-    if s["failed"]:
+    if s["rawconv_failed"]:
         return 4
     return 0
 

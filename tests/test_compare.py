@@ -99,6 +99,8 @@ def test_exit_codes_in_order_of_severity():
     assert exit_code(summary(ok)) == 0
     failed = ok + [Row("p", "onednn", "[1] b", error="LibraryError: x", status="failed")]
     assert exit_code(summary(failed)) == 4
+    torch_failed = ok + [Row("p", "torch", "mkldnn disabled", error="RuntimeError: x", status="failed")]
+    assert exit_code(summary(torch_failed)) == 0 and summary(torch_failed)["failed"]   # listed, not counted
     notsup = ok + [Row("p", "onednn", "[1] b", error="NotSupportedError: x", status="not supported")]
     assert exit_code(summary(notsup)) == 0
     missing = [ok[0], Row("p", "onednn", "-", error="LibraryNotFoundError: x", status="failed",
