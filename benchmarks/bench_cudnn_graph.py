@@ -52,14 +52,14 @@ def layers(batch: int, dtype: str, layout: str, count: int, only: str | None = N
 
 def interleaved(fns: dict, iters: int, rounds: int = 5) -> dict:
     """Median GPU ms per call for each callable: CUDA events around groups of back-to-back calls
-    queued behind a GPU sleep (``rawconv.cudnn_graph._time_reps``), ``rounds`` rounds alternating the callables; the median
+    queued behind a GPU sleep (``rawconv._search.time_reps``), ``rounds`` rounds alternating the callables; the median
     of the round medians."""
-    from rawconv import cudnn_graph as G
+    from rawconv._search import time_reps
 
     per = defaultdict(list)
     for _ in range(rounds):
         for name, fn in fns.items():
-            per[name].append(G._time_reps(fn, max(2, iters // rounds), warmup=2).median_ms)
+            per[name].append(time_reps(fn, max(2, iters // rounds), warmup=2).median_ms)
     return {name: statistics.median(v) for name, v in per.items()}
 
 

@@ -9,11 +9,14 @@ that loads wins and is recorded as ``found_via``):
 
 1. a ``libcudnn.so.9`` already mapped into the process (a CUDA build of torch loads its own; rawconv
    reuses it: path from ``/proc/self/maps``, opened with ``RTLD_NOLOAD``),
-2. ``$RAWCONV_CUDNN_LIBRARY`` (an explicit path),
-3. ``<site-packages>/nvidia/cudnn/lib/libcudnn.so.9`` (the nvidia-cudnn-cu12 / -cu13 wheels),
-4. the system loader (``libcudnn.so.9``).
+2. ``<site-packages>/nvidia/cudnn/lib/libcudnn.so.9`` (the nvidia-cudnn-cu12 / -cu13 wheels),
+3. the system loader (``libcudnn.so.9``).
 
-When all fail, :class:`~rawconv.errors.LibraryNotFoundError` lists every attempt.
+``$RAWCONV_CUDNN_LIBRARY`` (an explicit path), when set, replaces that search: rawconv then does
+not ask torch to load its cuDNN first and loads that file, or raises
+:class:`~rawconv.errors.LibraryNotFoundError` naming the path and the loader's message (never a
+silent fall-back to another copy); also when another ``libcudnn.so.9`` is already mapped into
+the process (one cuDNN per process). When all fail, the error lists every attempt.
 
 Helpers for other modules: :data:`ffi`, :func:`lib`, :func:`load`, :func:`check`, :func:`call`,
 :func:`handle`, :func:`data_type`, :func:`status_name`, :func:`workspace`.
@@ -82,18 +85,20 @@ def mapped_path(soname: str = SONAME, maps: str = "/proc/self/maps") -> str | No
 def candidates(*, maps: str = "/proc/self/maps", site_dirs: list | None = None,
                env: dict | None = None) -> list[tuple[str, str, int | None]]:
     """The ``(how, target, dlopen flags)`` search list, in order (see the module docstring).
+    With ``$RAWCONV_CUDNN_LIBRARY`` set, that path is the only candidate (an error from
+    :func:`explicit_conflict` comes first when another copy is already mapped).
 
     ``maps``, ``site_dirs`` and ``env`` can be replaced (tests use fake files)."""
     env = os.environ if env is None else env
+    path = env.get(ENV_VAR)
+    if path:
+        return [(f"${ENV_VAR}", path, None)]
     out: list[tuple[str, str, int | None]] = []
     mapped = mapped_path(SONAME, maps)
     if mapped:
         out.append(("already loaded in this process", mapped, ffi.RTLD_NOW | ffi.RTLD_NOLOAD))
     else:
         out.append(("already loaded in this process", f"(no {SONAME} in {maps})", -1))
-    path = env.get(ENV_VAR)
-    if path:
-        out.append((f"${ENV_VAR}", path, None))
     seen = set()
     for site in (_loader.site_dirs() if site_dirs is None else [Path(s) for s in site_dirs]):
         p = str(Path(site) / "nvidia" / "cudnn" / "lib" / SONAME)
@@ -104,7 +109,26 @@ def candidates(*, maps: str = "/proc/self/maps", site_dirs: list | None = None,
     return out
 
 
-def search(cands: list[tuple[str, str, int | None]]) -> _loader.Loaded:
+def explicit_conflict(path: str, maps: str = "/proc/self/maps") -> str | None:
+    """Why ``$RAWCONV_CUDNN_LIBRARY=path`` cannot be honoured in this process, or None: another
+    ``libcudnn.so.9`` (not the same file) is already mapped, e.g. torch's own (a CUDA build of
+    torch maps it at ``import torch``), and ``path`` is a shared library that would load beside it."""
+    mapped = mapped_path(SONAME, maps)
+    if not mapped or not os.path.isfile(path):
+        return None   # nothing to clash with, or nothing to load: the loader says so
+    try:
+        if os.path.samefile(mapped, path):
+            return None
+        with open(path, "rb") as f:
+            if f.read(4) != b"\x7fELF":
+                return None   # dlopen refuses it without loading anything: its own message is clearer
+    except OSError:
+        pass
+    return (f"this process has already loaded another {SONAME} ({mapped}, e.g. by torch); one cuDNN per "
+            f"process: point {ENV_VAR} at that file, unset it, or set it before anything loads cuDNN")
+
+
+def search(cands: list[tuple[str, str, int | None]], label: str | None = None) -> _loader.Loaded:
     """Try each candidate in order (``flags == -1`` marks a candidate that is only reported).
     Raises :class:`~rawconv.errors.LibraryNotFoundError` listing every attempt."""
     from .errors import LibraryNotFoundError
@@ -115,13 +139,13 @@ def search(cands: list[tuple[str, str, int | None]]) -> _loader.Loaded:
             attempts.append((how, target))
             continue
         try:
-            loaded = _loader.try_load(ffi, "cuDNN", [(how, target)], flags)
+            loaded = _loader.try_load(ffi, "cuDNN", [(how, target)], flags, symbol="cudnnGetVersion")
         except LibraryNotFoundError as exc:
             attempts += exc.attempts
             continue
         loaded.attempts = attempts + loaded.attempts
         return loaded
-    raise LibraryNotFoundError(f"cuDNN ({SONAME})", attempts)
+    raise LibraryNotFoundError(label or f"cuDNN ({SONAME})", attempts)
 
 
 def load() -> _loader.Loaded:
@@ -137,13 +161,23 @@ def load() -> _loader.Loaded:
     with _lock:
         loaded = _state.get("loaded")
         if loaded is None:
-            try:
-                import torch
+            explicit = os.environ.get(ENV_VAR)
+            if explicit:
+                from .errors import LibraryNotFoundError
 
-                torch.backends.cudnn.version()  # maps torch's libcudnn.so.9, if it has one
-            except Exception as exc:  # pragma: no cover
-                log.debug("rawconv: torch has no cuDNN: %s", exc)
-            loaded = search(candidates())
+                label = _loader.explicit_label(f"cuDNN ({SONAME})", ENV_VAR, explicit)
+                why = explicit_conflict(explicit)
+                if why:
+                    raise LibraryNotFoundError(label, [(f"${ENV_VAR}: {explicit}", why)])
+                loaded = search(candidates(), label)
+            else:
+                try:
+                    import torch
+
+                    torch.backends.cudnn.version()  # maps torch's libcudnn.so.9, if it has one
+                except Exception as exc:  # pragma: no cover
+                    log.debug("rawconv: torch has no cuDNN: %s", exc)
+                loaded = search(candidates())
             if os.sep not in loaded.path:
                 loaded.path = mapped_path(SONAME) or loaded.path
             else:

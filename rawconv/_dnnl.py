@@ -1,12 +1,13 @@
 """Raw oneDNN binding: the FFI, the loader, status checks, and descriptor helpers.
 
 No torch semantics here; names follow the oneDNN C API (``cdefs/dnnl.h``, oneDNN 3.2).
-The library is loaded on first use, under a lock, from (in order):
+The library is loaded on first use, under a lock. ``$RAWCONV_DNNL_LIBRARY`` (an explicit path),
+when set, is the only candidate: if it does not load (or is not oneDNN) that is an error naming
+the path and the loader's message, never a silent fall-back to another copy. Otherwise, in order:
 
-1. ``$RAWCONV_DNNL_LIBRARY`` (an explicit path),
-2. ``<prefix>/lib/libdnnl.so.3`` for ``sys.prefix`` and the venv base (where the
+1. ``<prefix>/lib/libdnnl.so.3`` for ``sys.prefix`` and the venv base (where the
    ``onednn-cpu-gomp`` wheel puts it), and ``<site-packages>/../../../lib`` for ``--target`` installs,
-3. the system loader (``libdnnl.so.3``).
+2. the system loader (``libdnnl.so.3``).
 """
 from __future__ import annotations
 
@@ -21,7 +22,11 @@ from .errors import LibraryError, NotSupportedError
 
 SONAME = "libdnnl.so.3"
 ENV_VAR = "RAWCONV_DNNL_LIBRARY"
-HINT = "set ONEDNN_VERBOSE=all (or rawconv.onednn.verbose(2)) to see oneDNN's own reasons"
+# oneDNN 3.2 prints its reasons for rejected arguments ("onednn_verbose,create:check,...") when
+# ONEDNN_VERBOSE holds "check" (or "all") as it reads the variable, once, at its first use;
+# dnnl_set_verbose (rawconv.onednn.verbose) takes only the levels 0-2, which do not include them.
+HINT = ("set ONEDNN_VERBOSE=check (or all) in the environment before the process starts: oneDNN then "
+        "prints its own reason on the C stdout as an 'onednn_verbose,create:check,...' line")
 
 ffi = cffi.FFI()
 ffi.cdef(_loader.cdefs_text("dnnl.h"))
@@ -31,11 +36,12 @@ _state: dict = {}
 
 
 def candidates() -> list[tuple[str, str]]:
-    """The ``(how, path)`` search list, in order (see the module docstring)."""
+    """The ``(how, path)`` search list, in order (see the module docstring): only
+    ``$RAWCONV_DNNL_LIBRARY`` when it is set."""
     out: list[tuple[str, str]] = []
     env = os.environ.get(ENV_VAR)
     if env:
-        out.append((f"${ENV_VAR}", env))
+        return [(f"${ENV_VAR}", env)]
     seen = set()
     for pre in _loader.prefixes():
         p = str(pre / "lib" / SONAME)
@@ -67,7 +73,8 @@ def _mapped_path(soname: str) -> str | None:
 def load() -> _loader.Loaded:
     """Load libdnnl (once per process, thread-safe) and return what was loaded.
 
-    Raises :class:`~rawconv.errors.LibraryNotFoundError` listing every attempt.
+    Raises :class:`~rawconv.errors.LibraryNotFoundError` listing every attempt with the
+    dynamic loader's message; with ``$RAWCONV_DNNL_LIBRARY`` set, the one attempt at that path.
     """
     loaded = _state.get("loaded")
     if loaded is not None:
@@ -76,7 +83,11 @@ def load() -> _loader.Loaded:
         loaded = _state.get("loaded")
         if loaded is None:
             import torch  # noqa: F401  (torch's libgomp.so.1 then satisfies libdnnl's OpenMP)
-            loaded = _loader.try_load(ffi, "oneDNN (libdnnl.so.3)", candidates())
+            cands = candidates()
+            label = "oneDNN (libdnnl.so.3)"
+            if cands[0][0] == f"${ENV_VAR}":
+                label = _loader.explicit_label(label, ENV_VAR, cands[0][1])
+            loaded = _loader.try_load(ffi, label, cands, symbol="dnnl_version")
             if os.sep not in loaded.path:
                 loaded.path = _mapped_path(SONAME) or loaded.path
             else:
@@ -96,16 +107,54 @@ def status_name(status: int) -> str:
     return ffi.string(ffi.cast("dnnl_status_t", status))
 
 
+def unimplemented_hint() -> str:
+    """The hint of a ``dnnl_unimplemented`` error. oneDNN 3.2 says nothing about it, whatever
+    ONEDNN_VERBOSE holds: its convolutions have no dispatch messages (the library's strings
+    hold "create:check" lines for bad arguments only). So the hint names what can tell:
+    :func:`rawconv.onednn.capabilities`, with the version and the effective ISA."""
+    try:
+        ver, isa = version()["version"], effective_cpu_isa()
+    except Exception:  # noqa: BLE001  (a hint must never raise)
+        ver, isa = "?", "?"
+    text = f"oneDNN {ver} on CPU ISA {isa}; rawconv.onednn.capabilities() shows which dtypes and fpmath modes it offers here"
+    if ver.startswith("3.2."):
+        return text + " (oneDNN 3.2 prints no reason for dnnl_unimplemented, even with ONEDNN_VERBOSE=all)"
+    return text + "; ONEDNN_VERBOSE=dispatch, set before the process starts, may print oneDNN's reasons on the C stdout"
+
+
+_LIBC: dict = {}
+
+
+def flush_c_stdout() -> None:
+    """``fflush(NULL)``: write out what oneDNN printed on the C stdout (its verbose lines). Through
+    a pipe the C stdout is block-buffered and oneDNN does not flush it, so its lines would
+    otherwise appear only at exit, after everything Python printed, or never if the process is
+    killed. Called before every error :func:`check` raises."""
+    try:
+        f = _LIBC.get("fflush")
+        if f is None:
+            cffi_c = cffi.FFI()
+            cffi_c.cdef("int fflush(void *stream);")
+            c = cffi_c.dlopen(None)
+            f = _LIBC["fflush"] = (c.fflush, cffi_c.NULL, c, cffi_c)
+        f[0](f[1])
+    except Exception:  # noqa: BLE001  (no C library to flush: nothing is buffered there either)
+        pass
+
+
 def check(status: int, function: str, detail: str = "") -> None:
     """Raise for a non-success ``dnnl_status_t``: :class:`NotSupportedError` for
-    ``dnnl_unimplemented``, :class:`LibraryError` otherwise (status name, C function, hint)."""
+    ``dnnl_unimplemented``, :class:`LibraryError` otherwise (status name, C function, hint).
+    Flushes the C stdout first (:func:`flush_c_stdout`), so that oneDNN's verbose lines about
+    the failure come out before the error."""
     if status == 0:
         return
+    flush_c_stdout()
     name = status_name(status)
     if status == lib().dnnl_unimplemented:
         raise NotSupportedError(
             f"{function} failed: {name} ({status}): oneDNN offers no implementation"
-            + (f" for {detail}" if detail else "") + f" [{HINT}]",
+            + (f" for {detail}" if detail else "") + f" [{unimplemented_hint()}]",
             library="oneDNN", function=function, status=status, status_name=name, detail=detail)
     raise LibraryError("oneDNN", function, status, name, detail, HINT)
 
@@ -332,12 +381,26 @@ def reorder_pd(src_md, dst_md):
 
 
 # ------------------------------------------------------------------ info
-def version() -> dict:
-    """``dnnl_version()`` as a dict: version string, commit hash, CPU runtime."""
-    v = lib().dnnl_version()
-    runtimes = {1: "sequential", 2: "OpenMP", 4: "TBB", 8: "threadpool", 1024: "SYCL"}
-    return {"version": f"{v.major}.{v.minor}.{v.patch}", "commit": ffi.string(v.hash).decode(),
-            "cpu_runtime": runtimes.get(int(v.cpu_runtime), str(int(v.cpu_runtime)))}
+# DNNL_RUNTIME_* of oneDNN's headers: 0-512 as include/oneapi/dnnl/dnnl_config.h of 3.2 (and of
+# later 3.x) defines them (DPCPP is SYCL's alias); 1024 (Level Zero) is newer (3.13's header).
+RUNTIMES = {0: "none", 1: "sequential", 2: "OpenMP", 4: "TBB", 8: "threadpool", 256: "OpenCL", 512: "SYCL",
+            1024: "Level Zero"}
+
+
+def runtime_name(value: int) -> str:
+    """The name of a ``DNNL_RUNTIME_*`` value; ``"unknown (N)"`` for one no header rawconv knows defines."""
+    return RUNTIMES.get(int(value), f"unknown ({int(value)})")
+
+
+def version(v=None) -> dict:
+    """``dnnl_version()`` as a dict: version string, commit hash, CPU and GPU runtime names
+    (:func:`runtime_name`). ``v``: a ``dnnl_version_t`` to describe instead (tests), else the
+    loaded library's."""
+    if v is None:
+        v = lib().dnnl_version()
+    return {"version": f"{v.major}.{v.minor}.{v.patch}",
+            "commit": ffi.string(v.hash).decode() if v.hash != ffi.NULL else "",
+            "cpu_runtime": runtime_name(v.cpu_runtime), "gpu_runtime": runtime_name(v.gpu_runtime)}
 
 
 def effective_cpu_isa() -> str:

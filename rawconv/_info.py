@@ -1,4 +1,5 @@
-"""``rawconv.info()`` and ``rawconv info``: what was loaded, from where, how it was found."""
+"""``rawconv.info()`` and ``rawconv info``: what was loaded, from where, how it was found, and what
+each library offers on this machine (``capabilities``)."""
 from __future__ import annotations
 
 import platform
@@ -39,4 +40,37 @@ def collect() -> dict:
         out["cudnn"] = cudnn.info()
     except Exception as exc:
         out["cudnn"] = {"error": f"{type(exc).__name__}: {exc}"}
+    out["capabilities"] = capabilities_part(out)
+    return out
+
+
+def _caps_lines(caps) -> dict:
+    return {"platform": f"{caps.library} {caps.version} on {caps.platform}", **caps.summary()}
+
+
+def capabilities_part(collected: dict) -> dict:
+    """What each library offers here, one compact line per direction (see
+    :meth:`rawconv._capabilities.Capabilities.summary`): oneDNN always, cuDNN where torch sees a GPU.
+    A library that did not load is not probed (its error is in its own section)."""
+    out: dict = {}
+    if "error" in collected.get("onednn", {}):
+        out["onednn"] = "not probed: oneDNN did not load (see onednn.error)"
+    else:
+        try:
+            from . import onednn
+
+            out["onednn"] = _caps_lines(onednn.capabilities())
+        except Exception as exc:
+            out["onednn"] = {"error": f"{type(exc).__name__}: {exc}"}
+    if not torch.cuda.is_available():
+        out["cudnn"] = "not probed: torch sees no CUDA device"
+    elif "error" in collected.get("cudnn", {}):
+        out["cudnn"] = "not probed: cuDNN did not load (see cudnn.error)"
+    else:
+        try:
+            from . import cudnn
+
+            out["cudnn"] = _caps_lines(cudnn.capabilities())
+        except Exception as exc:
+            out["cudnn"] = {"error": f"{type(exc).__name__}: {exc}"}
     return out

@@ -58,11 +58,14 @@ def site_dirs() -> list[Path]:
     return out
 
 
-def try_load(ffi, library: str, candidates: list[tuple[str, str]], flags: int | None = None) -> Loaded:
+def try_load(ffi, library: str, candidates: list[tuple[str, str]], flags: int | None = None,
+             symbol: str | None = None) -> Loaded:
     """Try ``ffi.dlopen`` on each ``(how, target)`` in order. ``target`` is a path or a soname.
 
-    A path that does not exist is recorded as such without calling dlopen.
-    Raises :class:`LibraryNotFoundError` listing every attempt when none loads.
+    A path that does not exist is recorded as such without calling dlopen. With ``symbol``, a
+    library that loads but does not export it (another library under that name) is closed
+    again and recorded as such. Raises :class:`LibraryNotFoundError` listing every attempt (the
+    dynamic loader's own message for each) when none loads.
     """
     attempts: list[tuple[str, str]] = []
     for how, target in candidates:
@@ -71,12 +74,32 @@ def try_load(ffi, library: str, candidates: list[tuple[str, str]], flags: int | 
             attempts.append((where, "no such file"))
             log.debug("rawconv: %s: no such file", where)
             continue
+        if os.sep in target and os.path.isdir(target):
+            attempts.append((where, "is a directory, not a library file"))
+            continue
         try:
             lib = ffi.dlopen(target) if flags is None else ffi.dlopen(target, flags)
         except OSError as exc:
             attempts.append((where, str(exc).strip() or "dlopen failed"))
             log.debug("rawconv: %s: %s", where, exc)
             continue
+        if symbol is not None:
+            try:
+                getattr(lib, symbol)
+            except AttributeError:
+                attempts.append((where, f"loads, but exports no {symbol}: it is not {library}"))
+                try:
+                    ffi.dlclose(lib)
+                except Exception:  # noqa: BLE001  (already closed / not closable: harmless)
+                    pass
+                continue
         log.debug("rawconv: loaded %s via %s", target, how)
         return Loaded(lib, target, how, attempts + [(where, "loaded")])
     raise LibraryNotFoundError(library, attempts)
+
+
+def explicit_label(library: str, env_var: str, path: str) -> str:
+    """The library name used in the error when an explicit ``$env_var`` does not load: it says
+    that rawconv did not fall back to another copy, and how to let it search."""
+    return (f"{library} from ${env_var}={path} (set explicitly, so rawconv tried no other copy; "
+            f"fix the path, or unset {env_var} to search the usual places)")

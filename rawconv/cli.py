@@ -374,7 +374,8 @@ def cmd_compare(args) -> int:
         all_rows = cmp.compare(problems, photo_first=not args.random, iterations=args.iterations, warmup=args.warmup,
                                budget_s=args.budget, fpmath=args.fpmath, prepack=not args.no_prepack,
                                include_ref=include_ref, ref_max_s=args.ref_limit, on_problem=show,
-                               progress=sys.stderr.isatty() and len(problems) > 1, engines=args.engines)
+                               progress=sys.stderr.isatty() and len(problems) > 1, engines=args.engines,
+                               allow_known_bad=args.allow_known_bad)
     s = cmp.summary(all_rows, hint=hint)
     code = cmp.exit_code(s)
     s["exit_code"] = code
@@ -465,10 +466,11 @@ def cmd_list(args) -> int:
             for r in rows:
                 console.print(f"  {r}")
             continue
-        from . import onednn
+        from . import known_bad, onednn
 
         impls = onednn.implementations(x, w, b, p.stride, list(zip(p.pad_before, p.pad_after)), p.dilation, p.groups,
                                        direction=args.direction, fpmath=args.fpmath)
+        bad = any(i.known_bad for i in impls)
         cols = [Column("#", [str(i.index) for i in impls], justify="right"),
                 Column("implementation", [i.name for i in impls]),
                 Column("layouts", [i.layouts for i in impls]),
@@ -476,6 +478,9 @@ def cmd_list(args) -> int:
                        flex_min=12),
                 Column("reorders", [",".join(i.reorders) or "none" for i in impls], wrap=True),
                 Column("scratchpad", [_fmt_bytes(i.scratchpad_bytes) for i in impls], justify="right")]
+        if bad:
+            cols.append(Column("known bad", [known_bad.short(i.known_bad) if i.known_bad else "" for i in impls],
+                               wrap=True))
         render_table(console, cols, title=f"{p} ({args.direction}, fpmath {args.fpmath})")
     return 0
 
@@ -559,6 +564,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"seconds per call above which a reference implementation is not run, estimated from its "
                         f"measured rate on a tiny problem (default {REF_MAX_SECONDS:g})")
     c.add_argument("--engines", default=None, help="cuDNN graph-API engines: 'all' or the top N by heuristic")
+    c.add_argument("--allow-known-bad", action="store_true",
+                   help="also run oneDNN implementations rawconv.known_bad lists for a problem (they may crash, "
+                        "hang or give wrong results; see README)")
     width_arg(c)
     c.set_defaults(func=cmd_compare)
 

@@ -341,11 +341,13 @@ def _ref_estimate(problem) -> float:
 
 
 def _onednn_rows(problem, x, w, b, ref, ref_abs, timer, *, fpmath="strict", prepack=True,
-                 include_ref=True, slow_s=None, ref_max_s: float = REF_MAX_SECONDS) -> list[Row]:
+                 include_ref=True, slow_s=None, ref_max_s: float = REF_MAX_SECONDS, allow_known_bad=False,
+                 isolate=None, timing=(10, 2, None)) -> list[Row]:
     """Rows for every oneDNN implementation. ``include_ref``: True runs the reference
     implementations (ref:any), False drops them, "auto" runs them when one call is estimated
     (:func:`rawconv.onednn.reference_seconds`) at most ``ref_max_s`` seconds and otherwise lists
-    them as "skipped"."""
+    them as "skipped". Known-bad implementations get a "known bad" row unless
+    ``allow_known_bad``; ``isolate`` runs the candidates in a child process."""
     name = str(problem.name or problem.describe())
     try:
         from . import onednn
@@ -371,24 +373,69 @@ def _onednn_rows(problem, x, w, b, ref, ref_abs, timer, *, fpmath="strict", prep
                                 status="skipped", workspace_bytes=impl.scratchpad_bytes,
                                 extra={"index": impl.index, "estimated_s": ref_s if math.isfinite(ref_s) else None}))
                 continue
-        try:
-            plan.select(impl.index)
-        except RawconvError as exc:
-            rows.append(_error_row(name, "onednn", label, exc, impl.layouts))
+        if impl.known_bad and not allow_known_bad:
+            rows.append(Row(name, "onednn", label,
+                            f"{impl.layouts}; not run: known bad ({impl.known_bad}; --allow-known-bad runs it)",
+                            error="skipped (known bad)", status="known bad", workspace_bytes=impl.scratchpad_bytes))
             continue
         reorders = ",".join(_ROLE.get(r, r) + ("(once)" if r == "w" and prepack else "")
                             for r in impl.reorders) or "none"
         detail = (f"{impl.layouts}; src {impl.formats.get('x')} weights {impl.formats.get('w')} "
                   f"dst {impl.formats.get('y')}; reorders {reorders}")
+        extra = {"index": impl.index, "layouts": impl.layouts, "formats": impl.formats,
+                 "reorders": list(impl.reorders), "fpmath": fpmath}
+        if isolate:   # run below, all in one child process; the row keeps its place
+            rows.append((impl, detail, extra))
+            continue
+        try:
+            plan.select(impl.index, allow_known_bad=allow_known_bad)
+        except RawconvError as exc:
+            rows.append(_error_row(name, "onednn", label, exc, impl.layouts))
+            continue
         rows.append(_measure(problem, "onednn", label, detail,
                              lambda: plan.execute(x, w, b), ref, ref_abs, timer,
                              tol={"compute": compute} if compute else None,
-                             workspace=impl.scratchpad_bytes,
-                             extra={"index": impl.index, "layouts": impl.layouts, "formats": impl.formats,
-                                    "reorders": list(impl.reorders), "fpmath": fpmath},
-                             slow_s=slow_s))
+                             workspace=impl.scratchpad_bytes, extra=extra, slow_s=slow_s))
     plan.free()
+    if isolate:
+        _run_isolated(problem, rows, x, w, b, ref, ref_abs, compute, fpmath=fpmath, prepack=prepack,
+                      slow_s=slow_s, allow_known_bad=allow_known_bad, isolate=isolate, timing=timing)
     return rows
+
+
+def _run_isolated(problem, rows, x, w, b, ref, ref_abs, compute, *, fpmath, prepack, slow_s, allow_known_bad,
+                  isolate, timing) -> None:
+    """Run the (impl, detail, extra) placeholders of ``rows`` in a child process (rawconv._isolate)
+    and put their Rows in place: a crash or hang is that row's error ("crashed: SIGSEGV",
+    "timed out after 60 s"), and the comparison goes on."""
+    from . import _isolate
+
+    iso = _isolate.options(isolate)
+    todo = [i for i, r in enumerate(rows) if isinstance(r, tuple)]
+    iterations, warmup, budget_s = timing
+    results = _isolate.run_onednn_candidates(
+        problem, x, w, b, indices=[rows[i][0] for i in todo], fpmath=fpmath, prepack=prepack,
+        allow_known_bad=allow_known_bad, slow_s=slow_s, iterations=iterations, warmup=warmup, budget_s=budget_s,
+        check=False, keep_output=True, timeout_s=iso.timeout_s, env=iso.env, threads=iso.threads)
+    for i, res in zip(todo, results):
+        impl, detail, extra = rows[i]
+        row = Row(str(problem.name or problem.describe()), "onednn", f"[{impl.index}] {impl.name}",
+                  detail + "; isolated", workspace_bytes=impl.scratchpad_bytes,
+                  extra=dict(extra, status=res["status"], problem=problem.describe(),
+                             benchdnn=problem.to_benchdnn(), device=problem.device))
+        if res["status"] != "ok":   # "crashed: SIGSEGV", "timed out after 60 s", ...: failures
+            st = {"known bad": "skipped (known bad)"}.get(res["status"], res["status"])
+            row.error = st + (f": {res['detail']}" if res["detail"] else "")
+            row.status = res["status"]
+        else:
+            with threads(1):
+                err = compare_to_reference(problem, res["output"], ref, ref_abs,
+                                           **({"compute": compute} if compute else {}))
+            row.median_ms, row.min_ms, row.runs = res["median_ms"], res["min_ms"], res["runs"]
+            row.gflops = problem.flops / (row.median_ms * 1e6) if row.median_ms > 0 else float("nan")
+            row.max_abs, row.max_rel, row.ok = err.max_abs, err.max_rel, err.ok
+            row.status = "ok" if err.ok else "wrong"
+        rows[i] = row
 
 
 def cudnn_tolerance(dtype: str, math_reported: str, algo: str = "") -> dict:
@@ -495,14 +542,18 @@ def compare_problem(problem: ConvProblem, *, x=None, w=None, b=None, iterations:
                     budget_s: float = 0.5, backends: Iterable[str] = ("torch", "onednn", "cudnn"),
                     photo: bool = False, fpmath: str = "strict", prepack: bool = True,
                     include_ref: bool | str = True, ref_max_s: float = REF_MAX_SECONDS,
-                    engines: str | int | None = None) -> list[Row]:
+                    engines: str | int | None = None, allow_known_bad: bool = False, isolate=None) -> list[Row]:
     """Time and check ``problem`` on torch and every rawconv implementation; returns :class:`Row` s.
 
     ``iterations``/``warmup``: timed and untimed calls per candidate; ``budget_s``: seconds of
     warm-up and timing per candidate at most (at least one timed call each; a candidate whose
-    first call, which also builds it, takes longer is timed by one more call alone). CPU problems run on oneDNN, ``cuda`` problems on cuDNN. ``include_ref``: oneDNN's
-    reference implementations run (True), are dropped (False), or ("auto") run when one call is
-    estimated at most ``ref_max_s`` seconds and are listed as "skipped" otherwise.
+    first call, which also builds it, takes longer is timed by one more call alone). CPU problems
+    run on oneDNN, ``cuda`` problems on cuDNN. ``include_ref``: oneDNN's reference
+    implementations run (True), are dropped (False), or ("auto") run when one call is estimated
+    at most ``ref_max_s`` seconds and are listed as "skipped" otherwise. oneDNN implementations
+    that :mod:`rawconv.known_bad` lists get a "known bad" row unless ``allow_known_bad``;
+    ``isolate`` (True, or ``rawconv._isolate.Isolation``/dict) runs them in a child process
+    where a crash or hang becomes the row's status ("crashed: SIGSEGV", "timed out after N s").
     """
     if x is None:
         x, w, b = inputs_for(problem, photo=photo)
@@ -521,7 +572,8 @@ def compare_problem(problem: ConvProblem, *, x=None, w=None, b=None, iterations:
         rows += _torch_rows(problem, x, w, b, ref, ref_abs, timer)
     if not on_gpu and "onednn" in backends:
         rows += _onednn_rows(problem, x, w, b, ref, ref_abs, timer, fpmath=fpmath, prepack=prepack,
-                             include_ref=include_ref, slow_s=budget_s, ref_max_s=ref_max_s)
+                             include_ref=include_ref, slow_s=budget_s, ref_max_s=ref_max_s,
+                             allow_known_bad=allow_known_bad, isolate=isolate, timing=(iterations, warmup, budget_s))
     if on_gpu and "cudnn" in backends:
         rows += _cudnn_rows(problem, x, w, b, ref, ref_abs, timer, engines=engines)
     return rows

@@ -42,7 +42,8 @@ from .problem import ConvProblem, check_tensor, empty_like_layout, layout_of, to
 
 __all__ = ["Algorithm", "TimedAlgorithm", "RunInfo", "Convolution", "forward", "backward_data",
            "backward_weights", "backward_filter", "candidates", "conv_transpose", "algorithms", "info", "clear_cache", "MATH_TYPES",
-           "FwdAlgo", "BwdDataAlgo", "BwdFilterAlgo", "MathType", "DIRECTIONS", "INT32_LIMIT"]
+           "FwdAlgo", "BwdDataAlgo", "BwdFilterAlgo", "MathType", "DIRECTIONS", "INT32_LIMIT",
+           "capabilities"]
 # also, lazily from rawconv.cudnn_graph: engines, EngineConfig (see __getattr__ at the end)
 
 DIRECTIONS = ("forward", "backward_data", "backward_weights")   # "backward_filter" is accepted as cuDNN's alias
@@ -1264,6 +1265,82 @@ def info() -> dict:
     else:
         out["gpu"] = None
     return out
+
+
+
+# ---------------------------------------------------------------------------- capabilities
+_CAPS: dict = {}
+_CAPS_LOCK = threading.Lock()
+# (dtype, fpmath key, math type set on the descriptor, layout of the probe)
+_CAP_MODES = (("float32", "strict", "fma", "nchw"), ("float32", "tf32", "default", "nchw"),
+              ("float16", "strict", "tensor_op", "nhwc"), ("bfloat16", "strict", "tensor_op", "nhwc"),
+              ("float64", "strict", "fma", "nchw"))
+
+
+def capabilities(refresh: bool = False, device: int | None = None):
+    """What this cuDNN offers on this GPU, asked of cuDNN: a :class:`rawconv._capabilities.Capabilities`.
+
+    For each direction ("forward", "backward_data", "backward_weights" = cuDNN's backward
+    filter) and precision: float32 with ``CUDNN_FMA_MATH`` (IEEE, ``fpmath="strict"``), float32
+    with ``CUDNN_DEFAULT_MATH`` (``fpmath="tf32"``: cuDNN may use TF32 tensor cores; counted as
+    offered from compute capability 8.0), float16 and bfloat16 with ``CUDNN_TENSOR_OP_MATH``
+    (NHWC), float64 with FMA math: the algos the legacy heuristic (``cudnnGet*Algorithm_v7``)
+    reports with ``CUDNN_STATUS_SUCCESS`` for a tiny problem (batch 1, 16 -> 16 channels, 8x8,
+    3x3, padding 1). Nothing runs on the GPU.
+
+    ``device``: a CUDA device index (default: torch's current device, or 0). Cached per process
+    and device (``refresh=True`` probes again). Without a GPU it raises the library's own error:
+    :class:`~rawconv.errors.LibraryError` (``cudnnCreate``: ``CUDNN_STATUS_NOT_INITIALIZED``), or
+    :class:`~rawconv.errors.LibraryNotFoundError` when libcudnn cannot be loaded. Wraps
+    ``cudnnCreate``, ``cudnnGetConvolution{Forward,BackwardData,BackwardFilter}Algorithm_v7``,
+    ``cudnnGetVersion``.
+    """
+    from ._capabilities import Capabilities, CapabilityRow
+    from .errors import LibraryError
+
+    if not isinstance(refresh, bool):
+        raise ArgumentTypeError(f"refresh must be True or False, got {refresh!r}")
+    if device is None:
+        idx = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    elif isinstance(device, bool) or not isinstance(device, int) or device < 0:
+        raise ArgumentError(f"device must be a CUDA device index (int >= 0) or None, got {device!r}")
+    else:
+        idx = device
+    caps = _CAPS.get(idx)
+    if caps is not None and not refresh:
+        return caps
+    with _CAPS_LOCK:
+        caps = _CAPS.get(idx)
+        if caps is not None and not refresh:
+            return caps
+        _cudnn.lib()
+        _cudnn.handle_for(idx)          # no GPU: cuDNN's own error (cudnnCreate) here
+        cc = torch.cuda.get_device_capability(idx)
+        platform = f"{torch.cuda.get_device_name(idx)} (compute capability {cc[0]}.{cc[1]})"
+        rows = []
+        for direction in ("forward", "backward_data", "backward_weights"):
+            for dtype, key, math, layout in _CAP_MODES:
+                problem = ConvProblem(n=1, c=16, k=16, in_spatial=(8, 8), kernel=(3, 3), pad_before=(1, 1),
+                                      pad_after=(1, 1), dtype=dtype, layout=layout, device=f"cuda:{idx}")
+                plan = Convolution.from_problem(problem, direction=direction, math=math)
+                names, status = [], "ok"
+                try:
+                    names = list(dict.fromkeys(r.algo for r in plan.algorithms("heuristic", math) if r.ok))
+                    if not names:
+                        status = "no algo with CUDNN_STATUS_SUCCESS"
+                except LibraryError as exc:
+                    status = exc.status_name or type(exc).__name__
+                finally:
+                    plan.free()
+                if key == "tf32" and cc[0] < 8 and names:
+                    names, status = [], f"no TF32 tensor cores before compute capability 8.0 (this GPU: {cc[0]}.{cc[1]})"
+                setting = f"math {math}" + (" (TF32 allowed)" if key == "tf32" else "")
+                rows.append(CapabilityRow(direction, dtype, key, tuple(names), (), status, setting, None))
+        caps = Capabilities("cuDNN", _cudnn.version()["version"], platform,
+                            "n1 c16 k16 8x8 3x3 padding 1 (NCHW for float32/float64, NHWC for float16/bfloat16)",
+                            tuple(rows))
+        _CAPS[idx] = caps
+    return caps
 
 
 def __getattr__(name):  # lazy re-exports of the graph API: rawconv.cudnn.engines, EngineConfig

@@ -28,11 +28,8 @@ often get no engine at all (``NotSupportedError`` says so).
 from __future__ import annotations
 
 import itertools
-import json
 import math
-import os
 import re
-import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -40,7 +37,8 @@ from typing import Any, Sequence
 
 import torch
 
-from . import _cudnn, _cudnn_backend as B
+from . import _cudnn, _cudnn_backend as B, _search, tuning, known_bad as _known_bad
+from ._search import TimedConfig, knob_combinations
 from .errors import ArgumentError, ArgumentTypeError, LibraryError, NotSupportedError
 from ._backend import Candidate
 from ._plans import PlanCache, PlanLifetime
@@ -65,32 +63,18 @@ _ROLES = {"forward": ("x", "w", "y"), "backward_data": ("dx", "w", "dy"), "backw
 _OUT_ROLE = {"forward": "y", "backward_data": "dx", "backward_filter": "dw"}
 _GRAPH_NAMES = {"x": "X", "w": "W", "y": "Y", "dx": "DX", "dw": "DW", "dy": "DY"}
 
-# Engine configs that gave wrong results in rawconv's GPU tests (tests/test_cudnn_graph_gpu.py:
-# every config checked against float64). Not known to be fixed in later cuDNN versions, so they
-# apply to all: the default selection (no autotune, no forced engine) skips them, forcing one
-# warns, and autotune checks every candidate anyway.
-KNOWN_WRONG = (
-    ("backward_filter", frozenset({1, 20}),
-     lambda p: any(s > 1 for s in p.stride) and tuple(p.pad_before) != tuple(p.pad_after),
-     "cuDNN 9.19 on an H200, float32 NHWC, stride 2, padding before (1,0) / after (2,1): "
-     "dw max relative error 1.5"),
-    ("backward_data", frozenset({2}), lambda p: p.dtype == "float16",
-     "cuDNN 9.19 on an H200, float16 NHWC: dx 7-9x over the fp32-accumulation error bound"),
-    ("forward", frozenset({71}), lambda p: p.layout == "nchw" and p.dtype != "float64",
-     "cuDNN 9.19 on an H200, NCHW float16/bfloat16/TF32 ResNet-50 layers (batch 32; float32 runs "
-     "this tensor-core engine as TF32): autotune "
-     "found knob choices of this runtime-compiled engine outside tolerance on 30 layer runs, mostly "
-     "k24=27 and k24=30 (benchmarks/results/*/nchw*.json, mismatch_configs)"),
-)
+# Engine configs that gave wrong results in rawconv's GPU tests: rows of rawconv.known_bad's table
+# (backend "cudnn_graph"). Not known to be fixed in later cuDNN versions, so they apply to all: the
+# default selection (no autotune, no forced engine) skips them, forcing one warns, and autotune
+# checks every candidate anyway.
+KNOWN_WRONG = tuple(_known_bad.entries(backend="cudnn_graph"))
 
 
 def known_wrong(problem: ConvProblem, direction: str, engine: int) -> str:
     """Why engine ``engine`` is known to give wrong results for ``problem``/``direction`` ('' when
-    it is not); see ``KNOWN_WRONG``."""
-    for d, engines, when, seen in KNOWN_WRONG:
-        if d == direction and engine in engines and when(problem):
-            return seen
-    return ""
+    it is not): what was seen, from :mod:`rawconv.known_bad` (``KNOWN_WRONG`` holds its rows)."""
+    e = _known_bad.check("cudnn_graph", problem, direction, f"eng{int(engine)}")
+    return e.seen if e is not None else ""
 
 
 _NAME_RE = re.compile(r"^eng(\d+)(?:\{\s*((?:k\d+\s*=\s*-?\d+\s*(?:,\s*k\d+\s*=\s*-?\d+\s*)*)?)\}|((?:_k\d+=-?\d+)*))$")
@@ -194,50 +178,6 @@ class EngineConfig(Candidate):
         return (f"{self.name:<28} heur={','.join(self.heuristics) or '-':<18} "
                 f"num={','.join(self.numerical_notes) or '-'}  beh={','.join(self.behavior_notes) or '-'}  "
                 f"workspace={ws} B  {fin}")
-
-
-@dataclass
-class TimedConfig:
-    """A row of :meth:`GraphConvolution.autotune`.
-
-    ``median_ms``/``min_ms``: CUDA-event times of ``runs`` calls (ms), None when not run;
-    ``status``: ``"ok"``, ``"mismatch"`` (ran, but outside the tolerance its notes imply, or
-    left NaN), ``"not supported"`` (did not finalize), ``"filtered"`` (notes or workspace outside
-    the request), ``"over budget"`` (a runtime compilation the budget did not wait for), ``"error"``; ``error``: the :class:`~rawconv.problem.ErrorStats` against float64;
-    ``phase``: how the search found it (``"heuristic"``, ``"default knobs"``, ``"knob search"``,
-    ``"random knobs"``, ``"cache"``); ``layout``: ``""`` for the plan's own graph, ``"nhwc"``
-    for a config of the channels_last graph that an NCHW plan runs on channels_last copies
-    (``autotune(relayout=True)``; its name then starts with ``"nhwc:"``)."""
-
-    config: EngineConfig
-    median_ms: float | None = None
-    min_ms: float | None = None
-    runs: int = 0
-    status: str = "ok"
-    error: ErrorStats | None = None
-    phase: str = ""
-    detail: str = ""
-    seconds: float = 0.0  # wall time autotune spent on this candidate (finalization, check, timing)
-    layout: str = ""
-
-    @property
-    def name(self) -> str:
-        return f"{self.layout}:{self.config.name}" if self.layout else self.config.name
-
-    def __str__(self) -> str:
-        t = "-" if self.median_ms is None else f"{self.median_ms:.4f} ms"
-        err = "" if self.error is None else f" err/tol={self.error.ratio:.2g}"
-        return (f"{self.name:<28} {t:>12} {self.status:<13}{err} [{self.phase}, {self.seconds:.2f} s] "
-                f"{self.detail}").rstrip()
-
-
-# ---------------------------------------------------------------------------- helpers
-def _ranked(rows) -> list[TimedConfig]:
-    """Autotune rows: ``ok`` by median time, then mismatches by time, then the rest."""
-    rows = list(rows)
-    ok = sorted((r for r in rows if r.status == "ok"), key=lambda r: r.median_ms)
-    bad = sorted((r for r in rows if r.status == "mismatch"), key=lambda r: r.median_ms)
-    return ok + bad + [r for r in rows if r.status not in ("ok", "mismatch")]
 
 
 def _lift(shape: Sequence[int]) -> list[int]:
@@ -445,15 +385,12 @@ class GraphConvolution(PlanLifetime):
         self._want: dict = {}
 
     # ------------------------------------------------------------------ graph and engines
-    def _handle(self):
-        return _cudnn.handle_for(self.device_index)
-
     def _graph_desc(self) -> B.Descriptor:
         self._check_live()
         if self._graph is None:
             raise ArgumentError(f"{self._describe()} is empty (zero batch or spatial size): no cuDNN graph")
         try:
-            return self._graph.build(self._handle())
+            return self._graph.build(self.handle())
         except NotSupportedError as exc:
             raise NotSupportedError(f"cuDNN does not support this graph ({self._describe()}): {exc}",
                                     library="cuDNN", function=exc.function, status=exc.status,
@@ -522,7 +459,7 @@ class GraphConvolution(PlanLifetime):
                 self._engine_info[index] = None
         return self._engine_info[index]
 
-    def _annotate(self, ec: EngineConfig) -> EngineConfig:
+    def annotate(self, ec: EngineConfig) -> EngineConfig:
         """Fill the notes of a config that came from a name."""
         if ec.numerical_notes or ec.behavior_notes:
             return ec
@@ -553,7 +490,7 @@ class GraphConvolution(PlanLifetime):
             if not (ec.numerical_notes or ec.behavior_notes):
                 ec = ec.with_(**B.engine_notes(eng))
             cfg = B.engine_config(eng, ec.knobs)
-            plan = B.execution_plan(handle if handle is not None else self._handle(), cfg)
+            plan = B.execution_plan(handle if handle is not None else self.handle(), cfg)
             ws = B.plan_workspace(plan)
             back = B.plan_config(plan)
         except (NotSupportedError, LibraryError) as exc:
@@ -617,7 +554,7 @@ class GraphConvolution(PlanLifetime):
                 if info is None:
                     continue
                 notes, knobs = info
-                for combo in itertools.islice(_knob_combinations(knobs), limit):
+                for combo in itertools.islice(knob_combinations(knobs), limit):
                     ec = self._remember(EngineConfig(idx, combo, (), notes["numerical_notes"],
                                                      notes["behavior_notes"]))
                     if ec.name not in order:
@@ -633,7 +570,7 @@ class GraphConvolution(PlanLifetime):
         return rows
 
     # ------------------------------------------------------------------ selection
-    def _allowed(self, ec: EngineConfig, *, deterministic_only=False, no_tensor_cores=None,
+    def allowed(self, ec: EngineConfig, *, deterministic_only=False, no_tensor_cores=None,
                  no_down_conversion=True, no_reduced_precision=False) -> str:
         """'' when ``ec`` passes the note filters, else why not."""
         if no_tensor_cores is None:
@@ -664,7 +601,7 @@ class GraphConvolution(PlanLifetime):
     def _select(self, engine: Any, warn: bool = True, stacklevel: int = 2) -> EngineConfig:
         self._check_live()
         if isinstance(engine, str) and engine.strip().lower().startswith("nhwc:"):
-            cl = self._channels_last()
+            cl = self.channels_last()
             ec = cl._select(engine.strip()[5:], warn, stacklevel + 1)
             self._via = cl
             return ec
@@ -694,7 +631,7 @@ class GraphConvolution(PlanLifetime):
         tried = []
         for mode in ("instant", "fallback"):
             for ec in self.heuristic(mode):
-                if self._allowed(ec):
+                if self.allowed(ec):
                     continue
                 bad = known_wrong(self.problem, self.direction, ec.engine)
                 if bad:
@@ -711,7 +648,7 @@ class GraphConvolution(PlanLifetime):
             if info is None:
                 continue
             ec = EngineConfig(idx, (), (), **info[0])
-            if self._allowed(ec) or known_wrong(self.problem, self.direction, idx):
+            if self.allowed(ec) or known_wrong(self.problem, self.direction, idx):
                 continue
             try:
                 self._selected = self.build(ec)
@@ -906,6 +843,81 @@ class GraphConvolution(PlanLifetime):
             self._bufs = bufs
         return self._bufs
 
+    @property
+    def transpose_bytes(self) -> int:
+        """Bytes of the channels_last copies (inputs and output) that a ``"nhwc:"`` config of an
+        NCHW plan needs per call, besides its workspace."""
+        p = self.problem
+        size = torch.empty((), dtype=p.torch_dtype).element_size()
+        shapes = {"forward": (p.x_shape, p.w_shape, p.y_shape), "backward_data": (p.y_shape, p.w_shape, p.x_shape),
+                  "backward_filter": (p.x_shape, p.y_shape, p.w_shape)}[self.direction]
+        return size * sum(math.prod(s) for s in shapes)
+
+    def channels_last(self) -> "GraphConvolution":
+        """The plan of this NCHW problem's channels_last (NHWC) graph, made once."""
+        p = self.problem
+        if p.layout != "nchw":
+            raise ArgumentError("an 'nhwc:' config runs an NCHW plan's engine on channels_last copies; this plan "
+                                "is channels_last already: name the config without the prefix")
+        if p.is_empty:
+            raise ArgumentError(f"{self._describe()} is empty (zero batch or spatial size): no cuDNN graph")
+        if self._cl is None:
+            self._cl = GraphConvolution.from_problem(p.with_(layout="nhwc"), direction=self.direction,
+                                                     activation=self.activation, allow_tf32=self.allow_tf32)
+        return self._cl
+
+    # ------------------------------------------------------------------ what the search uses (rawconv._search.SearchPlan)
+    heuristic_modes = HEURISTIC_MODES
+
+    def handle(self):
+        """This thread's cuDNN handle for the plan's device."""
+        return _cudnn.handle_for(self.device_index)
+
+    @property
+    def built(self) -> dict:
+        """Config name -> finalized execution plan (what :meth:`build` finalized)."""
+        return self._built
+
+    @property
+    def failed(self) -> dict:
+        """Config name -> why its execution plan did not finalize."""
+        return self._failed
+
+    def make_config(self, engine: int, knobs=(), numerical_notes=(), behavior_notes=()) -> EngineConfig:
+        """An :class:`EngineConfig` of engine ``engine`` with ``knobs`` (``(type, value)`` pairs)."""
+        return EngineConfig(engine, knobs, (), tuple(numerical_notes), tuple(behavior_notes))
+
+    def output(self, layout: str | None = None) -> torch.Tensor:
+        """A new result tensor of this plan's direction (y, dx or dw) in ``layout`` (default: the problem's)."""
+        p = self.problem
+        shape = {"forward": p.y_shape, "backward_data": p.x_shape, "backward_filter": p.w_shape}[self.direction]
+        return empty_like_layout(shape, layout or p.layout, p.torch_dtype, f"cuda:{self.device_index}")
+
+    def call_for(self, b: _Built, t: dict, out: torch.Tensor):
+        """A no-argument callable running ``b`` on autotune's example tensors ``t``, writing ``out``."""
+        bound, _ = self._bind(t.get("x"), t.get("w"), t.get("b"), out, t.get("dy"))
+        ptrs = tuple(bound[r].data_ptr() for r in self._graph.roles)
+        return lambda: self._run(b, ptrs) or bound
+
+    def execute_call(self, b: _Built, t: dict, out: torch.Tensor, via: "GraphConvolution | None" = None):
+        """A no-argument callable making one call as ``execute(..., out=out)`` makes it on
+        autotune's example tensors ``t``: arguments bound, then ``b`` run (``b`` of ``via``, the
+        channels_last plan, through the layout transforms, when given)."""
+        args = (t.get("x"), t.get("w"), t.get("b"), out, t.get("dy"))
+
+        def call():
+            bound, _ = self._bind(*args)
+            if via is not None:
+                self._run_via(bound, via, b)
+            else:
+                self._run(b, tuple(bound[r].data_ptr() for r in self._graph.roles))
+        return call
+
+    def check_output(self, out: torch.Tensor, config: EngineConfig, ref, ref_abs) -> ErrorStats:
+        """``out`` against the float64 ``ref`` within the tolerance ``config``'s numerical notes imply."""
+        return check_result(self.problem, out, ref, ref_abs,
+                            **tolerance_args(self.problem, config.numerical_notes, self.direction, self.activation))
+
     # ------------------------------------------------------------------ autotune
     def _example(self, seed: int = 0) -> dict:
         p = self.problem
@@ -921,12 +933,6 @@ class GraphConvolution(PlanLifetime):
         if self.direction == "backward_data":
             return {"dy": dy, "w": w}
         return {"x": x, "dy": dy}
-
-    def _call_for(self, b: _Built, t: dict, out: torch.Tensor):
-        """A no-argument callable running ``b`` on autotune's example tensors ``t``, writing ``out``."""
-        bound, _ = self._bind(t.get("x"), t.get("w"), t.get("b"), out, t.get("dy"))
-        ptrs = tuple(bound[r].data_ptr() for r in self._graph.roles)
-        return lambda: self._run(b, ptrs) or bound
 
     def autotune(self, *, budget_s: float = 10.0, workspace_limit: int | None = None,
                  deterministic_only: bool = False, no_tensor_cores: bool | None = None,
@@ -993,54 +999,28 @@ class GraphConvolution(PlanLifetime):
         Raises :class:`NotSupportedError` when no candidate runs correctly.
         """
         self._check_live()
-        if not isinstance(budget_s, (int, float)) or isinstance(budget_s, bool) or budget_s <= 0:
-            raise ArgumentError(f"budget_s must be a positive number of seconds, got {budget_s!r}")
-        if workspace_limit is not None and (isinstance(workspace_limit, bool) or not isinstance(workspace_limit, int)
-                                            or workspace_limit < 0):
-            raise ArgumentError(f"workspace_limit must be None or bytes >= 0, got {workspace_limit!r}")
-        if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 1):
-            raise ArgumentError(f"patience must be None or a positive int, got {patience!r}")
-        if not isinstance(include_runtime_compiled, bool):
-            raise ArgumentError(f"include_runtime_compiled must be True or False, got {include_runtime_compiled!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ArgumentError(f"seed must be an int, got {seed!r}")
-        if not isinstance(relayout, bool):
-            raise ArgumentError(f"relayout must be True or False, got {relayout!r}")
-        if not isinstance(seed_from_cache, bool):
-            raise ArgumentError(f"seed_from_cache must be True or False, got {seed_from_cache!r}")
         filters = dict(deterministic_only=deterministic_only, no_tensor_cores=no_tensor_cores,
                        no_down_conversion=no_down_conversion, no_reduced_precision=no_reduced_precision)
+        opts = _search.SearchOptions(budget_s, workspace_limit, filters, iterations, final_iterations, check, use_cache,
+                                     seed, include_runtime_compiled, patience, relayout, seed_from_cache)
         relayout = relayout and self.problem.layout == "nchw" and not self.problem.is_empty
-        key_filters = dict(filters, include_runtime_compiled=include_runtime_compiled)
-        if relayout:
-            key_filters["relayout"] = True
-        key = self._tuning_key(workspace_limit, key_filters)
+        key = self._tuning_key(opts, relayout)
+        store = tuning.cache()
         if use_cache:
-            hit = _tuning_get(key)
-            if hit is not None:
-                try:
-                    ec = self._select(hit["engine"], warn=False)
-                    rows = [TimedConfig(ec, hit.get("median_ms"), hit.get("min_ms"), 0, "ok", None, "cache",
-                                        "from the tuning cache", layout="nhwc" if self._via else "")]
-                    self.last_autotune = rows
-                    return rows
-                except (NotSupportedError, ArgumentError):
-                    pass
+            rows = self._from_cache(store, key)
+            if rows is not None:
+                return rows
         t_start = time.perf_counter()
         tensors = self._example(seed)
         ref = ref_abs = None
         if check:
             ref, ref_abs = reference(self.problem, self.direction, tensors, activation=self.activation)
-        cache = tuning_cache() if seed_from_cache else {}  # one copy for both graphs' seeds
-        opts = dict(workspace_limit=workspace_limit, filters=filters, iterations=iterations,
-                    final_iterations=final_iterations, check=check, seed=seed,
-                    include_runtime_compiled=include_runtime_compiled, patience=patience,
-                    seeds=_seed_names(cache, key))
+        seeds = _configs_of(store.seeds(key)) if seed_from_cache else []
         if relayout:
-            cl_seeds = _seed_names(cache, key, layout="nhwc")
-            table = self._search_relayout(t_start, budget_s, tensors, ref, ref_abs, opts, cl_seeds)
+            cl_seeds = _configs_of(store.seeds(key, layout="nhwc")) if seed_from_cache else []
+            table = _search.search_relayout(self, t_start, budget_s, tensors, ref, ref_abs, opts, seeds, cl_seeds)
         else:
-            table = self._search(t_start + budget_s, budget_s, tensors, ref, ref_abs, **opts)
+            table = _search.search(self, t_start + budget_s, budget_s, tensors, ref, ref_abs, opts, seeds)
         self.last_autotune = table
         self.autotune_seconds = time.perf_counter() - t_start
         if not table or table[0].status != "ok":
@@ -1048,567 +1028,61 @@ class GraphConvolution(PlanLifetime):
                 f"autotune found no engine config that runs correctly for {self._describe()}: "
                 + "; ".join(f"{r.name}: {r.status} {r.detail}" for r in table[:10]) + self._layout_hint(),
                 library="cuDNN")
-        if table[0].layout:  # exactly the top row runs
-            self._cl._selected = self._cl._built[table[0].config.name]
+        self._commit(table[0])
+        store.put(self._record(key, table[0]))
+        return table
+
+    def _commit(self, top: TimedConfig) -> None:
+        """Select autotune's top row: exactly that config runs (a channels_last one through the
+        channels_last plan; otherwise that plan, if any, is released)."""
+        if top.layout:
+            self._cl._selected = self._cl._built[top.config.name]
             self._via = self._cl
         else:
             self._via = None
-            self._selected = self._built[table[0].config.name]
+            self._selected = self._built[top.config.name]
             if self._cl is not None:  # not chosen: release its plans, workspaces and buffers
                 self._cl.free()
                 self._cl = None
                 self._bufs = None
-        _tuning_put(key, {"engine": table[0].name, "median_ms": table[0].median_ms, "min_ms": table[0].min_ms,
-                          "problem": self._describe(), "t": time.time()})
-        return table
 
-    def _out_tensor(self, layout: str) -> torch.Tensor:
-        p = self.problem
-        shape = {"forward": p.y_shape, "backward_data": p.x_shape, "backward_filter": p.w_shape}[self.direction]
-        return empty_like_layout(shape, layout, p.torch_dtype, f"cuda:{self.device_index}")
+    # ------------------------------------------------------------------ tuning records
+    def _tuning_key(self, opts: _search.SearchOptions, relayout: bool) -> tuning.TuningKey:
+        """The tuning cache key of an autotune with ``opts`` on this plan: problem, direction,
+        activation, the options and filters in force (``no_tensor_cores`` resolved), cuDNN's
+        version and the GPU (:func:`_environment`)."""
+        f = dict(opts.filters)
+        if f.get("no_tensor_cores") is None:
+            f["no_tensor_cores"] = self.problem.dtype == "float32" and not self.allow_tf32
+        options = dict(f, allow_tf32=self.allow_tf32, workspace_limit=opts.workspace_limit,
+                       include_runtime_compiled=opts.include_runtime_compiled, relayout=relayout)
+        return tuning.TuningKey("cudnn_graph", self.direction, self.problem, self.activation, options,
+                                **_environment(self.device_index))
 
-    def _search(self, deadline: float, budget_s: float, tensors: dict, ref, ref_abs, *, workspace_limit,
-                filters: dict, iterations: int, final_iterations: int, check: bool, seed: int,
-                include_runtime_compiled: bool, patience, seeds: Sequence[str] = ()) -> list[TimedConfig]:
-        """The search of :meth:`autotune` on this graph until ``deadline`` (perf_counter seconds):
-        the ranked table; selects nothing."""
-        from .bench import time_cuda
-
-        out = self._out_tensor(self.problem.layout)
-        rows: dict[str, TimedConfig] = {}
-        best_ms: list = [None]
-        # candidates since the best improved by 0.5% (counted from the knob phases on)
-        stall = {"count": 0, "counting": False, "best": None}
-
-        def late(rows: dict) -> list:
-            return [r for r in rows.values() if _worth_retry(self, r)]
-
-        def trial(ec: EngineConfig, phase: str) -> TimedConfig | None:
-            old = rows.get(ec.name)
-            if old is not None and not _worth_retry(self, old):
-                return old
-            t0 = time.perf_counter()
-            row = _trial(ec, phase)
-            r = rows.get(ec.name)
-            if r is not None:
-                r.seconds = time.perf_counter() - t0
-            if stall["counting"] and r is not None and r.status in ("ok", "mismatch"):
-                if best_ms[0] is not None and (stall["best"] is None or best_ms[0] < 0.995 * stall["best"]):
-                    stall["best"], stall["count"] = best_ms[0], 0
-                else:
-                    stall["count"] += 1
-            return row
-
-        def _trial(ec: EngineConfig, phase: str) -> TimedConfig | None:
-            ec = self._annotate(ec)
-            why = self._allowed(ec, **filters)
-            if why:
-                rows[ec.name] = TimedConfig(ec, status="filtered", phase=phase, detail=why)
-                return None
-            try:
-                if "RUNTIME_COMPILATION" in ec.behavior_notes and ec.name not in self._built:
-                    now = time.perf_counter()
-                    # the search phases leave the reserve (see search_end) to late compilations
-                    wait = max((deadline if now >= search_end else search_end) - now, 0.05)
-                    if phase == "default knobs":  # an untried engine: do not let it take the budget
-                        wait = 0.01 if (id(self), ec.name) in _rtc_inflight else min(wait, max(0.5, 0.2 * budget_s))
-                    elif phase == "cache seed":  # the seeds share one limit
-                        wait = 0.01 if (id(self), ec.name) in _rtc_inflight else max(0.01, seed_end - now)
-                    b, why = _build_in_background(self, ec, wait)
-                    if b is None:
-                        rows[ec.name] = TimedConfig(ec, status="over budget", phase=phase, detail=why)
-                        return None
-                else:
-                    b = self.build(ec)
-            except NotSupportedError as exc:
-                rows[ec.name] = TimedConfig(ec, status="not supported", phase=phase,
-                                            detail=self._failed.get(ec.name, str(exc)))
-                return None
-            ec = b.config
-            if workspace_limit is not None and b.workspace_bytes > workspace_limit:
-                rows[ec.name] = TimedConfig(ec, status="filtered", phase=phase,
-                                            detail=f"workspace {b.workspace_bytes} B > limit {workspace_limit} B")
-                return None
-            fn = self._call_for(b, tensors, out)
-            err = None
-            try:
-                if check:
-                    out.fill_(float("nan"))
-                first = time_cuda(fn, iterations=1, warmup=0)  # one timed call, whose output is checked
-                if check:
-                    err = check_result(self.problem, out, ref, ref_abs,
-                                       **tolerance_args(self.problem, ec.numerical_notes, self.direction,
-                                                        self.activation))
-                remaining = deadline - time.perf_counter()
-                if first.median_ms * 1e-3 * (iterations + 3) > remaining:
-                    stats = first  # past the budget: one run is enough
-                else:
-                    # the first call also loads the kernel's module (CUDA lazy loading): judge by a second
-                    probe = time_cuda(fn, iterations=1, warmup=0)
-                    if best_ms[0] is not None and probe.median_ms > max(3 * best_ms[0], best_ms[0] + 0.05):
-                        stats = probe  # far slower than the best so far (one call timed alone may
-                        # include launch time, hence the margin): one run is enough
-                    else:
-                        stats = _time_reps(fn, iterations, warmup=0, first_ms=probe.min_ms)
-            except LibraryError as exc:
-                rows[ec.name] = TimedConfig(ec, status="error", phase=phase, detail=str(exc))
-                return None
-            status = "ok" if err is None or err.ok else "mismatch"
-            if status == "ok" and (best_ms[0] is None or stats.median_ms < best_ms[0]):
-                best_ms[0] = stats.median_ms
-            row = TimedConfig(ec, stats.median_ms, stats.min_ms, stats.runs, status, err, phase)
-            rows[ec.name] = row
-            return row
-
-        def prebuild(configs) -> None:
-            """Compile the runtime-compiled ones among ``configs`` at once (worker threads)."""
-            todo = []
-            for ec in configs:
-                ec = self._annotate(ec)
-                if ("RUNTIME_COMPILATION" in ec.behavior_notes and ec.name not in rows
-                        and not self._allowed(ec, **filters)):
-                    todo.append(ec)
-            if len(todo) > 1 and time.perf_counter() < search_end:
-                _compile_in_background(self, todo, max(search_end - time.perf_counter(), 0.05))
-
-        # the search phases end a little early: the rest of the budget goes to runtime
-        # compilations that ended after their trial gave up on them (see late())
-        search_end = deadline - min(0.05 * budget_s, 0.5)
-        seed_end = search_end  # set for the seed phase below; _trial reads it when called
-
-        def left() -> bool:
-            return (time.perf_counter() < search_end and
-                    (patience is None or not stall["counting"] or stall["count"] < patience))
-
-        # 1. heuristic configs
-        proposed = set()
-        for mode in HEURISTIC_MODES:
-            for ec in self.heuristic(mode):
-                proposed.add(ec.engine)
-                if not left():
-                    break
-                trial(ec, "heuristic")
-        # 1b. the winners of other problems in the tuning cache, runtime-compiled ones built together
-        seeded = self._seed_configs(seeds, filters=filters, proposed=proposed,
-                                    include_runtime_compiled=include_runtime_compiled)
-        rtc_seeded = [ec for ec in seeded if "RUNTIME_COMPILATION" in ec.behavior_notes]
-        # the whole phase's compilations: at most a fifth of the budget (late ones: see late())
-        seed_end = min(search_end, time.perf_counter() + max(0.5, 0.2 * budget_s))
-        if rtc_seeded and left():  # all at once, as many as there are workers free
-            _compile_in_background(self, rtc_seeded, max(seed_end - time.perf_counter(), 0.05))
-        for ec in seeded:
-            if not left():
-                break
-            trial(ec, "cache seed")
-        # 2. every engine with default knobs, runtime-compiled ones last: their compilation cannot
-        # be interrupted (21 s on an H200, cuDNN 9.19, engine 80 on a stride-2 3x3 conv, for a
-        # 13 ms kernel), so it runs in a background thread that the budget does not wait for.
-        supported = [i for i in range(self.global_count) if self.engine_info(i) is not None]
-        supported.sort(key=lambda i: "RUNTIME_COMPILATION" in self.engine_info(i)[0]["behavior_notes"])
-        rtc_defaults = [EngineConfig(i, (), (), **self.engine_info(i)[0]) for i in supported
-                        if "RUNTIME_COMPILATION" in self.engine_info(i)[0]["behavior_notes"]
-                        and (i in proposed or include_runtime_compiled)]
-        rtc_defaults = [ec for ec in rtc_defaults if ec.name not in rows and not self._allowed(ec, **filters)]
-        if rtc_defaults and left():  # all at once, at most a fifth of the budget
-            _compile_in_background(self, rtc_defaults,
-                                   min(max(deadline - time.perf_counter(), 0.05), max(0.5, 0.2 * budget_s)))
-        for idx in supported:
-            if not left():
-                break
-            info = self.engine_info(idx)
-            ec = EngineConfig(idx, (), (), **info[0])
-            if ("RUNTIME_COMPILATION" in ec.behavior_notes and idx not in proposed
-                    and not include_runtime_compiled):
-                rows[ec.name] = TimedConfig(ec, status="filtered", phase="default knobs",
-                                            detail="runtime-compiled engine that no heuristic mode proposes "
-                                                   "(autotune(include_runtime_compiled=True) tries it)")
-                continue
-            trial(ec, "default knobs")
-        for r in late(rows):  # default-knob compilations that ended since their trial
-            if not left():
-                break
-            trial(r.config, r.phase)
-        # 3. neighbouring knob values of the fastest engines
-        stall["counting"], stall["best"] = True, best_ms[0]
-        self._knob_search(rows, trial, left, prebuild)
-        # 4. random knob combinations, weighted to the fastest engines, until budget or patience end
-        self._random_search(rows, trial, left, seed, proposed, include_runtime_compiled, prebuild, late)
-        # 4b. configs skipped while runtime compilations ran, or whose compilation ended late;
-        # unless patience ended the search, until the deadline as this plan's compilations end
-        patient = patience is not None and stall["counting"] and stall["count"] >= patience
-        _try_late(self, lambda: late(rows), trial, deadline, wait=not patient)
-        # 5. re-time the best few in interleaved rounds
-        ok = sorted((r for r in rows.values() if r.status == "ok"), key=lambda r: r.median_ms)
-        top = ok[:8]
-        rounds = 5
-        per_round = max(2, final_iterations // rounds)
-        medians = {r.config.name: [] for r in top}
-        mins = {r.config.name: [] for r in top}
-        fns = {r.config.name: self._call_for(self._built[r.config.name], tensors, out) for r in top}
-        for _ in range(rounds):
-            for r in top:
-                st = _time_reps(fns[r.config.name], per_round, warmup=1)
-                medians[r.config.name].append(st.median_ms)
-                mins[r.config.name].append(st.min_ms)
-        for r in top:
-            r.median_ms = statistics.median(medians[r.config.name])
-            r.min_ms = min(mins[r.config.name])
-            r.runs = rounds * per_round
-        return _ranked(rows.values())
-
-    def _search_relayout(self, t_start: float, budget_s: float, tensors: dict, ref, ref_abs,
-                         opts: dict, cl_seeds: Sequence[str] = ()) -> list[TimedConfig]:
-        """``autotune(relayout=True)``: this NCHW graph for half the budget, the channels_last graph
-        of the same problem for the rest (a graph cuDNN rejects, or a search that fails, leaves the
-        other), then the best four of each run as execute runs them (transforms included for the
-        channels_last ones, each checked end to end first) and timed in interleaved rounds.
-        Selects nothing."""
-        half = t_start + budget_s / 2
-        try:
-            native = self._search(half, budget_s / 2, tensors, ref, ref_abs, **opts)
-        except (NotSupportedError, LibraryError):
-            native = []
-        cl_opts = dict(opts, seeds=cl_seeds)
-        if opts["workspace_limit"] is not None:
-            cl_opts["workspace_limit"] = opts["workspace_limit"] - self.transpose_bytes
-            if cl_opts["workspace_limit"] < 0:
-                return native
-        cl = self._channels_last()
-        cl_tensors = {k: (to_layout(v, "nhwc") if isinstance(v, torch.Tensor) and v.dim() >= 3 else v)
-                      for k, v in tensors.items()}
-        end = t_start + budget_s
-        try:
-            cl_rows = cl._search(end, max(end - time.perf_counter(), 0.05), cl_tensors, ref, ref_abs, **cl_opts)
-        except (NotSupportedError, LibraryError):
-            return native
-        for r in cl_rows:
-            r.layout = "nhwc"
-        cl_top = [r for r in cl_rows if r.status == "ok"][:4]
-        if not cl_top:
-            return _ranked(native + cl_rows)
-        out = self._out_tensor(self.problem.layout)
-        args = (tensors.get("x"), tensors.get("w"), tensors.get("b"), out, tensors.get("dy"))
-
-        def as_execute(b: _Built, via: bool):
-            """One call as execute(..., out=) makes it."""
-            def call():
-                bound, _ = self._bind(*args)
-                if via:
-                    self._run_via(bound, cl, b)
-                else:
-                    self._run(b, tuple(bound[r].data_ptr() for r in self._graph.roles))
-            return call
-
-        try:
-            fns = []  # (row, callable); rows are not hashable
-            for r in cl_top:
-                fn = as_execute(cl._built[r.config.name], True)
-                fns.append((r, fn))
-                if opts["check"]:  # the whole path: transforms in, engine, transform out
-                    out.fill_(float("nan"))
-                    fn()
-                    err = check_result(self.problem, out, ref, ref_abs,
-                                       **tolerance_args(self.problem, r.config.numerical_notes, self.direction,
-                                                        self.activation))
-                    if not err.ok:  # the engine alone was right: the transform path is wrong
-                        for c in cl_rows:
-                            if c.status == "ok":
-                                c.status, c.error = "mismatch", err
-                                c.detail = f"the layout transforms gave wrong results end to end with {r.name}"
-                        return _ranked(native + cl_rows)
-            for r in [r for r in native if r.status == "ok"][:4]:
-                fns.append((r, as_execute(self._built[r.config.name], False)))
-            engine_ms = [r.median_ms for r in cl_top]
-            rounds = 5
-            per_round = max(2, opts["final_iterations"] // rounds)
-            med = [[] for _ in fns]
-            mins = [[] for _ in fns]
-            for _ in range(rounds):
-                for i, (r, fn) in enumerate(fns):
-                    st = _time_reps(fn, per_round, warmup=1)
-                    med[i].append(st.median_ms)
-                    mins[i].append(st.min_ms)
-        except LibraryError as exc:  # e.g. cudnnTransformTensor failed: keep the NCHW graph's rows
-            for c in cl_rows:
-                if c.status == "ok":
-                    c.status, c.detail = "error", f"end to end: {exc}"
-            return _ranked(native + cl_rows)
-        for i, (r, _fn) in enumerate(fns):
-            r.median_ms, r.min_ms, r.runs = statistics.median(med[i]), min(mins[i]), rounds * per_round
-        # the transforms' GPU time, measured on the best four, added to the engine time of the rest
-        copies = statistics.median(max(r.median_ms - e, 0.0) for r, e in zip(cl_top, engine_ms))
-        for r in cl_rows:
-            if any(r is c for c in cl_top):
-                e = engine_ms[next(i for i, c in enumerate(cl_top) if c is r)]
-                r.detail = f"timed end to end: engine {e:.4f} ms + transforms {r.median_ms - e:.4f} ms"
-            elif r.median_ms is not None:
-                r.detail = f"engine {r.median_ms:.4f} ms + transforms {copies:.4f} ms (measured on the best four)"
-                r.median_ms += copies
-                r.min_ms = (r.min_ms or 0.0) + copies
-        return _ranked(native + cl_rows)
-
-    @property
-    def transpose_bytes(self) -> int:
-        """Bytes of the channels_last copies (inputs and output) that a ``"nhwc:"`` config of an
-        NCHW plan needs per call, besides its workspace."""
-        p = self.problem
-        size = torch.empty((), dtype=p.torch_dtype).element_size()
-        shapes = {"forward": (p.x_shape, p.w_shape, p.y_shape), "backward_data": (p.y_shape, p.w_shape, p.x_shape),
-                  "backward_filter": (p.x_shape, p.y_shape, p.w_shape)}[self.direction]
-        return size * sum(math.prod(s) for s in shapes)
-
-    def _channels_last(self) -> "GraphConvolution":
-        """The plan of this NCHW problem's channels_last (NHWC) graph, made once."""
-        p = self.problem
-        if p.layout != "nchw":
-            raise ArgumentError("an 'nhwc:' config runs an NCHW plan's engine on channels_last copies; this plan "
-                                "is channels_last already: name the config without the prefix")
-        if p.is_empty:
-            raise ArgumentError(f"{self._describe()} is empty (zero batch or spatial size): no cuDNN graph")
-        if self._cl is None:
-            self._cl = GraphConvolution.from_problem(p.with_(layout="nhwc"), direction=self.direction,
-                                                     activation=self.activation, allow_tf32=self.allow_tf32)
-        return self._cl
-
-    def _seed_configs(self, names: Sequence[str], max_rtc: int = 8, max_other: int = 16, *,
-                      filters: dict | None = None, proposed: set | None = None,
-                      include_runtime_compiled: bool = True) -> list[EngineConfig]:
-        """The configs named in ``names`` (from :func:`_seed_names`, best first) whose engine this
-        graph supports and that autotune's filters allow (``filters`` as :meth:`_allowed` takes
-        them; a runtime-compiled engine outside ``proposed`` only with
-        ``include_runtime_compiled``): at most ``max_rtc`` runtime-compiled ones and
-        ``max_other`` others."""
-        out, n_rtc, n_other, seen = [], 0, 0, set()
-        for name in names:
-            try:
-                ec = EngineConfig.parse(name)
-            except ArgumentError:
-                continue
-            if ec.name in seen or self.engine_info(ec.engine) is None:
-                continue
-            seen.add(ec.name)
-            ec = self._annotate(ec)
-            if filters is not None and self._allowed(ec, **filters):
-                continue
-            if ("RUNTIME_COMPILATION" in ec.behavior_notes and not include_runtime_compiled
-                    and ec.engine not in (proposed or ())):
-                continue
-            if "RUNTIME_COMPILATION" in ec.behavior_notes:
-                if n_rtc >= max_rtc:
-                    continue
-                n_rtc += 1
-            else:
-                if n_other >= max_other:
-                    continue
-                n_other += 1
-            out.append(ec)
-        return out
-
-    def _knob_search(self, rows: dict, trial, left, prebuild=None) -> None:
-        """Coordinate search over knob values, from the best config of each of the fastest engines.
-        ``prebuild(configs)``: compile runtime-compiled candidates together before they are tried."""
-        def best_by_engine():
-            best = {}
-            for r in rows.values():
-                if r.status != "ok":
-                    continue
-                e = r.config.engine
-                if e not in best or r.median_ms < best[e].median_ms:
-                    best[e] = r
-            return sorted(best.values(), key=lambda r: r.median_ms)
-
-        ranked = best_by_engine()[:6]
-        for round_ in range(3):
-            improved = False
-            for start in ranked:
-                if not left():
-                    return
-                info = self.engine_info(start.config.engine)
-                if info is None or not info[1]:
-                    continue
-                if round_ > 0 and "RUNTIME_COMPILATION" in start.config.behavior_notes:
-                    continue
-                current = rows[start.config.name]
-                base = dict(current.config.knobs)
-                if not base:
-                    # default knobs: take a heuristic config of this engine as the base, if any
-                    seeds = [r for r in rows.values() if r.config.engine == start.config.engine and r.config.knobs
-                             and r.status == "ok"]
-                    if seeds:
-                        current = min(seeds, key=lambda r: r.median_ms)
-                        base = dict(current.config.knobs)
-                    else:
-                        base = {t: lo for t, lo, hi, st in info[1]}
-                for t, lo, hi, st in info[1]:
-                    if prebuild is not None:
-                        prebuild([EngineConfig(start.config.engine, tuple({**base, t: v}.items()))
-                                  for v in _knob_values(lo, hi, st, base.get(t, lo)) if v != base.get(t)])
-                    for v in _knob_values(lo, hi, st, base.get(t, lo)):
-                        if not left():
-                            return
-                        if v == base.get(t):
-                            continue
-                        cand = dict(base)
-                        cand[t] = v
-                        row = trial(EngineConfig(start.config.engine, tuple(cand.items())), "knob search")
-                        if row is not None and row.status == "ok" and row.median_ms < current.median_ms:
-                            current, base, improved = row, dict(row.config.knobs), True
-            ranked = best_by_engine()[:3]
-            if not improved:
-                return
-
-    def _random_search(self, rows: dict, trial, left, seed: int, proposed: set,
-                       include_runtime_compiled: bool, prebuild=None, late=None) -> None:
-        """Random knob combinations: per round, 3 draws for each of the two fastest engines, 2 for
-        the next four, 1 for every other engine with knobs (one that never finalized is dropped
-        after 16 failed draws; a runtime-compiled engine is drawn only while its trials average
-        under 1 s). A draw that beats its engine's best by 0.5% starts a neighbour search. After
-        each round, the rows ``late(rows)`` returns (compiled since, or skipped) are tried again."""
-        import random
-
-        rng = random.Random(seed)
-        infos = {}
-        for idx in range(self.global_count):
-            info = self.engine_info(idx)
-            if info is None or not info[1]:
-                continue
-            notes = info[0]
-            if ("RUNTIME_COMPILATION" in notes["behavior_notes"] and idx not in proposed
-                    and not include_runtime_compiled):
-                continue
-            default = rows.get(f"eng{idx}")
-            if default is not None and default.status == "filtered" and not default.detail.startswith("workspace"):
-                continue  # its notes are outside the request
-            infos[idx] = info
-        fails = {idx: 0 for idx in infos}
-        exhausted: set = set()
-        # per engine, kept up to date as rows come (a scan of every row per draw would cost
-        # O(rows) each, thousands of times per search)
-        best: dict = {}    # engine -> its fastest "ok" row
-        spent: dict = {}   # engine -> (rows, seconds)
-
-        def note(r):
-            e = r.config.engine
-            n, sec = spent.get(e, (0, 0.0))
-            spent[e] = (n + 1, sec + r.seconds)
-            if r.status == "ok" and (e not in best or r.median_ms < best[e].median_ms):
-                best[e] = r
-
-        for r in rows.values():
-            note(r)
-
-        def tracked(ec, phase):
-            before = rows.get(ec.name)
-            row = trial(ec, phase)
-            r = rows.get(ec.name)
-            if r is not None and r is not before:
-                note(r)
-            return row
-
-        best_of = best.get
-
-        def usable(idx):
-            if idx in exhausted:
-                return False
-            if best_of(idx) is None and fails[idx] >= 16:
-                return False
-            n, sec = spent.get(idx, (0, 0.0))
-            if "RUNTIME_COMPILATION" in infos[idx][0]["behavior_notes"] and n and sec / n > 1.0:
-                return False
-            return True
-
-        def draw(idx):
-            knobs = infos[idx][1]
-            for _ in range(24):
-                combo = []
-                for t, lo, hi, st in knobs:
-                    n = (hi - lo) // st + 1 if st > 0 and hi >= lo else 1
-                    combo.append((t, lo + st * rng.randrange(n) if n > 1 else lo))
-                ec = EngineConfig(idx, tuple(combo))
-                if ec.name not in rows:
-                    return ec
-            total = 1
-            for t, lo, hi, st in knobs:
-                total *= (hi - lo) // st + 1 if st > 0 and hi >= lo else 1
-            if total <= 4096:  # small space: take the first untried combination in order
-                for combo in _knob_combinations(knobs):
-                    ec = EngineConfig(idx, combo)
-                    if combo and ec.name not in rows:
-                        return ec
-            exhausted.add(idx)
+    def _from_cache(self, store: tuning.TuningCache, key: tuning.TuningKey) -> list[TimedConfig] | None:
+        """A cache hit selected (one row, phase ``"cache"``), or None (a miss, or a stored config
+        that no longer selects)."""
+        hit = store.get(key)
+        if hit is None:
             return None
+        try:
+            ec = self._select(hit.choice, warn=False)
+        except (NotSupportedError, ArgumentError):
+            return None
+        rows = [TimedConfig(ec, hit.median_ms, hit.min_ms, 0, "ok", None, "cache", "from the tuning cache",
+                            layout="nhwc" if self._via else "")]
+        self.last_autotune = rows
+        return rows
 
-        while left():
-            ranked = sorted((idx for idx in infos if best_of(idx) is not None),
-                            key=lambda i: best_of(i).median_ms)
-            others = [idx for idx in infos if idx not in ranked]
-            plan = [(idx, 3 if k < 2 else 2 if k < 6 else 1) for k, idx in enumerate(ranked)]
-            plan += [(idx, 1) for idx in others]
-            progressed = False
-            for idx, n in plan:
-                if not usable(idx):
-                    continue
-                batch = {}
-                for _ in range(n):
-                    ec = draw(idx)
-                    if ec is None:
-                        break
-                    batch[ec.name] = ec
-                if prebuild is not None and len(batch) > 1:
-                    prebuild(list(batch.values()))
-                for ec in batch.values():
-                    if not left():
-                        return
-                    if not usable(idx):
-                        break
-                    before = best_of(idx)
-                    row = tracked(ec, "random knobs")
-                    progressed = True
-                    if row is None or row.status != "ok":
-                        fails[idx] += 1
-                        continue
-                    if before is None or row.median_ms < 0.995 * before.median_ms:
-                        self._neighbours(rows, tracked, left, row, infos[idx][1], prebuild)
-            if not progressed:
-                return
-            for r in (late(rows) if late is not None else []):
-                if not left():
-                    break
-                # skipped while other runtime compilations ran, or compiled since: try it now
-                row = tracked(r.config, r.phase)
-                if row is not None and row.status == "ok":
-                    self._neighbours(rows, tracked, left, row, infos.get(row.config.engine, (None, []))[1], prebuild)
-
-    def _neighbours(self, rows: dict, trial, left, start, knobs, prebuild=None) -> None:
-        """One knob at a time, to each neighbouring value, from ``start``, keeping improvements."""
-        current = start
-        improved = True
-        while improved and left():
-            improved = False
-            base = dict(current.config.knobs)
-            if prebuild is not None:
-                prebuild([EngineConfig(current.config.engine, tuple({**base, t: v}.items()))
-                          for t, lo, hi, st in knobs for v in (base.get(t, lo) - (st or 1), base.get(t, lo) + (st or 1))
-                          if lo <= v <= hi])
-            for t, lo, hi, st in knobs:
-                step = st if st > 0 else 1
-                for v in (base.get(t, lo) - step, base.get(t, lo) + step):
-                    if not left():
-                        return
-                    if not lo <= v <= hi:
-                        continue
-                    cand = dict(base)
-                    cand[t] = v
-                    row = trial(EngineConfig(current.config.engine, tuple(cand.items())), "random knobs")
-                    if row is not None and row.status == "ok" and row.median_ms < current.median_ms:
-                        current, improved = row, True
-                if improved:
-                    break
-
-    def _tuning_key(self, workspace_limit, filters) -> str:
-        dev = torch.cuda.get_device_name(self.device_index)
-        f = ",".join(f"{k}={v}" for k, v in sorted(filters.items()))
-        return (f"{self._describe()}|tf32={self.allow_tf32}|ws={workspace_limit}|{f}|cudnn {_version()}|{dev}")
+    def _record(self, key: tuning.TuningKey, row: TimedConfig) -> tuning.TuningRecord:
+        """The tuning record of autotune's choice ``row``: its name (``select`` takes it), engine,
+        knobs, notes and workspace in ``detail``, times and error."""
+        ec = row.config
+        detail = {"engine": ec.engine, "knobs": [list(k) for k in ec.knobs],
+                  "numerical_notes": list(ec.numerical_notes), "behavior_notes": list(ec.behavior_notes),
+                  "workspace_bytes": ec.workspace_bytes}
+        return tuning.TuningRecord(key, row.name, detail, row.layout or self.problem.layout, row.median_ms,
+                                   row.min_ms, row.error)
 
     # ------------------------------------------------------------------ lifetime
     def _check_live(self):
@@ -1632,152 +1106,6 @@ class GraphConvolution(PlanLifetime):
         return f"<rawconv.cudnn_graph.GraphConvolution {self._describe()} engine={sel}>"
 
 
-_RTC_WORKERS = max(2, min(8, os.cpu_count() or 2))  # runtime compilations running at once, per process
-_rtc_lock = threading.Lock()
-_rtc_inflight: dict = {}  # (id(plan), config name) -> perf_counter at its start, while it compiles
-
-
-def _rtc_busy() -> bool:
-    return len(_rtc_inflight) >= _RTC_WORKERS
-
-
-def _compiling(plan: "GraphConvolution") -> bool:
-    """Whether a runtime compilation of ``plan`` is running."""
-    with _rtc_lock:
-        return any(k[0] == id(plan) for k in _rtc_inflight)
-
-
-def _try_late(plan: "GraphConvolution", late, trial, deadline: float, wait: bool) -> None:
-    """Autotune's step 4b: try the rows ``late()`` returns (see :func:`_worth_retry`) until
-    ``deadline`` (perf_counter s); with ``wait``, while ``plan`` still has runtime compilations
-    running, wait for them (5 ms polls) and try what they give."""
-    while time.perf_counter() < deadline:
-        todo = late()
-        for r in todo:
-            if time.perf_counter() >= deadline:
-                return
-            trial(r.config, r.phase)
-        if not todo:
-            if not wait or not _compiling(plan):
-                return
-            time.sleep(0.005)
-
-
-def _worth_retry(plan: "GraphConvolution", row: TimedConfig) -> bool:
-    """Whether an autotune row deserves another trial: an ``"over budget"`` runtime compilation
-    that has finished since (the plan holds its execution plan), or one skipped while
-    ``_RTC_WORKERS`` others compiled, now that there is room."""
-    return row.status == "over budget" and (
-        row.config.name in plan._built or (row.detail.startswith("skipped") and not _rtc_busy()))
-
-
-def _compile_in_background(plan: "GraphConvolution", configs, timeout_s: float) -> None:
-    """Finalize runtime-compiled engine configs at once, each in a thread of its own on the calling
-    thread's cuDNN handle (as cudnn-frontend's multithreaded plan builds share one handle), at most
-    ``_RTC_WORKERS`` in the process at a time (the rest are left for later), and wait at most
-    ``timeout_s`` for them. A compilation still running then finishes in the background and the
-    plan keeps its result; one that fails is recorded as :meth:`GraphConvolution.build` does."""
-    with _rtc_lock:
-        todo = [ec for ec in configs if ec.name not in plan._built and ec.name not in plan._failed
-                and (id(plan), ec.name) not in _rtc_inflight]
-        todo = list({ec.name: ec for ec in todo}.values())[:max(0, _RTC_WORKERS - len(_rtc_inflight))]
-        now = time.perf_counter()
-        for ec in todo:
-            _rtc_inflight[(id(plan), ec.name)] = now
-    if not todo:
-        return
-    handle = plan._handle()
-
-    def work(ec):
-        try:
-            plan.build(ec, handle=handle)
-        except BaseException:  # noqa: BLE001 - build() recorded why in plan._failed
-            pass
-        finally:
-            with _rtc_lock:
-                _rtc_inflight.pop((id(plan), ec.name), None)
-
-    # not daemon threads: at exit the interpreter waits for a compilation still inside cuDNN
-    # rather than tearing the process down under it
-    threads = [threading.Thread(target=work, args=(ec,), name=f"rawconv-rtc-{ec.name}") for ec in todo]
-    for t in threads:
-        t.start()
-    end = time.perf_counter() + timeout_s
-    for t in threads:
-        t.join(max(0.0, end - time.perf_counter()))
-
-
-def _build_in_background(plan: "GraphConvolution", ec: EngineConfig, timeout_s: float):
-    """Finalize one runtime-compiled config through :func:`_compile_in_background` (or wait for
-    the compilation of it already running), at most ``timeout_s``. Returns ``(built, "")``, or
-    ``(None, why)`` when it is still compiling (it finishes in the background) or when the
-    process already runs ``_RTC_WORKERS`` compilations. Raises the build's
-    :class:`NotSupportedError`."""
-    b = plan._built.get(ec.name)
-    if b is not None:
-        return b, ""
-    key = (id(plan), ec.name)
-    if key in _rtc_inflight:
-        end = time.perf_counter() + timeout_s
-        while key in _rtc_inflight and time.perf_counter() < end:
-            time.sleep(0.002)
-    elif _rtc_busy():
-        return None, f"skipped: {len(_rtc_inflight)} runtime compilations already running"
-    else:
-        _compile_in_background(plan, [ec], timeout_s)
-    b = plan._built.get(ec.name)
-    if b is not None:
-        return b, ""
-    if key in _rtc_inflight:
-        return None, (f"runtime compilation still running after {timeout_s:.1f} s (the budget's end); "
-                      f"it finishes in the background")
-    return plan.build(ec), ""  # it failed: raises NotSupportedError with cuDNN's reason
-
-
-def _time_reps(fn, iterations: int, warmup: int = 1, target_ms: float = 0.25, max_reps: int = 32,
-               first_ms: float | None = None):
-    """GPU time per call of ``fn`` (ms): ``iterations`` groups of ``reps`` back-to-back calls, each
-    group queued while the GPU is held busy (:func:`rawconv.bench.time_cuda_queued`) so that CUDA
-    events around it time the GPU work alone. Timed one by one, a kernel of ~20 µs measures the
-    host's launch time instead, which a loaded host stretches (seen on an H200: the same config
-    timed 0.014 and 0.027 ms in two runs). ``reps`` grows until a group lasts about
-    ``target_ms``. Host time per call is measured apart (``benchmarks/bench_cudnn_graph.py``).
-    Returns per-call TimeStats (ms)."""
-    from .bench import time_cuda, time_cuda_queued
-
-    first = first_ms if first_ms is not None else time_cuda(fn, iterations=2, warmup=warmup).min_ms
-    reps = max(1, min(max_reps, math.ceil(target_ms / max(first, 1e-4))))
-    return time_cuda_queued(fn, iterations=reps, warmup=max(warmup, 1), repeats=iterations)
-
-
-def _knob_combinations(knobs: list):
-    """Default knobs first, then every combination of knob values, in order."""
-    yield ()
-    if not knobs:
-        return
-    ranges = [[(t, v) for v in _knob_range(lo, hi, st)] for t, lo, hi, st in knobs]
-    for combo in itertools.product(*ranges):
-        yield combo
-
-
-def _knob_range(lo: int, hi: int, stride: int) -> list[int]:
-    if stride <= 0 or hi < lo:
-        return [lo]
-    return list(range(lo, hi + 1, stride))
-
-
-def _knob_values(lo: int, hi: int, stride: int, current: int, cap: int = 16) -> list[int]:
-    """Values to try for one knob: all when few, else ``cap`` spread over the range plus the
-    current value's neighbours."""
-    vals = _knob_range(lo, hi, stride)
-    if len(vals) <= cap:
-        return vals
-    pick = {vals[round(i * (len(vals) - 1) / (cap - 1))] for i in range(cap)}
-    step = stride if stride > 0 else 1
-    pick |= {v for v in (current - step, current + step) if lo <= v <= hi}
-    return sorted(pick)
-
-
 def _empty_result(plan: GraphConvolution, result: torch.Tensor, bias):
     """Zero-sized problems: torch's result without any library call."""
     p = plan.problem
@@ -1792,41 +1120,6 @@ def _empty_result(plan: GraphConvolution, result: torch.Tensor, bias):
     return result
 
 
-def _seed_names(cache: dict, key: str, layout: str | None = None) -> list[str]:
-    """Engine config names (any ``"nhwc:"`` prefix dropped) that won for problems in ``cache``
-    other than ``key``, for autotune's cache seeds: same direction and the same cuDNN version and
-    GPU as ``key``. Ranked: same spatial dimensions, data type, layout (``layout``, default:
-    ``key``'s; an ``"nhwc:"`` winner counts as NHWC) and activation first; then same dimensions
-    and layout; then the rest; newest first within each (an entry's ``"t"``, seconds since the
-    epoch, else its place in ``cache``); each name once."""
-    def parts(k, engine=""):
-        fields = k.split("|")
-        words = fields[0].split()  # "<direction> <N>d <dtype> <layout> x(...) ... [activation <name>]"
-        act = words[words.index("activation") + 1] if "activation" in words[:-1] else ""
-        lay = "nhwc" if engine.startswith("nhwc:") else (words[3] if len(words) > 3 else "")
-        return (words[0] if words else "", words[1] if len(words) > 1 else "",
-                words[2] if len(words) > 2 else "", lay, act, "|".join(fields[-2:]))
-
-    direction, dims, dtype, own_layout, act, where = parts(key)
-    layout = layout or own_layout
-    ranked = []
-    for order, (k, v) in enumerate(reversed(list(cache.items()))):
-        if k == key or not isinstance(v, dict) or not isinstance(v.get("engine"), str):
-            continue
-        d, n, t, lay, a, w = parts(k, v["engine"])
-        if d != direction or w != where:
-            continue
-        tier = 0 if (n, t, lay, a) == (dims, dtype, layout, act) else 1 if (n, lay) == (dims, layout) else 2
-        stamp = v.get("t")
-        stamp = float(stamp) if isinstance(stamp, (int, float)) and not isinstance(stamp, bool) else 0.0
-        ranked.append((tier, -stamp, order, v["engine"].split(":", 1)[-1]))
-    names = []
-    for *_, name in sorted(ranked):
-        if name not in names:
-            names.append(name)
-    return names
-
-
 def _version() -> str:
     try:
         return _cudnn.version()["version"]
@@ -1835,81 +1128,60 @@ def _version() -> str:
 
 
 # ---------------------------------------------------------------------------- tuning cache
-_tuning: dict[str, dict] = {}
-_tuning_lock = threading.Lock()
-_env_lock = threading.Lock()
-_tuning_state = {"loaded_env": False}
-ENV_TUNING_FILE = "RAWCONV_CUDNN_TUNING_CACHE"
+ENV_TUNING_FILE = "RAWCONV_CUDNN_TUNING_CACHE"  # the older name of rawconv.tuning.ENV_FILE, still read
+
+
+def _environment(device_index: int) -> dict:
+    """The library and device a tuning key of this backend records: ``{"library": "cuDNN",
+    "library_version": "9.19.0", "device": "NVIDIA H200", "device_arch": "sm_90"}`` (needs the GPU)."""
+    major, minor = torch.cuda.get_device_capability(device_index)
+    return {"library": "cuDNN", "library_version": _version(), "device": torch.cuda.get_device_name(device_index),
+            "device_arch": f"sm_{major}{minor}"}
+
+
+tuning.register_environment("cudnn_graph", lambda: _environment(torch.cuda.current_device()))
+
+
+def _configs_of(records) -> list[EngineConfig]:
+    """The engine configs tuning records hold (``detail``'s ``engine`` and ``knobs``), in order;
+    records whose detail is not an engine config are skipped."""
+    out = []
+    for r in records:
+        try:
+            out.append(EngineConfig(r.detail["engine"], tuple(tuple(k) for k in r.detail.get("knobs", ()))))
+        except (KeyError, TypeError, ValueError):  # ArgumentError is a ValueError
+            continue
+    return out
 
 
 def tuning_cache() -> dict:
-    """The in-memory tuning cache: problem key -> ``{"engine": name, "median_ms": ..., "t": when
-    (seconds since the epoch)}``. Keys
-    hold the direction, the problem's description, activation, allow_tf32, filters, workspace
-    limit, cuDNN version and GPU name. With ``$RAWCONV_CUDNN_TUNING_CACHE`` set to a JSON file,
-    it is loaded from there on first use and written back after each autotune."""
-    _load_env()
-    with _tuning_lock:
-        return dict(_tuning)
-
-
-def _load_env():
-    if _tuning_state["loaded_env"]:
-        return
-    with _env_lock:  # one thread loads; the others wait for the entries
-        if _tuning_state["loaded_env"]:
-            return
-        try:
-            path = os.environ.get(ENV_TUNING_FILE)
-            if path and os.path.exists(path):
-                load_tuning_cache(path)
-        finally:
-            _tuning_state["loaded_env"] = True
-
-
-def _tuning_get(key: str):
-    _load_env()
-    return _tuning.get(key)
-
-
-def _tuning_put(key: str, value: dict) -> None:
-    with _tuning_lock:
-        _tuning[key] = value
-    path = os.environ.get(ENV_TUNING_FILE)
-    if path:
-        save_tuning_cache(path)
+    """A snapshot of the cuDNN graph records in the process's tuning cache
+    (:func:`rawconv.tuning.cache`, which holds :class:`rawconv.tuning.TuningRecord` objects):
+    :class:`~rawconv.tuning.TuningKey` -> ``{"engine": the chosen config's name, "median_ms": ...,
+    "min_ms": ..., "t": when (seconds since the epoch), "record": the TuningRecord}``. Keys hold the
+    direction, problem, activation, allow_tf32, filters, workspace limit, cuDNN version and GPU.
+    With ``$RAWCONV_TUNING_CACHE`` (or ``$RAWCONV_CUDNN_TUNING_CACHE``) set to a JSON file, the
+    cache is loaded from there on first use and written back after each autotune."""
+    return {r.key: {"engine": r.choice, "median_ms": r.median_ms, "min_ms": r.min_ms, "t": r.created_ts, "record": r}
+            for r in tuning.cache().records() if r.key.backend == "cudnn_graph"}
 
 
 def save_tuning_cache(path: str) -> None:
-    """Write the tuning cache to a JSON file."""
-    with _tuning_lock:
-        data = {"rawconv_cudnn_graph_tuning": 1, "entries": dict(_tuning)}
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    """Write the tuning cache to a JSON file (:meth:`rawconv.tuning.TuningCache.save`)."""
+    tuning.cache().save(path)
 
 
 def load_tuning_cache(path: str, *, merge: bool = True) -> int:
     """Read a JSON file written by :func:`save_tuning_cache` into the cache; returns the number
-    of entries read. Raises :class:`ArgumentError` for a file of another format."""
-    with open(path) as f:
-        data = json.load(f)
-    if not isinstance(data, dict) or data.get("rawconv_cudnn_graph_tuning") != 1 or \
-            not isinstance(data.get("entries"), dict):
-        raise ArgumentError(f"{path} is not a rawconv cuDNN graph tuning cache")
-    entries = {k: v for k, v in data["entries"].items() if isinstance(v, dict) and isinstance(v.get("engine"), str)}
-    with _tuning_lock:
-        if not merge:
-            _tuning.clear()
-        _tuning.update(entries)
-    return len(entries)
+    of records read. Raises :class:`ArgumentError` naming the file when it is missing, not JSON,
+    of another (or the old) format (:meth:`rawconv.tuning.TuningCache.load`)."""
+    return tuning.cache().load(path, merge=merge)
 
 
 def clear_tuning_cache() -> None:
-    """Empty the in-memory tuning cache."""
-    with _tuning_lock:
-        _tuning.clear()
+    """Empty the in-memory tuning cache (every backend's records; a cache file is rewritten by
+    the next put)."""
+    tuning.cache().clear()
 
 
 # ---------------------------------------------------------------------------- function forms

@@ -70,3 +70,25 @@ class NotSupportedError(LibraryError):
 
     def __str__(self) -> str:  # RuntimeError's str is the message
         return self.args[0]
+
+
+class KnownBadError(NotSupportedError):
+    """A forced implementation is listed in :mod:`rawconv.known_bad` for this problem: the library
+    is known to crash, hang or give wrong results there. Raised before any C call that would run
+    it; pass ``allow_known_bad=True`` to run it anyway (best in a child process: ``isolate=True``).
+
+    ``entry``: the :class:`rawconv.known_bad.KnownBad` row; ``link``: its public issue (or the
+    rawconv test that found it); ``implementation``: the candidate's name.
+    """
+
+    def __init__(self, message: str, *, entry=None, implementation: str = "", library: str = "",
+                 offered: list | None = None):
+        super().__init__(message, library=library, offered=offered)
+        self.entry = entry
+        self.implementation = implementation
+        self.link = getattr(entry, "link", "") or ""
+
+
+class IsolationError(RawconvError, RuntimeError):
+    """The child process that runs candidates in isolation (:mod:`rawconv._isolate`) could not be
+    started or did not answer as it should (not a crash of a candidate: that becomes a row status)."""

@@ -2,13 +2,14 @@
 
     import rawconv.nn
 
-    conv = rawconv.nn.Conv2d(64, 64, 3, padding=1, impl="jit:avx512_core")   # a torch.nn.Conv2d
+    conv = rawconv.nn.Conv2d(64, 64, 3, padding=1, impl="x64:gemm:jit")      # a torch.nn.Conv2d
     y = conv(x)                         # forward on exactly that oneDNN implementation
     y.sum().backward()                  # grads through oneDNN's backward data / weights primitives
 
     y = rawconv.nn.conv(x, w, b, padding=1, impl=0)                       # the functional form
 
-CPU tensors only (oneDNN); float32 and bfloat16. The backward passes use oneDNN's first choice
+CPU tensors only (oneDNN); float32, and bfloat16 where oneDNN offers it on the CPU
+(``rawconv.onednn.capabilities()``). The backward passes use oneDNN's first choice
 unless ``backward_impl`` names one (a name, or a ``(data_impl, weights_impl)`` pair): forward,
 backward-data and backward-weights implementations are listed separately by oneDNN
 (:func:`rawconv.onednn.implementations` with ``direction=``).

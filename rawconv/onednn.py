@@ -5,7 +5,9 @@ Quick use::
     y = rawconv.onednn.forward(x, w, padding=1)                       # oneDNN's first choice
     for impl in rawconv.onednn.implementations(x, w, padding=1):       # all it offers
         print(impl)
-    y = rawconv.onednn.forward(x, w, padding=1, impl="jit:avx512_core")  # exactly that one
+    y = rawconv.onednn.forward(x, w, padding=1, impl="x64:gemm:jit")     # exactly that one (names depend
+                                                                       # on the CPU; this one is everywhere)
+    print(rawconv.onednn.capabilities())                               # dtypes/fpmath offered on this CPU
 
     with rawconv.onednn.Convolution(x, w, padding=1) as conv:         # a plan for one problem
         best = conv.autotune(iterations=20)                            # time every implementation
@@ -18,20 +20,22 @@ user *scratchpad*, the *fpmath mode*.
 from __future__ import annotations
 
 import threading
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
 
-from . import _dnnl
+from . import _dnnl, known_bad as _known_bad
 from ._dnnl import ffi
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from ._plans import PlanCache, PlanLifetime
 from .problem import ConvProblem, _int, check_tensor, empty_like_layout, layout_of, shape_arg, to_layout, dense_strides, strides_match, shape_only
 
 __all__ = ["Implementation", "Convolution", "forward", "backward_data", "backward_weights",
-           "implementations", "info", "verbose", "clear_cache", "FPMATH_MODES", "ALGORITHMS"]
+           "implementations", "info", "verbose", "clear_cache", "FPMATH_MODES", "ALGORITHMS",
+           "capabilities"]
 
 FPMATH_MODES = {"strict": 0, "bf16": 1, "f16": 2, "any": 3, "tf32": 4}
 ALGORITHMS = {"direct": "dnnl_convolution_direct", "winograd": "dnnl_convolution_winograd",
@@ -62,7 +66,11 @@ class Implementation:
     (src/dst fixed to the tensors' layout, weights ``any``); ``formats``: the layout each tensor
     gets (oneDNN verbose notation: ``abcd`` = NCHW, ``acdb`` = NHWC, ``aBcd16b`` = blocked);
     ``reorders``: tensors converted on every call (weights only once when prepacked);
-    ``scratchpad_bytes``: the scratchpad it needs, in bytes.
+    ``scratchpad_bytes``: the scratchpad it needs, in bytes; ``known_bad``: the public issue
+    (:mod:`rawconv.known_bad`) when this implementation is known to crash, hang or give wrong
+    results for this problem, else ""; ``status``/``detail``: set by
+    ``implementations(..., isolate=True)`` (``"ok"``, ``"wrong"``, ``"crashed: SIGSEGV"``,
+    ``"timed out after 60 s"``, ``"not supported"``, ``"known bad"``, ``"failed"``), else "".
     """
 
     index: int
@@ -72,22 +80,37 @@ class Implementation:
     reorders: tuple = ()
     scratchpad_bytes: int = 0
     direction: str = "forward"
+    known_bad: str = field(default="", compare=False)
+    status: str = field(default="", compare=False)
+    detail: str = field(default="", compare=False)
 
     def __str__(self) -> str:
         fm = " ".join(f"{_ROLE_NAMES.get(k, k)}={v}" for k, v in self.formats.items())
         ro = ",".join(_ROLE_NAMES.get(r, r) for r in self.reorders) or "none"
-        return (f"[{self.index}] {self.name:<28} layouts={self.layouts:<4} {fm}  reorders={ro}  "
-                f"scratchpad={self.scratchpad_bytes} B")
+        out = (f"[{self.index}] {self.name:<28} layouts={self.layouts:<4} {fm}  reorders={ro}  "
+               f"scratchpad={self.scratchpad_bytes} B")
+        if self.known_bad:
+            out += f"  KNOWN BAD: {self.known_bad}"
+        if self.status:
+            out += f"  status={self.status}" + (f" ({self.detail})" if self.detail and self.status != "ok" else "")
+        return out
 
 
 @dataclass
 class TimedImplementation:
-    """A row of :meth:`Convolution.autotune`: the implementation and its times (ms)."""
+    """A row of :meth:`Convolution.autotune`: the implementation and its times (ms).
+
+    ``status``: ``"ok"`` for a timed row; rows that were not timed follow the timed ones with
+    NaN times and ``"known bad"`` (skipped), or, with ``isolate=True``, ``"crashed: SIGSEGV"``,
+    ``"timed out after N s"``, ``"wrong"`` (outside tolerance vs float64), ``"not supported"``,
+    ``"failed"``; ``detail`` says more."""
 
     impl: Implementation
     median_ms: float
     min_ms: float
     runs: int
+    status: str = "ok"
+    detail: str = ""
 
     @property
     def spread(self) -> float:
@@ -97,17 +120,20 @@ class TimedImplementation:
         return spread(self.median_ms, self.min_ms)
 
     def __str__(self) -> str:
+        if self.status != "ok":
+            return f"{self.impl.name:<28} ({self.impl.layouts}) {self.status}" + (f": {self.detail}" if self.detail else "")
         return (f"{self.impl.name:<28} ({self.impl.layouts}) median {self.median_ms:.4f} ms  min {self.min_ms:.4f} ms"
                 f"  median/min {self.spread:.2f}")
 
 
 def _warn_timings(monitor, rows) -> None:
-    """``warnings.warn`` each :func:`rawconv.bench.timing_warnings` line for autotune's rows."""
+    """``warnings.warn`` each :func:`rawconv.bench.timing_warnings` line for autotune's timed rows
+    (``monitor`` None: timed in a child process, whose CPU time would read as another process's)."""
     import warnings
 
     from .bench import TimingWarning, timing_warnings
 
-    for line in timing_warnings(monitor.report(), [r.spread for r in rows]):
+    for line in timing_warnings(monitor.report() if monitor is not None else None, [r.spread for r in rows]):
         warnings.warn(f"Convolution.autotune: {line}", TimingWarning, stacklevel=3)
 
 
@@ -159,6 +185,22 @@ def _check_algorithm(algorithm: str) -> str:
 
 def _check_direction(direction: str) -> str:
     return _check_choice(direction, _ARGS, "direction")
+
+
+def _check_allow(allow_known_bad) -> bool:
+    if not isinstance(allow_known_bad, bool):
+        raise ArgumentTypeError(f"allow_known_bad must be True or False, got {allow_known_bad!r}")
+    return allow_known_bad
+
+
+_VERSION: list = []
+
+
+def _version() -> str:
+    """The loaded oneDNN's version string ("3.2.0"), asked once (loads the library)."""
+    if not _VERSION:
+        _VERSION.append(_dnnl.version()["version"])
+    return _VERSION[0]
 
 
 def _check_impl(impl: Any):
@@ -242,15 +284,18 @@ class _Built:
                 reorder = (rprim, umem, rargs)
             self.args.append((role, getattr(L, "DNNL_ARG_" + arg), mem, is_out, reorder, buf))
         sp_md = _dnnl.pd_md(pd, "scratchpad")
-        self.scratchpad = torch.empty(max(_dnnl.md_size(sp_md), 1), dtype=torch.uint8)
+        sp_bytes = _dnnl.md_size(sp_md)
+        self.scratchpad = torch.empty(max(sp_bytes, 1), dtype=torch.uint8)
         sp_mem = _dnnl.memory(sp_md, _ptr(self.scratchpad))
-        n = len(self.args) + 1
+        # no scratchpad argument when none is needed (oneDNN's verbose check flags it as unused)
+        n = len(self.args) + (1 if sp_bytes else 0)
         self.exec_args = ffi.new(f"dnnl_exec_arg_t[{n}]")
         for i, (role, arg, mem, *_rest) in enumerate(self.args):
             self.exec_args[i].arg = arg
             self.exec_args[i].memory = mem
-        self.exec_args[n - 1].arg = L.DNNL_ARG_SCRATCHPAD
-        self.exec_args[n - 1].memory = sp_mem
+        if sp_bytes:
+            self.exec_args[n - 1].arg = L.DNNL_ARG_SCRATCHPAD
+            self.exec_args[n - 1].memory = sp_mem
         self._keep = (sp_mem,)
         self.nargs = n
         # (weakref to w, w._version, data_ptr, bytes compared) whose reorder sits in the buffer, and
@@ -360,6 +405,12 @@ class Convolution(PlanLifetime):
     elements (``w.data[5:] = ...``): call :meth:`repack` after such an update, or build the plan
     with ``prepack=False``. The function forms (:func:`forward` ...) never prepack.
 
+    Known-bad implementations (:mod:`rawconv.known_bad`, marked in :attr:`implementations`):
+    selecting one raises :class:`~rawconv.errors.KnownBadError` naming the issue unless
+    ``allow_known_bad=True`` (here, or on :meth:`select`); when oneDNN's first choice is one,
+    the plan runs the next implementation in oneDNN's order that is not, with a
+    ``RuntimeWarning`` (``allow_known_bad=True`` keeps the first choice); autotune skips them.
+
     Also built for the backward passes by :func:`backward_data` / :func:`backward_weights` via
     :meth:`from_problem`. Raises :class:`~rawconv.errors.ArgumentError` for bad input before any
     C call, :class:`~rawconv.errors.NotSupportedError` when oneDNN offers nothing (or not the
@@ -372,11 +423,11 @@ class Convolution(PlanLifetime):
     def __init__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                  stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1, *,
                  impl: Any = None, algorithm: str = "direct", fpmath: str = "strict",
-                 prepack: bool = True):
+                 prepack: bool = True, allow_known_bad: bool = False):
         problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
         _check_device(problem)
         impl = _check_impl(impl)
-        self._init(problem, "forward", algorithm, fpmath, _w_layout(w), prepack)
+        self._init(problem, "forward", algorithm, fpmath, _w_layout(w), prepack, allow_known_bad)
         self._x, self._w, self._b = x, w, bias
         if impl is not None:
             self.select(impl)
@@ -384,7 +435,7 @@ class Convolution(PlanLifetime):
     @classmethod
     def from_problem(cls, problem: ConvProblem, *, direction: str = "forward", algorithm: str = "direct",
                      fpmath: str = "strict", w_layout: str = "nchw", impl: Any = None,
-                     prepack: bool = True) -> "Convolution":
+                     prepack: bool = True, allow_known_bad: bool = False) -> "Convolution":
         """A plan from a :class:`ConvProblem` (no tensors needed until :meth:`execute`)."""
         if not isinstance(problem, ConvProblem):
             raise ArgumentTypeError(f"problem must be a ConvProblem (see ConvProblem.from_benchdnn for a "
@@ -395,17 +446,18 @@ class Convolution(PlanLifetime):
         impl = _check_impl(impl)
         _check_device(problem)
         self = cls.__new__(cls)
-        self._init(problem, direction, algorithm, fpmath, w_layout, prepack)
+        self._init(problem, direction, algorithm, fpmath, w_layout, prepack, allow_known_bad)
         self._x = self._w = self._b = None
         if impl is not None:
             self.select(impl)
         return self
 
-    def _init(self, problem, direction, algorithm, fpmath, w_layout, prepack):
+    def _init(self, problem, direction, algorithm, fpmath, w_layout, prepack, allow_known_bad=False):
         if problem.dtype not in DTYPES:
             raise ArgumentError(f"oneDNN backend handles {list(DTYPES)}, got {problem.dtype}")
         if not isinstance(prepack, bool):
             raise ArgumentTypeError(f"prepack must be True or False, got {prepack!r}")
+        self.allow_known_bad = _check_allow(allow_known_bad)
         self.problem = problem
         self.direction = direction
         self.algorithm = _check_algorithm(algorithm)
@@ -523,8 +575,16 @@ class Convolution(PlanLifetime):
             if not _dnnl.md_equal(md, self.user_md[role]):
                 reorders.append(role)
         sp = _dnnl.md_size(_dnnl.pd_md(pd, "scratchpad"))
-        impl = Implementation(index, _dnnl.pd_impl_name(pd), layouts, formats, tuple(reorders), sp, self.direction)
+        name = _dnnl.pd_impl_name(pd)
+        bad = self._known_bad(name, formats, layouts)
+        impl = Implementation(index, name, layouts, formats, tuple(reorders), sp, self.direction,
+                              known_bad=bad.reference if bad is not None else "")
         return impl, pd
+
+    def _known_bad(self, name: str, formats, layouts):
+        """The :mod:`rawconv.known_bad` row for implementation ``name`` on this plan, or None."""
+        return _known_bad.check("onednn", self.problem, self.direction, name, _version(), formats=formats,
+                                layouts=layouts)
 
     @property
     def implementations(self) -> list[Implementation]:
@@ -538,7 +598,44 @@ class Convolution(PlanLifetime):
         return list(self._impls)
 
     # ------------------------------------------------------------------ selection
-    def _resolve(self, impl: Any) -> int:
+    def _resolve(self, impl: Any, allow_known_bad: bool = False) -> int:
+        i = self._resolve_any(impl)
+        if impl is None or allow_known_bad:
+            return i
+        r = self._impls[i]
+        if r.known_bad:
+            what = f"impl={impl!r}" if not isinstance(impl, Implementation) else f"impl={r.name} ({r.layouts})"
+            bad = self._known_bad(r.name, r.formats, r.layouts)
+            err = _known_bad.error(bad, self.problem, self.direction, f"{r.name} ({r.layouts})", _version(),
+                                   what=what)
+            others = [o for o in self._impls if o.name == r.name and not o.known_bad]
+            if others:
+                err.args = (err.args[0] + f"; {r.name} with layouts={others[0].layouts} is not affected: "
+                            f"impl={r.name + '@' + others[0].layouts!r}",)
+            err.offered = [o.name for o in self._impls]
+            raise err
+        return i
+
+    def _first_choice(self, allow_known_bad: bool) -> int:
+        """oneDNN's first choice (position 0), or, when that is known bad and not allowed, the first
+        implementation in oneDNN's order that is not (with a RuntimeWarning)."""
+        impls = self.implementations
+        if allow_known_bad or not impls[0].known_bad:
+            return 0
+        good = [i for i, r in enumerate(impls) if not r.known_bad]
+        first = impls[0]
+        if not good:
+            raise _known_bad.error(self._known_bad(first.name, first.formats, first.layouts), self.problem,
+                                   self.direction, first.name, _version(),
+                                   what="every implementation oneDNN offers is known bad; its first choice")
+        alt = impls[good[0]]
+        warnings.warn(f"oneDNN's first choice {first.name} ({first.layouts}) is known bad for "
+                      f"{self.problem.describe()} ({self.direction}): {first.known_bad}; running [{alt.index}] "
+                      f"{alt.name} ({alt.layouts}) instead (allow_known_bad=True keeps oneDNN's first choice)",
+                      RuntimeWarning, stacklevel=4)
+        return good[0]
+
+    def _resolve_any(self, impl: Any) -> int:
         impl = _check_impl(impl)
         impls = self.implementations
         if impl is None:
@@ -583,21 +680,27 @@ class Convolution(PlanLifetime):
         # several entries with this name: the one with the fewest per-call reorders, then oneDNN's order
         return min(matches, key=lambda i: (len([r for r in impls[i].reorders if r not in ("w",)]), i))
 
-    def select(self, impl: Any) -> Implementation:
-        """Select the implementation :meth:`execute` runs: an int position, a name (``"jit:avx512_core"``,
+    def select(self, impl: Any, *, allow_known_bad: bool | None = None) -> Implementation:
+        """Select the implementation :meth:`execute` runs: an int position, a name (``"x64:gemm:jit"``,
         optionally ``"name@user"``/``"name@any"``), an :class:`Implementation` of this plan's list,
-        or None for oneDNN's first choice (position 0).
-        Raises :class:`NotSupportedError` naming what oneDNN offers."""
-        i = self._resolve(impl)
+        or None for oneDNN's first choice (position 0; when that is known bad, the next one that is
+        not, with a ``RuntimeWarning``).
+        Raises :class:`NotSupportedError` naming what oneDNN offers, and
+        :class:`~rawconv.errors.KnownBadError` (naming the issue) for an implementation
+        :mod:`rawconv.known_bad` lists for this problem, unless ``allow_known_bad`` (default: the
+        plan's setting)."""
+        allow = self.allow_known_bad if allow_known_bad is None else _check_allow(allow_known_bad)
+        i = self._first_choice(allow) if impl is None else self._resolve(impl, allow)
         self._selected = i
         return self._impls[i]
 
     @property
     def selected(self) -> Implementation:
-        """The implementation :meth:`execute` runs (oneDNN's first choice unless selected/autotuned)."""
+        """The implementation :meth:`execute` runs (oneDNN's first choice unless selected/autotuned;
+        see :meth:`select` for a first choice that is known bad)."""
         self._check_live()
         if self._selected is None:
-            self._selected = 0 if self.implementations else None
+            self._selected = self._first_choice(self.allow_known_bad)
         return self._impls[self._selected]
 
     def _build(self, i: int) -> _Built:
@@ -745,7 +848,8 @@ class Convolution(PlanLifetime):
     __call__ = execute
 
     def autotune(self, iterations: int = 10, warmup: int = 2, *, include_ref: bool = False,
-                 budget_s: float | None = None) -> list[TimedImplementation]:
+                 budget_s: float | None = None, allow_known_bad: bool | None = None,
+                 isolate: Any = False) -> list[TimedImplementation]:
         """Time every implementation on this plan's tensors (random ones of the problem's shape
         when the plan was built from a problem) and select the fastest (by median).
 
@@ -754,10 +858,19 @@ class Convolution(PlanLifetime):
         ``prepack``); the implementations within 15% of the fastest are then timed again over
         three interleaved rounds and ranked by their best round's median. ``ref:any`` is skipped
         unless ``include_ref`` (it is orders of magnitude slower). ``budget_s`` caps the seconds
-        spent per implementation and round. Returns the rows sorted fastest first (``median_ms``:
-        the best median seen; ``spread``: median / min). Warns (:class:`rawconv.bench.TimingWarning`)
-        when other processes oversubscribed the CPUs while it timed, or a median/min spread exceeds
-        :data:`rawconv.bench.SPREAD_LIMIT`: the ranking may then be noise.
+        spent per implementation and round. Known-bad implementations (:mod:`rawconv.known_bad`)
+        are skipped unless ``allow_known_bad`` (default: the plan's setting). Returns the timed
+        rows sorted fastest first (``median_ms``: the best median seen; ``spread``: median / min),
+        then the rows that were not timed (``status`` says why, NaN times). Warns
+        (:class:`rawconv.bench.TimingWarning`) when other processes oversubscribed the CPUs while it
+        timed, or a median/min spread exceeds :data:`rawconv.bench.SPREAD_LIMIT`: the ranking may
+        then be noise.
+
+        ``isolate=True`` (or an :class:`rawconv._isolate.Isolation` / dict: ``timeout_s``, ``env``,
+        ``threads``) times every candidate in a child process (:mod:`rawconv._isolate`) and
+        checks its output against float64 in this process: a candidate that crashes, hangs past
+        the timeout or gives a wrong result gets a row with that status and is never selected.
+        Raises :class:`NotSupportedError` when no implementation could be timed.
         """
         from .bench import LoadMonitor, time_cpu
 
@@ -772,41 +885,87 @@ class Convolution(PlanLifetime):
                 raise ArgumentTypeError(f"budget_s must be a number of seconds or None, got {budget_s!r}")
             if not budget_s > 0:
                 raise ArgumentError(f"budget_s must be positive, got {budget_s!r}")
+        allow = self.allow_known_bad if allow_known_bad is None else _check_allow(allow_known_bad)
+        from . import _isolate
+
+        iso = _isolate.options(isolate)
         iterations, warmup = it, wu
         tensors = self._example_tensors()
-        monitor = LoadMonitor()
-        rows = []
-        for impl in self.implementations:
-            if impl.name.startswith("ref") and not include_ref:
-                continue
-            self._selected = impl.index
-            try:
-                stats = time_cpu(lambda: self.execute(**tensors), iterations=iterations, warmup=warmup,
-                                 budget_s=budget_s)
-            except NotSupportedError:
-                continue
-            rows.append(TimedImplementation(impl, stats.median_ms, stats.min_ms, stats.runs))
-        if not rows:
-            raise NotSupportedError("no implementation could be timed for " + self.problem.describe())
-        rows.sort(key=lambda r: r.median_ms)
-        # the close contenders (within 15% of the best) are timed again, interleaved over rounds, and
-        # ranked by their best round: one noisy pass (a descheduled OpenMP thread) must not decide
-        close = [r for r in rows[:4] if r.median_ms <= rows[0].median_ms * 1.15]
-        if len(close) > 1:
-            best = {id(r): r.median_ms for r in close}
-            for _ in range(3):
-                for r in close:
-                    self._selected = r.impl.index
-                    st = time_cpu(lambda: self.execute(**tensors), iterations=iterations, warmup=1, budget_s=budget_s)
-                    best[id(r)] = min(best[id(r)], st.median_ms)
-            retimed = [TimedImplementation(r.impl, best[id(r)], min(r.min_ms, best[id(r)]), r.runs) for r in close]
-            rows = sorted(retimed + rows[len(close):], key=lambda r: r.median_ms)
+        rows, skipped = [], []
+        nan = float("nan")
+        session = None
+        monitor = LoadMonitor() if iso is None else None
+        if iso is not None:
+            session = _isolate._onednn_session(self.problem, self.direction, tensors, algorithm=self.algorithm,
+                                               fpmath=self.fpmath, w_layout=self.w_layout, prepack=self.prepack,
+                                               iso=iso)
+        try:
+            for impl in self.implementations:
+                if impl.name.startswith("ref") and not include_ref:
+                    continue
+                if impl.known_bad and not allow:
+                    skipped.append(TimedImplementation(impl, nan, nan, 0, "known bad",
+                                                       f"not run (allow_known_bad=True runs it): {impl.known_bad}"))
+                    continue
+                if session is not None:
+                    r = session.run(impl, iterations=iterations, warmup=warmup, budget_s=budget_s,
+                                    allow_known_bad=allow, check=True)
+                    if r["status"] == "ok":
+                        rows.append(TimedImplementation(impl, r["median_ms"], r["min_ms"], r["runs"]))
+                    else:
+                        skipped.append(TimedImplementation(impl, nan, nan, r["runs"], r["status"], r["detail"]))
+                    continue
+                self._selected = impl.index
+                try:
+                    stats = time_cpu(lambda: self.execute(**tensors), iterations=iterations, warmup=warmup,
+                                     budget_s=budget_s)
+                except NotSupportedError:
+                    continue
+                rows.append(TimedImplementation(impl, stats.median_ms, stats.min_ms, stats.runs))
+            if not rows:
+                why = "; ".join(f"{r.impl.name}: {r.status}" for r in skipped)
+                raise NotSupportedError("no implementation could be timed for " + self.problem.describe()
+                                        + (f" ({why})" if why else ""))
+            rows.sort(key=lambda r: r.median_ms)
+            # the close contenders (within 15% of the best) are timed again, interleaved over rounds, and
+            # ranked by their best round: one noisy pass (a descheduled OpenMP thread) must not decide
+            close = [r for r in rows[:4] if r.median_ms <= rows[0].median_ms * 1.15]
+            if len(close) > 1:
+                best = {id(r): r.median_ms for r in close}
+                dead = set()
+                for _ in range(3):
+                    for r in close:
+                        if id(r) in dead:
+                            continue
+                        if session is not None:
+                            rr = session.run(r.impl, iterations=iterations, warmup=1, budget_s=budget_s,
+                                             allow_known_bad=allow, check=False)
+                            if rr["status"] != "ok":   # it ran fine before: report what it did now
+                                dead.add(id(r))
+                                skipped.append(TimedImplementation(r.impl, nan, nan, r.runs, rr["status"],
+                                                                   "when timed again: " + rr["detail"]))
+                                continue
+                            med = rr["median_ms"]
+                        else:
+                            self._selected = r.impl.index
+                            med = time_cpu(lambda: self.execute(**tensors), iterations=iterations, warmup=1,
+                                           budget_s=budget_s).median_ms
+                        best[id(r)] = min(best[id(r)], med)
+                retimed = [TimedImplementation(r.impl, best[id(r)], min(r.min_ms, best[id(r)]), r.runs)
+                           for r in close if id(r) not in dead]
+                rows = sorted(retimed + [r for r in rows[len(close):] if id(r) not in dead],
+                              key=lambda r: r.median_ms)
+                if not rows:
+                    raise NotSupportedError("no implementation could be timed for " + self.problem.describe())
+        finally:
+            if session is not None:
+                session.close()
         _warn_timings(monitor, rows)
         self._selected = rows[0].impl.index
         for i in list(self._built):
             if i != self._selected:
                 del self._built[i]
-        return rows
+        return rows + skipped
 
     def _example_tensors(self) -> dict:
         p = self.problem
@@ -886,18 +1045,20 @@ def _check_device(p: ConvProblem):
 _cache = PlanCache(256)
 
 
-def _plan(problem: ConvProblem, direction: str, algorithm: str, fpmath: str, w_layout: str, impl: Any) -> Convolution:
+def _plan(problem: ConvProblem, direction: str, algorithm: str, fpmath: str, w_layout: str, impl: Any,
+          allow_known_bad: bool = False) -> Convolution:
     _check_direction(direction)
     _check_algorithm(algorithm)
     _check_fpmath(fpmath)
     impl = _check_impl(impl)
+    _check_allow(allow_known_bad)
     key = (problem, direction, algorithm, fpmath, w_layout,
            impl if not isinstance(impl, Implementation) else (impl.name, impl.layouts, tuple(impl.formats.items())),
-           threading.get_ident())
+           allow_known_bad, threading.get_ident())
     plan = _cache.get(key)
     if plan is None:
         plan = Convolution.from_problem(problem, direction=direction, algorithm=algorithm, fpmath=fpmath,
-                                        w_layout=w_layout, impl=impl, prepack=False)
+                                        w_layout=w_layout, impl=impl, prepack=False, allow_known_bad=allow_known_bad)
         _cache.put(key, plan)
     return plan
 
@@ -910,19 +1071,24 @@ def clear_cache() -> None:
 
 def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
             padding: Any = 0, dilation: Any = 1, groups: int = 1, *, impl: Any = None,
-            algorithm: str = "direct", fpmath: str = "strict", out: torch.Tensor | None = None) -> torch.Tensor:
+            algorithm: str = "direct", fpmath: str = "strict", out: torch.Tensor | None = None,
+            allow_known_bad: bool = False) -> torch.Tensor:
     """oneDNN forward convolution with the semantics of ``torch.nn.functional.conv{1,2,3}d``.
 
     ``x``: (N, C, *spatial) or unbatched (C, *spatial), CPU, float32 / bfloat16 / float16 (where
     the CPU supports it), NCHW or channels_last (used in place). ``w``: (K, C/groups, *kernel).
     ``bias``: (K,). ``padding``: int, tuple, ``"same"``/``"valid"`` or one ``(before, after)``
     pair per spatial dim. ``impl``: None (oneDNN's first choice), an int position in
-    :func:`implementations`, or a name such as ``"brgconv:avx512_core"``. ``fpmath``: "strict",
+    :func:`implementations`, or a name such as ``"x64:gemm:jit"`` (names carry the ISA they need,
+    e.g. ``"brgconv:avx512_core"`` only on AVX-512 CPUs: see :func:`implementations`). ``fpmath``: "strict",
     "bf16", "f16", "tf32", "any" (oneDNN fpmath mode). Returns y (N, K, *out) in x's memory format.
 
     Raises :class:`ArgumentError` / :class:`ArgumentTypeError` for bad input (before any C call),
     :class:`NotSupportedError` when the forced implementation is not offered (naming those that
-    are). Wraps ``dnnl_convolution_forward_primitive_desc_create`` and ``dnnl_primitive_execute``.
+    are), :class:`~rawconv.errors.KnownBadError` when it is known bad for this problem
+    (:mod:`rawconv.known_bad`; ``allow_known_bad=True`` runs it anyway). A first choice
+    (``impl=None``) that is known bad is replaced by the next one, with a ``RuntimeWarning``.
+    Wraps ``dnnl_convolution_forward_primitive_desc_create`` and ``dnnl_primitive_execute``.
     """
     try:   # fast path: the same call signature as an earlier call reuses its plan without re-validation
         # the key tells the argument types apart (True == 1 == 1.0 in Python): a key matches only
@@ -932,14 +1098,14 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
                dilation if type(dilation) is int else _key(dilation), groups if type(groups) is int else _key(groups),
                impl if impl is None or type(impl) is int else _key(impl),
                algorithm if type(algorithm) is str else _key(algorithm),
-               fpmath if type(fpmath) is str else _key(fpmath), threading.get_ident())
+               fpmath if type(fpmath) is str else _key(fpmath), _key(allow_known_bad), threading.get_ident())
         plan = _fast_plans.get(key)
     except Exception:   # noqa: BLE001  (not tensors, unhashable options...: the slow path says what is wrong)
         key = plan = None
     if plan is None or plan._freed:
         problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
         _check_device(problem)
-        plan = _plan(problem, "forward", algorithm, fpmath, _w_layout(w), impl)
+        plan = _plan(problem, "forward", algorithm, fpmath, _w_layout(w), impl, allow_known_bad)
         if key is not None:
             _fast_plans.put(key, plan)
     elif bias is not None and not _bias_fits(bias, x, plan.problem.k):
@@ -970,12 +1136,22 @@ def _bias_fits(bias, x, k: int) -> bool:
 
 def implementations(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
                     padding: Any = 0, dilation: Any = 1, groups: int = 1, *, direction: str = "forward",
-                    algorithm: str = "direct", fpmath: str = "strict") -> list[Implementation]:
+                    algorithm: str = "direct", fpmath: str = "strict", isolate: Any = False,
+                    allow_known_bad: bool = False) -> list[Implementation]:
     """Every implementation oneDNN offers for this convolution, in oneDNN's order, without duplicates.
 
     Arguments as in :func:`forward` (for ``direction="backward_data"``/``"backward_weights"`` pass
     the forward problem's x and w). Each :class:`Implementation` gives its name, the layouts it
-    wants, the reorders it implies and its scratchpad bytes. Wraps ``dnnl_primitive_desc_next_impl``.
+    wants, the reorders it implies, its scratchpad bytes, and ``known_bad`` (the issue link) for
+    one :mod:`rawconv.known_bad` lists for this problem. Wraps ``dnnl_primitive_desc_next_impl``.
+
+    ``isolate=True`` (or an :class:`rawconv._isolate.Isolation` / a dict: ``timeout_s``
+    (default 60), ``env`` (extra environment for the child), ``threads``) lists them in a child
+    process and runs each once there on these tensors (backward directions: a seeded random
+    grad_y), checked against float64 here: each row's ``status`` is ``"ok"``, ``"wrong"``,
+    ``"crashed: SIGSEGV"`` (any signal), ``"timed out after 60 s"``, ``"not supported"``,
+    ``"known bad"`` (not run unless ``allow_known_bad=True``) or ``"failed"``, with ``detail``.
+    This process survives whatever the library does there.
 
     The memory layout is x's. For ``"backward_data"`` it is the layout :func:`backward_data`
     takes for a grad_y in x's layout: x's, except when the output's shape cannot tell NCHW from
@@ -983,18 +1159,35 @@ def implementations(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None 
     :class:`Implementation` objects of this list select the same implementations there.
     """
     _check_direction(direction)
+    _check_allow(allow_known_bad)
+    from . import _isolate
+
+    iso = _isolate.options(isolate)
     problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
     _check_device(problem)
     if direction == "backward_data":
         lay = _backward_data_layout(problem.layout, problem, w)
         if lay != problem.layout:
             problem = problem.with_(layout=lay)
-    return _plan(problem, direction, algorithm, fpmath, _w_layout(w), None).implementations
+    if iso is None:
+        return _plan(problem, direction, algorithm, fpmath, _w_layout(w), None).implementations
+    _check_algorithm(algorithm)
+    _check_fpmath(fpmath)
+    wl = _w_layout(w) if direction != "backward_weights" else "nchw"
+    xx = x.unsqueeze(0) if problem.unbatched and x.dim() == problem.ndim + 1 else x
+    rows = _isolate.run_onednn_candidates(problem, xx, w, bias, direction=direction, iterations=1, warmup=0,
+                                          timeout_s=iso.timeout_s, env=iso.env, threads=iso.threads,
+                                          fpmath=fpmath, algorithm=algorithm, allow_known_bad=allow_known_bad,
+                                          w_layout=wl)
+    import dataclasses
+
+    return [dataclasses.replace(r["implementation"], status=r["status"], detail=r["detail"]) for r in rows]
 
 
 def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int], stride: Any = 1,
                   padding: Any = 0, dilation: Any = 1, groups: int = 1, *, impl: Any = None,
-                  algorithm: str = "direct", fpmath: str = "strict", out: torch.Tensor | None = None) -> torch.Tensor:
+                  algorithm: str = "direct", fpmath: str = "strict", out: torch.Tensor | None = None,
+                  allow_known_bad: bool = False) -> torch.Tensor:
     """Gradient of the forward convolution with respect to its input (oneDNN backward data).
 
     ``grad_y``: (N, K, *out) in NCHW or channels_last; ``w``: (K, C/groups, *kernel);
@@ -1002,22 +1195,26 @@ def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int],
     dx of ``x_shape`` in grad_y's memory format (w's when grad_y's shape cannot tell: one channel,
     or a 1x1 output with batch 1), or ``out``. Same ``impl`` selection as :func:`forward`; the
     positions are those :func:`implementations` lists with ``direction="backward_data"`` for an x
-    in grad_y's layout. Wraps ``dnnl_convolution_backward_data_primitive_desc_create`` (with a
-    forward hint).
+    in grad_y's layout. Known-bad implementations as in :func:`forward` (``allow_known_bad``).
+    Wraps ``dnnl_convolution_backward_data_primitive_desc_create`` (with a forward hint).
     """
     problem = _backward_problem(grad_y, w, x_shape, stride, padding, dilation, groups, False)
-    plan = _plan(problem, "backward_data", algorithm, fpmath, _w_layout(w), impl)
+    plan = _plan(problem, "backward_data", algorithm, fpmath, _w_layout(w), impl, allow_known_bad)
     return plan.execute(grad_y=grad_y, w=w, out=out)
 
 
 def backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[int], stride: Any = 1,
                      padding: Any = 0, dilation: Any = 1, groups: int = 1, *, bias: bool = False,
-                     impl: Any = None, algorithm: str = "direct", fpmath: str = "strict"):
+                     impl: Any = None, algorithm: str = "direct", fpmath: str = "strict",
+                     allow_known_bad: bool = False):
     """Gradient of the forward convolution with respect to its weights (and bias).
 
     ``x``: (N, C, *spatial); ``grad_y``: (N, K, *out); ``w_shape``: (K, C/groups, *kernel).
     Returns dw (contiguous), or ``(dw, db)`` with ``bias=True``. Same ``impl`` selection as
-    :func:`forward`. Wraps ``dnnl_convolution_backward_weights_primitive_desc_create``.
+    :func:`forward`, known-bad implementations included: ``jit_1x1:*`` on a channels_last x
+    with stride > 1 and few input channels is oneDNN issue #6035 (:mod:`rawconv.known_bad`)
+    and raises :class:`~rawconv.errors.KnownBadError` unless ``allow_known_bad=True``.
+    Wraps ``dnnl_convolution_backward_weights_primitive_desc_create``.
     """
     if not isinstance(w_shape, (tuple, list, torch.Size)):
         raise ArgumentTypeError(f"w_shape must be a tuple of ints, got {type(w_shape).__name__}")
@@ -1034,7 +1231,7 @@ def backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[in
     problem = ConvProblem.from_torch(x, shape_only(w_shape, x), fake_b, stride, padding, dilation, groups)
     _check_device(problem)
     _check_grad(problem, grad_y, "grad_y", problem.y_shape)
-    plan = _plan(problem, "backward_weights", algorithm, fpmath, "nchw", impl)
+    plan = _plan(problem, "backward_weights", algorithm, fpmath, "nchw", impl, allow_known_bad)
     return plan.execute(x, grad_y=grad_y)
 
 
@@ -1145,3 +1342,106 @@ def reference_seconds(problem: ConvProblem, direction: str = "forward") -> float
                     rate = 0.0
                 _REF_RATES[key] = rate
     return (problem.flops / 2) / rate if rate > 0 else math.inf
+
+
+# ---------------------------------------------------------------------------- capabilities
+_CAPS: dict = {}
+_CAPS_LOCK = threading.Lock()
+# the tiny problem every capability is probed on; no padding, so that every output of the
+# down-conversion probe sums whole kernels
+CAPABILITY_PROBE = ConvProblem(n=1, c=16, k=16, in_spatial=(6, 6), kernel=(3, 3), dtype="float32", layout="nchw")
+# every element of the down-conversion probe's inputs: exact in float32, rounded to 1.0 in
+# bfloat16 (8 significant bits), float16 and TF32 (11 each)
+_PROBE_VALUE = 1.0 + 2.0 ** -12
+
+
+def capabilities(refresh: bool = False):
+    """What this oneDNN offers on this CPU, asked of oneDNN: a :class:`rawconv._capabilities.Capabilities`.
+
+    For each direction ("forward", "backward_data", "backward_weights") and dtype ("float32",
+    "bfloat16", "float16"), and for float32 each fpmath mode ("strict", "bf16", "f16", "tf32",
+    "any"): the implementations oneDNN lists for the tiny problem :data:`CAPABILITY_PROBE`
+    (primitive descriptors only, as :attr:`Convolution.implementations` lists them), split into
+    non-reference ones and ``ref:any``, or the status when it lists nothing
+    (``dnnl_unimplemented``: e.g. bfloat16 and float16 on a CPU without AVX-512).
+
+    fpmath modes on float32 are also run: oneDNN 3.2 accepts ``fpmath="bf16"`` on every CPU but
+    only some implementations honour it (``brgconv:avx512_core_amx`` on AMX CPUs); the others
+    compute in float32 as if it were ``"strict"``, with the same names. So each listed
+    non-reference implementation runs the probe on inputs of 1 + 2**-12 (exact in float32,
+    1.0 after rounding to bf16, f16 or TF32) and is recorded in ``down_converts`` when its
+    result is the rounded inputs' one. On a CPU with AVX-512 (no AMX) and on AVX2, every
+    mode's list equals strict's and none down-converts.
+
+    Cached per process (``refresh=True`` probes again); the first call takes about a second.
+    Raises :class:`~rawconv.errors.LibraryNotFoundError` when oneDNN cannot be loaded. Wraps
+    ``dnnl_convolution_*_primitive_desc_create``, ``dnnl_primitive_desc_next_impl``,
+    ``dnnl_get_effective_cpu_isa``, ``dnnl_version`` and, for the fpmath probe,
+    ``dnnl_primitive_execute``.
+    """
+    if not isinstance(refresh, bool):
+        raise ArgumentTypeError(f"refresh must be True or False, got {refresh!r}")
+    caps = _CAPS.get("caps")
+    if caps is None or refresh:
+        with _CAPS_LOCK:
+            caps = _CAPS.get("caps")
+            if caps is None or refresh:
+                caps = _probe_capabilities()
+                _CAPS["caps"] = caps
+    return caps
+
+
+def _probe_capabilities():
+    from ._capabilities import DIRECTIONS as CAP_DIRECTIONS, Capabilities, CapabilityRow
+    from .errors import LibraryError
+
+    _dnnl.load()
+    rows = []
+    for direction in CAP_DIRECTIONS:
+        for dtype in DTYPES:
+            modes = list(FPMATH_MODES) if dtype == "float32" else ["strict"]
+            for fm in modes:
+                plan = Convolution.from_problem(CAPABILITY_PROBE.with_(dtype=dtype), direction=direction,
+                                                fpmath=fm, prepack=False)
+                names, status, down = [], "ok", None
+                try:
+                    impls = plan.implementations
+                    names = list(dict.fromkeys(i.name for i in impls))
+                    if dtype == "float32" and fm != "strict":
+                        down = tuple(n for n in names if not n.startswith("ref") and _rounds_inputs(plan, n))
+                except LibraryError as exc:   # NotSupportedError (dnnl_unimplemented) included
+                    status = exc.status_name or type(exc).__name__
+                finally:
+                    plan.free()
+                rows.append(CapabilityRow(
+                    direction, dtype, fm, tuple(n for n in names if not n.startswith("ref")),
+                    tuple(n for n in names if n.startswith("ref")), status,
+                    f"fpmath {fm}" if fm != "strict" else "", down))
+    v = _dnnl.version()
+    return Capabilities("oneDNN", v["version"], _dnnl.effective_cpu_isa(),
+                        f"{CAPABILITY_PROBE.describe()}", tuple(rows))
+
+
+def _rounds_inputs(plan: Convolution, name: str) -> bool:
+    """Run implementation ``name`` of ``plan`` (float32, a reduced-precision fpmath mode) on
+    inputs of :data:`_PROBE_VALUE` and say whether the result is the one of inputs rounded to
+    1.0 (each output is ``count * v * v`` exactly, ``count`` if inputs were rounded)."""
+    import torch.nn.functional as F
+
+    p = plan.problem
+    plan.select(name)
+    v = _PROBE_VALUE
+    if plan.direction == "forward":
+        y = plan.execute(torch.full(p.x_shape, v), torch.full(p.w_shape, v))
+        count = F.conv2d(torch.ones(p.x_shape, dtype=torch.float64), torch.ones(p.w_shape, dtype=torch.float64))
+    elif plan.direction == "backward_data":
+        y = plan.execute(grad_y=torch.full(p.y_shape, v), w=torch.full(p.w_shape, v))
+        count = torch.nn.grad.conv2d_input(p.x_shape, torch.ones(p.w_shape, dtype=torch.float64),
+                                           torch.ones(p.y_shape, dtype=torch.float64))
+    else:
+        y = plan.execute(torch.full(p.x_shape, v), grad_y=torch.full(p.y_shape, v))
+        count = torch.nn.grad.conv2d_weight(torch.ones(p.x_shape, dtype=torch.float64), p.w_shape,
+                                            torch.ones(p.y_shape, dtype=torch.float64))
+    per_product = y.double() / count
+    # exact: v * v = 1 + 2**-11 + 2**-24 per product; rounded inputs: 1. A quarter of the gap decides.
+    return bool((per_product - v * v).abs().max() > (v * v - 1.0) / 4)

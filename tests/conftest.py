@@ -1,4 +1,6 @@
-"""Shared fixtures. Tests marked ``gpu`` skip where torch sees no CUDA device."""
+"""Shared fixtures. Tests marked ``gpu`` skip where torch sees no CUDA device; tests that need a
+oneDNN capability (bfloat16, float16, an fpmath mode) skip where oneDNN does not offer it, with the
+reason :func:`rawconv.onednn.capabilities` gives (``requires_onednn``)."""
 from __future__ import annotations
 
 import pytest
@@ -32,3 +34,27 @@ def cudnn_lib():
         return _cudnn.load()
     except LibraryNotFoundError as exc:
         pytest.skip(f"libcudnn.so.9 not available: {exc}")
+
+
+def requires_onednn(direction: str, dtype="float32", fpmath: str = "strict", *, down_converts: bool = False,
+                    caps=None):
+    """Skip the calling test unless oneDNN offers a non-reference ``dtype`` ``direction``
+    convolution with ``fpmath`` here (and, with ``down_converts``, unless that float32 fpmath
+    mode really rounds inputs). The skip reason is :meth:`Capabilities.reason`'s line, e.g.
+    "oneDNN 3.2.0 on avx2 offers no bfloat16 forward convolution (dnnl_unimplemented)".
+    ``caps``: a Capabilities to ask instead of ``rawconv.onednn.capabilities()`` (tests of this helper)."""
+    __tracebackhide__ = True   # the skip is reported at the calling test's line
+    if caps is None:
+        from rawconv import onednn
+
+        caps = onednn.capabilities()
+    if not caps.offered(direction, dtype, fpmath):
+        pytest.skip(caps.reason(direction, dtype, fpmath))
+    if down_converts and not caps.down_converts(direction, fpmath, dtype):
+        pytest.skip(caps.reason(direction, dtype, fpmath))
+
+
+@pytest.fixture(name="requires_onednn")
+def requires_onednn_fixture():
+    """:func:`requires_onednn` as a fixture: ``def test_x(requires_onednn): requires_onednn("forward", torch.bfloat16)``."""
+    return requires_onednn

@@ -88,8 +88,9 @@ def test_c4_thread_count_changes_torchs_backend_not_a_pinned_impl():
     assert compare_to_reference(p, outs[1], ref, ra).ok
 
 
-def test_c5_bf16_ones_give_four_for_every_implementation():
+def test_c5_bf16_ones_give_four_for_every_implementation(requires_onednn):
     # pytorch #163347: one platform returned 1
+    requires_onednn("forward", "bfloat16")
     x = torch.ones(1, 1, 2, 2, dtype=torch.bfloat16)
     w = torch.ones(1, 1, 2, 2, dtype=torch.bfloat16)
     impls = onednn.implementations(x, w)

@@ -200,13 +200,22 @@ def test_fit_columns_drops_in_priority_order():
 
 
 # --------------------------------------------------------------------------- the command, in-process
+@pytest.fixture
+def no_info(monkeypatch):
+    """``rawconv info``'s data stubbed: the tests below patch oneDNN calls, and info's per-process
+    capabilities cache must not keep what a patched call gave."""
+    from rawconv import _info
+
+    monkeypatch.setattr(_info, "collect", lambda: {"onednn": {"version": "(stub)", "cpu_isa": "(stub)"}})
+
+
 def _main(capsys, *args):
     code = cli.main(list(args))
     out = capsys.readouterr()
     return code, out.out, out.err
 
 
-def test_main_exit_3_when_onednn_does_not_load(capsys, monkeypatch, tmp_path):
+def test_main_exit_3_when_onednn_does_not_load(no_info, capsys, monkeypatch, tmp_path):
     from rawconv import onednn
 
     def missing(*a, **k):
@@ -222,30 +231,31 @@ def test_main_exit_3_when_onednn_does_not_load(capsys, monkeypatch, tmp_path):
     assert "no comparable rows" in text and "nan" not in text.lower().replace("nanosec", "")
 
 
-def test_main_exit_3_when_nothing_is_supported_and_4_when_one_fails(capsys, monkeypatch):
+def test_main_exit_3_when_nothing_is_supported_and_4_when_one_fails(no_info, capsys, monkeypatch):
     from rawconv import onednn
 
     real_select = onednn.Convolution.select
 
-    def unsupported(self, choice):
+    def unsupported(self, choice, **kw):
         raise NotSupportedError("oneDNN offers nothing like it here")
 
+    # --no-ref: onednn.reference_seconds measures ref:any through select() and caches the rate
     monkeypatch.setattr(onednn.Convolution, "select", unsupported)
-    code, text, _ = _main(capsys, "compare", *TINY, "--width", "80")
+    code, text, _ = _main(capsys, "compare", *TINY, "--no-ref", "--width", "80")
     assert code == 3 and "not supported" in text and "no rawconv candidate ran on" in text
 
-    def one_fails(self, choice):
+    def one_fails(self, choice, **kw):
         if choice == 0:
             raise LibraryError("oneDNN", "dnnl_primitive_create", 5, "dnnl_runtime_error", "injected")
-        return real_select(self, choice)
+        return real_select(self, choice, **kw)
 
     monkeypatch.setattr(onednn.Convolution, "select", one_fails)
-    code, text, _ = _main(capsys, "compare", *TINY, "--width", "80")
+    code, text, _ = _main(capsys, "compare", *TINY, "--no-ref", "--width", "80")
     assert code == 4, text
     assert "failed: " in text and "injected" in text
 
 
-def test_main_exit_1_on_a_wrong_answer(capsys, monkeypatch):
+def test_main_exit_1_on_a_wrong_answer(no_info, capsys, monkeypatch):
     from rawconv import onednn
 
     real = onednn.Convolution.execute
@@ -259,7 +269,7 @@ def test_main_exit_1_on_a_wrong_answer(capsys, monkeypatch):
     assert code == 1 and "outside tolerance:" in text and "wrong" in text
 
 
-def test_main_ref_rows_are_skipped_by_their_estimate(capsys, monkeypatch, tmp_path):
+def test_main_ref_rows_are_skipped_by_their_estimate(no_info, capsys, monkeypatch, tmp_path):
     from rawconv import onednn
 
     monkeypatch.setattr(onednn, "reference_seconds", lambda p, d="forward": 42.0)

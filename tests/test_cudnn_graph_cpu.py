@@ -1,12 +1,16 @@
 """rawconv.cudnn_graph without a GPU: backend descriptors built and finalized up to (not including)
 the operation graph, attribute plumbing read back from cuDNN, engine-config names, knob
-enumeration, tolerance arguments, the device-side reference, the tuning cache, and bad input
-rejected before any C call."""
+enumeration, tolerance arguments, the device-side reference, the tuning cache, the autotune search
+(rawconv._search) driven through its plan interface by fake plans, and bad input rejected before
+any C call."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import statistics
+import threading
+import time
 
 import pytest
 import torch
@@ -14,9 +18,11 @@ import torch.nn.functional as F
 
 from rawconv import ConvProblem, _cudnn
 from rawconv import _cudnn_backend as B
+from rawconv import _search as S
 from rawconv import cudnn_graph as G
-from rawconv.errors import ArgumentError, ArgumentTypeError, LibraryError
-from rawconv.problem import EPS, abs_reference, conv_reference
+from rawconv import tuning
+from rawconv.errors import ArgumentError, ArgumentTypeError, LibraryError, NotSupportedError
+from rawconv.problem import EPS, ErrorStats, abs_reference, conv_reference
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +39,17 @@ def no_c_calls(monkeypatch):
     def boom():
         raise AssertionError("a C function was called")
     monkeypatch.setattr(_cudnn, "lib", boom)
+
+
+@pytest.fixture
+def memory_cache():
+    """The process's tuning cache in memory only (whatever $RAWCONV_TUNING_CACHE says), empty
+    before and after the test."""
+    tuning.set_cache_file("")
+    tuning.cache().clear()
+    yield tuning.cache()
+    tuning.cache().clear()
+    tuning.set_cache_file(None)
 
 
 # ---------------------------------------------------------------- names
@@ -72,13 +89,13 @@ def test_engine_config_equality_ignores_annotations():
 
 
 def test_knob_enumeration():
-    assert list(G._knob_combinations([])) == [()]
-    combos = list(G._knob_combinations([(2, 0, 2, 1), (3, 0, 1, 1)]))
+    assert list(S.knob_combinations([])) == [()]
+    combos = list(S.knob_combinations([(2, 0, 2, 1), (3, 0, 1, 1)]))
     assert combos[0] == () and len(combos) == 1 + 3 * 2
     assert combos[1] == ((2, 0), (3, 0)) and combos[-1] == ((2, 2), (3, 1))
-    assert G._knob_range(1, 9, 4) == [1, 5, 9]
-    assert G._knob_range(3, 3, 0) == [3]
-    vals = G._knob_values(0, 1000, 1, 500)
+    assert S.knob_range(1, 9, 4) == [1, 5, 9]
+    assert S.knob_range(3, 3, 0) == [3]
+    vals = S.knob_values(0, 1000, 1, 500)
     assert 0 in vals and 1000 in vals and 499 in vals and 501 in vals and len(vals) <= 18
 
 
@@ -301,8 +318,8 @@ def test_relayout_plan_is_the_channels_last_graph_of_the_same_problem(cudnn, dir
     copies it needs per call are the inputs and the output, in bytes."""
     p = _p(layout="nchw", dtype="bfloat16")
     plan = G.GraphConvolution.from_problem(p, direction=direction)
-    cl = plan._channels_last()
-    assert cl is plan._channels_last()
+    cl = plan.channels_last()
+    assert cl is plan.channels_last()
     assert cl.problem == p.with_(layout="nhwc") and cl.direction == direction
     for role, st in cl._graph.strides.items():
         shape = {"x": p.x_shape, "dx": p.x_shape, "y": p.y_shape, "dy": p.y_shape, "w": p.w_shape,
@@ -374,15 +391,16 @@ def test_backward_references_match_autograd():
 
 
 # ---------------------------------------------------------------- tuning cache
-def test_tuning_cache_roundtrip(tmp_path):
+def test_tuning_cache_roundtrip(tmp_path, memory_cache):
     G.clear_tuning_cache()
-    G._tuning_put("k1", {"engine": "eng28{k2=3}", "median_ms": 0.1})
+    k1 = _key(_cp((32, 64, 56, 56), (64, 64, 3, 3), 1))
+    tuning.cache().put(tuning.TuningRecord(k1, "eng28{k2=3}", {"engine": 28, "knobs": [[2, 3]]}, median_ms=0.1))
     path = tmp_path / "tune.json"
     G.save_tuning_cache(str(path))
     G.clear_tuning_cache()
     assert G.tuning_cache() == {}
     assert G.load_tuning_cache(str(path)) == 1
-    assert G.tuning_cache()["k1"]["engine"] == "eng28{k2=3}"
+    assert G.tuning_cache()[k1]["engine"] == "eng28{k2=3}"
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"something": 1}))
     with pytest.raises(ArgumentError):
@@ -397,7 +415,7 @@ def test_reexported_from_rawconv_cudnn():
 
 
 class _FakeGraph:
-    """Enough of a GraphConvolution for the knob search, on a synthetic cost landscape."""
+    """Enough of a rawconv._search.SearchPlan for the knob strategies, on a synthetic cost landscape."""
 
     def __init__(self, engines):
         self.engines = engines  # index -> (behavior notes, knob info, cost(knobs) or None = no finalize)
@@ -409,9 +427,8 @@ class _FakeGraph:
             return None
         return ({"numerical_notes": (), "behavior_notes": e[0]}, e[1])
 
-    _random_search = G.GraphConvolution._random_search
-    _neighbours = G.GraphConvolution._neighbours
-    _knob_search = G.GraphConvolution._knob_search
+    def make_config(self, engine, knobs=(), numerical_notes=(), behavior_notes=()):
+        return G.EngineConfig(engine, knobs, (), tuple(numerical_notes), tuple(behavior_notes))
 
 
 def _search(fake, budget_trials, seed=0, rows=None):
@@ -434,8 +451,8 @@ def _search(fake, budget_trials, seed=0, rows=None):
 
     for idx in fake.engines:  # default knobs, as autotune's phase 2
         trial(G.EngineConfig(idx), "default knobs")
-    fake._knob_search(rows, trial, left)
-    fake._random_search(rows, trial, left, seed, set(), False)
+    S.knob_search(fake, rows, trial, left)
+    S.random_search(fake, rows, trial, left, seed, set(), False)
     return rows, calls
 
 
@@ -507,7 +524,7 @@ def _relayout_plan(monkeypatch, e2e: dict, wrong: set = frozenset()):
     from rawconv.problem import ErrorStats
 
     plan = G.GraphConvolution.from_problem(_p(layout="nchw"))
-    cl = plan._channels_last()
+    cl = plan.channels_last()
 
     def rows(owner, names, times):
         out = []
@@ -519,11 +536,10 @@ def _relayout_plan(monkeypatch, e2e: dict, wrong: set = frozenset()):
 
     native = rows(plan, ["eng1", "eng2"], [0.030, 0.031])
     nhwc = rows(cl, [f"eng72{{k17={i}}}" for i in range(1, 6)], [0.010, 0.0105, 0.011, 0.012, 0.013])
-    monkeypatch.setattr(plan, "_search", lambda *a, **k: native)
-    monkeypatch.setattr(cl, "_search", lambda *a, **k: nhwc)
+    monkeypatch.setattr(S, "search", lambda p, *a, **k: native if p is plan else nhwc if p is cl else pytest.fail())
     monkeypatch.setattr(plan, "_example", lambda seed: {"x": None, "w": None, "b": None})
-    monkeypatch.setattr(plan, "_tuning_key", lambda *a: "relayout-test")
-    monkeypatch.setattr(plan, "_out_tensor", lambda layout: torch.empty(plan.problem.y_shape))
+    monkeypatch.setattr(G, "_environment", lambda index: dict(_ENV))
+    monkeypatch.setattr(plan, "output", lambda layout=None: torch.empty(plan.problem.y_shape))
     bound = {r: torch.empty(1) for r in ("x", "w", "y", "b", "dx", "dy", "dw")}
     monkeypatch.setattr(plan, "_bind", lambda *a: (bound, None))
     last = []
@@ -536,11 +552,11 @@ def _relayout_plan(monkeypatch, e2e: dict, wrong: set = frozenset()):
         fn()
         t = e2e[last[-1]]
         return TimeStats(t, t, t, iterations)
-    monkeypatch.setattr(G, "_time_reps", fake_time)
+    monkeypatch.setattr(S, "time_reps", fake_time)
     return plan, cl
 
 
-def test_relayout_autotune_selects_exactly_the_top_row(cudnn, monkeypatch):
+def test_relayout_autotune_selects_exactly_the_top_row(cudnn, monkeypatch, memory_cache):
     """The fastest end to end is nhwc k17=2 though k17=1 has the fastest engine: that row tops the
     table and is what runs; the fifth channels_last config (not timed end to end) gets the median
     transform time of the four added to its engine time."""
@@ -554,9 +570,13 @@ def test_relayout_autotune_selects_exactly_the_top_row(cudnn, monkeypatch):
     fifth = table[3]
     assert fifth.median_ms == pytest.approx(0.013 + statistics.median([0.022, 0.0175, 0.020, 0.023]))
     assert "measured on the best four" in fifth.detail and "end to end" in table[0].detail
+    # the choice is recorded: its "nhwc:" name, what it ran in, engine and knobs
+    (rec,) = memory_cache.records()
+    assert rec.choice == "nhwc:eng72{k17=2}" and rec.layout == "nhwc" and rec.key.options["relayout"]
+    assert rec.key.layout == "nchw" and dict(rec.detail)["engine"] == 72 and rec.detail["knobs"] == ((17, 2),)
 
 
-def test_relayout_autotune_wrong_transforms_fall_back_to_the_nchw_graph(cudnn, monkeypatch):
+def test_relayout_autotune_wrong_transforms_fall_back_to_the_nchw_graph(cudnn, monkeypatch, memory_cache):
     """One channels_last config wrong end to end (its engine alone passed): every channels_last
     row is marked, and the NCHW graph's best runs, even though a channels_last time is lower."""
     e2e = {"nhwc:eng72{k17=1}": 0.012, "eng1": 0.040, "eng2": 0.045}
@@ -584,18 +604,18 @@ def test_check_plan_tensor_shared_by_both_cuda_plans(no_c_calls):
 
 def test_a_runtime_compilation_that_ended_late_is_worth_another_trial(monkeypatch):
     class Plan:
-        _built = {"eng72": object()}
+        built = {"eng72": object()}
 
     ec72, ec80 = G.EngineConfig(72), G.EngineConfig(80)
     still = "runtime compilation still running after 0.8 s (the budget's end); it finishes in the background"
-    assert G._worth_retry(Plan, G.TimedConfig(ec72, status="over budget", detail=still))  # compiled since
-    assert not G._worth_retry(Plan, G.TimedConfig(ec80, status="over budget", detail=still))  # still compiling
-    assert not G._worth_retry(Plan, G.TimedConfig(ec72, 0.01, 0.01, 5, "ok"))  # tried already
+    assert S.worth_retry(Plan, G.TimedConfig(ec72, status="over budget", detail=still))  # compiled since
+    assert not S.worth_retry(Plan, G.TimedConfig(ec80, status="over budget", detail=still))  # still compiling
+    assert not S.worth_retry(Plan, G.TimedConfig(ec72, 0.01, 0.01, 5, "ok"))  # tried already
     skipped = G.TimedConfig(ec80, status="over budget", detail="skipped: 8 runtime compilations already running")
-    monkeypatch.setattr(G, "_rtc_inflight", {})
-    assert G._worth_retry(Plan, skipped)
-    monkeypatch.setattr(G, "_rtc_inflight", {(0, f"c{i}"): 0.0 for i in range(G._RTC_WORKERS)})
-    assert not G._worth_retry(Plan, skipped)
+    monkeypatch.setattr(S, "_rtc_inflight", {})
+    assert S.worth_retry(Plan, skipped)
+    monkeypatch.setattr(S, "_rtc_inflight", {(0, f"c{i}"): 0.0 for i in range(S._RTC_WORKERS)})
+    assert not S.worth_retry(Plan, skipped)
 
 
 def test_random_search_tries_late_compilations_and_searches_from_them():
@@ -624,49 +644,81 @@ def test_random_search_tries_late_compilations_and_searches_from_them():
         late_calls.append(1)
         return [r for r in rows.values() if r.status == "over budget"]
 
-    fake._random_search(rows, trial, lambda: len(calls) < 40, 0, {5}, False, None, late)
+    S.random_search(fake, rows, trial, lambda: len(calls) < 40, 0, {5}, False, None, late)
     assert late_calls and rows["eng5"].status == "ok"
     best = min((r for r in rows.values() if r.status == "ok"), key=lambda r: r.median_ms)
     assert best.config.engine == 5 and dict(best.config.knobs).get(3) == 4, best
 
 
-def _key(desc, tail="|tf32=False|ws=None|f|cudnn 9.19.0|NVIDIA H200"):
-    return desc + tail
+_ENV = {"library": "cuDNN", "library_version": "9.19.0", "device": "NVIDIA H200", "device_arch": "sm_90"}
+
+
+def _cp(x, w, pad=0, dtype="float16", layout="nhwc"):
+    """The problem of x shape ``x`` and weight shape ``w`` (stride 1, symmetric ``pad``)."""
+    nd = len(x) - 2
+    return ConvProblem(n=x[0], c=x[1], k=w[0], in_spatial=tuple(x[2:]), kernel=tuple(w[2:]),
+                       pad_before=(pad,) * nd, pad_after=(pad,) * nd, dtype=dtype, layout=layout, device="cuda:0")
+
+
+def _key(problem, direction="forward", activation=None, device="NVIDIA H200"):
+    return tuning.TuningKey("cudnn_graph", direction, problem, activation, {"allow_tf32": False},
+                            **dict(_ENV, device=device))
+
+
+def _rec(key, choice, created="2026-12-01T00:00:00+00:00"):
+    """A record of the graph's winner ``choice`` (a config name, "nhwc:" first for one that ran on
+    channels_last copies; a name that is no config gets an empty detail)."""
+    layout = "nhwc" if choice.startswith("nhwc:") else ""
+    try:
+        ec = G.EngineConfig.parse(choice.split(":")[-1])
+        detail = {"engine": ec.engine, "knobs": [list(k) for k in ec.knobs]}
+    except ArgumentError:
+        detail = {}
+    return tuning.TuningRecord(key, choice, detail, layout, 0.1, 0.1, created=created)
+
+
+def _seed_names(cache, key, layout=None):
+    """The config names cache seeds give the graph search, in order (what autotune passes on)."""
+    return [ec.name for ec in G._configs_of(cache.seeds(key, layout=layout))]
 
 
 def test_cache_seeds_rank_like_problems_first_and_skip_other_gpus_and_directions():
-    own = _key("forward 2d float16 nhwc x(32,64,56,56) w(64,64,3,3) p1,1")
-    cache = {  # insertion order = age, oldest first
-        _key("forward 2d float16 nhwc x(32,64,56,56) w(64,64,1,1)"): {"engine": "eng72{k17=1,k24=4}"},
-        _key("forward 2d bfloat16 nhwc x(32,128,28,28) w(128,128,3,3) p1,1"): {"engine": "eng58{k25=0}"},
+    own = _key(_cp((32, 64, 56, 56), (64, 64, 3, 3), 1))
+    cache = tuning.TuningCache()
+    for rec in [  # put order = age, oldest first
+        _rec(_key(_cp((32, 64, 56, 56), (64, 64, 1, 1))), "eng72{k17=1,k24=4}"),
+        _rec(_key(_cp((32, 128, 28, 28), (128, 128, 3, 3), 1, dtype="bfloat16")), "eng58{k25=0}"),
         # a relayout winner of an NCHW problem ran on the channels_last graph: it counts as NHWC
-        _key("forward 2d float16 nchw x(32,256,56,56) w(64,256,1,1)"): {"engine": "nhwc:eng72{k17=1,k24=7}"},
-        _key("backward_data 2d float16 nhwc x(32,64,56,56) w(64,64,3,3)"): {"engine": "eng1"},
-        _key("forward 2d float16 nhwc x(32,64,56,56) w(64,64,3,3)", "|tf32=False|ws=None|f|cudnn 9.19.0|H100"):
-            {"engine": "eng2"},
-        _key("forward 2d float16 nhwc x(32,512,28,28) w(128,512,1,1)"): {"engine": "eng62{k2=1}"},
-        _key("forward 2d float16 nhwc x(32,128,28,28) w(512,128,1,1)"): {"engine": "eng72{k17=1,k24=4}"},
-        _key("forward 3d float16 nhwc x(2,8,5,6,7) w(16,8,3,3,3)"): {"engine": "eng3"},
-        _key("forward 2d float16 nhwc x(32,64,56,56) w(64,64,3,3) activation relu"): {"engine": "eng4"},
-        _key("forward 2d float16 nchw x(32,64,56,56) w(64,64,1,1)"): {"engine": "eng5"},
-        own: {"engine": "eng9"},
-        "not a key": {"engine": 3},
-    }
+        _rec(_key(_cp((32, 256, 56, 56), (64, 256, 1, 1), layout="nchw")), "nhwc:eng72{k17=1,k24=7}"),
+        _rec(_key(_cp((32, 64, 56, 56), (64, 64, 3, 3)), "backward_data"), "eng1"),
+        _rec(_key(_cp((32, 64, 56, 56), (64, 64, 3, 3)), device="H100"), "eng2"),
+        _rec(_key(_cp((32, 512, 28, 28), (128, 512, 1, 1))), "eng62{k2=1}"),
+        _rec(_key(_cp((32, 128, 28, 28), (512, 128, 1, 1))), "eng72{k17=1,k24=4}"),
+        _rec(_key(_cp((2, 8, 5, 6, 7), (16, 8, 3, 3, 3))), "eng3"),
+        _rec(_key(_cp((32, 64, 56, 56), (64, 64, 3, 3)), activation="relu"), "eng4"),
+        _rec(_key(_cp((32, 64, 56, 56), (64, 64, 1, 1), layout="nchw")), "eng5"),
+        _rec(own, "eng9"),
+        _rec(_key(_cp((32, 64, 28, 28), (64, 64, 3, 3), 1)), "not a name"),
+    ]:
+        cache.put(rec)
     # like problems (2d fp16 NHWC, no activation), newest first, each once; then the same
     # dimensions and layout; then the rest, newest first
-    assert G._seed_names(cache, own) == ["eng72{k17=1,k24=4}", "eng62{k2=1}", "eng72{k17=1,k24=7}",
-                                         "eng4", "eng58{k25=0}", "eng5", "eng3"]
+    assert _seed_names(cache, own) == ["eng72{k17=1,k24=4}", "eng62{k2=1}", "eng72{k17=1,k24=7}",
+                                       "eng4", "eng58{k25=0}", "eng5", "eng3"]
     # the native graph of an NCHW problem, then its channels_last graph
-    own_nchw = _key("forward 2d float16 nchw x(32,64,56,56) w(64,64,3,3) p1,1")
-    assert G._seed_names(cache, own_nchw)[0] == "eng5"
-    assert G._seed_names(cache, own_nchw, layout="nhwc")[:4] == ["eng9", "eng72{k17=1,k24=4}", "eng62{k2=1}",
-                                                                 "eng72{k17=1,k24=7}"]
+    own_nchw = _key(_cp((32, 64, 56, 56), (64, 64, 3, 3), 1, layout="nchw"))
+    assert _seed_names(cache, own_nchw)[0] == "eng5"
+    assert _seed_names(cache, own_nchw, layout="nhwc")[:4] == ["eng9", "eng72{k17=1,k24=4}", "eng62{k2=1}",
+                                                               "eng72{k17=1,k24=7}"]
     # a time stamp beats the place in the cache (a cache read from a file is in key order)
-    stamped = dict(cache)
-    stamped[_key("forward 2d float16 nhwc x(32,64,56,56) w(64,64,1,1)")] = {"engine": "eng72{k17=1,k24=4}", "t": 5.0}
-    stamped[_key("forward 2d float16 nhwc x(32,512,28,28) w(128,512,1,1)")] = {"engine": "eng62{k2=1}", "t": 9.0}
-    assert G._seed_names(stamped, own)[:2] == ["eng62{k2=1}", "eng72{k17=1,k24=4}"]
-    assert G._seed_names({}, own) == []
+    stamped = tuning.TuningCache()
+    stamped.put(_rec(_key(_cp((32, 64, 56, 56), (64, 64, 1, 1))), "eng72{k17=1,k24=4}", "2026-12-01T00:00:05+00:00"))
+    stamped.put(_rec(_key(_cp((32, 512, 28, 28), (128, 512, 1, 1))), "eng62{k2=1}", "2026-12-01T00:00:09+00:00"))
+    for rec in cache.records():  # put after the two, but made earlier
+        if rec.key not in stamped:
+            stamped.put(rec)
+    assert _seed_names(stamped, own)[:2] == ["eng62{k2=1}", "eng72{k17=1,k24=4}"]
+    assert _seed_names(tuning.TuningCache(), own) == []
 
 
 def test_cache_seed_configs_keep_supported_engines_within_the_caps():
@@ -676,27 +728,26 @@ def test_cache_seed_configs_keep_supported_engines_within_the_caps():
                 return None  # not offered for this graph
             return ({"numerical_notes": (), "behavior_notes": ("RUNTIME_COMPILATION",) if idx == 72 else ()}, [])
 
-        def _annotate(self, ec):
+        def annotate(self, ec):
             info = self.engine_info(ec.engine)
             return ec.with_(numerical_notes=info[0]["numerical_notes"], behavior_notes=info[0]["behavior_notes"])
 
-        _configs = {}
-        _seed_configs = G.GraphConvolution._seed_configs
-
     names = ["eng72{k24=1}", "eng5{k1=1}", "not a name", "eng58{k25=0}", "eng72{k24=2}", "eng72{k24=1}",
              "eng72{k24=3}", "eng62{k2=1}", "eng62{k2=2}"]
-    got = Fake()._seed_configs(names, max_rtc=2, max_other=1)
+    # the configs autotune takes from the cache's records (a record that holds none is skipped)
+    configs = G._configs_of([_rec(_key(_cp((2, 8, 9, 9), (8, 8, 3, 3))), n) for n in names])
+    got = S.seed_configs(Fake(), configs, max_rtc=2, max_other=1)
     assert [ec.name for ec in got] == ["eng72{k24=1}", "eng58{k25=0}", "eng72{k24=2}"]
     assert "RUNTIME_COMPILATION" in got[0].behavior_notes
     # autotune's filters: a config they refuse is dropped before it takes a place under the caps
     plan = Fake()
-    plan._allowed = lambda ec, **f: "nondeterministic" if f.get("deterministic_only") and ec.engine == 58 else ""
-    got = plan._seed_configs(names, max_rtc=2, max_other=1, filters={"deterministic_only": True})
+    plan.allowed = lambda ec, **f: "nondeterministic" if f.get("deterministic_only") and ec.engine == 58 else ""
+    got = S.seed_configs(plan, configs, max_rtc=2, max_other=1, filters={"deterministic_only": True})
     assert [ec.name for ec in got] == ["eng72{k24=1}", "eng72{k24=2}", "eng62{k2=1}"]
     # include_runtime_compiled=False: only runtime-compiled engines a heuristic mode proposed
-    got = plan._seed_configs(names, filters={}, proposed={58}, include_runtime_compiled=False)
+    got = S.seed_configs(plan, configs, filters={}, proposed={58}, include_runtime_compiled=False)
     assert [ec.name for ec in got] == ["eng58{k25=0}", "eng62{k2=1}", "eng62{k2=2}"]
-    got = plan._seed_configs(names, filters={}, proposed={72}, include_runtime_compiled=False)
+    got = S.seed_configs(plan, configs, filters={}, proposed={72}, include_runtime_compiled=False)
     assert got[0].name == "eng72{k24=1}"
 
 
@@ -708,8 +759,6 @@ def test_autotune_refuses_a_non_bool_seed_from_cache():
 
 
 def test_late_compilations_are_waited_for_until_the_deadline_unless_patience_ended_the_search(monkeypatch):
-    import time
-
     row = G.TimedConfig(G.EngineConfig(72), status="over budget", detail="runtime compilation still running")
     polls = {"n": 0}
     tried = []
@@ -725,16 +774,218 @@ def test_late_compilations_are_waited_for_until_the_deadline_unless_patience_end
         tried.append(ec.name)
         row.status = "ok"
 
-    monkeypatch.setattr(G, "_compiling", compiling)
+    monkeypatch.setattr(S, "compiling", compiling)
     t0 = time.perf_counter()
-    G._try_late(object(), late, trial, t0 + 5.0, wait=True)
+    S.try_late(object(), late, trial, t0 + 5.0, wait=True)
     assert tried == ["eng72"] and time.perf_counter() - t0 < 1.0  # tried once it ended, then returned
     # patience ended the search: no waiting for running compilations
     row.status, polls["n"], tried[:] = "over budget", 0, []
-    G._try_late(object(), late, trial, time.perf_counter() + 5.0, wait=False)
+    S.try_late(object(), late, trial, time.perf_counter() + 5.0, wait=False)
     assert tried == [] and polls["n"] == 0
     # a compilation that never ends: back at the deadline
-    monkeypatch.setattr(G, "_compiling", lambda plan: True)
+    monkeypatch.setattr(S, "compiling", lambda plan: True)
     t0 = time.perf_counter()
-    G._try_late(object(), lambda: [], trial, t0 + 0.1, wait=True)
+    S.try_late(object(), lambda: [], trial, t0 + 0.1, wait=True)
     assert 0.09 < time.perf_counter() - t0 < 0.5
+
+
+# ---------------------------------------------------------------- the whole search on a fake plan
+class _FakePlan:
+    """A rawconv._search.SearchPlan without cuDNN: ``engines`` index -> (numerical notes, behavior
+    notes, knob info, cost(knobs) in ms or None = does not finalize, workspace bytes); heuristic
+    modes return ``heuristics[mode]`` (names); configs in ``wrong`` give results outside their
+    tolerance. Running a config records it, so the fake timers know its cost."""
+
+    heuristic_modes = G.HEURISTIC_MODES
+    allowed = G.GraphConvolution.allowed  # the plan's own note filters
+    make_config = _FakeGraph.make_config
+
+    def __init__(self, engines, heuristics=None, wrong=()):
+        self.problem, self.direction, self.activation, self.allow_tf32 = _p(), "forward", None, False
+        self.engines, self.heuristics, self.wrong = engines, heuristics or {}, set(wrong)
+        self.built, self.failed, self.ran, self.builds = {}, {}, [], []
+        self.global_count = max(engines) + 1
+
+    def engine_info(self, idx):
+        e = self.engines.get(idx)
+        return None if e is None else ({"numerical_notes": e[0], "behavior_notes": e[1]}, e[2])
+
+    def heuristic(self, mode):
+        return [self.annotate(G.EngineConfig.parse(n)).with_(heuristics=(mode,)) for n in self.heuristics.get(mode, ())]
+
+    def annotate(self, ec):
+        info = self.engine_info(ec.engine)
+        if ec.numerical_notes or ec.behavior_notes or info is None:
+            return ec
+        return ec.with_(**info[0])
+
+    def build(self, ec, *, handle=None):
+        self.builds.append((ec.name, threading.current_thread().name))
+        if ec.name in self.built:
+            return self.built[ec.name]
+        e = self.engines[ec.engine]
+        if e[3](dict(ec.knobs)) is None:
+            self.failed[ec.name] = "CUDNN_STATUS_NOT_SUPPORTED"
+            raise NotSupportedError(f"{ec.name} does not finalize", library="cuDNN")
+        ec = self.annotate(ec).with_(workspace_bytes=e[4], finalizes=True)
+        b = self.built[ec.name] = G._Built(ec, None, e[4], {"engine": ec.engine})
+        return b
+
+    def handle(self):
+        return None
+
+    def output(self, layout=None):
+        return torch.empty(4)
+
+    def call_for(self, b, tensors, out):
+        def run():
+            self.ran.append(b.config)
+            out.fill_(1.0)
+        return run
+
+    def check_output(self, out, config, ref, ref_abs):
+        assert not torch.isnan(out).any(), "checked before it ran"
+        return ErrorStats(0.0, 0.0, 5.0 if config.name in self.wrong else 0.5, 0)
+
+    def cost(self):
+        ec = self.ran[-1]
+        return self.engines[ec.engine][3](dict(ec.knobs))
+
+
+@pytest.fixture
+def fake_timers(monkeypatch):
+    """The search's GPU timers replaced: a call "takes" the cost of what it ran on the fake plan
+    set as ``fake_timers.plan``."""
+    from rawconv.bench import TimeStats
+
+    class Timers:
+        plan = None
+
+        def time(self, fn, iterations=1):
+            fn()
+            c = self.plan.cost()
+            return TimeStats(c, c, c, iterations)
+
+    t = Timers()
+    monkeypatch.setattr(S, "time_once", lambda fn: t.time(fn))
+    monkeypatch.setattr(S, "time_reps", lambda fn, iterations, warmup=1, **kw: t.time(fn, iterations))
+    return t
+
+
+def _landscape():
+    return {
+        # heuristic engine, knobs; its best is k2=3
+        1: ((), (), [(2, 0, 3, 1)], lambda k: 2.0 - 0.2 * k.get(2, 0), 0),
+        # a default-knob engine no heuristic proposes, the fastest once its knob k5 is 2
+        3: ((), (), [(5, 0, 3, 1)], lambda k: 1.0 - 0.3 * (k.get(5, 0) == 2), 1 << 20),
+        # down-converts its inputs: filtered by default
+        4: (("DOWN_CONVERT_INPUTS",), (), [], lambda k: 0.1, 0),
+        # never finalizes
+        6: ((), (), [(1, 0, 1, 1)], lambda k: None, 0),
+        # runtime-compiled, proposed by no heuristic mode
+        8: ((), ("RUNTIME_COMPILATION",), [], lambda k: 0.9, 0),
+        # gives wrong results
+        9: ((), (), [], lambda k: 0.05, 0),
+    }
+
+
+def test_search_on_a_fake_plan_runs_every_phase_in_order_and_ranks_what_it_found(fake_timers, caplog):
+    plan = _FakePlan(_landscape(), {"instant": ["eng1{k2=0}"], "fallback": ["eng1{k2=1}"]}, wrong={"eng9"})
+    fake_timers.plan = plan
+    opts = S.SearchOptions(budget_s=30.0, patience=None, include_runtime_compiled=False)
+    with caplog.at_level(logging.DEBUG, logger="rawconv.search"):
+        table = S.search(plan, time.perf_counter() + 30.0, 30.0, {}, None, None, opts,
+                         seeds=[G.EngineConfig(3, ((5, 1),)), G.EngineConfig(5)])  # engine 5: not offered
+    rows = {r.name: r for r in table}
+    # every phase, in order: heuristic configs, the cache seed, then the engines' default knobs
+    first = list(dict.fromkeys(ec.name for ec in plan.ran))[:4]  # each trial runs its config several times
+    assert first == ["eng1{k2=0}", "eng1{k2=1}", "eng3{k5=1}", "eng1"], first
+    assert rows["eng1{k2=0}"].phase == "heuristic" and rows["eng3{k5=1}"].phase == "cache seed"
+    assert "eng5" not in rows, "a seed of an engine the graph does not offer is not tried"
+    assert rows["eng3"].phase == "default knobs"
+    # the knob searches find both engines' best knobs; the fastest correct config tops the table
+    assert table[0].name == "eng3{k5=2}" and table[0].status == "ok" and table[0].median_ms == pytest.approx(0.7)
+    assert rows["eng1{k2=3}"].status == "ok"
+    assert rows["eng4"].status == "filtered" and "down-converts" in rows["eng4"].detail
+    assert rows["eng6"].status == "not supported" and rows["eng6"].detail == "CUDNN_STATUS_NOT_SUPPORTED"
+    assert rows["eng8"].status == "filtered" and "include_runtime_compiled" in rows["eng8"].detail
+    assert rows["eng9"].status == "mismatch" and rows["eng9"].error.ratio == 5.0
+    ok = [r for r in table if r.status == "ok"]
+    assert [r.median_ms for r in ok] == sorted(r.median_ms for r in ok)
+    assert all(r.runs == 5 * (30 // 5) for r in ok[:8]), "the best eight are re-timed in 5 rounds"
+    assert len({ec.name for ec in plan.ran if ec.name != "eng9"}) == len(ok)
+    # one debug line per phase, in order
+    phases = [m.split(":")[0] for m in caplog.messages[1:]]
+    assert phases == ["heuristic", "cache seed", "default knobs", "knob search", "random knobs",
+                      "late compilations", "final re-timing"], caplog.messages
+    assert "cache seed: 1 trials" in caplog.messages[2]
+
+
+def test_search_on_a_fake_plan_honours_workspace_limit_patience_and_compiles_in_the_background(fake_timers):
+    plan = _FakePlan(_landscape(), {"instant": ["eng1{k2=0}"]})
+    fake_timers.plan = plan
+    # a flat landscape after the default knobs: patience ends the search after 3 trials
+    flat = _FakePlan({1: ((), (), [(2, 0, 9, 1)], lambda k: 1.0, 0)})
+    fake_timers.plan = flat
+    table = S.search(flat, time.perf_counter() + 30.0, 30.0, {}, None, None, S.SearchOptions(patience=3))
+    assert sum(r.phase == "knob search" for r in table) == 3
+    assert not any(r.phase == "random knobs" for r in table)
+    # workspace limit; the runtime-compiled engine allowed, built in a worker thread
+    fake_timers.plan = plan
+    opts = S.SearchOptions(workspace_limit=1000, patience=None, include_runtime_compiled=True)
+    table = S.search(plan, time.perf_counter() + 30.0, 30.0, {}, None, None, opts)
+    rows = {r.name: r for r in table}
+    assert rows["eng3"].status == "filtered" and rows["eng3"].detail == f"workspace {1 << 20} B > limit 1000 B"
+    assert rows["eng8"].status == "ok" and rows["eng8"].phase == "default knobs"
+    assert ("eng8", "rawconv-rtc-eng8") in plan.builds, plan.builds
+    assert table[0].name == "eng9", "right on this plan: the fastest config tops the table"
+    assert not S.compiling(plan)
+
+
+def test_search_options_check_their_arguments():
+    with pytest.raises(ArgumentError, match="budget_s"):
+        S.SearchOptions(budget_s=-1)
+    with pytest.raises(ArgumentError, match="workspace_limit"):
+        S.SearchOptions(workspace_limit=1.5)
+    with pytest.raises(ArgumentError, match="relayout"):
+        S.SearchOptions(relayout=1)
+    assert S.SearchOptions(workspace_limit=0, patience=None).workspace_limit == 0
+
+
+def test_graph_plan_satisfies_the_search_protocol(cudnn):
+    """Every member of rawconv._search.SearchPlan exists on GraphConvolution (built on the CPU)."""
+    import inspect
+
+    plan = G.GraphConvolution.from_problem(_p(layout="nchw"))
+    members = [n for n, _ in inspect.getmembers(S.SearchPlan) if not n.startswith("_")]
+    members += list(S.SearchPlan.__annotations__)
+    missing = [n for n in members if not hasattr(type(plan), n) and not hasattr(plan, n)]
+    assert not missing and len(members) >= 18, missing
+    ec = plan.make_config(72, {24: 4, 17: 1}, ("TENSOR_CORE",))
+    assert ec.name == "eng72{k17=1,k24=4}" and ec.tensor_cores
+    assert plan.allowed(ec) == "" and plan.built is plan._built and plan.failed is plan._failed
+
+
+def test_tuning_records_of_the_graph_hold_its_config(cudnn, monkeypatch, memory_cache):
+    """autotune's key: problem, direction (canonical), activation, the filters in force
+    (no_tensor_cores resolved), cuDNN's version and the GPU; its record: the row's name,
+    engine and knobs, times and error."""
+    monkeypatch.setattr(G, "_environment", lambda index: dict(_ENV))
+    p = _p(dtype="float32", has_bias=True)
+    plan = G.GraphConvolution.from_problem(p, activation="relu")
+    key = plan._tuning_key(S.SearchOptions(workspace_limit=0), False)
+    assert key.backend == "cudnn_graph" and key.direction == "forward" and key.activation == "relu"
+    assert key.options["no_tensor_cores"] is True and key.options["workspace_limit"] == 0
+    assert key.options["allow_tf32"] is False and key.options["relayout"] is False
+    assert key.conv_problem() == p.with_(device="cuda") and key.library_version == "9.19.0"
+    bw = G.GraphConvolution.from_problem(_p(), direction="backward_filter")
+    assert bw._tuning_key(S.SearchOptions(), False).direction == "backward_weights"
+    row = G.TimedConfig(G.EngineConfig(72, ((17, 1),), (), ("TENSOR_CORE",)), 0.012, 0.011, 30, "ok",
+                        ErrorStats(1e-3, 1e-4, 0.25, 0), "knob search")
+    rec = plan._record(key, row)
+    assert rec.choice == "eng72{k17=1}" and rec.layout == "nhwc" and rec.median_ms == 0.012
+    assert rec.detail["engine"] == 72 and rec.detail["knobs"] == ((17, 1),)
+    assert rec.error["ratio"] == 0.25 and rec.key == key
+    assert G._configs_of([rec]) == [G.EngineConfig(72, ((17, 1),))]
+    back = tuning.TuningRecord.from_json(rec.to_json())
+    assert back == rec and G._configs_of([back])[0].name == "eng72{k17=1}"

@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rawconv import ConvProblem
+from rawconv import ConvProblem, tuning
+from rawconv import _search as S
 from rawconv import cudnn_graph as G
 from rawconv.errors import NotSupportedError
 from rawconv.problem import abs_reference, compare_to_reference, conv_reference, empty_like_layout, to_layout
@@ -305,9 +306,9 @@ def test_default_selection_skips_known_wrong_engines_and_is_right(name, directio
 
 def _wait_for_background_compilation(limit_s=120.0):
     t0 = time.perf_counter()
-    while G._rtc_inflight and time.perf_counter() - t0 < limit_s:
+    while S._rtc_inflight and time.perf_counter() - t0 < limit_s:
         time.sleep(0.05)
-    assert not G._rtc_inflight, f"runtime compilations still running after {limit_s} s: {G._rtc_inflight}"
+    assert not S._rtc_inflight, f"runtime compilations still running after {limit_s} s: {S._rtc_inflight}"
 
 
 def test_runtime_compiled_engines_build_in_the_background_and_run_right():
@@ -322,9 +323,9 @@ def test_runtime_compiled_engines_build_in_the_background_and_run_right():
     ref, ref_abs = conv_reference(p, x, w), abs_reference(p, x, w)
     ran = 0
     for idx in rtc:
-        ec = plan._annotate(G.EngineConfig(idx))
+        ec = plan.annotate(G.EngineConfig(idx))
         try:
-            b, why = G._build_in_background(plan, ec, 120.0)
+            b, why = S.build_in_background(plan, ec, 120.0)
         except NotSupportedError:
             continue
         assert b is not None, why
@@ -338,15 +339,15 @@ def test_runtime_compiled_engines_build_in_the_background_and_run_right():
     assert ran, f"no runtime-compiled engine among {rtc} finalized"
     # a timeout shorter than any compilation: the caller is told, the build finishes in the background
     plan2 = G.GraphConvolution(x, w, padding=1)
-    ec = plan2._annotate(G.EngineConfig(rtc[0]))
-    b, why = G._build_in_background(plan2, ec, 1e-6)
+    ec = plan2.annotate(G.EngineConfig(rtc[0]))
+    b, why = S.build_in_background(plan2, ec, 1e-6)
     assert (b is None and "still running" in why) or b is not None
     _wait_for_background_compilation()
     assert ec.name in plan2._built or ec.name in plan2._failed  # the background build finished and was kept
     # several at once: each finalizes (or fails) as it would alone
     plan3 = G.GraphConvolution(x, w, padding=1)
-    cfgs = [plan3._annotate(G.EngineConfig(i)) for i in rtc]
-    G._compile_in_background(plan3, cfgs, 120.0)
+    cfgs = [plan3.annotate(G.EngineConfig(i)) for i in rtc]
+    S.compile_in_background(plan3, cfgs, 120.0)
     _wait_for_background_compilation()
     for ec in cfgs:
         assert (ec.name in plan3._built) == (ec.name in plan._built), ec.name
@@ -381,11 +382,11 @@ def test_autotune_tries_runtime_compilations_that_end_after_their_trial():
     _wait_for_background_compilation()
     G.clear_tuning_cache()
     plan = G.GraphConvolution(x, w, padding=1)
-    rtc = [plan._annotate(G.EngineConfig(i)) for i in range(plan.global_count)
+    rtc = [plan.annotate(G.EngineConfig(i)) for i in range(plan.global_count)
            if plan.engine_info(i) is not None and "RUNTIME_COMPILATION" in plan.engine_info(i)[0]["behavior_notes"]]
     if not rtc:
         pytest.skip("this cuDNN offers no runtime-compiled engine for the graph")
-    G._compile_in_background(plan, rtc, 0.0)  # started, not waited for
+    S.compile_in_background(plan, rtc, 0.0)  # started, not waited for
     t0 = time.perf_counter()
     table = plan.autotune(budget_s=8.0, use_cache=False, patience=None, include_runtime_compiled=True)
     rows = {r.name: r for r in table}
@@ -402,18 +403,19 @@ def test_autotune_seeds_from_the_winners_of_other_problems_in_the_tuning_cache(m
     """A config that won for another problem (here: an engine's default knobs that no heuristic
     mode proposes) is tried, as a "cache seed", before the default-knob phase."""
     monkeypatch.delenv(G.ENV_TUNING_FILE, raising=False)  # the in-memory cache alone
+    monkeypatch.delenv(tuning.ENV_FILE, raising=False)
     p, _ = GRID["fp16-nhwc"]
     G.clear_tuning_cache()
     a = G.GraphConvolution.from_problem(p)
     a.autotune(budget_s=1.0, patience=20)
-    (key, entry), = G.tuning_cache().items()
+    (rec,) = tuning.cache().records()
     b = G.GraphConvolution.from_problem(p.with_(n=4))
     heur = {ec.name for mode in G.HEURISTIC_MODES for ec in b.heuristic(mode)}
     cand = [f"eng{i}" for i in range(b.global_count) if b.engine_info(i) is not None and f"eng{i}" not in heur
             and "RUNTIME_COMPILATION" not in b.engine_info(i)[0]["behavior_notes"]]
     if not cand:
         pytest.skip("every engine's default config is a heuristic one here")
-    G._tuning_put(key, dict(entry, engine=cand[-1]))
+    tuning.cache().put(rec.with_(choice=cand[-1], detail={"engine": int(cand[-1][3:]), "knobs": []}))
     rows = b.autotune(budget_s=2.0, patience=40)
     seeded = [r for r in rows if r.phase == "cache seed"]
     assert [r.name for r in seeded] == [cand[-1]], [str(r) for r in rows[:5]]

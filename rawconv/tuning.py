@@ -1,0 +1,674 @@
+"""Tuning records and the tuning cache: which candidate won the autotune of a problem.
+
+A :class:`TuningKey` says what was tuned, as structured fields: the backend (``"cudnn_graph"``,
+``"cudnn"``, ``"onednn"``), the direction (``"forward"``, ``"backward_data"``,
+``"backward_weights"``; ``"backward_filter"`` is accepted as cuDNN's name for the last), the
+problem (the :class:`~rawconv.problem.ConvProblem` fields, without ``name``, the device index
+dropped), a fused activation, the options and filters in force (precision, workspace limit,
+determinism, note filters...: whatever the backend's autotune takes), the library and its exact
+version (``"cuDNN"``, ``"9.19.0"``) and the device (GPU name and compute capability
+``"sm_90"``, or ``"cpu"`` and oneDNN's effective ISA).
+
+A :class:`TuningRecord` is a key plus the choice: its stable candidate name (the name the
+backend's ``select``/``choice=`` takes: ``"eng72{k17=1,k24=4}"``, ``"nhwc:eng72{k17=1}"``, a
+legacy cuDNN ``"IMPLICIT_PRECOMP_GEMM math=fma"``, a oneDNN ``"brgconv:avx512_core@nhwc"``), a
+backend-specific ``detail`` dict, its times and error against float64, when and by which rawconv it
+was made. Records are JSON with a versioned schema (``"schema": 1``), saved and loaded one at a
+time or as lists (:meth:`TuningRecord.save`, :meth:`TuningRecord.load`), and can say whether the
+library or device they were made on differ from the current ones
+(:meth:`TuningRecord.check_environment`).
+
+A :class:`TuningCache` holds records by key, thread-safely: :meth:`~TuningCache.get`,
+:meth:`~TuningCache.put`, :meth:`~TuningCache.seeds` (the winners of other problems, to seed a
+search), :meth:`~TuningCache.save` / :meth:`~TuningCache.load`. The process-wide one is
+:func:`cache`; it lives in memory only unless a file is configured with
+``$RAWCONV_TUNING_CACHE`` (``$RAWCONV_CUDNN_TUNING_CACHE``, the older name, is read too) or
+:func:`set_cache_file`: then it is loaded from that file on first use and written back after
+each :meth:`~TuningCache.put`.
+
+Nothing here is backend-specific: a backend builds its keys and records (and registers how to
+read its current library version and device with :func:`register_environment`). Cache hits,
+misses, loads and saves are logged at debug level on the ``rawconv.tuning`` logger.
+
+File formats (JSON): a record is an object with ``"schema": 1``; a cache file is
+``{"format": "rawconv-tuning-cache", "version": 1, "records": [record, ...]}``. Files of the
+previous format (``{"rawconv_cudnn_graph_tuning": 1, "entries": {...}}``, keyed by ``|``-joined
+strings) are refused with a message saying so: their keys do not hold the problem's fields or
+the GPU's compute capability, so they cannot be converted faithfully.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import threading
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from ._backend import BUILTIN as BACKENDS, DIRECTIONS, canonical_direction
+from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
+
+log = logging.getLogger("rawconv.tuning")
+
+__all__ = ["SCHEMA", "CACHE_FORMAT", "CACHE_VERSION", "ENV_FILE", "ENV_FILE_ALIASES", "BACKENDS", "DIRECTIONS",
+           "TuningKey", "TuningRecord", "TuningCache", "TuningEnvironmentError", "canonical_direction",
+           "cache", "cache_file", "set_cache_file", "register_environment", "current_environment"]
+
+SCHEMA = 1                          # TuningRecord JSON schema this rawconv writes and reads
+CACHE_FORMAT = "rawconv-tuning-cache"
+CACHE_VERSION = 1
+ENV_FILE = "RAWCONV_TUNING_CACHE"
+ENV_FILE_ALIASES = ("RAWCONV_CUDNN_TUNING_CACHE",)
+_OLD_FORMAT = "rawconv_cudnn_graph_tuning"
+_ENV_FIELDS = ("library", "library_version", "device", "device_arch")
+
+
+class TuningEnvironmentError(ArgumentError):
+    """A tuning record was made with another library version or on another device
+    (:meth:`TuningRecord.check_environment` with ``strict=True``). ``differences``: the
+    ``(field, recorded, current)`` triples that differ."""
+
+    def __init__(self, message: str, differences: list):
+        super().__init__(message)
+        self.differences = list(differences)
+
+
+# ---------------------------------------------------------------------------- keys
+def _frozen(v, what: str):
+    """A JSON-like value made hashable: lists -> tuples, dicts -> _Fields."""
+    if isinstance(v, (list, tuple)):
+        return tuple(_frozen(i, what) for i in v)
+    if isinstance(v, Mapping):
+        return _Fields(v, what)
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    raise ArgumentTypeError(f"{what} values must be JSON scalars or lists of them, got {type(v).__name__} {v!r}")
+
+
+def _plain(v):
+    """The JSON form of a value made by :func:`_frozen`."""
+    if isinstance(v, tuple):
+        return [_plain(i) for i in v]
+    if isinstance(v, _Fields):
+        return {k: _plain(i) for k, i in v.items()}
+    return v
+
+
+class _Fields(Mapping):
+    """A read-only, hashable mapping of str to JSON-like values (equality and hash do not depend
+    on the key order, which is kept for display)."""
+
+    __slots__ = ("_d", "_h")
+
+    def __init__(self, d: Mapping, what: str = "field"):
+        if not isinstance(d, Mapping):
+            raise ArgumentTypeError(f"{what} must be a mapping, got {type(d).__name__}")
+        if not all(isinstance(k, str) for k in d):
+            raise ArgumentTypeError(f"{what} keys must be str, got {sorted(map(repr, d))}")
+        self._d = {k: _frozen(d[k], what) for k in d}
+        self._h = hash(tuple(sorted(self._d.items(), key=lambda kv: kv[0])))
+
+    def __getitem__(self, k):
+        return self._d[k]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __hash__(self) -> int:
+        return self._h
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Mapping) and dict(self.items()) == dict(other.items())
+
+    def __repr__(self) -> str:
+        return repr(_plain(self))
+
+
+def _problem_fields(problem) -> dict:
+    """The fields of a ConvProblem (or a dict of them) as a key holds them: no ``name``; the
+    device type only (``"cuda:1"`` -> ``"cuda"``)."""
+    if dataclasses.is_dataclass(problem) and not isinstance(problem, type):
+        d = {f.name: getattr(problem, f.name) for f in dataclasses.fields(problem)}
+    elif isinstance(problem, Mapping):
+        d = dict(problem)
+    else:
+        raise ArgumentTypeError(f"problem must be a ConvProblem or a dict of its fields, got {type(problem).__name__}")
+    d.pop("name", None)
+    if isinstance(d.get("device"), str):
+        d["device"] = d["device"].split(":", 1)[0]
+    return d
+
+
+@dataclass(frozen=True)
+class TuningKey:
+    """What was tuned (hashable; equal keys mean the same tuning question).
+
+    ``backend``: one of :data:`BACKENDS` (``rawconv._backend.BUILTIN``); ``direction``: canonical
+    (:func:`rawconv._backend.canonical_direction`);
+    ``problem``: the :class:`~rawconv.problem.ConvProblem` fields as a read-only mapping (a
+    ConvProblem or a dict is accepted; ``name`` and the device index are dropped); ``activation``:
+    a fused activation or None; ``options``: the options and filters in force (names and JSON
+    scalars, e.g. ``allow_tf32``, ``workspace_limit``, ``deterministic_only``); ``library`` /
+    ``library_version``: e.g. ``"cuDNN"``, ``"9.19.0"``; ``device`` / ``device_arch``: e.g.
+    ``"NVIDIA H200"``, ``"sm_90"``, or ``"cpu"``, ``"avx512_core_amx"``.
+    Raises :class:`ArgumentError` / :class:`ArgumentTypeError` for fields it cannot hold."""
+
+    backend: str
+    direction: str
+    problem: Mapping
+    activation: str | None = None
+    options: Mapping = field(default_factory=dict)
+    library: str = ""
+    library_version: str = ""
+    device: str = ""
+    device_arch: str = ""
+
+    def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise ArgumentError(f"backend must be one of {list(BACKENDS)}, got {self.backend!r}")
+        object.__setattr__(self, "direction", canonical_direction(self.direction))
+        object.__setattr__(self, "problem", _Fields(_problem_fields(self.problem), "problem"))
+        object.__setattr__(self, "options", _Fields(self.options, "options"))
+        if self.activation is not None and not isinstance(self.activation, str):
+            raise ArgumentTypeError(f"activation must be None or a str, got {self.activation!r}")
+        for name in _ENV_FIELDS:
+            if not isinstance(getattr(self, name), str):
+                raise ArgumentTypeError(f"{name} must be a str, got {getattr(self, name)!r}")
+
+    # what the seed ranking compares
+    @property
+    def ndim(self) -> int:
+        """Spatial dimensions of the problem (1, 2 or 3)."""
+        return len(self.problem.get("in_spatial", ()))
+
+    @property
+    def dtype(self) -> str:
+        return self.problem.get("dtype", "")
+
+    @property
+    def layout(self) -> str:
+        return self.problem.get("layout", "")
+
+    def environment(self) -> dict:
+        """``{"library", "library_version", "device", "device_arch"}`` of this key."""
+        return {k: getattr(self, k) for k in _ENV_FIELDS}
+
+    def conv_problem(self):
+        """The :class:`~rawconv.problem.ConvProblem` this key describes (device as recorded:
+        ``"cuda"``, ``"cpu"``)."""
+        from .problem import ConvProblem
+
+        return ConvProblem(**_plain(self.problem))
+
+    def to_dict(self) -> dict:
+        return {"backend": self.backend, "direction": self.direction, "problem": _plain(self.problem),
+                "activation": self.activation, "options": _plain(self.options),
+                **self.environment()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "TuningKey":
+        if not isinstance(d, Mapping):
+            raise ArgumentTypeError(f"a tuning key is a JSON object, got {type(d).__name__}")
+        missing = [k for k in ("backend", "direction", "problem") if k not in d]
+        if missing:
+            raise ArgumentError(f"tuning key lacks {missing}")
+        return cls(d["backend"], d["direction"], d["problem"], d.get("activation"), d.get("options") or {},
+                   **{k: d.get(k, "") for k in _ENV_FIELDS})
+
+
+# ---------------------------------------------------------------------------- records
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _rawconv_version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def _error_dict(error) -> dict | None:
+    if error is None:
+        return None
+    if isinstance(error, Mapping):
+        d = dict(error)
+    else:  # ErrorStats or alike
+        d = {k: getattr(error, k) for k in ("max_abs", "max_rel", "ratio")}
+    out = {}
+    for k in ("max_abs", "max_rel", "ratio"):
+        v = d.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise ArgumentTypeError(f"error.{k} must be a number, got {v!r}")
+        out[k] = None if v is None else float(v)
+    return out
+
+
+def _time(v, name: str) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ArgumentTypeError(f"{name} must be a number of milliseconds or None, got {v!r}")
+    return float(v)
+
+
+@dataclass(frozen=True)
+class TuningRecord:
+    """The outcome of one autotune: ``key`` (:class:`TuningKey`) and the choice.
+
+    ``choice``: the stable candidate name the backend's selection takes (``"eng72{k17=1,k24=4}"``,
+    ``"nhwc:eng72{k17=1}"``, ``"IMPLICIT_PRECOMP_GEMM math=fma"``, ``"brgconv:avx512_core@nhwc"``);
+    ``detail``: backend-specific, JSON-able (cuDNN graph: ``engine``, ``knobs`` as ``[type, value]``
+    pairs, notes, ``workspace_bytes``; legacy cuDNN: ``algo``, ``math``; oneDNN: ``impl``);
+    ``layout``: the memory layout the chosen candidate computes in (the problem's own unless it
+    runs on relaid copies, as ``"nhwc:"`` configs do); ``median_ms`` / ``min_ms``: its time per
+    call (ms); ``error``: ``{"max_abs", "max_rel", "ratio"}`` against float64 (None when not
+    checked); ``created``: ISO 8601 UTC time (default now); ``rawconv_version`` (default this
+    one's); ``schema``: :data:`SCHEMA`.
+
+    JSON (:meth:`to_json`) is flat: ``schema``, the key's fields (:meth:`TuningKey.to_dict`),
+    then ``choice``, ``layout``, ``detail``, ``median_ms``, ``min_ms``, ``error``, ``created``,
+    ``rawconv_version``.
+    """
+
+    key: TuningKey
+    choice: str
+    detail: Mapping = field(default_factory=dict)
+    layout: str = ""
+    median_ms: float | None = None
+    min_ms: float | None = None
+    error: Mapping | None = None
+    created: str = ""
+    rawconv_version: str = ""
+    schema: int = SCHEMA
+
+    def __post_init__(self):
+        if not isinstance(self.key, TuningKey):
+            raise ArgumentTypeError(f"key must be a TuningKey, got {type(self.key).__name__}")
+        if not isinstance(self.choice, str) or not self.choice:
+            raise ArgumentError(f"choice must be a non-empty str, got {self.choice!r}")
+        if self.schema != SCHEMA:
+            raise ArgumentError(f"tuning record schema {self.schema!r} is not the one this rawconv reads ({SCHEMA})")
+        if not isinstance(self.layout, str):
+            raise ArgumentTypeError(f"layout must be a str, got {self.layout!r}")
+        object.__setattr__(self, "layout", self.layout or self.key.layout)
+        object.__setattr__(self, "detail", _Fields(self.detail, "detail"))
+        object.__setattr__(self, "median_ms", _time(self.median_ms, "median_ms"))
+        object.__setattr__(self, "min_ms", _time(self.min_ms, "min_ms"))
+        err = _error_dict(self.error)
+        object.__setattr__(self, "error", None if err is None else _Fields(err, "error"))
+        if not isinstance(self.created, str):
+            raise ArgumentTypeError(f"created must be an ISO 8601 str, got {self.created!r}")
+        object.__setattr__(self, "created", self.created or _now())
+        try:
+            datetime.datetime.fromisoformat(self.created)
+        except ValueError:
+            raise ArgumentError(f"created must be an ISO 8601 time, got {self.created!r}") from None
+        object.__setattr__(self, "rawconv_version", self.rawconv_version or _rawconv_version())
+
+    @property
+    def created_ts(self) -> float:
+        """``created`` in seconds since the epoch (a time without a zone counts as UTC)."""
+        t = datetime.datetime.fromisoformat(self.created)
+        if t.tzinfo is None:
+            t = t.replace(tzinfo=datetime.timezone.utc)
+        return t.timestamp()
+
+    def with_(self, **changes) -> "TuningRecord":
+        """A copy with ``changes`` (dataclass fields)."""
+        return dataclasses.replace(self, **changes)
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict:
+        return {"schema": self.schema, **self.key.to_dict(), "choice": self.choice, "layout": self.layout,
+                "detail": _plain(self.detail), "median_ms": self.median_ms, "min_ms": self.min_ms,
+                "error": None if self.error is None else _plain(self.error), "created": self.created,
+                "rawconv_version": self.rawconv_version}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "TuningRecord":
+        """A record from its JSON object. Raises :class:`ArgumentError` for another schema or
+        missing / mistyped fields."""
+        if not isinstance(d, Mapping):
+            raise ArgumentTypeError(f"a tuning record is a JSON object, got {type(d).__name__}")
+        if "schema" not in d:
+            raise ArgumentError("not a tuning record: no 'schema' field")
+        if d["schema"] != SCHEMA:
+            raise ArgumentError(f"tuning record schema {d['schema']!r} is not the one this rawconv reads ({SCHEMA})")
+        if "choice" not in d:
+            raise ArgumentError("tuning record lacks 'choice'")
+        try:
+            return cls(TuningKey.from_dict(d), d["choice"], d.get("detail") or {}, d.get("layout") or "",
+                       d.get("median_ms"), d.get("min_ms"), d.get("error"), d.get("created") or "",
+                       d.get("rawconv_version") or "")
+        except ArgumentTypeError as exc:  # a JSON file's content: a wrong value, not a wrong call
+            raise ArgumentError(str(exc)) from None
+
+    def to_json(self, compact: bool = False) -> str:
+        """The record as JSON text: one field per line (``compact``: all on one line)."""
+        return _dumps(self.to_dict(), 0 if compact else 1)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "TuningRecord":
+        """A record from :meth:`to_json`'s text. Raises :class:`ArgumentError` for text that is not
+        JSON or not a record."""
+        try:
+            data = json.loads(text)
+        except (TypeError, ValueError) as exc:
+            raise ArgumentError(f"not a JSON tuning record: {exc}") from None
+        return cls.from_dict(data)
+
+    # ------------------------------------------------------------------ files
+    def save(self, path) -> None:
+        """Write this record to ``path`` as JSON (replacing the file atomically)."""
+        _write_json(path, self.to_dict())
+
+    @staticmethod
+    def save_all(records, path) -> None:
+        """Write ``records`` (TuningRecords) to ``path`` as a JSON list."""
+        records = list(records)
+        if not all(isinstance(r, TuningRecord) for r in records):
+            raise ArgumentTypeError("save_all takes TuningRecords")
+        _write_json(path, [r.to_dict() for r in records], 2)
+
+    @classmethod
+    def load(cls, path) -> "TuningRecord | list[TuningRecord]":
+        """The record in ``path`` (written by :meth:`save`), or the list of records when the file
+        holds a list (:meth:`save_all`) or a tuning cache (:meth:`TuningCache.save`). Raises
+        :class:`ArgumentError` naming ``path`` when it is missing, not JSON, of the old format or
+        not records."""
+        data = _read_json(path)
+        if isinstance(data, Mapping) and "schema" in data:
+            return _records_in(path, [data])[0]
+        return _records_in(path, data)
+
+    # ------------------------------------------------------------------ environment
+    def check_environment(self, strict: bool = False, *, current: Mapping | None = None) -> list:
+        """Compare the library (name, version) and device (name, architecture) this record was made
+        with to the current ones (``current``: a dict of those fields; default: what the backend
+        registered with :func:`register_environment` reports now). Returns the
+        ``(field, recorded, current)`` triples that differ ([] when none). When some differ:
+        warns (``RuntimeWarning``) saying exactly what, or with ``strict`` raises
+        :class:`TuningEnvironmentError` (an :class:`ArgumentError`)."""
+        now = dict(current) if current is not None else current_environment(self.key.backend)
+        rec = self.key.environment()
+        diff = [(k, rec[k], now.get(k, "")) for k in _ENV_FIELDS if rec[k] != now.get(k, "")]
+        if diff:
+            what = "; ".join(f"{k}: recorded {a!r}, current {b!r}" for k, a, b in diff)
+            msg = (f"tuning record {self.choice!r} ({self.key.backend} {self.key.direction}) was made with "
+                   f"{rec['library']} {rec['library_version']} on {rec['device']} ({rec['device_arch']}); "
+                   f"here it differs: {what}")
+            if strict:
+                raise TuningEnvironmentError(msg, diff)
+            warnings.warn(msg, RuntimeWarning, stacklevel=2)
+        return diff
+
+
+# ---------------------------------------------------------------------------- environment probes
+_env_probes: dict[str, Callable[[], Mapping]] = {}
+
+
+def register_environment(backend: str, probe: Callable[[], Mapping]) -> None:
+    """Let :meth:`TuningRecord.check_environment` ask ``backend`` for the current library and
+    device: ``probe()`` returns ``{"library", "library_version", "device", "device_arch"}`` (the
+    values the backend puts in its keys)."""
+    if backend not in BACKENDS:
+        raise ArgumentError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    if not callable(probe):
+        raise ArgumentTypeError("probe must be callable")
+    _env_probes[backend] = probe
+
+
+def current_environment(backend: str) -> dict:
+    """The current ``{"library", "library_version", "device", "device_arch"}`` of ``backend`` (its
+    module is imported so that it registers; see :func:`register_environment`). Raises
+    :class:`NotSupportedError` when the backend registered none, and what the probe raises (e.g.
+    no GPU)."""
+    if backend not in BACKENDS:
+        raise ArgumentError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    if backend not in _env_probes:
+        import importlib
+
+        importlib.import_module(f"rawconv.{backend}")
+    probe = _env_probes.get(backend)
+    if probe is None:
+        raise NotSupportedError(f"rawconv.{backend} registers no environment probe "
+                                "(rawconv.tuning.register_environment): pass current= explicitly")
+    return {k: str(v) for k, v in dict(probe()).items() if k in _ENV_FIELDS}
+
+
+# ---------------------------------------------------------------------------- files
+def _read_json(path):
+    """The JSON content of ``path``; :class:`ArgumentError` naming it when it is missing,
+    unreadable or not JSON."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise ArgumentError(f"tuning file {os.fspath(path)!s} does not exist") from None
+    except IsADirectoryError:
+        raise ArgumentError(f"tuning file {os.fspath(path)!s} is a directory") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ArgumentError(f"cannot read tuning file {os.fspath(path)!s}: {exc}") from None
+    except ValueError as exc:  # json.JSONDecodeError
+        raise ArgumentError(f"tuning file {os.fspath(path)!s} is not valid JSON: {exc}") from None
+
+
+def _dumps(data, depth: int) -> str:
+    """JSON text with line breaks down to ``depth`` levels (0: one line; 1: one field of an object
+    per line; 2: one list item (a record) per line); deeper values stay on their line."""
+    if depth <= 0 or not isinstance(data, (dict, list)) or not data:
+        return json.dumps(data)
+    if isinstance(data, list):
+        return "[\n" + ",\n".join(" " + _dumps(v, depth - 2) for v in data) + "\n]"
+    # a cache file: the header fields on one line each, its records one per line
+    return "{\n" + ",\n".join(f" {json.dumps(k)}: " + _dumps(v, depth - 1 if k != "records" else 2)
+                               .replace("\n", "\n ") for k, v in data.items()) + "\n}"
+
+
+def _write_json(path, data, depth: int = 1) -> None:
+    path = os.fspath(path)
+    tmp = f"{path}.tmp{os.getpid()}.{threading.get_ident()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(_dumps(data, depth) + "\n")
+    os.replace(tmp, path)
+
+
+def _records_in(path, data) -> list[TuningRecord]:
+    """The records of a file's JSON content ``data``: a cache file, a list of records or one
+    record. Raises :class:`ArgumentError` naming ``path`` for anything else, saying so for the
+    previous format."""
+    p = os.fspath(path)
+    if isinstance(data, Mapping) and _OLD_FORMAT in data:
+        n = len(data["entries"]) if isinstance(data.get("entries"), Mapping) else 0
+        raise ArgumentError(
+            f"{p} is a tuning cache of rawconv's old format ({_OLD_FORMAT!r}: {n} entries keyed by "
+            "'|'-joined strings), which this rawconv does not read: those keys hold neither the problem's "
+            "fields nor the GPU's compute capability, so they cannot be converted faithfully. Move the file "
+            f"aside or delete it; autotune writes the new format ({CACHE_FORMAT!r}, version {CACHE_VERSION}).")
+    if isinstance(data, Mapping) and "schema" in data:
+        items = [data]
+    elif isinstance(data, Mapping) and data.get("format") == CACHE_FORMAT:
+        if data.get("version") != CACHE_VERSION:
+            raise ArgumentError(f"{p} is a tuning cache of version {data.get('version')!r}; this rawconv "
+                                f"reads version {CACHE_VERSION}")
+        items = data.get("records")
+        if not isinstance(items, list):
+            raise ArgumentError(f"{p}: 'records' must be a list")
+    elif isinstance(data, list):
+        items = data
+    else:
+        raise ArgumentError(f"{p} is not a rawconv tuning file (expected {{'format': {CACHE_FORMAT!r}, ...}}, "
+                            "a tuning record or a list of them)")
+    out = []
+    for i, d in enumerate(items):
+        try:
+            out.append(TuningRecord.from_dict(d))
+        except (ArgumentError, ArgumentTypeError) as exc:
+            raise ArgumentError(f"{p}: record {i}: {exc}") from None
+    return out
+
+
+# ---------------------------------------------------------------------------- the cache
+class TuningCache:
+    """Tuning records by :class:`TuningKey`, thread-safe. With ``path``, every :meth:`put`
+    writes the whole cache there (atomically). Iteration order is insertion order (a put moves
+    its key last)."""
+
+    def __init__(self, path=None):
+        self.path = None if path is None else os.fspath(path)
+        self._records: dict[TuningKey, TuningRecord] = {}
+        self._lock = threading.RLock()
+
+    def get(self, key: TuningKey) -> TuningRecord | None:
+        """The record stored for ``key``, or None."""
+        if not isinstance(key, TuningKey):
+            raise ArgumentTypeError(f"key must be a TuningKey, got {type(key).__name__}")
+        with self._lock:
+            rec = self._records.get(key)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s %s %s %s: %s", "hit" if rec else "miss", key.backend, key.direction,
+                      _describe(key), rec.choice if rec else "not in the cache")
+        return rec
+
+    def put(self, record: TuningRecord) -> None:
+        """Store ``record`` under its key (replacing one there); then write the file, if any."""
+        if not isinstance(record, TuningRecord):
+            raise ArgumentTypeError(f"put takes a TuningRecord, got {type(record).__name__}")
+        with self._lock:
+            self._records.pop(record.key, None)
+            self._records[record.key] = record
+            log.debug("put %s %s %s: %s", record.key.backend, record.key.direction, _describe(record.key),
+                      record.choice)
+            if self.path:
+                self.save(self.path)
+
+    def records(self) -> list[TuningRecord]:
+        """Every record, oldest put first."""
+        with self._lock:
+            return list(self._records.values())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._records.clear()
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __contains__(self, key) -> bool:
+        return key in self._records
+
+    def seeds(self, key: TuningKey, layout: str | None = None) -> list[TuningRecord]:
+        """The records of other problems that may seed a search for ``key``: same backend,
+        direction, library and version, device and architecture (options and filters may
+        differ: the caller filters). Ranked: tier 0, the same spatial dimensions, data type,
+        layout (``layout``, default ``key``'s; a record counts by its :attr:`TuningRecord.layout`)
+        and activation; tier 1, the same dimensions and layout; tier 2, the rest; newest
+        (``created``) first within a tier, then the later put. Each ``choice`` once."""
+        layout = layout or key.layout
+        same = ("backend", "direction", *_ENV_FIELDS)
+        with self._lock:
+            recs = list(self._records.values())
+        ranked = []
+        for order, r in enumerate(reversed(recs)):
+            k = r.key
+            if k == key or any(getattr(k, f) != getattr(key, f) for f in same):
+                continue
+            if (k.ndim, k.dtype, r.layout, k.activation) == (key.ndim, key.dtype, layout, key.activation):
+                tier = 0
+            elif (k.ndim, r.layout) == (key.ndim, layout):
+                tier = 1
+            else:
+                tier = 2
+            ranked.append((tier, -r.created_ts, order, r))
+        out, seen = [], set()
+        for *_, r in sorted(ranked, key=lambda t: t[:3]):
+            if r.choice not in seen:
+                seen.add(r.choice)
+                out.append(r)
+        return out
+
+    # ------------------------------------------------------------------ files
+    def save(self, path=None) -> None:
+        """Write every record to ``path`` (default: :attr:`path`) as a versioned cache file
+        (``{"format": "rawconv-tuning-cache", "version": 1, "records": [...]}``), atomically."""
+        path = self.path if path is None else path
+        if not path:
+            raise ArgumentError("save needs a path (this cache has none)")
+        with self._lock:
+            data = {"format": CACHE_FORMAT, "version": CACHE_VERSION,
+                    "records": [r.to_dict() for r in self._records.values()]}
+            _write_json(path, data)
+        log.debug("saved %d records to %s", len(data["records"]), os.fspath(path))
+
+    def load(self, path, merge: bool = True) -> int:
+        """Read the records of ``path`` (a cache file, a record or a list of records) into the cache
+        (``merge=False``: replacing what it held); returns how many were read. Raises
+        :class:`ArgumentError` naming ``path`` when it is missing, not JSON, of the old format, or
+        holds something else; the cache is then unchanged."""
+        records = _records_in(path, _read_json(path))
+        with self._lock:
+            if not merge:
+                self._records.clear()
+            for r in records:
+                self._records.pop(r.key, None)
+                self._records[r.key] = r
+        log.debug("loaded %d records from %s", len(records), os.fspath(path))
+        return len(records)
+
+
+def _describe(key: TuningKey) -> str:
+    try:
+        return key.conv_problem().describe()
+    except Exception:  # noqa: BLE001 - a key of fields ConvProblem does not take: show them
+        return repr(key.problem)
+
+
+# ---------------------------------------------------------------------------- the process's cache
+_cache = TuningCache()
+_cache_lock = threading.Lock()
+_configured: list = [None]   # set_cache_file's path; None: the environment decides
+
+
+def set_cache_file(path) -> None:
+    """Keep the process's tuning cache (:func:`cache`) in ``path``: loaded from it on next use
+    (when it exists) and written after each put. ``""``: in memory only, whatever the
+    environment says; ``None``: back to ``$RAWCONV_TUNING_CACHE`` (or
+    ``$RAWCONV_CUDNN_TUNING_CACHE``)."""
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise ArgumentTypeError(f"path must be a str, a path or None, got {type(path).__name__}")
+    _configured[0] = None if path is None else os.fspath(path)
+
+
+def cache_file() -> str | None:
+    """The file the process's tuning cache lives in: :func:`set_cache_file`'s path, else
+    ``$RAWCONV_TUNING_CACHE``, else ``$RAWCONV_CUDNN_TUNING_CACHE``; None for none."""
+    path = _configured[0]
+    if path is None:
+        for name in (ENV_FILE, *ENV_FILE_ALIASES):
+            path = os.environ.get(name)
+            if path:
+                break
+    return path or None
+
+
+def cache() -> TuningCache:
+    """The process's :class:`TuningCache`. When the configured file (:func:`cache_file`) changed
+    since the last call, that file is read into it first (when it exists; a missing file is
+    created by the next put). Raises :class:`ArgumentError` naming the file when it exists but
+    cannot be read (not JSON, the old format, ...); the cache then keeps its previous file."""
+    path = cache_file()
+    if path != _cache.path:
+        with _cache_lock:
+            if path != _cache.path:
+                if path and os.path.exists(path):
+                    _cache.load(path, merge=True)
+                _cache.path = path
+                log.debug("tuning cache file: %s", path or "none (in memory only)")
+    return _cache
