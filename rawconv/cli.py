@@ -345,7 +345,7 @@ def cmd_compare(args) -> int:
     with cmp.threads(nthreads):
         meta["info"] = collect()
         on = meta["info"].get("onednn", {})
-        console.print(f"rawconv {__version__}; torch {torch.__version__}; {torch.get_num_threads()} threads "
+        console.print(f"rawconv {__version__}; torch {torch.__version__}; {torch.get_num_threads()} thread{'s' if torch.get_num_threads() != 1 else ''} "
                       f"({usable_cpus()} CPUs usable{'' if args.threads is None else ', --threads'}); "
                       f"oneDNN {on.get('version', '?')} ({on.get('cpu_isa', on.get('error', ''))})")
         if nthreads > usable_cpus():

@@ -671,8 +671,9 @@ def summary(rows: list[Row], *, hint: str | None = None) -> dict:
     return {"problems": len(by_problem), "results": len(checked),
             "within_tolerance": sum(r.category == "ok" for r in rows),
             "outside_tolerance": [label(r) for r in rows if r.category == "wrong"],
+            # a library that did not load is reported once, under libraries_not_loaded
             "failed": [f"{label(r)}: {r.status if r.status != 'failed' else r.error}" for r in rows
-                       if r.category == "failed"],
+                       if r.category == "failed" and not r.extra.get("library_not_loaded")],
             "rawconv_failed": sum(r.category == "failed" and r.backend != "torch" for r in rows),
             "not_supported": [f"{label(r)}: {r.error}" for r in rows if r.category == "not supported"],
             "skipped": [f"{label(r)}: {r.error or r.status}" for r in rows if r.category == "skipped"],

@@ -157,3 +157,12 @@ def test_bf16_where_onednn_has_none_is_not_supported_and_exit_3(tmp_path):
     assert "nan" not in r.stdout.lower().split() and "no comparable rows" in r.stdout
     assert "not supported" in r.stdout and "dnnl_unimplemented" in r.stdout     # the reason, whole
     assert data["summary"]["geomean_torch_over_best"] is None and data["summary"]["exit_code"] == 3
+
+
+def test_onednn_that_does_not_load_is_exit_3(tmp_path):
+    missing = str(tmp_path / "nowhere" / "libdnnl.so.3")
+    r = _run("compare", "mb1ic4ih6oc4oh6kh3ph1", "--iterations", "1", "--warmup", "0", "--width", "80",
+             env_extra={"RAWCONV_DNNL_LIBRARY": missing})
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "library not loaded" in r.stdout and missing in r.stdout.replace("\n", "")
+    assert "Traceback" not in r.stderr
