@@ -1,14 +1,42 @@
-"""Timers shared by autotune and compare, so that every number in a table means the same thing.
+"""Timers shared by autotune and compare, so that every number in a table means the same thing,
+and the checks that say when those numbers are noise.
 
 * :func:`time_cpu`: ``time.perf_counter`` around each call, after warm-up; median and min (ms).
 * :func:`time_cuda`: CUDA events around each call on the current stream, after warm-up.
+* :func:`usable_cpus`, :func:`default_threads`: how many CPUs this process may use (affinity and
+  cgroup quota) and a thread count that does not oversubscribe them.
+* :class:`LoadMonitor`: what the rest of the machine did while we timed (CPU time of other
+  processes, the time our own threads waited for a CPU, the 1-minute load average), and
+  :func:`timing_warnings`, which turns that and the median/min spread into warning lines.
 """
 from __future__ import annotations
 
+import math
+import os
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
+
+#: A timed result whose median exceeds its min by more than this factor is "unstable". Measured on
+#: a shared 2-core EPYC (rawconv compare, 10 calls per row): rows timed while our threads did not
+#: wait for a CPU had median/min 1.04 (median of 86 rows), 1.14 (90th percentile), 1.53 (max); rows
+#: timed while they waited more than 60% of the time, 1.51, 27.5 and 112 (527 rows). A busy
+#: machine can also give a spread near 1.0, every call a multiple of the 4 ms scheduler tick: the
+#: load checks (:class:`LoadReport`), not the spread, catch that.
+SPREAD_LIMIT = 1.5
+
+#: The machine counts as oversubscribed when the CPUs other processes kept busy plus the threads
+#: we run exceed the CPUs we may use by more than this (a fraction of a CPU: daemons, the shell).
+OVERSUBSCRIBED_SLACK = 0.3
+
+#: ... or when our threads spent more than this fraction of the wall time (per timing thread)
+#: waiting on a run queue for a CPU (``/proc/self/task/*/schedstat``).
+WAIT_LIMIT = 0.05
+
+
+class TimingWarning(UserWarning):
+    """Timings taken while the machine was oversubscribed or with a wide median/min spread."""
 
 
 @dataclass(frozen=True)
@@ -20,8 +48,21 @@ class TimeStats:
     mean_ms: float
     runs: int
 
+    @property
+    def spread(self) -> float:
+        """median / min (1.0 = every call took the same time; ``nan`` without a positive min)."""
+        return spread(self.median_ms, self.min_ms)
+
     def __str__(self) -> str:
-        return f"median {self.median_ms:.4f} ms, min {self.min_ms:.4f} ms over {self.runs} runs"
+        return (f"median {self.median_ms:.4f} ms, min {self.min_ms:.4f} ms (median/min {self.spread:.2f}) "
+                f"over {self.runs} runs")
+
+
+def spread(median_ms: float, min_ms: float) -> float:
+    """median / min of a timing; ``nan`` when either is missing or min is not positive."""
+    if not (math.isfinite(median_ms) and math.isfinite(min_ms)) or min_ms <= 0:
+        return float("nan")
+    return median_ms / min_ms
 
 
 def _stats(times_s: list[float]) -> TimeStats:
@@ -32,8 +73,9 @@ def _stats(times_s: list[float]) -> TimeStats:
 def time_cpu(fn: Callable[[], object], iterations: int = 10, warmup: int = 2,
              budget_s: float | None = None) -> TimeStats:
     """Call ``fn`` ``warmup`` times, then time ``iterations`` calls one by one with
-    ``time.perf_counter``. With ``budget_s``, stop early once that many seconds were spent
-    timing (at least one timed call is always made). Returns :class:`TimeStats` in ms."""
+    ``time.perf_counter``. With ``budget_s``, stop early once that many seconds were spent in
+    all (warm-up included; at least one timed call is always made). Returns :class:`TimeStats`
+    in ms."""
     if iterations < 1:
         raise ValueError("iterations must be >= 1")
     start = time.perf_counter()
@@ -42,12 +84,11 @@ def time_cpu(fn: Callable[[], object], iterations: int = 10, warmup: int = 2,
         if budget_s is not None and time.perf_counter() - start > budget_s:
             break
     times = []
-    t_begin = time.perf_counter()
     for _ in range(iterations):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-        if budget_s is not None and time.perf_counter() - t_begin > budget_s:
+        if budget_s is not None and time.perf_counter() - start > budget_s:
             break
     return _stats(times)
 
@@ -131,8 +172,199 @@ def wall_us_per_call(fn: Callable[[], object], calls: int = 2000, repeats: int =
 
 
 def geomean(values) -> float:
-    """Geometric mean of positive values."""
-    import math
-
+    """Geometric mean of the positive, finite values; ``nan`` when there are none."""
+    vals = [v for v in values if math.isfinite(v)]
     vals = [v for v in values if v > 0]
     return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else float("nan")
+
+
+# --------------------------------------------------------------------------- how busy is the machine
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity mask (``os.sched_getaffinity``), capped by a
+    cgroup v2 CPU quota (``/sys/fs/cgroup/cpu.max``, rounded up) when one is set. At least 1."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        n = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            n = min(n, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, n)
+
+
+def default_threads() -> int:
+    """Threads for timing that do not oversubscribe the machine: the CPUs this process may use
+    (:func:`usable_cpus`), capped by torch's thread count (``torch.get_num_threads()``, which
+    ``OMP_NUM_THREADS`` sets). It does not shrink for other processes' load: that is reported
+    (:class:`LoadMonitor`), so runs on one machine stay comparable."""
+    import torch
+
+    return max(1, min(usable_cpus(), torch.get_num_threads()))
+
+
+def _allowed_cpu_ids() -> set[int] | None:
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover
+        return None
+
+
+def _busy_seconds(cpus: set[int] | None) -> float | None:
+    """Seconds the given CPUs spent busy since boot (/proc/stat: everything but idle and iowait;
+    steal counts as busy, the hypervisor took the CPU). None where /proc/stat is unreadable."""
+    try:
+        with open("/proc/stat") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total = 0
+    for line in lines:
+        name, _, rest = line.partition(" ")
+        if not name.startswith("cpu") or name == "cpu":
+            continue
+        if cpus is not None and int(name[3:]) not in cpus:
+            continue
+        v = [int(t) for t in rest.split()]
+        # user nice system idle iowait irq softirq steal (guest is already in user)
+        total += sum(v[:8]) - v[3] - v[4]
+    return total / hz
+
+
+def _self_wait_seconds() -> float | None:
+    """Seconds this process's threads spent runnable but waiting for a CPU (sum over threads,
+    ``/proc/self/task/*/schedstat``, second field, ns). None where schedstat is missing."""
+    total, seen = 0, False
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for t in tasks:
+        try:
+            with open(f"/proc/self/task/{t}/schedstat") as f:
+                total += int(f.read().split()[1])
+                seen = True
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / 1e9 if seen else None
+
+
+def _self_cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def loadavg_1min() -> float | None:
+    """The 1-minute load average (``os.getloadavg``), or None where the OS has none."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # pragma: no cover
+        return None
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What the machine did between two points in time (see :class:`LoadMonitor`).
+
+    ``seconds``: wall time covered; ``cpus``: CPUs this process may use; ``threads``: threads we
+    timed with; ``other_cpus``: CPUs kept busy on average by other processes on our CPUs (their
+    CPU time / wall time; None without /proc/stat); ``waited``: seconds our threads waited for a
+    CPU per second of wall time, summed over threads (None without schedstat; divided by
+    ``threads`` it is the fraction of the time a timing thread waited); ``loadavg``: the
+    1-minute load average at the end (it lags and counts our own threads too).
+    """
+
+    seconds: float
+    cpus: int
+    threads: int
+    other_cpus: float | None
+    waited: float | None
+    loadavg: float | None
+
+    @property
+    def oversubscribed(self) -> bool:
+        """Other processes' CPUs plus our threads exceeded our CPUs (beyond
+        :data:`OVERSUBSCRIBED_SLACK`), or our threads waited for a CPU more than
+        :data:`WAIT_LIMIT` of the time. Falls back to the load average when neither is known."""
+        if self.other_cpus is None and self.waited is None:
+            return self.loadavg is not None and self.loadavg > self.cpus + OVERSUBSCRIBED_SLACK
+        busy = self.other_cpus is not None and self.other_cpus + self.threads > self.cpus + OVERSUBSCRIBED_SLACK
+        waited = self.waited is not None and self.waited / max(self.threads, 1) > WAIT_LIMIT
+        return busy or waited
+
+    def describe(self, timing: bool = True) -> str:
+        """One line: e.g. ``other processes kept 1.0 of 2 CPUs busy while 2 threads timed;
+        our threads waited for a CPU 31% of the time; 1-minute load average 2.9``.
+        ``timing=False``: a sample taken while we did not run (no thread count, no waits)."""
+        parts = []
+        if self.other_cpus is not None:
+            parts.append(f"other processes kept {self.other_cpus:.1f} of {self.cpus} CPUs busy"
+                         + (f" while {self.threads} thread{'s' if self.threads != 1 else ''} timed" if timing else ""))
+        if self.waited is not None and timing:
+            parts.append(f"our threads waited for a CPU {100 * self.waited / max(self.threads, 1):.0f}% of the time")
+        if self.loadavg is not None:
+            parts.append(f"1-minute load average {self.loadavg:.1f}")
+        return "; ".join(parts)
+
+    def as_dict(self) -> dict:
+        return {"seconds": self.seconds, "cpus": self.cpus, "threads": self.threads, "other_cpus": self.other_cpus,
+                "waited": self.waited, "loadavg": self.loadavg, "oversubscribed": self.oversubscribed}
+
+
+class LoadMonitor:
+    """Measures what the rest of the machine does while we time: create (or :meth:`reset`) before
+    timing, call :meth:`report` after. Reads ``/proc/stat`` (busy time of the CPUs in our affinity
+    mask, minus our own CPU time), ``/proc/self/task/*/schedstat`` (time our threads waited on a
+    run queue) and ``os.getloadavg``; each read costs microseconds, nothing samples in between."""
+
+    def __init__(self, threads: int | None = None):
+        self.threads = threads
+        self.reset()
+
+    def reset(self) -> None:
+        self._cpus = _allowed_cpu_ids()
+        self._t0 = time.perf_counter()
+        self._busy0 = _busy_seconds(self._cpus)
+        self._self0 = _self_cpu_seconds()
+        self._wait0 = _self_wait_seconds()
+
+    def report(self) -> LoadReport:
+        import torch
+
+        dt = max(time.perf_counter() - self._t0, 1e-9)
+        busy1, self1, wait1 = _busy_seconds(self._cpus), _self_cpu_seconds(), _self_wait_seconds()
+        other = None
+        if self._busy0 is not None and busy1 is not None:
+            # jiffies are 10 ms: clamp the small negative values rounding gives on short windows
+            other = max(0.0, ((busy1 - self._busy0) - (self1 - self._self0)) / dt)
+        waited = (wait1 - self._wait0) / dt if self._wait0 is not None and wait1 is not None else None
+        threads = self.threads if self.threads is not None else torch.get_num_threads()
+        return LoadReport(dt, usable_cpus(), threads, other, waited, loadavg_1min())
+
+
+def suggested_threads(report: LoadReport) -> int:
+    """Threads that would have fit beside the other processes of ``report`` (at least 1)."""
+    return max(1, min(report.threads, report.cpus - math.ceil((report.other_cpus or 0) - OVERSUBSCRIBED_SLACK)))
+
+
+def timing_warnings(report: LoadReport | None, spreads: Iterable[float], *, limit: float = SPREAD_LIMIT,
+                    hint: str | None = None) -> list[str]:
+    """Warning lines for a set of timings: one when ``report`` says the machine was oversubscribed,
+    one when some median/min ``spreads`` exceed ``limit``. Empty when the timings look sound.
+    ``hint`` ends the first line; ``{threads}`` in it becomes :func:`suggested_threads` (default:
+    ``"torch.set_num_threads({threads}) or a quiet machine"``)."""
+    out = []
+    if report is not None and report.oversubscribed:
+        hint = (hint or "torch.set_num_threads({threads}) or a quiet machine").format(
+            threads=suggested_threads(report))
+        out.append(f"machine oversubscribed: {report.describe()}; times include waits for a CPU ({hint})")
+    sp = [v for v in spreads if math.isfinite(v)]
+    wide = [v for v in sp if v > limit]
+    if wide:
+        out.append(f"unstable timings: {len(wide)} of {len(sp)} timed results have median/min above {limit:g} "
+                   f"(worst {max(wide):.1f}); compare min beside median")
+    return out

@@ -1,12 +1,13 @@
 """The ``rawconv`` command line.
 
-    rawconv info [--json]
-    rawconv compare [PROBLEM] [--input NxCxHxW --weight KxCxRxS ...] [--batch N] [--json FILE]
-    rawconv list [PROBLEM | --input ... --weight ...]      # every implementation, no timing
+    rawconv info [--json] [--width N]
+    rawconv compare [PROBLEM] [--input NxCxHxW --weight KxCxRxS ...] [--batch N] [--json FILE] [--width N]
+    rawconv list [PROBLEM | --input ... --weight ...] [--width N]     # every implementation, no timing
 
 PROBLEM is a preset name (``resnet50``) or a oneDNN benchdnn descriptor
 (``mb8ic64ih56oc64oh56kh3ph1``). With no problem, ``compare`` runs the resnet50 preset at batch 1,
-feeding matplotlib's sample photo through its first layer.
+feeding matplotlib's sample photo through its first layer. ``compare``'s exit status is in
+:data:`rawconv.compare.EXIT_CODES` (and ``rawconv compare --help``).
 """
 from __future__ import annotations
 
@@ -121,55 +122,205 @@ def _problems(args) -> list:
     return out
 
 
-def _fmt_ms(v):
-    return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.4f}"
+# --------------------------------------------------------------------------- tables that fit
+MIN_WIDTH = 60      # --width below this is refused: the essential columns need about 60 characters
+PIPE_WIDTH = 220    # width when neither stdout nor stderr is a terminal and COLUMNS is unset
 
 
-def _fmt_err(v):
-    return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.1e}"
+def _finite(v) -> bool:
+    return v is not None and not (isinstance(v, float) and not math.isfinite(v))
 
 
-def _print_rows(console, problem, rows):
+def _fmt_ms(v) -> str:
+    """4 significant digits, no exponent: 0.09440, 23.97, 1234, 12346."""
+    if not _finite(v):
+        return "-"
+    if v <= 0:
+        return f"{v:.4f}"
+    decimals = min(max(3 - math.floor(math.log10(v)), 0), 6)
+    return f"{v:.{decimals}f}"
+
+
+def _fmt_err(v) -> str:
+    return f"{v:.1e}" if _finite(v) else "-"
+
+
+def _fmt_spread(v) -> str:
+    if not _finite(v):
+        return "-"
+    return f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 100 else f"{v:.0f}"
+
+
+def _fmt_gflops(v) -> str:
+    return f"{v:.1f}" if _finite(v) else "-"
+
+
+def _fmt_bytes(n) -> str:
+    if n is None:
+        return "-"
+    if n < 1024:
+        return f"{n} B"
+    if n < 1024 ** 2:
+        return f"{n / 1024:.0f} KiB"
+    return f"{n / 1024 ** 2:.1f} MiB"
+
+
+class Column:
+    """A table column: ``cells`` are plain strings (``styles`` rich styles, same length).
+    ``drop``: None for a column that always stays, else its rank in the drop order (0 first).
+    ``wrap``: the column may wrap at spaces (never inside a word) when it must; ``flex``: text that
+    takes the width left over (at least ``flex_min``), wrapping at spaces."""
+
+    def __init__(self, header: str, cells, *, justify="left", drop=None, wrap=False, flex=False, flex_min=24,
+                 styles=None):
+        self.header, self.cells, self.justify = header, list(cells), justify
+        self.drop, self.wrap, self.flex, self.flex_min = drop, wrap, flex, flex_min
+        self.styles = list(styles) if styles is not None else [None] * len(self.cells)
+        self.name = " ".join(header.split()).replace("/ ", "/")
+
+    def natural(self) -> int:
+        return max([len(x) for x in self.header.split("\n")] + [len(c) for c in self.cells] + [1])
+
+    def narrowest(self) -> int:
+        """Widest word: the column can wrap down to this without splitting one."""
+        words = [w for t in self.cells + self.header.split("\n") for w in t.split()]
+        return max([len(w) for w in words] + [1])
+
+
+GAP = 2        # characters between columns (rich box.SIMPLE_HEAD, no edge, collapsed padding)
+WRAP_MIN = 8   # a wrappable text column folds words down to this width before a number is cropped
+
+
+def fit_columns(cols: list[Column], width: int) -> list[tuple[Column, int]]:
+    """Choose the columns and widths for a table ``width`` characters wide. Every kept column
+    gets its natural width (no wrapping) where it can; otherwise columns go in their ``drop`` order
+    (lowest first; a ``flex`` column stays only with at least ``flex_min`` characters), and as
+    last resorts ``wrap`` columns wrap at spaces, then (names longer than the room left) inside
+    words, down to :data:`WRAP_MIN`. Number columns never wrap
+    and are never narrower than their widest cell: no number is ever split. Returns (column,
+    width) pairs in their original order."""
+    kept = list(cols)
+
+    def need(cs) -> int:
+        return sum(c.flex_min if c.flex else c.natural() for c in cs) + GAP * (len(cs) - 1)
+
+    while need(kept) > width:
+        droppable = sorted((c for c in kept if c.drop is not None), key=lambda c: c.drop)
+        if not droppable:
+            break
+        kept.remove(droppable[0])
+    widths = {id(c): c.natural() for c in kept if not c.flex}
+    excess = need(kept) - width
+    for floor in ("word", "fold"):   # last resorts: wrappable columns wrap at spaces, then fold words
+        for c in kept:
+            if excess > 0 and c.wrap and not c.flex:
+                cut = max(0, min(excess, widths[id(c)] - (c.narrowest() if floor == "word" else WRAP_MIN)))
+                widths[id(c)] -= cut
+                excess -= cut
+    flex = [c for c in kept if c.flex]
+    left = width - sum(widths.values()) - GAP * (len(kept) - 1)
+    for c in flex:
+        widths[id(c)] = max(c.flex_min, min(c.natural(), left // len(flex)))
+    return [(c, widths[id(c)]) for c in kept]
+
+
+def render_table(console, cols: list[Column], title: str | None = None) -> list[Column]:
+    """Print ``cols`` as one rich table fitted to ``console.width`` (:func:`fit_columns`); returns
+    the columns shown."""
+    from rich import box
     from rich.table import Table
+    from rich.text import Text
 
-    t = Table(title=str(problem), title_justify="left", show_lines=False)
-    for col, just in (("backend", "left"), ("implementation", "left"), ("detail", "left"), ("median ms", "right"),
-                      ("min ms", "right"), ("GFLOP/s", "right"), ("max abs err", "right"), ("max rel err", "right"),
-                      ("ok", "center"), ("scratch/ws B", "right")):
-        t.add_column(col, justify=just, overflow="fold")
-    fastest = min((r.median_ms for r in rows if r.ok and math.isfinite(r.median_ms)), default=None)
-    for r in rows:
-        if r.error.startswith(("skipped", "not supported")):
-            t.add_row(r.backend, r.implementation, r.detail or r.error, "-", "-", "-", "-", "-",
-                      "skipped" if r.error.startswith("skipped") else "n/a",
-                      "-" if r.workspace_bytes is None else str(r.workspace_bytes), style="dim")
-            continue
-        if r.error:
-            t.add_row(r.backend, r.implementation, r.detail, "-", "-", "-", "-", "-", "[red]error[/red]",
-                      "-", style="dim")
-            t.add_row("", "", f"[red]{r.error[:160]}[/red]", "", "", "", "", "", "", "")
-            continue
-        style = "bold green" if fastest is not None and r.median_ms == fastest else None
-        t.add_row(r.backend, r.implementation, r.detail, _fmt_ms(r.median_ms), _fmt_ms(r.min_ms),
-                  f"{r.gflops:.1f}" if math.isfinite(r.gflops) else "-", _fmt_err(r.max_abs), _fmt_err(r.max_rel),
-                  "yes" if r.ok else "[red]NO[/red]", "-" if r.workspace_bytes is None else str(r.workspace_bytes),
-                  style=style)
+    fitted = fit_columns(cols, console.width)
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+              collapse_padding=True, title_style="bold")
+    for c, w in fitted:
+        wraps = c.flex or c.wrap
+        t.add_column(c.header, justify=c.justify, width=w, no_wrap=not wraps, overflow="fold" if wraps else "crop")
+    n = len(cols[0].cells) if cols else 0
+    for i in range(n):
+        t.add_row(*[Text(c.cells[i], style=c.styles[i] or "") for c, _ in fitted])
     console.print(t)
+    return [c for c, _ in fitted]
+
+
+_STATUS_STYLE = {"ok": "", "wrong": "bold red", "failed": "red", "not supported": "dim", "skipped": "dim"}
+
+
+def _compare_columns(rows) -> list[Column]:
+    from .bench import SPREAD_LIMIT
+
+    fastest = min((r.median_ms for r in rows if r.category == "ok" and math.isfinite(r.median_ms)), default=None)
+    row_style = []
+    for r in rows:
+        if not r.ran:
+            row_style.append("dim")
+        elif fastest is not None and r.category == "ok" and r.median_ms == fastest:
+            row_style.append("bold green")
+        else:
+            row_style.append(None)
+    detail = [(r.detail if r.ran else (r.error or r.detail)) for r in rows]
+    spread_style = [("yellow" if r.unstable else st) for r, st in zip(rows, row_style)]
+    status_style = [_STATUS_STYLE.get(r.category, "red") or st for r, st in zip(rows, row_style)]
+    return [
+        Column("backend", [r.backend for r in rows], styles=row_style),
+        Column("implementation", [r.implementation for r in rows], wrap=True, styles=row_style),
+        Column("status", [r.status for r in rows], wrap=True, styles=status_style),
+        Column("median\nms", [_fmt_ms(r.median_ms) for r in rows], justify="right", styles=row_style),
+        Column("min\nms", [_fmt_ms(r.min_ms) for r in rows], justify="right", styles=row_style),
+        Column("med/\nmin", [_fmt_spread(r.spread) for r in rows], justify="right", drop=5, styles=spread_style),
+        Column("max rel\nerr", [_fmt_err(r.max_rel) for r in rows], justify="right", drop=4, styles=row_style),
+        Column("max abs\nerr", [_fmt_err(r.max_abs) for r in rows], justify="right", drop=3, styles=row_style),
+        Column("scratch", [_fmt_bytes(r.workspace_bytes) for r in rows], justify="right", drop=2, styles=row_style),
+        Column("GFLOP/s", [_fmt_gflops(r.gflops) for r in rows], justify="right", drop=1, styles=row_style),
+        Column("detail", detail, drop=0, flex=True, styles=row_style),
+    ]
+
+
+def print_rows(console, problem, rows) -> None:
+    """One problem's table, fitted to the console; when the detail column does not fit, the
+    reasons of the rows that did not run and torch's detail follow as notes."""
+    cols = _compare_columns(rows)
+    shown = render_table(console, cols, title=str(problem))
+    if not any(c.header == "detail" for c in shown):
+        for r in rows:
+            text = r.detail if r.ran else (r.error or r.detail)
+            if text and (r.backend == "torch" or not r.ran):
+                console.print(f"  {r.backend} {r.implementation}: {text}", highlight=False)
+        console.print(f"  (columns left out at width {console.width}: "
+                      f"{', '.join(c.name for c in cols if c not in shown)}; "
+                      "--width or --json shows them)", style="dim")
 
 
 def _console(width):
-    """A rich console that does not split numbers: a terminal's width, or 220 columns when the
-    output goes to a file or pipe (rich would assume 80); no automatic highlighting."""
+    """A rich console whose tables never split a number: ``--width``, else the terminal's width
+    (``COLUMNS`` when set), else, when stdout is a pipe or file but stderr a terminal (``| tee``,
+    ``| less``), stderr's terminal width, else 220 columns. No automatic highlighting."""
+    import os
     from rich.console import Console
 
-    if width is None and not sys.stdout.isatty():
-        width = 220
+    if width is None and not sys.stdout.isatty() and not os.environ.get("COLUMNS", "").isdigit():
+        try:
+            width = os.get_terminal_size(sys.stderr.fileno()).columns if sys.stderr.isatty() else PIPE_WIDTH
+        except OSError:
+            width = PIPE_WIDTH
     return Console(width=width, highlight=False)
+
+
+def _warn(console, line: str) -> None:
+    console.print(f"warning: {line}", style="yellow")
+
+
+def _threads_arg(args) -> int:
+    from .bench import default_threads
+
+    return args.threads if args.threads is not None else default_threads()
 
 
 def cmd_compare(args) -> int:
     from . import compare as cmp
     from ._info import collect
+    from .bench import LoadMonitor, suggested_threads, usable_cpus
 
     console = _console(args.width)
     problems = _problems(args)
@@ -179,45 +330,85 @@ def cmd_compare(args) -> int:
                 pass
         except OSError as exc:
             raise RawconvError(f"--json {args.json}: cannot write there ({exc.strerror})") from None
+    import time
+
     import torch
 
-    meta = {"rawconv": __version__, "threads": args.threads or torch.get_num_threads(), "iterations": args.iterations,
-            "warmup": args.warmup, "budget_s": args.budget, "prepack": not args.no_prepack}
-    all_rows = []
-    with cmp.threads(args.threads):
-        import torch
+    nthreads = _threads_arg(args)
+    include_ref = False if args.no_ref else (True if args.ref else "auto")
+    meta = {"rawconv": __version__, "threads": nthreads, "usable_cpus": usable_cpus(),
+            "threads_default": args.threads is None, "iterations": args.iterations, "warmup": args.warmup,
+            "budget_s": args.budget, "prepack": not args.no_prepack, "ref": include_ref, "ref_limit_s": args.ref_limit}
 
+    hint = "--threads {threads} or a quiet machine"
+
+    with cmp.threads(nthreads):
         meta["info"] = collect()
         on = meta["info"].get("onednn", {})
-        console.print(f"rawconv {__version__}; torch {torch.__version__} ({torch.get_num_threads()} threads); "
+        console.print(f"rawconv {__version__}; torch {torch.__version__}; {torch.get_num_threads()} thread{'s' if torch.get_num_threads() != 1 else ''} "
+                      f"({usable_cpus()} CPUs usable{'' if args.threads is None else ', --threads'}); "
                       f"oneDNN {on.get('version', '?')} ({on.get('cpu_isa', on.get('error', ''))})")
+        if nthreads > usable_cpus():
+            _warn(console, f"--threads {nthreads} exceeds the {usable_cpus()} CPUs this process may use: "
+                           "OpenMP threads will wait for each other")
         first = problems[0]
         photo_note = (" (the first problem's input is matplotlib's sample photo; weights are random)"
                       if not args.random and first.ndim == 2 and first.c == 3 and not first.is_empty else "")
         console.print(f"{len(problems)} problem(s){photo_note}; times: median/min of up to {args.iterations} "
                       f"calls after {args.warmup} warm-up, at most {args.budget} s each; error vs float64 reference")
+        if any(p.device == "cpu" for p in problems):
+            pre = LoadMonitor(nthreads)
+            time.sleep(0.3)
+            before = pre.report()
+            meta["machine_before"] = before.as_dict()
+            if before.other_cpus is not None and before.oversubscribed:
+                _warn(console, f"the machine is busy before the start: {before.describe(timing=False)}; "
+                               f"timings will include waits for a CPU "
+                               f"({hint.format(threads=suggested_threads(before))})")
 
         def show(p, rows):
-            _print_rows(console, p, rows)
+            print_rows(console, p, rows)
+            for line in cmp.timing_warnings(rows, hint):
+                _warn(console, line)
 
         all_rows = cmp.compare(problems, photo_first=not args.random, iterations=args.iterations, warmup=args.warmup,
                                budget_s=args.budget, fpmath=args.fpmath, prepack=not args.no_prepack,
-                               include_ref=False if args.no_ref else (True if args.ref else "auto"), on_problem=show,
+                               include_ref=include_ref, ref_max_s=args.ref_limit, on_problem=show,
                                progress=sys.stderr.isatty() and len(problems) > 1, engines=args.engines,
                                allow_known_bad=args.allow_known_bad)
-    s = cmp.summary(all_rows)
+    s = cmp.summary(all_rows, hint=hint)
+    code = cmp.exit_code(s)
+    s["exit_code"] = code
     if args.json:
-        cmp.write_json(args.json, all_rows, meta, problems)
+        cmp.write_json(args.json, all_rows, meta, problems, summary=s)
+    if len(problems) > 1:   # one problem: its warnings were printed under its table
+        for line in s["timing_warnings"]:
+            _warn(console, line)
     gm = s["geomean_torch_over_best"]
-    console.print(
-        f"summary: {s['problems']} problem(s), {s['results']} results checked against float64: "
-        f"{s['within_tolerance']} within tolerance, {len(s['outside_tolerance'])} outside, {len(s['failed'])} failed"
-        + (f", {len(s['skipped'])} skipped" if s["skipped"] else "")
-        + (f", {len(s['not_supported'])} not supported by the library here" if s["not_supported"] else "") + "; "
-        f"torch default / best rawconv median time, geometric mean: {gm:.2f}x" + (f"; JSON: {args.json}" if args.json else ""))
+    if gm is None:
+        ratio = "no comparable rows (no problem where torch default and a rawconv candidate both ran within tolerance)"
+    else:
+        ratio = (f"{gm:.2f}x over {s['comparable_problems']} problem(s)"
+                 + ("" if s["timings_trustworthy"] else " [UNRELIABLE: see the timing warnings]"))
+    counts = [f"{s['within_tolerance']} within tolerance", f"{len(s['outside_tolerance'])} outside",
+              f"{len(s['failed'])} failed"]
+    if s["not_supported"]:
+        counts.append(f"{len(s['not_supported'])} not supported by the library here")
+    if s["skipped"]:
+        counts.append(f"{len(s['skipped'])} skipped")
+    console.print(f"summary: {s['problems']} problem(s), {s['results']} results checked against float64: "
+                  + ", ".join(counts) + f"; torch default / best rawconv median time, geometric mean: {ratio}"
+                  + (f"; JSON: {args.json}" if args.json else ""))
     for line in s["outside_tolerance"]:
-        console.print(f"  outside tolerance: {line}")
-    return 1 if s["outside_tolerance"] else 0
+        console.print(f"  outside tolerance: {line}", style="red")
+    for line in s["libraries_not_loaded"]:
+        console.print(f"  library not loaded: {line}", style="red")
+    for line in s["failed"]:
+        console.print(f"  failed: {line}", style="red")
+    if s["no_rawconv_result"]:
+        console.print(f"  no rawconv candidate ran on: {', '.join(s['no_rawconv_result'])}", style="red")
+    console.print(f"exit status {code}: {cmp.EXIT_CODES[code]}", style="dim" if code == 0 else "red")
+    return code
 
 
 def cmd_info(args) -> int:
@@ -227,28 +418,44 @@ def cmd_info(args) -> int:
     if args.json:
         print(json.dumps(data, indent=1, default=str))
         return 0
-    from rich.table import Table
-
-    t = Table(title="rawconv info", show_header=False)
-    t.add_column("key")
-    t.add_column("value", overflow="fold")
+    keys, values = [], []
 
     def add(prefix, d):
         for k, v in d.items():
             if isinstance(v, dict):
                 add(prefix + k + ".", v)
             else:
-                t.add_row(prefix + k, str(v))
+                keys.append(prefix + k)
+                values.append(str(v))
 
     add("", data)
-    _console(None).print(t)
+    console = _console(args.width)
+    cols = [Column("key", keys), Column("value", values, flex=True, flex_min=20)]
+    room = dict((c.header, w) for c, w in fit_columns(cols, console.width))["value"]
+    cols[1].cells = [_break_long(v, room) for v in values]
+    render_table(console, cols, title="rawconv info")
     return 0
 
 
-def cmd_list(args) -> int:
-    from rich.table import Table
+def _break_long(text: str, room: int) -> str:
+    """``text`` with each word longer than ``room`` broken after a ``/`` (paths) or, failing
+    that, a ``.``/``_``/``,``, so that a long path wraps between its parts, not inside a name."""
+    import re
 
-    console = _console(None)
+    out = []
+    for word in text.split(" "):
+        lines, line = [], ""
+        for part in re.findall(r"[^/._,]*[/._,]?", word):
+            if line and len(line) + len(part) > room:
+                lines.append(line)
+                line = ""
+            line += part
+        out.append("\n".join(lines + [line]))
+    return " ".join(out)
+
+
+def cmd_list(args) -> int:
+    console = _console(args.width)
     for p in _problems(args):
         x, w, b = p.make_inputs()
         if p.device.startswith("cuda"):
@@ -263,15 +470,30 @@ def cmd_list(args) -> int:
 
         impls = onednn.implementations(x, w, b, p.stride, list(zip(p.pad_before, p.pad_after)), p.dilation, p.groups,
                                        direction=args.direction, fpmath=args.fpmath)
-        t = Table(title=f"{p} ({args.direction}, fpmath {args.fpmath})", title_justify="left")
         bad = any(i.known_bad for i in impls)
-        for col in ("#", "implementation", "layouts", "formats", "reorders", "scratchpad B") + (("known bad",) if bad else ()):
-            t.add_column(col)
-        for i in impls:
-            t.add_row(str(i.index), i.name, i.layouts, " ".join(f"{k}={v}" for k, v in i.formats.items()),
-                      ",".join(i.reorders) or "none", str(i.scratchpad_bytes), *((known_bad.short(i.known_bad),) if bad else ()))
-        console.print(t)
+        cols = [Column("#", [str(i.index) for i in impls], justify="right"),
+                Column("implementation", [i.name for i in impls]),
+                Column("layouts", [i.layouts for i in impls]),
+                Column("formats", [" ".join(f"{k}={v}" for k, v in i.formats.items()) for i in impls], flex=True,
+                       flex_min=12),
+                Column("reorders", [",".join(i.reorders) or "none" for i in impls], wrap=True),
+                Column("scratchpad", [_fmt_bytes(i.scratchpad_bytes) for i in impls], justify="right")]
+        if bad:
+            cols.append(Column("known bad", [known_bad.short(i.known_bad) if i.known_bad else "" for i in impls],
+                               wrap=True))
+        render_table(console, cols, title=f"{p} ({args.direction}, fpmath {args.fpmath})")
     return 0
+
+
+def _width(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of columns, got {text!r}") from None
+    if v < MIN_WIDTH:
+        raise argparse.ArgumentTypeError(f"expected at least {MIN_WIDTH} columns (the narrowest readable table), "
+                                         f"got {v}")
+    return v
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -299,32 +521,64 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--fpmath", default="strict", choices=["strict", "bf16", "f16", "tf32", "any"],
                        help="oneDNN fpmath mode")
 
-    c = sub.add_parser("compare", help="time and check torch and every rawconv implementation")
+    def width_arg(p):
+        p.add_argument("--width", type=_width, default=None,
+                       help=f"table width in columns, at least {MIN_WIDTH} (default: the terminal's, or $COLUMNS; "
+                            f"through a pipe, stderr's terminal, else {PIPE_WIDTH}). Narrow tables leave out columns "
+                            "(detail, GFLOP/s, scratch, max abs err, ...) rather than split a number")
+
+    from .bench import SPREAD_LIMIT
+    from .compare import EXIT_CODES, REF_MAX_SECONDS
+
+    import textwrap
+
+    codes = "\n".join(textwrap.fill(v, 78, initial_indent=f"  {k}  ", subsequent_indent="     ")
+                      for k, v in EXIT_CODES.items())
+    c = sub.add_parser(
+        "compare", help="time and check torch and every rawconv implementation",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Time torch's convolution and every rawconv implementation on each problem, check each result "
+                    "against a float64 reference, and print one table per problem and a summary.",
+        epilog="row status: ok, wrong (outside tolerance), failed (library error), not supported (the library "
+               "offers nothing\nfor this problem here, e.g. bf16 on an AVX2 CPU), skipped (not run on purpose).\n"
+               "timing warnings: printed when other processes kept CPUs busy while we timed, our threads waited for "
+               f"a CPU,\nor median/min exceeds {SPREAD_LIMIT:g}; the summary's geometric mean is then marked UNRELIABLE.\n\n"
+               "exit status (when several apply: 1, then 3, then 4):\n" + codes)
     problem_args(c)
     c.add_argument("--iterations", type=_positive_int, default=10, help="timed calls per candidate (default 10)")
     c.add_argument("--warmup", type=_nonneg_int, default=2, help="untimed calls per candidate (default 2)")
-    c.add_argument("--budget", type=_positive_float, default=0.25, help="seconds of timing per candidate at most; a candidate whose first call takes longer is timed by that call alone (default 0.25)")
-    c.add_argument("--threads", type=_positive_int, default=None, help="torch/oneDNN threads (default: torch's)")
+    c.add_argument("--budget", type=_positive_float, default=0.25, help="seconds of warm-up and timing per candidate at most (at least one timed call); a candidate whose first call (which also builds it) takes longer is timed by one more call alone (default 0.25)")
+    c.add_argument("--threads", type=_positive_int, default=None,
+                   help="torch/oneDNN threads (default: the CPUs this process may use, from its affinity mask and "
+                        "cgroup quota, capped by torch's thread count, which OMP_NUM_THREADS sets; more would "
+                        "oversubscribe the machine)")
     c.add_argument("--json", help="also write the results as JSON to this file")
     c.add_argument("--random", action="store_true", help="random input everywhere (no sample photo)")
     c.add_argument("--no-prepack", action="store_true", help="reorder oneDNN weights on every call")
-    c.add_argument("--no-ref", action="store_true", help="skip oneDNN's reference (ref:any) implementations")
-    c.add_argument("--ref", action="store_true", help="run oneDNN's reference implementations even on large problems "
-                   "(by default they are listed but not run above 0.5 GFLOP: one call can take minutes)")
+    refs = c.add_mutually_exclusive_group()
+    refs.add_argument("--no-ref", action="store_true", help="leave out oneDNN's reference (ref:any) implementations")
+    refs.add_argument("--ref", action="store_true",
+                      help="run oneDNN's reference implementations whatever their estimated time (by default one "
+                           "whose call is estimated above --ref-limit seconds is listed as skipped, not run)")
+    c.add_argument("--ref-limit", type=_positive_float, default=REF_MAX_SECONDS,
+                   help=f"seconds per call above which a reference implementation is not run, estimated from its "
+                        f"measured rate on a tiny problem (default {REF_MAX_SECONDS:g})")
     c.add_argument("--engines", default=None, help="cuDNN graph-API engines: 'all' or the top N by heuristic")
-    c.add_argument("--width", type=int, default=None, help="table width (default: the terminal's)")
     c.add_argument("--allow-known-bad", action="store_true",
                    help="also run oneDNN implementations rawconv.known_bad lists for a problem (they may crash, "
                         "hang or give wrong results; see README)")
+    width_arg(c)
     c.set_defaults(func=cmd_compare)
 
     i = sub.add_parser("info", help="versions, library paths and how they were found")
     i.add_argument("--json", action="store_true")
+    width_arg(i)
     i.set_defaults(func=cmd_info)
 
     ls = sub.add_parser("list", help="list every implementation/algorithm for a problem (no timing)")
     problem_args(ls)
     ls.add_argument("--direction", default="forward", choices=["forward", "backward_data", "backward_weights"])
+    width_arg(ls)
     ls.set_defaults(func=cmd_list)
     return ap
 

@@ -24,21 +24,51 @@ from typing import Callable, Iterable
 import torch
 import torch.nn.functional as F
 
-from .bench import TimeStats, geomean, time_cpu, time_cuda_queued
-from .errors import RawconvError
-from .problem import ConvProblem, abs_reference, compare_to_reference
+from .bench import SPREAD_LIMIT, LoadMonitor, LoadReport, TimeStats, geomean, spread, time_cpu, time_cuda_queued
+from .errors import LibraryNotFoundError, NotSupportedError, RawconvError
+from .check import abs_reference, compare_to_reference
+from .problem import ConvProblem
+from .results import status_group
 
-__all__ = ["Row", "compare_problem", "compare", "real_photo", "inputs_for", "summary"]
+__all__ = ["Row", "STATUSES", "status_category", "compare_problem", "compare", "real_photo", "inputs_for", "summary",
+           "exit_code", "EXIT_CODES"]
+
+
+#: The statuses ``compare`` gives a :class:`Row` (each is also its own group in
+#: :data:`rawconv.results.STATUSES`, the one status vocabulary of rawconv):
+#:
+#: ``"ok"``             ran, every element within tolerance of the float64 reference
+#: ``"wrong"``          ran, some element outside tolerance (a wrong answer)
+#: ``"failed"``         raised an error (a library error other than "not supported", or the
+#:                      library did not load: then ``extra["library_not_loaded"]`` is True)
+#: ``"not supported"``  the library says it offers nothing for this (``NotSupportedError``:
+#:                      ``dnnl_unimplemented``, ``CUDNN_STATUS_NOT_SUPPORTED``; bf16 on an AVX2 CPU)
+#: ``"skipped"``        not run on purpose (oneDNN's reference code estimated too slow: ``--ref``)
+#:
+#: A status is a plain string: any status of :data:`rawconv.results.STATUSES` works, grouped by
+#: :func:`status_category` (``"crashed: SIGSEGV"`` and ``"timed out after 30 s"`` count as failed,
+#: ``"known bad"`` as skipped); a new kind is one entry there.
+STATUSES = ("ok", "wrong", "failed", "not supported", "skipped")
+
+
+def status_category(status: str) -> str:
+    """The group of a row status (:func:`rawconv.results.status_group`): "ok", "wrong", "failed",
+    "not supported", "skipped" (or "listed"); an unknown status counts as failed."""
+    return status_group(status)
 
 
 @dataclass
 class Row:
     """One result line: which code ran, how long it took, how close it came to float64.
 
-    Times in ms (median and min of timed calls after warm-up), ``gflops`` = problem flops /
-    median time, ``max_abs``/``max_rel`` against the float64 reference (``max_rel`` = max |err| /
-    max |ref|), ``ok`` = every element within the tolerance for its dtype and math,
-    ``workspace_bytes`` = oneDNN scratchpad or cuDNN workspace.
+    ``status``: what happened (:data:`STATUSES`: "ok", "wrong", "failed", "not supported",
+    "skipped"; the reason in ``error``). Times in ms (median and min of timed calls after
+    warm-up; :attr:`spread` = median / min), ``gflops`` = problem flops / median time,
+    ``max_abs``/``max_rel`` against the float64 reference (``max_rel`` = max |err| / max |ref|),
+    ``ok`` = every element within the tolerance for its dtype and math (None when nothing ran),
+    ``workspace_bytes`` = oneDNN scratchpad or cuDNN workspace. ``extra["machine"]`` (CPU rows
+    that ran): what the rest of the machine did while this row was timed
+    (:meth:`rawconv.bench.LoadReport.as_dict`).
     """
 
     problem: str
@@ -55,9 +85,35 @@ class Row:
     workspace_bytes: int | None = None
     error: str = ""
     extra: dict = field(default_factory=dict)
+    status: str = ""
+
+    def __post_init__(self):
+        if not self.status:
+            self.status = ("failed" if self.error else "ok" if self.ok else "wrong" if self.ok is False else "skipped")
+
+    @property
+    def category(self) -> str:
+        """:func:`status_category` of :attr:`status`."""
+        return status_category(self.status)
+
+    @property
+    def ran(self) -> bool:
+        """The candidate ran and was checked (status "ok" or "wrong")."""
+        return self.category in ("ok", "wrong")
+
+    @property
+    def spread(self) -> float:
+        """median / min of the timed calls (``nan`` when it did not run or ran once)."""
+        return spread(self.median_ms, self.min_ms) if self.runs > 1 else float("nan")
+
+    @property
+    def unstable(self) -> bool:
+        """median / min above :data:`rawconv.bench.SPREAD_LIMIT`."""
+        return math.isfinite(self.spread) and self.spread > SPREAD_LIMIT
 
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
+        d["category"], d["spread"], d["unstable"] = self.category, self.spread, self.unstable
         for k, v in list(d.items()):
             if isinstance(v, float) and not math.isfinite(v):
                 d[k] = None
@@ -178,11 +234,24 @@ def _trace_detail(trace: list[dict]) -> str:
             f" + {reorders} reorder(s)")
 
 
+def _error_row(problem_name: str, backend: str, impl: str, exc: BaseException, detail: str = "", **kw) -> Row:
+    """A row for a candidate that raised: "not supported" for :class:`NotSupportedError`,
+    "failed" otherwise (``extra["library_not_loaded"]`` for :class:`LibraryNotFoundError`)."""
+    text = str(exc).strip()
+    if isinstance(exc, RuntimeError) and not isinstance(exc, RawconvError):
+        text = text.splitlines()[0] if text else ""
+    row = Row(problem_name, backend, impl, detail, error=f"{type(exc).__name__}: {text}",
+              status="not supported" if isinstance(exc, NotSupportedError) else "failed", **kw)
+    if isinstance(exc, LibraryNotFoundError):
+        row.extra["library_not_loaded"] = True
+    return row
+
+
 def _measure(problem, label_backend, label_impl, detail, fn, ref, ref_abs, timer, *, tol=None,
              workspace=None, extra=None, slow_s: float | None = None) -> Row:
-    row = Row(str(problem.name or problem.describe()), label_backend, label_impl, detail,
-              workspace_bytes=workspace, extra=dict(extra or {}, problem=problem.describe(),
-                                                     benchdnn=problem.to_benchdnn(), device=problem.device))
+    extra = dict(extra or {}, problem=problem.describe(), benchdnn=problem.to_benchdnn(), device=problem.device)
+    name = str(problem.name or problem.describe())
+    monitor = LoadMonitor() if problem.device == "cpu" else None
     try:
         import time as _time
 
@@ -190,20 +259,27 @@ def _measure(problem, label_backend, label_impl, detail, fn, ref, ref_abs, timer
         y = fn()
         first_s = _time.perf_counter() - t0
         if slow_s is not None and first_s > slow_s:
-            # a very slow candidate (oneDNN's ref:any): its first call is its measurement
-            stats = TimeStats(first_s * 1e3, first_s * 1e3, first_s * 1e3, 1)
+            # a very slow candidate (oneDNN's ref:any, or any one on a busy machine): one more call is
+            # its measurement (the first also built the primitive: JIT code, weight reorders)
+            t0 = _time.perf_counter()
+            y = fn()
+            one = (_time.perf_counter() - t0) * 1e3
+            stats = TimeStats(one, one, one, 1)
         else:
             stats: TimeStats = timer(fn)
-    except RawconvError as exc:
-        row.error = f"{type(exc).__name__}: {exc}"
-        return row
-    except RuntimeError as exc:
-        row.error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-        return row
-    err = compare_to_reference(problem, y, ref, ref_abs, **(tol or {}))
+    except (RawconvError, RuntimeError) as exc:
+        return _error_row(name, label_backend, label_impl, exc, detail, workspace_bytes=workspace, extra=extra)
+    if monitor is not None:
+        extra["machine"] = monitor.report().as_dict()
+    row = Row(name, label_backend, label_impl, detail, workspace_bytes=workspace, extra=extra)
+    with threads(1):
+        # a few elementwise float64 passes: one thread takes milliseconds, while two OpenMP threads
+        # on a busy machine wait for each other (a 4 ms scheduler tick per op)
+        err = compare_to_reference(problem, y, ref, ref_abs, **(tol or {}))
     row.median_ms, row.min_ms, row.runs = stats.median_ms, stats.min_ms, stats.runs
     row.gflops = problem.flops / (stats.median_ms * 1e6) if stats.median_ms > 0 else float("nan")
     row.max_abs, row.max_rel, row.ok = err.max_abs, err.max_rel, err.ok
+    row.status = "ok" if err.ok else "wrong"
     return row
 
 
@@ -249,34 +325,58 @@ def _torch_rows(problem, x, w, b, ref, ref_abs, timer) -> list[Row]:
 
 # --------------------------------------------------------------------------- backend rows
 _ROLE = {"x": "src", "w": "weights", "b": "bias", "y": "dst"}
-REF_AUTO_MAX_FLOPS = 5e8   # include_ref="auto": oneDNN's ref:any is run only on problems up to this size
+#: include_ref="auto": oneDNN's reference implementations (ref:any) run only when
+#: :func:`rawconv.onednn.reference_seconds` estimates one call at most this many seconds
+REF_MAX_SECONDS = 1.0
+
+
+def _ref_estimate(problem) -> float:
+    """Estimated seconds of one ref:any call (inf when oneDNN cannot say)."""
+    from . import onednn
+
+    try:
+        return onednn.reference_seconds(problem, "forward")
+    except RawconvError:
+        return float("inf")
 
 
 def _onednn_rows(problem, x, w, b, ref, ref_abs, timer, *, fpmath="strict", prepack=True,
-                 include_ref=True, slow_s=None, allow_known_bad=False, isolate=None, timing=(10, 2, None)) -> list[Row]:
-    from . import onednn
-
-    rows = []
+                 include_ref=True, slow_s=None, ref_max_s: float = REF_MAX_SECONDS, allow_known_bad=False,
+                 isolate=None, timing=(10, 2, None)) -> list[Row]:
+    """Rows for every oneDNN implementation. ``include_ref``: True runs the reference
+    implementations (ref:any), False drops them, "auto" runs them when one call is estimated
+    (:func:`rawconv.onednn.reference_seconds`) at most ``ref_max_s`` seconds and otherwise lists
+    them as "skipped". Known-bad implementations get a "known bad" row unless
+    ``allow_known_bad``; ``isolate`` runs the candidates in a child process."""
+    name = str(problem.name or problem.describe())
     try:
+        from . import onednn
+
         plan = onednn.Convolution(x, w, b, problem.stride, list(zip(problem.pad_before, problem.pad_after)),
                                   problem.dilation, problem.groups, fpmath=fpmath, prepack=prepack)
         impls = plan.implementations
     except RawconvError as exc:
-        return [Row(str(problem.name or problem.describe()), "onednn", "-", error=f"{type(exc).__name__}: {exc}")]
+        return [_error_row(name, "onednn", "-", exc, f"oneDNN on {problem.describe()}")]
+    rows = []
     compute = {"bf16": "bfloat16", "f16": "float16", "tf32": "tf32", "any": "bfloat16"}.get(fpmath)
+    ref_s = None
     for impl in impls:
+        label = f"[{impl.index}] {impl.name}"
         if impl.name.startswith("ref") and not include_ref:
             continue
-        if impl.name.startswith("ref") and include_ref == "auto" and problem.flops > REF_AUTO_MAX_FLOPS:
-            rows.append(Row(str(problem.name or problem.describe()), "onednn", f"[{impl.index}] {impl.name}",
-                            f"{impl.layouts}; not run: oneDNN's reference code runs at ~0.1-1 GFLOP/s and this "
-                            f"problem is {problem.flops / 1e9:.1f} GFLOP (use --ref)", error="skipped (slow reference)",
-                            workspace_bytes=impl.scratchpad_bytes))
-            continue
+        if impl.name.startswith("ref") and include_ref == "auto":
+            ref_s = _ref_estimate(problem) if ref_s is None else ref_s
+            if ref_s > ref_max_s:
+                est = "unknown" if not math.isfinite(ref_s) else f"{ref_s:.1f} s"
+                rows.append(Row(name, "onednn", label, f"{impl.layouts}; not run: estimated {est} per call "
+                                f"(--ref runs it)", error=f"not run: estimated {est} per call (--ref runs it)",
+                                status="skipped", workspace_bytes=impl.scratchpad_bytes,
+                                extra={"index": impl.index, "estimated_s": ref_s if math.isfinite(ref_s) else None}))
+                continue
         if impl.known_bad and not allow_known_bad:
-            rows.append(Row(str(problem.name or problem.describe()), "onednn", f"[{impl.index}] {impl.name}",
+            rows.append(Row(name, "onednn", label,
                             f"{impl.layouts}; not run: known bad ({impl.known_bad}; --allow-known-bad runs it)",
-                            error="skipped (known bad)", workspace_bytes=impl.scratchpad_bytes))
+                            error="skipped (known bad)", status="known bad", workspace_bytes=impl.scratchpad_bytes))
             continue
         reorders = ",".join(_ROLE.get(r, r) + ("(once)" if r == "w" and prepack else "")
                             for r in impl.reorders) or "none"
@@ -287,8 +387,12 @@ def _onednn_rows(problem, x, w, b, ref, ref_abs, timer, *, fpmath="strict", prep
         if isolate:   # run below, all in one child process; the row keeps its place
             rows.append((impl, detail, extra))
             continue
-        plan.select(impl.index, allow_known_bad=allow_known_bad)
-        rows.append(_measure(problem, "onednn", f"[{impl.index}] {impl.name}", detail,
+        try:
+            plan.select(impl.index, allow_known_bad=allow_known_bad)
+        except RawconvError as exc:
+            rows.append(_error_row(name, "onednn", label, exc, impl.layouts))
+            continue
+        rows.append(_measure(problem, "onednn", label, detail,
                              lambda: plan.execute(x, w, b), ref, ref_abs, timer,
                              tol={"compute": compute} if compute else None,
                              workspace=impl.scratchpad_bytes, extra=extra, slow_s=slow_s))
@@ -322,16 +426,20 @@ def _run_isolated(problem, rows, x, w, b, ref, ref_abs, compute, *, fpmath, prep
         if res["status"] != "ok":   # "crashed: SIGSEGV", "timed out after 60 s", ...: failures
             st = {"known bad": "skipped (known bad)"}.get(res["status"], res["status"])
             row.error = st + (f": {res['detail']}" if res["detail"] else "")
+            row.status = res["status"]
         else:
-            err = compare_to_reference(problem, res["output"], ref, ref_abs, **({"compute": compute} if compute else {}))
+            with threads(1):
+                err = compare_to_reference(problem, res["output"], ref, ref_abs,
+                                           **({"compute": compute} if compute else {}))
             row.median_ms, row.min_ms, row.runs = res["median_ms"], res["min_ms"], res["runs"]
             row.gflops = problem.flops / (row.median_ms * 1e6) if row.median_ms > 0 else float("nan")
             row.max_abs, row.max_rel, row.ok = err.max_abs, err.max_rel, err.ok
+            row.status = "ok" if err.ok else "wrong"
         rows[i] = row
 
 
 def cudnn_tolerance(dtype: str, math_reported: str, algo: str = "") -> dict:
-    """Tolerance arguments (for :func:`~rawconv.problem.compare_to_reference`) for a cuDNN result:
+    """Tolerance arguments (for :func:`~rawconv.check.compare_to_reference`) for a cuDNN result:
     fp32 under the default / tensor-op math types may run on TF32 tensor cores, under
     ``tensor_op_allow_conversion`` on fp16/bf16 ones; transform algos (Winograd, FFT) round in the
     transformed domain, so their bound is 64x wider."""
@@ -349,19 +457,19 @@ def _cudnn_rows(problem, x, w, b, ref, ref_abs, timer, engines=None, **_kw) -> l
     try:
         from . import cudnn
     except Exception as exc:  # pragma: no cover - import errors are bugs, shown as a row
-        return [Row(name, "cudnn", "-", error=f"{type(exc).__name__}: {exc}")]
+        return [Row(name, "cudnn", "-", error=f"{type(exc).__name__}: {exc}", status="failed")]
     rows: list[Row] = []
     pad = list(zip(problem.pad_before, problem.pad_after))
     try:
         plan = cudnn.Convolution(x, w, b, problem.stride, pad, problem.dilation, problem.groups)
         algos = plan.algorithms(mode="find", math="all")
     except RawconvError as exc:
-        return [Row(name, "cudnn", "-", error=f"{type(exc).__name__}: {exc}")]
+        return [_error_row(name, "cudnn", "-", exc, f"cuDNN on {problem.describe()}")]
     for a in algos:
         label = f"{a.algo} math={a.math}"
         if not a.ok:
             rows.append(Row(name, "cudnn", label, error=f"not supported here ({a.status})",
-                            workspace_bytes=a.workspace_bytes))
+                            status="not supported", workspace_bytes=a.workspace_bytes))
             continue
 
         def run(a=a):
@@ -370,7 +478,7 @@ def _cudnn_rows(problem, x, w, b, ref, ref_abs, timer, engines=None, **_kw) -> l
         try:
             info = plan.select(a.algo_id, a.requested_math or a.math)
         except RawconvError as exc:
-            rows.append(Row(name, "cudnn", label, error=f"{type(exc).__name__}: {exc}"))
+            rows.append(_error_row(name, "cudnn", label, exc))
             continue
         detail = (f"math set {info.math}, reported {info.math_reported}; "
                   f"{'deterministic' if info.deterministic else 'non-deterministic'}"
@@ -395,7 +503,7 @@ def _cudnn_graph_rows(problem, x, w, b, ref, ref_abs, timer, engines) -> list[Ro
     try:
         from . import cudnn_graph as G
     except Exception as exc:  # pragma: no cover - an import error is a bug: show it as a row
-        return [Row(name, "cudnn-graph", "-", error=f"{type(exc).__name__}: {exc}")]
+        return [Row(name, "cudnn-graph", "-", error=f"{type(exc).__name__}: {exc}", status="failed")]
     pad = list(zip(problem.pad_before, problem.pad_after))
     rows: list[Row] = []
     try:
@@ -405,18 +513,19 @@ def _cudnn_graph_rows(problem, x, w, b, ref, ref_abs, timer, engines) -> list[Ro
         else:
             configs = plan.engines(list(G.HEURISTIC_MODES), limit=None)[: int(engines)]
     except (RawconvError, ValueError) as exc:
-        return [Row(name, "cudnn-graph", "-", error=f"{type(exc).__name__}: {exc}")]
+        return [_error_row(name, "cudnn-graph", "-", exc)]
     for cfg in configs:
         label = cfg.name
         notes = ",".join(cfg.numerical_notes) or "-"
         detail = f"notes {notes}; heuristic {','.join(cfg.heuristics) or '-'}"
         if cfg.finalizes is False:
-            rows.append(Row(name, "cudnn-graph", label, detail, error=cfg.error or "does not finalize"))
+            rows.append(Row(name, "cudnn-graph", label, detail, error=cfg.error or "does not finalize",
+                            status="not supported"))
             continue
         try:
             plan.select(cfg)
         except RawconvError as exc:
-            rows.append(Row(name, "cudnn-graph", label, detail, error=f"{type(exc).__name__}: {exc}"))
+            rows.append(_error_row(name, "cudnn-graph", label, exc, detail))
             continue
         rows.append(_measure(problem, "cudnn-graph", label, detail, lambda: plan.execute(x, w, b), ref, ref_abs,
                              timer, tol=G.tolerance_args(problem, cfg.numerical_notes),
@@ -432,16 +541,19 @@ def _cudnn_graph_rows(problem, x, w, b, ref, ref_abs, timer, engines) -> list[Ro
 def compare_problem(problem: ConvProblem, *, x=None, w=None, b=None, iterations: int = 10, warmup: int = 2,
                     budget_s: float = 0.5, backends: Iterable[str] = ("torch", "onednn", "cudnn"),
                     photo: bool = False, fpmath: str = "strict", prepack: bool = True,
-                    include_ref: bool = True, engines: str | int | None = None, allow_known_bad: bool = False,
-                    isolate=None) -> list[Row]:
+                    include_ref: bool | str = True, ref_max_s: float = REF_MAX_SECONDS,
+                    engines: str | int | None = None, allow_known_bad: bool = False, isolate=None) -> list[Row]:
     """Time and check ``problem`` on torch and every rawconv implementation; returns :class:`Row` s.
 
     ``iterations``/``warmup``: timed and untimed calls per candidate; ``budget_s``: seconds of
-    timing per candidate at most (slow reference implementations stop early, at least one timed
-    call each). CPU problems run on oneDNN, ``cuda`` problems on cuDNN. oneDNN implementations
+    warm-up and timing per candidate at most (at least one timed call each; a candidate whose
+    first call, which also builds it, takes longer is timed by one more call alone). CPU problems
+    run on oneDNN, ``cuda`` problems on cuDNN. ``include_ref``: oneDNN's reference
+    implementations run (True), are dropped (False), or ("auto") run when one call is estimated
+    at most ``ref_max_s`` seconds and are listed as "skipped" otherwise. oneDNN implementations
     that :mod:`rawconv.known_bad` lists get a "known bad" row unless ``allow_known_bad``;
     ``isolate`` (True, or ``rawconv._isolate.Isolation``/dict) runs them in a child process
-    where a crash or hang becomes the row's error.
+    where a crash or hang becomes the row's status ("crashed: SIGSEGV", "timed out after N s").
     """
     if x is None:
         x, w, b = inputs_for(problem, photo=photo)
@@ -460,8 +572,8 @@ def compare_problem(problem: ConvProblem, *, x=None, w=None, b=None, iterations:
         rows += _torch_rows(problem, x, w, b, ref, ref_abs, timer)
     if not on_gpu and "onednn" in backends:
         rows += _onednn_rows(problem, x, w, b, ref, ref_abs, timer, fpmath=fpmath, prepack=prepack,
-                             include_ref=include_ref, slow_s=budget_s, allow_known_bad=allow_known_bad,
-                             isolate=isolate, timing=(iterations, warmup, budget_s))
+                             include_ref=include_ref, slow_s=budget_s, ref_max_s=ref_max_s,
+                             allow_known_bad=allow_known_bad, isolate=isolate, timing=(iterations, warmup, budget_s))
     if on_gpu and "cudnn" in backends:
         rows += _cudnn_rows(problem, x, w, b, ref, ref_abs, timer, engines=engines)
     return rows
@@ -486,14 +598,52 @@ def compare(problems: list[ConvProblem], *, photo_first: bool = True, progress: 
 
 
 def best_rawconv(rows: list[Row]) -> Row | None:
-    """The fastest correct rawconv row (oneDNN or cuDNN) among ``rows``."""
-    ok = [r for r in rows if r.backend != "torch" and r.ok and math.isfinite(r.median_ms)]
+    """The fastest rawconv row (oneDNN or cuDNN) with status "ok" among ``rows``."""
+    ok = [r for r in rows if r.backend != "torch" and r.category == "ok" and math.isfinite(r.median_ms)]
     return min(ok, key=lambda r: r.median_ms) if ok else None
 
 
-def summary(rows: list[Row]) -> dict:
+def machine_report(rows: list[Row]) -> LoadReport | None:
+    """What the machine did while ``rows`` were timed: their :class:`~rawconv.bench.LoadReport` s
+    (``extra["machine"]``) merged, each weighted by its seconds. When the average looks fine but
+    more than a tenth of the timing was oversubscribed, the merge of those rows alone (so a busy
+    minute inside a long run is not averaged away). None when no row has a report."""
+    ms = [r.extra["machine"] for r in rows if isinstance(r.extra.get("machine"), dict)]
+    if not ms:
+        return None
+
+    def merged(part):
+        secs = sum(m["seconds"] for m in part)
+
+        def avg(key):
+            vals = [(m[key], m["seconds"]) for m in part if m.get(key) is not None]
+            return sum(v * t for v, t in vals) / (sum(t for _, t in vals) or 1e-9) if vals else None
+
+        return LoadReport(secs, max(m["cpus"] for m in part), max(m["threads"] for m in part), avg("other_cpus"),
+                          avg("waited"), part[-1].get("loadavg"))
+
+    report = merged(ms)
+    over = [m for m in ms if m.get("oversubscribed")]
+    if not report.oversubscribed and sum(m["seconds"] for m in over) > 0.1 * report.seconds:
+        report = merged(over)
+    return report
+
+
+def timing_warnings(rows: list[Row], hint: str | None = None) -> list[str]:
+    """Warning lines for ``rows``' timings (:func:`rawconv.bench.timing_warnings`, which also
+    explains ``hint``): the machine was oversubscribed while they were timed, or some median/min
+    spreads exceed the limit."""
+    from .bench import timing_warnings as tw
+
+    return tw(machine_report(rows), [r.spread for r in rows if r.ran], hint=hint)
+
+
+def summary(rows: list[Row], *, hint: str | None = None) -> dict:
     """Per problem: torch default time, best rawconv time and their ratio; overall geometric mean
-    of torch default / best rawconv, and counts of results within / outside tolerance and failures."""
+    of torch default / best rawconv (over problems where both have status "ok": failed, not
+    supported, skipped and wrong rows are left out; None when no problem has both), the rows of
+    each status category, and whether the timings can be trusted (``timing_warnings`` empty;
+    ``hint`` ends the oversubscription warning, see :func:`timing_warnings`)."""
     by_problem: dict[str, list[Row]] = {}
     for r in rows:
         by_problem.setdefault(r.problem, []).append(r)
@@ -501,33 +651,87 @@ def summary(rows: list[Row]) -> dict:
     for name, rs in by_problem.items():
         torch_def = next((r for r in rs if r.backend == "torch" and r.implementation == "default"), None)
         best = best_rawconv(rs)
-        ratio = (torch_def.median_ms / best.median_ms) if (torch_def and best and torch_def.ok is not None
-                                                              and best.median_ms > 0) else float("nan")
-        if math.isfinite(ratio):
+        comparable = torch_def is not None and torch_def.category == "ok" and best is not None and best.median_ms > 0
+        ratio = torch_def.median_ms / best.median_ms if comparable else None
+        if ratio is not None and math.isfinite(ratio) and ratio > 0:
             ratios.append(ratio)
-        per.append({"problem": name, "torch_ms": torch_def.median_ms if torch_def else None,
+        per.append({"problem": name, "torch_ms": torch_def.median_ms if torch_def and torch_def.ran else None,
+                    "torch_status": torch_def.status if torch_def else None,
                     "best": best.implementation if best else None, "best_ms": best.median_ms if best else None,
-                    "ratio": ratio})
-    checked = [r for r in rows if r.ok is not None]
-    return {"problems": len(by_problem), "results": len(checked), "within_tolerance": sum(bool(r.ok) for r in checked),
-            "outside_tolerance": [f"{r.problem}: {r.backend} {r.implementation}" for r in checked if not r.ok],
-            "failed": [f"{r.problem}: {r.backend} {r.implementation}: {r.error}" for r in rows
-                       if r.error and not r.error.startswith(("skipped", "not supported"))],
-            "not_supported": [f"{r.problem}: {r.backend} {r.implementation}" for r in rows
-                              if r.error.startswith("not supported")],
-            "skipped": [f"{r.problem}: {r.backend} {r.implementation}" for r in rows
-                        if r.error.startswith("skipped")],
-            "geomean_torch_over_best": geomean(ratios), "per_problem": per}
+                    "ratio": ratio, "unstable": bool(comparable and (torch_def.unstable or best.unstable)),
+                    "rawconv_rows": sum(r.backend != "torch" for r in rs),
+                    "rawconv_ran": any(r.backend != "torch" and r.ran for r in rs)})
+
+    def label(r):
+        return f"{r.problem}: {r.backend} {r.implementation}"
+
+    checked = [r for r in rows if r.ran]
+    warn = timing_warnings(rows, hint)
+    report = machine_report(rows)
+    return {"problems": len(by_problem), "results": len(checked),
+            "within_tolerance": sum(r.category == "ok" for r in rows),
+            "outside_tolerance": [label(r) for r in rows if r.category == "wrong"],
+            # a library that did not load is reported once, under libraries_not_loaded
+            "failed": [f"{label(r)}: {r.status if r.status != 'failed' else r.error}" for r in rows
+                       if r.category == "failed" and not r.extra.get("library_not_loaded")],
+            "rawconv_failed": sum(r.category == "failed" and r.backend != "torch" for r in rows),
+            "not_supported": [f"{label(r)}: {r.error}" for r in rows if r.category == "not supported"],
+            "skipped": [f"{label(r)}: {r.error or r.status}" for r in rows if r.category == "skipped"],
+            "libraries_not_loaded": sorted({f"{r.backend}: {r.error}" for r in rows
+                                            if r.extra.get("library_not_loaded")}),
+            # rawconv rows there, none ran (a problem whose only candidates --no-ref left out has none)
+            "no_rawconv_result": [p["problem"] for p in per if p["rawconv_rows"] and not p["rawconv_ran"]],
+            "comparable_problems": len(ratios),
+            "geomean_torch_over_best": geomean(ratios) if ratios else None,
+            "timings_trustworthy": not warn, "timing_warnings": warn,
+            "machine": report.as_dict() if report is not None else None,
+            "per_problem": per}
 
 
-def write_json(path: str, rows: list[Row], meta: dict, problems: list[ConvProblem] | None = None) -> None:
-    """Write rows + summary + environment (+ the problems, as dataclass fields) to ``path`` as JSON."""
-    data = {"meta": meta, "summary": summary(rows), "rows": [r.as_dict() for r in rows]}
+#: ``rawconv compare`` exit codes, most severe first (the first that applies is returned).
+EXIT_CODES = {
+    0: "every result is within tolerance; no rawconv candidate failed",
+    1: "a result is outside tolerance (a wrong answer)",
+    2: "bad command line or problem (nothing ran)",
+    3: "nothing to compare: a library failed to load, or a problem on which no rawconv candidate ran "
+       "(every one listed failed, was not supported or was skipped)",
+    4: "a rawconv candidate failed (a library error other than not supported; torch's own failures are "
+       "listed but do not count)",
+}
+
+
+def exit_code(s: dict) -> int:
+    """The exit code (:data:`EXIT_CODES`) for a :func:`summary`; timing warnings do not change it."""
+    if s["outside_tolerance"]:
+        return 1
+    if s["libraries_not_loaded"] or s["no_rawconv_result"] or s["problems"] == 0:
+        return 3
+    if s["rawconv_failed"]:
+        return 4
+    return 0
+
+
+def write_json(path: str, rows: list[Row], meta: dict, problems: list[ConvProblem] | None = None, *,
+               summary: dict | None = None) -> None:
+    """Write rows + summary (``summary`` or :func:`summary` of ``rows``) + environment (+ the
+    problems, as dataclass fields) to ``path`` as JSON. Non-finite floats are written as null."""
+    data = {"meta": meta, "summary": summary if summary is not None else globals()["summary"](rows),
+            "rows": [r.as_dict() for r in rows]}
     if problems is not None:
         data["problems"] = [dict(dataclasses.asdict(p), describe=p.describe(), benchdnn=p.to_benchdnn(),
                                  flops=p.flops, y_shape=p.y_shape) for p in problems]
     with open(path, "w") as f:
-        json.dump(data, f, indent=1, default=str)
+        json.dump(_finite_json(data), f, indent=1, default=str, allow_nan=False)
+
+
+def _finite_json(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _finite_json(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite_json(x) for x in v]
+    return v
 
 
 @contextlib.contextmanager

@@ -113,10 +113,29 @@ class TimedImplementation:
     status: str = "ok"
     detail: str = ""
 
+    @property
+    def spread(self) -> float:
+        """median / min (:func:`rawconv.bench.spread`): well above 1 means noisy timings."""
+        from .bench import spread
+
+        return spread(self.median_ms, self.min_ms)
+
     def __str__(self) -> str:
         if self.status != "ok":
             return f"{self.impl.name:<28} ({self.impl.layouts}) {self.status}" + (f": {self.detail}" if self.detail else "")
-        return f"{self.impl.name:<28} ({self.impl.layouts}) median {self.median_ms:.4f} ms  min {self.min_ms:.4f} ms"
+        return (f"{self.impl.name:<28} ({self.impl.layouts}) median {self.median_ms:.4f} ms  min {self.min_ms:.4f} ms"
+                f"  median/min {self.spread:.2f}")
+
+
+def _warn_timings(monitor, rows) -> None:
+    """``warnings.warn`` each :func:`rawconv.bench.timing_warnings` line for autotune's timed rows
+    (``monitor`` None: timed in a child process, whose CPU time would read as another process's)."""
+    import warnings
+
+    from .bench import TimingWarning, timing_warnings
+
+    for line in timing_warnings(monitor.report() if monitor is not None else None, [r.spread for r in rows]):
+        warnings.warn(f"Convolution.autotune: {line}", TimingWarning, stacklevel=3)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -974,8 +993,11 @@ class Convolution(PlanLifetime):
         unless ``include_ref`` (it is orders of magnitude slower). ``budget_s`` caps the seconds
         spent per implementation and round. Known-bad implementations (:mod:`rawconv.known_bad`)
         are skipped unless ``allow_known_bad`` (default: the plan's setting). Returns the timed
-        rows sorted fastest first (``median_ms``: the best median seen), then the rows that were
-        not timed (``status`` says why, NaN times).
+        rows sorted fastest first (``median_ms``: the best median seen; ``spread``: median / min),
+        then the rows that were not timed (``status`` says why, NaN times). Warns
+        (:class:`rawconv.bench.TimingWarning`) when other processes oversubscribed the CPUs while it
+        timed, or a median/min spread exceeds :data:`rawconv.bench.SPREAD_LIMIT`: the ranking may
+        then be noise.
 
         ``isolate=True`` (or an :class:`rawconv._isolate.Isolation` / dict: ``timeout_s``, ``env``,
         ``threads``) times every candidate in a child process (:mod:`rawconv._isolate`) and
@@ -983,7 +1005,7 @@ class Convolution(PlanLifetime):
         the timeout or gives a wrong result gets a row with that status and is never selected.
         Raises :class:`NotSupportedError` when no implementation could be timed.
         """
-        from .bench import time_cpu
+        from .bench import LoadMonitor, time_cpu
 
         self._check_live()
         it, wu = _int(iterations), _int(warmup)
@@ -1005,6 +1027,7 @@ class Convolution(PlanLifetime):
         rows, skipped = [], []
         nan = float("nan")
         session = None
+        monitor = LoadMonitor() if iso is None else None
         if iso is not None:
             session = _isolate._onednn_session(self.problem, self.direction, tensors, algorithm=self.algorithm,
                                                fpmath=self.fpmath, w_layout=self.w_layout, prepack=self.prepack,
@@ -1070,6 +1093,7 @@ class Convolution(PlanLifetime):
         finally:
             if session is not None:
                 session.close()
+        _warn_timings(monitor, rows)
         self._selected = rows[0].impl.index
         for i in list(self._built):
             if i != self._selected:

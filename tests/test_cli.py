@@ -20,9 +20,14 @@ def rawconv(*args, cwd=None) -> subprocess.CompletedProcess:
 
 def test_compare_benchdnn_problem_writes_json(tmp_path):
     out = tmp_path / "r.json"
-    r = rawconv("compare", "mb2ic8ih12oc8oh12kh3ph1", "--iterations", "2", "--json", str(out), cwd=tmp_path)
+    r = rawconv("compare", "mb2ic8ih12oc8oh12kh3ph1", "--iterations", "2", "--json", str(out), "--width", "120",
+                cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "summary: 1 problem(s)" in r.stdout
+    lines = r.stdout.splitlines()
+    assert max(map(len, lines)) <= 120
+    for row in json.loads(out.read_text())["rows"]:   # at 120 columns names do not wrap
+        assert any(ln.startswith(row["backend"]) and row["implementation"] in ln for ln in lines), row
     data = json.loads(out.read_text())
     rows = data["rows"]
     backends = {row["backend"] for row in rows}
@@ -75,3 +80,89 @@ def test_bad_cli_input_is_a_message_not_a_traceback(args, words):
     r = rawconv(*args)
     assert r.returncode == 2
     assert words in r.stderr and "Traceback" not in r.stderr
+
+
+def _run(*args, env_extra=None):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("COLUMNS", None)
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "rawconv", *args], capture_output=True, text=True, env=env,
+                          timeout=600)
+
+
+@pytest.mark.parametrize("cmd", [["compare", "mb1ic4ih6oc4oh6kh3ph1"], ["list", "mb1ic4ih6oc4oh6kh3ph1"], ["info"]])
+@pytest.mark.parametrize("width", ["59", "0", "-80", "wide"])
+def test_width_below_the_minimum_is_a_usage_error(cmd, width, capsys):
+    from rawconv.cli import build_parser
+
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args([*cmd, "--width", width])
+    assert exc.value.code == 2 and "--width" in capsys.readouterr().err
+    assert build_parser().parse_args([*cmd, "--width", "60"]).width == 60
+
+
+@pytest.mark.parametrize("how", ["--width", "COLUMNS"])
+def test_every_subcommand_fits_80_columns_through_a_pipe(tmp_path, how):
+    """compare and info with --width 80, list with COLUMNS=80 or --width 80: every line fits, and
+    every number of the JSON's rows appears whole on its row's line."""
+    tiny = ["mb1ic8ih10oc8oh10kh3ph1"]
+    width = ["--width", "80"] if how == "--width" else []
+    env = {"COLUMNS": "80"} if how == "COLUMNS" else None
+    if how == "--width":
+        out = tmp_path / "r.json"
+        r = _run("compare", *tiny, "--iterations", "2", "--warmup", "0", "--budget", "0.05", "--json", str(out),
+                 *width)
+        assert r.returncode == 0, r.stdout + r.stderr
+        lines = r.stdout.splitlines()
+        assert max(map(len, lines)) <= 80, r.stdout
+        from rawconv.cli import _fmt_err, _fmt_ms, _fmt_spread
+
+        for row in json.loads(out.read_text())["rows"]:
+            line = next(ln for ln in lines if ln.startswith(row["backend"]) and row["implementation"].split()[0] in ln)
+            if row["status"] in ("ok", "wrong"):
+                toks = line.split()
+                assert _fmt_ms(row["median_ms"]) in toks and _fmt_ms(row["min_ms"]) in toks, line
+                assert _fmt_err(row["max_rel"]) in toks, line
+                if row["spread"] is not None:
+                    assert _fmt_spread(row["spread"]) in toks, line
+        r = _run("info", *width)
+        assert r.returncode == 0 and max(map(len, r.stdout.splitlines())) <= 80, r.stdout
+    r = _run("list", *tiny, *width, env_extra=env)
+    assert r.returncode == 0 and max(map(len, r.stdout.splitlines())) <= 80, r.stdout
+    assert "ref:any" in r.stdout
+
+
+def test_help_documents_exit_codes_threads_and_width(capsys):
+    from rawconv.cli import build_parser
+    from rawconv.compare import EXIT_CODES
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["compare", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "exit status (when several apply" in text
+    for code, meaning in EXIT_CODES.items():
+        assert f"{code} {meaning}" in text
+    assert "affinity" in text and "--ref-limit" in text and "at least 60" in text
+
+
+def test_bf16_where_onednn_has_none_is_not_supported_and_exit_3(tmp_path):
+    # ONEDNN_MAX_CPU_ISA=AVX2: oneDNN 3.2 then offers no bf16 convolution (as on a real AVX2 CPU)
+    out = tmp_path / "r.json"
+    r = _run("compare", "mb1ic8ih10oc8oh10kh3ph1", "--dtype", "bfloat16", "--iterations", "1", "--warmup", "0",
+             "--width", "80", "--json", str(out), env_extra={"ONEDNN_MAX_CPU_ISA": "AVX2"})
+    data = json.loads(out.read_text())
+    onednn_rows = [row for row in data["rows"] if row["backend"] == "onednn"]
+    assert onednn_rows and all(row["status"] == "not supported" for row in onednn_rows), onednn_rows
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "nan" not in r.stdout.lower().split() and "no comparable rows" in r.stdout
+    assert "not supported" in r.stdout and "dnnl_unimplemented" in r.stdout     # the reason, whole
+    assert data["summary"]["geomean_torch_over_best"] is None and data["summary"]["exit_code"] == 3
+
+
+def test_onednn_that_does_not_load_is_exit_3(tmp_path):
+    missing = str(tmp_path / "nowhere" / "libdnnl.so.3")
+    r = _run("compare", "mb1ic4ih6oc4oh6kh3ph1", "--iterations", "1", "--warmup", "0", "--width", "80",
+             env_extra={"RAWCONV_DNNL_LIBRARY": missing})
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "library not loaded" in r.stdout and missing in r.stdout.replace("\n", "")
+    assert "Traceback" not in r.stderr
