@@ -167,7 +167,12 @@ class RunInfo:
 # ---------------------------------------------------------------------------- helpers
 
 
-def _w_layout(w: torch.Tensor) -> str:
+def _w_layout(w: torch.Tensor, problem: ConvProblem | None = None) -> str:
+    """The filter layout a legacy plan describes: the data's (``problem.layout``) when given: cuDNN's
+    legacy algos take the filter in the tensors' format (an NCHW x with an NHWC filter finds no algo
+    at all), and weights of another layout are copied per call by :meth:`Convolution.execute`."""
+    if problem is not None:
+        return problem.layout
     return "nhwc" if w.dim() >= 3 and not w.is_contiguous() and layout_of(w) == "nhwc" else "nchw"
 
 
@@ -321,7 +326,7 @@ class Convolution(PlanLifetime):
                  workspace_limit: int | None = None, activation: str | None = None, choice: Any = None,
                  precision: str | None = None, options: Any = None):
         problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
-        self._init(problem, "forward", _w_layout(w), algo, math, deterministic, workspace_limit, activation,
+        self._init(problem, "forward", _w_layout(w, problem), algo, math, deterministic, workspace_limit, activation,
                    choice, precision, options)
         self._x, self._w, self._b = x, w, bias
 
@@ -1066,7 +1071,7 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
     if plan is None:
         problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
         _check_device(problem)
-        plan = _plan(problem, "forward", _w_layout(w), algo, math, deterministic, workspace_limit, activation)
+        plan = _plan(problem, "forward", _w_layout(w, problem), algo, math, deterministic, workspace_limit, activation)
         if key is not None:
             _fast.put(key, plan)
     return plan.execute(x, w, bias, out, return_info=return_info)
@@ -1131,7 +1136,7 @@ def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int],
     plan = _fast.get(key) if key is not None else None
     if plan is None:
         problem = _grad_problem(grad_y, w, x_shape, stride, padding, dilation, groups, "backward_data")
-        plan = _plan(problem, "backward_data", _w_layout(w), algo, math, deterministic, workspace_limit, None)
+        plan = _plan(problem, "backward_data", _w_layout(w, problem), algo, math, deterministic, workspace_limit, None)
         if key is not None:
             _fast.put(key, plan)
     return plan.execute(grad_y=grad_y, w=w, out=out, return_info=return_info)
@@ -1249,7 +1254,7 @@ def algorithms(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     _check_device(problem)
     if problem.is_empty:
         return []
-    plan = _plan(problem, direction, _w_layout(w), None, None if math == "all" else math, deterministic,
+    plan = _plan(problem, direction, _w_layout(w, problem), None, None if math == "all" else math, deterministic,
                  workspace_limit, None)
     return plan.algorithms(mode, math)
 
