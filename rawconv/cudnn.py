@@ -38,6 +38,7 @@ from ._cudnn import ffi
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from ._plans import PlanCache, PlanLifetime
 from ._backend import Candidate, canonical_direction
+from .results import Result, ResultTable
 from ._grad import needs_grad as _needs_grad
 from .problem import ConvProblem, check_tensor, empty_like_layout, layout_of, to_layout, dense_strides, strides_match, shape_only
 
@@ -126,14 +127,16 @@ class Algorithm(Candidate):
                 f"{'deterministic' if self.deterministic else 'non-deterministic'}")
 
 
-@dataclass(frozen=True)
-class TimedAlgorithm:
-    """A row of :meth:`Convolution.autotune`: the algo, its math type and its CUDA-event times (ms)."""
+class TimedAlgorithm(Result):
+    """A row of :meth:`Convolution.autotune`: a :class:`rawconv.results.Result` of the cuDNN
+    legacy backend (the algo and math type, GPU times in ms), built with this row type's older
+    constructor."""
 
-    algorithm: Algorithm
-    median_ms: float
-    min_ms: float
-    runs: int
+    def __init__(self, algorithm: Algorithm, median_ms: float, min_ms: float, runs: int, *,
+                 problem: ConvProblem | None = None):
+        Result.__init__(self, "cudnn", algorithm.choice, problem, algorithm.direction, algorithm, "ok", median_ms,
+                        min_ms, runs, None, algorithm.workspace_bytes,
+                        " ".join(algorithm.notes))
 
     def __str__(self) -> str:
         a = self.algorithm
@@ -577,7 +580,7 @@ class Convolution(PlanLifetime):
                     out.append(r)
         if mode == "find":
             out.sort(key=lambda r: (not r.ok, r.time_ms if r.time_ms is not None and r.time_ms >= 0 else 1e30))
-        return out
+        return ResultTable(out, title=f"cuDNN {self.direction} algorithms ({mode}): {self.problem}")
 
     # ------------------------------------------------------------------ selection
     def _usable(self, r: Algorithm) -> bool:
@@ -930,12 +933,12 @@ class Convolution(PlanLifetime):
                 stats = gpu_time(lambda: self.execute(**args), iterations=iterations, warmup=warmup)
             except NotSupportedError:
                 continue
-            rows.append(TimedAlgorithm(r, stats.median_ms, stats.min_ms, stats.runs))
+            rows.append(TimedAlgorithm(r, stats.median_ms, stats.min_ms, stats.runs, problem=self.problem))
         if not rows:
             raise NotSupportedError("no algo could be timed for " + self.problem.describe(), library="cuDNN")
         rows.sort(key=lambda r: r.median_ms)
         self.select(rows[0].algorithm.algo_id)
-        return rows
+        return ResultTable(rows, title=f"cuDNN autotune: {self.direction} {self.problem}")
 
     def _exec_args(self) -> dict:
         """Tensors of the problem's shapes (the outer problem) for timing."""

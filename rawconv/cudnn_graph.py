@@ -41,6 +41,7 @@ from . import _cudnn, _cudnn_backend as B, _search, tuning, known_bad as _known_
 from ._search import TimedConfig, knob_combinations
 from .errors import ArgumentError, ArgumentTypeError, LibraryError, NotSupportedError
 from ._backend import Candidate
+from .results import ResultTable
 from ._plans import PlanCache, PlanLifetime
 from . import check as _check
 from .check import ErrorStats, Tolerance, tolerance_for
@@ -582,7 +583,7 @@ class GraphConvolution(PlanLifetime):
                 except NotSupportedError:
                     pass
             rows.append(self._configs[name])
-        return rows
+        return ResultTable(rows, title=f"cuDNN graph engine configs ({heuristic}): {self._describe()}")
 
     # ------------------------------------------------------------------ selection
     def allowed(self, ec: EngineConfig, *, deterministic_only=False, no_tensor_cores=None,
@@ -1045,7 +1046,14 @@ class GraphConvolution(PlanLifetime):
                 library="cuDNN")
         self._commit(table[0])
         store.put(self._record(key, table[0]))
-        return table
+        return self._table(table)
+
+    def _table(self, rows) -> ResultTable:
+        """Autotune's rows as a :class:`rawconv.results.ResultTable` with the problem filled in."""
+        out = ResultTable(rows, title=f"cuDNN graph autotune: {self._describe()}")
+        for r in out:
+            r.problem, r.direction = self.problem, self.direction
+        return out
 
     def _commit(self, top: TimedConfig) -> None:
         """Select autotune's top row: exactly that config runs (a channels_last one through the
@@ -1084,8 +1092,8 @@ class GraphConvolution(PlanLifetime):
             ec = self._select(hit.choice, warn=False)
         except (NotSupportedError, ArgumentError):
             return None
-        rows = [TimedConfig(ec, hit.median_ms, hit.min_ms, 0, "ok", None, "cache", "from the tuning cache",
-                            layout="nhwc" if self._via else "")]
+        rows = self._table([TimedConfig(ec, hit.median_ms, hit.min_ms, 0, "ok", None, "cache", "from the tuning cache",
+                                        layout="nhwc" if self._via else "")])
         self.last_autotune = rows
         return rows
 

@@ -31,7 +31,9 @@ from . import _dnnl, known_bad as _known_bad
 from ._grad import needs_grad as _needs_grad
 from ._dnnl import ffi
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
+from ._backend import Candidate
 from ._plans import PlanCache, PlanLifetime
+from .results import Result, ResultTable
 from .problem import ConvProblem, _int, check_tensor, empty_like_layout, layout_of, shape_arg, to_layout, dense_strides, strides_match, shape_only
 
 __all__ = ["Implementation", "Convolution", "forward", "backward_data", "backward_weights",
@@ -58,7 +60,7 @@ _ROLE_NAMES = {"x": "src", "w": "weights", "b": "bias", "y": "dst", "dy": "diff_
 
 
 @dataclass(frozen=True)
-class Implementation:
+class Implementation(Candidate):
     """One implementation oneDNN offers for a problem.
 
     ``index``: position in rawconv's list (oneDNN's order for ``format_tag any``, then the
@@ -85,6 +87,25 @@ class Implementation:
     status: str = field(default="", compare=False)
     detail: str = field(default="", compare=False)
 
+    backend = "onednn"
+
+    @property
+    def choice(self) -> str:
+        """The stable name :meth:`Convolution.select` and ``choice=`` take: ``"name@layouts"``,
+        e.g. ``"brgconv:avx2@any"`` (oneDNN's names repeat across layouts)."""
+        return f"{self.name}@{self.layouts}"
+
+    @property
+    def workspace_bytes(self) -> int:
+        """The scratchpad (oneDNN's word for the workspace) in bytes."""
+        return self.scratchpad_bytes
+
+    @property
+    def notes(self) -> tuple:
+        fm = " ".join(f"{_ROLE_NAMES.get(k, k)}={v}" for k, v in self.formats.items())
+        ro = ",".join(_ROLE_NAMES.get(r, r) for r in self.reorders) or "none"
+        return (f"layouts={self.layouts}", fm, f"reorders={ro}")
+
     def __str__(self) -> str:
         fm = " ".join(f"{_ROLE_NAMES.get(k, k)}={v}" for k, v in self.formats.items())
         ro = ",".join(_ROLE_NAMES.get(r, r) for r in self.reorders) or "none"
@@ -97,28 +118,19 @@ class Implementation:
         return out
 
 
-@dataclass
-class TimedImplementation:
-    """A row of :meth:`Convolution.autotune`: the implementation and its times (ms).
+class TimedImplementation(Result):
+    """A row of :meth:`Convolution.autotune`: a :class:`rawconv.results.Result` of the oneDNN
+    backend, built with this row type's older constructor (``impl``, times in ms, ``runs``).
 
     ``status``: ``"ok"`` for a timed row; rows that were not timed follow the timed ones with
     NaN times and ``"known bad"`` (skipped), or, with ``isolate=True``, ``"crashed: SIGSEGV"``,
     ``"timed out after N s"``, ``"wrong"`` (outside tolerance vs float64), ``"not supported"``,
     ``"failed"``; ``detail`` says more."""
 
-    impl: Implementation
-    median_ms: float
-    min_ms: float
-    runs: int
-    status: str = "ok"
-    detail: str = ""
-
-    @property
-    def spread(self) -> float:
-        """median / min (:func:`rawconv.bench.spread`): well above 1 means noisy timings."""
-        from .bench import spread
-
-        return spread(self.median_ms, self.min_ms)
+    def __init__(self, impl: "Implementation", median_ms: float, min_ms: float, runs: int, status: str = "ok",
+                 detail: str = "", *, problem: ConvProblem | None = None):
+        Result.__init__(self, "onednn", impl.choice, problem, impl.direction, impl, status, median_ms, min_ms, runs,
+                        None, impl.scratchpad_bytes, detail, detail if status != "ok" else "")
 
     def __str__(self) -> str:
         if self.status != "ok":
@@ -671,7 +683,7 @@ class Convolution(PlanLifetime):
                                 layouts=layouts)
 
     @property
-    def implementations(self) -> list[Implementation]:
+    def implementations(self) -> ResultTable:
         """Every implementation oneDNN offers for this problem (see :class:`Implementation`),
         without duplicates. Wraps ``dnnl_primitive_desc_next_impl`` / ``dnnl_primitive_desc_clone``."""
         self._check_live()
@@ -679,7 +691,8 @@ class Convolution(PlanLifetime):
             with self._lock:
                 if self._impls is None:
                     self._enumerate()
-        return list(self._impls)
+        return ResultTable(self._impls, title=f"oneDNN {_dnnl.version()['version']} implementations: "
+                                              f"{self.direction} {self.problem}")
 
     # ------------------------------------------------------------------ selection
     def _resolve(self, impl: Any, allow_known_bad: bool = False) -> int:
@@ -1037,7 +1050,7 @@ class Convolution(PlanLifetime):
                 if impl.name.startswith("ref") and not include_ref:
                     continue
                 if impl.known_bad and not allow:
-                    skipped.append(TimedImplementation(impl, nan, nan, 0, "known bad",
+                    skipped.append(TimedImplementation(impl, nan, nan, 0, "known bad", detail=
                                                        f"not run (allow_known_bad=True runs it): {impl.known_bad}"))
                     continue
                 if session is not None:
@@ -1098,7 +1111,10 @@ class Convolution(PlanLifetime):
         for i in list(self._built):
             if i != self._selected:
                 del self._built[i]
-        return rows + skipped
+        out = ResultTable(rows + skipped, title=f"oneDNN autotune: {self.direction} {self.problem}")
+        for r in out:
+            r.problem = self.problem
+        return out
 
     def _example_tensors(self) -> dict:
         p = self.problem
@@ -1293,8 +1309,9 @@ def _bias_fits(bias, x, k: int) -> bool:
 def implementations(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
                     padding: Any = 0, dilation: Any = 1, groups: int = 1, *, direction: str = "forward",
                     algorithm: str = "direct", fpmath: str = "strict", isolate: Any = False,
-                    allow_known_bad: bool = False) -> list[Implementation]:
-    """Every implementation oneDNN offers for this convolution, in oneDNN's order, without duplicates.
+                    allow_known_bad: bool = False) -> ResultTable:
+    """Every implementation oneDNN offers for this convolution, in oneDNN's order, without duplicates
+    (a :class:`rawconv.results.ResultTable` of :class:`Implementation` rows).
 
     Arguments as in :func:`forward` (for ``direction="backward_data"``/``"backward_weights"`` pass
     the forward problem's x and w). Each :class:`Implementation` gives its name, the layouts it
@@ -1337,7 +1354,8 @@ def implementations(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None 
                                           w_layout=wl)
     import dataclasses
 
-    return [dataclasses.replace(r["implementation"], status=r["status"], detail=r["detail"]) for r in rows]
+    return ResultTable([dataclasses.replace(r["implementation"], status=r["status"], detail=r["detail"]) for r in rows],
+                       title=f"oneDNN implementations (run isolated): {direction} {problem}")
 
 
 def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int], stride: Any = 1,
