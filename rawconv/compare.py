@@ -328,7 +328,7 @@ def _ref_estimate(problem) -> float:
 
 def _onednn_rows(problem, x, w, b, ref, ref_abs, timer, *, fpmath="strict", prepack=True,
                  include_ref=True, slow_s=None, ref_max_s: float = REF_MAX_SECONDS, allow_known_bad=False,
-                 isolate=None, timing=(10, 2, None)) -> list[Row]:
+                 isolate=None, timing=(10, 2, None), **_kw) -> list[Row]:
     """Rows for every oneDNN implementation. ``include_ref``: True runs the reference
     implementations (ref:any), False drops them, "auto" runs them when one call is estimated
     (:func:`rawconv.onednn.reference_seconds`) at most ``ref_max_s`` seconds and otherwise lists
@@ -476,15 +476,15 @@ def _cudnn_rows(problem, x, w, b, ref, ref_abs, timer, engines=None, **_kw) -> l
                                     "math_reported": info.math_reported, "deterministic": info.deterministic,
                                     "find_ms": a.time_ms}))
     plan.free()
-    if engines:
-        rows += _cudnn_graph_rows(problem, x, w, b, ref, ref_abs, timer, engines)
     return rows
 
 
-def _cudnn_graph_rows(problem, x, w, b, ref, ref_abs, timer, engines) -> list[Row]:
+def _cudnn_graph_rows(problem, x, w, b, ref, ref_abs, timer, engines=None, **_kw) -> list[Row]:
     """Rows for cuDNN graph-API engine configs: ``engines="all"`` (every engine with its default
     knobs, plus the heuristic modes' configs) or an int N (the first N of heuristic modes
-    instant, b and fallback)."""
+    instant, b and fallback); none without ``engines``."""
+    if not engines:
+        return []
     name = str(problem.name or problem.describe())
     try:
         from . import cudnn_graph as G
@@ -525,7 +525,7 @@ def _cudnn_graph_rows(problem, x, w, b, ref, ref_abs, timer, engines) -> list[Ro
 
 # --------------------------------------------------------------------------- driver
 def compare_problem(problem: ConvProblem, *, x=None, w=None, b=None, iterations: int = 10, warmup: int = 2,
-                    budget_s: float = 0.5, backends: Iterable[str] = ("torch", "onednn", "cudnn"),
+                    budget_s: float = 0.5, backends: Iterable[str] = ("torch", "onednn", "cudnn", "cudnn_graph"),
                     photo: bool = False, fpmath: str = "strict", prepack: bool = True,
                     include_ref: bool | str = True, ref_max_s: float = REF_MAX_SECONDS,
                     engines: str | int | None = None, allow_known_bad: bool = False, isolate=None) -> list[Row]:
@@ -556,12 +556,15 @@ def compare_problem(problem: ConvProblem, *, x=None, w=None, b=None, iterations:
     rows: list[Row] = []
     if "torch" in backends:
         rows += _torch_rows(problem, x, w, b, ref, ref_abs, timer)
-    if not on_gpu and "onednn" in backends:
-        rows += _onednn_rows(problem, x, w, b, ref, ref_abs, timer, fpmath=fpmath, prepack=prepack,
-                             include_ref=include_ref, slow_s=budget_s, ref_max_s=ref_max_s,
-                             allow_known_bad=allow_known_bad, isolate=isolate, timing=(iterations, warmup, budget_s))
-    if on_gpu and "cudnn" in backends:
-        rows += _cudnn_rows(problem, x, w, b, ref, ref_abs, timer, engines=engines)
+    opts = dict(fpmath=fpmath, prepack=prepack, include_ref=include_ref, slow_s=budget_s, ref_max_s=ref_max_s,
+                allow_known_bad=allow_known_bad, isolate=isolate, timing=(iterations, warmup, budget_s),
+                engines=engines)
+    from ._backend import backends as registered
+
+    for be in registered("cuda" if on_gpu else "cpu"):   # every registered backend of this device
+        fn = be.rows_function() if be.name in backends else None
+        if fn is not None:
+            rows += fn(problem, x, w, b, ref, ref_abs, timer, **opts)
     return rows
 
 

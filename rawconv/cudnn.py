@@ -26,6 +26,7 @@ The graph (backend) API lives in :mod:`rawconv.cudnn_graph`; ``forward(..., engi
 from __future__ import annotations
 
 import enum
+import logging
 import math as _math
 import threading
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ __all__ = ["Algorithm", "TimedAlgorithm", "RunInfo", "Convolution", "forward", "
            "capabilities"]
 # also, lazily from rawconv.cudnn_graph: engines, EngineConfig (see __getattr__ at the end)
 
+log = logging.getLogger("rawconv.cudnn")
 DIRECTIONS = ("forward", "backward_data", "backward_weights")   # "backward_filter" is accepted as cuDNN's alias
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 INT32_LIMIT = 2 ** 31 - 1  # cuDNN's legacy descriptors hold int32 dims and strides
@@ -645,6 +647,8 @@ class Convolution(PlanLifetime):
             fused = self._can_fuse(algo_id)
         info = RunInfo(self.direction, name, algo_id, self.math, pref[0].math if pref else self.math, ws, det,
                        fused, tuple(self.notes))
+        log.debug("chose %s@%s (workspace %d B) for %s %s", name, info.math_reported, ws, self.direction,
+                  self.problem.describe())
         self._info = info
         self._ws = None
         return info
@@ -974,8 +978,18 @@ class Convolution(PlanLifetime):
     def __repr__(self) -> str:
         if self._freed:
             return "<rawconv.cudnn.Convolution (freed)>"
-        algo = self._info.algo if self._info is not None else "(not chosen yet)"
-        return f"<rawconv.cudnn.Convolution {self.direction} {self.problem.describe()} math={self.math} algo={algo}>"
+        if self._info is not None:
+            algo = f"{self._info.algo}@{self._info.math_reported}"
+        elif self._algo_id is not None:
+            algo = f"{ALGOS[self.direction][self._algo_id]}@{self.math} (forced, not checked yet)"
+        else:
+            algo = "cuDNN's heuristic (" + ("Find" if self._algo_request == "fastest" else "_v7") + ", not queried yet)"
+        return (f"<rawconv.cudnn.Convolution {self.direction} {self.problem.describe()} math={self.math} "
+                f"choice={algo}>")
+
+    def candidates(self, mode: str = "find", math: str | None = "all") -> ResultTable:
+        """:meth:`algorithms` (every backend's plan has ``candidates()``)."""
+        return self.algorithms(mode, math)
 
 
 # ---------------------------------------------------------------------------- plan caches and functions
@@ -1381,3 +1395,20 @@ def __getattr__(name):  # lazy re-exports of the graph API: rawconv.cudnn.engine
                                  f"{exc}") from None
         return getattr(cudnn_graph, name)
     raise AttributeError(f"module 'rawconv.cudnn' has no attribute {name!r}")
+
+
+# ---------------------------------------------------------------------------- the registry
+def _registry_candidates(problem: ConvProblem, direction: str = "forward", options: Any = None) -> ResultTable:
+    return Convolution.from_problem(problem, direction=direction, options=options).algorithms("find", "all")
+
+
+def _registry_plan(problem: ConvProblem, direction: str = "forward", options: Any = None, choice: Any = None):
+    return Convolution.from_problem(problem, direction=direction, options=options, choice=choice)
+
+
+from ._backend import Backend as _Backend, register as _register  # noqa: E402
+
+_register(_Backend("cudnn", "cuda", __name__, "cuDNN", _registry_candidates, _registry_plan, info,
+                   "cuDNN's legacy API on CUDA tensors: every (algo, math type)",
+                   {"candidates": "algorithms", "choice": "algo", "precision": "math",
+                    "backward_weights": "backward_filter"}, rows="rawconv.compare:_cudnn_rows"))

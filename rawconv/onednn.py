@@ -19,6 +19,7 @@ user *scratchpad*, the *fpmath mode*.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import warnings
 import weakref
@@ -36,8 +37,10 @@ from ._plans import PlanCache, PlanLifetime
 from .results import Result, ResultTable
 from .problem import ConvProblem, _int, check_tensor, empty_like_layout, layout_of, shape_arg, to_layout, dense_strides, strides_match, shape_only
 
+log = logging.getLogger("rawconv.onednn")
+
 __all__ = ["Implementation", "Convolution", "forward", "backward_data", "backward_weights",
-           "implementations", "info", "verbose", "clear_cache", "FPMATH_MODES", "ALGORITHMS",
+           "implementations", "candidates", "info", "verbose", "clear_cache", "FPMATH_MODES", "ALGORITHMS",
            "capabilities"]
 
 FPMATH_MODES = {"strict": 0, "bf16": 1, "f16": 2, "any": 3, "tf32": 4}
@@ -194,6 +197,33 @@ def _check_fpmath(fpmath: str) -> int:
 
 def _check_algorithm(algorithm: str) -> str:
     return _check_choice(algorithm, ALGORITHMS, "algorithm")
+
+
+def _words(impl, choice, fpmath, precision, options, allow_known_bad):
+    """rawconv's words (``choice``, ``precision``, ``options``) as oneDNN's (``impl``, ``fpmath``,
+    ``allow_known_bad``); both of a pair given must agree. ``precision`` and the fpmath mode share
+    their values ("strict", "bf16", "f16", "tf32", "any")."""
+    if choice is not None:
+        if impl is not None and impl != choice:
+            raise ArgumentError(f"choice={choice!r} and impl={impl!r} disagree; pass one (impl is oneDNN's word)")
+        impl = choice
+    if options is not None:
+        from .options import options_of
+
+        opt = options_of(options)
+        if precision is None and opt.precision != "strict":
+            precision = opt.precision
+        allow_known_bad = allow_known_bad or opt.allow_known_bad
+    if precision is not None:
+        from .options import PRECISIONS
+
+        if precision not in PRECISIONS:
+            raise ArgumentError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
+        if fpmath != "strict" and fpmath != precision:
+            raise ArgumentError(f"precision={precision!r} and fpmath={fpmath!r} disagree; pass one (fpmath is "
+                                f"oneDNN's word)")
+        fpmath = precision
+    return impl, fpmath, allow_known_bad
 
 
 def _check_direction(direction: str) -> str:
@@ -517,7 +547,9 @@ class Convolution(PlanLifetime):
     def __init__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                  stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1, *,
                  impl: Any = None, algorithm: str = "direct", fpmath: str = "strict",
-                 prepack: bool = True, allow_known_bad: bool = False):
+                 prepack: bool = True, allow_known_bad: bool = False, choice: Any = None,
+                 precision: str | None = None, options: Any = None):
+        impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
         problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
         _check_device(problem)
         impl = _check_impl(impl)
@@ -529,8 +561,15 @@ class Convolution(PlanLifetime):
     @classmethod
     def from_problem(cls, problem: ConvProblem, *, direction: str = "forward", algorithm: str = "direct",
                      fpmath: str = "strict", w_layout: str = "nchw", impl: Any = None,
-                     prepack: bool = True, allow_known_bad: bool = False) -> "Convolution":
-        """A plan from a :class:`ConvProblem` (no tensors needed until :meth:`execute`)."""
+                     prepack: bool = True, allow_known_bad: bool = False, choice: Any = None,
+                     precision: str | None = None, options: Any = None) -> "Convolution":
+        """A plan from a :class:`ConvProblem` (no tensors needed until :meth:`execute`).
+        ``direction``: "forward", "backward_data", "backward_weights" ("backward_filter" too)."""
+        impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
+        from ._backend import canonical_direction
+
+        if isinstance(direction, str):
+            direction = canonical_direction(direction)
         if not isinstance(problem, ConvProblem):
             raise ArgumentTypeError(f"problem must be a ConvProblem (see ConvProblem.from_benchdnn for a "
                                     f"descriptor string), got {type(problem).__name__}")
@@ -657,6 +696,8 @@ class Convolution(PlanLifetime):
         if not rows:
             raise last_error or NotSupportedError("oneDNN offers no implementation for " + self.problem.describe())
         self._impls, self._pds = rows, pds
+        log.debug("listed %d implementations for %s %s: %s", len(rows), self.direction, self.problem.describe(),
+                  ", ".join(r.choice for r in rows))
 
     def _describe(self, it, layouts: str, index: int):
         pd = _dnnl.pd_clone(it)
@@ -777,7 +818,7 @@ class Convolution(PlanLifetime):
         # several entries with this name: the one with the fewest per-call reorders, then oneDNN's order
         return min(matches, key=lambda i: (len([r for r in impls[i].reorders if r not in ("w",)]), i))
 
-    def select(self, impl: Any, *, allow_known_bad: bool | None = None) -> Implementation:
+    def select(self, impl: Any = None, *, allow_known_bad: bool | None = None, choice: Any = None) -> Implementation:
         """Select the implementation :meth:`execute` runs: an int position, a name (``"x64:gemm:jit"``,
         optionally ``"name@user"``/``"name@any"``), an :class:`Implementation` of this plan's list,
         or None for oneDNN's first choice (position 0; when that is known bad, the next one that is
@@ -786,6 +827,10 @@ class Convolution(PlanLifetime):
         :class:`~rawconv.errors.KnownBadError` (naming the issue) for an implementation
         :mod:`rawconv.known_bad` lists for this problem, unless ``allow_known_bad`` (default: the
         plan's setting)."""
+        if choice is not None:
+            if impl is not None and impl != choice:
+                raise ArgumentError(f"choice={choice!r} and impl={impl!r} disagree; pass one")
+            impl = choice
         allow = self.allow_known_bad if allow_known_bad is None else _check_allow(allow_known_bad)
         i = self._first_choice(allow) if impl is None else self._resolve(impl, allow)
         self._selected = i
@@ -803,6 +848,7 @@ class Convolution(PlanLifetime):
     def _build(self, i: int) -> _Built:
         b = self._built.get(i)
         if b is None:
+            log.debug("building %s for %s %s", self._impls[i].choice, self.direction, self.problem.describe())
             b = _Built(self, self._impls[i], self._pds[i])
             self._built[i] = b
         return b
@@ -1150,9 +1196,16 @@ class Convolution(PlanLifetime):
     def __repr__(self) -> str:
         if self._freed:
             return "<rawconv.onednn.Convolution (freed)>"
-        sel = self._impls[self._selected].name if self._impls is not None and self._selected is not None else "?"
+        if self._impls is not None and self._selected is not None:
+            sel = self._impls[self._selected].choice + (" (built)" if self._selected in self._built else "")
+        else:
+            sel = "oneDNN's first choice (not listed yet)"
         return (f"<rawconv.onednn.Convolution {self.direction} {self.problem.describe()} "
-                f"fpmath={self.fpmath} impl={sel}>")
+                f"fpmath={self.fpmath} choice={sel}>")
+
+    def candidates(self) -> ResultTable:
+        """:attr:`implementations` (every backend's plan has ``candidates()``)."""
+        return self.implementations
 
 
 def _restride(t: torch.Tensor, strides) -> torch.Tensor:
@@ -1206,6 +1259,7 @@ def _plan(problem: ConvProblem, direction: str, algorithm: str, fpmath: str, w_l
            allow_known_bad, threading.get_ident())
     plan = _cache.get(key)
     if plan is None:
+        log.debug("plan cache miss: %s %s fpmath=%s choice=%s", direction, problem.describe(), fpmath, impl)
         plan = Convolution.from_problem(problem, direction=direction, algorithm=algorithm, fpmath=fpmath,
                                         w_layout=w_layout, impl=impl, prepack=False, allow_known_bad=allow_known_bad)
         _cache.put(key, plan)
@@ -1222,7 +1276,8 @@ def clear_cache() -> None:
 def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
             padding: Any = 0, dilation: Any = 1, groups: int = 1, *, impl: Any = None,
             algorithm: str = "direct", fpmath: str = "strict", out: torch.Tensor | None = None,
-            allow_known_bad: bool = False) -> torch.Tensor:
+            allow_known_bad: bool = False, choice: Any = None, precision: str | None = None,
+            options: Any = None) -> torch.Tensor:
     """oneDNN forward convolution with the semantics of ``torch.nn.functional.conv{1,2,3}d``.
 
     ``x``: (N, C, *spatial) or unbatched (C, *spatial), CPU, float32 / bfloat16 / float16 (where
@@ -1240,7 +1295,11 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
     (``impl=None``) that is known bad is replaced by the next one, with a ``RuntimeWarning``.
     Wraps ``dnnl_convolution_forward_primitive_desc_create`` and ``dnnl_primitive_execute``.
     Tensors that require grad (grad mode on) run as :func:`rawconv.ops.conv` (autograd recorded).
+    rawconv's words work too: ``choice`` (= ``impl``: a position, a name or ``"name@layouts"``, an
+    :class:`Implementation`), ``precision`` (= ``fpmath``), ``options`` (:class:`rawconv.Options`).
     """
+    if choice is not None or precision is not None or options is not None:
+        impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
     if _needs_grad(x, w, bias):   # record a differentiable op, never a silent detach
         from .ops import _onednn_function
         return _onednn_function("forward", x, w, bias, stride, padding, dilation, groups, impl=impl,
@@ -1309,7 +1368,7 @@ def _bias_fits(bias, x, k: int) -> bool:
 def implementations(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
                     padding: Any = 0, dilation: Any = 1, groups: int = 1, *, direction: str = "forward",
                     algorithm: str = "direct", fpmath: str = "strict", isolate: Any = False,
-                    allow_known_bad: bool = False) -> ResultTable:
+                    allow_known_bad: bool = False, precision: str | None = None) -> ResultTable:
     """Every implementation oneDNN offers for this convolution, in oneDNN's order, without duplicates
     (a :class:`rawconv.results.ResultTable` of :class:`Implementation` rows).
 
@@ -1331,8 +1390,14 @@ def implementations(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None 
     NHWC (one output channel, or a 1x1 output with batch 1): then w's. The positions and the
     :class:`Implementation` objects of this list select the same implementations there.
     """
+    from ._backend import canonical_direction
+
+    if isinstance(direction, str):
+        direction = canonical_direction(direction)
     _check_direction(direction)
     _check_allow(allow_known_bad)
+    if precision is not None:
+        _, fpmath, _ = _words(None, None, fpmath, precision, None, False)
     from . import _isolate
 
     iso = _isolate.options(isolate)
@@ -1358,10 +1423,21 @@ def implementations(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None 
                        title=f"oneDNN implementations (run isolated): {direction} {problem}")
 
 
+def candidates(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
+               padding: Any = 0, dilation: Any = 1, groups: int = 1, *, direction: str = "forward",
+               precision: str | None = None, **kw) -> ResultTable:
+    """rawconv's word for :func:`implementations` (every backend has ``candidates``): the same rows,
+    each an :class:`Implementation` whose ``choice`` (``"name@layouts"``) ``forward(choice=...)``
+    takes."""
+    return implementations(x, w, bias, stride, padding, dilation, groups, direction=direction,
+                           precision=precision, **kw)
+
+
 def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int], stride: Any = 1,
                   padding: Any = 0, dilation: Any = 1, groups: int = 1, *, impl: Any = None,
                   algorithm: str = "direct", fpmath: str = "strict", out: torch.Tensor | None = None,
-                  allow_known_bad: bool = False) -> torch.Tensor:
+                  allow_known_bad: bool = False, choice: Any = None, precision: str | None = None,
+                  options: Any = None) -> torch.Tensor:
     """Gradient of the forward convolution with respect to its input (oneDNN backward data).
 
     ``grad_y``: (N, K, *out) in NCHW or channels_last; ``w``: (K, C/groups, *kernel);
@@ -1371,8 +1447,11 @@ def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int],
     positions are those :func:`implementations` lists with ``direction="backward_data"`` for an x
     in grad_y's layout. Known-bad implementations as in :func:`forward` (``allow_known_bad``).
     Wraps ``dnnl_convolution_backward_data_primitive_desc_create`` (with a forward hint).
-    Tensors that require grad run as :func:`rawconv.ops.conv_backward_data`.
+    Tensors that require grad run as :func:`rawconv.ops.conv_backward_data`. ``choice`` /
+    ``precision`` / ``options`` as in :func:`forward`.
     """
+    if choice is not None or precision is not None or options is not None:
+        impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
     if _needs_grad(grad_y, w):
         from .ops import _onednn_function
         return _onednn_function("backward_data", grad_y, w, x_shape, stride, padding, dilation, groups, impl=impl,
@@ -1385,7 +1464,8 @@ def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int],
 def backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[int], stride: Any = 1,
                      padding: Any = 0, dilation: Any = 1, groups: int = 1, *, bias: bool = False,
                      impl: Any = None, algorithm: str = "direct", fpmath: str = "strict",
-                     allow_known_bad: bool = False):
+                     allow_known_bad: bool = False, choice: Any = None, precision: str | None = None,
+                     options: Any = None):
     """Gradient of the forward convolution with respect to its weights (and bias).
 
     ``x``: (N, C, *spatial); ``grad_y``: (N, K, *out); ``w_shape``: (K, C/groups, *kernel).
@@ -1394,8 +1474,11 @@ def backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[in
     with stride > 1 and few input channels is oneDNN issue #6035 (:mod:`rawconv.known_bad`)
     and raises :class:`~rawconv.errors.KnownBadError` unless ``allow_known_bad=True``.
     Wraps ``dnnl_convolution_backward_weights_primitive_desc_create``.
-    Tensors that require grad run as :func:`rawconv.ops.conv_backward_weights`.
+    Tensors that require grad run as :func:`rawconv.ops.conv_backward_weights`. ``choice`` /
+    ``precision`` / ``options`` as in :func:`forward`.
     """
+    if choice is not None or precision is not None or options is not None:
+        impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
     if _needs_grad(x, grad_y):
         from .ops import _onednn_function
         return _onednn_function("backward_weights", x, grad_y, w_shape, stride, padding, dilation, groups,
@@ -1630,3 +1713,22 @@ def _rounds_inputs(plan: Convolution, name: str) -> bool:
     per_product = y.double() / count
     # exact: v * v = 1 + 2**-11 + 2**-24 per product; rounded inputs: 1. A quarter of the gap decides.
     return bool((per_product - v * v).abs().max() > (v * v - 1.0) / 4)
+
+
+# ---------------------------------------------------------------------------- the registry
+def _registry_candidates(problem: ConvProblem, direction: str = "forward", options: Any = None) -> ResultTable:
+    impl, fpmath, allow = _words(None, None, "strict", None, options, False)
+    return Convolution.from_problem(problem, direction=direction, fpmath=fpmath, prepack=False,
+                                    allow_known_bad=allow).implementations
+
+
+def _registry_plan(problem: ConvProblem, direction: str = "forward", options: Any = None, choice: Any = None):
+    return Convolution.from_problem(problem, direction=direction, choice=choice, options=options, prepack=False)
+
+
+from ._backend import Backend as _Backend, register as _register  # noqa: E402
+
+_register(_Backend("onednn", "cpu", __name__, "oneDNN", _registry_candidates, _registry_plan, info,
+                   "oneDNN (libdnnl) on CPU tensors: every implementation of a primitive descriptor",
+                   {"candidates": "implementations", "choice": "impl", "precision": "fpmath"},
+                   rows="rawconv.compare:_onednn_rows"))
