@@ -379,7 +379,7 @@ def _onednn_rows(problem, x, w, b, ref, ref_abs, timer, *, fpmath="strict", prep
             rows.append(_error_row(name, "onednn", label, exc, impl.layouts))
             continue
         rows.append(_measure(problem, "onednn", label, detail,
-                             lambda: plan.execute(x, w, b), ref, ref_abs, timer,
+                             lambda: plan.execute(x, None if prepack else w, b), ref, ref_abs, timer,
                              tol={"compute": compute} if compute else None,
                              workspace=impl.scratchpad_bytes, extra=extra, slow_s=slow_s))
     plan.free()

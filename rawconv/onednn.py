@@ -19,16 +19,16 @@ user *scratchpad*, the *fpmath mode*.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import warnings
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
 
-from . import _dnnl, known_bad as _known_bad
+from . import _dnnl, _guard, known_bad as _known_bad
 from ._grad import needs_grad as _needs_grad
 from ._dnnl import ffi
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
@@ -257,26 +257,8 @@ def _check_impl(impl: Any):
     return i
 
 
-def _span(t: torch.Tensor):
-    """(first byte, one past the last byte) of the memory ``t`` can touch; None when empty."""
-    if t.numel() == 0:
-        return None
-    start = t.data_ptr()
-    extent = sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))
-    return start, start + (extent + 1) * t.element_size()
-
-
-def _check_no_overlap(out: torch.Tensor, inputs) -> None:
-    """out= must not share memory with an input: implementations read their inputs while writing."""
-    so = _span(out)
-    if so is None:
-        return
-    for name, t in inputs:
-        if t is None:
-            continue
-        st = _span(t)
-        if st is not None and st[0] < so[1] and so[0] < st[1]:
-            raise ArgumentError(f"out overlaps {name} in memory; pass a separate output tensor (or none)")
+_check_no_overlap = _guard.check_no_overlap    # out= must not share memory with an input
+_check_out = _guard.check_out                  # torch's out= rules (autograd, inference tensors, overlap)
 
 
 def _ambiguous(shape: Sequence[int]) -> bool:
@@ -341,11 +323,9 @@ class _Built:
             self.exec_args[n - 1].memory = sp_mem
         self._keep = (sp_mem,)
         self.nargs = n
-        # (weakref to w, w._version, data_ptr, bytes compared) whose reorder sits in the buffer, and
-        # a copy of the first bytes of those weights (an update through w.data keeps the version)
-        self.packed_w = None
-        self._wsnap = torch.empty(_WCHECK, dtype=torch.uint8)
-        self._wsnap_ptr = self._wsnap.data_ptr()
+        # the snapshot generation (Convolution._snap) whose weights the reorder buffer holds; None when
+        # it holds none or the weights of a call that passed its own w (reordered again next call)
+        self.packed = None
         # the hot path's prepared argument pack: per user tensor (in self.args order) the memory whose
         # handle takes its pointer, the reorder to run (before the primitive for inputs, after it for
         # outputs), and the pointer set last time (an unchanged pointer needs no call)
@@ -359,16 +339,19 @@ class _Built:
         # oneDNN's CPU streams execute synchronously except with the threadpool runtime
         self._wait = int(L.dnnl_version().cpu_runtime) not in (1, 2, 4)
 
-    def run(self, tensors: dict, stream, prepack: bool) -> None:
+    def run(self, tensors: dict, stream, packed=None) -> None:
         """Run on ``tensors`` (role -> prepared tensor): see :meth:`run_list`."""
-        self.run_list([tensors[r] for r in self.roles], stream, prepack)
+        self.run_list([tensors[r] for r in self.roles], stream, packed)
 
-    def run_list(self, ts, stream, prepack: bool) -> None:
+    def run_list(self, ts, stream, packed=None) -> None:
         """Run on the prepared tensors ``ts``, one per role of :attr:`roles` (checked by the caller:
         shape, dtype, strides, device). Sets each user memory's handle (only when its pointer
-        changed), runs the input reorders (the weights' only when not prepacked or changed), the
-        primitive, then the output reorders. Wraps ``dnnl_memory_set_data_handle``,
-        ``dnnl_primitive_execute`` (and ``dnnl_stream_wait`` for an asynchronous runtime)."""
+        changed), runs the input reorders, the primitive, then the output reorders. ``packed``:
+        the generation of the plan's weight snapshot when ``ts`` holds that snapshot (its reorder
+        then runs once, not again while the buffer holds it), else None (the weights are
+        reordered on this call: a caller's tensor may have changed in any way since the last).
+        Wraps ``dnnl_memory_set_data_handle``, ``dnnl_primitive_execute`` (and
+        ``dnnl_stream_wait`` for an asynchronous runtime)."""
         set_handle = _SET_HANDLE[0] if _SET_HANDLE else _set_handle_int()
         execute = self._execute
         last = self._last
@@ -385,20 +368,15 @@ class _Built:
             i += 1
             if rprim is None or is_out:
                 continue
-            if is_w and prepack:
-                key = self.packed_w
-                if key is not None and key[0]() is t and key[1] == t._version and key[2] == ptr \
-                        and not _memcmp()(ptr, self._wsnap_ptr, key[3]):
+            if is_w:
+                if packed is not None and self.packed == packed:
                     continue
+                self.packed = None
             st = execute(rprim, stream, 2, rargs)
             if st:
                 _dnnl.check(st, "dnnl_primitive_execute", self.impl.name + " (reorder)")
             if is_w:
-                self.packed_w = None
-                if prepack:
-                    nb = min(_WCHECK, t.numel() * t.element_size())
-                    _memcpy()(self._wsnap_ptr, ptr, nb)
-                    self.packed_w = (weakref.ref(t), t._version, ptr, nb)
+                self.packed = packed
         st = execute(self.prim, stream, self.nargs, self.exec_args)
         if st:
             _dnnl.check(st, "dnnl_primitive_execute", self.impl.name)
@@ -411,6 +389,7 @@ class _Built:
 
 
 _SET_HANDLE = []
+_SNAP_GENERATION = itertools.count(1)   # weight snapshots' generations (a reorder buffer holds at most one)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)   # tensor types the hot path takes as they are
 _increment_version = torch._C._increment_version
 
@@ -466,36 +445,6 @@ def _extent(t) -> int:
     return (sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) + 1) * t.element_size()
 
 
-_WCHECK = 4096    # bytes at the start of prepacked weights compared on every call (updates through .data)
-_LIBC: list = []
-
-
-def _libc_funcs():
-    if not _LIBC:
-        try:
-            import cffi
-
-            f = cffi.FFI()
-            f.cdef("int memcmp(const void *, const void *, size_t); void *memcpy(void *, const void *, size_t);")
-            C = f.dlopen(None)
-            _LIBC.extend([f.cast("int(*)(intptr_t, intptr_t, size_t)", C.memcmp),
-                          f.cast("intptr_t(*)(intptr_t, intptr_t, size_t)", C.memcpy), C, f])
-        except Exception:   # noqa: BLE001  (no C library to dlopen: ctypes does it, slower)
-            import ctypes
-
-            _LIBC.extend([lambda a, b, n: ctypes.string_at(a, n) != ctypes.string_at(b, n),
-                          lambda d, s, n: ctypes.memmove(d, s, n), None, None])
-    return _LIBC
-
-
-def _memcmp():
-    return (_LIBC or _libc_funcs())[0]
-
-
-def _memcpy():
-    return (_LIBC or _libc_funcs())[1]
-
-
 def _set_handle_int():
     """``dnnl_memory_set_data_handle`` taking the pointer as an integer (``Tensor.data_ptr()``),
     which saves an ``ffi.cast`` per tensor per call (same ABI: a pointer and an intptr_t)."""
@@ -510,22 +459,30 @@ class Convolution(PlanLifetime):
     """A oneDNN convolution plan for one problem, in the style of nvmath-python's ``Matmul``.
 
     ``Convolution(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, *, impl=None,
-    algorithm="direct", fpmath="strict", prepack=True)``: ``x`` (N, C, *spatial) or unbatched,
+    algorithm="direct", fpmath="strict", prepack=False)``: ``x`` (N, C, *spatial) or unbatched,
     ``w`` (K, C/groups, *kernel), CPU tensors of float32, bfloat16 or float16 (where the CPU has
     it), NCHW or channels_last. ``padding`` as in torch, or one ``(before, after)`` pair per dim.
 
     ``implementations`` lists every implementation (:class:`Implementation`); ``autotune()``
     times them and selects the fastest; ``execute(x, w=None, bias=None, out=None)`` runs the
-    selected one (``w=None`` uses the weights given at construction; with ``prepack`` their
-    reordered copy is kept until the tensor changes, as seen by its version counter, its data
-    pointer and its first 4 KiB of memory); ``free()`` (or ``with``) releases the primitives and
-    buffers. Not thread-safe: one plan per thread.
+    selected one; ``free()`` (or ``with``) releases the primitives and buffers. Not thread-safe:
+    one plan per thread.
 
-    Prepacking caveat: an in-place update through ``w.data`` (``w.data.mul_(3)``, some optimizers)
-    does not bump ``w``'s version counter. rawconv then still sees it when the update changes any
-    of the weights' first 4 KiB (any update of all elements does), not when it only changes later
-    elements (``w.data[5:] = ...``): call :meth:`repack` after such an update, or build the plan
-    with ``prepack=False``. The function forms (:func:`forward` ...) never prepack.
+    **Weights: read on every call, or an explicit snapshot.** ``execute(x, w=t)`` always reads
+    ``t`` as it is now (reordered into the implementation's layout on this call, when the
+    implementation wants another layout). ``execute(x)`` without ``w``:
+
+    * ``prepack=False`` (the default): reads the tensor ``w`` given at construction as it is now,
+      reordered on every call: an update of it in any way (in place, through ``.data``, a numpy
+      view, its storage, a fused optimizer) is seen by the next call.
+    * ``prepack=True``: uses a **snapshot** of ``w`` taken at construction (a copy: a constant, as
+      torch's freezing makes one), reordered once per selected implementation and kept. Later
+      changes of ``w`` are NOT seen until :meth:`repack` (``repack()`` snapshots the construction
+      tensor again, ``repack(w2)`` snapshots ``w2``). Meant for inference on fixed weights (it
+      saves the weight reorder per call: see README, "Prepacked weights").
+
+    The function forms (:func:`forward` ...), :mod:`rawconv.ops` and :mod:`rawconv.nn`'s modules
+    never keep reordered weights across calls.
 
     Known-bad implementations (:mod:`rawconv.known_bad`, marked in :attr:`implementations`):
     selecting one raises :class:`~rawconv.errors.KnownBadError` naming the issue unless
@@ -547,7 +504,7 @@ class Convolution(PlanLifetime):
     def __init__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                  stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1, *,
                  impl: Any = None, algorithm: str = "direct", fpmath: str = "strict",
-                 prepack: bool = True, allow_known_bad: bool = False, choice: Any = None,
+                 prepack: bool = False, allow_known_bad: bool = False, choice: Any = None,
                  precision: str | None = None, options: Any = None):
         impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
         problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
@@ -555,16 +512,20 @@ class Convolution(PlanLifetime):
         impl = _check_impl(impl)
         self._init(problem, "forward", algorithm, fpmath, _w_layout(w), prepack, allow_known_bad)
         self._x, self._w, self._b = x, w, bias
+        if prepack:
+            self._snapshot(w)
         if impl is not None:
             self.select(impl)
 
     @classmethod
     def from_problem(cls, problem: ConvProblem, *, direction: str = "forward", algorithm: str = "direct",
                      fpmath: str = "strict", w_layout: str = "nchw", impl: Any = None,
-                     prepack: bool = True, allow_known_bad: bool = False, choice: Any = None,
+                     prepack: bool = False, allow_known_bad: bool = False, choice: Any = None,
                      precision: str | None = None, options: Any = None) -> "Convolution":
         """A plan from a :class:`ConvProblem` (no tensors needed until :meth:`execute`).
-        ``direction``: "forward", "backward_data", "backward_weights" ("backward_filter" too)."""
+        ``direction``: "forward", "backward_data", "backward_weights" ("backward_filter" too).
+        ``prepack=True`` has no weights to snapshot yet: :meth:`repack` ``(w)`` takes the snapshot
+        (until then every call needs its ``w``)."""
         impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
         from ._backend import canonical_direction
 
@@ -609,6 +570,8 @@ class Convolution(PlanLifetime):
         self._user_strides = {}
         self._fast = {}
         self._hot = None    # the forward hot path's argument pack (see execute)
+        self._snap = None   # (weights snapshot, its generation) with prepack (see repack)
+        self._examples = None
 
     # ------------------------------------------------------------------ descriptors
     def _strides(self):
@@ -894,10 +857,14 @@ class Convolution(PlanLifetime):
         forward: ``execute(x, w=None, bias=None, out=None)`` -> y (N, K, *out), in x's layout.
         backward_data: ``execute(grad_y=dy, w=w, out=None)`` -> dx. backward_weights:
         ``execute(x, grad_y=dy)`` -> dw, or ``(dw, db)`` when the plan has a bias. ``None`` for
-        w/bias uses the tensors given at construction. Output buffers may be passed as ``out``
-        (forward, backward_data; for an unbatched problem of either shape): ``out`` itself is
-        returned, its version counter bumped (as torch's ``out=`` functions do); it must not
-        overlap an input in memory. Raises :class:`ArgumentError` when tensors do not fit the plan
+        x/bias uses the tensors given at construction; ``None`` for w the weight snapshot with
+        ``prepack`` (see the class notes), else the construction tensor as it is now. Output
+        buffers may be passed as ``out`` (forward, backward_data; for an unbatched problem of
+        either shape), as torch's ``out=``: ``out`` itself is returned, its version counter
+        bumped; it must not overlap an input in memory, nor require grad (or an input require
+        grad) with grad mode on, nor be an inference tensor outside inference mode
+        (:class:`ArgumentError`). Plans record no autograd (:func:`forward` and
+        :mod:`rawconv.ops` do). Raises :class:`ArgumentError` when tensors do not fit the plan
         (also for zero-size problems, which need no library call). A forward call whose tensors
         have exactly the shapes, strides and dtypes of an earlier call that used them as they are
         skips the checks (the hot path: one allocation, the library calls). Wraps
@@ -911,13 +878,17 @@ class Convolution(PlanLifetime):
             raise ArgumentError("this Convolution plan was freed")
         p = self.problem
         d = self.direction
+        packed = None
+        if w is None and d != "backward_weights":
+            if self._snap is not None:
+                w, packed = self._snap
+            else:
+                w = self._w
         if d == "forward":
             if grad_y is not None:
                 raise ArgumentError("a forward plan takes x (and w, bias, out), not grad_y")
             if x is None:
                 x = self._x
-            if w is None:
-                w = self._w
             if bias is None:
                 bias = self._b
             if x is None or w is None:
@@ -929,8 +900,6 @@ class Convolution(PlanLifetime):
         elif d == "backward_data":
             if x is not None or bias is not None:
                 raise ArgumentError("a backward_data plan takes grad_y and w (and out), not x or bias")
-            if w is None:
-                w = self._w
             if grad_y is None or w is None:
                 raise ArgumentError("backward_data needs grad_y and w")
         else:
@@ -955,7 +924,7 @@ class Convolution(PlanLifetime):
                 result = y.squeeze(0) if p.unbatched else y
             else:
                 tensors["y"] = prepare("y", out, p.y_shape)
-                _check_no_overlap(out, (("x", x), ("w", w), ("bias", bias)))
+                _check_out(out, (("x", x), ("w", w), ("bias", bias)), "Convolution.execute")
                 result = out
         elif d == "backward_data":
             tensors["dy"] = prepare("dy", grad_y, p.y_shape)
@@ -966,7 +935,7 @@ class Convolution(PlanLifetime):
                 result = dx.squeeze(0) if p.unbatched else dx
             else:
                 tensors["dx"] = prepare("dx", out, p.x_shape)
-                _check_no_overlap(out, (("grad_y", grad_y), ("w", w)))
+                _check_out(out, (("grad_y", grad_y), ("w", w)), "Convolution.execute")
                 result = out
         else:
             tensors["x"] = prepare("x", x, p.x_shape)
@@ -985,7 +954,7 @@ class Convolution(PlanLifetime):
         if not self.user_md:
             self._mds()
         built = self._build(self.selected.index)
-        built.run(tensors, _dnnl.stream(), self.prepack)
+        built.run(tensors, _dnnl.stream(), packed)
         if out is not None:
             _increment_version((out,))   # written in place, as torch's out= functions do
         if d == "forward" and (self._hot is None or self._hot.index != self._selected):
@@ -1002,8 +971,12 @@ class Convolution(PlanLifetime):
             return None
         if x is None:
             x = self._x
+        packed = None
         if w is None:
-            w = self._w
+            if self._snap is not None:
+                w, packed = self._snap
+            else:
+                w = self._w
         if bias is None:
             bias = self._b
         xs, ws, bs = hot.x, hot.w, hot.b
@@ -1019,23 +992,53 @@ class Convolution(PlanLifetime):
                 y = torch.empty_strided(hot.y_shape, hot.y_strides, dtype=xs[2])
             elif type(out) in _PLAIN and out.shape == hot.y_shape and out.stride() == hot.y_strides \
                     and out.dtype is xs[2] and out.is_cpu and not out.is_neg() and not out.requires_grad \
-                    and not hot.overlaps(out, x, w, bias):
+                    and not hot.overlaps(out, x, w, bias) and not out.is_inference() \
+                    and not (x.requires_grad or w.requires_grad or (bias is not None and bias.requires_grad)):
                 y = out
             else:
                 return None
         except Exception:   # noqa: BLE001
             return None
-        hot.built.run_list((x, w, y) if bs is None else (x, w, bias, y), _dnnl.stream(), self.prepack)
+        hot.built.run_list((x, w, y) if bs is None else (x, w, bias, y), _dnnl.stream(), packed)
         if out is not None:
             _increment_version((out,))   # written in place, as torch's out= functions do
         return y
 
-    def repack(self) -> None:
-        """Forget the prepacked (reordered) weights: the next :meth:`execute` reorders them again.
-        Needed only after an in-place update through ``w.data`` that leaves the weights' first
-        4 KiB unchanged (see the class notes)."""
-        for b in self._built.values():
-            b.packed_w = None
+    def repack(self, w: torch.Tensor | None = None) -> None:
+        """Take a new weight snapshot: of ``w`` (which also becomes the plan's construction
+        weights), or with ``w=None`` of the weights given at construction (or to the last
+        ``repack(w)``) as they are now. :meth:`execute` calls without ``w`` use the snapshot
+        from then on (``prepack`` becomes True): it is reordered once per implementation and
+        kept, and later changes of the tensor are not seen until the next ``repack``. Forward
+        and backward_data plans (backward_weights takes no weights). Raises
+        :class:`ArgumentError` when there are no weights to snapshot or ``w`` does not fit the
+        plan (shape, dtype, device), before anything changes."""
+        self._check_live()
+        if self.direction == "backward_weights":
+            raise ArgumentError("a backward_weights plan takes no weights: nothing to repack")
+        src = self._w if w is None else w
+        if src is None:
+            raise ArgumentError("this plan has no weights to snapshot: pass repack(w)")
+        self._snapshot(src)
+        self.prepack = True
+        if w is not None:
+            self._w = w
+
+    def _snapshot(self, w, copy: bool = True) -> None:
+        """Take ``w`` (checked as :meth:`execute` checks it) as the weight snapshot: a copy in the
+        plan's weight strides (``copy=False``: ``w`` itself, which the caller promises never to
+        change; rawconv.fused's frozen modules own such a tensor) under a new generation."""
+        if not self._fast and not self._user_strides:
+            self._strides()
+        t = self._prepare("w", w, self.problem.w_shape)
+        if copy and t is w:
+            snap = torch.empty_strided(tuple(t.shape), self._user_strides["w"], dtype=t.dtype)
+            with torch.no_grad():
+                snap.copy_(t)
+        else:
+            snap = t.detach()
+        self._snap = (snap, next(_SNAP_GENERATION))
+        self._hot = None
 
     __call__ = execute
 
@@ -1046,8 +1049,10 @@ class Convolution(PlanLifetime):
         when the plan was built from a problem) and select the fastest (by median).
 
         Each implementation is built, run ``warmup`` times, then timed over ``iterations`` calls
-        (``time.perf_counter``, per call, reorders included; weights prepacked once when
-        ``prepack``); the implementations within 15% of the fastest are then timed again over
+        (``time.perf_counter``, per call, reorders included; with ``prepack`` the calls use the
+        weight snapshot, reordered once per implementation (a plan built from a problem without
+        a snapshot snapshots its random example weights for the timing only), else the weights
+        are reordered on every call, as the function forms do); the implementations within 15% of the fastest are then timed again over
         three interleaved rounds and ranked by their best round's median. ``ref:any`` is skipped
         unless ``include_ref`` (it is orders of magnitude slower). ``budget_s`` caps the seconds
         spent per implementation and round. Known-bad implementations (:mod:`rawconv.known_bad`)
@@ -1082,7 +1087,29 @@ class Convolution(PlanLifetime):
 
         iso = _isolate.options(isolate)
         iterations, warmup = it, wu
-        tensors = self._example_tensors()
+        tensors = call = self._example_tensors()
+        temporary_snap = False
+        if self.prepack and "w" in tensors:   # time as execute(x) runs: on the snapshot, packed once
+            if self._snap is None:
+                self._snapshot(tensors["w"])
+                temporary_snap = True
+            else:
+                tensors = dict(tensors, w=self._snap[0])
+            call = {k: v for k, v in tensors.items() if k != "w"}
+        try:
+            return self._autotune(tensors, call, iterations, warmup, include_ref, budget_s, allow, iso)
+        finally:
+            if temporary_snap:
+                self._snap = None
+                self._hot = None
+
+    def _autotune(self, tensors, call, iterations, warmup, include_ref, budget_s, allow, iso):
+        """autotune's search: ``tensors`` the example tensors (w included: a child process
+        snapshots it with ``prepack``), ``call`` the keyword arguments of each timed
+        :meth:`execute` here."""
+        from . import _isolate
+        from .bench import LoadMonitor, time_cpu
+
         rows, skipped = [], []
         nan = float("nan")
         session = None
@@ -1109,7 +1136,7 @@ class Convolution(PlanLifetime):
                     continue
                 self._selected = impl.index
                 try:
-                    stats = time_cpu(lambda: self.execute(**tensors), iterations=iterations, warmup=warmup,
+                    stats = time_cpu(lambda: self.execute(**call), iterations=iterations, warmup=warmup,
                                      budget_s=budget_s)
                 except NotSupportedError:
                     continue
@@ -1140,7 +1167,7 @@ class Convolution(PlanLifetime):
                             med = rr["median_ms"]
                         else:
                             self._selected = r.impl.index
-                            med = time_cpu(lambda: self.execute(**tensors), iterations=iterations, warmup=1,
+                            med = time_cpu(lambda: self.execute(**call), iterations=iterations, warmup=1,
                                            budget_s=budget_s).median_ms
                         best[id(r)] = min(best[id(r)], med)
                 retimed = [TimedImplementation(r.impl, best[id(r)], min(r.min_ms, best[id(r)]), r.runs)
@@ -1163,13 +1190,17 @@ class Convolution(PlanLifetime):
         return out
 
     def _example_tensors(self) -> dict:
+        """The tensors autotune times on: the construction ones, else seeded random ones of the
+        problem (made once per plan; never taken as the plan's own weights)."""
         p = self.problem
         x, w, b = (self._x, self._w, self._b)
         if x is None and w is None:
-            x, w, b = p.make_inputs(seed=1)
-            self._w = w if self.direction != "backward_weights" else None
-            if self.w_layout == "nhwc":
-                w = to_layout(w, "nhwc")
+            if self._examples is None:
+                x, w, b = p.make_inputs(seed=1)
+                if self.w_layout == "nhwc":
+                    w = to_layout(w, "nhwc")
+                self._examples = (x, w, b)
+            x, w, b = self._examples
         if self.direction == "forward":
             return {"x": x, "w": w, "bias": b}
         gy = torch.randn(p.y_shape, dtype=torch.float64).to(p.torch_dtype)
