@@ -1036,7 +1036,7 @@ class Convolution(PlanLifetime):
             with torch.no_grad():
                 snap.copy_(t)
         else:
-            snap = t.detach()
+            snap = t
         self._snap = (snap, next(_SNAP_GENERATION))
         self._hot = None
 
