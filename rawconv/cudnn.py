@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 import torch
 
-from . import _cudnn
+from . import _cudnn, _guard
 from ._cudnn import ffi
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from ._plans import PlanCache, PlanLifetime
@@ -755,8 +755,17 @@ class Convolution(PlanLifetime):
                 raise ArgumentError("backward_data needs grad_y and w")
         elif grad_y is None or x is None:
             raise ArgumentError("backward_weights (backward_filter) needs x and grad_y")
+        if out is not None:   # torch's out= rules, before anything is written
+            shape, xs = {"forward": (p.y_shape, self._ys), "backward_data": (p.x_shape, self._xs)}.get(
+                d, (p.w_shape, self._wst))
+            self._prep("out", out, shape, xs, True)
+            ins = {"forward": (("x", x), ("w", w), ("bias", bias)), "backward_data": (("grad_y", grad_y), ("w", w))}
+            _guard.check_out(out, ins.get(d, (("x", x), ("grad_y", grad_y))), "rawconv.cudnn.Convolution.execute")
         if p.is_empty:
             res = self._empty(x, w, bias, out)
+            if out is not None:
+                _guard.bump((out,))
+                res = out
             return (res, self._info) if return_info else res
         info = self._info or self.info
         L = _cudnn.lib()
@@ -856,7 +865,10 @@ class Convolution(PlanLifetime):
                 if st:
                     raise _cudnn.error(st, "cudnnConvolutionBackwardFilter", f"algo {info.algo}, {p.describe()}")
             result = dw
-        if p.unbatched and d != "backward_weights":
+        if out is not None:
+            _guard.bump((out,))   # written in place, as torch's out= functions do
+            result = out
+        elif p.unbatched and d != "backward_weights":
             result = result.squeeze(0)
         return (result, self._info) if return_info else result
 

@@ -38,7 +38,7 @@ from typing import Any, Sequence
 
 import torch
 
-from . import _cudnn, _cudnn_backend as B, _search, tuning, known_bad as _known_bad
+from . import _cudnn, _cudnn_backend as B, _guard, _search, tuning, known_bad as _known_bad
 from ._search import TimedConfig, knob_combinations
 from .errors import ArgumentError, ArgumentTypeError, LibraryError, NotSupportedError
 from ._backend import Candidate, canonical_direction
@@ -65,6 +65,7 @@ UID = {"x": 1, "w": 2, "y": 3, "b": 4, "r": 5, "dx": 1, "dw": 2, "dy": 3}
 _VIRTUAL_UIDS = (101, 102, 103)
 _ROLES = {"forward": ("x", "w", "y"), "backward_data": ("dx", "w", "dy"), "backward_weights": ("x", "dw", "dy")}
 _OUT_ROLE = {"forward": "y", "backward_data": "dx", "backward_weights": "dw"}
+_ROLE_WORDS = {"b": "bias", "dy": "grad_y", "r": "residual"}   # role -> the argument's name in messages
 _VENDOR_DIRECTION = {"backward_weights": "backward_filter"}   # the raw layer speaks cuDNN's words
 _GRAPH_NAMES = {"x": "X", "w": "W", "y": "Y", "dx": "DX", "dw": "DW", "dy": "DY"}
 
@@ -767,13 +768,20 @@ class GraphConvolution(PlanLifetime):
         self._check_live()
         t, result = self._bind(x, w, bias, out, grad_y)
         p = self.problem
+        if out is not None:   # torch's out= rules, before anything is written
+            out_role = _OUT_ROLE[self.direction]
+            _guard.check_out(out, tuple((_ROLE_WORDS.get(r, r), v) for r, v in t.items() if r != out_role),
+                             "rawconv.cudnn_graph.GraphConvolution.execute")
         if p.is_empty:
-            return _empty_result(self, result, t.get("b"))
-        if self._via is not None:
+            result = _empty_result(self, result, t.get("b"))
+        elif self._via is not None:
             self._run_via(t)
         else:
             self._run(self._selected or self._select_default(), tuple(t[r].data_ptr() for r in self._graph.roles))
-        if p.unbatched and self.direction in ("forward", "backward_data"):
+        if out is not None:
+            _guard.bump((out,))   # written in place, as torch's out= functions do
+            return out
+        if p.unbatched and self.direction in ("forward", "backward_data") and not p.is_empty:
             return result.squeeze(0)
         return result
 
