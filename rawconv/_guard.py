@@ -163,3 +163,21 @@ def check_out(out, inputs, fn: str) -> None:
 
 
 bump = torch._C._increment_version   # bump((t,)): t's version counter, as torch's in-place ops do
+
+
+def guard_module(namespace: dict, *names: str) -> None:
+    """Wrap the public functions ``names`` of a module (``namespace``: its ``globals()``) with
+    :func:`public`; ``"Class.method"`` wraps a method (or property, classmethod) of a class
+    there. Called once at the end of each public module, so that every caller (other modules
+    included) gets the wrapped function."""
+    mod = namespace["__name__"]
+    for n in names:
+        cls_name, _, meth = n.partition(".")
+        if meth:
+            if meth not in namespace[cls_name].__dict__:
+                raise AttributeError(f"{mod}.{n} is not defined there (guard_module)")
+            public_methods(meth)(namespace[cls_name])
+        else:
+            fn = namespace[n]
+            if not getattr(fn, "__rawconv_public__", False):
+                namespace[n] = public(fn, where=f"{mod}.{n}")

@@ -235,7 +235,7 @@ def _error_row(problem_name: str, backend: str, impl: str, exc: BaseException, d
 
 def _measure(problem, label_backend, label_impl, detail, fn, ref, ref_abs, timer, *, tol=None,
              workspace=None, extra=None, slow_s: float | None = None) -> Row:
-    extra = dict(extra or {}, problem=problem.describe(), benchdnn=problem.to_benchdnn(), device=problem.device)
+    extra = dict(extra or {}, problem=problem.describe(), benchdnn=problem.to_benchdnn(strict=False), device=problem.device)
     name = str(problem.name or problem.describe())
     monitor = LoadMonitor() if problem.device == "cpu" else None
     try:
@@ -408,7 +408,7 @@ def _run_isolated(problem, rows, x, w, b, ref, ref_abs, compute, *, fpmath, prep
         row = Row(str(problem.name or problem.describe()), "onednn", f"[{impl.index}] {impl.name}",
                   detail + "; isolated", workspace_bytes=impl.scratchpad_bytes,
                   extra=dict(extra, status=res["status"], problem=problem.describe(),
-                             benchdnn=problem.to_benchdnn(), device=problem.device))
+                             benchdnn=problem.to_benchdnn(strict=False), device=problem.device))
         if res["status"] != "ok":   # "crashed: SIGSEGV", "timed out after 60 s", ...: failures
             st = {"known bad": "skipped (known bad)"}.get(res["status"], res["status"])
             row.error = st + (f": {res['detail']}" if res["detail"] else "")
@@ -707,7 +707,7 @@ def write_json(path: str, rows: list[Row], meta: dict, problems: list[ConvProble
     data = {"meta": meta, "summary": summary if summary is not None else globals()["summary"](rows),
             "rows": [r.as_dict() for r in rows]}
     if problems is not None:
-        data["problems"] = [dict(dataclasses.asdict(p), describe=p.describe(), benchdnn=p.to_benchdnn(),
+        data["problems"] = [dict(dataclasses.asdict(p), describe=p.describe(), benchdnn=p.to_benchdnn(strict=False),
                                  flops=p.flops, y_shape=p.y_shape) for p in problems]
     with open(path, "w") as f:
         json.dump(_finite_json(data), f, indent=1, default=str, allow_nan=False)

@@ -1119,10 +1119,12 @@ def _grad_problem(grad_y, w_or_x, shape, stride, padding, dilation, groups, dire
                                 + " must be torch.Tensor")
     if direction == "backward_data":
         _check_shape_arg(shape, "x_shape")
-        problem = ConvProblem.from_torch(shape_only(shape, grad_y), w_or_x, None, stride, padding, dilation, groups)
+        problem = ConvProblem.from_torch(shape_only(shape, grad_y, "x_shape"), w_or_x, None, stride, padding,
+                                         dilation, groups)
     else:
         _check_shape_arg(shape, "w_shape")
-        problem = ConvProblem.from_torch(w_or_x, shape_only(shape, grad_y), None, stride, padding, dilation, groups)
+        problem = ConvProblem.from_torch(w_or_x, shape_only(shape, grad_y, "w_shape"), None, stride, padding,
+                                         dilation, groups)
     if direction == "backward_data" and grad_y.dim() >= 3 and layout_of(grad_y) == "nhwc":
         problem = problem.with_(layout="nhwc")
     _check_device(problem)
@@ -1417,6 +1419,14 @@ def _registry_candidates(problem: ConvProblem, direction: str = "forward", optio
 def _registry_plan(problem: ConvProblem, direction: str = "forward", options: Any = None, choice: Any = None):
     return Convolution.from_problem(problem, direction=direction, options=options, choice=choice)
 
+
+# every public entry point raises only rawconv's exception classes (rawconv._guard)
+_guard.guard_module(globals(), "forward", "backward_data", "backward_weights", "conv_transpose", "algorithms",
+                    "candidates", "info", "capabilities", "gpu_time", "Convolution.__init__",
+                    "Convolution.from_problem", "Convolution.algorithms", "Convolution.info", "Convolution.select",
+                    "Convolution.execute", "Convolution.__call__", "Convolution.autotune", "Convolution.candidates",
+                    "Convolution.descriptors", "Convolution.cudnn_output_shape")
+backward_filter = backward_weights   # cuDNN's name
 
 from ._backend import Backend as _Backend, register as _register  # noqa: E402
 

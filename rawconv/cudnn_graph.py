@@ -1369,7 +1369,7 @@ def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int] 
                                engine=engine, allow_tf32=allow_tf32, math=math, out=out)
     if not isinstance(x_shape, (tuple, list, torch.Size)) or not all(isinstance(s, int) and s >= 0 for s in x_shape):
         raise ArgumentError(f"x_shape must be a tuple of non-negative ints, got {x_shape!r}")
-    p = _problem(shape_only(x_shape, grad_y), w, None, stride, padding, dilation, groups)
+    p = _problem(shape_only(x_shape, grad_y, "x_shape"), w, None, stride, padding, dilation, groups)
     lay = layout_of(grad_y if grad_y.dim() == p.ndim + 2 else grad_y.unsqueeze(0))
     if lay == "nhwc":
         p = p.with_(layout="nhwc")
@@ -1396,7 +1396,7 @@ def backward_filter(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[int
         raise ArgumentTypeError("x and grad_y must be torch.Tensor")
     if not isinstance(w_shape, (tuple, list, torch.Size)) or not all(isinstance(s, int) and s >= 0 for s in w_shape):
         raise ArgumentError(f"w_shape must be a tuple of non-negative ints, got {w_shape!r}")
-    p = _problem(x, shape_only(w_shape, x), None, stride, padding, dilation, groups)
+    p = _problem(x, shape_only(w_shape, x, "w_shape"), None, stride, padding, dilation, groups)
     _check_tensor(p, grad_y, "grad_y", p.y_shape)
     plan = _plan(p, "backward_weights", None, _tf32(allow_tf32, math), engine)
     return plan.execute(x, grad_y=grad_y, out=out)
@@ -1454,6 +1454,16 @@ def _registry_info() -> dict:
 
     return cudnn.info()
 
+
+# every public entry point raises only rawconv's exception classes (rawconv._guard)
+_guard.guard_module(globals(), "forward", "backward_data", "backward_filter", "engines", "tuning_cache",
+                    "save_tuning_cache", "load_tuning_cache", "GraphConvolution.__init__",
+                    "GraphConvolution.from_problem", "GraphConvolution.global_count", "GraphConvolution.heuristic",
+                    "GraphConvolution.engine_info", "GraphConvolution.build", "GraphConvolution.engines",
+                    "GraphConvolution.select", "GraphConvolution.selected", "GraphConvolution.selected_name",
+                    "GraphConvolution.execute", "GraphConvolution.__call__", "GraphConvolution.autotune",
+                    "GraphConvolution.candidates", "GraphConvolution.channels_last", "GraphConvolution.output")
+backward_weights = backward_filter   # rawconv's word (backward_filter is cuDNN's)
 
 from ._backend import Backend as _Backend, register as _register  # noqa: E402
 

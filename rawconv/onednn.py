@@ -1527,7 +1527,7 @@ def backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[in
     if grad_y.dtype != x.dtype:
         raise ArgumentError(f"grad_y must have x's dtype {x.dtype}, got {grad_y.dtype}")
     fake_b = shape_only((w_shape[0],), x) if bias else None
-    problem = ConvProblem.from_torch(x, shape_only(w_shape, x), fake_b, stride, padding, dilation, groups)
+    problem = ConvProblem.from_torch(x, shape_only(w_shape, x, "w_shape"), fake_b, stride, padding, dilation, groups)
     _check_device(problem)
     _check_grad(problem, grad_y, "grad_y", problem.y_shape)
     plan = _plan(problem, "backward_weights", algorithm, fpmath, "nchw", impl, allow_known_bad)
@@ -1554,7 +1554,7 @@ def _backward_problem(grad_y, w, x_shape, stride, padding, dilation, groups, has
         raise ArgumentError(f"grad_y and w must have the same dtype, got {grad_y.dtype} and {w.dtype}")
     if grad_y.device != w.device:
         raise ArgumentError(f"grad_y and w must be on the same device, got {grad_y.device} and {w.device}")
-    fake_x = shape_only(x_shape, grad_y)
+    fake_x = shape_only(x_shape, grad_y, "x_shape")
     problem = ConvProblem.from_torch(fake_x, w, None, stride, padding, dilation, groups)
     _check_device(problem)
     gy = grad_y.unsqueeze(0) if problem.unbatched and grad_y.dim() == problem.ndim + 1 else grad_y
@@ -1756,6 +1756,13 @@ def _registry_candidates(problem: ConvProblem, direction: str = "forward", optio
 def _registry_plan(problem: ConvProblem, direction: str = "forward", options: Any = None, choice: Any = None):
     return Convolution.from_problem(problem, direction=direction, choice=choice, options=options, prepack=False)
 
+
+# every public entry point raises only rawconv's exception classes (rawconv._guard)
+_guard.guard_module(globals(), "forward", "backward_data", "backward_weights", "implementations", "candidates",
+                    "info", "verbose", "reference_seconds", "capabilities", "Convolution.__init__",
+                    "Convolution.from_problem", "Convolution.implementations", "Convolution.select",
+                    "Convolution.selected", "Convolution.execute", "Convolution.__call__", "Convolution.repack",
+                    "Convolution.autotune", "Convolution.candidates")
 
 from ._backend import Backend as _Backend, register as _register  # noqa: E402
 

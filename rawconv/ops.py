@@ -234,7 +234,7 @@ def _backward_weights_problem(x, grad_y, w_shape, stride, pad_before, pad_after,
     if grad_y.device != x.device:
         raise ArgumentError(f"grad_y must be on x's device {x.device}, got {grad_y.device}")
     fake_b = shape_only((w_shape[0],), x) if bias else None
-    problem = ConvProblem.from_torch(x, shape_only(w_shape, x), fake_b, stride, _padding(pad_before, pad_after),
+    problem = ConvProblem.from_torch(x, shape_only(w_shape, x, "w_shape"), fake_b, stride, _padding(pad_before, pad_after),
                                      dilation, groups)
     from .problem import check_tensor
 
@@ -412,7 +412,7 @@ def _backward_data_fake(grad_y, w, x_shape, stride, pad_before, pad_after, dilat
                                          dilation, groups, False)
             layout = p.layout
         else:
-            p = ConvProblem.from_torch(shape_only(xs, grad_y), w, None, stride, _padding(pad_before, pad_after),
+            p = ConvProblem.from_torch(shape_only(xs, grad_y, "x_shape"), w, None, stride, _padding(pad_before, pad_after),
                                        dilation, groups)
             layout = _dx_layout(p.y_shape, gy, w)
     else:
