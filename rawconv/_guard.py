@@ -181,3 +181,18 @@ def guard_module(namespace: dict, *names: str) -> None:
             fn = namespace[n]
             if not getattr(fn, "__rawconv_public__", False):
                 namespace[n] = public(fn, where=f"{mod}.{n}")
+
+
+def stacklevel() -> int:
+    """The ``stacklevel`` for a ``warnings.warn`` made by the caller that points at the first frame
+    outside the rawconv package (the user's line), however many rawconv frames (wrappers
+    included) lie between."""
+    import sys
+
+    f = sys._getframe(1)   # the function about to call warnings.warn: stacklevel 1
+    level = 1
+    while f is not None and (f.f_globals.get("__name__", "") == "rawconv"
+                             or f.f_globals.get("__name__", "").startswith("rawconv.")):
+        f = f.f_back
+        level += 1
+    return level

@@ -735,3 +735,9 @@ def threads(n: int | None):
         yield
     finally:
         torch.set_num_threads(old)
+
+
+# every public entry point raises only rawconv's exception classes (rawconv._guard)
+from . import _guard  # noqa: E402
+
+_guard.guard_module(globals(), "compare_problem", "compare", "real_photo", "inputs_for", "summary", "write_json")

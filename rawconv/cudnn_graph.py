@@ -632,7 +632,7 @@ class GraphConvolution(PlanLifetime):
         if bad:
             import warnings
             warnings.warn(f"engine {ec.engine} gave wrong results for a problem like this one ({bad}); "
-                          f"rawconv's default selection skips it", RuntimeWarning, stacklevel=stacklevel)
+                          f"rawconv's default selection skips it", RuntimeWarning, stacklevel=_guard.stacklevel())
         try:
             b = self.build(engine)
         except NotSupportedError as exc:

@@ -459,7 +459,8 @@ class _CudaFallback:
         self.selected_name = "legacy (graph not supported)"
         warnings.warn(f"rawconv.fused: cuDNN offers no graph for {activation}(conv + bias [+ residual]) "
                       f"on {problem.describe()} ({why.splitlines()[0][:200]}); running the legacy convolution "
-                      "with the bias (and activation) and adding the residual in torch", RuntimeWarning, stacklevel=4)
+                      "with the bias (and activation) and adding the residual in torch", RuntimeWarning,
+                      stacklevel=_guard.stacklevel())
 
     def run(self, x, w, bias, residual=None):
         from . import cudnn
@@ -703,3 +704,10 @@ def conv_bias_act(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = 
     return torch.ops.rawconv.conv_bias_act(x, w, bias, residual, list(problem.stride), pads,
                                            list(problem.dilation), problem.groups, activation, backend,
                                            choice, precision)
+
+
+# every public entry point raises only rawconv's exception classes (rawconv._guard)
+from . import _guard  # noqa: E402
+
+_guard.guard_module(globals(), "conv_bias_act", "plan_for", "freeze", "FusedConvolution.__init__",
+                    "FusedConvolution.for_problem", "FusedConvolution.run")

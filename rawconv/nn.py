@@ -400,7 +400,7 @@ class _RawconvConv:
                 warnings.warn(f"{type(self).__name__}: moved to {dev}; the {self._choice_backend} choice "
                               f"{self.choice!r} (backward {self.backward_choice!r}) was dropped (the {want} "
                               "default runs: set .choice or use rawconv.nn.convert(..., autotune=x))",
-                              RuntimeWarning, stacklevel=4)
+                              RuntimeWarning, stacklevel=_guard.stacklevel())
             self.choice = self.backward_choice = None
             self._choice_backend = want
 
@@ -892,7 +892,7 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
             report.trace_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             warnings.warn(f"rawconv.nn.convert(fuse=True): torch.fx could not trace {type(model).__name__} "
                           f"({report.trace_error}); fused at module level only (Conv -> BatchNorm -> ReLU inside "
-                          "nn.Sequential); residual adds stay in torch", RuntimeWarning, stacklevel=2)
+                          "nn.Sequential); residual adds stay in torch", RuntimeWarning, stacklevel=_guard.stacklevel())
             report.folded.clear()
             report.fused.clear()
             _fuse_sequential(model, report, backend, choice, precision)
@@ -1360,3 +1360,11 @@ def describe(model: torch.nn.Module, example_input: Any, *, iterations: int = 10
             row.torch_ms = _timer(run_torch, x.device, iterations)
         rows.append(row)
     return rows
+
+
+# every public entry point raises only rawconv's exception classes (rawconv._guard)
+from . import _guard  # noqa: E402
+
+_guard.guard_module(globals(), "conv", "conv_transpose", "convert", "refresh", "describe", "print_table",
+                    "_RawconvConv.forward", "_RawconvConvTranspose.forward", "_ConvBiasAct.forward",
+                    "_ConvBiasAct.from_conv")

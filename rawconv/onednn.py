@@ -150,7 +150,7 @@ def _warn_timings(monitor, rows) -> None:
     from .bench import TimingWarning, timing_warnings
 
     for line in timing_warnings(monitor.report() if monitor is not None else None, [r.spread for r in rows]):
-        warnings.warn(f"Convolution.autotune: {line}", TimingWarning, stacklevel=3)
+        warnings.warn(f"Convolution.autotune: {line}", TimingWarning, stacklevel=_guard.stacklevel())
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -733,7 +733,7 @@ class Convolution(PlanLifetime):
         warnings.warn(f"oneDNN's first choice {first.name} ({first.layouts}) is known bad for "
                       f"{self.problem.describe()} ({self.direction}): {first.known_bad}; running [{alt.index}] "
                       f"{alt.name} ({alt.layouts}) instead (allow_known_bad=True keeps oneDNN's first choice)",
-                      RuntimeWarning, stacklevel=4)
+                      RuntimeWarning, stacklevel=_guard.stacklevel())
         return good[0]
 
     def _resolve_any(self, impl: Any) -> int:

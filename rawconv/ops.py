@@ -921,3 +921,9 @@ def _graph_function(direction: str, a, b, c, stride, padding, dilation, groups, 
                                   precision=prec)
     return conv_backward_weights(a, b, c, stride, padding, dilation, groups, backend="cudnn_graph", choice=name,
                                  precision=prec)
+
+
+# every public entry point raises only rawconv's exception classes (rawconv._guard)
+from . import _guard  # noqa: E402
+
+_guard.guard_module(globals(), "conv", "conv_backward_data", "conv_backward_weights", "selected")

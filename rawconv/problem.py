@@ -245,6 +245,12 @@ class ConvProblem:
             raise ArgumentError(f"layout must be 'nchw' or 'nhwc', got {self.layout!r}")
         if not isinstance(self.device, str):
             raise ArgumentTypeError(f"device must be a string such as 'cpu', got {type(self.device).__name__}")
+        try:
+            torch.device(self.device)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise ArgumentError(f"device must be a torch device string such as 'cpu' or 'cuda:0', got "
+                                f"{self.device!r} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") \
+                from None
         if not isinstance(self.name, str):
             raise ArgumentTypeError(f"name must be a string, got {type(self.name).__name__}")
         for attr in ("has_bias", "unbatched"):
@@ -642,3 +648,10 @@ def __getattr__(name):  # these moved to rawconv.check; old imports keep working
 
 _int = int_arg      # old private names, kept for code outside rawconv that used them
 _tuple = tuple_arg
+
+
+# every public entry point raises only rawconv's exception classes (rawconv._guard)
+from . import _guard  # noqa: E402
+
+_guard.guard_module(globals(), "ConvProblem.from_torch", "ConvProblem.from_benchdnn", "ConvProblem.to_benchdnn",
+                    "ConvProblem.make_inputs", "ConvProblem.reference", "ConvProblem.with_")

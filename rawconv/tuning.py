@@ -406,7 +406,7 @@ class TuningRecord:
                    f"here it differs: {what}")
             if strict:
                 raise TuningEnvironmentError(msg, diff)
-            warnings.warn(msg, RuntimeWarning, stacklevel=2)
+            warnings.warn(msg, RuntimeWarning, stacklevel=_guard.stacklevel())
         return diff
 
 
@@ -672,3 +672,12 @@ def cache() -> TuningCache:
                 _cache.path = path
                 log.debug("tuning cache file: %s", path or "none (in memory only)")
     return _cache
+
+
+# every public entry point raises only rawconv's exception classes (rawconv._guard)
+from . import _guard  # noqa: E402
+
+_guard.guard_module(globals(), "cache", "set_cache_file", "current_environment", "TuningKey.from_dict",
+                    "TuningKey.conv_problem", "TuningRecord.from_dict", "TuningRecord.from_json", "TuningRecord.save",
+                    "TuningRecord.save_all", "TuningRecord.load", "TuningRecord.check_environment",
+                    "TuningCache.save", "TuningCache.load")
