@@ -18,8 +18,8 @@ import functools
 
 import torch
 
-from .errors import (AllocationError, ArgumentError, ArgumentTypeError, DeviceNotAvailableError, InternalError,
-                     RawconvError)
+from .errors import (AllocationError, ArgumentError, ArgumentTypeError, DeviceNotAvailableError, FileAccessError,
+                     InternalError, RawconvError)
 
 __all__ = ["public", "public_methods", "translate", "check_out", "check_no_overlap", "bump"]
 
@@ -59,6 +59,11 @@ def translate(exc: BaseException, where: str) -> RawconvError | None:
         return DeviceNotAvailableError(f"{where}: no such device here: {msg}")
     if isinstance(exc, RuntimeError) and any(w in low for w in _BAD_DEVICE_WORDS):
         return ArgumentError(f"{where}: bad device: {msg}")
+    if isinstance(exc, OSError):
+        name = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+        err = FileAccessError(f"{where}: {exc.strerror or msg}{name}")
+        err.errno, err.strerror, err.filename = exc.errno, exc.strerror, exc.filename
+        return err
     return InternalError(f"{where}: unexpected {type(exc).__name__}: {msg} (not an error rawconv checks for: if the "
                          "arguments look right, please report it with this traceback)")
 
@@ -196,3 +201,53 @@ def stacklevel() -> int:
         f = f.f_back
         level += 1
     return level
+
+
+# ---------------------------------------------------------------------------- memory
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def available_memory() -> int | None:
+    """Bytes this process may still allocate on the host, as far as Linux says: ``MemAvailable``
+    of /proc/meminfo, capped by the cgroup's memory limit minus its usage (v2 ``memory.max`` /
+    ``memory.current``, v1 ``memory.limit_in_bytes`` / ``memory.usage_in_bytes``). None when
+    neither can be read (not Linux)."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit_path, usage_path in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        limit, usage = _read_int(limit_path), _read_int(usage_path)
+        if limit is not None and usage is not None and limit < 2 ** 60:
+            room = max(limit - usage, 0)
+            avail = room if avail is None else min(avail, room)
+            break
+    return avail
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2 ** 30:.1f} GiB" if n >= 2 ** 30 else f"{n / 2 ** 20:.0f} MiB"
+
+
+def check_memory(nbytes: int, what: str) -> None:
+    """Raise :class:`~rawconv.errors.AllocationError` (a ``MemoryError``) before allocating
+    ``nbytes`` of host memory for ``what`` when the host has less available
+    (:func:`available_memory`): Linux overcommits, so such an allocation could otherwise succeed
+    and the process be killed (SIGKILL, no message) when the memory is touched."""
+    avail = available_memory()
+    if avail is not None and nbytes > avail:
+        raise AllocationError(f"{what} needs about {_gib(nbytes)} of memory; this host has {_gib(avail)} available "
+                              "(MemAvailable, cgroup limit): a smaller problem, or a machine with more memory")

@@ -681,7 +681,8 @@ def summary(rows: list[Row], *, hint: str | None = None) -> dict:
 EXIT_CODES = {
     0: "every result is within tolerance; no rawconv candidate failed",
     1: "a result is outside tolerance (a wrong answer)",
-    2: "bad command line or problem (nothing ran)",
+    2: "bad command line or problem (nothing ran), or an error that stopped the run (out of memory, an output "
+       "file that cannot be written): one 'rawconv: error:' line says which",
     3: "nothing to compare: a library failed to load, or a problem on which no rawconv candidate ran "
        "(every one listed failed, was not supported or was skipped)",
     4: "a rawconv candidate failed (a library error other than not supported; torch's own failures are "

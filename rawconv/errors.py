@@ -117,3 +117,11 @@ class SlowReferenceWarning(UserWarning):
     """The call about to run will run on oneDNN's reference implementation (``ref:*``, a scalar
     loop) and is estimated to take longer than :data:`rawconv.onednn.SLOW_REFERENCE_SECONDS`
     (:func:`rawconv.onednn.reference_seconds`). Issued before the call; the call still runs."""
+
+
+class FileAccessError(RawconvError, OSError):
+    """A file rawconv was asked to write (or read) could not be: disk full, permission denied, a
+    directory... The OS's error is chained (``__cause__``); ``errno`` and ``filename`` are kept."""
+
+    def __str__(self) -> str:   # the message as given (OSError's str would put errno and filename around it)
+        return str(self.args[0]) if self.args else ""

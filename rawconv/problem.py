@@ -570,8 +570,15 @@ class ConvProblem:
         """Random x, w (and bias when ``has_bias``) of this problem's shapes, dtype and layout.
 
         Values are drawn as float64 normal (x) and scaled normal (w ~ 1/sqrt(reduction length)) and
-        rounded to the dtype. Returns ``(x, w, bias_or_None)``.
+        rounded to the dtype. Returns ``(x, w, bias_or_None)``. Raises
+        :class:`~rawconv.errors.AllocationError` (a ``MemoryError``) before allocating when the host
+        has less memory available than that takes.
         """
+        from ._guard import check_memory
+
+        es = torch.empty(0, dtype=self.torch_dtype).element_size()
+        check_memory((math.prod(self.x_shape) + math.prod(self.w_shape) + self.k) * (8 + es),
+                     f"make_inputs of {self.describe()}")
         g = torch.Generator().manual_seed(seed)
         dev = device or self.device
         x64 = torch.randn(self.x_shape, generator=g, dtype=torch.float64) * scale
