@@ -642,11 +642,25 @@ def main(argv=None) -> int:
     error: ...``) and a non-zero status (2, or 130 for Ctrl-C), never a traceback: bad flags and
     flag combinations, problems, problems too large for this host's memory, allocation failures,
     output files that cannot be written, library errors."""
+    import warnings
+
+    from .errors import SlowReferenceWarning
+
     ap = build_parser()
     args = ap.parse_args(argv)
     try:
-        _validate(args)
-        return args.func(args)
+        with warnings.catch_warnings():   # a call about to run long on oneDNN's reference code: one line first
+            shown = warnings.showwarning
+
+            def show(message, category, filename, lineno, file=None, line=None):
+                if issubclass(category, SlowReferenceWarning):
+                    print(f"rawconv: warning: {message}", file=sys.stderr, flush=True)
+                else:
+                    shown(message, category, filename, lineno, file, line)
+            warnings.showwarning = show
+            warnings.simplefilter("always", SlowReferenceWarning)
+            _validate(args)
+            return args.func(args)
     except KeyboardInterrupt:
         print("rawconv: interrupted", file=sys.stderr)
         return 130

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -571,6 +573,7 @@ class Convolution(PlanLifetime):
         self._fast = {}
         self._hot = None    # the forward hot path's argument pack (see execute)
         self._snap = None   # (weights snapshot, its generation) with prepack (see repack)
+        self._slow_checked = None   # the selection whose reference-time warning was decided
         self._examples = None
 
     # ------------------------------------------------------------------ descriptors
@@ -878,6 +881,10 @@ class Convolution(PlanLifetime):
             raise ArgumentError("this Convolution plan was freed")
         p = self.problem
         d = self.direction
+        if (self._selected is None or self._slow_checked != self._selected) and not p.is_empty:
+            self.selected   # noqa: B018  (resolve the selection: a reference one may warn, before any allocation)
+            if self._slow_checked != self._selected:
+                _warn_if_slow_reference(self)
         packed = None
         if w is None and d != "backward_weights":
             if self._snap is not None:
@@ -1591,56 +1598,147 @@ def verbose(level: int = 1) -> None:
 # ---------------------------------------------------------------------------- reference-time estimate
 _REF_RATES: dict = {}
 _REF_RATES_LOCK = threading.Lock()
+SLOW_REFERENCE_SECONDS = 10.0   # a call estimated longer than this on ref:* warns first (SlowReferenceWarning)
+
+
+def _valid_pairs(size: int, out: int, k: int, s: int, d: int, pb: int) -> int:
+    """#{(o, j) : 0 <= o < out, 0 <= j < k, 0 <= o*s - pb + j*d < size}: the (output, kernel tap)
+    pairs of one spatial dim that read the input, not the padding (O(k), closed form per tap)."""
+    if k > 2 ** 24:   # (a kernel that long: count every pair, an upper bound)
+        return out * k
+    j = torch.arange(k, dtype=torch.int64)
+    off = j * d - pb                                        # input index of output 0 at tap j
+    lo = torch.where(off >= 0, torch.zeros_like(off), (-off + s - 1) // s)   # first o reading the input
+    hi = torch.clamp(torch.div(size - 1 - off, s, rounding_mode="floor"), max=out - 1)   # last one
+    return int(torch.clamp(hi - lo + 1, min=0).sum())
+
+
+def _ref_features(problem: ConvProblem, direction: str) -> tuple[int, int, int]:
+    """(elements, taps, valid) of a reference call: the result elements it computes one at a time
+    (y, dx or dw), the (element, reduction term) pairs its loops visit, and those that read the
+    input rather than padding (the multiply-adds, the same set in every direction)."""
+    p = problem
+    g = p.groups
+    valid_sp = math.prod(_valid_pairs(i, o, k, s, d, b) for i, o, k, s, d, b in
+                         zip(p.in_spatial, p.out_spatial, p.kernel, p.stride, p.dilation, p.pad_before))
+    valid = p.n * p.k * (p.c // g) * valid_sp
+    kk = math.prod(p.kernel)
+    if direction == "forward":
+        elements = p.n * p.k * math.prod(p.out_spatial)
+        taps = elements * (p.c // g) * kk
+    elif direction == "backward_data":
+        elements = p.n * p.c * math.prod(p.in_spatial)
+        taps = elements * (p.k // g) * kk
+    else:
+        elements = p.k * (p.c // g) * kk
+        taps = elements * p.n * math.prod(p.out_spatial)
+    return elements, taps, min(valid, taps)
+
+
+def _ref_calibration(ndim: int) -> list[ConvProblem]:
+    """The problems :func:`_ref_model` times: many elements of one term each; many valid terms;
+    mostly padding terms; almost nothing (the per-call cost)."""
+    big, mid, small, pad = {1: (65536, 256, 6, 8192), 2: (256, 16, 4, 64), 3: (40, 6, 3, 12)}[ndim]
+    one, nd = (1,) * ndim, ndim
+    return [ConvProblem(n=1, c=1, k=4, in_spatial=(big,) * nd, kernel=one),
+            ConvProblem(n=1, c=32, k=32, in_spatial=(mid,) * nd, kernel=(3,) * nd, pad_before=one, pad_after=one),
+            ConvProblem(n=1, c=1, k=4, in_spatial=(small,) * nd, kernel=(5,) * nd, pad_before=(pad,) * nd,
+                        pad_after=(pad,) * nd),
+            ConvProblem(n=1, c=1, k=1, in_spatial=(4,) * nd, kernel=one)]
+
+
+def _ref_model(direction: str, dtype: str, ndim: int, layout: str, threads: int):
+    """(per call, per element, per valid term, per padding term) seconds of oneDNN's reference
+    implementation for this kind of problem, fitted on four small problems timed here (a few
+    tenths of a second in all, once per process and kind); None when oneDNN offers no ref:*
+    for it."""
+    rows, times = [], []
+    for tiny in _ref_calibration(ndim):
+        tiny = tiny.with_(dtype=dtype, layout=layout)
+        try:
+            plan = Convolution.from_problem(tiny, direction=direction)
+            refs = [r.index for r in plan.implementations if r.name.startswith("ref")]
+        except NotSupportedError:
+            return None
+        if not refs:
+            return None
+        plan.select(refs[-1])
+        plan._slow_checked = plan._selected   # (no warning while measuring)
+        tensors = plan._example_tensors()
+        plan.execute(**tensors)
+        best = math.inf
+        for _ in range(3):
+            t0 = time.perf_counter()
+            plan.execute(**tensors)
+            best = min(best, time.perf_counter() - t0)
+        plan.free()
+        e, t, v = _ref_features(tiny, direction)
+        share = math.ceil(e / threads) / e     # the elements are split over the threads
+        rows.append([1.0 / best, e * share / best, v * share / best, (t - v) * share / best])
+        times.append(1.0)                        # (each row divided by its time: relative errors count)
+    try:
+        sol = torch.linalg.lstsq(torch.tensor(rows, dtype=torch.float64),
+                                 torch.tensor(times, dtype=torch.float64).unsqueeze(1)).solution.squeeze(1).tolist()
+    except RuntimeError:
+        return None
+    return tuple(max(v, 0.0) for v in sol)
 
 
 def reference_seconds(problem: ConvProblem, direction: str = "forward") -> float:
     """Estimated seconds of one call of oneDNN's reference implementation (``ref:any``) on ``problem``.
 
-    oneDNN's reference code runs one scalar loop per output element; its cost grows with the
-    multiply-adds, not with how well a problem suits vector units. The rate (multiply-adds per
-    second) is measured once per process for each (direction, dtype, spatial rank, layout,
-    thread count) on a small problem of that kind (a few milliseconds), then applied to
-    ``problem.flops / 2``. The small problem has little work per thread, so the estimate leans
-    high. Returns ``inf`` when oneDNN offers no reference implementation for that kind.
-    Wraps what :class:`Convolution` wraps (``dnnl_primitive_execute`` on ``ref:any``).
+    oneDNN's reference code computes the result elements (y, dx or dw) one by one, split over
+    the threads, each with a scalar loop over its reduction terms; a term whose input index
+    falls into the padding is skipped after a bounds check. The time is modelled as
+    ``(a * elements + b * valid terms + c * padding terms) * ceil(elements / threads) / elements``,
+    with the terms counted exactly for the problem (per spatial dim, in closed form) and ``a``,
+    ``b``, ``c`` fitted once per process for each (direction, dtype, spatial rank, layout, thread
+    count) on three small problems timed here (about 0.1-0.3 s). Measured against real calls
+    on this machine, see README ("Slow reference implementations"). Returns ``inf`` when oneDNN
+    offers no reference implementation for that kind, 0 for an empty problem. Raises
+    :class:`ArgumentError` / :class:`ArgumentTypeError` for a bad direction or problem. Wraps
+    what :class:`Convolution` wraps (``dnnl_primitive_execute`` on ``ref:any``).
     """
-    import math
-    import time
+    from ._backend import canonical_direction
 
+    if isinstance(direction, str):
+        direction = canonical_direction(direction)
     _check_direction(direction)
     if not isinstance(problem, ConvProblem):
         raise ArgumentTypeError(f"problem must be a ConvProblem, got {type(problem).__name__}")
     if problem.is_empty:
         return 0.0
-    key = (direction, problem.dtype, problem.ndim, problem.layout, torch.get_num_threads())
-    rate = _REF_RATES.get(key)
-    if rate is None:
+    threads = torch.get_num_threads()
+    key = (direction, problem.dtype, problem.ndim, problem.layout, threads)
+    if key not in _REF_RATES:
         with _REF_RATES_LOCK:
-            rate = _REF_RATES.get(key)
-            if rate is None:
-                side = {1: 64, 2: 16, 3: 6}[problem.ndim]
-                tiny = ConvProblem(n=1, c=16, k=16, in_spatial=(side,) * problem.ndim,
-                                   kernel=(3,) * problem.ndim, pad_before=(1,) * problem.ndim,
-                                   pad_after=(1,) * problem.ndim, dtype=problem.dtype, layout=problem.layout)
-                rate = 0.0
-                try:
-                    plan = Convolution.from_problem(tiny, direction=direction, prepack=False)
-                    refs = [r.index for r in plan.implementations if r.name.startswith("ref")]
-                    if refs:
-                        plan.select(refs[-1])
-                        tensors = plan._example_tensors()
-                        plan.execute(**tensors)
-                        best = math.inf
-                        for _ in range(3):
-                            t0 = time.perf_counter()
-                            plan.execute(**tensors)
-                            best = min(best, time.perf_counter() - t0)
-                        rate = (tiny.flops / 2) / max(best, 1e-6)
-                    plan.free()
-                except NotSupportedError:
-                    rate = 0.0
-                _REF_RATES[key] = rate
-    return (problem.flops / 2) / rate if rate > 0 else math.inf
+            if key not in _REF_RATES:
+                _REF_RATES[key] = _ref_model(direction, problem.dtype, problem.ndim, problem.layout, threads)
+    model = _REF_RATES[key]
+    if model is None:
+        return math.inf
+    t0, a, b, c = model
+    e, t, v = _ref_features(problem, direction)
+    return t0 + (a * e + b * v + c * (t - v)) * math.ceil(e / threads) / e
+
+
+def _warn_if_slow_reference(plan: "Convolution") -> None:
+    """Warn (:class:`~rawconv.errors.SlowReferenceWarning`) once per plan and selection, before its
+    first call, when the selected implementation is a reference one (``ref:*``) and
+    :func:`reference_seconds` estimates a call above :data:`SLOW_REFERENCE_SECONDS`."""
+    plan._slow_checked = plan._selected
+    impl = plan._impls[plan._selected]
+    if not impl.name.startswith("ref"):
+        return
+    est = reference_seconds(plan.problem, plan.direction)
+    if est > SLOW_REFERENCE_SECONDS:
+        from .errors import SlowReferenceWarning
+
+        offered = sorted({i.name for i in plan._impls})
+        warnings.warn(SlowReferenceWarning(
+            f"rawconv.onednn: this {plan.direction} call runs on oneDNN's reference implementation {impl.name} "
+            f"(offered here: {', '.join(offered)}), estimated at {est:.3g} s per call (more than "
+            f"{SLOW_REFERENCE_SECONDS:g} s) for {plan.problem.describe()}"), stacklevel=_guard.stacklevel())
 
 
 # ---------------------------------------------------------------------------- capabilities
