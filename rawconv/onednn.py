@@ -43,7 +43,7 @@ log = logging.getLogger("rawconv.onednn")
 
 __all__ = ["Implementation", "Convolution", "forward", "backward_data", "backward_weights",
            "implementations", "candidates", "info", "verbose", "clear_cache", "FPMATH_MODES", "ALGORITHMS",
-           "capabilities"]
+           "capabilities", "flush_denormals", "reference_seconds", "SLOW_REFERENCE_SECONDS"]
 
 FPMATH_MODES = {"strict": 0, "bf16": 1, "f16": 2, "any": 3, "tf32": 4}
 ALGORITHMS = {"direct": "dnnl_convolution_direct", "winograd": "dnnl_convolution_winograd",
@@ -1595,6 +1595,39 @@ def verbose(level: int = 1) -> None:
 
 
 
+# ---------------------------------------------------------------------------- denormals
+def flush_denormals(on: bool = True) -> None:
+    """Flush subnormal (denormal) floats to zero in oneDNN's computations, or stop doing so.
+
+    oneDNN's kernels follow the MXCSR register of the thread they run on: FTZ (subnormal results
+    become 0) and DAZ (subnormal inputs read as 0). ``torch.set_flush_denormal(True)`` sets both
+    on the calling thread only, so oneDNN's OpenMP worker threads keep computing with subnormals
+    and a call's outputs come out partly flushed (the master thread's share). This sets FTZ and
+    DAZ on (``on=True``) or off on EVERY thread of the calling thread's OpenMP team, master
+    included, by running glibc's ``fesetenv`` in one OpenMP parallel region of the runtime
+    libdnnl uses (threads created later copy the master's setting). It also sets the default
+    rounding (to nearest) and exception masks, as every thread has them by default. Calls made
+    from another Python thread use that thread's own OpenMP team: call this there too. The
+    setting is per process and lasts until changed (``flush_denormals(False)``); it also
+    applies to torch's own CPU operators on those threads (one OpenMP runtime).
+
+    Raises :class:`ArgumentTypeError` when ``on`` is not a bool, :class:`NotSupportedError` off
+    x86-64 or when the loaded oneDNN does not run on GNU OpenMP (TBB, threadpool, sequential
+    builds), :class:`~rawconv.errors.LibraryNotFoundError` when oneDNN cannot be loaded. Wraps
+    ``GOMP_parallel`` (the OpenMP runtime libdnnl resolved) and glibc's ``fesetenv``.
+    """
+    if not isinstance(on, bool):
+        raise ArgumentTypeError(f"on must be True or False, got {on!r}")
+    from . import _fpenv
+
+    loaded = _dnnl.load()
+    runtime = _dnnl.version().get("cpu_runtime", "")
+    if "OpenMP" not in str(runtime) and "omp" not in str(runtime).lower():
+        raise NotSupportedError(f"flush_denormals sets the FP environment of oneDNN's OpenMP threads; this oneDNN "
+                                f"runs on {runtime}")
+    _fpenv.set_flush(loaded.path, on, torch.get_num_threads())
+
+
 # ---------------------------------------------------------------------------- reference-time estimate
 _REF_RATES: dict = {}
 _REF_RATES_LOCK = threading.Lock()
@@ -1857,7 +1890,7 @@ def _registry_plan(problem: ConvProblem, direction: str = "forward", options: An
 
 # every public entry point raises only rawconv's exception classes (rawconv._guard)
 _guard.guard_module(globals(), "forward", "backward_data", "backward_weights", "implementations", "candidates",
-                    "info", "verbose", "reference_seconds", "capabilities", "Convolution.__init__",
+                    "info", "verbose", "reference_seconds", "capabilities", "flush_denormals", "Convolution.__init__",
                     "Convolution.from_problem", "Convolution.implementations", "Convolution.select",
                     "Convolution.selected", "Convolution.execute", "Convolution.__call__", "Convolution.repack",
                     "Convolution.autotune", "Convolution.candidates")
