@@ -551,6 +551,7 @@ class Convolution(PlanLifetime):
     def _init(self, problem, direction, algorithm, fpmath, w_layout, prepack, allow_known_bad=False):
         if problem.dtype not in DTYPES:
             raise ArgumentError(f"oneDNN backend handles {list(DTYPES)}, got {problem.dtype}")
+        _check_sizes(problem)
         if not isinstance(prepack, bool):
             raise ArgumentTypeError(f"prepack must be True or False, got {prepack!r}")
         self.allow_known_bad = _check_allow(allow_known_bad)
@@ -1275,6 +1276,24 @@ def _empty_result(plan: Convolution, tensors: dict):
     return dw, db.to(p.torch_dtype)
 
 
+MAX_TENSOR_ELEMENTS = 2 ** 31 - 2   # elements of x, w or y rawconv gives oneDNN 3.2 (see _check_sizes)
+
+
+def _check_sizes(p: ConvProblem) -> None:
+    """oneDNN 3.2 dies with SIGFPE (an integer division by zero inside libdnnl: the process ends,
+    no error) while listing implementations for some problems with a tensor of 2**31 elements or
+    more (seen here, all 1x1 forward: x of 2**31 - 1, 2**34 and 2**36 elements, in one or in
+    many images; others of 2**31 - 2, 2**32 and 2**34 elements listed fine, as did every one
+    tried below). rawconv refuses a problem whose x, w or y has more than
+    :data:`MAX_TENSOR_ELEMENTS` elements with :class:`NotSupportedError`, before any C call."""
+    for what, shape in (("x", p.x_shape), ("w", p.w_shape), ("y", p.y_shape)):
+        if math.prod(shape) > MAX_TENSOR_ELEMENTS:
+            raise NotSupportedError(
+                f"{p.describe()}: {what} would have {math.prod(shape)} elements; rawconv gives oneDNN 3.2 at most "
+                f"{MAX_TENSOR_ELEMENTS} (2**31 - 2) per tensor: beyond, listing its implementations can kill the process (SIGFPE inside "
+                "oneDNN)", library="oneDNN")
+
+
 def _check_device(p: ConvProblem):
     if not p.device.startswith("cpu"):
         raise ArgumentError(f"rawconv.onednn runs on CPU tensors; got tensors on {p.device} "
@@ -1670,7 +1689,7 @@ def _ref_features(problem: ConvProblem, direction: str) -> tuple[int, int, int]:
 
 def _ref_calibration(ndim: int) -> list[ConvProblem]:
     """The problems :func:`_ref_model` times: many elements of one term each; many valid terms;
-    mostly padding terms; almost nothing (the per-call cost)."""
+    mostly padding terms; almost nothing (the per-call cost, last)."""
     big, mid, small, pad = {1: (65536, 256, 6, 8192), 2: (256, 16, 4, 64), 3: (40, 6, 3, 12)}[ndim]
     one, nd = (1,) * ndim, ndim
     return [ConvProblem(n=1, c=1, k=4, in_spatial=(big,) * nd, kernel=one),
@@ -1680,41 +1699,55 @@ def _ref_calibration(ndim: int) -> list[ConvProblem]:
             ConvProblem(n=1, c=1, k=1, in_spatial=(4,) * nd, kernel=one)]
 
 
+def _ref_time(tiny: ConvProblem, direction: str, repeats: int = 3) -> float | None:
+    """Best of ``repeats`` timed calls of the last ref:* implementation of ``tiny`` (after one
+    untimed call), or None when oneDNN offers none."""
+    try:
+        plan = Convolution.from_problem(tiny, direction=direction)
+        refs = [r.index for r in plan.implementations if r.name.startswith("ref")]
+    except NotSupportedError:
+        return None
+    if not refs:
+        return None
+    plan.select(refs[-1])
+    plan._slow_checked = plan._selected   # (no warning while measuring)
+    tensors = plan._example_tensors()
+    plan.execute(**tensors)
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        plan.execute(**tensors)
+        best = min(best, time.perf_counter() - t0)
+    plan.free()
+    return best
+
+
 def _ref_model(direction: str, dtype: str, ndim: int, layout: str, threads: int):
     """(per call, per element, per valid term, per padding term) seconds of oneDNN's reference
-    implementation for this kind of problem, fitted on four small problems timed here (a few
-    tenths of a second in all, once per process and kind); None when oneDNN offers no ref:*
-    for it."""
-    rows, times = [], []
-    for tiny in _ref_calibration(ndim):
-        tiny = tiny.with_(dtype=dtype, layout=layout)
-        try:
-            plan = Convolution.from_problem(tiny, direction=direction)
-            refs = [r.index for r in plan.implementations if r.name.startswith("ref")]
-        except NotSupportedError:
+    implementation for this kind of problem: the per-call cost is the time of an almost empty
+    problem, the three others are solved from three small problems timed here (a few tenths of
+    a second in all, once per process and kind; relative errors weigh equally). None when oneDNN
+    offers no ref:* for it."""
+    *cal, empty = [c.with_(dtype=dtype, layout=layout) for c in _ref_calibration(ndim)]
+    t0 = _ref_time(empty, direction, repeats=5)
+    if t0 is None:
+        return None
+    rows, rhs = [], []
+    for tiny in cal:
+        best = _ref_time(tiny, direction)
+        if best is None:
             return None
-        if not refs:
-            return None
-        plan.select(refs[-1])
-        plan._slow_checked = plan._selected   # (no warning while measuring)
-        tensors = plan._example_tensors()
-        plan.execute(**tensors)
-        best = math.inf
-        for _ in range(3):
-            t0 = time.perf_counter()
-            plan.execute(**tensors)
-            best = min(best, time.perf_counter() - t0)
-        plan.free()
         e, t, v = _ref_features(tiny, direction)
         share = math.ceil(e / threads) / e     # the elements are split over the threads
-        rows.append([1.0 / best, e * share / best, v * share / best, (t - v) * share / best])
-        times.append(1.0)                        # (each row divided by its time: relative errors count)
+        work = max(best - t0, best * 0.05)
+        rows.append([e * share / work, v * share / work, (t - v) * share / work])
+        rhs.append(1.0)
     try:
         sol = torch.linalg.lstsq(torch.tensor(rows, dtype=torch.float64),
-                                 torch.tensor(times, dtype=torch.float64).unsqueeze(1)).solution.squeeze(1).tolist()
+                                 torch.tensor(rhs, dtype=torch.float64).unsqueeze(1)).solution.squeeze(1).tolist()
     except RuntimeError:
         return None
-    return tuple(max(v, 0.0) for v in sol)
+    return (t0,) + tuple(max(v, 0.0) for v in sol)
 
 
 def reference_seconds(problem: ConvProblem, direction: str = "forward") -> float:
