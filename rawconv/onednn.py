@@ -882,10 +882,6 @@ class Convolution(PlanLifetime):
             raise ArgumentError("this Convolution plan was freed")
         p = self.problem
         d = self.direction
-        if (self._selected is None or self._slow_checked != self._selected) and not p.is_empty:
-            self.selected   # noqa: B018  (resolve the selection: a reference one may warn, before any allocation)
-            if self._slow_checked != self._selected:
-                _warn_if_slow_reference(self)
         packed = None
         if w is None and d != "backward_weights":
             if self._snap is not None:
@@ -962,6 +958,8 @@ class Convolution(PlanLifetime):
         if not self.user_md:
             self._mds()
         built = self._build(self.selected.index)
+        if self._slow_checked != self._selected:   # a reference implementation estimated slow: warn first
+            _warn_if_slow_reference(self)
         built.run(tensors, _dnnl.stream(), packed)
         if out is not None:
             _increment_version((out,))   # written in place, as torch's out= functions do

@@ -812,8 +812,9 @@ def clear_cache() -> None:
 def _refuse(fn: str, **options) -> None:
     for name, (value, default) in options.items():
         if value is not default and (isinstance(value, torch.Tensor) or value != default):
+            shown = "a tensor" if isinstance(value, torch.Tensor) else repr(value)
             raise ArgumentError(
-                f"{fn}(..., {name}={value!r}) is not differentiable, and an argument requires grad: rawconv's "
+                f"{fn}(..., {name}={shown}) is not differentiable, and an argument requires grad: rawconv's "
                 f"operators record autograd without {name} (as torch's out= functions refuse autograd); call it "
                 f"under torch.no_grad(), on detached tensors, or without {name}")
 

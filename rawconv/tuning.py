@@ -474,6 +474,9 @@ def _dumps(data, depth: int) -> str:
 
 def _write_json(path, data, depth: int = 1) -> None:
     path = os.fspath(path)
+    if os.path.exists(path) and not os.path.isfile(path):   # the atomic rename would replace a device or dir
+        raise ArgumentError(f"{path} exists and is not a regular file: tuning records are written by replacing the "
+                            "file (write to a new path)")
     tmp = f"{path}.tmp{os.getpid()}.{threading.get_ident()}"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(_dumps(data, depth) + "\n")

@@ -1,8 +1,8 @@
 """Calls that will run on oneDNN's reference implementation for long warn first (issue 13):
 :func:`rawconv.onednn.reference_seconds`'s term counts are exact, a call whose selected
 implementation is ``ref:*`` and whose estimate exceeds ``SLOW_REFERENCE_SECONDS`` warns
-(:class:`rawconv.errors.SlowReferenceWarning`) before anything is allocated or run (so a filter
-turning it into an error stops the call at once), once per plan and selection, and the CLI prints
+(:class:`rawconv.errors.SlowReferenceWarning`) before the library runs (so a filter turning it into
+an error stops the call at once), once per plan and selection, and the CLI prints
 it as one ``rawconv: warning:`` line. The estimate's accuracy is measured, not asserted (README)."""
 from __future__ import annotations
 
