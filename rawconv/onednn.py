@@ -9,9 +9,10 @@ Quick use::
                                                                        # on the CPU; this one is everywhere)
     print(rawconv.onednn.capabilities())                               # dtypes/fpmath offered on this CPU
 
-    with rawconv.onednn.Convolution(x, w, padding=1) as conv:         # a plan for one problem
+    with rawconv.onednn.Convolution(x, w, padding=1, prepack=True) as conv:   # a plan for one problem
         best = conv.autotune(iterations=20)                            # time every implementation
-        y = conv.execute(x)                                            # weights prepacked once
+        y = conv.execute(x)                                            # on a snapshot of w, reordered once
+    rawconv.onednn.flush_denormals(True)                               # FTZ/DAZ on every oneDNN thread
 
 Terms are oneDNN's: a *primitive descriptor* per *implementation* (``impl``), *format tags*
 (``any`` lets the implementation choose its blocked layout, which then costs *reorders*), a
