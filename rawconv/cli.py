@@ -688,11 +688,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser(
         "replay", help="run the choices of tuning records again and print the drift in time and error",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Run exactly the choice of each tuning record in FILE (written by 'rawconv compare --record', "
-                    "rawconv.tuning.TuningRecord.save/save_all or a tuning cache file) on random inputs of its "
-                    "problem, time it as compare does, check it against float64 and print time and error now "
-                    "beside what was recorded. Warns when a record was made with another library version or "
-                    "device, naming what differs (--strict refuses to run then).",
+        description=textwrap.fill(
+            "Run exactly the choice of each tuning record in FILE (written by 'rawconv compare --record', "
+            "rawconv.tuning.TuningRecord.save/save_all or a tuning cache file) on random inputs of its "
+            "problem, time it as compare does, check it against float64 and print time and error now "
+            "beside what was recorded. Warns when a record was made with another library version or "
+            "device, naming what differs (--strict refuses to run then).", 78),
         epilog="exit status: 0 every record ran within tolerance; 1 a replayed choice is outside tolerance; 2 bad "
                "file, or --strict and\nthe library version or device differs; 4 a recorded choice failed or is no "
                "longer offered here.")
