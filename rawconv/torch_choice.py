@@ -123,7 +123,7 @@ def _precision(backend: str, op: str) -> str | None:
         return None
     try:
         return str(torch._C._get_fp32_precision_getter(backend, op))
-    except (RuntimeError, ValueError):
+    except Exception:  # noqa: BLE001  a private getter: an unknown (backend, op) pair, or changed
         return None
 
 
@@ -435,6 +435,8 @@ def _call_of(x, w, bias, stride, padding, dilation, groups, transposed, output_p
     run = (lambda: convt(x, w, bias, s, pd, op, groups, d))
     desc = "transposed " + p.describe().replace(f"x({','.join(map(str, p.x_shape))})",
                                                  f"x({','.join(map(str, xx.shape))})", 1)
+    if any(op):
+        desc += " op" + ",".join(map(str, op))
     return _Call(xx, xx, w, bias, list(s), list(pd), list(d), True, list(op), groups, run, p, "backward_data", desc)
 
 
@@ -935,6 +937,7 @@ def _candidate_kernels(c: _Call, limit: int, tf32: bool) -> tuple[CandidateKerne
     x, w = c.xb, c.w
     runs: list[tuple[str, str, int | None, Callable, Callable]] = []   # backend, choice, engine, select, run
     errors: list[CandidateKernels] = []
+    plan = gplan = None
 
     def exec_args():
         return {"grad_y": c.x, "w": c.w} if d == "backward_data" else {"x": x, "w": w}
@@ -973,7 +976,7 @@ def _candidate_kernels(c: _Call, limit: int, tf32: bool) -> tuple[CandidateKerne
                 sel()
                 run()
                 ready.append((be, choice, eng, sel, run))
-            except RawconvError as exc:
+            except (RawconvError, RuntimeError) as exc:   # RuntimeError: e.g. torch out of memory for a workspace
                 out.append(CandidateKernels(be, choice, engine=eng,
                                             error=f"{type(exc).__name__}: {str(exc).splitlines()[0]}"))
         torch.cuda.synchronize()
@@ -991,8 +994,7 @@ def _candidate_kernels(c: _Call, limit: int, tf32: bool) -> tuple[CandidateKerne
     order = {ch: i for i, (_, ch, _, _, _) in enumerate(runs)}
     out.sort(key=lambda ck: order.get(ck.choice, 1 << 30))
     res = tuple(errors + out)
-    for pl in ("plan", "gplan"):
-        obj = locals().get(pl)
+    for obj in (plan, gplan):
         if obj is not None:
             try:
                 obj.free()
@@ -1141,7 +1143,8 @@ def torch_choice(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
     notes: list[str] = []
     with torch.no_grad():
         if c.x.device.type == "cuda":
-            return _cuda_choice(c, flags, backend, index, candidates, limit, cudnn_log, notes)
+            with torch.cuda.device(c.x.device):   # separators, synchronize: on the tensors' GPU
+                return _cuda_choice(c, flags, backend, index, candidates, limit, cudnn_log, notes)
         c.run()
         runs = tuple(torch_onednn_trace(c.run, records=True))
     match, matches = "", ()
@@ -1190,8 +1193,12 @@ def _cuda_choice(c: _Call, flags, backend, index, candidates, limit, cudnn_log, 
             cands = _candidate_kernels(c, limit, bool(flags.cudnn_conv_tf32))
         except RawconvError as exc:
             notes.append(f"rawconv candidates: {type(exc).__name__}: {str(exc).splitlines()[0]}")
-        match, matches = match_kernels(kernels, cands, main_kernel=main)
-        matches, match = _narrow(matches, match, cands, parsed)
+        if cands and not any(not k.error for k in cands):
+            notes.append("no rawconv candidate ran: " + "; ".join(f"{k.backend} {k.choice}: {k.error}"
+                                                                 for k in cands[:3]))
+        else:
+            match, matches = match_kernels(kernels, cands, main_kernel=main)
+            matches, match = _narrow(matches, match, cands, parsed)
     return TorchChoice(backend, c.device, c.describe, flags, index, kernels=kernels, main_kernel=main,
                        cudnn_functions=tuple(parsed["functions"]), cudnn_engines=tuple(parsed["engines"]),
                        cudnn_algos=tuple(parsed["algos"]), candidates=cands, match=match, matches=matches,

@@ -367,6 +367,17 @@ def test_split_segments_between_separators():
     assert tc._split_segments([(0, "k", 1)], 1) is None
 
 
+def test_cuda_events_are_kernels_in_gpu_order():
+    from types import SimpleNamespace as NS
+
+    CUDA, CPU = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    evs = [NS(device_type=CUDA, name="k2", time_range=NS(start=5.0, end=9.0)),
+           NS(device_type=CPU, name="cudaLaunchKernel", time_range=NS(start=0.0, end=1.0)),
+           NS(device_type=CUDA, name="k1", time_range=NS(start=2.0, end=3.5))]
+    prof = NS(events=lambda: evs)
+    assert tc._cuda_events(prof) == [(2.0, "k1", 1.5), (5.0, "k2", 4.0)]
+
+
 def test_parse_cudnn_log_reads_engines_from_execute_only():
     execute = ["CuDNN (v91900 1) function cudnnBackendExecute() called:",
                "    handle: type=cudnnHandle_t; streamId=0x0;",
@@ -396,15 +407,21 @@ def test_cudnn_api_log_reads_whole_messages(cudnn_lib):
     from rawconv import _cudnn
     from rawconv import _cudnn_backend as B
 
+    import threading
+
     with tc.cudnn_api_log() as log:
         d = B.Descriptor("ENGINE")
         d.set("ENGINE_GLOBAL_INDEX", "INT64", 7)
+        t = threading.Thread(target=lambda: B.Descriptor("ENGINE").set("ENGINE_GLOBAL_INDEX", "INT64", 8))
+        t.start()
+        t.join()
     assert log.available, log.error
     parsed = tc.parse_cudnn_log(log.messages)
     assert "cudnnBackendCreateDescriptor" in parsed["functions"]
     assert "cudnnBackendSetAttribute" in parsed["functions"]
     text = "\n".join("\n".join(m) for m in log.messages)
     assert "CUDNN_ATTR_ENGINE_GLOBAL_INDEX" in text and "val=7;" in text
+    assert "val=8;" not in text                     # another thread's calls are not this call's
     assert all(len(m) > 1 for m in log.messages)     # more than the header line of each message
     ffi = _cudnn.ffi
     mask, udata, fptr = ffi.new("unsigned *"), ffi.new("void **"), ffi.new("cudnnCallback_t *")
@@ -524,3 +541,102 @@ def test_gpu_compare_row_names_torchs_kernel():
     rows = compare.compare_problem(p.with_(n=2), iterations=2, warmup=1, budget_s=0.2, backends=("torch",))
     default = [r for r in rows if r.backend == "torch" and r.implementation == "default"]
     assert default and "; torch ran " in default[0].detail, [r.detail for r in rows]
+
+
+def test_cuda_path_logic_with_fake_libraries(monkeypatch):
+    """The CUDA route's bookkeeping (warm-up, profiled call under the API log, candidates built,
+    profiled between separators, matched, narrowed to the logged engine, cached) on fakes: the
+    profiler, the cuDNN plans and the API log are replaced; the real ones run in the gpu tests."""
+    from types import SimpleNamespace as NS
+
+    from rawconv import cudnn as cd
+    from rawconv import cudnn_graph as cg
+
+    launched: list = []
+    kernels_of = {"IMPLICIT_PRECOMP_GEMM@tensor_op": ["sm90_a", "at::native::copy"], "ALGO_1@fma": ["sm80_b"],
+                  "eng0": ["sm90_a"], "eng5{k2=1}": ["sm90_a"], "eng7": ["sm90_c"]}
+
+    class FakeLegacy:
+        freed = False
+
+        def algorithms(self, mode, math):
+            assert (mode, math) == ("heuristic", "all")
+            return [NS(ok=True, choice="IMPLICIT_PRECOMP_GEMM@tensor_op"), NS(ok=False, choice="FFT@fma"),
+                    NS(ok=True, choice="ALGO_1@fma")]
+
+        def select(self, choice):
+            self.cur = choice.choice
+
+        def execute(self, x=None, w=None, grad_y=None):
+            launched.extend(kernels_of[self.cur])
+
+        def free(self):
+            FakeLegacy.freed = True
+
+    class FakeGraph:
+        def engines(self, heuristic, limit=16, finalize=True):
+            assert finalize is False
+            if heuristic == "all":
+                return [NS(name="eng0", engine=0, behavior_notes=()), NS(name="eng7", engine=7, behavior_notes=()),
+                        NS(name="eng9", engine=9, behavior_notes=("RUNTIME_COMPILATION",))]
+            return [NS(name="eng5{k2=1}", engine=5, behavior_notes=()), NS(name="eng0", engine=0, behavior_notes=())]
+
+        def _select(self, ec, warn=True):
+            assert ec.name != "eng9", "runtime-compiled default-knob engines are left out"
+            self.cur = ec.name
+
+        def execute(self, x=None, w=None, grad_y=None):
+            launched.extend(kernels_of[self.cur])
+
+        def free(self):
+            pass
+
+    def fake_profile(fns, *, separators=True):
+        segs = []
+        for fn in fns:
+            launched.clear()
+            fn()
+            segs.append([(n, 10.0 if n.startswith("sm") else 1.0) for n in launched])
+        return segs
+
+    class FakeLog:
+        available, error = True, ""
+
+        def __init__(self):
+            self.messages = []
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.messages.append(["CuDNN (v91900 1) function cudnnBackendExecute() called:",
+                                  "                engine_id: type=int; val=5;"])
+            return False
+
+    monkeypatch.setattr(cd.Convolution, "from_problem", classmethod(lambda cls, p, **kw: FakeLegacy()))
+    monkeypatch.setattr(cg.GraphConvolution, "from_problem", classmethod(lambda cls, p, **kw: FakeGraph()))
+    monkeypatch.setattr(tc, "_profile_calls", fake_profile)
+    monkeypatch.setattr(tc, "cudnn_api_log", FakeLog)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    tc._cand_cache.clear()
+
+    x, w = torch.randn(2, 8, 6, 6), torch.randn(8, 8, 3, 3)
+    c = tc._call_of(x, w, None, 1, 1, 1, 1, False, 0)
+    c.run = lambda: launched.extend(["at::native::fill", "sm90_a"])
+    notes: list = []
+    ch = tc._cuda_choice(c, tc.TorchFlags.current(), "Cudnn", 2, True, 8, True, notes)
+    assert ch.kernels == ("at::native::fill", "sm90_a") and ch.main_kernel == "sm90_a"
+    assert ch.cudnn_functions == ("cudnnBackendExecute",) and ch.cudnn_engines == (5,)
+    by_choice = {k.choice: k for k in ch.candidates}
+    assert set(by_choice) == {"IMPLICIT_PRECOMP_GEMM@tensor_op", "ALGO_1@fma", "eng5{k2=1}", "eng0", "eng7"}
+    assert by_choice["eng5{k2=1}"].kernels == ("sm90_a",) and by_choice["eng5{k2=1}"].engine == 5
+    # same kernel set: the legacy row, eng5 and eng0; the log's engine 5 narrows it to eng5
+    assert ch.match == "same kernels, engine" and ch.matches == ("eng5{k2=1}",)
+    assert FakeLegacy.freed and notes == []
+    assert "eng5{k2=1}" in str(ch) and "[engine 5]" in str(ch)
+    json.dumps(ch.as_dict())
+    # cached per problem: a second call profiles no candidate again
+    monkeypatch.setattr(cd.Convolution, "from_problem", classmethod(lambda cls, p, **kw: 1 / 0))
+    again = tc._cuda_choice(c, tc.TorchFlags.current(), "Cudnn", 2, True, 8, True, [])
+    assert again.candidates == ch.candidates
+    tc._cand_cache.clear()
