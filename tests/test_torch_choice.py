@@ -472,8 +472,8 @@ def _layer(dtype=torch.float16, layout="nhwc"):
     from rawconv import presets
 
     p = [q for q in presets.resnet50(8, dtype={torch.float16: "float16", torch.float32: "float32"}[dtype],
-                                     layout=layout) if q.name == "layer1.0.conv2"][0]
-    x, w, _ = p.make_inputs(device="cuda")
+                                     layout=layout) if q.name == "layer1.0.conv2"][0].with_(device="cuda")
+    x, w, _ = p.make_inputs()
     return p, x, w
 
 
