@@ -16,12 +16,17 @@ and nothing is loaded until a backend is first used, so ``import rawconv`` works
 from __future__ import annotations
 
 import importlib
+import logging
 
 from .errors import (ArgumentError, ArgumentTypeError, LibraryError, LibraryNotFoundError,
                      NotSupportedError, RawconvError)
 from .problem import ConvProblem
 
 __version__ = "0.1.0"
+
+# rawconv logs (debug lines per load, plan build, search phase, cache hit) on "rawconv.*" loggers;
+# it prints nothing unless the application configures logging
+logging.getLogger("rawconv").addHandler(logging.NullHandler())
 
 __all__ = ["ConvProblem", "RawconvError", "ArgumentError", "ArgumentTypeError", "LibraryError",
            "LibraryNotFoundError", "NotSupportedError", "info", "onednn", "cudnn", "torch_choice", "torch_flags",

@@ -133,6 +133,14 @@ class Backend:
     info: Callable
     describe: str = ""
     vendor_words: dict = field(default_factory=dict)
+    rows: str = ""     # "module:function" giving compare's rows for this backend (see rawconv.compare)
+
+    def rows_function(self):
+        """The function ``compare`` calls for this backend's rows (None when it has none)."""
+        if not self.rows:
+            return None
+        mod, _, fn = self.rows.partition(":")
+        return getattr(importlib.import_module(mod), fn)
 
     def available(self) -> tuple[bool, str]:
         try:

@@ -112,7 +112,7 @@ class Descriptor:
         p = ffi.new("cudnnBackendDescriptor_t *")
         _cudnn.check(L.cudnnBackendCreateDescriptor(value, p), "cudnnBackendCreateDescriptor", kind)
         self.kind = kind
-        self.ptr = ffi.gc(p[0], lambda d, _L=L: _destroy(d, _L))
+        self.ptr = ffi.gc(p[0], lambda d, _L=L, _f=_destroy: _f(d, _L))   # no module globals at exit
         self.finalized = False
         self._refs: list = []
 

@@ -82,7 +82,8 @@ def load() -> _loader.Loaded:
     with _lock:
         loaded = _state.get("loaded")
         if loaded is None:
-            import torch  # noqa: F401  (torch's libgomp.so.1 then satisfies libdnnl's OpenMP)
+            # no torch here (raw layer): rawconv.onednn imports torch before any load, so that torch's
+            # libgomp.so.1 is the OpenMP runtime libdnnl binds to (one OpenMP pool per process)
             cands = candidates()
             label = "oneDNN (libdnnl.so.3)"
             if cands[0][0] == f"${ENV_VAR}":

@@ -28,18 +28,20 @@ def collect() -> dict:
 
     out = {"rawconv": __version__, "python": platform.python_version(), "machine": platform.machine(),
            "torch": _torch_part()}
-    try:
-        from . import onednn
+    from ._backend import backends
 
-        out["onednn"] = onednn.info()
-    except Exception as exc:
-        out["onednn"] = {"error": f"{type(exc).__name__}: {exc}"}
-    try:
-        from . import cudnn
-
-        out["cudnn"] = cudnn.info()
-    except Exception as exc:
-        out["cudnn"] = {"error": f"{type(exc).__name__}: {exc}"}
+    libraries = {}   # one section per library: cuDNN's two APIs share one
+    for be in backends():
+        key = {"oneDNN": "onednn", "cuDNN": "cudnn"}.get(be.library, be.name)
+        if key in libraries:
+            libraries[key].append(be.name)
+            continue
+        libraries[key] = [be.name]
+        try:
+            out[key] = be.info()
+        except Exception as exc:
+            out[key] = {"error": f"{type(exc).__name__}: {exc}"}
+    out["backends"] = {k: ", ".join(v) for k, v in libraries.items()}
     out["capabilities"] = capabilities_part(out)
     return out
 

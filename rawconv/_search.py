@@ -38,6 +38,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from .errors import ArgumentError, LibraryError, NotSupportedError
 from .check import ErrorStats
+from .results import Result
 from .problem import ConvProblem
 
 log = logging.getLogger("rawconv.search")
@@ -192,34 +193,37 @@ class SearchOptions:
             raise ArgumentError(f"seed_from_cache must be True or False, got {self.seed_from_cache!r}")
 
 
-@dataclass
-class TimedConfig:
+class TimedConfig(Result):
     """A row of :meth:`rawconv.cudnn_graph.GraphConvolution.autotune` (exported there as
-    ``rawconv.cudnn_graph.TimedConfig``).
+    ``rawconv.cudnn_graph.TimedConfig``): a :class:`rawconv.results.Result` of the graph backend,
+    built with this row type's older constructor.
 
-    ``median_ms``/``min_ms``: CUDA-event times of ``runs`` calls (ms), None when not run;
+    ``median_ms``/``min_ms``: GPU times of ``runs`` calls (ms), None when not run;
     ``status``: ``"ok"``, ``"mismatch"`` (ran, but outside the tolerance its notes imply, or
     left NaN), ``"not supported"`` (did not finalize), ``"filtered"`` (notes or workspace outside
-    the request), ``"over budget"`` (a runtime compilation the budget did not wait for), ``"error"``; ``error``: the :class:`~rawconv.problem.ErrorStats` against float64;
+    the request), ``"over budget"`` (a runtime compilation the budget did not wait for), ``"error"``;
+    ``error``: the :class:`~rawconv.check.ErrorStats` against float64 (:attr:`accuracy`);
     ``phase``: how the search found it (``"heuristic"``, ``"default knobs"``, ``"knob search"``,
     ``"random knobs"``, ``"cache"``); ``layout``: ``""`` for the plan's own graph, ``"nhwc"``
     for a config of the channels_last graph that an NCHW plan runs on channels_last copies
     (``autotune(relayout=True)``; its name then starts with ``"nhwc:"``)."""
 
-    config: Any
-    median_ms: float | None = None
-    min_ms: float | None = None
-    runs: int = 0
-    status: str = "ok"
-    error: ErrorStats | None = None
-    phase: str = ""
-    detail: str = ""
-    seconds: float = 0.0  # wall time autotune spent on this candidate (finalization, check, timing)
-    layout: str = ""
+    def __init__(self, config: Any, median_ms: float | None = None, min_ms: float | None = None, runs: int = 0,
+                 status: str = "ok", error: ErrorStats | None = None, phase: str = "", detail: str = "",
+                 seconds: float = 0.0, layout: str = ""):
+        Result.__init__(self, "cudnn_graph", config.name, None, getattr(config, "direction", "forward"), config,
+                        status, median_ms, min_ms, runs, error, getattr(config, "workspace_bytes", None), detail,
+                        detail if status not in ("ok", "mismatch") else "", phase, seconds)
+        self.layout = layout
 
     @property
-    def name(self) -> str:
-        return f"{self.layout}:{self.config.name}" if self.layout else self.config.name
+    def layout(self) -> str:
+        return self.extra.get("layout", "")
+
+    @layout.setter
+    def layout(self, value: str) -> None:
+        self.extra["layout"] = value
+        self.name = f"{value}:{self.candidate.name}" if value else self.candidate.name
 
     def __str__(self) -> str:
         t = "-" if self.median_ms is None else f"{self.median_ms:.4f} ms"

@@ -177,7 +177,7 @@ def check(p: ConvProblem, y: torch.Tensor, ref: torch.Tensor, ref_abs: torch.Ten
         raise ArgumentTypeError(f"result must be a torch.Tensor, got {type(y).__name__}")
     tol = tol or Tolerance()
     y64 = y.detach().to(ref.device, torch.float64)
-    if p.unbatched and y64.dim() == ref.dim() - 1:
+    if getattr(p, "unbatched", False) and y64.dim() == ref.dim() - 1:
         y64 = y64.unsqueeze(0)
     if tuple(y64.shape) != tuple(ref.shape):
         raise ArgumentError(f"result shape {tuple(y64.shape)} differs from the reference's {tuple(ref.shape)}")

@@ -18,17 +18,17 @@ import dataclasses
 import json
 import math
 import warnings
-from dataclasses import dataclass, field
+
 from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
 
-from .bench import SPREAD_LIMIT, LoadMonitor, LoadReport, TimeStats, geomean, spread, time_cpu, time_cuda_queued
+from .bench import LoadMonitor, LoadReport, TimeStats, geomean, time_cpu, time_cuda_queued
 from .errors import LibraryNotFoundError, NotSupportedError, RawconvError
 from .check import abs_reference, compare_to_reference
 from .problem import ConvProblem
-from .results import status_group
+from .results import Result, ResultTable, _json_safe, status_group
 from .torch_choice import _compare_detail, _trace_detail, conv_backend_name, torch_onednn_trace  # noqa: F401
 
 __all__ = ["Row", "STATUSES", "status_category", "compare_problem", "compare", "real_photo", "inputs_for", "summary",
@@ -58,66 +58,52 @@ def status_category(status: str) -> str:
     return status_group(status)
 
 
-@dataclass
-class Row:
-    """One result line: which code ran, how long it took, how close it came to float64.
+class Row(Result):
+    """One result line of ``compare``: a :class:`rawconv.results.Result` (the one row type of
+    every listing and measurement), built with this row type's older constructor.
 
+    ``problem``: the problem's name; ``implementation``: the label (:attr:`Result.name`);
     ``status``: what happened (:data:`STATUSES`: "ok", "wrong", "failed", "not supported",
-    "skipped"; the reason in ``error``). Times in ms (median and min of timed calls after
-    warm-up; :attr:`spread` = median / min), ``gflops`` = problem flops / median time,
-    ``max_abs``/``max_rel`` against the float64 reference (``max_rel`` = max |err| / max |ref|),
-    ``ok`` = every element within the tolerance for its dtype and math (None when nothing ran),
+    "skipped"; the reason in ``error``, which is :attr:`Result.message` here). Times in ms (median
+    and min of timed calls after warm-up; :attr:`spread` = median / min), ``gflops`` = problem
+    flops / median time, ``max_abs``/``max_rel`` against the float64 reference (``max_rel`` = max
+    |err| / max |ref|), ``ok`` = every element within the tolerance for its dtype and math,
     ``workspace_bytes`` = oneDNN scratchpad or cuDNN workspace. ``extra["machine"]`` (CPU rows
     that ran): what the rest of the machine did while this row was timed
     (:meth:`rawconv.bench.LoadReport.as_dict`).
     """
 
-    problem: str
-    backend: str
-    implementation: str
-    detail: str = ""
-    median_ms: float = float("nan")
-    min_ms: float = float("nan")
-    runs: int = 0
-    gflops: float = float("nan")
-    max_abs: float = float("nan")
-    max_rel: float = float("nan")
-    ok: bool | None = None
-    workspace_bytes: int | None = None
-    error: str = ""
-    extra: dict = field(default_factory=dict)
-    status: str = ""
-
-    def __post_init__(self):
-        if not self.status:
-            self.status = ("failed" if self.error else "ok" if self.ok else "wrong" if self.ok is False else "skipped")
+    def __init__(self, problem: str, backend: str, implementation: str, detail: str = "",
+                 median_ms: float = float("nan"), min_ms: float = float("nan"), runs: int = 0,
+                 gflops: float = float("nan"), max_abs: float = float("nan"), max_rel: float = float("nan"),
+                 ok: bool | None = None, workspace_bytes: int | None = None, error: str = "",
+                 extra: dict | None = None, status: str = ""):
+        if not status:
+            status = "failed" if error else "ok" if ok else "wrong" if ok is False else "skipped"
+        Result.__init__(self, backend, implementation, problem, "forward", None, status, median_ms, min_ms, runs,
+                        None, workspace_bytes, detail, error, reference=backend == "torch",
+                        extra=dict(extra or {}))
+        for name, v in (("gflops", gflops), ("max_abs", max_abs), ("max_rel", max_rel)):
+            if not (isinstance(v, float) and math.isnan(v)):
+                self.extra[name] = v
 
     @property
-    def category(self) -> str:
-        """:func:`status_category` of :attr:`status`."""
-        return status_category(self.status)
+    def error(self) -> str:
+        """Why it failed or was not run (:attr:`Result.message`)."""
+        return self.message
 
-    @property
-    def ran(self) -> bool:
-        """The candidate ran and was checked (status "ok" or "wrong")."""
-        return self.category in ("ok", "wrong")
-
-    @property
-    def spread(self) -> float:
-        """median / min of the timed calls (``nan`` when it did not run or ran once)."""
-        return spread(self.median_ms, self.min_ms) if self.runs > 1 else float("nan")
-
-    @property
-    def unstable(self) -> bool:
-        """median / min above :data:`rawconv.bench.SPREAD_LIMIT`."""
-        return math.isfinite(self.spread) and self.spread > SPREAD_LIMIT
+    @error.setter
+    def error(self, value: str) -> None:
+        self.message = value
 
     def as_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["category"], d["spread"], d["unstable"] = self.category, self.spread, self.unstable
-        for k, v in list(d.items()):
-            if isinstance(v, float) and not math.isfinite(v):
-                d[k] = None
+        """``compare``'s JSON row: :meth:`Result.as_dict` plus the older keys (``implementation``,
+        ``error``, ``ok``, ``category``, ``extra``'s items)."""
+        d = Result.as_dict(self)
+        d.update({"implementation": self.name, "error": self.message,
+                  "ok": True if self.status == "ok" else False if self.status == "wrong" else None,
+                  "category": self.group})
+        d["extra"] = _json_safe({k: v for k, v in self.extra.items() if k not in ("gflops", "max_abs", "max_rel")})
         return d
 
 
@@ -291,7 +277,7 @@ def _ref_estimate(problem) -> float:
 
 def _onednn_rows(problem, x, w, b, ref, ref_abs, timer, *, fpmath="strict", prepack=True,
                  include_ref=True, slow_s=None, ref_max_s: float = REF_MAX_SECONDS, allow_known_bad=False,
-                 isolate=None, timing=(10, 2, None)) -> list[Row]:
+                 isolate=None, timing=(10, 2, None), **_kw) -> list[Row]:
     """Rows for every oneDNN implementation. ``include_ref``: True runs the reference
     implementations (ref:any), False drops them, "auto" runs them when one call is estimated
     (:func:`rawconv.onednn.reference_seconds`) at most ``ref_max_s`` seconds and otherwise lists
@@ -439,15 +425,15 @@ def _cudnn_rows(problem, x, w, b, ref, ref_abs, timer, engines=None, **_kw) -> l
                                     "math_reported": info.math_reported, "deterministic": info.deterministic,
                                     "find_ms": a.time_ms}))
     plan.free()
-    if engines:
-        rows += _cudnn_graph_rows(problem, x, w, b, ref, ref_abs, timer, engines)
     return rows
 
 
-def _cudnn_graph_rows(problem, x, w, b, ref, ref_abs, timer, engines) -> list[Row]:
+def _cudnn_graph_rows(problem, x, w, b, ref, ref_abs, timer, engines=None, **_kw) -> list[Row]:
     """Rows for cuDNN graph-API engine configs: ``engines="all"`` (every engine with its default
     knobs, plus the heuristic modes' configs) or an int N (the first N of heuristic modes
-    instant, b and fallback)."""
+    instant, b and fallback); none without ``engines``."""
+    if not engines:
+        return []
     name = str(problem.name or problem.describe())
     try:
         from . import cudnn_graph as G
@@ -488,7 +474,7 @@ def _cudnn_graph_rows(problem, x, w, b, ref, ref_abs, timer, engines) -> list[Ro
 
 # --------------------------------------------------------------------------- driver
 def compare_problem(problem: ConvProblem, *, x=None, w=None, b=None, iterations: int = 10, warmup: int = 2,
-                    budget_s: float = 0.5, backends: Iterable[str] = ("torch", "onednn", "cudnn"),
+                    budget_s: float = 0.5, backends: Iterable[str] = ("torch", "onednn", "cudnn", "cudnn_graph"),
                     photo: bool = False, fpmath: str = "strict", prepack: bool = True,
                     include_ref: bool | str = True, ref_max_s: float = REF_MAX_SECONDS,
                     engines: str | int | None = None, allow_known_bad: bool = False, isolate=None) -> list[Row]:
@@ -519,12 +505,15 @@ def compare_problem(problem: ConvProblem, *, x=None, w=None, b=None, iterations:
     rows: list[Row] = []
     if "torch" in backends:
         rows += _torch_rows(problem, x, w, b, ref, ref_abs, timer)
-    if not on_gpu and "onednn" in backends:
-        rows += _onednn_rows(problem, x, w, b, ref, ref_abs, timer, fpmath=fpmath, prepack=prepack,
-                             include_ref=include_ref, slow_s=budget_s, ref_max_s=ref_max_s,
-                             allow_known_bad=allow_known_bad, isolate=isolate, timing=(iterations, warmup, budget_s))
-    if on_gpu and "cudnn" in backends:
-        rows += _cudnn_rows(problem, x, w, b, ref, ref_abs, timer, engines=engines)
+    opts = dict(fpmath=fpmath, prepack=prepack, include_ref=include_ref, slow_s=budget_s, ref_max_s=ref_max_s,
+                allow_known_bad=allow_known_bad, isolate=isolate, timing=(iterations, warmup, budget_s),
+                engines=engines)
+    from ._backend import backends as registered
+
+    for be in registered("cuda" if on_gpu else "cpu"):   # every registered backend of this device
+        fn = be.rows_function() if be.name in backends else None
+        if fn is not None:
+            rows += fn(problem, x, w, b, ref, ref_abs, timer, **opts)
     return rows
 
 
@@ -543,7 +532,7 @@ def compare(problems: list[ConvProblem], *, photo_first: bool = True, progress: 
         out += rows
         if on_problem is not None:
             on_problem(p, rows)
-    return out
+    return ResultTable(out, title=f"rawconv compare: {len(problems)} problem(s)")
 
 
 def best_rawconv(rows: list[Row]) -> Row | None:

@@ -26,6 +26,7 @@ The graph (backend) API lives in :mod:`rawconv.cudnn_graph`; ``forward(..., engi
 from __future__ import annotations
 
 import enum
+import logging
 import math as _math
 import threading
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from ._cudnn import ffi
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from ._plans import PlanCache, PlanLifetime
 from ._backend import Candidate, canonical_direction
+from .results import Result, ResultTable
 from ._grad import needs_grad as _needs_grad
 from .problem import ConvProblem, check_tensor, empty_like_layout, layout_of, to_layout, dense_strides, strides_match, shape_only
 
@@ -47,6 +49,7 @@ __all__ = ["Algorithm", "TimedAlgorithm", "RunInfo", "Convolution", "forward", "
            "capabilities"]
 # also, lazily from rawconv.cudnn_graph: engines, EngineConfig (see __getattr__ at the end)
 
+log = logging.getLogger("rawconv.cudnn")
 DIRECTIONS = ("forward", "backward_data", "backward_weights")   # "backward_filter" is accepted as cuDNN's alias
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 INT32_LIMIT = 2 ** 31 - 1  # cuDNN's legacy descriptors hold int32 dims and strides
@@ -126,14 +129,16 @@ class Algorithm(Candidate):
                 f"{'deterministic' if self.deterministic else 'non-deterministic'}")
 
 
-@dataclass(frozen=True)
-class TimedAlgorithm:
-    """A row of :meth:`Convolution.autotune`: the algo, its math type and its CUDA-event times (ms)."""
+class TimedAlgorithm(Result):
+    """A row of :meth:`Convolution.autotune`: a :class:`rawconv.results.Result` of the cuDNN
+    legacy backend (the algo and math type, GPU times in ms), built with this row type's older
+    constructor."""
 
-    algorithm: Algorithm
-    median_ms: float
-    min_ms: float
-    runs: int
+    def __init__(self, algorithm: Algorithm, median_ms: float, min_ms: float, runs: int, *,
+                 problem: ConvProblem | None = None):
+        Result.__init__(self, "cudnn", algorithm.choice, problem, algorithm.direction, algorithm, "ok", median_ms,
+                        min_ms, runs, None, algorithm.workspace_bytes,
+                        " ".join(algorithm.notes))
 
     def __str__(self) -> str:
         a = self.algorithm
@@ -167,7 +172,12 @@ class RunInfo:
 # ---------------------------------------------------------------------------- helpers
 
 
-def _w_layout(w: torch.Tensor) -> str:
+def _w_layout(w: torch.Tensor, problem: ConvProblem | None = None) -> str:
+    """The filter layout a legacy plan describes: the data's (``problem.layout``) when given: cuDNN's
+    legacy algos take the filter in the tensors' format (an NCHW x with an NHWC filter finds no algo
+    at all), and weights of another layout are copied per call by :meth:`Convolution.execute`."""
+    if problem is not None:
+        return problem.layout
     return "nhwc" if w.dim() >= 3 and not w.is_contiguous() and layout_of(w) == "nhwc" else "nchw"
 
 
@@ -321,7 +331,7 @@ class Convolution(PlanLifetime):
                  workspace_limit: int | None = None, activation: str | None = None, choice: Any = None,
                  precision: str | None = None, options: Any = None):
         problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
-        self._init(problem, "forward", _w_layout(w), algo, math, deterministic, workspace_limit, activation,
+        self._init(problem, "forward", _w_layout(w, problem), algo, math, deterministic, workspace_limit, activation,
                    choice, precision, options)
         self._x, self._w, self._b = x, w, bias
 
@@ -572,7 +582,7 @@ class Convolution(PlanLifetime):
                     out.append(r)
         if mode == "find":
             out.sort(key=lambda r: (not r.ok, r.time_ms if r.time_ms is not None and r.time_ms >= 0 else 1e30))
-        return out
+        return ResultTable(out, title=f"cuDNN {self.direction} algorithms ({mode}): {self.problem}")
 
     # ------------------------------------------------------------------ selection
     def _usable(self, r: Algorithm) -> bool:
@@ -637,6 +647,8 @@ class Convolution(PlanLifetime):
             fused = self._can_fuse(algo_id)
         info = RunInfo(self.direction, name, algo_id, self.math, pref[0].math if pref else self.math, ws, det,
                        fused, tuple(self.notes))
+        log.debug("chose %s@%s (workspace %d B) for %s %s", name, info.math_reported, ws, self.direction,
+                  self.problem.describe())
         self._info = info
         self._ws = None
         return info
@@ -925,12 +937,12 @@ class Convolution(PlanLifetime):
                 stats = gpu_time(lambda: self.execute(**args), iterations=iterations, warmup=warmup)
             except NotSupportedError:
                 continue
-            rows.append(TimedAlgorithm(r, stats.median_ms, stats.min_ms, stats.runs))
+            rows.append(TimedAlgorithm(r, stats.median_ms, stats.min_ms, stats.runs, problem=self.problem))
         if not rows:
             raise NotSupportedError("no algo could be timed for " + self.problem.describe(), library="cuDNN")
         rows.sort(key=lambda r: r.median_ms)
         self.select(rows[0].algorithm.algo_id)
-        return rows
+        return ResultTable(rows, title=f"cuDNN autotune: {self.direction} {self.problem}")
 
     def _exec_args(self) -> dict:
         """Tensors of the problem's shapes (the outer problem) for timing."""
@@ -966,8 +978,18 @@ class Convolution(PlanLifetime):
     def __repr__(self) -> str:
         if self._freed:
             return "<rawconv.cudnn.Convolution (freed)>"
-        algo = self._info.algo if self._info is not None else "(not chosen yet)"
-        return f"<rawconv.cudnn.Convolution {self.direction} {self.problem.describe()} math={self.math} algo={algo}>"
+        if self._info is not None:
+            algo = f"{self._info.algo}@{self._info.math_reported}"
+        elif self._algo_id is not None:
+            algo = f"{ALGOS[self.direction][self._algo_id]}@{self.math} (forced, not checked yet)"
+        else:
+            algo = "cuDNN's heuristic (" + ("Find" if self._algo_request == "fastest" else "_v7") + ", not queried yet)"
+        return (f"<rawconv.cudnn.Convolution {self.direction} {self.problem.describe()} math={self.math} "
+                f"choice={algo}>")
+
+    def candidates(self, mode: str = "find", math: str | None = "all") -> ResultTable:
+        """:meth:`algorithms` (every backend's plan has ``candidates()``)."""
+        return self.algorithms(mode, math)
 
 
 # ---------------------------------------------------------------------------- plan caches and functions
@@ -1066,7 +1088,7 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
     if plan is None:
         problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
         _check_device(problem)
-        plan = _plan(problem, "forward", _w_layout(w), algo, math, deterministic, workspace_limit, activation)
+        plan = _plan(problem, "forward", _w_layout(w, problem), algo, math, deterministic, workspace_limit, activation)
         if key is not None:
             _fast.put(key, plan)
     return plan.execute(x, w, bias, out, return_info=return_info)
@@ -1131,7 +1153,7 @@ def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int],
     plan = _fast.get(key) if key is not None else None
     if plan is None:
         problem = _grad_problem(grad_y, w, x_shape, stride, padding, dilation, groups, "backward_data")
-        plan = _plan(problem, "backward_data", _w_layout(w), algo, math, deterministic, workspace_limit, None)
+        plan = _plan(problem, "backward_data", _w_layout(w, problem), algo, math, deterministic, workspace_limit, None)
         if key is not None:
             _fast.put(key, plan)
     return plan.execute(grad_y=grad_y, w=w, out=out, return_info=return_info)
@@ -1249,7 +1271,7 @@ def algorithms(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     _check_device(problem)
     if problem.is_empty:
         return []
-    plan = _plan(problem, direction, _w_layout(w), None, None if math == "all" else math, deterministic,
+    plan = _plan(problem, direction, _w_layout(w, problem), None, None if math == "all" else math, deterministic,
                  workspace_limit, None)
     return plan.algorithms(mode, math)
 
@@ -1373,3 +1395,20 @@ def __getattr__(name):  # lazy re-exports of the graph API: rawconv.cudnn.engine
                                  f"{exc}") from None
         return getattr(cudnn_graph, name)
     raise AttributeError(f"module 'rawconv.cudnn' has no attribute {name!r}")
+
+
+# ---------------------------------------------------------------------------- the registry
+def _registry_candidates(problem: ConvProblem, direction: str = "forward", options: Any = None) -> ResultTable:
+    return Convolution.from_problem(problem, direction=direction, options=options).algorithms("find", "all")
+
+
+def _registry_plan(problem: ConvProblem, direction: str = "forward", options: Any = None, choice: Any = None):
+    return Convolution.from_problem(problem, direction=direction, options=options, choice=choice)
+
+
+from ._backend import Backend as _Backend, register as _register  # noqa: E402
+
+_register(_Backend("cudnn", "cuda", __name__, "cuDNN", _registry_candidates, _registry_plan, info,
+                   "cuDNN's legacy API on CUDA tensors: every (algo, math type)",
+                   {"candidates": "algorithms", "choice": "algo", "precision": "math",
+                    "backward_weights": "backward_filter"}, rows="rawconv.compare:_cudnn_rows"))

@@ -28,6 +28,7 @@ often get no engine at all (``NotSupportedError`` says so).
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import re
 import threading
@@ -40,7 +41,8 @@ import torch
 from . import _cudnn, _cudnn_backend as B, _search, tuning, known_bad as _known_bad
 from ._search import TimedConfig, knob_combinations
 from .errors import ArgumentError, ArgumentTypeError, LibraryError, NotSupportedError
-from ._backend import Candidate
+from ._backend import Candidate, canonical_direction
+from .results import ResultTable
 from ._plans import PlanCache, PlanLifetime
 from . import check as _check
 from .check import ErrorStats, Tolerance, tolerance_for
@@ -51,17 +53,19 @@ __all__ = ["EngineConfig", "TimedConfig", "GraphConvolution", "engines", "forwar
            "backward_filter", "clear_cache", "tuning_cache", "save_tuning_cache", "load_tuning_cache",
            "HEURISTIC_MODES", "ACTIVATIONS", "DIRECTIONS", "KNOWN_WRONG", "known_wrong"]
 
+log = logging.getLogger("rawconv.cudnn_graph")
 HEURISTIC_MODES = ("instant", "b", "fallback")
 ACTIVATIONS = ("relu", "tanh", "sigmoid", "elu", "gelu", "swish")
-DIRECTIONS = ("forward", "backward_data", "backward_filter")
+DIRECTIONS = ("forward", "backward_data", "backward_weights")   # "backward_filter" (cuDNN's word) is accepted
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 ALIGNMENT = 16  # bytes every data pointer bound to a graph tensor must be aligned to
 
 # unique ids of the graph's tensors
 UID = {"x": 1, "w": 2, "y": 3, "b": 4, "r": 5, "dx": 1, "dw": 2, "dy": 3}
 _VIRTUAL_UIDS = (101, 102, 103)
-_ROLES = {"forward": ("x", "w", "y"), "backward_data": ("dx", "w", "dy"), "backward_filter": ("x", "dw", "dy")}
-_OUT_ROLE = {"forward": "y", "backward_data": "dx", "backward_filter": "dw"}
+_ROLES = {"forward": ("x", "w", "y"), "backward_data": ("dx", "w", "dy"), "backward_weights": ("x", "dw", "dy")}
+_OUT_ROLE = {"forward": "y", "backward_data": "dx", "backward_weights": "dw"}
+_VENDOR_DIRECTION = {"backward_weights": "backward_filter"}   # the raw layer speaks cuDNN's words
 _GRAPH_NAMES = {"x": "X", "w": "W", "y": "Y", "dx": "DX", "dw": "DW", "dy": "DY"}
 
 # Engine configs that gave wrong results in rawconv's GPU tests: rows of rawconv.known_bad's table
@@ -188,11 +192,8 @@ def _lift(shape: Sequence[int]) -> list[int]:
 
 
 def _norm_direction(direction: str) -> str:
-    if direction == "backward_weights":
-        return "backward_filter"
-    if direction not in DIRECTIONS:
-        raise ArgumentError(f"direction must be one of {list(DIRECTIONS)}, got {direction!r}")
-    return direction
+    """rawconv's direction name (:func:`rawconv._backend.canonical_direction`)."""
+    return canonical_direction(direction)
 
 
 def _check_activation(activation, direction: str, has_bias: bool) -> str | None:
@@ -292,7 +293,7 @@ class _Graph:
             if activation:
                 ops.append(B.pointwise_operation(B.pointwise(activation, compute), cur, ydesc))
         else:
-            ops.append(B.conv_operation(direction, named, self.conv, compute))
+            ops.append(B.conv_operation(_VENDOR_DIRECTION.get(direction, direction), named, self.conv, compute))
         self.ops = ops
         extra = [r for r in ("b", "r") if r in self.tensors]
         self.uids = [UID[r] for r in _ROLES[direction]] + [UID[r] for r in extra]
@@ -516,6 +517,7 @@ class GraphConvolution(PlanLifetime):
                                     library="cuDNN", function=exc.function, status=exc.status,
                                     status_name=exc.status_name, detail=exc.detail) from None
         ec = ec.with_(workspace_bytes=ws, finalizes=True, error="")
+        log.debug("finalized %s (workspace %d B) for %s", ec.name, ws, self._describe())
         ec = self._remember(ec)
         b = _Built(ec, plan, ws, back)
         if not self._freed:  # a background compilation may end after free()
@@ -582,7 +584,7 @@ class GraphConvolution(PlanLifetime):
                 except NotSupportedError:
                     pass
             rows.append(self._configs[name])
-        return rows
+        return ResultTable(rows, title=f"cuDNN graph engine configs ({heuristic}): {self._describe()}")
 
     # ------------------------------------------------------------------ selection
     def allowed(self, ec: EngineConfig, *, deterministic_only=False, no_tensor_cores=None,
@@ -602,7 +604,7 @@ class GraphConvolution(PlanLifetime):
             return "reduced-precision reduction"
         return ""
 
-    def select(self, engine: Any) -> EngineConfig:
+    def select(self, engine: Any = None, *, choice: Any = None) -> EngineConfig:
         """Select the engine config :meth:`execute` runs: an :class:`EngineConfig`, a name
         (``"eng28{k2=3,k3=0}"``, ``"eng28"``) or an engine index (default knobs). Forcing runs
         exactly that config, notes notwithstanding; one listed in ``KNOWN_WRONG`` for this problem
@@ -611,6 +613,10 @@ class GraphConvolution(PlanLifetime):
         output copied back (see ``autotune(relayout=True)``). Raises :class:`NotSupportedError`
         (naming the configs heuristic mode instant offers) when it does not finalize,
         :class:`ArgumentError` for ``"nhwc:"`` on a channels_last or empty plan."""
+        if choice is not None:
+            if engine is not None and engine != choice:
+                raise ArgumentError(f"choice={choice!r} and engine={engine!r} disagree; pass one")
+            engine = choice
         return self._select(engine, stacklevel=3)
 
     def _select(self, engine: Any, warn: bool = True, stacklevel: int = 2) -> EngineConfig:
@@ -798,7 +804,7 @@ class GraphConvolution(PlanLifetime):
         else:
             x = self._x if x is None else x
             if grad_y is None or x is None:
-                raise ArgumentError("backward_filter needs x and grad_y")
+                raise ArgumentError("backward_weights (backward_filter) needs x and grad_y")
             t["x"] = self._prepare("x", x, p.x_shape)
             t["dy"] = self._prepare("dy", grad_y, p.y_shape)
         role = _OUT_ROLE[d]
@@ -865,7 +871,7 @@ class GraphConvolution(PlanLifetime):
         p = self.problem
         size = torch.empty((), dtype=p.torch_dtype).element_size()
         shapes = {"forward": (p.x_shape, p.w_shape, p.y_shape), "backward_data": (p.y_shape, p.w_shape, p.x_shape),
-                  "backward_filter": (p.x_shape, p.y_shape, p.w_shape)}[self.direction]
+                  "backward_weights": (p.x_shape, p.y_shape, p.w_shape)}[self.direction]
         return size * sum(math.prod(s) for s in shapes)
 
     def channels_last(self) -> "GraphConvolution":
@@ -905,7 +911,7 @@ class GraphConvolution(PlanLifetime):
     def output(self, layout: str | None = None) -> torch.Tensor:
         """A new result tensor of this plan's direction (y, dx or dw) in ``layout`` (default: the problem's)."""
         p = self.problem
-        shape = {"forward": p.y_shape, "backward_data": p.x_shape, "backward_filter": p.w_shape}[self.direction]
+        shape = {"forward": p.y_shape, "backward_data": p.x_shape, "backward_weights": p.w_shape}[self.direction]
         return empty_like_layout(shape, layout or p.layout, p.torch_dtype, f"cuda:{self.device_index}")
 
     def call_for(self, b: _Built, t: dict, out: torch.Tensor):
@@ -1045,7 +1051,14 @@ class GraphConvolution(PlanLifetime):
                 library="cuDNN")
         self._commit(table[0])
         store.put(self._record(key, table[0]))
-        return table
+        return self._table(table)
+
+    def _table(self, rows) -> ResultTable:
+        """Autotune's rows as a :class:`rawconv.results.ResultTable` with the problem filled in."""
+        out = ResultTable(rows, title=f"cuDNN graph autotune: {self._describe()}")
+        for r in out:
+            r.problem, r.direction = self.problem, self.direction
+        return out
 
     def _commit(self, top: TimedConfig) -> None:
         """Select autotune's top row: exactly that config runs (a channels_last one through the
@@ -1084,8 +1097,8 @@ class GraphConvolution(PlanLifetime):
             ec = self._select(hit.choice, warn=False)
         except (NotSupportedError, ArgumentError):
             return None
-        rows = [TimedConfig(ec, hit.median_ms, hit.min_ms, 0, "ok", None, "cache", "from the tuning cache",
-                            layout="nhwc" if self._via else "")]
+        rows = self._table([TimedConfig(ec, hit.median_ms, hit.min_ms, 0, "ok", None, "cache", "from the tuning cache",
+                                        layout="nhwc" if self._via else "")])
         self.last_autotune = rows
         return rows
 
@@ -1117,8 +1130,13 @@ class GraphConvolution(PlanLifetime):
     def __repr__(self) -> str:
         if self._freed:
             return "<rawconv.cudnn_graph.GraphConvolution (freed)>"
-        sel = self.selected_name if self._selected is not None or self._via is not None else "(heuristic)"
-        return f"<rawconv.cudnn_graph.GraphConvolution {self._describe()} engine={sel}>"
+        sel = self.selected_name if self._selected is not None or self._via is not None else \
+            "the first config of heuristic mode instant that finalizes (not chosen yet)"
+        return f"<rawconv.cudnn_graph.GraphConvolution {self._describe()} choice={sel}>"
+
+    def candidates(self, heuristic: str | Sequence[str] = "instant", **kw) -> ResultTable:
+        """:meth:`engines` (every backend's plan has ``candidates()``)."""
+        return self.engines(heuristic, **kw)
 
 
 def _empty_result(plan: GraphConvolution, result: torch.Tensor, bias):
@@ -1372,7 +1390,7 @@ def backward_filter(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[int
         raise ArgumentError(f"w_shape must be a tuple of non-negative ints, got {w_shape!r}")
     p = _problem(x, shape_only(w_shape, x), None, stride, padding, dilation, groups)
     _check_tensor(p, grad_y, "grad_y", p.y_shape)
-    plan = _plan(p, "backward_filter", None, _tf32(allow_tf32, math), engine)
+    plan = _plan(p, "backward_weights", None, _tf32(allow_tf32, math), engine)
     return plan.execute(x, grad_y=grad_y, out=out)
 
 
@@ -1404,3 +1422,34 @@ def engines(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
         problem = problem.with_(has_bias=False)
     plan = _plan(problem, direction, activation, allow_tf32, None)
     return plan.engines(heuristic, limit=limit, finalize=finalize)
+
+
+# ---------------------------------------------------------------------------- the registry
+def _registry_tf32(options: Any) -> bool:
+    from .options import options_of
+
+    return options_of(options).precision != "strict"
+
+
+def _registry_candidates(problem: ConvProblem, direction: str = "forward", options: Any = None) -> ResultTable:
+    return GraphConvolution.from_problem(problem, direction=direction,
+                                         allow_tf32=_registry_tf32(options)).engines("all", limit=1)
+
+
+def _registry_plan(problem: ConvProblem, direction: str = "forward", options: Any = None, choice: Any = None):
+    return GraphConvolution.from_problem(problem, direction=direction, allow_tf32=_registry_tf32(options),
+                                         engine=choice)
+
+
+def _registry_info() -> dict:
+    from . import cudnn
+
+    return cudnn.info()
+
+
+from ._backend import Backend as _Backend, register as _register  # noqa: E402
+
+_register(_Backend("cudnn_graph", "cuda", __name__, "cuDNN", _registry_candidates, _registry_plan, _registry_info,
+                   "cuDNN's graph (backend) API on CUDA tensors: engines, knobs, heuristic modes",
+                   {"candidates": "engines", "choice": "engine", "precision": "allow_tf32",
+                    "backward_weights": "backward_filter"}, rows="rawconv.compare:_cudnn_graph_rows"))

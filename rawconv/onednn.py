@@ -19,6 +19,7 @@ user *scratchpad*, the *fpmath mode*.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import warnings
 import weakref
@@ -31,11 +32,15 @@ from . import _dnnl, known_bad as _known_bad
 from ._grad import needs_grad as _needs_grad
 from ._dnnl import ffi
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
+from ._backend import Candidate
 from ._plans import PlanCache, PlanLifetime
+from .results import Result, ResultTable
 from .problem import ConvProblem, _int, check_tensor, empty_like_layout, layout_of, shape_arg, to_layout, dense_strides, strides_match, shape_only
 
+log = logging.getLogger("rawconv.onednn")
+
 __all__ = ["Implementation", "Convolution", "forward", "backward_data", "backward_weights",
-           "implementations", "info", "verbose", "clear_cache", "FPMATH_MODES", "ALGORITHMS",
+           "implementations", "candidates", "info", "verbose", "clear_cache", "FPMATH_MODES", "ALGORITHMS",
            "capabilities"]
 
 FPMATH_MODES = {"strict": 0, "bf16": 1, "f16": 2, "any": 3, "tf32": 4}
@@ -58,7 +63,7 @@ _ROLE_NAMES = {"x": "src", "w": "weights", "b": "bias", "y": "dst", "dy": "diff_
 
 
 @dataclass(frozen=True)
-class Implementation:
+class Implementation(Candidate):
     """One implementation oneDNN offers for a problem.
 
     ``index``: position in rawconv's list (oneDNN's order for ``format_tag any``, then the
@@ -85,6 +90,25 @@ class Implementation:
     status: str = field(default="", compare=False)
     detail: str = field(default="", compare=False)
 
+    backend = "onednn"
+
+    @property
+    def choice(self) -> str:
+        """The stable name :meth:`Convolution.select` and ``choice=`` take: ``"name@layouts"``,
+        e.g. ``"brgconv:avx2@any"`` (oneDNN's names repeat across layouts)."""
+        return f"{self.name}@{self.layouts}"
+
+    @property
+    def workspace_bytes(self) -> int:
+        """The scratchpad (oneDNN's word for the workspace) in bytes."""
+        return self.scratchpad_bytes
+
+    @property
+    def notes(self) -> tuple:
+        fm = " ".join(f"{_ROLE_NAMES.get(k, k)}={v}" for k, v in self.formats.items())
+        ro = ",".join(_ROLE_NAMES.get(r, r) for r in self.reorders) or "none"
+        return (f"layouts={self.layouts}", fm, f"reorders={ro}")
+
     def __str__(self) -> str:
         fm = " ".join(f"{_ROLE_NAMES.get(k, k)}={v}" for k, v in self.formats.items())
         ro = ",".join(_ROLE_NAMES.get(r, r) for r in self.reorders) or "none"
@@ -97,28 +121,19 @@ class Implementation:
         return out
 
 
-@dataclass
-class TimedImplementation:
-    """A row of :meth:`Convolution.autotune`: the implementation and its times (ms).
+class TimedImplementation(Result):
+    """A row of :meth:`Convolution.autotune`: a :class:`rawconv.results.Result` of the oneDNN
+    backend, built with this row type's older constructor (``impl``, times in ms, ``runs``).
 
     ``status``: ``"ok"`` for a timed row; rows that were not timed follow the timed ones with
     NaN times and ``"known bad"`` (skipped), or, with ``isolate=True``, ``"crashed: SIGSEGV"``,
     ``"timed out after N s"``, ``"wrong"`` (outside tolerance vs float64), ``"not supported"``,
     ``"failed"``; ``detail`` says more."""
 
-    impl: Implementation
-    median_ms: float
-    min_ms: float
-    runs: int
-    status: str = "ok"
-    detail: str = ""
-
-    @property
-    def spread(self) -> float:
-        """median / min (:func:`rawconv.bench.spread`): well above 1 means noisy timings."""
-        from .bench import spread
-
-        return spread(self.median_ms, self.min_ms)
+    def __init__(self, impl: "Implementation", median_ms: float, min_ms: float, runs: int, status: str = "ok",
+                 detail: str = "", *, problem: ConvProblem | None = None):
+        Result.__init__(self, "onednn", impl.choice, problem, impl.direction, impl, status, median_ms, min_ms, runs,
+                        None, impl.scratchpad_bytes, detail, detail if status != "ok" else "")
 
     def __str__(self) -> str:
         if self.status != "ok":
@@ -182,6 +197,33 @@ def _check_fpmath(fpmath: str) -> int:
 
 def _check_algorithm(algorithm: str) -> str:
     return _check_choice(algorithm, ALGORITHMS, "algorithm")
+
+
+def _words(impl, choice, fpmath, precision, options, allow_known_bad):
+    """rawconv's words (``choice``, ``precision``, ``options``) as oneDNN's (``impl``, ``fpmath``,
+    ``allow_known_bad``); both of a pair given must agree. ``precision`` and the fpmath mode share
+    their values ("strict", "bf16", "f16", "tf32", "any")."""
+    if choice is not None:
+        if impl is not None and impl != choice:
+            raise ArgumentError(f"choice={choice!r} and impl={impl!r} disagree; pass one (impl is oneDNN's word)")
+        impl = choice
+    if options is not None:
+        from .options import options_of
+
+        opt = options_of(options)
+        if precision is None and opt.precision != "strict":
+            precision = opt.precision
+        allow_known_bad = allow_known_bad or opt.allow_known_bad
+    if precision is not None:
+        from .options import PRECISIONS
+
+        if precision not in PRECISIONS:
+            raise ArgumentError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
+        if fpmath != "strict" and fpmath != precision:
+            raise ArgumentError(f"precision={precision!r} and fpmath={fpmath!r} disagree; pass one (fpmath is "
+                                f"oneDNN's word)")
+        fpmath = precision
+    return impl, fpmath, allow_known_bad
 
 
 def _check_direction(direction: str) -> str:
@@ -505,7 +547,9 @@ class Convolution(PlanLifetime):
     def __init__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                  stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1, *,
                  impl: Any = None, algorithm: str = "direct", fpmath: str = "strict",
-                 prepack: bool = True, allow_known_bad: bool = False):
+                 prepack: bool = True, allow_known_bad: bool = False, choice: Any = None,
+                 precision: str | None = None, options: Any = None):
+        impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
         problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
         _check_device(problem)
         impl = _check_impl(impl)
@@ -517,8 +561,15 @@ class Convolution(PlanLifetime):
     @classmethod
     def from_problem(cls, problem: ConvProblem, *, direction: str = "forward", algorithm: str = "direct",
                      fpmath: str = "strict", w_layout: str = "nchw", impl: Any = None,
-                     prepack: bool = True, allow_known_bad: bool = False) -> "Convolution":
-        """A plan from a :class:`ConvProblem` (no tensors needed until :meth:`execute`)."""
+                     prepack: bool = True, allow_known_bad: bool = False, choice: Any = None,
+                     precision: str | None = None, options: Any = None) -> "Convolution":
+        """A plan from a :class:`ConvProblem` (no tensors needed until :meth:`execute`).
+        ``direction``: "forward", "backward_data", "backward_weights" ("backward_filter" too)."""
+        impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
+        from ._backend import canonical_direction
+
+        if isinstance(direction, str):
+            direction = canonical_direction(direction)
         if not isinstance(problem, ConvProblem):
             raise ArgumentTypeError(f"problem must be a ConvProblem (see ConvProblem.from_benchdnn for a "
                                     f"descriptor string), got {type(problem).__name__}")
@@ -645,6 +696,8 @@ class Convolution(PlanLifetime):
         if not rows:
             raise last_error or NotSupportedError("oneDNN offers no implementation for " + self.problem.describe())
         self._impls, self._pds = rows, pds
+        log.debug("listed %d implementations for %s %s: %s", len(rows), self.direction, self.problem.describe(),
+                  ", ".join(r.choice for r in rows))
 
     def _describe(self, it, layouts: str, index: int):
         pd = _dnnl.pd_clone(it)
@@ -671,7 +724,7 @@ class Convolution(PlanLifetime):
                                 layouts=layouts)
 
     @property
-    def implementations(self) -> list[Implementation]:
+    def implementations(self) -> ResultTable:
         """Every implementation oneDNN offers for this problem (see :class:`Implementation`),
         without duplicates. Wraps ``dnnl_primitive_desc_next_impl`` / ``dnnl_primitive_desc_clone``."""
         self._check_live()
@@ -679,7 +732,8 @@ class Convolution(PlanLifetime):
             with self._lock:
                 if self._impls is None:
                     self._enumerate()
-        return list(self._impls)
+        return ResultTable(self._impls, title=f"oneDNN {_dnnl.version()['version']} implementations: "
+                                              f"{self.direction} {self.problem}")
 
     # ------------------------------------------------------------------ selection
     def _resolve(self, impl: Any, allow_known_bad: bool = False) -> int:
@@ -764,7 +818,7 @@ class Convolution(PlanLifetime):
         # several entries with this name: the one with the fewest per-call reorders, then oneDNN's order
         return min(matches, key=lambda i: (len([r for r in impls[i].reorders if r not in ("w",)]), i))
 
-    def select(self, impl: Any, *, allow_known_bad: bool | None = None) -> Implementation:
+    def select(self, impl: Any = None, *, allow_known_bad: bool | None = None, choice: Any = None) -> Implementation:
         """Select the implementation :meth:`execute` runs: an int position, a name (``"x64:gemm:jit"``,
         optionally ``"name@user"``/``"name@any"``), an :class:`Implementation` of this plan's list,
         or None for oneDNN's first choice (position 0; when that is known bad, the next one that is
@@ -773,6 +827,10 @@ class Convolution(PlanLifetime):
         :class:`~rawconv.errors.KnownBadError` (naming the issue) for an implementation
         :mod:`rawconv.known_bad` lists for this problem, unless ``allow_known_bad`` (default: the
         plan's setting)."""
+        if choice is not None:
+            if impl is not None and impl != choice:
+                raise ArgumentError(f"choice={choice!r} and impl={impl!r} disagree; pass one")
+            impl = choice
         allow = self.allow_known_bad if allow_known_bad is None else _check_allow(allow_known_bad)
         i = self._first_choice(allow) if impl is None else self._resolve(impl, allow)
         self._selected = i
@@ -790,6 +848,7 @@ class Convolution(PlanLifetime):
     def _build(self, i: int) -> _Built:
         b = self._built.get(i)
         if b is None:
+            log.debug("building %s for %s %s", self._impls[i].choice, self.direction, self.problem.describe())
             b = _Built(self, self._impls[i], self._pds[i])
             self._built[i] = b
         return b
@@ -1037,7 +1096,7 @@ class Convolution(PlanLifetime):
                 if impl.name.startswith("ref") and not include_ref:
                     continue
                 if impl.known_bad and not allow:
-                    skipped.append(TimedImplementation(impl, nan, nan, 0, "known bad",
+                    skipped.append(TimedImplementation(impl, nan, nan, 0, "known bad", detail=
                                                        f"not run (allow_known_bad=True runs it): {impl.known_bad}"))
                     continue
                 if session is not None:
@@ -1098,7 +1157,10 @@ class Convolution(PlanLifetime):
         for i in list(self._built):
             if i != self._selected:
                 del self._built[i]
-        return rows + skipped
+        out = ResultTable(rows + skipped, title=f"oneDNN autotune: {self.direction} {self.problem}")
+        for r in out:
+            r.problem = self.problem
+        return out
 
     def _example_tensors(self) -> dict:
         p = self.problem
@@ -1134,9 +1196,16 @@ class Convolution(PlanLifetime):
     def __repr__(self) -> str:
         if self._freed:
             return "<rawconv.onednn.Convolution (freed)>"
-        sel = self._impls[self._selected].name if self._impls is not None and self._selected is not None else "?"
+        if self._impls is not None and self._selected is not None:
+            sel = self._impls[self._selected].choice + (" (built)" if self._selected in self._built else "")
+        else:
+            sel = "oneDNN's first choice (not listed yet)"
         return (f"<rawconv.onednn.Convolution {self.direction} {self.problem.describe()} "
-                f"fpmath={self.fpmath} impl={sel}>")
+                f"fpmath={self.fpmath} choice={sel}>")
+
+    def candidates(self) -> ResultTable:
+        """:attr:`implementations` (every backend's plan has ``candidates()``)."""
+        return self.implementations
 
 
 def _restride(t: torch.Tensor, strides) -> torch.Tensor:
@@ -1190,6 +1259,7 @@ def _plan(problem: ConvProblem, direction: str, algorithm: str, fpmath: str, w_l
            allow_known_bad, threading.get_ident())
     plan = _cache.get(key)
     if plan is None:
+        log.debug("plan cache miss: %s %s fpmath=%s choice=%s", direction, problem.describe(), fpmath, impl)
         plan = Convolution.from_problem(problem, direction=direction, algorithm=algorithm, fpmath=fpmath,
                                         w_layout=w_layout, impl=impl, prepack=False, allow_known_bad=allow_known_bad)
         _cache.put(key, plan)
@@ -1206,7 +1276,8 @@ def clear_cache() -> None:
 def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
             padding: Any = 0, dilation: Any = 1, groups: int = 1, *, impl: Any = None,
             algorithm: str = "direct", fpmath: str = "strict", out: torch.Tensor | None = None,
-            allow_known_bad: bool = False) -> torch.Tensor:
+            allow_known_bad: bool = False, choice: Any = None, precision: str | None = None,
+            options: Any = None) -> torch.Tensor:
     """oneDNN forward convolution with the semantics of ``torch.nn.functional.conv{1,2,3}d``.
 
     ``x``: (N, C, *spatial) or unbatched (C, *spatial), CPU, float32 / bfloat16 / float16 (where
@@ -1224,7 +1295,11 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
     (``impl=None``) that is known bad is replaced by the next one, with a ``RuntimeWarning``.
     Wraps ``dnnl_convolution_forward_primitive_desc_create`` and ``dnnl_primitive_execute``.
     Tensors that require grad (grad mode on) run as :func:`rawconv.ops.conv` (autograd recorded).
+    rawconv's words work too: ``choice`` (= ``impl``: a position, a name or ``"name@layouts"``, an
+    :class:`Implementation`), ``precision`` (= ``fpmath``), ``options`` (:class:`rawconv.Options`).
     """
+    if choice is not None or precision is not None or options is not None:
+        impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
     if _needs_grad(x, w, bias):   # record a differentiable op, never a silent detach
         from .ops import _onednn_function
         return _onednn_function("forward", x, w, bias, stride, padding, dilation, groups, impl=impl,
@@ -1293,8 +1368,9 @@ def _bias_fits(bias, x, k: int) -> bool:
 def implementations(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
                     padding: Any = 0, dilation: Any = 1, groups: int = 1, *, direction: str = "forward",
                     algorithm: str = "direct", fpmath: str = "strict", isolate: Any = False,
-                    allow_known_bad: bool = False) -> list[Implementation]:
-    """Every implementation oneDNN offers for this convolution, in oneDNN's order, without duplicates.
+                    allow_known_bad: bool = False, precision: str | None = None) -> ResultTable:
+    """Every implementation oneDNN offers for this convolution, in oneDNN's order, without duplicates
+    (a :class:`rawconv.results.ResultTable` of :class:`Implementation` rows).
 
     Arguments as in :func:`forward` (for ``direction="backward_data"``/``"backward_weights"`` pass
     the forward problem's x and w). Each :class:`Implementation` gives its name, the layouts it
@@ -1314,8 +1390,14 @@ def implementations(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None 
     NHWC (one output channel, or a 1x1 output with batch 1): then w's. The positions and the
     :class:`Implementation` objects of this list select the same implementations there.
     """
+    from ._backend import canonical_direction
+
+    if isinstance(direction, str):
+        direction = canonical_direction(direction)
     _check_direction(direction)
     _check_allow(allow_known_bad)
+    if precision is not None:
+        _, fpmath, _ = _words(None, None, fpmath, precision, None, False)
     from . import _isolate
 
     iso = _isolate.options(isolate)
@@ -1337,13 +1419,25 @@ def implementations(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None 
                                           w_layout=wl)
     import dataclasses
 
-    return [dataclasses.replace(r["implementation"], status=r["status"], detail=r["detail"]) for r in rows]
+    return ResultTable([dataclasses.replace(r["implementation"], status=r["status"], detail=r["detail"]) for r in rows],
+                       title=f"oneDNN implementations (run isolated): {direction} {problem}")
+
+
+def candidates(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
+               padding: Any = 0, dilation: Any = 1, groups: int = 1, *, direction: str = "forward",
+               precision: str | None = None, **kw) -> ResultTable:
+    """rawconv's word for :func:`implementations` (every backend has ``candidates``): the same rows,
+    each an :class:`Implementation` whose ``choice`` (``"name@layouts"``) ``forward(choice=...)``
+    takes."""
+    return implementations(x, w, bias, stride, padding, dilation, groups, direction=direction,
+                           precision=precision, **kw)
 
 
 def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int], stride: Any = 1,
                   padding: Any = 0, dilation: Any = 1, groups: int = 1, *, impl: Any = None,
                   algorithm: str = "direct", fpmath: str = "strict", out: torch.Tensor | None = None,
-                  allow_known_bad: bool = False) -> torch.Tensor:
+                  allow_known_bad: bool = False, choice: Any = None, precision: str | None = None,
+                  options: Any = None) -> torch.Tensor:
     """Gradient of the forward convolution with respect to its input (oneDNN backward data).
 
     ``grad_y``: (N, K, *out) in NCHW or channels_last; ``w``: (K, C/groups, *kernel);
@@ -1353,8 +1447,11 @@ def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int],
     positions are those :func:`implementations` lists with ``direction="backward_data"`` for an x
     in grad_y's layout. Known-bad implementations as in :func:`forward` (``allow_known_bad``).
     Wraps ``dnnl_convolution_backward_data_primitive_desc_create`` (with a forward hint).
-    Tensors that require grad run as :func:`rawconv.ops.conv_backward_data`.
+    Tensors that require grad run as :func:`rawconv.ops.conv_backward_data`. ``choice`` /
+    ``precision`` / ``options`` as in :func:`forward`.
     """
+    if choice is not None or precision is not None or options is not None:
+        impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
     if _needs_grad(grad_y, w):
         from .ops import _onednn_function
         return _onednn_function("backward_data", grad_y, w, x_shape, stride, padding, dilation, groups, impl=impl,
@@ -1367,7 +1464,8 @@ def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int],
 def backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[int], stride: Any = 1,
                      padding: Any = 0, dilation: Any = 1, groups: int = 1, *, bias: bool = False,
                      impl: Any = None, algorithm: str = "direct", fpmath: str = "strict",
-                     allow_known_bad: bool = False):
+                     allow_known_bad: bool = False, choice: Any = None, precision: str | None = None,
+                     options: Any = None):
     """Gradient of the forward convolution with respect to its weights (and bias).
 
     ``x``: (N, C, *spatial); ``grad_y``: (N, K, *out); ``w_shape``: (K, C/groups, *kernel).
@@ -1376,8 +1474,11 @@ def backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[in
     with stride > 1 and few input channels is oneDNN issue #6035 (:mod:`rawconv.known_bad`)
     and raises :class:`~rawconv.errors.KnownBadError` unless ``allow_known_bad=True``.
     Wraps ``dnnl_convolution_backward_weights_primitive_desc_create``.
-    Tensors that require grad run as :func:`rawconv.ops.conv_backward_weights`.
+    Tensors that require grad run as :func:`rawconv.ops.conv_backward_weights`. ``choice`` /
+    ``precision`` / ``options`` as in :func:`forward`.
     """
+    if choice is not None or precision is not None or options is not None:
+        impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
     if _needs_grad(x, grad_y):
         from .ops import _onednn_function
         return _onednn_function("backward_weights", x, grad_y, w_shape, stride, padding, dilation, groups,
@@ -1612,3 +1713,22 @@ def _rounds_inputs(plan: Convolution, name: str) -> bool:
     per_product = y.double() / count
     # exact: v * v = 1 + 2**-11 + 2**-24 per product; rounded inputs: 1. A quarter of the gap decides.
     return bool((per_product - v * v).abs().max() > (v * v - 1.0) / 4)
+
+
+# ---------------------------------------------------------------------------- the registry
+def _registry_candidates(problem: ConvProblem, direction: str = "forward", options: Any = None) -> ResultTable:
+    impl, fpmath, allow = _words(None, None, "strict", None, options, False)
+    return Convolution.from_problem(problem, direction=direction, fpmath=fpmath, prepack=False,
+                                    allow_known_bad=allow).implementations
+
+
+def _registry_plan(problem: ConvProblem, direction: str = "forward", options: Any = None, choice: Any = None):
+    return Convolution.from_problem(problem, direction=direction, choice=choice, options=options, prepack=False)
+
+
+from ._backend import Backend as _Backend, register as _register  # noqa: E402
+
+_register(_Backend("onednn", "cpu", __name__, "oneDNN", _registry_candidates, _registry_plan, info,
+                   "oneDNN (libdnnl) on CPU tensors: every implementation of a primitive descriptor",
+                   {"candidates": "implementations", "choice": "impl", "precision": "fpmath"},
+                   rows="rawconv.compare:_onednn_rows"))

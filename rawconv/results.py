@@ -25,7 +25,7 @@ from typing import Any, Iterable
 
 from .check import ErrorStats
 
-__all__ = ["Result", "ResultTable", "STATUSES", "status_group"]
+__all__ = ["Result", "ResultTable", "STATUSES", "status_group", "as_result"]
 
 # status -> group. Statuses that carry detail start with the group word ("crashed: SIGSEGV",
 # "timed out after 60 s").
@@ -61,20 +61,25 @@ def _finite(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-@dataclass
+@dataclass(repr=False)
 class Result:
     """One row: what ran (or was listed), how long it took, how close it came to float64.
 
     ``backend``: ``"onednn"``, ``"cudnn"``, ``"cudnn_graph"`` or ``"torch"``; ``name``: the
     candidate's stable name (what ``choice=`` takes) or torch's label (``"default"``,
-    ``"cudnn.benchmark=True"``); ``problem``: the :class:`~rawconv.problem.ConvProblem`;
-    ``direction``; ``candidate``: the backend's row (``Implementation``, ``Algorithm``,
+    ``"cudnn.benchmark=True"``); ``problem``: the :class:`~rawconv.problem.ConvProblem` (or its
+    name); ``direction``; ``candidate``: the backend's row (``Implementation``, ``Algorithm``,
     ``EngineConfig``) or None; ``status`` (:data:`STATUSES`); ``median_ms`` / ``min_ms``: times
-    of ``runs`` timed calls in milliseconds; ``error``: against float64; ``workspace_bytes``;
-    ``detail``: what ran (layouts, math type, notes); ``message``: why it failed or was skipped;
-    ``phase`` and ``seconds``: how autotune found it and the wall time it spent on it;
-    ``reference``: torch's own choice (a reference row, not a rawconv candidate); ``extra``: the
-    backend's own fields.
+    of ``runs`` timed calls in milliseconds (None or NaN when it did not run); ``accuracy``: the
+    :class:`~rawconv.check.ErrorStats` against float64 (``error`` is its old name on autotune
+    rows); ``workspace_bytes``; ``detail``: what ran (layouts, math type, notes); ``message``: why
+    it failed or was skipped; ``phase`` and ``seconds``: how autotune found it and the wall time it
+    spent on it; ``reference``: torch's own choice (a reference row, not a rawconv candidate);
+    ``extra``: the backend's own fields.
+
+    The per-backend row types of earlier versions (``onednn.TimedImplementation``,
+    ``cudnn.TimedAlgorithm``, ``cudnn_graph.TimedConfig``, ``compare.Row``) are this class with
+    their old constructors and attribute names.
     """
 
     backend: str
@@ -86,7 +91,7 @@ class Result:
     median_ms: float | None = None
     min_ms: float | None = None
     runs: int = 0
-    error: ErrorStats | None = None
+    accuracy: ErrorStats | None = None
     workspace_bytes: int | None = None
     detail: str = ""
     message: str = ""
@@ -97,34 +102,85 @@ class Result:
 
     # ------------------------------------------------------------------ derived
     @property
+    def error(self) -> ErrorStats | None:
+        """:attr:`accuracy` (autotune rows' name for it)."""
+        return self.accuracy
+
+    @error.setter
+    def error(self, value) -> None:
+        self.accuracy = value
+
+    @property
     def ok(self) -> bool:
         return self.status == "ok"
 
+    @ok.setter
+    def ok(self, value) -> None:
+        if value is not None:
+            self.status = "ok" if value else "wrong"
+
     @property
     def group(self) -> str:
+        """:func:`status_group` of :attr:`status`."""
         return status_group(self.status)
 
-    @property
-    def max_abs(self) -> float | None:
-        return self.error.max_abs if self.error is not None else None
+    category = group
 
     @property
-    def max_rel(self) -> float | None:
-        return self.error.max_rel if self.error is not None else None
+    def ran(self) -> bool:
+        """It ran and was checked (status group "ok" or "wrong")."""
+        return self.group in ("ok", "wrong")
+
+    def _stat(self, name: str):
+        if name in self.extra:
+            return self.extra[name]
+        return getattr(self.accuracy, name) if self.accuracy is not None else float("nan")
 
     @property
-    def gflops(self) -> float | None:
+    def max_abs(self) -> float:
+        """max |y - ref| (NaN when it was not checked)."""
+        return self._stat("max_abs")
+
+    @max_abs.setter
+    def max_abs(self, value) -> None:
+        self.extra["max_abs"] = value
+
+    @property
+    def max_rel(self) -> float:
+        """max |y - ref| / max |ref| (NaN when it was not checked)."""
+        return self._stat("max_rel")
+
+    @max_rel.setter
+    def max_rel(self, value) -> None:
+        self.extra["max_rel"] = value
+
+    @property
+    def gflops(self) -> float:
+        """The problem's flops / median time, in GFLOP/s (NaN when unknown)."""
+        if "gflops" in self.extra:
+            return self.extra["gflops"]
         p = self.problem
         if p is None or not _finite(self.median_ms) or self.median_ms <= 0 or not hasattr(p, "flops"):
-            return None
+            return float("nan")
         return p.flops / (self.median_ms * 1e6)
 
+    @gflops.setter
+    def gflops(self, value) -> None:
+        self.extra["gflops"] = value
+
     @property
-    def spread(self) -> float | None:
-        """median / min of the timed calls (1.0: steady; well above: noise)."""
-        if not (_finite(self.median_ms) and _finite(self.min_ms)) or self.min_ms <= 0:
-            return None
+    def spread(self) -> float:
+        """median / min of the timed calls (1.0: steady; well above: noise; NaN with fewer than two runs)."""
+        if self.runs <= 1 or not (_finite(self.median_ms) and _finite(self.min_ms)) or self.min_ms <= 0:
+            return float("nan")
         return self.median_ms / self.min_ms
+
+    @property
+    def unstable(self) -> bool:
+        """median / min above :data:`rawconv.bench.SPREAD_LIMIT`."""
+        from .bench import SPREAD_LIMIT
+
+        return _finite(self.spread) and self.spread > SPREAD_LIMIT
 
     @property
     def problem_name(self) -> str:
@@ -142,14 +198,24 @@ class Result:
 
     algorithm = config = impl
 
+    @property
+    def implementation(self) -> str:
+        """:attr:`name` (``compare`` rows' name for it)."""
+        return self.name
+
+    @implementation.setter
+    def implementation(self, value: str) -> None:
+        self.name = value
+
     def as_dict(self) -> dict:
-        """JSON-friendly fields (the problem as its description and benchdnn string)."""
+        """JSON-friendly fields (the problem as its description and benchdnn string; NaN as None)."""
         p = self.problem
+        acc = self.accuracy
         out = {"problem": self.problem_name, "backend": self.backend, "name": self.name,
-               "direction": self.direction, "status": self.status, "median_ms": self.median_ms,
-               "min_ms": self.min_ms, "runs": self.runs, "spread": self.spread, "gflops": self.gflops,
-               "max_abs": self.max_abs, "max_rel": self.max_rel,
-               "err_ratio": self.error.ratio if self.error is not None else None,
+               "direction": self.direction, "status": self.status, "group": self.group,
+               "median_ms": self.median_ms, "min_ms": self.min_ms, "runs": self.runs, "spread": self.spread,
+               "unstable": self.unstable, "gflops": self.gflops, "max_abs": self.max_abs, "max_rel": self.max_rel,
+               "err_ratio": acc.ratio if acc is not None else None,
                "workspace_bytes": self.workspace_bytes, "detail": self.detail, "message": self.message,
                "phase": self.phase, "seconds": self.seconds, "reference": self.reference}
         if p is not None and not isinstance(p, str):
@@ -157,21 +223,54 @@ class Result:
             out["benchdnn"] = p.to_benchdnn()
         if self.candidate is not None and hasattr(self.candidate, "summary"):
             out["candidate"] = self.candidate.summary()
-        out.update({f"extra.{k}": v for k, v in self.extra.items()})
-        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
+        out["extra"] = {k: v for k, v in self.extra.items() if k not in ("gflops", "max_abs", "max_rel")}
+        return _json_safe(out)
 
     def __str__(self) -> str:
         t = f"{self.median_ms:.4f} ms" if _finite(self.median_ms) else "-"
+        mn = f" (min {self.min_ms:.4f})" if _finite(self.min_ms) else ""
         err = f" rel err {self.max_rel:.1e}" if _finite(self.max_rel) else ""
-        ref = " [torch]" if self.reference else ""
-        return f"{self.backend:<11} {self.name:<34} {self.status:<14} {t:>12}{err}{ref}"
+        why = f": {self.message}" if self.message and self.group not in ("ok", "wrong") else ""
+        ref = " [torch's own choice]" if self.reference else ""
+        return f"{self.backend:<11} {self.name:<34} {self.status:<14} {t:>12}{mn}{err}{ref}{why}"
+
+    def __repr__(self) -> str:
+        return f"<Result {self}>"
+
+
+def _json_safe(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _json_safe(i) for k, i in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json_safe(i) for i in v]
+    return v
+
+
+def as_result(row) -> "Result":
+    """A listing's candidate as a ``"listed"`` :class:`Result` (a Result stays as it is)."""
+    if isinstance(row, Result):
+        return row
+    status = getattr(row, "status", "") or "listed"
+    if getattr(row, "known_bad", ""):
+        status = "known bad" if status in ("listed", "") else status
+    if getattr(row, "finalizes", None) is False:
+        status = "not supported"
+    if hasattr(row, "ok") and isinstance(getattr(type(row), "ok", None), property) and not row.ok:
+        status = "not supported"
+    return Result(getattr(row, "backend", ""), getattr(row, "choice", str(row)), None,
+                  getattr(row, "direction", "forward"), row, status,
+                  getattr(row, "time_ms", None), None, 0, None, getattr(row, "workspace_bytes", None),
+                  " ".join(getattr(row, "notes", ())), getattr(row, "detail", "") or getattr(row, "error", "") or "")
 
 
 _COLUMNS = (("backend", 11), ("name", 34), ("status", 14), ("median ms", 10), ("min ms", 10),
             ("rel err", 8), ("ws B", 10))
 
 
-def _cell(r: Result, col: str) -> str:
+def _cell(r, col: str) -> str:
+    r = as_result(r)
     if col == "backend":
         return r.backend
     if col == "name":
@@ -190,7 +289,9 @@ def _cell(r: Result, col: str) -> str:
 
 
 class ResultTable(list):
-    """A list of :class:`Result` rows with a readable ``repr`` and exports.
+    """A list of rows with a readable ``repr`` and exports: :class:`Result` rows (autotune, compare)
+    or a listing's candidates (oneDNN ``Implementation``, cuDNN ``Algorithm``, ``EngineConfig``:
+    shown as ``"listed"`` results, see :func:`as_result`).
 
     ``title``: what the table is (a problem, a model layer...). Rows keep their order (autotune:
     fastest correct first). ``best()``: the fastest ``ok`` rawconv row; ``to_dicts()``,
@@ -203,7 +304,7 @@ class ResultTable(list):
     # ------------------------------------------------------------------ queries
     def best(self) -> Result | None:
         """The fastest row with status ``ok`` that is not a torch reference row (None if none)."""
-        ok = [r for r in self if r.ok and not r.reference and _finite(r.median_ms)]
+        ok = [r for r in map(as_result, self) if r.ok and not r.reference and _finite(r.median_ms)]
         return min(ok, key=lambda r: r.median_ms) if ok else None
 
     def where(self, **fields) -> "ResultTable":
@@ -220,7 +321,7 @@ class ResultTable(list):
 
     # ------------------------------------------------------------------ exports
     def to_dicts(self) -> list[dict]:
-        return [r.as_dict() for r in self]
+        return [as_result(r).as_dict() for r in self]
 
     def to_json(self, path: str | None = None, **meta) -> str:
         """The rows (and ``meta``) as JSON text; written to ``path`` when given."""
@@ -268,7 +369,7 @@ class ResultTable(list):
         lines.append(fmt.format(*[c for c, _ in cols]).rstrip())
         for row in cells:
             lines.append(fmt.format(*row).rstrip())
-        if any(r.reference for r in self):
+        if any(getattr(r, "reference", False) for r in self):
             lines.append("(* torch's own choice, for reference)")
         return "\n".join(lines)
 

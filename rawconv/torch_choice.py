@@ -62,6 +62,7 @@ import os
 import re
 import sys
 import threading
+import time
 import types
 import warnings
 from dataclasses import dataclass
@@ -676,7 +677,7 @@ def _onednn_matches(c: _Call, conv: OneDNNRun) -> tuple[str, tuple[str, ...], st
     for im in impls:
         if im.name != want:
             continue
-        choice = im.name if im.layouts == "any" else f"{im.name}@{im.layouts}"
+        choice = getattr(im, "choice", None) or f"{im.name}@{im.layouts}"   # the name choice= takes
         if choice in same or choice in name_only:
             continue
         if fm.get("src") == im.formats.get("x") and fm.get("wei") == im.formats.get("w"):
@@ -1243,7 +1244,8 @@ def _compare_detail(problem: ConvProblem, x, w, b, *, limit: int = 16) -> str:
 def report(problems: Sequence[ConvProblem], *, device: str | None = None, limit: int = DEFAULT_LIMIT,
            candidates: bool = True, out=None, seed: int = 0) -> list[tuple[ConvProblem, TorchChoice | None, str]]:
     """:func:`torch_choice` for each problem (random inputs of its shapes, dtype and layout on
-    ``device``), printed to ``out`` (default stdout) as one block per layer and a final count.
+    ``device``), printed to ``out`` (default stdout) as one block per layer (with the seconds it
+    took) as soon as it is done, and a final count.
     Returns ``[(problem, choice or None, error), ...]``."""
     out = out or sys.stdout
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -1253,6 +1255,7 @@ def report(problems: Sequence[ConvProblem], *, device: str | None = None, limit:
     width = len(str(len(problems)))
     for i, p in enumerate(problems, 1):
         x, w, b = p.make_inputs(device=dev, seed=seed)
+        t0 = time.perf_counter()
         try:
             ch = torch_choice(x, w, b, p.stride, list(zip(p.pad_before, p.pad_after)), p.dilation, p.groups,
                               candidates=candidates, limit=limit)
@@ -1261,7 +1264,8 @@ def report(problems: Sequence[ConvProblem], *, device: str | None = None, limit:
             ch, err = None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         rows.append((p, ch, err))
         pad = " " * (2 * width + 4)
-        print(f"[{i:>{width}}/{len(problems)}] {p.name or '-'}  {p.describe()}", file=out)
+        print(f"[{i:>{width}}/{len(problems)}] {p.name or '-'}  {p.describe()}  ({time.perf_counter() - t0:.1f} s)",
+              file=out)
         if ch is None:
             print(f"{pad}failed: {err}", file=out, flush=True)
             continue

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One command on the device machine (one H200 + a 16-core Xeon; see ../shared/device/README.md):
+# installs the carried wheels (.whl: cffi, pycparser, onednn-cpu-gomp), points rawconv at the wheel's
+# libdnnl, then runs the named steps, each logging to $OUT/<step>.log, each under its own timeout.
+#   bash benchmarks/run_h200.sh gpu-tests                 # every test marked gpu
+#   bash benchmarks/run_h200.sh resnet50-gpu resnet50-cpu overhead-cpu torch-choice
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1 || exit 1
+export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
+mkdir -p /tmp/dnnl
+python3 -c "import zipfile,glob; z=zipfile.ZipFile(glob.glob('.whl/onednn_cpu_gomp*.whl')[0]); open('/tmp/dnnl/libdnnl.so.3','wb').write(z.read('onednn_cpu_gomp-2023.2.0.data/data/lib/libdnnl.so.3'))" || exit 1
+export RAWCONV_DNNL_LIBRARY=/tmp/dnnl/libdnnl.so.3
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+step() {  # name seconds command...
+  local name=$1 secs=$2; shift 2
+  echo "== $name (limit ${secs}s): $*"
+  local t0=$SECONDS
+  timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "   rc=$rc in $((SECONDS - t0)) s; tail:"; tail -n 4 "$OUT/$name.log" | sed 's/^/   /'
+}
+for s in "$@"; do
+  case $s in
+    gpu-tests) step gpu-tests ${T_GPU:-420} python3 -m pytest -q -m gpu tests -p no:cacheprovider -rf ;;
+    gpu-tests-new) step gpu-tests-new ${T_GPU:-300} python3 -m pytest -q -m gpu tests/test_ops.py tests/test_nn.py \
+        tests/test_fused.py tests/test_convert.py tests/test_capabilities.py -p no:cacheprovider -rf ;;
+    resnet50-gpu) step resnet50-gpu ${T_R50:-420} python3 benchmarks/bench_resnet50.py --json "$OUT/resnet50_gpu.json" ;;
+    resnet50-cpu) step resnet50-cpu ${T_R50C:-300} python3 benchmarks/bench_resnet50.py --device cpu --threads 8 \
+        --json "$OUT/resnet50_cpu.json" ;;
+    overhead-cpu) step overhead-cpu 120 python3 benchmarks/bench_overhead_cpu.py --threads 8 ;;
+    overhead-gpu) step overhead-gpu 120 python3 benchmarks/bench_overhead_cuda.py ;;
+    torch-choice) step torch-choice 240 python3 -m rawconv.torch_choice --report resnet50 --batch 32 --dtype float16 \
+        --layout nhwc ;;
+    train) step train-gpu 180 python3 examples/train_small_cnn.py --device cuda ;;
+    *) echo "unknown step $s"; exit 2 ;;
+  esac
+done
