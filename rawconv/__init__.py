@@ -31,7 +31,7 @@ __all__ = ["ConvProblem", "RawconvError", "ArgumentError", "ArgumentTypeError", 
 
 def __getattr__(name):  # lazy submodules: rawconv.onednn, rawconv.cudnn
     if name in ("onednn", "cudnn", "cudnn_graph", "nn", "ops", "fused", "bench", "compare", "presets", "cli",
-                "check", "options", "results", "tuning", "known_bad"):
+                "check", "options", "results", "tuning", "known_bad", "distributed"):
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'rawconv' has no attribute {name!r}")
 
