@@ -100,9 +100,10 @@ def _devices(device: str, world: int):
     return [torch.device("cuda", 0)] * world, "gloo"
 
 
-def worker(rank: int, world: int, opts: dict, init: str, outdir: str) -> None:
-    """One rank: process group, shared autotune, consistency check, DDP training; writes
-    ``rank<N>.json`` into ``outdir``."""
+def worker(rank: int, world: int, opts: dict, data: list, init: str, outdir: str, hook=None) -> None:
+    """One rank: process group, shared autotune, consistency check, DDP training on its shard of
+    each global batch of ``data``; writes ``rank<N>.json`` into ``outdir``. ``hook(rank, world)``, when given, runs first in the
+    process group (the tests run their own collectives there)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -116,7 +117,8 @@ def worker(rank: int, world: int, opts: dict, init: str, outdir: str) -> None:
     backend = opts["backend"] or default_backend
     dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
     try:
-        data = batches(opts["steps"], opts["batch"], opts["crop"])
+        if hook is not None:
+            hook(rank, world)
         per = opts["batch"] // world
         shard = slice(rank * per, (rank + 1) * per)
         model = small_cnn().to(dev)
@@ -139,10 +141,12 @@ def worker(rank: int, world: int, opts: dict, init: str, outdir: str) -> None:
             mean = loss.detach().clone()
             dist.all_reduce(mean)          # the step's loss over the global batch: mean of the ranks' means
             losses.append(mean.item() / world)
+        after = rawconv.distributed.check_consistent(ddp)   # through the DDP wrapper, after training
         rep = model.rawconv_distributed
         out = {"rank": rank, "device": str(dev), "backend": backend, "losses": losses, "convert_s": convert_s,
                "choices": rnn.pinned_choices(model), "table": table.rows(), "table_text": str(table),
-               "consistent": table.consistent, "report_text": str(rep),
+               "consistent": table.consistent and after.consistent and after.rows() == table.rows(),
+               "report_text": str(rep),
                "report": {"strategy": rep.strategy, "problems": rep.problems, "shared_s": rep.shared_s,
                           "tune_s": rep.tune_s, "full_autotune_s": rep.full_autotune_s,
                           "independent_s": rep.independent_s, "independent_choices": rep.independent_choices,
@@ -154,14 +158,13 @@ def worker(rank: int, world: int, opts: dict, init: str, outdir: str) -> None:
         dist.destroy_process_group()
 
 
-def single_process(opts: dict, choices: dict) -> dict:
+def single_process(opts: dict, data: list, choices: dict) -> dict:
     """The same training in this process on the whole global batch, with the DDP run's choices
     pinned by layer name (a choice the library does not offer at this batch size falls back to
     the default, said in ``notes``)."""
     devs, _ = _devices(opts["device"], 1)
     dev = devs[0]
     torch.set_num_threads(opts["threads"])
-    data = batches(opts["steps"], opts["batch"], opts["crop"])
     pinned = {n: c["choice"] for n, c in choices.items()}
     notes = []
     model = rnn.convert(small_cnn().to(dev), choice=pinned)
@@ -189,24 +192,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(opts: dict) -> dict:
-    """Spawn the ranks, run the single-process reference, compare; returns the results."""
+def run(opts: dict, hook=None) -> dict:
+    """Spawn the ranks, run the single-process reference, compare; returns the results.
+    ``hook``: see :func:`worker`."""
     import torch.multiprocessing as mp
 
     world = opts["nprocs"]
     if opts["batch"] % world:
         raise SystemExit(f"--batch {opts['batch']} must be a multiple of --nprocs {world}")
     os.environ.setdefault("OMP_NUM_THREADS", str(opts["threads"]))
+    data = batches(opts["steps"], opts["batch"], opts["crop"])   # made once, sent to the ranks
     with tempfile.TemporaryDirectory() as outdir:
         init = f"tcp://127.0.0.1:{_free_port()}"
         t = time.perf_counter()
-        mp.spawn(worker, args=(world, opts, init, outdir), nprocs=world, join=True)
+        mp.spawn(worker, args=(world, opts, data, init, outdir, hook), nprocs=world, join=True)
         ddp_s = time.perf_counter() - t
         ranks = []
         for r in range(world):
             with open(os.path.join(outdir, f"rank{r}.json")) as f:
                 ranks.append(json.load(f))
-    single = single_process(opts, ranks[0]["choices"])
+    single = single_process(opts, data, ranks[0]["choices"])
     rows = []
     for i, (a, b) in enumerate(zip(ranks[0]["losses"], single["losses"])):
         rel = abs(a - b) / max(abs(b), 1e-30)
@@ -219,6 +224,34 @@ def run(opts: dict) -> dict:
             "single": {k: v for k, v in single.items() if k != "params"}, "steps": rows, "rtol": opts["rtol"],
             "max_rel_diff": max(r["rel_diff"] for r in rows), "max_param_rel_diff": pdiff,
             "same_choices": same_choices, "ddp_wall_s": ddp_s, "ok": ok}
+
+
+def options(nprocs=2, steps=4, batch=16, crop=32, lr=0.05, device="cpu", backend=None, strategy="one", budget=None,
+            threads=1, rtol=1e-5, measure_independent=False, quiet=True) -> dict:
+    """The run's options (the command line's defaults)."""
+    return dict(nprocs=nprocs, steps=steps, batch=batch, crop=crop, lr=lr, device=device, backend=backend,
+                strategy=strategy, budget=budget, threads=threads, rtol=rtol, measure_independent=measure_independent,
+                quiet=quiet)
+
+
+def report(res: dict) -> None:
+    """Print what :func:`run` returned."""
+    a = res["options"]
+    r0 = res["ranks"][0]
+    print(f"{a['nprocs']} ranks, backend {r0['backend']}, devices {[r['device'] for r in res['ranks']]}")
+    print(r0["report_text"])
+    print(r0["table_text"])
+    print(f"\n{'step':>4}  {'DDP loss (mean of ranks)':>24}  {'single process':>16}  {'|diff|':>9}  {'rel':>9}")
+    for row in res["steps"]:
+        print(f"{row['step']:>4}  {row['ddp']:>24.9g}  {row['single']:>16.9g}  {row['abs_diff']:>9.2e}  "
+              f"{row['rel_diff']:>9.2e}")
+    for n in res["single"]["notes"]:
+        print(f"note (single process): {n}")
+    print(f"max relative loss difference {res['max_rel_diff']:.2e} (tolerance {a['rtol']:g}); parameters after "
+          f"{a['steps']} steps differ by {res['max_param_rel_diff']:.2e} relative at most; "
+          f"same choices on every rank: {res['same_choices']}")
+    print("OK" if res["ok"] else "FAILED: outside the tolerance or the ranks' choices differ")
+
 
 
 def main(argv=None) -> int:
@@ -241,26 +274,11 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--verbose", action="store_true", help="show warnings (timing warnings of the search)")
     a = ap.parse_args(argv)
-    opts = dict(nprocs=a.nprocs, steps=a.steps, batch=a.batch, crop=a.crop, lr=a.lr, device=a.device,
-                backend=a.backend, strategy=a.strategy, budget=a.budget, threads=a.threads, rtol=a.rtol,
-                measure_independent=a.measure_independent, quiet=not a.verbose)
+    opts = options(**{k: v for k, v in vars(a).items() if k not in ("json", "verbose")}, quiet=not a.verbose)
     if a.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch sees no CUDA device")
     res = run(opts)
-    r0 = res["ranks"][0]
-    print(f"{a.nprocs} ranks, backend {r0['backend']}, devices {[r['device'] for r in res['ranks']]}")
-    print(r0["report_text"])
-    print(r0["table_text"])
-    print(f"\n{'step':>4}  {'DDP loss (mean of ranks)':>24}  {'single process':>16}  {'|diff|':>9}  {'rel':>9}")
-    for row in res["steps"]:
-        print(f"{row['step']:>4}  {row['ddp']:>24.9g}  {row['single']:>16.9g}  {row['abs_diff']:>9.2e}  "
-              f"{row['rel_diff']:>9.2e}")
-    for n in res["single"]["notes"]:
-        print(f"note (single process): {n}")
-    print(f"max relative loss difference {res['max_rel_diff']:.2e} (tolerance {a.rtol:g}); parameters after "
-          f"{a.steps} steps differ by {res['max_param_rel_diff']:.2e} relative at most; "
-          f"same choices on every rank: {res['same_choices']}")
-    print("OK" if res["ok"] else "FAILED: outside the tolerance or the ranks' choices differ")
+    report(res)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)

@@ -197,6 +197,15 @@ def _assign(problems: list, world: int, strategy: str, src: int) -> list[int]:
     return owner
 
 
+def _describe_key(key: _tuning.TuningKey) -> str:
+    """The problem of a key in one line: direction when not forward, the problem, a fused tail."""
+    d = "" if key.direction == "forward" else f"{key.direction} "
+    tail = ""
+    if key.options.get("kind") == "fused":
+        tail = " +" + ("residual+" if key.options.get("residual") else "") + str(key.activation)
+    return f"{d}{key.conv_problem().describe()}{tail}"
+
+
 def _flops(key: _tuning.TuningKey) -> int:
     try:
         return int(key.conv_problem().flops)
@@ -259,7 +268,7 @@ class DistributedReport:
             rows.append((p["problem"], ",".join(p["layers"]), f"rank {p['tuned_by']}",
                          p["choice"] if p["choice"] is not None else f"(default: {p['note'][:60]})",
                          f"{p['seconds']:.2f}" + ("" if p["searched"] else " (memo)")))
-        widths = [min(max(len(r[i]) for r in rows), 48) for i in range(len(rows[0]))]
+        widths = [min(max(len(r[i]) for r in rows), 72) for i in range(len(rows[0]))]
         lines += ["  " + "  ".join(c[:w].ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         per = ", ".join(f"rank {r}: {t:.2f} s" for r, t in enumerate(self.tune_s))
         lines.append(f"  shared autotune: {self.shared_wall_s:.2f} s wall (slowest rank; searching {per}); one "
@@ -267,7 +276,7 @@ class DistributedReport:
                      f"({self.full_autotune_s * self.world_size:.2f} s over {self.world_size} ranks)")
         if self.independent_s is not None:
             diff = sum(len({c[i] for c in self.independent_choices}) > 1 for i in range(len(self.problems)))
-            lines.append(f"  measured, one independent autotune per rank: "
+            lines.append("  measured, one independent autotune per rank: "
                          + ", ".join(f"rank {r}: {t:.2f} s" for r, t in enumerate(self.independent_s))
                          + f" wall; their choices differ on {diff} of {len(self.problems)} problems")
         for r, t, k, a, b in self.environment_differences:
@@ -398,7 +407,7 @@ def convert(model: torch.nn.Module, example_input: Any, *, group=None, src: int 
         if res["record"] is not None:
             records.append(_tuning.TuningRecord.from_dict(res["record"]))
         names = [layers[i].name for i in distinct[k]]
-        problems.append({"problem": k.conv_problem().describe(), "layers": names, "backend": layers[distinct[k][0]].backend,
+        problems.append({"problem": _describe_key(k), "layers": names, "backend": layers[distinct[k][0]].backend,
                          "tuned_by": res["rank"], "choice": res["choice"], "seconds": res["seconds"],
                          "searched": res["searched"], "median_ms": res["median_ms"], "min_ms": res["min_ms"],
                          "note": res["note"]})
@@ -407,7 +416,7 @@ def convert(model: torch.nn.Module, example_input: Any, *, group=None, src: int 
             lay.module.choice = res["choice"]
             lay.module._choice_backend = lay.backend
             _nn._TUNED[lay.local_key] = res["choice"]
-            report.tuned.append({"name": lay.name, "kind": lay.kind, "problem": k.conv_problem().describe(),
+            report.tuned.append({"name": lay.name, "kind": lay.kind, "problem": _describe_key(k),
                                  "backend": lay.backend, "choice": res["choice"],
                                  "searched": res["searched"] and res["rank"] == rank and i == distinct[k][0],
                                  "seconds": res["seconds"] if res["rank"] == rank and i == distinct[k][0] else 0.0,

@@ -52,11 +52,10 @@ def _rel_err(model, ref_model, x) -> float:
     return ((y - ref).abs().max() / ref.abs().max()).item()
 
 
-def _api_worker(rank: int, world: int, init: str, outdir: str) -> None:
-    """Run every scenario on this rank (collectives in the same order on both) and write what
-    happened to ``outdir/rank<N>.json``."""
-    import torch.distributed as dist
-
+def _api_scenarios(rank: int, world: int) -> None:
+    """Every scenario on this rank of an initialized process group (collectives in the same order
+    on both ranks); what happened goes to ``$RAWCONV_TEST_DIST_OUT/rank<N>.json``. Run by the
+    DDP example's workers before their training (its ``hook``)."""
     import rawconv.distributed as rd
     import rawconv.nn as rnn
     from rawconv.bench import TimingWarning
@@ -64,8 +63,6 @@ def _api_worker(rank: int, world: int, init: str, outdir: str) -> None:
     from rawconv.tuning import TuningEnvironmentError
 
     warnings.simplefilter("ignore", TimingWarning)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     out: dict = {"rank": rank}
     try:
         model = _tiny()
@@ -137,25 +134,28 @@ def _api_worker(rank: int, world: int, init: str, outdir: str) -> None:
             out["tune_error"] = {"message": str(exc), "failures": [list(f) for f in exc.failures]}
         rnn._tune_one = real_tune
     finally:
-        with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
+        with open(os.path.join(os.environ["RAWCONV_TEST_DIST_OUT"], f"rank{rank}.json"), "w") as f:
             json.dump(out, f)
-        dist.destroy_process_group()
 
 
 def _spawn_main(outdir: str) -> None:
-    import socket
+    """The DDP example's run (2 ranks, gloo, 1 thread each, strategy split, 3 steps, then the
+    single-process reference) with :func:`_api_scenarios` first in its process group; its
+    results go to ``outdir/example.json``. One set of fresh interpreters for all the two-rank
+    tests."""
+    sys.path.insert(0, os.path.dirname(EXAMPLE))
+    import ddp_small_cnn as ex
 
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_api_worker, args=(2, f"tcp://127.0.0.1:{port}", outdir), nprocs=2, join=True)
+    os.environ["RAWCONV_TEST_DIST_OUT"] = outdir
+    res = ex.run(ex.options(steps=3, strategy="split"), hook=_api_scenarios)
+    ex.report(res)                       # what the command line prints
+    with open(os.path.join(outdir, "example.json"), "w") as f:
+        json.dump(res, f)
 
 
 @pytest.fixture(scope="module")
 def two_ranks(dnnl):
-    """Both ranks' outcomes of :func:`_api_worker` (gloo, 2 processes, 1 thread each)."""
+    """``(both ranks' outcomes of _api_scenarios, the DDP example's results)``."""
     with tempfile.TemporaryDirectory() as outdir:
         r = subprocess.run([sys.executable, os.path.abspath(__file__), "--spawn", outdir], env=_env(),
                            capture_output=True, text=True, timeout=300)
@@ -164,12 +164,14 @@ def two_ranks(dnnl):
         for rank in range(2):
             with open(os.path.join(outdir, f"rank{rank}.json")) as f:
                 out.append(json.load(f))
-    return out
+        with open(os.path.join(outdir, "example.json")) as f:
+            example = json.load(f)
+    return out, example
 
 
 @pytest.mark.parametrize("strategy", ["one", "split"])
 def test_every_rank_pins_the_same_choices(two_ranks, strategy):
-    r0, r1 = (r[strategy] for r in two_ranks)
+    r0, r1 = (r[strategy] for r in two_ranks[0])
     assert set(r0["choices"]) == {"0", "2", "4"}
     assert r0["choices"] == r1["choices"]
     assert all(c["choice"] for c in r0["choices"].values()), r0["choices"]   # every layer pinned
@@ -197,7 +199,7 @@ def test_records_carry_the_environment_and_the_choice(two_ranks):
     from rawconv.distributed import environment
     from rawconv.tuning import TuningRecord
 
-    r0 = two_ranks[0]["one"]
+    r0 = two_ranks[0][0]["one"]
     recs = [TuningRecord.from_dict(d) for d in r0["records"]]
     assert [r.choice for r in recs] == [r0["choices"][n]["choice"] for n in ("0", "2")]
     here = environment("onednn")
@@ -210,13 +212,13 @@ def test_records_carry_the_environment_and_the_choice(two_ranks):
 
 
 def test_the_process_memo_keeps_the_shared_choices(two_ranks):
-    for r in two_ranks:
-        assert r["memo"]["choices"] == two_ranks[0]["split"]["choices"]   # split searched last
+    for r in two_ranks[0]:
+        assert r["memo"]["choices"] == two_ranks[0][0]["split"]["choices"]   # split searched last
         assert r["memo"]["searched"] == [False, False]
 
 
 def test_a_different_choice_on_one_rank_is_reported(two_ranks):
-    for r in two_ranks:
+    for r in two_ranks[0]:
         p = r["perturbed"]
         assert not p["consistent"]
         assert p["differing"] == ["2"]
@@ -229,49 +231,49 @@ def test_a_different_choice_on_one_rank_is_reported(two_ranks):
 
 
 def test_an_environment_difference_is_refused_on_every_rank_or_warned(two_ranks):
-    for r in two_ranks:
+    for r in two_ranks[0]:
         err = r["env_error"]
         assert "device_arch" in err["message"] and "avx2_pretend" in err["message"]
         assert "rank 1" in err["message"]
         assert any(d[0] == "device_arch" and d[2] == "avx2_pretend" for d in err["differences"])
         assert any("avx2_pretend" in w for w in r["env_warn"]["warnings"])
-        assert r["env_warn"]["choices"] == two_ranks[0]["env_warn"]["choices"]
+        assert r["env_warn"]["choices"] == two_ranks[0][0]["env_warn"]["choices"]
 
 
 def test_different_problems_on_the_ranks_raise_on_every_rank(two_ranks):
-    for r in two_ranks:
+    for r in two_ranks[0]:
         assert "layer 0" in r["shape_error"] and "rank 1" in r["shape_error"]
         assert "'n': 2" in r["shape_error"] and "'n': 3" in r["shape_error"]
 
 
 def test_a_failed_search_raises_on_every_rank(two_ranks):
-    for r in two_ranks:
+    for r in two_ranks[0]:
         assert "injected failure" in r["tune_error"]["message"]
         assert r["tune_error"]["failures"][0][0] == 0           # rank 0 searched and failed
 
 
 # ---------------------------------------------------------------------------- the DDP example
-def _example(tmp_path, *args, timeout=300) -> dict:
-    out = tmp_path / "ddp.json"
-    r = subprocess.run([sys.executable, EXAMPLE, "--json", str(out), *args], env=_env(), capture_output=True,
-                       text=True, timeout=timeout)
-    assert r.returncode == 0, f"{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
-    return json.loads(out.read_text())
-
-
-def test_ddp_example_matches_a_single_process_run(tmp_path, dnnl):
-    res = _example(tmp_path, "--steps", "3", "--strategy", "split")
+def _check_example(res: dict, steps: int) -> None:
     r0, r1 = res["ranks"]
-    assert r0["backend"] == "gloo" and r0["device"] == "cpu"
     assert r0["choices"] == r1["choices"] and res["same_choices"]
-    assert all(c["choice"] for c in r0["choices"].values())
-    assert r0["consistent"] and r1["consistent"] and r0["table"] == r1["table"]
-    assert res["single"]["choices"] == r0["choices"] and not res["single"]["notes"]
-    assert len(res["steps"]) == 3
+    assert all(c["choice"] for c in r0["choices"].values()), r0["choices"]   # every layer pinned
+    assert len(r0["choices"]) == 5
+    assert r0["consistent"] and r1["consistent"] and r0["table"] == r1["table"]   # also through DDP, after training
+    assert len(res["steps"]) == steps
     for row in res["steps"]:   # the tolerance: float32 rounding of reductions in another order
         assert abs(row["ddp"] - row["single"]) <= res["rtol"] * abs(row["single"]), row
-    assert res["steps"][0]["rel_diff"] <= 1e-6                  # before any update: the mean's rounding only
     assert res["ok"]
+
+
+def test_ddp_example_matches_a_single_process_run(two_ranks):
+    res = two_ranks[1]
+    _check_example(res, 3)
+    r0 = res["ranks"][0]
+    assert r0["backend"] == "gloo" and r0["device"] == "cpu"
+    assert res["single"]["choices"] == r0["choices"] and not res["single"]["notes"]
+    assert res["steps"][0]["rel_diff"] <= 1e-6                  # before any update: the mean's rounding only
+    tuned_by = {p["tuned_by"] for p in r0["report"]["problems"]}
+    assert tuned_by == {0, 1}                                   # split: both ranks searched
 
 
 # ---------------------------------------------------------------------------- this process: pure parts
@@ -463,15 +465,22 @@ def test_a_cuda0_plan_refuses_cuda1_tensors():
             plan.execute(x.to("cuda:1"), w.to("cuda:1"))
 
 
+def _example(tmp_path, *args, timeout=600) -> dict:
+    out = tmp_path / "ddp.json"
+    r = subprocess.run([sys.executable, EXAMPLE, "--json", str(out), *args], env=_env(), capture_output=True,
+                       text=True, timeout=timeout)
+    assert r.returncode == 0, f"{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+    print(r.stdout)
+    return json.loads(out.read_text())
+
+
 @pytest.mark.gpu
 def test_ddp_example_two_processes_share_one_gpu(tmp_path):
     """Single GPU: both ranks on cuda:0 with gloo (NCCL refuses two ranks on one GPU)."""
     res = _example(tmp_path, "--device", "cuda", "--steps", "3", "--backend", "gloo", "--measure-independent")
     r0, r1 = res["ranks"]
-    assert r0["device"] == r1["device"] == "cuda:0"
-    assert r0["choices"] == r1["choices"] and r0["consistent"] and r1["consistent"]
-    assert all(c["choice"] for c in r0["choices"].values())
-    assert res["ok"], res["steps"]
+    assert r0["device"] == r1["device"] == "cuda:0" and r0["backend"] == "gloo"
+    _check_example(res, 3)
 
 
 @pytest.mark.gpu
@@ -480,8 +489,7 @@ def test_ddp_example_one_gpu_per_rank_with_nccl(tmp_path):
     res = _example(tmp_path, "--device", "cuda", "--steps", "3", "--strategy", "split", "--measure-independent")
     r0, r1 = res["ranks"]
     assert (r0["device"], r1["device"], r0["backend"]) == ("cuda:0", "cuda:1", "nccl")
-    assert r0["choices"] == r1["choices"] and r0["consistent"] and r1["consistent"]
-    assert res["ok"], res["steps"]
+    _check_example(res, 3)
 
 
 if __name__ == "__main__":
