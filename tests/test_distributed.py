@@ -440,14 +440,22 @@ def test_cuda1_tensors_run_on_device_1_handle_and_stream(api):
     ref = torch.nn.functional.conv2d(x.double(), w.double(), padding=1)
     fn = cudnn.forward if api == "legacy" else cudnn_graph.forward
     x1, w1 = x.to("cuda:1"), w.to("cuda:1")
+    torch.cuda.set_device(0)
+    results = [fn(x1, w1, padding=1)]                    # torch's default stream of device 1
+    assert _cudnn.current_stream_of_handle(1) == torch.cuda.current_stream(1).cuda_stream
+    assert torch.cuda.current_device() == 0
     side = torch.cuda.Stream(device=1)
-    for stream in (torch.cuda.current_stream(1), side):
-        with torch.cuda.stream(stream):
-            y = fn(x1, w1, padding=1)
-            assert _cudnn.current_stream_of_handle(1) == stream.cuda_stream
-        stream.synchronize()
-        assert y.device == torch.device("cuda", 1)
+    side.wait_stream(torch.cuda.current_stream(1))   # x1, w1 were made on the default stream
+    with torch.cuda.stream(side):     # makes cuda:1 current and side its current stream ...
+        torch.cuda.set_device(0)      # ... cuda:0 current again; side stays cuda:1's current stream
+        assert torch.cuda.current_stream(1) == side
+        results.append(fn(x1, w1, padding=1))
+        assert _cudnn.current_stream_of_handle(1) == side.cuda_stream
         assert torch.cuda.current_device() == 0
+    side.synchronize()
+    torch.cuda.synchronize(1)
+    for y in results:
+        assert y.device == torch.device("cuda", 1)
         err = ((y.double().cpu() - ref).abs().max() / ref.abs().max()).item()
         assert err < 1e-5, err
 
