@@ -35,7 +35,7 @@ __all__ = ["ConvProblem", "RawconvError", "ArgumentError", "ArgumentTypeError", 
 
 def __getattr__(name):  # lazy submodules: rawconv.onednn, rawconv.cudnn
     if name in ("onednn", "cudnn", "cudnn_graph", "nn", "ops", "fused", "bench", "compare", "presets", "cli",
-                "check", "options", "results", "tuning", "known_bad", "torch_choice"):
+                "check", "options", "results", "tuning", "known_bad", "torch_choice", "distributed"):
         # rawconv.torch_choice is the module, and calling it calls torch_choice.torch_choice
         return importlib.import_module(f".{name}", __name__)
     if name in ("torch_flags", "TorchChoice", "TorchFlags"):

@@ -339,6 +339,46 @@ def current_stream_of_handle(idx: int) -> int | None:
     return None if h is None else h.stream
 
 
+def current_device() -> int | None:
+    """torch's current CUDA device index for this thread (``cudaGetDevice``), or None where torch
+    sees no CUDA driver."""
+    import torch
+
+    try:
+        return torch._C._cuda_getDevice()
+    except RuntimeError:
+        return None
+
+
+def on_plan_device(method):
+    """Decorator for plan methods (``self.device_index``): the method runs with that device current
+    for this thread (torch's ``torch.cuda.device`` guard, restored after), as torch's own CUDA ops
+    run: a cuDNN handle is tied to the device current when ``cudnnCreate`` ran, kernels launch
+    into the current device's context, and a stream of device ``i`` takes launches only while
+    ``i`` is current. Without it a plan of ``cuda:1`` called while ``cuda:0`` is current (no
+    ``torch.cuda.set_device``; a background thread, whose current device is 0) would launch into
+    the wrong context. Costs one ``cudaGetDevice`` when the device is already current; where torch
+    sees no CUDA driver the method runs as it is (cuDNN then says why it cannot)."""
+    import functools
+
+    import torch
+
+    get_device, device_guard = torch._C._cuda_getDevice, torch.cuda.device
+
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        idx = getattr(self, "device_index", None)   # None: a plan not set up (its method says why)
+        try:
+            cur = get_device()
+        except RuntimeError:   # no CUDA driver
+            return method(self, *args, **kwargs)
+        if cur == idx or idx is None:
+            return method(self, *args, **kwargs)
+        with device_guard(idx):
+            return method(self, *args, **kwargs)
+    return guarded
+
+
 # ------------------------------------------------------------------ plan arguments
 def check_plan_tensor(p, t, name: str, shape, device_index: int, batched_names) -> "object":
     """``t`` checked against a CUDA plan of problem ``p``: a torch.Tensor of ``shape``, of ``p``'s

@@ -561,6 +561,7 @@ class Convolution(PlanLifetime):
         _cudnn.check(st, fn, f"algo {ALGOS[d][algo_id]}, {self.problem.describe()}")
         return int(out[0])
 
+    @_cudnn.on_plan_device
     def algorithms(self, mode: str = "find", math: str | None = "all") -> list[Algorithm]:
         """Rows of (algo, math type) for this plan's problem and direction (:class:`Algorithm`).
 
@@ -596,6 +597,7 @@ class Convolution(PlanLifetime):
                 names.append(r.algo)
         return names
 
+    @_cudnn.on_plan_device
     def _choose(self) -> RunInfo:
         req = self._algo_request
         rows_h = self._query("heuristic", self.math)
@@ -721,6 +723,7 @@ class Convolution(PlanLifetime):
             self._ws, self._ws_stream = ws, stream
         return ws
 
+    @_cudnn.on_plan_device
     def execute(self, x: torch.Tensor | None = None, w: torch.Tensor | None = None,
                 bias: torch.Tensor | None = None, out: torch.Tensor | None = None, *,
                 grad_y: torch.Tensor | None = None, return_info: bool = False):
@@ -910,6 +913,7 @@ class Convolution(PlanLifetime):
             self._example = t
         return t
 
+    @_cudnn.on_plan_device
     def autotune(self, iterations: int = 20, warmup: int = 3, *, budget_s: float | None = None,
                  math: str | None = None) -> list[TimedAlgorithm]:
         """Time every usable algo (from Find, with this plan's math unless ``math`` names another)

@@ -424,6 +424,7 @@ class GraphConvolution(PlanLifetime):
         self._graph_desc()
         return self._graph.global_count
 
+    @_cudnn.on_plan_device
     def heuristic(self, mode: str = "instant") -> list[EngineConfig]:
         """Engine configs heuristic ``mode`` (``"instant"``, ``"b"``, ``"fallback"``) returns, best
         first (not finalized; see :meth:`engines`). Mode B declines some graphs (3-D, grouped,
@@ -462,6 +463,7 @@ class GraphConvolution(PlanLifetime):
         self._configs[ec.name] = ec
         return ec
 
+    @_cudnn.on_plan_device
     def engine_info(self, index: int):
         """``(notes, knob_info)`` of engine ``index`` for this graph, or None when the engine does
         not support it. ``notes``: {"numerical_notes": (...), "behavior_notes": (...)};
@@ -487,6 +489,7 @@ class GraphConvolution(PlanLifetime):
             return ec
         return ec.with_(numerical_notes=info[0]["numerical_notes"], behavior_notes=info[0]["behavior_notes"])
 
+    @_cudnn.on_plan_device
     def build(self, config: Any, *, handle=None) -> _Built:
         """Finalize the execution plan of one engine config (cached per config name), on this
         thread's cuDNN handle unless ``handle`` is given. Raises :class:`NotSupportedError` when it
@@ -537,6 +540,7 @@ class GraphConvolution(PlanLifetime):
         raise ArgumentTypeError(f"engine must be an EngineConfig, a name such as 'eng28{{k2=3}}' or an engine "
                                 f"index, got {type(config).__name__}")
 
+    @_cudnn.on_plan_device
     def engines(self, heuristic: str | Sequence[str] = "instant", *, limit: int | None = 16,
                 finalize: bool = True) -> list[EngineConfig]:
         """Engine configs cuDNN offers for this graph.
@@ -748,6 +752,7 @@ class GraphConvolution(PlanLifetime):
         if status:
             raise _cudnn.error(status, "cudnnBackendExecute", f"{b.config.name} on {self._describe()}")
 
+    @_cudnn.on_plan_device
     def execute(self, x: torch.Tensor | None = None, w: torch.Tensor | None = None,
                 bias: torch.Tensor | None = None, out: torch.Tensor | None = None, *,
                 grad_y: torch.Tensor | None = None) -> torch.Tensor:
@@ -955,6 +960,7 @@ class GraphConvolution(PlanLifetime):
             return {"dy": dy, "w": w}
         return {"x": x, "dy": dy}
 
+    @_cudnn.on_plan_device
     def autotune(self, *, budget_s: float = 10.0, workspace_limit: int | None = None,
                  deterministic_only: bool = False, no_tensor_cores: bool | None = None,
                  no_down_conversion: bool = True, no_reduced_precision: bool = False,
