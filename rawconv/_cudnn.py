@@ -326,6 +326,7 @@ def handle_for(idx: int):
     h = handles.get(idx)
     if h is None:
         h = handles[idx] = _Handle(idx)
+        _count_devices()   # a GPU is there: the device guard of the plans' methods may skip itself
     s = _raw_stream(idx)
     if s != h.stream:
         check(lib().cudnnSetStream(h.ptr, ffi.cast("cudaStream_t", s)), "cudnnSetStream")
@@ -350,6 +351,18 @@ def current_device() -> int | None:
         return None
 
 
+_ONE_DEVICE = [False]   # set once torch reports exactly one visible CUDA device (see on_plan_device)
+
+
+def _count_devices() -> None:
+    try:
+        import torch
+
+        _ONE_DEVICE[0] = torch.cuda.is_available() and torch.cuda.device_count() == 1
+    except Exception:   # noqa: BLE001 - no CUDA: the guard's own checks apply
+        _ONE_DEVICE[0] = False
+
+
 def on_plan_device(method):
     """Decorator for plan methods (``self.device_index``): the method runs with that device current
     for this thread (torch's ``torch.cuda.device`` guard, restored after), as torch's own CUDA ops
@@ -367,6 +380,8 @@ def on_plan_device(method):
 
     @functools.wraps(method)
     def guarded(self, *args, **kwargs):
+        if _ONE_DEVICE[0]:   # one visible GPU: it is always the current one (no cudaGetDevice per call)
+            return method(self, *args, **kwargs)
         idx = getattr(self, "device_index", None)   # None: a plan not set up (its method says why)
         try:
             cur = get_device()

@@ -1000,8 +1000,22 @@ def _tune_one(m, kind: str, args: dict, backend: str, budget_s: float | None, *,
     else:
         plan = G.GraphConvolution.from_problem(_problem_of(m, kind, args), direction="backward_data",
                                                allow_tf32=allow_tf32)
-    rows = plan.autotune(budget_s=budget, patience=60, **({} if use_cache else
-                                                          {"use_cache": False, "seed_from_cache": False}))
+    try:
+        rows = plan.autotune(budget_s=budget, patience=60, **({} if use_cache else
+                                                              {"use_cache": False, "seed_from_cache": False}))
+    except NotSupportedError:
+        if kind == "fused":
+            raise
+        # no graph config runs this problem correctly under the precision asked (e.g. strict fp32,
+        # where most graph engines are TF32 tensor-core ones): cuDNN's legacy algos, timed, decide
+        from . import cudnn
+
+        direction = "forward" if kind == "conv" else "backward_data"
+        legacy = cudnn.Convolution.from_problem(_problem_of(m, kind, args), direction=direction, precision=prec)
+        rows = legacy.autotune()
+        if info is not None and rows:
+            info.update(median_ms=rows[0].median_ms, min_ms=rows[0].min_ms)
+        return rows[0].algorithm.choice
     if info is not None and rows:
         info.update(median_ms=getattr(rows[0], "median_ms", None), min_ms=getattr(rows[0], "min_ms", None))
     return plan.selected_name
