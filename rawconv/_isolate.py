@@ -474,6 +474,12 @@ def _child_setup(key, problem, direction, algorithm, fpmath, w_layout, prepack, 
     return impls
 
 
+CRASH_ENV = "RAWCONV_ISOLATE_CRASH"
+"""A test aid for the isolation path: in a child process, running the oneDNN candidate named by this
+variable (``"name"`` or ``"name@layouts"``) calls ``os.abort()`` first, so that ``--isolate`` can be
+checked end to end (the row says ``crashed: SIGABRT``; the parent goes on). Read in the child only."""
+
+
 def _child_run(key, impl, iterations: int, warmup: int, budget_s, slow_s, allow_known_bad: bool,
                want_output: bool) -> dict:
     """(child) Select ``impl`` on the plan cached under ``key``, run it (warm-up, then timed calls
@@ -484,6 +490,9 @@ def _child_run(key, impl, iterations: int, warmup: int, budget_s, slow_s, allow_
     plan, tensors = _child_plans[key]
     sel = plan.select(impl, allow_known_bad=allow_known_bad)
     i = sel.index
+    crash = os.environ.get(CRASH_ENV)
+    if crash and crash in (sel.name, sel.choice):   # a test aid: check the isolation path end to end
+        os.abort()
     try:
         t0 = time.perf_counter()
         out = plan.execute(**tensors)
