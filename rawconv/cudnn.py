@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 import torch
 
-from . import _cudnn
+from . import _cuda, _cudnn
 from ._cudnn import ffi
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from ._plans import PlanCache, PlanLifetime
@@ -464,7 +464,7 @@ class Convolution(PlanLifetime):
 
     # ------------------------------------------------------------------ algo queries
     def _handle(self):
-        return _cudnn.handle_for(self.device_index)
+        return _cuda.handle_for(self.device_index)
 
     def _query(self, mode: str, math: str) -> list[Algorithm]:
         key = (mode, math)
@@ -490,7 +490,7 @@ class Convolution(PlanLifetime):
             t = self._example_tensors()
             n = self.batch_chunk
             ws_bytes = self._find_workspace_bytes(math)
-            ws = _cudnn.workspace(ws_bytes, self.problem.device)
+            ws = _cuda.workspace(ws_bytes, self.problem.device)
             P = lambda tt: ffi.cast("void *", tt.data_ptr())  # noqa: E731
             if d == "forward":
                 y = empty_like_layout((n,) + self.inner.y_shape[1:], self.problem.layout, self.problem.torch_dtype,
@@ -561,7 +561,7 @@ class Convolution(PlanLifetime):
         _cudnn.check(st, fn, f"algo {ALGOS[d][algo_id]}, {self.problem.describe()}")
         return int(out[0])
 
-    @_cudnn.on_plan_device
+    @_cuda.on_plan_device
     def algorithms(self, mode: str = "find", math: str | None = "all") -> list[Algorithm]:
         """Rows of (algo, math type) for this plan's problem and direction (:class:`Algorithm`).
 
@@ -597,7 +597,7 @@ class Convolution(PlanLifetime):
                 names.append(r.algo)
         return names
 
-    @_cudnn.on_plan_device
+    @_cuda.on_plan_device
     def _choose(self) -> RunInfo:
         req = self._algo_request
         rows_h = self._query("heuristic", self.math)
@@ -701,7 +701,7 @@ class Convolution(PlanLifetime):
 
     # ------------------------------------------------------------------ execution
     def _prep(self, name: str, t, shape, strides, is_out: bool = False) -> torch.Tensor:
-        t = _cudnn.check_plan_tensor(self.problem, t, name, shape, self.device_index,
+        t = _cuda.check_plan_tensor(self.problem, t, name, shape, self.device_index,
                                      ("x", "y", "grad_y", "dx", "out"))
         if t.stride() != strides and not strides_match(t, strides):
             if is_out:
@@ -719,11 +719,11 @@ class Convolution(PlanLifetime):
     def _workspace(self, stream: int):
         ws = self._ws
         if ws is None or self._ws_stream != stream:
-            ws = _cudnn.workspace(self._info.workspace_bytes, self.problem.device)
+            ws = _cuda.workspace(self._info.workspace_bytes, self.problem.device)
             self._ws, self._ws_stream = ws, stream
         return ws
 
-    @_cudnn.on_plan_device
+    @_cuda.on_plan_device
     def execute(self, x: torch.Tensor | None = None, w: torch.Tensor | None = None,
                 bias: torch.Tensor | None = None, out: torch.Tensor | None = None, *,
                 grad_y: torch.Tensor | None = None, return_info: bool = False):
@@ -762,8 +762,8 @@ class Convolution(PlanLifetime):
             res = self._empty(x, w, bias, out)
             return (res, self._info) if return_info else res
         info = self._info or self.info
-        h = _cudnn.handle_for(self.device_index)
-        ws = self._workspace(_cudnn.current_stream_of_handle(self.device_index))
+        h = _cuda.handle_for(self.device_index)
+        ws = self._workspace(_cuda.current_stream_of_handle(self.device_index))
         run = (self._run_forward if d == "forward" else self._run_backward_data if d == "backward_data"
                else self._run_backward_weights)
         result = run(h, info, ffi.cast("void *", ws.data_ptr()), x, w, bias, out, grad_y)
@@ -927,7 +927,7 @@ class Convolution(PlanLifetime):
             self._example = t
         return t
 
-    @_cudnn.on_plan_device
+    @_cuda.on_plan_device
     def autotune(self, iterations: int = 20, warmup: int = 3, *, budget_s: float | None = None,
                  math: str | None = None) -> list[TimedAlgorithm]:
         """Time every usable algo (from Find, with this plan's math unless ``math`` names another)
@@ -1375,7 +1375,7 @@ def capabilities(refresh: bool = False, device: int | None = None):
         if caps is not None and not refresh:
             return caps
         _cudnn.lib()
-        _cudnn.handle_for(idx)          # no GPU: cuDNN's own error (cudnnCreate) here
+        _cuda.handle_for(idx)          # no GPU: cuDNN's own error (cudnnCreate) here
         cc = torch.cuda.get_device_capability(idx)
         platform = f"{torch.cuda.get_device_name(idx)} (compute capability {cc[0]}.{cc[1]})"
         rows = []

@@ -348,7 +348,7 @@ def test_a_plan_refuses_tensors_of_another_device_naming_both():
     """check_plan_tensor on fake CUDA tensors (torch's FakeTensorMode: no GPU needed)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from rawconv import ConvProblem, _cudnn
+    from rawconv import ConvProblem, _cuda, _cudnn
     from rawconv.errors import ArgumentError
 
     p = ConvProblem(2, 4, 8, (6, 6), (3, 3), device="cuda:0")
@@ -356,16 +356,16 @@ def test_a_plan_refuses_tensors_of_another_device_naming_both():
         x1 = torch.empty(p.x_shape, device="cuda:1")
         x0 = torch.empty(p.x_shape, device="cuda:0")
     with pytest.raises(ArgumentError, match=r"x must be on cuda:0 for this plan, got cuda:1"):
-        _cudnn.check_plan_tensor(p, x1, "x", p.x_shape, 0, ("x",))
-    assert _cudnn.check_plan_tensor(p, x0, "x", p.x_shape, 0, ("x",)) is x0
+        _cuda.check_plan_tensor(p, x1, "x", p.x_shape, 0, ("x",))
+    assert _cuda.check_plan_tensor(p, x0, "x", p.x_shape, 0, ("x",)) is x0
     with pytest.raises(ArgumentError, match="use rawconv.onednn for CPU tensors"):
-        _cudnn.check_plan_tensor(p, torch.empty(p.x_shape), "x", p.x_shape, 0, ("x",))
+        _cuda.check_plan_tensor(p, torch.empty(p.x_shape), "x", p.x_shape, 0, ("x",))
 
 
 def test_plan_methods_run_with_the_plan_device_current(monkeypatch):
     """The guard sets the plan's device around the call when another is current, restores it,
     and does nothing when it already is (torch's device calls faked: no GPU here)."""
-    from rawconv import _cudnn
+    from rawconv import _cuda, _cudnn
 
     state = {"current": 0, "entered": []}
 
@@ -387,7 +387,7 @@ def test_plan_methods_run_with_the_plan_device_current(monkeypatch):
         def __init__(self, idx):
             self.device_index = idx
 
-        @_cudnn.on_plan_device
+        @_cuda.on_plan_device
         def execute(self, v):
             return v, state["current"]
 
@@ -401,7 +401,7 @@ def test_plan_methods_run_with_the_plan_device_current(monkeypatch):
     monkeypatch.setattr(torch._C, "_cuda_getDevice", no_driver)
 
     class PlanWithoutDriver(Plan):   # the guard reads torch's functions when it decorates
-        @_cudnn.on_plan_device
+        @_cuda.on_plan_device
         def execute(self, v):
             return v, state["current"]
 
@@ -431,7 +431,7 @@ two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUD
 def test_cuda1_tensors_run_on_device_1_handle_and_stream(api):
     """cuda:1 tensors while cuda:0 is current: device 1's handle, on torch's current stream of
     device 1 (a side stream too), right against float64; cuda:0 current again after."""
-    from rawconv import _cudnn, cudnn, cudnn_graph
+    from rawconv import _cuda, _cudnn, cudnn, cudnn_graph
 
     torch.cuda.set_device(0)
     g = torch.Generator().manual_seed(0)
@@ -442,7 +442,7 @@ def test_cuda1_tensors_run_on_device_1_handle_and_stream(api):
     x1, w1 = x.to("cuda:1"), w.to("cuda:1")
     torch.cuda.set_device(0)
     results = [fn(x1, w1, padding=1)]                    # torch's default stream of device 1
-    assert _cudnn.current_stream_of_handle(1) == torch.cuda.current_stream(1).cuda_stream
+    assert _cuda.current_stream_of_handle(1) == torch.cuda.current_stream(1).cuda_stream
     assert torch.cuda.current_device() == 0
     side = torch.cuda.Stream(device=1)
     side.wait_stream(torch.cuda.current_stream(1))   # x1, w1 were made on the default stream
@@ -450,7 +450,7 @@ def test_cuda1_tensors_run_on_device_1_handle_and_stream(api):
         torch.cuda.set_device(0)      # ... cuda:0 current again; side stays cuda:1's current stream
         assert torch.cuda.current_stream(1) == side
         results.append(fn(x1, w1, padding=1))
-        assert _cudnn.current_stream_of_handle(1) == side.cuda_stream
+        assert _cuda.current_stream_of_handle(1) == side.cuda_stream
         assert torch.cuda.current_device() == 0
     side.synchronize()
     torch.cuda.synchronize(1)
