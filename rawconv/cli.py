@@ -375,7 +375,8 @@ def cmd_compare(args) -> int:
                                budget_s=args.budget, fpmath=args.fpmath, prepack=not args.no_prepack,
                                include_ref=include_ref, ref_max_s=args.ref_limit, on_problem=show,
                                progress=False if args.quiet else None, engines=args.engines,
-                               allow_known_bad=args.allow_known_bad)
+                               allow_known_bad=args.allow_known_bad,
+                               isolate={"timeout_s": args.timeout} if args.isolate else None)
         recs = (cmp.records(all_rows, problems, fpmath=args.fpmath, allow_known_bad=args.allow_known_bad)
                 if args.record else [])
     s = cmp.summary(all_rows, hint=hint)
@@ -554,7 +555,10 @@ def _break_long(text: str, room: int) -> str:
 
 
 def cmd_list(args) -> int:
+    from .results import status_group
+
     console = _console(args.width)
+    failed = 0
     for p in _problems(args):
         x, w, b = p.make_inputs()
         if p.device.startswith("cuda"):
@@ -567,8 +571,10 @@ def cmd_list(args) -> int:
             continue
         from . import known_bad, onednn
 
+        iso = {"timeout_s": args.timeout} if args.isolate else False
         impls = onednn.implementations(x, w, b, p.stride, list(zip(p.pad_before, p.pad_after)), p.dilation, p.groups,
-                                       direction=args.direction, fpmath=args.fpmath)
+                                       direction=args.direction, fpmath=args.fpmath, isolate=iso,
+                                       allow_known_bad=args.allow_known_bad)
         bad = any(i.known_bad for i in impls)
         cols = [Column("#", [str(i.index) for i in impls], justify="right"),
                 Column("implementation", [i.name for i in impls]),
@@ -580,8 +586,14 @@ def cmd_list(args) -> int:
         if bad:
             cols.append(Column("known bad", [known_bad.short(i.known_bad) if i.known_bad else "" for i in impls],
                                wrap=True))
-        render_table(console, cols, title=f"{p} ({args.direction}, fpmath {args.fpmath})")
-    return 0
+        if args.isolate:   # each ran once in a child process, checked against float64
+            cols.append(Column("status (isolated run)", [i.status + (f": {i.detail}" if i.detail and i.status != "ok"
+                                                                    else "") for i in impls], wrap=True))
+        render_table(console, cols, title=f"{p} ({args.direction}, fpmath {args.fpmath})"
+                     + ("; each run once in a child process" if args.isolate else ""))
+        if args.isolate and any(status_group(i.status) == "failed" for i in impls):
+            failed = 4
+    return failed
 
 
 def _width(text: str) -> int:
@@ -600,6 +612,13 @@ def build_parser() -> argparse.ArgumentParser:
                                  "algorithm of oneDNN and cuDNN on torch tensors.")
     ap.add_argument("--version", action="version", version=f"rawconv {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def isolate_args(p, what):
+        p.add_argument("--isolate", action="store_true",
+                       help=f"run {what} in a child process: a crash, abort or hang of one becomes its row's status "
+                            "('crashed: SIGABRT', 'timed out after N s') and rawconv goes on")
+        p.add_argument("--timeout", type=_positive_float, default=60.0,
+                       help="with --isolate: seconds one candidate may take in the child (default 60)")
 
     def problem_args(p):
         p.add_argument("problem", nargs="?", help="preset name (resnet50) or benchdnn descriptor "
@@ -674,6 +693,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"seconds per call above which a reference implementation is not run, estimated from its "
                         f"measured rate on a tiny problem (default {REF_MAX_SECONDS:g})")
     c.add_argument("--engines", default=None, help="cuDNN graph-API engines: 'all' or the top N by heuristic")
+    isolate_args(c, "the oneDNN candidates")
     c.add_argument("--allow-known-bad", action="store_true",
                    help="also run oneDNN implementations rawconv.known_bad lists for a problem (they may crash, "
                         "hang or give wrong results; see README)")
@@ -714,6 +734,9 @@ def build_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("list", help="list every implementation/algorithm for a problem (no timing)")
     problem_args(ls)
     ls.add_argument("--direction", default="forward", choices=["forward", "backward_data", "backward_weights"])
+    isolate_args(ls, "each oneDNN implementation once (checked against float64)")
+    ls.add_argument("--allow-known-bad", action="store_true",
+                    help="with --isolate: also run the implementations rawconv.known_bad lists (in the child)")
     width_arg(ls)
     ls.set_defaults(func=cmd_list)
     return ap

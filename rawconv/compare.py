@@ -30,6 +30,7 @@ from .errors import LibraryNotFoundError, NotSupportedError, RawconvError
 from .check import abs_reference, compare_to_reference
 from .problem import ConvProblem
 from .results import Result, ResultTable, _json_safe, status_group
+from .torch_choice import _compare_detail, _trace_detail, conv_backend_name, torch_onednn_trace  # noqa: F401
 
 __all__ = ["Row", "STATUSES", "status_category", "compare_problem", "compare", "real_photo", "inputs_for", "summary", "records", "replay",
            "exit_code", "EXIT_CODES"]
@@ -163,62 +164,9 @@ def torch_backend(problem: ConvProblem, x, w, b) -> str:
             xx, pad = F.pad(x, padlist), [0] * problem.ndim
         be = torch._C._select_conv_backend(xx, w, b, list(problem.stride), pad, list(problem.dilation),
                                            False, [0] * problem.ndim, problem.groups)
-        return str(be).split(".")[-1]
+        return conv_backend_name(be)
     except Exception as exc:  # pragma: no cover - private API
         return f"unknown ({type(exc).__name__})"
-
-
-def torch_onednn_trace(fn: Callable[[], object]) -> list[dict]:
-    """What torch's own (bundled) oneDNN executes for one call of ``fn``: one dict per primitive
-    (``kind``: "convolution" / "reorder", ``impl``: e.g. "jit:avx512_core", ``formats``: the memory
-    descriptors as oneDNN's verbose mode prints them). Runs ``fn`` once under
-    ``torch.backends.mkldnn.verbose`` with the C stdout redirected to a temporary file.
-    Returns ``[]`` when torch's path did not go through oneDNN."""
-    import ctypes
-    import os
-    import sys
-    import tempfile
-
-    libc = ctypes.CDLL(None)
-    sys.stdout.flush()
-    saved = os.dup(1)
-    with tempfile.TemporaryFile(mode="w+b") as tmp:
-        os.dup2(tmp.fileno(), 1)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
-                    fn()
-        finally:
-            libc.fflush(None)
-            os.dup2(saved, 1)
-            os.close(saved)
-        tmp.seek(0)
-        text = tmp.read().decode(errors="replace")
-    out = []
-    for line in text.splitlines():
-        parts = line.split(",")
-        if not line.startswith("onednn_verbose") or "exec" not in parts:
-            continue
-        i = parts.index("exec")
-        if len(parts) > i + 4:
-            out.append({"kind": parts[i + 2], "impl": parts[i + 3], "formats": parts[i + 5] if len(parts) > i + 5 else ""})
-    return out
-
-
-def _trace_detail(trace: list[dict]) -> str:
-    convs = [t for t in trace if t["kind"] == "convolution"]
-    if not convs:
-        return ""
-    fm = {}
-    for item in convs[0]["formats"].split():
-        role, _, rest = item.partition(":")
-        bits = rest.split(":")
-        if len(bits) >= 4 and bits[3]:
-            fm[role] = bits[3]
-    reorders = sum(t["kind"] == "reorder" for t in trace)
-    return (f"; torch's oneDNN ran {convs[0]['impl']} (src {fm.get('src', '?')}, weights {fm.get('wei', '?')})"
-            f" + {reorders} reorder(s)")
 
 
 def _error_row(problem_name: str, backend: str, impl: str, exc: BaseException, detail: str = "", **kw) -> Row:
@@ -279,12 +227,13 @@ def _torch_rows(problem, x, w, b, ref, ref_abs, timer) -> list[Row]:
         cudnn = torch.backends.cudnn
         fp32_tf32 = problem.dtype == "float32" and cudnn.allow_tf32
         tol = {"compute": "tf32"} if fp32_tf32 else None
+        # the detail names torch's cuDNN kernel and the rawconv candidate(s) it maps to (rawconv.torch_choice)
         with cudnn.flags(enabled=True, benchmark=False, deterministic=False, allow_tf32=cudnn.allow_tf32):
-            rows.append(_measure(problem, "torch", "default", torch_backend(problem, x, w, b), call, ref, ref_abs,
-                                 timer, tol=tol))
+            rows.append(_measure(problem, "torch", "default", torch_backend(problem, x, w, b)
+                                 + _compare_detail(problem, x, w, b), call, ref, ref_abs, timer, tol=tol))
         with cudnn.flags(enabled=True, benchmark=True, deterministic=False, allow_tf32=cudnn.allow_tf32):
-            rows.append(_measure(problem, "torch", "cudnn.benchmark=True", torch_backend(problem, x, w, b), call,
-                                 ref, ref_abs, timer, tol=tol))
+            rows.append(_measure(problem, "torch", "cudnn.benchmark=True", torch_backend(problem, x, w, b)
+                                 + _compare_detail(problem, x, w, b), call, ref, ref_abs, timer, tol=tol))
         with cudnn.flags(enabled=False):
             rows.append(_measure(problem, "torch", "cudnn disabled", torch_backend(problem, x, w, b), call,
                                  ref, ref_abs, timer))

@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 import torch
 
-from . import _cudnn
+from . import _cuda, _cudnn
 from ._cudnn import ffi
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from ._plans import PlanCache, PlanLifetime
@@ -475,7 +475,7 @@ class Convolution(PlanLifetime):
 
     # ------------------------------------------------------------------ algo queries
     def _handle(self):
-        return _cudnn.handle_for(self.device_index)
+        return _cuda.handle_for(self.device_index)
 
     def _query(self, mode: str, math: str) -> list[Algorithm]:
         key = (mode, math)
@@ -501,7 +501,7 @@ class Convolution(PlanLifetime):
             t = self._example_tensors()
             n = self.batch_chunk
             ws_bytes = self._find_workspace_bytes(math)
-            ws = _cudnn.workspace(ws_bytes, self.problem.device)
+            ws = _cuda.workspace(ws_bytes, self.problem.device)
             P = lambda tt: ffi.cast("void *", tt.data_ptr())  # noqa: E731
             if d == "forward":
                 y = empty_like_layout((n,) + self.inner.y_shape[1:], self.problem.layout, self.problem.torch_dtype,
@@ -572,6 +572,7 @@ class Convolution(PlanLifetime):
         _cudnn.check(st, fn, f"algo {ALGOS[d][algo_id]}, {self.problem.describe()}")
         return int(out[0])
 
+    @_cuda.on_plan_device
     def algorithms(self, mode: str = "find", math: str | None = "all") -> list[Algorithm]:
         """Rows of (algo, math type) for this plan's problem and direction (:class:`Algorithm`).
 
@@ -607,6 +608,7 @@ class Convolution(PlanLifetime):
                 names.append(r.algo)
         return names
 
+    @_cuda.on_plan_device
     def _choose(self) -> RunInfo:
         req = self._algo_request
         rows_h = self._query("heuristic", self.math)
@@ -710,7 +712,7 @@ class Convolution(PlanLifetime):
 
     # ------------------------------------------------------------------ execution
     def _prep(self, name: str, t, shape, strides, is_out: bool = False) -> torch.Tensor:
-        t = _cudnn.check_plan_tensor(self.problem, t, name, shape, self.device_index,
+        t = _cuda.check_plan_tensor(self.problem, t, name, shape, self.device_index,
                                      ("x", "y", "grad_y", "dx", "out"))
         if t.stride() != strides and not strides_match(t, strides):
             if is_out:
@@ -728,10 +730,11 @@ class Convolution(PlanLifetime):
     def _workspace(self, stream: int):
         ws = self._ws
         if ws is None or self._ws_stream != stream:
-            ws = _cudnn.workspace(self._info.workspace_bytes, self.problem.device)
+            ws = _cuda.workspace(self._info.workspace_bytes, self.problem.device)
             self._ws, self._ws_stream = ws, stream
         return ws
 
+    @_cuda.on_plan_device
     def execute(self, x: torch.Tensor | None = None, w: torch.Tensor | None = None,
                 bias: torch.Tensor | None = None, out: torch.Tensor | None = None, *,
                 grad_y: torch.Tensor | None = None, return_info: bool = False):
@@ -770,108 +773,122 @@ class Convolution(PlanLifetime):
             res = self._empty(x, w, bias, out)
             return (res, self._info) if return_info else res
         info = self._info or self.info
-        L = _cudnn.lib()
-        h = _cudnn.handle_for(self.device_index)
-        stream = _cudnn.current_stream_of_handle(self.device_index)
-        ws = self._workspace(stream)
-        pws = ffi.cast("void *", ws.data_ptr())
-        nws = info.workspace_bytes
-        algo = info.algo_id
-        cast = ffi.cast
-        n, b = self.inner.n, self.batch_chunk
-        if d == "forward":
-            x = self._prep("x", x, p.x_shape, self._xs)
-            w = self._prep("w", w, p.w_shape, self._wst)
-            y = empty_like_layout(p.y_shape, p.layout, p.torch_dtype, x.device) if out is None else \
-                self._prep("out", out, p.y_shape, self._ys, True)
-            if self._asym:
-                x = self._pad(x)
-            fused = info.fused
-            if fused:
-                bt = self._prep("bias", bias, (p.k,), (1,))
-                act = self._act_desc()
-                bd = self._bias_desc()
-            pw = cast("void *", w.data_ptr())
-            for s in range(0, n, b):
-                xd, wd, yd, cd = self.descriptors(min(b, n - s))
-                xs = x if b >= n else x[s:s + b]
-                ys = y if b >= n else y[s:s + b]
-                if fused:
-                    st = L.cudnnConvolutionBiasActivationForward(
-                        h, self._alpha, xd, cast("void *", xs.data_ptr()), wd, pw, cd, algo, pws, nws,
-                        self._beta0, yd, cast("void *", ys.data_ptr()), bd, cast("void *", bt.data_ptr()), act, yd,
-                        cast("void *", ys.data_ptr()))
-                    if st:
-                        err = _cudnn.error(st, "cudnnConvolutionBiasActivationForward", p.describe())
-                        if isinstance(err, NotSupportedError) and s == 0:
-                            self._fused = False  # fall back to unfused for good
-                            self._info = info = RunInfo(info.direction, info.algo, info.algo_id, info.math,
-                                                        info.math_reported, info.workspace_bytes,
-                                                        info.deterministic, False,
-                                                        info.notes + ("fused bias+activation not supported: unfused",))
-                            fused = False
-                        else:
-                            raise err
-                if not fused:
-                    st = L.cudnnConvolutionForward(h, self._alpha, xd, cast("void *", xs.data_ptr()), wd, pw, cd, algo,
-                                                   pws, nws, self._beta0, yd, cast("void *", ys.data_ptr()))
-                    if st:
-                        raise _cudnn.error(st, "cudnnConvolutionForward", f"algo {info.algo}, {p.describe()}")
-            if not fused:
-                if bias is not None:
-                    bt = self._prep("bias", bias, (p.k,), (1,))
-                    y.add_(bt.view(1, -1, *([1] * p.ndim)))
-                if self.activation is not None:
-                    _ACT_FNS[self.activation](y)
-            result = y
-        elif d == "backward_data":
-            dy = self._prep("grad_y", grad_y, p.y_shape, self._ys)
-            w = self._prep("w", w, p.w_shape, self._wst)
-            if self._asym:
-                dx_full = empty_like_layout(self.inner.x_shape, p.layout, p.torch_dtype, dy.device)
-                dx = None if out is None else self._prep("out", out, p.x_shape, self._xs, True)
-            else:
-                dx_full = dx = empty_like_layout(p.x_shape, p.layout, p.torch_dtype, dy.device) if out is None \
-                    else self._prep("out", out, p.x_shape, self._xs, True)
-            pw = cast("void *", w.data_ptr())
-            for s in range(0, n, b):
-                xd, wd, yd, cd = self.descriptors(min(b, n - s))
-                dys = dy if b >= n else dy[s:s + b]
-                dxs = dx_full if b >= n else dx_full[s:s + b]
-                st = L.cudnnConvolutionBackwardData(h, self._alpha, wd, pw, yd, cast("void *", dys.data_ptr()), cd,
-                                                    algo, pws, nws, self._beta0, xd, cast("void *", dxs.data_ptr()))
-                if st:
-                    raise _cudnn.error(st, "cudnnConvolutionBackwardData", f"algo {info.algo}, {p.describe()}")
-            if self._asym:
-                sl = [slice(None), slice(None)] + [slice(e[0], e[0] + i) for e, i in zip(self._extra, p.in_spatial)]
-                if dx is None:
-                    dx = to_layout(dx_full[tuple(sl)], p.layout)
-                else:
-                    dx.copy_(dx_full[tuple(sl)])
-            result = dx
-        else:
-            x = self._prep("x", x, p.x_shape, self._xs)
-            dy = self._prep("grad_y", grad_y, p.y_shape, self._ys)
-            dw = empty_like_layout(p.w_shape, self.w_layout, p.torch_dtype, x.device) if out is None else \
-                self._prep("out", out, p.w_shape, self._wst, True)
-            if self._asym:
-                x = self._pad(x)
-            pdw = cast("void *", dw.data_ptr())
-            for s in range(0, n, b):
-                xd, wd, yd, cd = self.descriptors(min(b, n - s))
-                xs = x if b >= n else x[s:s + b]
-                dys = dy if b >= n else dy[s:s + b]
-                st = L.cudnnConvolutionBackwardFilter(h, self._alpha, xd, cast("void *", xs.data_ptr()), yd,
-                                                      cast("void *", dys.data_ptr()), cd, algo, pws, nws,
-                                                      self._beta0 if s == 0 else self._beta1, wd, pdw)
-                if st:
-                    raise _cudnn.error(st, "cudnnConvolutionBackwardFilter", f"algo {info.algo}, {p.describe()}")
-            result = dw
+        h = _cuda.handle_for(self.device_index)
+        ws = self._workspace(_cuda.current_stream_of_handle(self.device_index))
+        run = (self._run_forward if d == "forward" else self._run_backward_data if d == "backward_data"
+               else self._run_backward_weights)
+        result = run(h, info, ffi.cast("void *", ws.data_ptr()), x, w, bias, out, grad_y)
         if p.unbatched and d != "backward_weights":
             result = result.squeeze(0)
         return (result, self._info) if return_info else result
 
     __call__ = execute
+
+    def _chunks(self):
+        """``(start, size)`` of each batch chunk (int32 element limit) and its descriptors."""
+        n, b = self.inner.n, self.batch_chunk
+        for s in range(0, n, b):
+            yield s, min(b, n - s), self.descriptors(min(b, n - s))
+
+    def _run_forward(self, h, info: RunInfo, pws, x, w, bias, out, _grad_y):
+        """execute() forward: ``cudnnConvolutionForward`` per batch chunk, or
+        ``cudnnConvolutionBiasActivationForward`` when bias (+ activation) fuse; else those in torch."""
+        p, L, cast, nws, algo = self.problem, _cudnn.lib(), ffi.cast, info.workspace_bytes, info.algo_id
+        x = self._prep("x", x, p.x_shape, self._xs)
+        w = self._prep("w", w, p.w_shape, self._wst)
+        y = empty_like_layout(p.y_shape, p.layout, p.torch_dtype, x.device) if out is None else \
+            self._prep("out", out, p.y_shape, self._ys, True)
+        if self._asym:
+            x = self._pad(x)
+        fused = info.fused
+        if fused:
+            bt = self._prep("bias", bias, (p.k,), (1,))
+            act = self._act_desc()
+            bd = self._bias_desc()
+        pw = cast("void *", w.data_ptr())
+        whole = self.batch_chunk >= self.inner.n
+        for s, size, (xd, wd, yd, cd) in self._chunks():
+            xs = x if whole else x[s:s + size]
+            ys = y if whole else y[s:s + size]
+            if fused:
+                st = L.cudnnConvolutionBiasActivationForward(
+                    h, self._alpha, xd, cast("void *", xs.data_ptr()), wd, pw, cd, algo, pws, nws,
+                    self._beta0, yd, cast("void *", ys.data_ptr()), bd, cast("void *", bt.data_ptr()), act, yd,
+                    cast("void *", ys.data_ptr()))
+                if st:
+                    err = _cudnn.error(st, "cudnnConvolutionBiasActivationForward", p.describe())
+                    if isinstance(err, NotSupportedError) and s == 0:
+                        self._fused = False  # fall back to unfused for good
+                        self._info = info = RunInfo(info.direction, info.algo, info.algo_id, info.math,
+                                                    info.math_reported, info.workspace_bytes,
+                                                    info.deterministic, False,
+                                                    info.notes + ("fused bias+activation not supported: unfused",))
+                        fused = False
+                    else:
+                        raise err
+            if not fused:
+                st = L.cudnnConvolutionForward(h, self._alpha, xd, cast("void *", xs.data_ptr()), wd, pw, cd, algo,
+                                               pws, nws, self._beta0, yd, cast("void *", ys.data_ptr()))
+                if st:
+                    raise _cudnn.error(st, "cudnnConvolutionForward", f"algo {info.algo}, {p.describe()}")
+        if not fused:
+            if bias is not None:
+                bt = self._prep("bias", bias, (p.k,), (1,))
+                y.add_(bt.view(1, -1, *([1] * p.ndim)))
+            if self.activation is not None:
+                _ACT_FNS[self.activation](y)
+        return y
+
+    def _run_backward_data(self, h, info: RunInfo, pws, _x, w, _bias, out, grad_y):
+        """execute() backward data: ``cudnnConvolutionBackwardData`` per batch chunk (asymmetric
+        padding: into a padded dx, then the inner part)."""
+        p, L, cast, nws, algo = self.problem, _cudnn.lib(), ffi.cast, info.workspace_bytes, info.algo_id
+        dy = self._prep("grad_y", grad_y, p.y_shape, self._ys)
+        w = self._prep("w", w, p.w_shape, self._wst)
+        if self._asym:
+            dx_full = empty_like_layout(self.inner.x_shape, p.layout, p.torch_dtype, dy.device)
+            dx = None if out is None else self._prep("out", out, p.x_shape, self._xs, True)
+        else:
+            dx_full = dx = empty_like_layout(p.x_shape, p.layout, p.torch_dtype, dy.device) if out is None \
+                else self._prep("out", out, p.x_shape, self._xs, True)
+        pw = cast("void *", w.data_ptr())
+        whole = self.batch_chunk >= self.inner.n
+        for s, size, (xd, wd, yd, cd) in self._chunks():
+            dys = dy if whole else dy[s:s + size]
+            dxs = dx_full if whole else dx_full[s:s + size]
+            st = L.cudnnConvolutionBackwardData(h, self._alpha, wd, pw, yd, cast("void *", dys.data_ptr()), cd,
+                                                algo, pws, nws, self._beta0, xd, cast("void *", dxs.data_ptr()))
+            if st:
+                raise _cudnn.error(st, "cudnnConvolutionBackwardData", f"algo {info.algo}, {p.describe()}")
+        if self._asym:
+            sl = [slice(None), slice(None)] + [slice(e[0], e[0] + i) for e, i in zip(self._extra, p.in_spatial)]
+            if dx is None:
+                dx = to_layout(dx_full[tuple(sl)], p.layout)
+            else:
+                dx.copy_(dx_full[tuple(sl)])
+        return dx
+
+    def _run_backward_weights(self, h, info: RunInfo, pws, x, _w, _bias, out, grad_y):
+        """execute() backward weights: ``cudnnConvolutionBackwardFilter`` per batch chunk, the
+        chunks accumulated into dw (beta 1 after the first)."""
+        p, L, cast, nws, algo = self.problem, _cudnn.lib(), ffi.cast, info.workspace_bytes, info.algo_id
+        x = self._prep("x", x, p.x_shape, self._xs)
+        dy = self._prep("grad_y", grad_y, p.y_shape, self._ys)
+        dw = empty_like_layout(p.w_shape, self.w_layout, p.torch_dtype, x.device) if out is None else \
+            self._prep("out", out, p.w_shape, self._wst, True)
+        if self._asym:
+            x = self._pad(x)
+        pdw = cast("void *", dw.data_ptr())
+        whole = self.batch_chunk >= self.inner.n
+        for s, size, (xd, wd, yd, cd) in self._chunks():
+            xs = x if whole else x[s:s + size]
+            dys = dy if whole else dy[s:s + size]
+            st = L.cudnnConvolutionBackwardFilter(h, self._alpha, xd, cast("void *", xs.data_ptr()), yd,
+                                                  cast("void *", dys.data_ptr()), cd, algo, pws, nws,
+                                                  self._beta0 if s == 0 else self._beta1, wd, pdw)
+            if st:
+                raise _cudnn.error(st, "cudnnConvolutionBackwardFilter", f"algo {info.algo}, {p.describe()}")
+        return dw
 
     def _bias_desc(self):
         bd = self._descs.get("bias")
@@ -921,6 +938,7 @@ class Convolution(PlanLifetime):
             self._example = t
         return t
 
+    @_cuda.on_plan_device
     def autotune(self, iterations: int = 20, warmup: int = 3, *, budget_s: float | None = None,
                  math: str | None = None, use_cache: bool | None = None,
                  progress: bool | None = None) -> ResultTable:
@@ -1459,7 +1477,7 @@ def capabilities(refresh: bool = False, device: int | None = None):
         if caps is not None and not refresh:
             return caps
         _cudnn.lib()
-        _cudnn.handle_for(idx)          # no GPU: cuDNN's own error (cudnnCreate) here
+        _cuda.handle_for(idx)          # no GPU: cuDNN's own error (cudnnCreate) here
         cc = torch.cuda.get_device_capability(idx)
         platform = f"{torch.cuda.get_device_name(idx)} (compute capability {cc[0]}.{cc[1]})"
         rows = []

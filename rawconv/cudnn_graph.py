@@ -38,7 +38,7 @@ from typing import Any, Sequence
 
 import torch
 
-from . import _cudnn, _cudnn_backend as B, _search, tuning, known_bad as _known_bad
+from . import _cuda, _cudnn, _cudnn_backend as B, _search, tuning, known_bad as _known_bad
 from ._search import TimedConfig, knob_combinations
 from .errors import ArgumentError, ArgumentTypeError, LibraryError, NotSupportedError
 from ._backend import Candidate, canonical_direction
@@ -426,6 +426,7 @@ class GraphConvolution(PlanLifetime):
         self._graph_desc()
         return self._graph.global_count
 
+    @_cuda.on_plan_device
     def heuristic(self, mode: str = "instant") -> list[EngineConfig]:
         """Engine configs heuristic ``mode`` (``"instant"``, ``"b"``, ``"fallback"``) returns, best
         first (not finalized; see :meth:`engines`). Mode B declines some graphs (3-D, grouped,
@@ -464,6 +465,7 @@ class GraphConvolution(PlanLifetime):
         self._configs[ec.name] = ec
         return ec
 
+    @_cuda.on_plan_device
     def engine_info(self, index: int):
         """``(notes, knob_info)`` of engine ``index`` for this graph, or None when the engine does
         not support it. ``notes``: {"numerical_notes": (...), "behavior_notes": (...)};
@@ -489,6 +491,7 @@ class GraphConvolution(PlanLifetime):
             return ec
         return ec.with_(numerical_notes=info[0]["numerical_notes"], behavior_notes=info[0]["behavior_notes"])
 
+    @_cuda.on_plan_device
     def build(self, config: Any, *, handle=None) -> _Built:
         """Finalize the execution plan of one engine config (cached per config name), on this
         thread's cuDNN handle unless ``handle`` is given. Raises :class:`NotSupportedError` when it
@@ -539,6 +542,7 @@ class GraphConvolution(PlanLifetime):
         raise ArgumentTypeError(f"engine must be an EngineConfig, a name such as 'eng28{{k2=3}}' or an engine "
                                 f"index, got {type(config).__name__}")
 
+    @_cuda.on_plan_device
     def engines(self, heuristic: str | Sequence[str] = "instant", *, limit: int | None = 16,
                 finalize: bool = True) -> list[EngineConfig]:
         """Engine configs cuDNN offers for this graph.
@@ -720,7 +724,7 @@ class GraphConvolution(PlanLifetime):
 
     # ------------------------------------------------------------------ execution
     def _prepare(self, role: str, t, shape) -> torch.Tensor:
-        t = _cudnn.check_plan_tensor(self.problem, t, role, shape, self.device_index, ("x", "y", "dx", "dy"))
+        t = _cuda.check_plan_tensor(self.problem, t, role, shape, self.device_index, ("x", "y", "dx", "dy"))
         want = self._want.get(role)
         if want is None:
             want = self._want[role] = tuple(self._graph.strides[role] if self._graph is not None else
@@ -741,15 +745,16 @@ class GraphConvolution(PlanLifetime):
         vp = b.vps.get(ptrs)
         if vp is None:
             if b.workspace is None:
-                b.workspace = _cudnn.workspace(b.workspace_bytes, f"cuda:{self.device_index}")
+                b.workspace = _cuda.workspace(b.workspace_bytes, f"cuda:{self.device_index}")
             if len(b.vps) >= 64:
                 b.vps.clear()
             vp = b.vps[ptrs] = B.variant_pack(self._graph.uids, ptrs, b.workspace.data_ptr())
         L = _cudnn.lib()
-        status = L.cudnnBackendExecute(_cudnn.handle_for(self.device_index), b.plan.ptr, vp.ptr)
+        status = L.cudnnBackendExecute(_cuda.handle_for(self.device_index), b.plan.ptr, vp.ptr)
         if status:
             raise _cudnn.error(status, "cudnnBackendExecute", f"{b.config.name} on {self._describe()}")
 
+    @_cuda.on_plan_device
     def execute(self, x: torch.Tensor | None = None, w: torch.Tensor | None = None,
                 bias: torch.Tensor | None = None, out: torch.Tensor | None = None, *,
                 grad_y: torch.Tensor | None = None) -> torch.Tensor:
@@ -824,7 +829,7 @@ class GraphConvolution(PlanLifetime):
         cl = cl or self._via
         bufs = self._relayout_buffers()
         out_role = _OUT_ROLE[self.direction]
-        h = _cudnn.handle_for(self.device_index)
+        h = _cuda.handle_for(self.device_index)
         for role in _ROLES[self.direction]:
             if role != out_role:
                 self._transform(h, bufs[role][2], t[role].data_ptr(), bufs[role][3], bufs[role][1])
@@ -894,7 +899,7 @@ class GraphConvolution(PlanLifetime):
 
     def handle(self):
         """This thread's cuDNN handle for the plan's device."""
-        return _cudnn.handle_for(self.device_index)
+        return _cuda.handle_for(self.device_index)
 
     @property
     def built(self) -> dict:
@@ -957,6 +962,7 @@ class GraphConvolution(PlanLifetime):
             return {"dy": dy, "w": w}
         return {"x": x, "dy": dy}
 
+    @_cuda.on_plan_device
     def autotune(self, *, budget_s: float = 10.0, workspace_limit: int | None = None,
                  deterministic_only: bool = False, no_tensor_cores: bool | None = None,
                  no_down_conversion: bool = True, no_reduced_precision: bool = False,
