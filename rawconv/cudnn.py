@@ -83,7 +83,7 @@ _ALGO_ENUMS = {"forward": FwdAlgo, "backward_data": BwdDataAlgo, "backward_weigh
 
 
 # ---------------------------------------------------------------------------- result rows
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Algorithm(Candidate):
     """One row of :func:`algorithms` / :func:`candidates`: an (algo, math type) pair as cuDNN reports it.
 
@@ -167,6 +167,16 @@ class RunInfo:
     @property
     def tf32_possible(self) -> bool:
         return self.math_reported in ("default", "tensor_op", "tensor_op_allow_conversion")
+
+    def __str__(self) -> str:
+        fused = {None: "", True: ", bias fused", False: ", bias not fused"}[self.fused]
+        notes = "; " + "; ".join(self.notes) if self.notes else ""
+        return (f"{self.direction} {self.algo}@{self.math} (cuDNN reports math {self.math_reported}), workspace "
+                f"{self.workspace_bytes} B, {'deterministic' if self.deterministic else 'non-deterministic'}"
+                f"{fused}{notes}")
+
+    def __repr__(self) -> str:
+        return f"<RunInfo {self}>"
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -422,6 +432,7 @@ class Convolution(PlanLifetime):
         self._ys = tuple(dense_strides(p.y_shape, p.layout))
         self._wst = tuple(dense_strides(p.w_shape, w_layout))
         self._algo_id = algo_id
+        self.tuning_record = None   # autotune's choice (rawconv.tuning.TuningRecord)
 
     # ------------------------------------------------------------------ descriptors (no GPU needed)
     def _conv_desc(self, math: str):
@@ -929,38 +940,108 @@ class Convolution(PlanLifetime):
 
     @_cuda.on_plan_device
     def autotune(self, iterations: int = 20, warmup: int = 3, *, budget_s: float | None = None,
-                 math: str | None = None) -> list[TimedAlgorithm]:
+                 math: str | None = None, use_cache: bool | None = None,
+                 progress: bool | None = None) -> ResultTable:
         """Time every usable algo (from Find, with this plan's math unless ``math`` names another)
         as GPU time per call (:func:`gpu_time`: CUDA events around calls queued behind a GPU sleep,
         ``repeats`` 3 loops of ``iterations`` calls) on random tensors of the problem, select the
-        fastest by median and return the rows, fastest first. ``budget_s`` is ignored (kept for
-        signature parity with :meth:`rawconv.onednn.Convolution.autotune`)."""
+        fastest by median and return the rows (a :class:`~rawconv.results.ResultTable`), fastest
+        first. ``budget_s`` is ignored (kept for signature parity with
+        :meth:`rawconv.onednn.Convolution.autotune`).
+
+        Tuning records: the choice (``"ALGO@math"``, the math type set on the descriptor) is
+        stored as a :class:`rawconv.tuning.TuningRecord` (:attr:`tuning_record`, also the table's
+        ``record``) in the tuning cache (:func:`rawconv.tuning.cache`; on disk when
+        ``$RAWCONV_TUNING_CACHE`` or :func:`rawconv.tuning.set_cache_file` names a file), keyed by
+        the problem, direction, activation, math type, determinism, workspace limit, cuDNN's
+        version and the GPU (name, compute capability). ``use_cache``: look the problem up there
+        first and, on a hit that still selects, use it without timing (one row, phase
+        ``"cache"``); None (the default): only when a cache file is configured. ``progress``: a
+        tqdm bar naming the algo being timed (None: when stderr is a terminal or in a Jupyter
+        kernel)."""
+        from . import _progress, tuning
+
         self._check_live()
+        if use_cache is not None and not isinstance(use_cache, bool):
+            raise ArgumentTypeError(f"use_cache must be True, False or None, got {use_cache!r}")
+        _progress.enabled(progress)   # validates
         if math is not None and math != self.math:
             self.math = _math_name(math, self.problem.dtype)
             self._descs = {}
+        key = self._tuning_key()
+        store = tuning.cache()
+        if use_cache or (use_cache is None and tuning.cache_file()):
+            hit = self._from_cache(store, key)
+            if hit is not None:
+                return hit
         rows = []
         cands = [r for r in self._query("find", self.math) if self._usable(r)]
         seen = set()
-        for r in cands:
-            if r.algo_id in seen:
-                continue
-            seen.add(r.algo_id)
-            try:
-                self.select(r.algo_id)
-            except NotSupportedError:
-                continue
-            args = self._exec_args()
-            try:
-                stats = gpu_time(lambda: self.execute(**args), iterations=iterations, warmup=warmup)
-            except NotSupportedError:
-                continue
-            rows.append(TimedAlgorithm(r, stats.median_ms, stats.min_ms, stats.runs, problem=self.problem))
+        with _progress.bar(progress, total=len({r.algo_id for r in cands}), desc="cuDNN autotune",
+                           unit="algo") as bar:
+            for r in cands:
+                if r.algo_id in seen:
+                    continue
+                seen.add(r.algo_id)
+                bar.note(r.choice)
+                try:
+                    self.select(r.algo_id)
+                    args = self._exec_args()
+                    stats = gpu_time(lambda: self.execute(**args), iterations=iterations, warmup=warmup)
+                except NotSupportedError:
+                    continue
+                finally:
+                    bar.update()
+                rows.append(TimedAlgorithm(r, stats.median_ms, stats.min_ms, stats.runs, problem=self.problem))
         if not rows:
             raise NotSupportedError("no algo could be timed for " + self.problem.describe(), library="cuDNN")
         rows.sort(key=lambda r: r.median_ms)
-        self.select(rows[0].algorithm.algo_id)
-        return ResultTable(rows, title=f"cuDNN autotune: {self.direction} {self.problem}")
+        info = self.select(rows[0].algorithm.algo_id)
+        out = ResultTable(rows, title=f"cuDNN autotune: {self.direction} {self.problem}")
+        rec = self._record(key, rows[0], info)
+        store.put(rec)
+        self.tuning_record = out.record = rec
+        return out
+
+    # ------------------------------------------------------------------ tuning records
+    def _tuning_key(self):
+        """The :class:`rawconv.tuning.TuningKey` of an autotune of this plan (see :meth:`autotune`)."""
+        from . import tuning
+
+        return tuning.TuningKey.for_backend("cudnn", self.problem, self.direction,
+                                            _key_options(self.math, self.deterministic, self.workspace_limit),
+                                            self.activation, _environment(self.device_index))
+
+    def _from_cache(self, store, key):
+        """A tuning-cache hit selected (one row, phase ``"cache"``), or None."""
+        hit = store.get(key)
+        if hit is None:
+            return None
+        try:
+            info = self.select(choice=hit.choice)
+        except (NotSupportedError, ArgumentError) as exc:
+            log.debug("tuning cache: %s no longer selects (%s): searching", hit.choice, exc)
+            return None
+        algo = Algorithm(self.direction, info.algo, info.algo_id, info.math, "CUDNN_STATUS_SUCCESS", None,
+                         info.workspace_bytes, info.deterministic, "cache", info.math)
+        nan = float("nan")
+        row = TimedAlgorithm(algo, hit.median_ms if hit.median_ms is not None else nan,
+                             hit.min_ms if hit.min_ms is not None else nan, 0, problem=self.problem)
+        row.phase, row.detail = "cache", f"from the tuning cache (recorded {hit.created})"
+        out = ResultTable([row], title=f"cuDNN autotune: {self.direction} {self.problem}")
+        self.tuning_record = out.record = hit
+        return out
+
+    def _record(self, key, row, info: RunInfo):
+        """The tuning record of autotune's choice: ``"ALGO@math"`` with the math type set on the
+        descriptor (what :meth:`select` takes to rebuild exactly this state)."""
+        from . import tuning
+
+        detail = {"algo": info.algo, "algo_id": info.algo_id, "math": info.math,
+                  "math_reported": info.math_reported, "workspace_bytes": info.workspace_bytes,
+                  "deterministic": info.deterministic}
+        return tuning.TuningRecord(key, f"{info.algo}@{info.math}", detail, self.problem.layout, row.median_ms,
+                                   row.min_ms, None, label=self.problem.name or "")
 
     def _exec_args(self) -> dict:
         """Tensors of the problem's shapes (the outer problem) for timing."""
@@ -1327,6 +1408,27 @@ def info() -> dict:
         out["gpu"] = None
     return out
 
+
+
+# ---------------------------------------------------------------------------- tuning records
+def _key_options(math: str, deterministic: bool = False, workspace_limit: int | None = None) -> dict:
+    """The options of a legacy cuDNN tuning key: the math type set on the descriptor,
+    determinism, workspace limit."""
+    return {"math": math, "deterministic": bool(deterministic), "workspace_limit": workspace_limit}
+
+
+def _environment(device_index: int | None = None) -> dict:
+    """The library and device a cuDNN tuning key records: ``{"library": "cuDNN",
+    "library_version": "9.19.0", "device": "NVIDIA H200", "device_arch": "sm_90"}`` (needs the GPU)."""
+    idx = torch.cuda.current_device() if device_index is None else device_index
+    major, minor = torch.cuda.get_device_capability(idx)
+    return {"library": "cuDNN", "library_version": _cudnn.version()["version"],
+            "device": torch.cuda.get_device_name(idx), "device_arch": f"sm_{major}{minor}"}
+
+
+from . import tuning as _tuning  # noqa: E402
+
+_tuning.register_environment("cudnn", _environment)
 
 
 # ---------------------------------------------------------------------------- capabilities

@@ -86,7 +86,7 @@ _NAME_RE = re.compile(r"^eng(\d+)(?:\{\s*((?:k\d+\s*=\s*-?\d+\s*(?:,\s*k\d+\s*=\
 
 
 # ---------------------------------------------------------------------------- engine configs
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class EngineConfig(Candidate):
     """One engine config of a graph: engine global index plus knob choices.
 
@@ -349,6 +349,8 @@ class GraphConvolution(PlanLifetime):
     ``cudnnBackendCreateDescriptor``, ``cudnnBackendSetAttribute``, ``cudnnBackendFinalize``,
     ``cudnnBackendGetAttribute``, ``cudnnBackendExecute``.
     """
+
+    tuning_record = None   # autotune's choice (rawconv.tuning.TuningRecord)
 
     def __init__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
                  padding: Any = 0, dilation: Any = 1, groups: int = 1, *, activation: str | None = None,
@@ -967,7 +969,8 @@ class GraphConvolution(PlanLifetime):
                  iterations: int = 5, final_iterations: int = 30, check: bool = True,
                  use_cache: bool = True, seed: int = 0,
                  include_runtime_compiled: bool = True, patience: int | None = 200,
-                 relayout: bool = False, seed_from_cache: bool = True) -> list[TimedConfig]:
+                 relayout: bool = False, seed_from_cache: bool = True,
+                 progress: bool | None = None) -> list[TimedConfig]:
         """Search engine configs for the fastest correct one, select it and return the ranked table.
 
         Candidates, in order, while ``budget_s`` seconds (wall time, finalization included) last:
@@ -1023,6 +1026,10 @@ class GraphConvolution(PlanLifetime):
         GPU times. Those rows are named ``"nhwc:eng72{k17=1,k24=4}"``, the name :meth:`select`
         and :func:`forward` take, and their :attr:`TimedConfig.layout` is ``"nhwc"``; the top
         row is what gets selected.
+        ``progress``: a tqdm bar of the budget's seconds naming the phase and config being tried
+        (None: when stderr is a terminal or in a Jupyter kernel; :mod:`rawconv._progress`). The
+        choice's :class:`rawconv.tuning.TuningRecord` is :attr:`tuning_record` (and the table's
+        ``record``).
         Raises :class:`NotSupportedError` when no candidate runs correctly.
         """
         self._check_live()
@@ -1043,11 +1050,15 @@ class GraphConvolution(PlanLifetime):
         if check:
             ref, ref_abs = reference(self.problem, self.direction, tensors, activation=self.activation)
         seeds = _configs_of(store.seeds(key)) if seed_from_cache else []
-        if relayout:
-            cl_seeds = _configs_of(store.seeds(key, layout="nhwc")) if seed_from_cache else []
-            table = _search.search_relayout(self, t_start, budget_s, tensors, ref, ref_abs, opts, seeds, cl_seeds)
-        else:
-            table = _search.search(self, t_start + budget_s, budget_s, tensors, ref, ref_abs, opts, seeds)
+        from . import _progress
+
+        with _progress.bar(progress, desc="cuDNN graph autotune", seconds=budget_s):
+            if relayout:
+                cl_seeds = _configs_of(store.seeds(key, layout="nhwc")) if seed_from_cache else []
+                table = _search.search_relayout(self, t_start, budget_s, tensors, ref, ref_abs, opts, seeds,
+                                                cl_seeds)
+            else:
+                table = _search.search(self, t_start + budget_s, budget_s, tensors, ref, ref_abs, opts, seeds)
         self.last_autotune = table
         self.autotune_seconds = time.perf_counter() - t_start
         if not table or table[0].status != "ok":
@@ -1056,8 +1067,11 @@ class GraphConvolution(PlanLifetime):
                 + "; ".join(f"{r.name}: {r.status} {r.detail}" for r in table[:10]) + self._layout_hint(),
                 library="cuDNN")
         self._commit(table[0])
-        store.put(self._record(key, table[0]))
-        return self._table(table)
+        rec = self._record(key, table[0])
+        store.put(rec)
+        out = self._table(table)
+        self.tuning_record = out.record = rec
+        return out
 
     def _table(self, rows) -> ResultTable:
         """Autotune's rows as a :class:`rawconv.results.ResultTable` with the problem filled in."""
@@ -1106,6 +1120,7 @@ class GraphConvolution(PlanLifetime):
         rows = self._table([TimedConfig(ec, hit.median_ms, hit.min_ms, 0, "ok", None, "cache", "from the tuning cache",
                                         layout="nhwc" if self._via else "")])
         self.last_autotune = rows
+        self.tuning_record = rows.record = hit
         return rows
 
     def _record(self, key: tuning.TuningKey, row: TimedConfig) -> tuning.TuningRecord:
@@ -1116,7 +1131,7 @@ class GraphConvolution(PlanLifetime):
                   "numerical_notes": list(ec.numerical_notes), "behavior_notes": list(ec.behavior_notes),
                   "workspace_bytes": ec.workspace_bytes}
         return tuning.TuningRecord(key, row.name, detail, row.layout or self.problem.layout, row.median_ms,
-                                   row.min_ms, row.error)
+                                   row.min_ms, row.error, label=self.problem.name or "")
 
     # ------------------------------------------------------------------ lifetime
     def _check_live(self):
