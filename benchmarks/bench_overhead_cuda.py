@@ -62,7 +62,7 @@ def main():
         rows.append((f"legacy plan.execute(out=) {a.algo}", per_call_us(lambda: plan.execute(x, w, out=y), args.calls)))
     rows.append(("legacy cudnn.forward (heuristic)", per_call_us(lambda: cudnn.forward(x, w, padding=1), args.calls)))
     # the bare C call, every argument prepared once: what cuDNN's legacy entry point itself costs
-    from rawconv import _cudnn
+    from rawconv import _cuda, _cudnn
 
     L, ffi = _cudnn.lib(), _cudnn.ffi
     for a in plan.algorithms(mode="heuristic", math=None):
@@ -71,7 +71,7 @@ def main():
         info = plan.select(a.algo_id)
         xd, wd, yd, cd = plan.descriptors()
         ws = torch.empty(max(info.workspace_bytes, 1), dtype=torch.uint8, device="cuda")
-        h = _cudnn.handle_for(0)
+        h = _cuda.handle_for(0)
         cargs = (h, plan._alpha, xd, ffi.cast("void *", x.data_ptr()), wd, ffi.cast("void *", w.data_ptr()), cd,
                  info.algo_id, ffi.cast("void *", ws.data_ptr()), info.workspace_bytes, plan._beta0, yd,
                  ffi.cast("void *", y.data_ptr()))

@@ -47,7 +47,7 @@ def main(argv=None):
             "composite plan.execute(x, w, out=y)": lambda: plan.execute(x, w, out=y),
             "torch F.conv2d NCHW": f_torch,
         }
-        from rawconv import _cudnn
+        from rawconv import _cuda, _cudnn
 
         ffi, L = _cudnn.ffi, _cudnn.lib()
         alpha, beta = ffi.new("float *", 1.0), ffi.new("float *", 0.0)
@@ -58,7 +58,7 @@ def main(argv=None):
             sp, dp = ffi.cast("void *", src.data_ptr()), ffi.cast("void *", dst.data_ptr())
 
             def run():
-                st = L.cudnnTransformTensor(_cudnn.handle_for(0), alpha, sd, sp, beta, dd, dp)
+                st = L.cudnnTransformTensor(_cuda.handle_for(0), alpha, sd, sp, beta, dd, dp)
                 assert st == 0, st
             return run
         xc2, y2 = torch.empty_like(xc), torch.empty_like(y)

@@ -30,8 +30,9 @@ for s in "$@"; do
         --json "$OUT/resnet50_cpu.json" ;;
     overhead-cpu) step overhead-cpu 120 python3 benchmarks/bench_overhead_cpu.py --threads 8 ;;
     overhead-gpu) step overhead-gpu 120 python3 benchmarks/bench_overhead_cuda.py ;;
-    torch-choice) step torch-choice 240 python3 -m rawconv.torch_choice --report resnet50 --batch 32 --dtype float16 \
-        --layout nhwc ;;
+    torch-choice) step torch-choice ${T_TC:-240} python3 -m rawconv.torch_choice --report resnet50 --batch 32 \
+        --dtype float16 --layout nhwc --device cuda --limit ${TC_LIMIT:-8} --json "$OUT/torch_choice.json" ;;
+    ddp) step ddp-gpu 240 python3 examples/ddp_small_cnn.py --device cuda --measure-independent ;;
     train) step train-gpu 180 python3 examples/train_small_cnn.py --device cuda ;;
     *) echo "unknown step $s"; exit 2 ;;
   esac

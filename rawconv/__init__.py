@@ -8,6 +8,9 @@ and nothing is loaded until a backend is first used, so ``import rawconv`` works
 * :mod:`rawconv.ops`: the convolutions as torch custom operators (``torch.ops.rawconv.*``):
   differentiable to any order, traceable by ``torch.compile``.
 * :class:`rawconv.ConvProblem`: the one description of a convolution every backend speaks.
+* :func:`rawconv.torch_choice`: what torch itself runs for a convolution (backend, oneDNN
+  implementation or cuDNN kernel, the rawconv candidate it maps to); :func:`rawconv.torch_flags`:
+  torch's convolution flags for a ``with`` block.
 * :func:`rawconv.info`: what was loaded, from where, and how it was found.
 """
 from __future__ import annotations
@@ -26,13 +29,17 @@ __version__ = "0.1.0"
 logging.getLogger("rawconv").addHandler(logging.NullHandler())
 
 __all__ = ["ConvProblem", "RawconvError", "ArgumentError", "ArgumentTypeError", "LibraryError",
-           "LibraryNotFoundError", "NotSupportedError", "info", "onednn", "cudnn", "__version__"]
+           "LibraryNotFoundError", "NotSupportedError", "info", "onednn", "cudnn", "torch_choice", "torch_flags",
+           "__version__"]
 
 
 def __getattr__(name):  # lazy submodules: rawconv.onednn, rawconv.cudnn
     if name in ("onednn", "cudnn", "cudnn_graph", "nn", "ops", "fused", "bench", "compare", "presets", "cli",
-                "check", "options", "results", "tuning", "known_bad"):
+                "check", "options", "results", "tuning", "known_bad", "torch_choice", "distributed"):
+        # rawconv.torch_choice is the module, and calling it calls torch_choice.torch_choice
         return importlib.import_module(f".{name}", __name__)
+    if name in ("torch_flags", "TorchChoice", "TorchFlags"):
+        return getattr(importlib.import_module(".torch_choice", __name__), name)
     raise AttributeError(f"module 'rawconv' has no attribute {name!r}")
 
 

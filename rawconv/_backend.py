@@ -67,6 +67,15 @@ class Candidate:
     def notes(self) -> tuple:
         return ()
 
+    def __repr__(self) -> str:
+        """One line: the row type and its ``str`` (what a notebook shows for a candidate)."""
+        return f"<{type(self).__name__} {' '.join(str(self).split())}>"
+
+    def _repr_html_(self) -> str:
+        from .results import ResultTable
+
+        return ResultTable([self])._repr_html_()
+
     def summary(self) -> dict:
         """The contract's fields as a JSON-friendly dict (plus the backend's own fields)."""
         import dataclasses

@@ -65,6 +65,12 @@ class CapabilityRow:
         """True when the library offers a non-reference implementation."""
         return bool(self.implementations)
 
+    def __repr__(self) -> str:
+        what = ", ".join(self.implementations) or ("reference only: " + ", ".join(self.reference)
+                                                    if self.reference else self.status)
+        mode = f" ({self.setting})" if self.setting else ""
+        return f"<CapabilityRow {self.direction} {self.dtype} {self.fpmath}{mode}: {what}>"
+
 
 @dataclass(frozen=True)
 class Capabilities:
@@ -173,3 +179,5 @@ class Capabilities:
         lines = [f"{self.library} {self.version} on {self.platform} (probe: {self.probe})"]
         lines += [f"  {d}: {s}" for d, s in self.summary().items()]
         return "\n".join(lines)
+
+    __repr__ = __str__   # what a notebook shows: the summary, not the rows one by one

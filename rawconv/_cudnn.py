@@ -33,7 +33,7 @@ from pathlib import Path
 import cffi
 
 from . import _loader
-from .errors import ArgumentError, ArgumentTypeError, LibraryError, NotSupportedError
+from .errors import LibraryError, NotSupportedError
 
 log = logging.getLogger("rawconv")
 
@@ -152,8 +152,9 @@ def load() -> _loader.Loaded:
     """Load libcudnn (once per process, thread-safe) and return what was loaded
     (``lib``, ``path``, ``found_via``, ``attempts``).
 
-    torch is asked for its cuDNN first (``torch.backends.cudnn.version()``), so that a CUDA build
-    of torch maps its own copy and rawconv reuses it. Raises
+    The :data:`PRELOAD` hooks run first: :mod:`rawconv._cuda` (imported by rawconv's cuDNN plans)
+    asks torch for its cuDNN (``torch.backends.cudnn.version()``), so that a CUDA build of torch
+    maps its own copy and rawconv reuses it. Raises
     :class:`~rawconv.errors.LibraryNotFoundError` listing every attempt."""
     loaded = _state.get("loaded")
     if loaded is not None:
@@ -171,12 +172,11 @@ def load() -> _loader.Loaded:
                     raise LibraryNotFoundError(label, [(f"${ENV_VAR}: {explicit}", why)])
                 loaded = search(candidates(), label)
             else:
-                try:
-                    import torch
-
-                    torch.backends.cudnn.version()  # maps torch's libcudnn.so.9, if it has one
-                except Exception as exc:  # pragma: no cover
-                    log.debug("rawconv: torch has no cuDNN: %s", exc)
+                for pre in PRELOAD:   # e.g. torch maps its own libcudnn.so.9 first (rawconv._cuda)
+                    try:
+                        pre()
+                    except Exception as exc:  # pragma: no cover
+                        log.debug("rawconv: cuDNN preload %s failed: %s", pre, exc)
                 loaded = search(candidates())
             if os.sep not in loaded.path:
                 loaded.path = mapped_path(SONAME) or loaded.path
@@ -247,11 +247,9 @@ _DATA_TYPES = {"float32": "CUDNN_DATA_FLOAT", "float16": "CUDNN_DATA_HALF", "bfl
 
 def data_type(name) -> int:
     """``cudnnDataType_t`` value for a dtype name (``"float32"``, ``"float16"``, ``"bfloat16"``,
-    ``"float64"``, ...) or a torch dtype. Needs no library."""
+    ``"float64"``, ...; a torch dtype's ``str`` works too). Needs no library."""
     if not isinstance(name, str):
-        from .problem import DTYPES
-
-        name = DTYPES.get(name, str(name).replace("torch.", ""))
+        name = str(name).replace("torch.", "")
     try:
         return enum_value(_DATA_TYPES[name])
     except KeyError:
@@ -268,106 +266,22 @@ def enum_items(ctype: str) -> dict[str, int]:
     return dict(ENUM_TYPES[ctype])
 
 
-# ------------------------------------------------------------------ handles
-def _raw_stream(device_index: int) -> int:
-    import torch
-
-    return torch._C._cuda_getCurrentRawStream(device_index)
-
-
-class _Handle:
-    """One cuDNN handle (one device, one thread) and the stream last set on it."""
-
-    __slots__ = ("ptr", "device", "stream", "__weakref__")
-
-    def __init__(self, device: int):
-        import torch
-
-        p = ffi.new("cudnnHandle_t *")
-        if torch.cuda.is_available():
-            with torch.cuda.device(device):
-                call("cudnnCreate", p, detail=f"device cuda:{device}")
-        else:  # cuDNN says why (CUDNN_STATUS_NOT_INITIALIZED: no device)
-            call("cudnnCreate", p, detail=f"device cuda:{device}; torch sees no CUDA device")
-        L = lib()
-        self.ptr = ffi.gc(p[0], _destructor(L.cudnnDestroy))
-        self.device = device
-        self.stream = None
+# ------------------------------------------------------------------ handles (raw)
+def create_handle():
+    """A new cuDNN handle on the current CUDA device (owned: ``cudnnDestroy`` when collected).
+    Wraps ``cudnnCreate``; without a GPU cuDNN says why (``CUDNN_STATUS_NOT_INITIALIZED``). The
+    per-(thread, device) cache with torch's streams is :mod:`rawconv._cuda`'s."""
+    p = ffi.new("cudnnHandle_t *")
+    call("cudnnCreate", p)
+    return ffi.gc(p[0], _destructor(lib().cudnnDestroy))
 
 
-def handle(device=None):
-    """This thread's cuDNN handle for ``device`` (a torch device, an index, or None for the current
-    CUDA device), with torch's current stream on that device set on it (``cudnnSetStream`` only when
-    the stream changed since the last call). Created on first use per (device, thread).
-    Wraps ``cudnnCreate`` and ``cudnnSetStream``."""
-    if device is None:
-        import torch
-
-        idx = torch.cuda.current_device()
-    elif isinstance(device, int):
-        idx = device
-    else:
-        idx = device.index if getattr(device, "index", None) is not None else _device_index(device)
-    return handle_for(idx)
+def set_stream(handle, stream: int) -> None:
+    """``cudnnSetStream(handle, stream)`` (a raw ``cudaStream_t`` as an int)."""
+    check(lib().cudnnSetStream(handle, ffi.cast("cudaStream_t", stream)), "cudnnSetStream")
 
 
-def _device_index(device) -> int:
-    import torch
-
-    d = torch.device(device)
-    return d.index if d.index is not None else torch.cuda.current_device()
-
-
-def handle_for(idx: int):
-    """:func:`handle` for a device index (the fast path the plans use)."""
-    handles = getattr(_tls, "handles", None)
-    if handles is None:
-        handles = _tls.handles = {}
-    h = handles.get(idx)
-    if h is None:
-        h = handles[idx] = _Handle(idx)
-    s = _raw_stream(idx)
-    if s != h.stream:
-        check(lib().cudnnSetStream(h.ptr, ffi.cast("cudaStream_t", s)), "cudnnSetStream")
-        h.stream = s
-    return h.ptr
-
-
-def current_stream_of_handle(idx: int) -> int | None:
-    """The raw stream last set on this thread's handle for device ``idx`` (None if no handle yet)."""
-    h = getattr(_tls, "handles", {}).get(idx)
-    return None if h is None else h.stream
-
-
-# ------------------------------------------------------------------ plan arguments
-def check_plan_tensor(p, t, name: str, shape, device_index: int, batched_names) -> "object":
-    """``t`` checked against a CUDA plan of problem ``p``: a torch.Tensor of ``shape``, of ``p``'s
-    dtype, on ``cuda:device_index`` (:class:`ArgumentTypeError` / :class:`ArgumentError`
-    otherwise, before any C call). For an unbatched problem, a tensor named in
-    ``batched_names`` given without its batch dim gets one (a view). Returns the tensor."""
-    import torch
-
-    if not isinstance(t, torch.Tensor):
-        raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if p.unbatched and name in batched_names and t.dim() == p.ndim + 1:
-        t = t.unsqueeze(0)
-    if t.shape != shape:
-        raise ArgumentError(f"{name} must have shape {tuple(shape)} for this plan, got {tuple(t.shape)}")
-    if t.dtype != p.torch_dtype:
-        raise ArgumentError(f"{name} must be {p.torch_dtype} for this plan, got {t.dtype}")
-    if not t.is_cuda or t.get_device() != device_index:
-        raise ArgumentError(f"{name} must be on cuda:{device_index} for this plan, got {t.device}"
-                            + (" (use rawconv.onednn for CPU tensors)" if not t.is_cuda else ""))
-    return t
-
-
-# ------------------------------------------------------------------ workspaces
-def workspace(nbytes: int, device) -> "object":
-    """A device buffer of at least ``nbytes`` bytes from torch's caching allocator (a uint8 tensor;
-    keep it alive while cuDNN may use it). ``nbytes`` 0 gives a 1-byte buffer."""
-    import torch
-
-    return torch.empty(max(int(nbytes), 1), dtype=torch.uint8, device=device)
+PRELOAD: list = []   # callables run before the first search (rawconv._cuda adds torch's own cuDNN)
 
 
 # ------------------------------------------------------------------ legacy descriptors

@@ -95,11 +95,15 @@ def public_methods(*names: str):
     """Class decorator: wrap the named methods (and properties' getters) of the class with
     :func:`public` (methods defined on the class itself; inherited ones are wrapped where defined)."""
     def deco(cls):
+        done = {}   # id(original) -> wrapper: aliases (__call__ = execute) stay one object
         for n in names:
             attr = cls.__dict__.get(n)
             if attr is None:
                 continue
             where = f"{cls.__module__}.{cls.__qualname__}.{n}"
+            if id(attr) in done:
+                setattr(cls, n, done[id(attr)])
+                continue
             if isinstance(attr, property):
                 setattr(cls, n, property(public(attr.fget, where=where), attr.fset, attr.fdel, attr.__doc__))
             elif isinstance(attr, classmethod):
@@ -108,6 +112,7 @@ def public_methods(*names: str):
                 setattr(cls, n, staticmethod(public(attr.__func__, where=where)))
             elif callable(attr) and not getattr(attr, "__rawconv_public__", False):
                 setattr(cls, n, public(attr, where=where))
+            done[id(attr)] = cls.__dict__[n]
         return cls
     return deco
 
@@ -176,16 +181,19 @@ def guard_module(namespace: dict, *names: str) -> None:
     there. Called once at the end of each public module, so that every caller (other modules
     included) gets the wrapped function."""
     mod = namespace["__name__"]
+    methods: dict = {}
     for n in names:
         cls_name, _, meth = n.partition(".")
         if meth:
             if meth not in namespace[cls_name].__dict__:
                 raise AttributeError(f"{mod}.{n} is not defined there (guard_module)")
-            public_methods(meth)(namespace[cls_name])
+            methods.setdefault(cls_name, []).append(meth)
         else:
             fn = namespace[n]
             if not getattr(fn, "__rawconv_public__", False):
                 namespace[n] = public(fn, where=f"{mod}.{n}")
+    for cls_name, meths in methods.items():   # one pass per class: aliases (__call__ = execute) stay one object
+        public_methods(*meths)(namespace[cls_name])
 
 
 def stacklevel() -> int:

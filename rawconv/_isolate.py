@@ -477,6 +477,12 @@ def _child_setup(key, problem, direction, algorithm, fpmath, w_layout, prepack, 
     return impls
 
 
+CRASH_ENV = "RAWCONV_ISOLATE_CRASH"
+"""A test aid for the isolation path: in a child process, running the oneDNN candidate named by this
+variable (``"name"`` or ``"name@layouts"``) calls ``os.abort()`` first, so that ``--isolate`` can be
+checked end to end (the row says ``crashed: SIGABRT``; the parent goes on). Read in the child only."""
+
+
 def _child_run(key, impl, iterations: int, warmup: int, budget_s, slow_s, allow_known_bad: bool,
                want_output: bool) -> dict:
     """(child) Select ``impl`` on the plan cached under ``key``, run it (warm-up, then timed calls
@@ -487,6 +493,9 @@ def _child_run(key, impl, iterations: int, warmup: int, budget_s, slow_s, allow_
     plan, tensors = _child_plans[key]
     sel = plan.select(impl, allow_known_bad=allow_known_bad)
     i = sel.index
+    crash = os.environ.get(CRASH_ENV)
+    if crash and crash in (sel.name, sel.choice):   # a test aid: check the isolation path end to end
+        os.abort()
     try:
         t0 = time.perf_counter()
         out = plan.execute(**tensors)
@@ -519,22 +528,18 @@ def _check_output(problem, direction: str, tensors: dict, out, fpmath: str, cach
     """(parent) Error statistics of a candidate's output against float64 -> (max_abs, max_rel, ok)."""
     import torch
 
-    from .cudnn_graph import check_result, reference, tolerance_args
-    from .problem import EPS
+    from .check import EPS, check, reference, tolerance_for
 
-    d = "backward_filter" if direction == "backward_weights" else direction
+    d = direction
     if "ref" not in cache:
         ref_t = {"x": tensors.get("x"), "w": tensors.get("w"), "b": tensors.get("bias"), "dy": tensors.get("grad_y")}
         cache["ref"] = reference(problem, d, ref_t)
-        tol = tolerance_args(problem, (), d)
-        if _compute_of(fpmath):
-            tol["compute"] = _compute_of(fpmath)
-        cache["tol"] = tol
+        cache["tol"] = tolerance_for(problem, d, compute=_compute_of(fpmath))
     ref, ref_abs = cache["ref"]
     db = None
     if isinstance(out, tuple):
         out, db = out
-    st = check_result(problem, out, ref, ref_abs, **cache["tol"])
+    st = check(problem, out, ref, ref_abs, cache["tol"])
     ok, max_abs, max_rel = st.ok, st.max_abs, st.max_rel
     if db is not None:   # backward_weights with bias: db = grad_y summed over batch and space
         dy = tensors["grad_y"].detach().to(torch.float64)

@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
+from . import _progress
 from .errors import ArgumentError, LibraryError, NotSupportedError
 from .check import ErrorStats
 from .results import Result
@@ -839,6 +840,7 @@ class Search:
     def trial(self, ec, phase: str) -> TimedConfig | None:
         """Try ``ec`` (unless tried already and not worth a retry): its row (None when it did not
         run), the time spent in ``row.seconds``, the patience count updated."""
+        _progress.note(f"{phase}: {getattr(ec, 'name', ec)}")
         old = self.rows.get(ec.name)
         if old is not None and not worth_retry(self.plan, old):
             return old

@@ -3,6 +3,8 @@
     rawconv info [--json] [--width N]
     rawconv compare [PROBLEM] [--input NxCxHxW --weight KxCxRxS ...] [--batch N] [--json FILE] [--width N]
     rawconv list [PROBLEM | --input ... --weight ...] [--width N]     # every implementation, no timing
+    rawconv compare ... --plot out.png --csv out.csv --record records.json   # figures, tables, tuning records
+    rawconv replay records.json [--strict]                            # re-run recorded choices: drift
 
 PROBLEM is a preset name (``resnet50``) or a oneDNN benchdnn descriptor
 (``mb8ic64ih56oc64oh56kh3ph1``). With no problem, ``compare`` runs the resnet50 preset at batch 1,
@@ -324,12 +326,9 @@ def cmd_compare(args) -> int:
 
     console = _console(args.width)
     problems = _problems(args)
-    if args.json:
-        try:
-            with open(args.json, "a"):
-                pass
-        except OSError as exc:
-            raise RawconvError(f"--json {args.json}: cannot write there ({exc.strerror})") from None
+    outputs = {flag: getattr(args, flag) for flag in ("json", "plot", "csv", "record") if getattr(args, flag)}
+    for flag, path in outputs.items():
+        _check_writable(f"--{flag}", path)
     import time
 
     import torch
@@ -338,7 +337,8 @@ def cmd_compare(args) -> int:
     include_ref = False if args.no_ref else (True if args.ref else "auto")
     meta = {"rawconv": __version__, "threads": nthreads, "usable_cpus": usable_cpus(),
             "threads_default": args.threads is None, "iterations": args.iterations, "warmup": args.warmup,
-            "budget_s": args.budget, "prepack": not args.no_prepack, "ref": include_ref, "ref_limit_s": args.ref_limit}
+            "budget_s": args.budget, "prepack": not args.no_prepack, "ref": include_ref, "ref_limit_s": args.ref_limit,
+            "outputs": outputs}
 
     hint = "--threads {threads} or a quiet machine"
 
@@ -374,13 +374,17 @@ def cmd_compare(args) -> int:
         all_rows = cmp.compare(problems, photo_first=not args.random, iterations=args.iterations, warmup=args.warmup,
                                budget_s=args.budget, fpmath=args.fpmath, prepack=not args.no_prepack,
                                include_ref=include_ref, ref_max_s=args.ref_limit, on_problem=show,
-                               progress=sys.stderr.isatty() and len(problems) > 1, engines=args.engines,
-                               allow_known_bad=args.allow_known_bad)
+                               progress=False if args.quiet else None, engines=args.engines,
+                               allow_known_bad=args.allow_known_bad,
+                               isolate={"timeout_s": args.timeout} if args.isolate else None)
+        recs = (cmp.records(all_rows, problems, fpmath=args.fpmath, allow_known_bad=args.allow_known_bad)
+                if args.record else [])
     s = cmp.summary(all_rows, hint=hint)
     code = cmp.exit_code(s)
     s["exit_code"] = code
     if args.json:
         cmp.write_json(args.json, all_rows, meta, problems, summary=s)
+    _write_outputs(console, args, all_rows, recs)
     if len(problems) > 1:   # one problem: its warnings were printed under its table
         for line in s["timing_warnings"]:
             _warn(console, line)
@@ -398,7 +402,8 @@ def cmd_compare(args) -> int:
         counts.append(f"{len(s['skipped'])} skipped")
     console.print(f"summary: {s['problems']} problem(s), {s['results']} results checked against float64: "
                   + ", ".join(counts) + f"; torch default / best rawconv median time, geometric mean: {ratio}"
-                  + (f"; JSON: {args.json}" if args.json else ""))
+                  + "".join(f"; {flag.upper() if flag in ('json', 'csv') else flag}: {path}"
+                            for flag, path in outputs.items()))
     for line in s["outside_tolerance"]:
         console.print(f"  outside tolerance: {line}", style="red")
     for line in s["libraries_not_loaded"]:
@@ -408,6 +413,101 @@ def cmd_compare(args) -> int:
     if s["no_rawconv_result"]:
         console.print(f"  no rawconv candidate ran on: {', '.join(s['no_rawconv_result'])}", style="red")
     console.print(f"exit status {code}: {cmp.EXIT_CODES[code]}", style="dim" if code == 0 else "red")
+    return code
+
+
+def _check_writable(flag: str, path: str) -> None:
+    """Refuse an output path that cannot be written, before any work (the file is created empty)."""
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as exc:
+        raise RawconvError(f"{flag} {path}: cannot write there ({exc.strerror})") from None
+
+
+def _write_outputs(console, args, rows, recs) -> None:
+    """--csv, --plot and --record of ``compare``."""
+    from .results import ResultTable
+
+    table = rows if isinstance(rows, ResultTable) else ResultTable(rows)
+    if args.csv:
+        table.to_csv(args.csv)
+    if args.plot:
+        table.plot(kind=args.plot_kind).savefig(args.plot, dpi=110, bbox_inches="tight")
+    if args.record:
+        from .tuning import TuningRecord
+
+        TuningRecord.save_all(recs, args.record)
+        console.print(f"{len(recs)} tuning record(s) (the fastest correct rawconv choice per problem) written to "
+                      f"{args.record}; rawconv replay {args.record} runs them again", highlight=False)
+
+
+def cmd_replay(args) -> int:
+    """``rawconv replay FILE``: run each tuning record's choice again and print the drift."""
+    import warnings
+
+    from . import compare as cmp
+    from .tuning import TuningRecord
+
+    console = _console(args.width)
+    recs = TuningRecord.load(args.file)
+    recs = recs if isinstance(recs, list) else [recs]
+    if not recs:
+        raise RawconvError(f"{args.file} holds no tuning records")
+    # what differs from where each record was made: said first, refused with --strict
+    differs = []
+    for i, rec in enumerate(recs):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            try:
+                diff = rec.check_environment()
+            except RawconvError as exc:
+                diff = [("library", f"{rec.key.library} {rec.key.library_version}", f"not usable here: {exc}")]
+        if diff:
+            what = "; ".join(f"{k}: recorded {a!r}, here {b!r}" for k, a, b in diff)
+            differs.append(f"record {i} ({rec.label or rec.key.backend} {rec.choice}): {what}")
+    for line in differs:
+        if args.strict:
+            console.print(f"rawconv: error: {line}", style="red", highlight=False)
+        else:
+            _warn(console, line + " (times may not compare; --strict refuses this)")
+    if differs and args.strict:
+        console.print("exit status 2: --strict and a record was made with another library version or device",
+                      style="red")
+        return 2
+    from .bench import default_threads
+
+    nthreads = args.threads if args.threads is not None else default_threads()
+    with cmp.threads(nthreads):
+        table = cmp.replay(recs, iterations=args.iterations, warmup=args.warmup, budget_s=args.budget,
+                           progress=False if args.quiet else None)
+    rec_threads = {r.key.options.get("threads") for r in recs if r.key.backend == "onednn"} - {None}
+    if rec_threads and rec_threads != {nthreads}:
+        _warn(console, f"records timed with {', '.join(map(str, sorted(rec_threads)))} thread(s), replayed with "
+                       f"{nthreads} (--threads)")
+    cols = [Column("layer", [r.problem_name for r in table], wrap=True),
+            Column("backend", [r.backend for r in table]),
+            Column("choice", [r.name for r in table], wrap=True),
+            Column("status", [r.status for r in table], wrap=True,
+                   styles=[_STATUS_STYLE.get(r.group, "red") or None for r in table]),
+            Column("recorded\nms", [_fmt_ms(r.extra.get("recorded_median_ms")) for r in table], justify="right"),
+            Column("now\nms", [_fmt_ms(r.median_ms) for r in table], justify="right"),
+            Column("drift", [f"{100 * r.extra['drift']:+.1f}%" if _finite(r.extra.get("drift")) else "-"
+                             for r in table], justify="right"),
+            Column("recorded\nrel err", [_fmt_err(r.extra.get("recorded_max_rel")) for r in table],
+                   justify="right", drop=1),
+            Column("now\nrel err", [_fmt_err(r.max_rel) for r in table], justify="right", drop=2),
+            Column("note", [r.message if not r.ran else "" for r in table], flex=True, drop=0)]
+    render_table(console, cols, title=f"rawconv replay {args.file}: {len(table)} record(s), time and error now "
+                                      "against when recorded")
+    if args.csv:
+        table.to_csv(args.csv)
+    wrong = [r for r in table if r.group == "wrong"]
+    bad = [r for r in table if r.group in ("failed", "not supported")]
+    code = 1 if wrong else 4 if bad else 0
+    why = {0: "every record ran within tolerance", 1: "a replayed choice is outside tolerance",
+           4: "a recorded choice failed or is no longer offered here"}[code]
+    console.print(f"exit status {code}: {why}", style="dim" if code == 0 else "red")
     return code
 
 
@@ -455,7 +555,10 @@ def _break_long(text: str, room: int) -> str:
 
 
 def cmd_list(args) -> int:
+    from .results import status_group
+
     console = _console(args.width)
+    failed = 0
     for p in _problems(args):
         x, w, b = p.make_inputs()
         if p.device.startswith("cuda"):
@@ -468,8 +571,10 @@ def cmd_list(args) -> int:
             continue
         from . import known_bad, onednn
 
+        iso = {"timeout_s": args.timeout} if args.isolate else False
         impls = onednn.implementations(x, w, b, p.stride, list(zip(p.pad_before, p.pad_after)), p.dilation, p.groups,
-                                       direction=args.direction, fpmath=args.fpmath)
+                                       direction=args.direction, fpmath=args.fpmath, isolate=iso,
+                                       allow_known_bad=args.allow_known_bad)
         bad = any(i.known_bad for i in impls)
         cols = [Column("#", [str(i.index) for i in impls], justify="right"),
                 Column("implementation", [i.name for i in impls]),
@@ -481,8 +586,14 @@ def cmd_list(args) -> int:
         if bad:
             cols.append(Column("known bad", [known_bad.short(i.known_bad) if i.known_bad else "" for i in impls],
                                wrap=True))
-        render_table(console, cols, title=f"{p} ({args.direction}, fpmath {args.fpmath})")
-    return 0
+        if args.isolate:   # each ran once in a child process, checked against float64
+            cols.append(Column("status (isolated run)", [i.status + (f": {i.detail}" if i.detail and i.status != "ok"
+                                                                    else "") for i in impls], wrap=True))
+        render_table(console, cols, title=f"{p} ({args.direction}, fpmath {args.fpmath})"
+                     + ("; each run once in a child process" if args.isolate else ""))
+        if args.isolate and any(status_group(i.status) == "failed" for i in impls):
+            failed = 4
+    return failed
 
 
 def _width(text: str) -> int:
@@ -508,6 +619,13 @@ def build_parser() -> argparse.ArgumentParser:
                                  "algorithm of oneDNN and cuDNN on torch tensors.")
     ap.add_argument("--version", action="version", version=f"rawconv {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def isolate_args(p, what):
+        p.add_argument("--isolate", action="store_true",
+                       help=f"run {what} in a child process: a crash, abort or hang of one becomes its row's status "
+                            "('crashed: SIGABRT', 'timed out after N s') and rawconv goes on")
+        p.add_argument("--timeout", type=_positive_float, default=60.0,
+                       help="with --isolate: seconds one candidate may take in the child (default 60)")
 
     def problem_args(p):
         p.add_argument("problem", nargs="?", help="preset name (resnet50) or benchdnn descriptor "
@@ -560,6 +678,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "cgroup quota, capped by torch's thread count, which OMP_NUM_THREADS sets; more would "
                         "oversubscribe the machine)")
     c.add_argument("--json", help="also write the results as JSON to this file")
+    c.add_argument("--csv", help="also write the rows as CSV to this file (rawconv.results.ResultTable.to_csv)")
+    c.add_argument("--plot", help="also plot the results to this image file (PNG, SVG, PDF: by its extension): "
+                                  "per problem, bars of median time per candidate (min as a tick) with torch "
+                                  "default as a dashed line; many problems: a heat map (--plot-kind)")
+    c.add_argument("--plot-kind", default="auto", choices=["auto", "bars", "heatmap"],
+                   help="bars: one panel per problem; heatmap: problems x candidates, time relative to torch "
+                        "default; auto (default): bars up to 6 problems, else heatmap")
+    c.add_argument("--record", help="write tuning records (JSON, rawconv.tuning schema 1) of the fastest correct "
+                                    "rawconv choice per problem to this file; 'rawconv replay FILE' runs them again")
+    c.add_argument("--quiet", action="store_true", help="no progress bar (there is none when stderr is not a "
+                                                         "terminal)")
     c.add_argument("--random", action="store_true", help="random input everywhere (no sample photo)")
     c.add_argument("--no-prepack", action="store_true", help="reorder oneDNN weights on every call")
     refs = c.add_mutually_exclusive_group()
@@ -571,6 +700,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"seconds per call above which a reference implementation is not run, estimated from its "
                         f"measured rate on a tiny problem (default {REF_MAX_SECONDS:g})")
     c.add_argument("--engines", default=None, help="cuDNN graph-API engines: 'all' or the top N by heuristic")
+    isolate_args(c, "the oneDNN candidates")
     c.add_argument("--allow-known-bad", action="store_true",
                    help="also run oneDNN implementations rawconv.known_bad lists for a problem (they may crash, "
                         "hang or give wrong results; see README)")
@@ -582,9 +712,38 @@ def build_parser() -> argparse.ArgumentParser:
     width_arg(i)
     i.set_defaults(func=cmd_info)
 
+    rp = sub.add_parser(
+        "replay", help="run the choices of tuning records again and print the drift in time and error",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=textwrap.fill(
+            "Run exactly the choice of each tuning record in FILE (written by 'rawconv compare --record', "
+            "rawconv.tuning.TuningRecord.save/save_all or a tuning cache file) on random inputs of its "
+            "problem, time it as compare does, check it against float64 and print time and error now "
+            "beside what was recorded. Warns when a record was made with another library version or "
+            "device, naming what differs (--strict refuses to run then).", 78),
+        epilog="exit status: 0 every record ran within tolerance; 1 a replayed choice is outside tolerance; 2 bad "
+               "file, or --strict and\nthe library version or device differs; 4 a recorded choice failed or is no "
+               "longer offered here.")
+    rp.add_argument("file", help="a JSON file of tuning records")
+    rp.add_argument("--strict", action="store_true",
+                    help="refuse (exit 2) when a record was made with another library version or device")
+    rp.add_argument("--iterations", type=_positive_int, default=10, help="timed calls per record (default 10)")
+    rp.add_argument("--warmup", type=_nonneg_int, default=2, help="untimed calls per record (default 2)")
+    rp.add_argument("--budget", type=_positive_float, default=0.5,
+                    help="seconds of warm-up and timing per record at most (default 0.5)")
+    rp.add_argument("--threads", type=_positive_int, default=None,
+                    help="torch/oneDNN threads (default: as compare's --threads)")
+    rp.add_argument("--csv", help="also write the replayed rows as CSV to this file")
+    rp.add_argument("--quiet", action="store_true", help="no progress bar")
+    width_arg(rp)
+    rp.set_defaults(func=cmd_replay)
+
     ls = sub.add_parser("list", help="list every implementation/algorithm for a problem (no timing)")
     problem_args(ls)
     ls.add_argument("--direction", default="forward", choices=["forward", "backward_data", "backward_weights"])
+    isolate_args(ls, "each oneDNN implementation once (checked against float64)")
+    ls.add_argument("--allow-known-bad", action="store_true",
+                    help="with --isolate: also run the implementations rawconv.known_bad lists (in the child)")
     width_arg(ls)
     ls.set_defaults(func=cmd_list)
     return ap
@@ -673,7 +832,8 @@ def main(argv=None) -> int:
             pass
         return 2
     except RawconvError as exc:
-        where = f" (--json {args.json})" if isinstance(exc, OSError) and getattr(args, "json", None) else ""
+        outs = [f"--{k} {v}" for k in ("json", "csv", "record", "plot") if isinstance(v := getattr(args, k, None), str)]
+        where = f" ({', '.join(outs)})" if isinstance(exc, OSError) and outs else ""
         print(f"rawconv: error: {_one_line(exc)}{where}", file=sys.stderr)
         return 2
     except (OverflowError, MemoryError) as exc:

@@ -24,13 +24,15 @@ from typing import Callable, Iterable
 import torch
 import torch.nn.functional as F
 
+from . import _progress
 from .bench import LoadMonitor, LoadReport, TimeStats, geomean, time_cpu, time_cuda_queued
 from .errors import LibraryNotFoundError, NotSupportedError, RawconvError
 from .check import abs_reference, compare_to_reference
 from .problem import ConvProblem
 from .results import Result, ResultTable, _json_safe, status_group
+from .torch_choice import _compare_detail, _trace_detail, conv_backend_name, torch_onednn_trace  # noqa: F401
 
-__all__ = ["Row", "STATUSES", "status_category", "compare_problem", "compare", "real_photo", "inputs_for", "summary",
+__all__ = ["Row", "STATUSES", "status_category", "compare_problem", "compare", "real_photo", "inputs_for", "summary", "records", "replay",
            "exit_code", "EXIT_CODES"]
 
 
@@ -162,62 +164,9 @@ def torch_backend(problem: ConvProblem, x, w, b) -> str:
             xx, pad = F.pad(x, padlist), [0] * problem.ndim
         be = torch._C._select_conv_backend(xx, w, b, list(problem.stride), pad, list(problem.dilation),
                                            False, [0] * problem.ndim, problem.groups)
-        return str(be).split(".")[-1]
+        return conv_backend_name(be)
     except Exception as exc:  # pragma: no cover - private API
         return f"unknown ({type(exc).__name__})"
-
-
-def torch_onednn_trace(fn: Callable[[], object]) -> list[dict]:
-    """What torch's own (bundled) oneDNN executes for one call of ``fn``: one dict per primitive
-    (``kind``: "convolution" / "reorder", ``impl``: e.g. "jit:avx512_core", ``formats``: the memory
-    descriptors as oneDNN's verbose mode prints them). Runs ``fn`` once under
-    ``torch.backends.mkldnn.verbose`` with the C stdout redirected to a temporary file.
-    Returns ``[]`` when torch's path did not go through oneDNN."""
-    import ctypes
-    import os
-    import sys
-    import tempfile
-
-    libc = ctypes.CDLL(None)
-    sys.stdout.flush()
-    saved = os.dup(1)
-    with tempfile.TemporaryFile(mode="w+b") as tmp:
-        os.dup2(tmp.fileno(), 1)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
-                    fn()
-        finally:
-            libc.fflush(None)
-            os.dup2(saved, 1)
-            os.close(saved)
-        tmp.seek(0)
-        text = tmp.read().decode(errors="replace")
-    out = []
-    for line in text.splitlines():
-        parts = line.split(",")
-        if not line.startswith("onednn_verbose") or "exec" not in parts:
-            continue
-        i = parts.index("exec")
-        if len(parts) > i + 4:
-            out.append({"kind": parts[i + 2], "impl": parts[i + 3], "formats": parts[i + 5] if len(parts) > i + 5 else ""})
-    return out
-
-
-def _trace_detail(trace: list[dict]) -> str:
-    convs = [t for t in trace if t["kind"] == "convolution"]
-    if not convs:
-        return ""
-    fm = {}
-    for item in convs[0]["formats"].split():
-        role, _, rest = item.partition(":")
-        bits = rest.split(":")
-        if len(bits) >= 4 and bits[3]:
-            fm[role] = bits[3]
-    reorders = sum(t["kind"] == "reorder" for t in trace)
-    return (f"; torch's oneDNN ran {convs[0]['impl']} (src {fm.get('src', '?')}, weights {fm.get('wei', '?')})"
-            f" + {reorders} reorder(s)")
 
 
 def _error_row(problem_name: str, backend: str, impl: str, exc: BaseException, detail: str = "", **kw) -> Row:
@@ -237,6 +186,7 @@ def _measure(problem, label_backend, label_impl, detail, fn, ref, ref_abs, timer
              workspace=None, extra=None, slow_s: float | None = None) -> Row:
     extra = dict(extra or {}, problem=problem.describe(), benchdnn=problem.to_benchdnn(strict=False), device=problem.device)
     name = str(problem.name or problem.describe())
+    _progress.note(f"{name}: {label_backend} {label_impl}")
     monitor = LoadMonitor() if problem.device == "cpu" else None
     try:
         import time as _time
@@ -277,12 +227,13 @@ def _torch_rows(problem, x, w, b, ref, ref_abs, timer) -> list[Row]:
         cudnn = torch.backends.cudnn
         fp32_tf32 = problem.dtype == "float32" and cudnn.allow_tf32
         tol = {"compute": "tf32"} if fp32_tf32 else None
+        # the detail names torch's cuDNN kernel and the rawconv candidate(s) it maps to (rawconv.torch_choice)
         with cudnn.flags(enabled=True, benchmark=False, deterministic=False, allow_tf32=cudnn.allow_tf32):
-            rows.append(_measure(problem, "torch", "default", torch_backend(problem, x, w, b), call, ref, ref_abs,
-                                 timer, tol=tol))
+            rows.append(_measure(problem, "torch", "default", torch_backend(problem, x, w, b)
+                                 + _compare_detail(problem, x, w, b), call, ref, ref_abs, timer, tol=tol))
         with cudnn.flags(enabled=True, benchmark=True, deterministic=False, allow_tf32=cudnn.allow_tf32):
-            rows.append(_measure(problem, "torch", "cudnn.benchmark=True", torch_backend(problem, x, w, b), call,
-                                 ref, ref_abs, timer, tol=tol))
+            rows.append(_measure(problem, "torch", "cudnn.benchmark=True", torch_backend(problem, x, w, b)
+                                 + _compare_detail(problem, x, w, b), call, ref, ref_abs, timer, tol=tol))
         with cudnn.flags(enabled=False):
             rows.append(_measure(problem, "torch", "cudnn disabled", torch_backend(problem, x, w, b), call,
                                  ref, ref_abs, timer))
@@ -357,18 +308,20 @@ def _onednn_rows(problem, x, w, b, ref, ref_abs, timer, *, fpmath="strict", prep
                 rows.append(Row(name, "onednn", label, f"{impl.layouts}; not run: estimated {est} per call "
                                 f"(--ref runs it)", error=f"not run: estimated {est} per call (--ref runs it)",
                                 status="skipped", workspace_bytes=impl.scratchpad_bytes,
-                                extra={"index": impl.index, "estimated_s": ref_s if math.isfinite(ref_s) else None}))
+                                extra={"index": impl.index, "choice": impl.choice,
+                                       "estimated_s": ref_s if math.isfinite(ref_s) else None}))
                 continue
         if impl.known_bad and not allow_known_bad:
             rows.append(Row(name, "onednn", label,
                             f"{impl.layouts}; not run: known bad ({impl.known_bad}; --allow-known-bad runs it)",
-                            error="skipped (known bad)", status="known bad", workspace_bytes=impl.scratchpad_bytes))
+                            error="skipped (known bad)", status="known bad", workspace_bytes=impl.scratchpad_bytes,
+                            extra={"index": impl.index, "choice": impl.choice}))
             continue
         reorders = ",".join(_ROLE.get(r, r) + ("(once)" if r == "w" and prepack else "")
                             for r in impl.reorders) or "none"
         detail = (f"{impl.layouts}; src {impl.formats.get('x')} weights {impl.formats.get('w')} "
                   f"dst {impl.formats.get('y')}; reorders {reorders}")
-        extra = {"index": impl.index, "layouts": impl.layouts, "formats": impl.formats,
+        extra = {"index": impl.index, "choice": impl.choice, "layouts": impl.layouts, "formats": impl.formats,
                  "reorders": list(impl.reorders), "fpmath": fpmath}
         if isolate:   # run below, all in one child process; the row keeps its place
             rows.append((impl, detail, extra))
@@ -472,7 +425,8 @@ def _cudnn_rows(problem, x, w, b, ref, ref_abs, timer, engines=None, **_kw) -> l
         rows.append(_measure(problem, "cudnn", label, detail, run, ref, ref_abs, timer,
                              tol=cudnn_tolerance(problem.dtype, info.math_reported, info.algo),
                              workspace=info.workspace_bytes,
-                             extra={"algo": info.algo, "algo_id": info.algo_id, "math": info.math,
+                             extra={"choice": f"{info.algo}@{info.math}", "algo": info.algo,
+                                    "algo_id": info.algo_id, "math": info.math,
                                     "math_reported": info.math_reported, "deterministic": info.deterministic,
                                     "find_ms": a.time_ms}))
     plan.free()
@@ -516,7 +470,7 @@ def _cudnn_graph_rows(problem, x, w, b, ref, ref_abs, timer, engines=None, **_kw
         rows.append(_measure(problem, "cudnn-graph", label, detail, lambda: plan.execute(x, w, b), ref, ref_abs,
                              timer, tol=G.tolerance_args(problem, cfg.numerical_notes),
                              workspace=cfg.workspace_bytes,
-                             extra={"engine": cfg.engine, "knobs": list(cfg.knobs),
+                             extra={"choice": cfg.name, "engine": cfg.engine, "knobs": list(cfg.knobs),
                                     "numerical_notes": list(cfg.numerical_notes),
                                     "behavior_notes": list(cfg.behavior_notes)}))
     plan.free()
@@ -568,21 +522,24 @@ def compare_problem(problem: ConvProblem, *, x=None, w=None, b=None, iterations:
     return rows
 
 
-def compare(problems: list[ConvProblem], *, photo_first: bool = True, progress: bool = False,
-            on_problem: Callable[[ConvProblem, list[Row]], None] | None = None, **kw) -> list[Row]:
+def compare(problems: list[ConvProblem], *, photo_first: bool = True, progress: bool | None = None,
+            on_problem: Callable[[ConvProblem, list[Row]], None] | None = None, **kw) -> ResultTable:
     """:func:`compare_problem` over a list; the first 2-D problem with 3 input channels gets the
-    real photo when ``photo_first``. ``on_problem(problem, rows)`` is called after each."""
+    real photo when ``photo_first``. ``on_problem(problem, rows)`` is called after each.
+    ``progress``: a tqdm bar over the problems naming the current layer and candidate (None:
+    when stderr is a terminal or in a Jupyter kernel; see :mod:`rawconv._progress`). Returns a
+    :class:`~rawconv.results.ResultTable` of every row (``.plot()``, ``_repr_html_``, exports)."""
+    problems = list(problems)
     out = []
-    it = problems
-    if progress:
-        from tqdm import tqdm
-
-        it = tqdm(problems, desc="problems", unit="conv", leave=False)
-    for i, p in enumerate(it):
-        rows = compare_problem(p, photo=photo_first and i == 0 and p.ndim == 2 and p.c == 3, **kw)
-        out += rows
-        if on_problem is not None:
-            on_problem(p, rows)
+    with _progress.bar(progress, total=len(problems), desc="compare", unit="layer") as bar:
+        for i, p in enumerate(problems):
+            bar.note(str(p.name or p.describe()))
+            rows = compare_problem(p, photo=photo_first and i == 0 and p.ndim == 2 and p.c == 3, **kw)
+            out += rows
+            bar.update()
+            if on_problem is not None:
+                with bar.write_mode():
+                    on_problem(p, rows)
     return ResultTable(out, title=f"rawconv compare: {len(problems)} problem(s)")
 
 
@@ -738,7 +695,173 @@ def threads(n: int | None):
         torch.set_num_threads(old)
 
 
+# --------------------------------------------------------------------------- tuning records
+_REGISTRY_NAME = {"cudnn-graph": "cudnn_graph"}   # compare's row label -> the backend registry's name
+
+
+def records(rows: Iterable[Row], problems: Iterable[ConvProblem], *, fpmath: str = "strict",
+            allow_known_bad: bool = False, threads: int | None = None) -> list:
+    """The :class:`rawconv.tuning.TuningRecord` of the fastest correct rawconv row of each problem
+    (problems where none ran correctly get none): its backend, the problem (``problems`` gives
+    the fields; rows name it), direction ``forward``, the candidate's stable name
+    (``row.choice``: ``"jit:avx2@any"``, ``"IMPLICIT_PRECOMP_GEMM@fma"``, ``"eng72{k24=4}"``),
+    the options ``compare`` ran it with (oneDNN: ``fpmath``, weights layout, ``threads``, default
+    torch's current count; cuDNN: the math type set), the library version and device, its
+    median/min time and error against float64, and the layer's name as ``label``.
+    :func:`rawconv.tuning.replay` (or ``rawconv replay FILE``) runs exactly that choice again."""
+    from . import tuning
+
+    by_key = {(str(p.name or p.describe()), p.device): p for p in problems}
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r.problem_name, r.extra.get("device", "cpu")), []).append(r)
+    out = []
+    env_cache: dict = {}
+    for (name, device), rs in groups.items():
+        p = by_key.get((name, device))
+        best = best_rawconv(rs)
+        if p is None or best is None:
+            continue
+        backend = _REGISTRY_NAME.get(best.backend, best.backend)
+        ex = best.extra
+        if backend == "onednn":
+            from . import onednn
+
+            options = onednn._key_options(fpmath, "direct", "nchw", allow_known_bad, threads)
+            detail = {"impl": best.choice.partition("@")[0], "layouts": ex.get("layouts"), "index": ex.get("index"),
+                      "formats": ex.get("formats"), "reorders": ex.get("reorders"),
+                      "scratchpad_bytes": best.workspace_bytes}
+            env = None
+        elif backend == "cudnn":
+            from . import cudnn
+
+            options = cudnn._key_options(ex.get("math") or "fma")
+            detail = {k: ex.get(k) for k in ("algo", "algo_id", "math", "math_reported", "deterministic")}
+            detail["workspace_bytes"] = best.workspace_bytes
+            env = env_cache.setdefault((backend, device), cudnn._environment(torch.device(device).index))
+        elif backend == "cudnn_graph":
+            from . import cudnn_graph
+
+            options = {"allow_tf32": True}
+            detail = {k: ex.get(k) for k in ("engine", "knobs", "numerical_notes", "behavior_notes")}
+            detail["workspace_bytes"] = best.workspace_bytes
+            env = env_cache.setdefault((backend, device), cudnn_graph._environment(torch.device(device).index or 0))
+        else:   # a backend registered later: its choice and the environment it reports
+            options, detail, env = {}, {}, None
+        key = tuning.TuningKey.for_backend(backend, p, "forward", options, environment=env)
+        err = {"max_abs": best.max_abs, "max_rel": best.max_rel, "ratio": None}
+        err = {k: (v if v is None or math.isfinite(v) else None) for k, v in err.items()}
+        out.append(tuning.TuningRecord(key, best.choice, _finite_json(detail), p.layout, best.median_ms, best.min_ms,
+                                       err, label=name))
+    return out
+
+
+def _record_tolerance(record, problem: ConvProblem) -> dict:
+    """:func:`rawconv.check.tolerance_for`'s arguments for a result of ``record``'s choice."""
+    from .check import tolerance_for
+
+    k, d = record.key, record.detail
+    opts = k.options
+    if k.backend == "onednn":
+        compute = {"bf16": "bfloat16", "f16": "float16", "tf32": "tf32", "any": "bfloat16"}.get(opts.get("fpmath"))
+        return tolerance_for(problem, k.direction, compute=compute).kwargs()
+    if k.backend == "cudnn":
+        math_rep = d.get("math_reported") or d.get("math") or ""
+        compute = None
+        if problem.dtype == "float32" and math_rep in ("default", "tensor_op"):
+            compute = "tf32"
+        elif problem.dtype == "float32" and math_rep == "tensor_op_allow_conversion":
+            compute = "float16"
+        return tolerance_for(problem, k.direction, compute=compute, algorithm=str(d.get("algo") or "")).kwargs()
+    notes = tuple(d.get("numerical_notes") or ())
+    return tolerance_for(problem, k.direction, notes=notes, activation=k.activation).kwargs()
+
+
+def replay(recs, *, iterations: int = 10, warmup: int = 2, budget_s: float = 0.5, seed: int = 0,
+           progress: bool | None = None) -> ResultTable:
+    """Run exactly the choices of tuning records again (:func:`rawconv.tuning.replay`: the
+    backend registry's plan with the recorded choice) on random inputs of each problem, time them
+    as ``compare`` does and check them against float64. Returns a
+    :class:`~rawconv.results.ResultTable`, one row per record: ``status`` (``ok``, ``wrong``,
+    ``not supported`` when the library no longer offers the choice, ``failed``), times and error
+    now, and in ``extra`` what was recorded (``recorded_median_ms``, ``recorded_max_rel``),
+    ``drift`` (median now / recorded - 1) and ``environment`` (the ``(field, recorded, current)``
+    triples that differ: library version, device). Environment differences do not stop a
+    replay here (``rawconv replay --strict`` refuses them first, as
+    :meth:`rawconv.tuning.TuningRecord.check_environment` with ``strict=True`` does)."""
+    from . import tuning
+    from .check import reference
+
+    recs = list(recs)
+    rows = []
+    with _progress.bar(progress, total=len(recs), desc="replay", unit="record") as bar:
+        for rec in recs:
+            k = rec.key
+            problem = k.conv_problem().with_(name=rec.label or "")
+            name = rec.label or problem.describe()
+            bar.note(f"{name}: {rec.choice}")
+            rec_rel = rec.error.get("max_rel") if rec.error is not None else None
+            extra = {"recorded_median_ms": rec.median_ms, "recorded_min_ms": rec.min_ms, "recorded_max_rel": rec_rel,
+                     "choice": rec.choice, "device": problem.device, "library": f"{k.library} {k.library_version}"}
+            try:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always", RuntimeWarning)
+                    extra["environment"] = [list(t) for t in rec.check_environment()]
+                    plan = tuning.replay(rec)
+            except RawconvError as exc:
+                rows.append(Result(k.backend, rec.choice, name, k.direction, None,
+                                   "not supported" if isinstance(exc, NotSupportedError) else "failed",
+                                   message=f"{type(exc).__name__}: {exc}", extra=extra))
+                bar.update()
+                continue
+            row = _replay_one(plan, rec, problem, name, extra, iterations, warmup, budget_s, seed, reference)
+            rows.append(row)
+            bar.update()
+    return ResultTable(rows, title=f"rawconv replay: {len(recs)} record(s)")
+
+
+def _replay_one(plan, rec, problem, name, extra, iterations, warmup, budget_s, seed, reference) -> Result:
+    k = rec.key
+    dev = problem.device
+    x, w, b = problem.make_inputs(seed=seed, device=dev)
+    g = torch.Generator().manual_seed(seed + 1)
+    dy = torch.randn(problem.y_shape, generator=g, dtype=torch.float64).to(problem.torch_dtype)
+    from .problem import to_layout
+
+    dy = to_layout(dy, problem.layout).to(dev)
+    if k.direction == "forward":
+        fn, tensors = (lambda: plan.execute(x, w, b)), {"x": x, "w": w, "b": b}
+    elif k.direction == "backward_data":
+        fn, tensors = (lambda: plan.execute(grad_y=dy, w=w)), {"dy": dy, "w": w}
+    else:
+        fn, tensors = (lambda: plan.execute(x, grad_y=dy)), {"x": x, "dy": dy}
+    if dev.startswith("cuda"):
+        timer = lambda f: time_cuda_queued(f, iterations=iterations, warmup=warmup)  # noqa: E731
+    else:
+        timer = lambda f: time_cpu(f, iterations=iterations, warmup=warmup, budget_s=budget_s)  # noqa: E731
+    try:
+        y = fn()
+        stats = timer(fn)
+    except RawconvError as exc:
+        plan.free()
+        return Result(k.backend, rec.choice, name, k.direction, None,
+                      "not supported" if isinstance(exc, NotSupportedError) else "failed",
+                      message=f"{type(exc).__name__}: {exc}", extra=extra)
+    plan.free()
+    ref, ref_abs = reference(problem, k.direction, {n: t for n, t in tensors.items() if t is not None},
+                             activation=k.activation)
+    with threads(1):
+        err = compare_to_reference(problem, y[0] if isinstance(y, tuple) else y, ref, ref_abs,
+                                   **_record_tolerance(rec, problem))
+    if rec.median_ms:
+        extra["drift"] = stats.median_ms / rec.median_ms - 1.0
+    return Result(k.backend, rec.choice, name, k.direction, None, "ok" if err.ok else "wrong", stats.median_ms,
+                  stats.min_ms, stats.runs, err, None,
+                  "", extra=extra)
+
+
 # every public entry point raises only rawconv's exception classes (rawconv._guard)
 from . import _guard  # noqa: E402
 
-_guard.guard_module(globals(), "compare_problem", "compare", "real_photo", "inputs_for", "summary", "write_json")
+_guard.guard_module(globals(), "compare_problem", "compare", "real_photo", "inputs_for", "summary", "write_json",
+                    "records", "replay")

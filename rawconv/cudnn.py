@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 import torch
 
-from . import _cudnn, _guard
+from . import _cuda, _cudnn, _guard
 from ._cudnn import ffi
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from ._plans import PlanCache, PlanLifetime
@@ -83,7 +83,7 @@ _ALGO_ENUMS = {"forward": FwdAlgo, "backward_data": BwdDataAlgo, "backward_weigh
 
 
 # ---------------------------------------------------------------------------- result rows
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Algorithm(Candidate):
     """One row of :func:`algorithms` / :func:`candidates`: an (algo, math type) pair as cuDNN reports it.
 
@@ -167,6 +167,16 @@ class RunInfo:
     @property
     def tf32_possible(self) -> bool:
         return self.math_reported in ("default", "tensor_op", "tensor_op_allow_conversion")
+
+    def __str__(self) -> str:
+        fused = {None: "", True: ", bias fused", False: ", bias not fused"}[self.fused]
+        notes = "; " + "; ".join(self.notes) if self.notes else ""
+        return (f"{self.direction} {self.algo}@{self.math} (cuDNN reports math {self.math_reported}), workspace "
+                f"{self.workspace_bytes} B, {'deterministic' if self.deterministic else 'non-deterministic'}"
+                f"{fused}{notes}")
+
+    def __repr__(self) -> str:
+        return f"<RunInfo {self}>"
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -422,6 +432,7 @@ class Convolution(PlanLifetime):
         self._ys = tuple(dense_strides(p.y_shape, p.layout))
         self._wst = tuple(dense_strides(p.w_shape, w_layout))
         self._algo_id = algo_id
+        self.tuning_record = None   # autotune's choice (rawconv.tuning.TuningRecord)
 
     # ------------------------------------------------------------------ descriptors (no GPU needed)
     def _conv_desc(self, math: str):
@@ -464,7 +475,7 @@ class Convolution(PlanLifetime):
 
     # ------------------------------------------------------------------ algo queries
     def _handle(self):
-        return _cudnn.handle_for(self.device_index)
+        return _cuda.handle_for(self.device_index)
 
     def _query(self, mode: str, math: str) -> list[Algorithm]:
         key = (mode, math)
@@ -490,7 +501,7 @@ class Convolution(PlanLifetime):
             t = self._example_tensors()
             n = self.batch_chunk
             ws_bytes = self._find_workspace_bytes(math)
-            ws = _cudnn.workspace(ws_bytes, self.problem.device)
+            ws = _cuda.workspace(ws_bytes, self.problem.device)
             P = lambda tt: ffi.cast("void *", tt.data_ptr())  # noqa: E731
             if d == "forward":
                 y = empty_like_layout((n,) + self.inner.y_shape[1:], self.problem.layout, self.problem.torch_dtype,
@@ -561,6 +572,7 @@ class Convolution(PlanLifetime):
         _cudnn.check(st, fn, f"algo {ALGOS[d][algo_id]}, {self.problem.describe()}")
         return int(out[0])
 
+    @_cuda.on_plan_device
     def algorithms(self, mode: str = "find", math: str | None = "all") -> list[Algorithm]:
         """Rows of (algo, math type) for this plan's problem and direction (:class:`Algorithm`).
 
@@ -596,6 +608,7 @@ class Convolution(PlanLifetime):
                 names.append(r.algo)
         return names
 
+    @_cuda.on_plan_device
     def _choose(self) -> RunInfo:
         req = self._algo_request
         rows_h = self._query("heuristic", self.math)
@@ -699,7 +712,7 @@ class Convolution(PlanLifetime):
 
     # ------------------------------------------------------------------ execution
     def _prep(self, name: str, t, shape, strides, is_out: bool = False) -> torch.Tensor:
-        t = _cudnn.check_plan_tensor(self.problem, t, name, shape, self.device_index,
+        t = _cuda.check_plan_tensor(self.problem, t, name, shape, self.device_index,
                                      ("x", "y", "grad_y", "dx", "out"))
         if t.stride() != strides and not strides_match(t, strides):
             if is_out:
@@ -717,10 +730,11 @@ class Convolution(PlanLifetime):
     def _workspace(self, stream: int):
         ws = self._ws
         if ws is None or self._ws_stream != stream:
-            ws = _cudnn.workspace(self._info.workspace_bytes, self.problem.device)
+            ws = _cuda.workspace(self._info.workspace_bytes, self.problem.device)
             self._ws, self._ws_stream = ws, stream
         return ws
 
+    @_cuda.on_plan_device
     def execute(self, x: torch.Tensor | None = None, w: torch.Tensor | None = None,
                 bias: torch.Tensor | None = None, out: torch.Tensor | None = None, *,
                 grad_y: torch.Tensor | None = None, return_info: bool = False):
@@ -768,103 +782,11 @@ class Convolution(PlanLifetime):
                 res = out
             return (res, self._info) if return_info else res
         info = self._info or self.info
-        L = _cudnn.lib()
-        h = _cudnn.handle_for(self.device_index)
-        stream = _cudnn.current_stream_of_handle(self.device_index)
-        ws = self._workspace(stream)
-        pws = ffi.cast("void *", ws.data_ptr())
-        nws = info.workspace_bytes
-        algo = info.algo_id
-        cast = ffi.cast
-        n, b = self.inner.n, self.batch_chunk
-        if d == "forward":
-            x = self._prep("x", x, p.x_shape, self._xs)
-            w = self._prep("w", w, p.w_shape, self._wst)
-            y = empty_like_layout(p.y_shape, p.layout, p.torch_dtype, x.device) if out is None else \
-                self._prep("out", out, p.y_shape, self._ys, True)
-            if self._asym:
-                x = self._pad(x)
-            fused = info.fused
-            if fused:
-                bt = self._prep("bias", bias, (p.k,), (1,))
-                act = self._act_desc()
-                bd = self._bias_desc()
-            pw = cast("void *", w.data_ptr())
-            for s in range(0, n, b):
-                xd, wd, yd, cd = self.descriptors(min(b, n - s))
-                xs = x if b >= n else x[s:s + b]
-                ys = y if b >= n else y[s:s + b]
-                if fused:
-                    st = L.cudnnConvolutionBiasActivationForward(
-                        h, self._alpha, xd, cast("void *", xs.data_ptr()), wd, pw, cd, algo, pws, nws,
-                        self._beta0, yd, cast("void *", ys.data_ptr()), bd, cast("void *", bt.data_ptr()), act, yd,
-                        cast("void *", ys.data_ptr()))
-                    if st:
-                        err = _cudnn.error(st, "cudnnConvolutionBiasActivationForward", p.describe())
-                        if isinstance(err, NotSupportedError) and s == 0:
-                            self._fused = False  # fall back to unfused for good
-                            self._info = info = RunInfo(info.direction, info.algo, info.algo_id, info.math,
-                                                        info.math_reported, info.workspace_bytes,
-                                                        info.deterministic, False,
-                                                        info.notes + ("fused bias+activation not supported: unfused",))
-                            fused = False
-                        else:
-                            raise err
-                if not fused:
-                    st = L.cudnnConvolutionForward(h, self._alpha, xd, cast("void *", xs.data_ptr()), wd, pw, cd, algo,
-                                                   pws, nws, self._beta0, yd, cast("void *", ys.data_ptr()))
-                    if st:
-                        raise _cudnn.error(st, "cudnnConvolutionForward", f"algo {info.algo}, {p.describe()}")
-            if not fused:
-                if bias is not None:
-                    bt = self._prep("bias", bias, (p.k,), (1,))
-                    y.add_(bt.view(1, -1, *([1] * p.ndim)))
-                if self.activation is not None:
-                    _ACT_FNS[self.activation](y)
-            result = y
-        elif d == "backward_data":
-            dy = self._prep("grad_y", grad_y, p.y_shape, self._ys)
-            w = self._prep("w", w, p.w_shape, self._wst)
-            if self._asym:
-                dx_full = empty_like_layout(self.inner.x_shape, p.layout, p.torch_dtype, dy.device)
-                dx = None if out is None else self._prep("out", out, p.x_shape, self._xs, True)
-            else:
-                dx_full = dx = empty_like_layout(p.x_shape, p.layout, p.torch_dtype, dy.device) if out is None \
-                    else self._prep("out", out, p.x_shape, self._xs, True)
-            pw = cast("void *", w.data_ptr())
-            for s in range(0, n, b):
-                xd, wd, yd, cd = self.descriptors(min(b, n - s))
-                dys = dy if b >= n else dy[s:s + b]
-                dxs = dx_full if b >= n else dx_full[s:s + b]
-                st = L.cudnnConvolutionBackwardData(h, self._alpha, wd, pw, yd, cast("void *", dys.data_ptr()), cd,
-                                                    algo, pws, nws, self._beta0, xd, cast("void *", dxs.data_ptr()))
-                if st:
-                    raise _cudnn.error(st, "cudnnConvolutionBackwardData", f"algo {info.algo}, {p.describe()}")
-            if self._asym:
-                sl = [slice(None), slice(None)] + [slice(e[0], e[0] + i) for e, i in zip(self._extra, p.in_spatial)]
-                if dx is None:
-                    dx = to_layout(dx_full[tuple(sl)], p.layout)
-                else:
-                    dx.copy_(dx_full[tuple(sl)])
-            result = dx
-        else:
-            x = self._prep("x", x, p.x_shape, self._xs)
-            dy = self._prep("grad_y", grad_y, p.y_shape, self._ys)
-            dw = empty_like_layout(p.w_shape, self.w_layout, p.torch_dtype, x.device) if out is None else \
-                self._prep("out", out, p.w_shape, self._wst, True)
-            if self._asym:
-                x = self._pad(x)
-            pdw = cast("void *", dw.data_ptr())
-            for s in range(0, n, b):
-                xd, wd, yd, cd = self.descriptors(min(b, n - s))
-                xs = x if b >= n else x[s:s + b]
-                dys = dy if b >= n else dy[s:s + b]
-                st = L.cudnnConvolutionBackwardFilter(h, self._alpha, xd, cast("void *", xs.data_ptr()), yd,
-                                                      cast("void *", dys.data_ptr()), cd, algo, pws, nws,
-                                                      self._beta0 if s == 0 else self._beta1, wd, pdw)
-                if st:
-                    raise _cudnn.error(st, "cudnnConvolutionBackwardFilter", f"algo {info.algo}, {p.describe()}")
-            result = dw
+        h = _cuda.handle_for(self.device_index)
+        ws = self._workspace(_cuda.current_stream_of_handle(self.device_index))
+        run = (self._run_forward if d == "forward" else self._run_backward_data if d == "backward_data"
+               else self._run_backward_weights)
+        result = run(h, info, ffi.cast("void *", ws.data_ptr()), x, w, bias, out, grad_y)
         if out is not None:
             _guard.bump((out,))   # written in place, as torch's out= functions do
             result = out
@@ -873,6 +795,112 @@ class Convolution(PlanLifetime):
         return (result, self._info) if return_info else result
 
     __call__ = execute
+
+    def _chunks(self):
+        """``(start, size)`` of each batch chunk (int32 element limit) and its descriptors."""
+        n, b = self.inner.n, self.batch_chunk
+        for s in range(0, n, b):
+            yield s, min(b, n - s), self.descriptors(min(b, n - s))
+
+    def _run_forward(self, h, info: RunInfo, pws, x, w, bias, out, _grad_y):
+        """execute() forward: ``cudnnConvolutionForward`` per batch chunk, or
+        ``cudnnConvolutionBiasActivationForward`` when bias (+ activation) fuse; else those in torch."""
+        p, L, cast, nws, algo = self.problem, _cudnn.lib(), ffi.cast, info.workspace_bytes, info.algo_id
+        x = self._prep("x", x, p.x_shape, self._xs)
+        w = self._prep("w", w, p.w_shape, self._wst)
+        y = empty_like_layout(p.y_shape, p.layout, p.torch_dtype, x.device) if out is None else \
+            self._prep("out", out, p.y_shape, self._ys, True)
+        if self._asym:
+            x = self._pad(x)
+        fused = info.fused
+        if fused:
+            bt = self._prep("bias", bias, (p.k,), (1,))
+            act = self._act_desc()
+            bd = self._bias_desc()
+        pw = cast("void *", w.data_ptr())
+        whole = self.batch_chunk >= self.inner.n
+        for s, size, (xd, wd, yd, cd) in self._chunks():
+            xs = x if whole else x[s:s + size]
+            ys = y if whole else y[s:s + size]
+            if fused:
+                st = L.cudnnConvolutionBiasActivationForward(
+                    h, self._alpha, xd, cast("void *", xs.data_ptr()), wd, pw, cd, algo, pws, nws,
+                    self._beta0, yd, cast("void *", ys.data_ptr()), bd, cast("void *", bt.data_ptr()), act, yd,
+                    cast("void *", ys.data_ptr()))
+                if st:
+                    err = _cudnn.error(st, "cudnnConvolutionBiasActivationForward", p.describe())
+                    if isinstance(err, NotSupportedError) and s == 0:
+                        self._fused = False  # fall back to unfused for good
+                        self._info = info = RunInfo(info.direction, info.algo, info.algo_id, info.math,
+                                                    info.math_reported, info.workspace_bytes,
+                                                    info.deterministic, False,
+                                                    info.notes + ("fused bias+activation not supported: unfused",))
+                        fused = False
+                    else:
+                        raise err
+            if not fused:
+                st = L.cudnnConvolutionForward(h, self._alpha, xd, cast("void *", xs.data_ptr()), wd, pw, cd, algo,
+                                               pws, nws, self._beta0, yd, cast("void *", ys.data_ptr()))
+                if st:
+                    raise _cudnn.error(st, "cudnnConvolutionForward", f"algo {info.algo}, {p.describe()}")
+        if not fused:
+            if bias is not None:
+                bt = self._prep("bias", bias, (p.k,), (1,))
+                y.add_(bt.view(1, -1, *([1] * p.ndim)))
+            if self.activation is not None:
+                _ACT_FNS[self.activation](y)
+        return y
+
+    def _run_backward_data(self, h, info: RunInfo, pws, _x, w, _bias, out, grad_y):
+        """execute() backward data: ``cudnnConvolutionBackwardData`` per batch chunk (asymmetric
+        padding: into a padded dx, then the inner part)."""
+        p, L, cast, nws, algo = self.problem, _cudnn.lib(), ffi.cast, info.workspace_bytes, info.algo_id
+        dy = self._prep("grad_y", grad_y, p.y_shape, self._ys)
+        w = self._prep("w", w, p.w_shape, self._wst)
+        if self._asym:
+            dx_full = empty_like_layout(self.inner.x_shape, p.layout, p.torch_dtype, dy.device)
+            dx = None if out is None else self._prep("out", out, p.x_shape, self._xs, True)
+        else:
+            dx_full = dx = empty_like_layout(p.x_shape, p.layout, p.torch_dtype, dy.device) if out is None \
+                else self._prep("out", out, p.x_shape, self._xs, True)
+        pw = cast("void *", w.data_ptr())
+        whole = self.batch_chunk >= self.inner.n
+        for s, size, (xd, wd, yd, cd) in self._chunks():
+            dys = dy if whole else dy[s:s + size]
+            dxs = dx_full if whole else dx_full[s:s + size]
+            st = L.cudnnConvolutionBackwardData(h, self._alpha, wd, pw, yd, cast("void *", dys.data_ptr()), cd,
+                                                algo, pws, nws, self._beta0, xd, cast("void *", dxs.data_ptr()))
+            if st:
+                raise _cudnn.error(st, "cudnnConvolutionBackwardData", f"algo {info.algo}, {p.describe()}")
+        if self._asym:
+            sl = [slice(None), slice(None)] + [slice(e[0], e[0] + i) for e, i in zip(self._extra, p.in_spatial)]
+            if dx is None:
+                dx = to_layout(dx_full[tuple(sl)], p.layout)
+            else:
+                dx.copy_(dx_full[tuple(sl)])
+        return dx
+
+    def _run_backward_weights(self, h, info: RunInfo, pws, x, _w, _bias, out, grad_y):
+        """execute() backward weights: ``cudnnConvolutionBackwardFilter`` per batch chunk, the
+        chunks accumulated into dw (beta 1 after the first)."""
+        p, L, cast, nws, algo = self.problem, _cudnn.lib(), ffi.cast, info.workspace_bytes, info.algo_id
+        x = self._prep("x", x, p.x_shape, self._xs)
+        dy = self._prep("grad_y", grad_y, p.y_shape, self._ys)
+        dw = empty_like_layout(p.w_shape, self.w_layout, p.torch_dtype, x.device) if out is None else \
+            self._prep("out", out, p.w_shape, self._wst, True)
+        if self._asym:
+            x = self._pad(x)
+        pdw = cast("void *", dw.data_ptr())
+        whole = self.batch_chunk >= self.inner.n
+        for s, size, (xd, wd, yd, cd) in self._chunks():
+            xs = x if whole else x[s:s + size]
+            dys = dy if whole else dy[s:s + size]
+            st = L.cudnnConvolutionBackwardFilter(h, self._alpha, xd, cast("void *", xs.data_ptr()), yd,
+                                                  cast("void *", dys.data_ptr()), cd, algo, pws, nws,
+                                                  self._beta0 if s == 0 else self._beta1, wd, pdw)
+            if st:
+                raise _cudnn.error(st, "cudnnConvolutionBackwardFilter", f"algo {info.algo}, {p.describe()}")
+        return dw
 
     def _bias_desc(self):
         bd = self._descs.get("bias")
@@ -922,39 +950,110 @@ class Convolution(PlanLifetime):
             self._example = t
         return t
 
+    @_cuda.on_plan_device
     def autotune(self, iterations: int = 20, warmup: int = 3, *, budget_s: float | None = None,
-                 math: str | None = None) -> list[TimedAlgorithm]:
+                 math: str | None = None, use_cache: bool | None = None,
+                 progress: bool | None = None) -> ResultTable:
         """Time every usable algo (from Find, with this plan's math unless ``math`` names another)
         as GPU time per call (:func:`gpu_time`: CUDA events around calls queued behind a GPU sleep,
         ``repeats`` 3 loops of ``iterations`` calls) on random tensors of the problem, select the
-        fastest by median and return the rows, fastest first. ``budget_s`` is ignored (kept for
-        signature parity with :meth:`rawconv.onednn.Convolution.autotune`)."""
+        fastest by median and return the rows (a :class:`~rawconv.results.ResultTable`), fastest
+        first. ``budget_s`` is ignored (kept for signature parity with
+        :meth:`rawconv.onednn.Convolution.autotune`).
+
+        Tuning records: the choice (``"ALGO@math"``, the math type set on the descriptor) is
+        stored as a :class:`rawconv.tuning.TuningRecord` (:attr:`tuning_record`, also the table's
+        ``record``) in the tuning cache (:func:`rawconv.tuning.cache`; on disk when
+        ``$RAWCONV_TUNING_CACHE`` or :func:`rawconv.tuning.set_cache_file` names a file), keyed by
+        the problem, direction, activation, math type, determinism, workspace limit, cuDNN's
+        version and the GPU (name, compute capability). ``use_cache``: look the problem up there
+        first and, on a hit that still selects, use it without timing (one row, phase
+        ``"cache"``); None (the default): only when a cache file is configured. ``progress``: a
+        tqdm bar naming the algo being timed (None: when stderr is a terminal or in a Jupyter
+        kernel)."""
+        from . import _progress, tuning
+
         self._check_live()
+        if use_cache is not None and not isinstance(use_cache, bool):
+            raise ArgumentTypeError(f"use_cache must be True, False or None, got {use_cache!r}")
+        _progress.enabled(progress)   # validates
         if math is not None and math != self.math:
             self.math = _math_name(math, self.problem.dtype)
             self._descs = {}
+        key = self._tuning_key()
+        store = tuning.cache()
+        if use_cache or (use_cache is None and tuning.cache_file()):
+            hit = self._from_cache(store, key)
+            if hit is not None:
+                return hit
         rows = []
         cands = [r for r in self._query("find", self.math) if self._usable(r)]
         seen = set()
-        for r in cands:
-            if r.algo_id in seen:
-                continue
-            seen.add(r.algo_id)
-            try:
-                self.select(r.algo_id)
-            except NotSupportedError:
-                continue
-            args = self._exec_args()
-            try:
-                stats = gpu_time(lambda: self.execute(**args), iterations=iterations, warmup=warmup)
-            except NotSupportedError:
-                continue
-            rows.append(TimedAlgorithm(r, stats.median_ms, stats.min_ms, stats.runs, problem=self.problem))
+        with _progress.bar(progress, total=len({r.algo_id for r in cands}), desc="cuDNN autotune",
+                           unit="algo") as bar:
+            for r in cands:
+                if r.algo_id in seen:
+                    continue
+                seen.add(r.algo_id)
+                bar.note(r.choice)
+                try:
+                    self.select(r.algo_id)
+                    args = self._exec_args()
+                    stats = gpu_time(lambda: self.execute(**args), iterations=iterations, warmup=warmup)
+                except NotSupportedError:
+                    continue
+                finally:
+                    bar.update()
+                rows.append(TimedAlgorithm(r, stats.median_ms, stats.min_ms, stats.runs, problem=self.problem))
         if not rows:
             raise NotSupportedError("no algo could be timed for " + self.problem.describe(), library="cuDNN")
         rows.sort(key=lambda r: r.median_ms)
-        self.select(rows[0].algorithm.algo_id)
-        return ResultTable(rows, title=f"cuDNN autotune: {self.direction} {self.problem}")
+        info = self.select(rows[0].algorithm.algo_id)
+        out = ResultTable(rows, title=f"cuDNN autotune: {self.direction} {self.problem}")
+        rec = self._record(key, rows[0], info)
+        store.put(rec)
+        self.tuning_record = out.record = rec
+        return out
+
+    # ------------------------------------------------------------------ tuning records
+    def _tuning_key(self):
+        """The :class:`rawconv.tuning.TuningKey` of an autotune of this plan (see :meth:`autotune`)."""
+        from . import tuning
+
+        return tuning.TuningKey.for_backend("cudnn", self.problem, self.direction,
+                                            _key_options(self.math, self.deterministic, self.workspace_limit),
+                                            self.activation, _environment(self.device_index))
+
+    def _from_cache(self, store, key):
+        """A tuning-cache hit selected (one row, phase ``"cache"``), or None."""
+        hit = store.get(key)
+        if hit is None:
+            return None
+        try:
+            info = self.select(choice=hit.choice)
+        except (NotSupportedError, ArgumentError) as exc:
+            log.debug("tuning cache: %s no longer selects (%s): searching", hit.choice, exc)
+            return None
+        algo = Algorithm(self.direction, info.algo, info.algo_id, info.math, "CUDNN_STATUS_SUCCESS", None,
+                         info.workspace_bytes, info.deterministic, "cache", info.math)
+        nan = float("nan")
+        row = TimedAlgorithm(algo, hit.median_ms if hit.median_ms is not None else nan,
+                             hit.min_ms if hit.min_ms is not None else nan, 0, problem=self.problem)
+        row.phase, row.detail = "cache", f"from the tuning cache (recorded {hit.created})"
+        out = ResultTable([row], title=f"cuDNN autotune: {self.direction} {self.problem}")
+        self.tuning_record = out.record = hit
+        return out
+
+    def _record(self, key, row, info: RunInfo):
+        """The tuning record of autotune's choice: ``"ALGO@math"`` with the math type set on the
+        descriptor (what :meth:`select` takes to rebuild exactly this state)."""
+        from . import tuning
+
+        detail = {"algo": info.algo, "algo_id": info.algo_id, "math": info.math,
+                  "math_reported": info.math_reported, "workspace_bytes": info.workspace_bytes,
+                  "deterministic": info.deterministic}
+        return tuning.TuningRecord(key, f"{info.algo}@{info.math}", detail, self.problem.layout, row.median_ms,
+                                   row.min_ms, None, label=self.problem.name or "")
 
     def _exec_args(self) -> dict:
         """Tensors of the problem's shapes (the outer problem) for timing."""
@@ -1325,6 +1424,27 @@ def info() -> dict:
 
 
 
+# ---------------------------------------------------------------------------- tuning records
+def _key_options(math: str, deterministic: bool = False, workspace_limit: int | None = None) -> dict:
+    """The options of a legacy cuDNN tuning key: the math type set on the descriptor,
+    determinism, workspace limit."""
+    return {"math": math, "deterministic": bool(deterministic), "workspace_limit": workspace_limit}
+
+
+def _environment(device_index: int | None = None) -> dict:
+    """The library and device a cuDNN tuning key records: ``{"library": "cuDNN",
+    "library_version": "9.19.0", "device": "NVIDIA H200", "device_arch": "sm_90"}`` (needs the GPU)."""
+    idx = torch.cuda.current_device() if device_index is None else device_index
+    major, minor = torch.cuda.get_device_capability(idx)
+    return {"library": "cuDNN", "library_version": _cudnn.version()["version"],
+            "device": torch.cuda.get_device_name(idx), "device_arch": f"sm_{major}{minor}"}
+
+
+from . import tuning as _tuning  # noqa: E402
+
+_tuning.register_environment("cudnn", _environment)
+
+
 # ---------------------------------------------------------------------------- capabilities
 _CAPS: dict = {}
 _CAPS_LOCK = threading.Lock()
@@ -1371,7 +1491,7 @@ def capabilities(refresh: bool = False, device: int | None = None):
         if caps is not None and not refresh:
             return caps
         _cudnn.lib()
-        _cudnn.handle_for(idx)          # no GPU: cuDNN's own error (cudnnCreate) here
+        _cuda.handle_for(idx)          # no GPU: cuDNN's own error (cudnnCreate) here
         cc = torch.cuda.get_device_capability(idx)
         platform = f"{torch.cuda.get_device_name(idx)} (compute capability {cc[0]}.{cc[1]})"
         rows = []

@@ -38,7 +38,7 @@ from typing import Any, Sequence
 
 import torch
 
-from . import _cudnn, _cudnn_backend as B, _guard, _search, tuning, known_bad as _known_bad
+from . import _cuda, _cudnn, _cudnn_backend as B, _guard, _search, tuning, known_bad as _known_bad
 from ._search import TimedConfig, knob_combinations
 from .errors import ArgumentError, ArgumentTypeError, LibraryError, NotSupportedError
 from ._backend import Candidate, canonical_direction
@@ -87,7 +87,7 @@ _NAME_RE = re.compile(r"^eng(\d+)(?:\{\s*((?:k\d+\s*=\s*-?\d+\s*(?:,\s*k\d+\s*=\
 
 
 # ---------------------------------------------------------------------------- engine configs
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class EngineConfig(Candidate):
     """One engine config of a graph: engine global index plus knob choices.
 
@@ -351,6 +351,8 @@ class GraphConvolution(PlanLifetime):
     ``cudnnBackendGetAttribute``, ``cudnnBackendExecute``.
     """
 
+    tuning_record = None   # autotune's choice (rawconv.tuning.TuningRecord)
+
     def __init__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
                  padding: Any = 0, dilation: Any = 1, groups: int = 1, *, activation: str | None = None,
                  engine: Any = None, allow_tf32: bool = False):
@@ -425,6 +427,7 @@ class GraphConvolution(PlanLifetime):
         self._graph_desc()
         return self._graph.global_count
 
+    @_cuda.on_plan_device
     def heuristic(self, mode: str = "instant") -> list[EngineConfig]:
         """Engine configs heuristic ``mode`` (``"instant"``, ``"b"``, ``"fallback"``) returns, best
         first (not finalized; see :meth:`engines`). Mode B declines some graphs (3-D, grouped,
@@ -463,6 +466,7 @@ class GraphConvolution(PlanLifetime):
         self._configs[ec.name] = ec
         return ec
 
+    @_cuda.on_plan_device
     def engine_info(self, index: int):
         """``(notes, knob_info)`` of engine ``index`` for this graph, or None when the engine does
         not support it. ``notes``: {"numerical_notes": (...), "behavior_notes": (...)};
@@ -488,6 +492,7 @@ class GraphConvolution(PlanLifetime):
             return ec
         return ec.with_(numerical_notes=info[0]["numerical_notes"], behavior_notes=info[0]["behavior_notes"])
 
+    @_cuda.on_plan_device
     def build(self, config: Any, *, handle=None) -> _Built:
         """Finalize the execution plan of one engine config (cached per config name), on this
         thread's cuDNN handle unless ``handle`` is given. Raises :class:`NotSupportedError` when it
@@ -538,6 +543,7 @@ class GraphConvolution(PlanLifetime):
         raise ArgumentTypeError(f"engine must be an EngineConfig, a name such as 'eng28{{k2=3}}' or an engine "
                                 f"index, got {type(config).__name__}")
 
+    @_cuda.on_plan_device
     def engines(self, heuristic: str | Sequence[str] = "instant", *, limit: int | None = 16,
                 finalize: bool = True) -> list[EngineConfig]:
         """Engine configs cuDNN offers for this graph.
@@ -719,7 +725,7 @@ class GraphConvolution(PlanLifetime):
 
     # ------------------------------------------------------------------ execution
     def _prepare(self, role: str, t, shape) -> torch.Tensor:
-        t = _cudnn.check_plan_tensor(self.problem, t, role, shape, self.device_index, ("x", "y", "dx", "dy"))
+        t = _cuda.check_plan_tensor(self.problem, t, role, shape, self.device_index, ("x", "y", "dx", "dy"))
         want = self._want.get(role)
         if want is None:
             want = self._want[role] = tuple(self._graph.strides[role] if self._graph is not None else
@@ -740,15 +746,16 @@ class GraphConvolution(PlanLifetime):
         vp = b.vps.get(ptrs)
         if vp is None:
             if b.workspace is None:
-                b.workspace = _cudnn.workspace(b.workspace_bytes, f"cuda:{self.device_index}")
+                b.workspace = _cuda.workspace(b.workspace_bytes, f"cuda:{self.device_index}")
             if len(b.vps) >= 64:
                 b.vps.clear()
             vp = b.vps[ptrs] = B.variant_pack(self._graph.uids, ptrs, b.workspace.data_ptr())
         L = _cudnn.lib()
-        status = L.cudnnBackendExecute(_cudnn.handle_for(self.device_index), b.plan.ptr, vp.ptr)
+        status = L.cudnnBackendExecute(_cuda.handle_for(self.device_index), b.plan.ptr, vp.ptr)
         if status:
             raise _cudnn.error(status, "cudnnBackendExecute", f"{b.config.name} on {self._describe()}")
 
+    @_cuda.on_plan_device
     def execute(self, x: torch.Tensor | None = None, w: torch.Tensor | None = None,
                 bias: torch.Tensor | None = None, out: torch.Tensor | None = None, *,
                 grad_y: torch.Tensor | None = None) -> torch.Tensor:
@@ -830,7 +837,7 @@ class GraphConvolution(PlanLifetime):
         cl = cl or self._via
         bufs = self._relayout_buffers()
         out_role = _OUT_ROLE[self.direction]
-        h = _cudnn.handle_for(self.device_index)
+        h = _cuda.handle_for(self.device_index)
         for role in _ROLES[self.direction]:
             if role != out_role:
                 self._transform(h, bufs[role][2], t[role].data_ptr(), bufs[role][3], bufs[role][1])
@@ -900,7 +907,7 @@ class GraphConvolution(PlanLifetime):
 
     def handle(self):
         """This thread's cuDNN handle for the plan's device."""
-        return _cudnn.handle_for(self.device_index)
+        return _cuda.handle_for(self.device_index)
 
     @property
     def built(self) -> dict:
@@ -963,13 +970,15 @@ class GraphConvolution(PlanLifetime):
             return {"dy": dy, "w": w}
         return {"x": x, "dy": dy}
 
+    @_cuda.on_plan_device
     def autotune(self, *, budget_s: float = 10.0, workspace_limit: int | None = None,
                  deterministic_only: bool = False, no_tensor_cores: bool | None = None,
                  no_down_conversion: bool = True, no_reduced_precision: bool = False,
                  iterations: int = 5, final_iterations: int = 30, check: bool = True,
                  use_cache: bool = True, seed: int = 0,
                  include_runtime_compiled: bool = True, patience: int | None = 200,
-                 relayout: bool = False, seed_from_cache: bool = True) -> list[TimedConfig]:
+                 relayout: bool = False, seed_from_cache: bool = True,
+                 progress: bool | None = None) -> list[TimedConfig]:
         """Search engine configs for the fastest correct one, select it and return the ranked table.
 
         Candidates, in order, while ``budget_s`` seconds (wall time, finalization included) last:
@@ -1025,6 +1034,10 @@ class GraphConvolution(PlanLifetime):
         GPU times. Those rows are named ``"nhwc:eng72{k17=1,k24=4}"``, the name :meth:`select`
         and :func:`forward` take, and their :attr:`TimedConfig.layout` is ``"nhwc"``; the top
         row is what gets selected.
+        ``progress``: a tqdm bar of the budget's seconds naming the phase and config being tried
+        (None: when stderr is a terminal or in a Jupyter kernel; :mod:`rawconv._progress`). The
+        choice's :class:`rawconv.tuning.TuningRecord` is :attr:`tuning_record` (and the table's
+        ``record``).
         Raises :class:`NotSupportedError` when no candidate runs correctly.
         """
         self._check_live()
@@ -1045,11 +1058,15 @@ class GraphConvolution(PlanLifetime):
         if check:
             ref, ref_abs = reference(self.problem, self.direction, tensors, activation=self.activation)
         seeds = _configs_of(store.seeds(key)) if seed_from_cache else []
-        if relayout:
-            cl_seeds = _configs_of(store.seeds(key, layout="nhwc")) if seed_from_cache else []
-            table = _search.search_relayout(self, t_start, budget_s, tensors, ref, ref_abs, opts, seeds, cl_seeds)
-        else:
-            table = _search.search(self, t_start + budget_s, budget_s, tensors, ref, ref_abs, opts, seeds)
+        from . import _progress
+
+        with _progress.bar(progress, desc="cuDNN graph autotune", seconds=budget_s):
+            if relayout:
+                cl_seeds = _configs_of(store.seeds(key, layout="nhwc")) if seed_from_cache else []
+                table = _search.search_relayout(self, t_start, budget_s, tensors, ref, ref_abs, opts, seeds,
+                                                cl_seeds)
+            else:
+                table = _search.search(self, t_start + budget_s, budget_s, tensors, ref, ref_abs, opts, seeds)
         self.last_autotune = table
         self.autotune_seconds = time.perf_counter() - t_start
         if not table or table[0].status != "ok":
@@ -1058,8 +1075,11 @@ class GraphConvolution(PlanLifetime):
                 + "; ".join(f"{r.name}: {r.status} {r.detail}" for r in table[:10]) + self._layout_hint(),
                 library="cuDNN")
         self._commit(table[0])
-        store.put(self._record(key, table[0]))
-        return self._table(table)
+        rec = self._record(key, table[0])
+        store.put(rec)
+        out = self._table(table)
+        self.tuning_record = out.record = rec
+        return out
 
     def _table(self, rows) -> ResultTable:
         """Autotune's rows as a :class:`rawconv.results.ResultTable` with the problem filled in."""
@@ -1108,6 +1128,7 @@ class GraphConvolution(PlanLifetime):
         rows = self._table([TimedConfig(ec, hit.median_ms, hit.min_ms, 0, "ok", None, "cache", "from the tuning cache",
                                         layout="nhwc" if self._via else "")])
         self.last_autotune = rows
+        self.tuning_record = rows.record = hit
         return rows
 
     def _record(self, key: tuning.TuningKey, row: TimedConfig) -> tuning.TuningRecord:
@@ -1118,7 +1139,7 @@ class GraphConvolution(PlanLifetime):
                   "numerical_notes": list(ec.numerical_notes), "behavior_notes": list(ec.behavior_notes),
                   "workspace_bytes": ec.workspace_bytes}
         return tuning.TuningRecord(key, row.name, detail, row.layout or self.problem.layout, row.median_ms,
-                                   row.min_ms, row.error)
+                                   row.min_ms, row.error, label=self.problem.name or "")
 
     # ------------------------------------------------------------------ lifetime
     def _check_live(self):

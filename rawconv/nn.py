@@ -51,7 +51,8 @@ from .problem import ConvProblem, shape_only, tuple_arg
 
 __all__ = ["conv", "conv_transpose", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
            "ConvTranspose3d", "ConvBiasAct1d", "ConvBiasAct2d", "ConvBiasAct3d", "convert", "describe",
-           "LayerReport", "ConvertReport", "print_table", "BACKENDS", "refresh"]
+           "LayerReport", "ConvertReport", "print_table", "BACKENDS", "pinned_choices", "pin_choices",
+           "refresh"]
 
 BACKENDS = ("auto", "onednn", "cudnn")
 
@@ -989,7 +990,11 @@ def _tune_key(m, kind, args, backend, problem) -> tuple:
     return (kind, problem, extra, m.precision, backend, dev, wl)
 
 
-def _tune_one(m, kind: str, args: dict, backend: str, budget_s: float | None) -> str:
+def _tune_one(m, kind: str, args: dict, backend: str, budget_s: float | None, *, info: dict | None = None,
+              use_cache: bool = True) -> str:
+    """The winning candidate's name for layer ``m``'s recorded call. ``info`` (a dict) receives the
+    winner's ``median_ms`` / ``min_ms``; ``use_cache=False``: cuDNN searches afresh (no tuning
+    cache hit, no seeds from it)."""
     x = args["x"]
     w, b = m.weight.detach(), (m.bias.detach() if m.bias is not None else None)
     prec = m.precision
@@ -1009,6 +1014,8 @@ def _tune_one(m, kind: str, args: dict, backend: str, budget_s: float | None) ->
             plan._w = w
         rows = plan.autotune(**opts)
         best = rows[0].impl
+        if info is not None:
+            info.update(median_ms=getattr(rows[0], "median_ms", None), min_ms=getattr(rows[0], "min_ms", None))
         plan.free()
         return f"{best.name}@{best.layouts}"
     from . import cudnn_graph as G
@@ -1024,7 +1031,24 @@ def _tune_one(m, kind: str, args: dict, backend: str, budget_s: float | None) ->
     else:
         plan = G.GraphConvolution.from_problem(_problem_of(m, kind, args), direction="backward_data",
                                                allow_tf32=allow_tf32)
-    plan.autotune(budget_s=budget, patience=60)
+    try:
+        rows = plan.autotune(budget_s=budget, patience=60, **({} if use_cache else
+                                                              {"use_cache": False, "seed_from_cache": False}))
+    except NotSupportedError:
+        if kind == "fused":
+            raise
+        # no graph config runs this problem correctly under the precision asked (e.g. strict fp32,
+        # where most graph engines are TF32 tensor-core ones): cuDNN's legacy algos, timed, decide
+        from . import cudnn
+
+        direction = "forward" if kind == "conv" else "backward_data"
+        legacy = cudnn.Convolution.from_problem(_problem_of(m, kind, args), direction=direction, precision=prec)
+        rows = legacy.autotune()
+        if info is not None and rows:
+            info.update(median_ms=rows[0].median_ms, min_ms=rows[0].min_ms)
+        return rows[0].algorithm.choice
+    if info is not None and rows:
+        info.update(median_ms=getattr(rows[0], "median_ms", None), min_ms=getattr(rows[0], "min_ms", None))
     return plan.selected_name
 
 
@@ -1053,6 +1077,46 @@ def _autotune(model, example, report: ConvertReport, budget_s) -> None:
                              "backend": backend, "choice": choice, "searched": searched,
                              "seconds": time.perf_counter() - t1, "key": key, "note": note})
     report.autotune_s = time.perf_counter() - t0
+
+
+def pinned_choices(model: torch.nn.Module) -> dict:
+    """What every rawconv convolution module of ``model`` is pinned to: ``{module name: {"module":
+    class name, "backend": the backend its weights' device runs ("onednn" / "cudnn"), "choice",
+    "backward_choice", "precision"}}`` in ``named_modules`` order (None: the backend's default
+    choice). What :func:`convert` (``autotune=``) and :func:`rawconv.distributed.convert` pinned."""
+    if not isinstance(model, torch.nn.Module):
+        raise ArgumentTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    out = {}
+    for name, m in model.named_modules():
+        if isinstance(m, _RawconvConv):
+            out[name] = {"module": type(m).__name__, "backend": m._device_backend(), "choice": m.choice,
+                         "backward_choice": m.backward_choice, "precision": m.precision}
+    return out
+
+
+def pin_choices(model: torch.nn.Module, choices: dict, *, backend: str | None = None) -> None:
+    """Pin ``choices`` (``{module name: choice}``; a choice is what ``choice=`` takes, None for the
+    backend's default) on the rawconv convolution modules of ``model`` named there; the choices
+    belong to ``backend`` (``"onednn"`` / ``"cudnn"``; default: each module's device's), so a later
+    ``.to()`` to the other device drops them as usual. Nothing is checked against the library
+    here: a choice it does not offer raises :class:`NotSupportedError` at the module's first call.
+    Raises :class:`ArgumentError` naming a name that is not a rawconv convolution module of
+    ``model`` (nothing is pinned then)."""
+    if not isinstance(model, torch.nn.Module):
+        raise ArgumentTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(choices, dict):
+        raise ArgumentTypeError(f"choices must be a dict {{module name: choice}}, got {type(choices).__name__}")
+    if backend is not None and backend not in ("onednn", "cudnn"):
+        raise ArgumentError(f"backend must be 'onednn', 'cudnn' or None, got {backend!r}")
+    mods = dict(model.named_modules())
+    bad = [n for n in choices if not isinstance(mods.get(n), _RawconvConv)]
+    if bad:
+        raise ArgumentError(f"not rawconv convolution modules of this model: {bad} (rawconv.nn.convert swaps "
+                            f"torch's; these are: {[n for n, m in mods.items() if isinstance(m, _RawconvConv)]})")
+    for n, c in choices.items():
+        m = mods[n]
+        m.choice = c
+        m._choice_backend = backend or m._device_backend()
 
 
 # ---------------------------------------------------------------------------- describe

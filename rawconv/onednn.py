@@ -65,7 +65,7 @@ _ROLE_NAMES = {"x": "src", "w": "weights", "b": "bias", "y": "dst", "dy": "diff_
                "dw": "diff_weights", "db": "diff_bias"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Implementation(Candidate):
     """One implementation oneDNN offers for a problem.
 
@@ -577,6 +577,7 @@ class Convolution(PlanLifetime):
         self._snap = None   # (weights snapshot, its generation) with prepack (see repack)
         self._slow_checked = None   # the selection whose reference-time warning was decided
         self._examples = None
+        self.tuning_record = None   # autotune's choice (rawconv.tuning.TuningRecord)
 
     # ------------------------------------------------------------------ descriptors
     def _strides(self):
@@ -1051,31 +1052,52 @@ class Convolution(PlanLifetime):
 
     def autotune(self, iterations: int = 10, warmup: int = 2, *, include_ref: bool = False,
                  budget_s: float | None = None, allow_known_bad: bool | None = None,
-                 isolate: Any = False) -> list[TimedImplementation]:
+                 isolate: Any = False, check: bool = True, use_cache: bool | None = None,
+                 progress: bool | None = None) -> ResultTable:
         """Time every implementation on this plan's tensors (random ones of the problem's shape
-        when the plan was built from a problem) and select the fastest (by median).
+        when the plan was built from a problem), check each against float64, and select the
+        fastest correct one (by median).
 
-        Each implementation is built, run ``warmup`` times, then timed over ``iterations`` calls
-        (``time.perf_counter``, per call, reorders included; with ``prepack`` the calls use the
-        weight snapshot, reordered once per implementation (a plan built from a problem without
-        a snapshot snapshots its random example weights for the timing only), else the weights
-        are reordered on every call, as the function forms do); the implementations within 15% of the fastest are then timed again over
-        three interleaved rounds and ranked by their best round's median. ``ref:any`` is skipped
-        unless ``include_ref`` (it is orders of magnitude slower). ``budget_s`` caps the seconds
-        spent per implementation and round. Known-bad implementations (:mod:`rawconv.known_bad`)
-        are skipped unless ``allow_known_bad`` (default: the plan's setting). Returns the timed
-        rows sorted fastest first (``median_ms``: the best median seen; ``spread``: median / min),
-        then the rows that were not timed (``status`` says why, NaN times). Warns
-        (:class:`rawconv.bench.TimingWarning`) when other processes oversubscribed the CPUs while it
-        timed, or a median/min spread exceeds :data:`rawconv.bench.SPREAD_LIMIT`: the ranking may
-        then be noise.
+        Each implementation is built and run once, its result checked against the float64
+        reference (:func:`rawconv.check.reference`, the tolerance of :func:`rawconv.check.tolerance_for`
+        for this direction and fpmath mode; ``check=False`` skips it, and plans with post-ops, as
+        :class:`rawconv.fused.FusedConvolution`, are not checked here), run ``warmup`` times,
+        then timed over ``iterations`` calls (``time.perf_counter``, per call, reorders included;
+        with ``prepack`` the calls use the weight snapshot, reordered once per implementation (a
+        plan built from a problem without a snapshot snapshots its random example weights for
+        the timing only), else the weights are reordered on every call, as the function forms
+        do); the correct implementations within 15% of the
+        fastest are then timed again over three interleaved rounds and ranked by their best
+        round's median. ``ref:any`` is skipped unless ``include_ref`` (it is orders of magnitude
+        slower). ``budget_s`` caps the seconds spent per implementation and round. Known-bad
+        implementations (:mod:`rawconv.known_bad`) are skipped unless ``allow_known_bad``
+        (default: the plan's setting). Returns a :class:`~rawconv.results.ResultTable`: the
+        correct rows fastest first (``median_ms``: the best median seen; ``spread``: median /
+        min; ``accuracy``: the error against float64), then the rows outside tolerance
+        (``"wrong"``, timed, never selected), then the rows that were not timed (``status`` says
+        why, NaN times). Warns (:class:`rawconv.bench.TimingWarning`) when other processes
+        oversubscribed the CPUs while it timed, or a median/min spread exceeds
+        :data:`rawconv.bench.SPREAD_LIMIT`: the ranking may then be noise.
+
+        Tuning records: the choice is stored as a :class:`rawconv.tuning.TuningRecord`
+        (:attr:`tuning_record`, also the table's ``record``) in the tuning cache
+        (:func:`rawconv.tuning.cache`: in memory, and in its file when one is configured with
+        ``$RAWCONV_TUNING_CACHE`` or :func:`rawconv.tuning.set_cache_file`). Its key holds the
+        problem, direction, fpmath mode, algorithm, weights layout, torch's thread count, the
+        oneDNN version, the CPU model and oneDNN's effective ISA. ``use_cache``: look the
+        problem up there first and, on a hit whose choice oneDNN still offers, select it without
+        timing anything (one row, phase ``"cache"``); None (the default): only when a cache file
+        is configured, so that the first search happens once per machine.
 
         ``isolate=True`` (or an :class:`rawconv._isolate.Isolation` / dict: ``timeout_s``, ``env``,
         ``threads``) times every candidate in a child process (:mod:`rawconv._isolate`) and
         checks its output against float64 in this process: a candidate that crashes, hangs past
         the timeout or gives a wrong result gets a row with that status and is never selected.
-        Raises :class:`NotSupportedError` when no implementation could be timed.
+        ``progress``: a tqdm bar naming the implementation being timed (None: when stderr is a
+        terminal or in a Jupyter kernel; :mod:`rawconv._progress`).
+        Raises :class:`NotSupportedError` when no implementation could be timed correctly.
         """
+        from . import _progress, tuning
         from .bench import LoadMonitor, time_cpu
 
         self._check_live()
@@ -1089,35 +1111,39 @@ class Convolution(PlanLifetime):
                 raise ArgumentTypeError(f"budget_s must be a number of seconds or None, got {budget_s!r}")
             if not budget_s > 0:
                 raise ArgumentError(f"budget_s must be positive, got {budget_s!r}")
+        for name, v in (("check", check), ("use_cache", use_cache)):
+            if v is not None and not isinstance(v, bool):
+                raise ArgumentTypeError(f"{name} must be True or False, got {v!r}")
+        _progress.enabled(progress)   # validates
         allow = self.allow_known_bad if allow_known_bad is None else _check_allow(allow_known_bad)
         from . import _isolate
 
         iso = _isolate.options(isolate)
+        key = self._tuning_key(allow)
+        store = tuning.cache()
+        if use_cache or (use_cache is None and tuning.cache_file()):
+            hit = self._from_cache(store, key, allow)
+            if hit is not None:
+                return hit
         iterations, warmup = it, wu
         tensors = call = self._example_tensors()
         temporary_snap = False
-        if self.prepack and "w" in tensors:   # time as execute(x) runs: on the snapshot, packed once
+        if self.prepack and "w" in tensors:   # time as execute(x) runs: on the snapshot, reordered once
             if self._snap is None:
                 self._snapshot(tensors["w"])
                 temporary_snap = True
             else:
                 tensors = dict(tensors, w=self._snap[0])
             call = {k: v for k, v in tensors.items() if k != "w"}
-        try:
-            return self._autotune(tensors, call, iterations, warmup, include_ref, budget_s, allow, iso)
-        finally:
-            if temporary_snap:
-                self._snap = None
-                self._hot = None
+        ref = ref_abs = tol = None
+        # plans with post-ops (rawconv.fused) compute more than the convolution: not checked here
+        if check and iso is None and not self.problem.is_empty and not self._post_ops:
+            from .check import reference, tolerance_for
 
-    def _autotune(self, tensors, call, iterations, warmup, include_ref, budget_s, allow, iso):
-        """autotune's search: ``tensors`` the example tensors (w included: a child process
-        snapshots it with ``prepack``), ``call`` the keyword arguments of each timed
-        :meth:`execute` here."""
-        from . import _isolate
-        from .bench import LoadMonitor, time_cpu
-
-        rows, skipped = [], []
+            named = {"x": tensors.get("x"), "w": tensors.get("w"), "b": tensors.get("bias"), "dy": tensors.get("grad_y")}
+            ref, ref_abs = reference(self.problem, self.direction, {k: v for k, v in named.items() if v is not None})
+            tol = tolerance_for(self.problem, self.direction, compute=_FPMATH_COMPUTE.get(self.fpmath))
+        rows, wrong, skipped = [], [], []
         nan = float("nan")
         session = None
         monitor = LoadMonitor() if iso is None else None
@@ -1125,32 +1151,19 @@ class Convolution(PlanLifetime):
             session = _isolate._onednn_session(self.problem, self.direction, tensors, algorithm=self.algorithm,
                                                fpmath=self.fpmath, w_layout=self.w_layout, prepack=self.prepack,
                                                iso=iso)
+        impls = [i for i in self.implementations if include_ref or not i.name.startswith("ref")]
         try:
-            for impl in self.implementations:
-                if impl.name.startswith("ref") and not include_ref:
-                    continue
-                if impl.known_bad and not allow:
-                    skipped.append(TimedImplementation(impl, nan, nan, 0, "known bad", detail=
-                                                       f"not run (allow_known_bad=True runs it): {impl.known_bad}"))
-                    continue
-                if session is not None:
-                    r = session.run(impl, iterations=iterations, warmup=warmup, budget_s=budget_s,
-                                    allow_known_bad=allow, check=True)
-                    if r["status"] == "ok":
-                        rows.append(TimedImplementation(impl, r["median_ms"], r["min_ms"], r["runs"]))
-                    else:
-                        skipped.append(TimedImplementation(impl, nan, nan, r["runs"], r["status"], r["detail"]))
-                    continue
-                self._selected = impl.index
-                try:
-                    stats = time_cpu(lambda: self.execute(**call), iterations=iterations, warmup=warmup,
-                                     budget_s=budget_s)
-                except NotSupportedError:
-                    continue
-                rows.append(TimedImplementation(impl, stats.median_ms, stats.min_ms, stats.runs))
+            with _progress.bar(progress, total=len(impls), desc="oneDNN autotune", unit="impl") as bar:
+                for impl in impls:
+                    bar.note(impl.choice)
+                    try:
+                        self._autotune_one(impl, allow, session, call, ref, ref_abs, tol, iterations, warmup,
+                                           budget_s, rows, wrong, skipped, time_cpu)
+                    finally:
+                        bar.update()
             if not rows:
-                why = "; ".join(f"{r.impl.name}: {r.status}" for r in skipped)
-                raise NotSupportedError("no implementation could be timed for " + self.problem.describe()
+                why = "; ".join(f"{r.impl.name}: {r.status}" for r in wrong + skipped)
+                raise NotSupportedError("no implementation could be timed correctly for " + self.problem.describe()
                                         + (f" ({why})" if why else ""))
             rows.sort(key=lambda r: r.median_ms)
             # the close contenders (within 15% of the best) are timed again, interleaved over rounds, and
@@ -1177,8 +1190,12 @@ class Convolution(PlanLifetime):
                             med = time_cpu(lambda: self.execute(**call), iterations=iterations, warmup=1,
                                            budget_s=budget_s).median_ms
                         best[id(r)] = min(best[id(r)], med)
-                retimed = [TimedImplementation(r.impl, best[id(r)], min(r.min_ms, best[id(r)]), r.runs)
-                           for r in close if id(r) not in dead]
+                retimed = []
+                for r in close:
+                    if id(r) not in dead:
+                        t = TimedImplementation(r.impl, best[id(r)], min(r.min_ms, best[id(r)]), r.runs)
+                        t.accuracy = r.accuracy
+                        retimed.append(t)
                 rows = sorted(retimed + [r for r in rows[len(close):] if id(r) not in dead],
                               key=lambda r: r.median_ms)
                 if not rows:
@@ -1186,15 +1203,115 @@ class Convolution(PlanLifetime):
         finally:
             if session is not None:
                 session.close()
+            if temporary_snap:
+                self._snap = None
+                self._hot = None
         _warn_timings(monitor, rows)
         self._selected = rows[0].impl.index
         for i in list(self._built):
             if i != self._selected:
                 del self._built[i]
-        out = ResultTable(rows + skipped, title=f"oneDNN autotune: {self.direction} {self.problem}")
+        wrong.sort(key=lambda r: r.median_ms)
+        out = self._table(rows + wrong + skipped)
+        rec = self._record(key, out[0])
+        store.put(rec)
+        self.tuning_record = out.record = rec
+        return out
+
+    def _autotune_one(self, impl, allow, session, tensors, ref, ref_abs, tol, iterations, warmup, budget_s,
+                      rows, wrong, skipped, time_cpu) -> None:
+        """Check and time one implementation for :meth:`autotune`, appending its row (``tensors``:
+        :meth:`execute`'s keyword arguments; a plan with a weight snapshot gets none for ``w``)."""
+        nan = float("nan")
+        if impl.known_bad and not allow:
+            skipped.append(TimedImplementation(impl, nan, nan, 0, "known bad", detail=
+                                               f"not run (allow_known_bad=True runs it): {impl.known_bad}"))
+            return
+        if session is not None:
+            r = session.run(impl, iterations=iterations, warmup=warmup, budget_s=budget_s,
+                            allow_known_bad=allow, check=True)
+            if r["status"] == "ok":
+                rows.append(TimedImplementation(impl, r["median_ms"], r["min_ms"], r["runs"]))
+            else:
+                skipped.append(TimedImplementation(impl, nan, nan, r["runs"], r["status"], r["detail"]))
+            return
+        self._selected = impl.index
+        err = None
+        try:
+            if ref is not None:
+                from .check import check as _check_result
+
+                y = self.execute(**tensors)
+                err = _check_result(self.problem, y[0] if isinstance(y, tuple) else y, ref, ref_abs, tol)
+            stats = time_cpu(lambda: self.execute(**tensors), iterations=iterations, warmup=warmup,
+                             budget_s=budget_s)
+        except NotSupportedError as exc:
+            skipped.append(TimedImplementation(impl, nan, nan, 0, "not supported", str(exc)))
+            return
+        if err is not None and not err.ok:
+            row = TimedImplementation(impl, stats.median_ms, stats.min_ms, stats.runs, "wrong",
+                                      f"outside tolerance vs float64: max rel err {err.max_rel:.2e}, "
+                                      f"{err.ratio:.3g}x the tolerance" + (f", {err.nan} non-finite" if err.nan
+                                                                            else ""))
+            row.accuracy = err
+            wrong.append(row)
+            return
+        row = TimedImplementation(impl, stats.median_ms, stats.min_ms, stats.runs)
+        row.accuracy = err
+        rows.append(row)
+
+    def _table(self, rows) -> ResultTable:
+        out = ResultTable(rows, title=f"oneDNN autotune: {self.direction} {self.problem}")
         for r in out:
             r.problem = self.problem
         return out
+
+    # ------------------------------------------------------------------ tuning records
+    def _tuning_key(self, allow_known_bad: bool):
+        """The :class:`rawconv.tuning.TuningKey` of an autotune of this plan (see :meth:`autotune`)."""
+        from . import tuning
+
+        options = _key_options(self.fpmath, self.algorithm, self.w_layout, allow_known_bad)
+        if self._post_ops:   # a fused plan (rawconv.fused) is another question than the plain convolution
+            options["post_ops"] = [list(op) for op in self._post_ops]
+        return tuning.TuningKey.for_backend("onednn", self.problem, self.direction, options)
+
+    def _from_cache(self, store, key, allow: bool) -> ResultTable | None:
+        """A tuning-cache hit selected (one row, phase ``"cache"``), or None (a miss, or a choice
+        this oneDNN no longer offers for the problem)."""
+        from .check import ErrorStats
+
+        hit = store.get(key)
+        if hit is None:
+            return None
+        try:
+            i = self._resolve(hit.choice, allow)
+        except (NotSupportedError, ArgumentError) as exc:
+            log.debug("tuning cache: %s no longer selects (%s): searching", hit.choice, exc)
+            return None
+        self._selected = i
+        impl = self._impls[i]
+        row = TimedImplementation(impl, hit.median_ms if hit.median_ms is not None else float("nan"),
+                                  hit.min_ms if hit.min_ms is not None else float("nan"), 0, "ok",
+                                  f"from the tuning cache (recorded {hit.created})")
+        row.phase = "cache"
+        if hit.error is not None and hit.error.get("max_rel") is not None:
+            e = hit.error
+            row.accuracy = ErrorStats(e.get("max_abs") or 0.0, e["max_rel"], e.get("ratio") or 0.0, 0)
+        out = self._table([row])
+        self.tuning_record = out.record = hit
+        return out
+
+    def _record(self, key, row):
+        """The tuning record of autotune's choice ``row``."""
+        from . import tuning
+
+        impl = row.impl
+        detail = {"impl": impl.name, "layouts": impl.layouts, "index": impl.index,
+                  "formats": dict(impl.formats), "reorders": list(impl.reorders),
+                  "scratchpad_bytes": impl.scratchpad_bytes}
+        return tuning.TuningRecord(key, impl.choice, detail, self.problem.layout, row.median_ms, row.min_ms,
+                                   row.accuracy, label=self.problem.name or "")
 
     def _example_tensors(self) -> dict:
         """The tensors autotune times on: the construction ones, else seeded random ones of the
@@ -1588,6 +1705,49 @@ def _backward_problem(grad_y, w, x_shape, stride, padding, dilation, groups, has
         problem = problem.with_(layout=lay)
     _check_grad(problem, grad_y, "grad_y", problem.y_shape)
     return problem
+
+
+# ---------------------------------------------------------------------------- tuning records
+# the precision inputs are rounded to under each fpmath mode (the tolerance of a check)
+_FPMATH_COMPUTE = {"bf16": "bfloat16", "f16": "float16", "tf32": "tf32", "any": "bfloat16"}
+
+
+def _key_options(fpmath: str, algorithm: str = "direct", w_layout: str = "nchw", allow_known_bad: bool = False,
+                 threads: int | None = None) -> dict:
+    """The options of a oneDNN tuning key: fpmath mode, algorithm, weights layout and torch's
+    thread count (which decides oneDNN's OpenMP threads), plus ``allow_known_bad`` when set."""
+    out = {"fpmath": fpmath, "algorithm": algorithm, "weights_layout": w_layout,
+           "threads": torch.get_num_threads() if threads is None else threads}
+    if allow_known_bad:
+        out["allow_known_bad"] = True
+    return out
+
+
+def _cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else ``platform.processor()``, else ``"cpu"``."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "hardware", "cpu model")):
+                    return " ".join(line.split(":", 1)[1].split()) or "cpu"
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "cpu"
+
+
+def _environment() -> dict:
+    """The library and device a oneDNN tuning key records: ``{"library": "oneDNN",
+    "library_version": "3.2.0", "device": the CPU model, "device_arch": oneDNN's effective ISA}``
+    (loads the library). Wraps ``dnnl_version``, ``dnnl_get_effective_cpu_isa``."""
+    return {"library": "oneDNN", "library_version": _version(), "device": _cpu_model(),
+            "device_arch": _dnnl.effective_cpu_isa()}
+
+
+from . import tuning as _tuning  # noqa: E402
+
+_tuning.register_environment("onednn", _environment)
 
 
 # ---------------------------------------------------------------------------- info

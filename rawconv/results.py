@@ -207,6 +207,21 @@ class Result:
     def implementation(self, value: str) -> None:
         self.name = value
 
+    @property
+    def choice(self) -> str:
+        """The candidate's stable name (what ``choice=`` and ``select()`` take: the listing row's
+        ``choice``, or ``extra["choice"]`` on ``compare`` rows), else :attr:`name`."""
+        c = getattr(self.candidate, "choice", None)
+        if isinstance(c, str) and c:
+            return c
+        c = self.extra.get("choice") if isinstance(self.extra, dict) else None
+        return c if isinstance(c, str) and c else self.name
+
+    @property
+    def torch_default(self) -> bool:
+        """torch's own choice (its default path): the reference row of a comparison."""
+        return self.backend == "torch" and self.name == "default"
+
     def as_dict(self) -> dict:
         """JSON-friendly fields (the problem as its description and benchdnn string; NaN as None)."""
         p = self.problem
@@ -217,7 +232,7 @@ class Result:
                "unstable": self.unstable, "gflops": self.gflops, "max_abs": self.max_abs, "max_rel": self.max_rel,
                "err_ratio": acc.ratio if acc is not None else None,
                "workspace_bytes": self.workspace_bytes, "detail": self.detail, "message": self.message,
-               "phase": self.phase, "seconds": self.seconds, "reference": self.reference}
+               "phase": self.phase, "seconds": self.seconds, "reference": self.reference, "choice": self.choice}
         if p is not None and not isinstance(p, str):
             out["describe"] = p.describe()
             out["benchdnn"] = p.to_benchdnn(strict=False)
@@ -235,7 +250,10 @@ class Result:
         return f"{self.backend:<11} {self.name:<34} {self.status:<14} {t:>12}{mn}{err}{ref}{why}"
 
     def __repr__(self) -> str:
-        return f"<Result {self}>"
+        return f"<Result {' '.join(str(self).split())}>"
+
+    def _repr_html_(self) -> str:
+        return ResultTable([self])._repr_html_()
 
 
 def _json_safe(v):
@@ -265,29 +283,6 @@ def as_result(row) -> "Result":
                   " ".join(getattr(row, "notes", ())), getattr(row, "detail", "") or getattr(row, "error", "") or "")
 
 
-_COLUMNS = (("backend", 11), ("name", 34), ("status", 14), ("median ms", 10), ("min ms", 10),
-            ("rel err", 8), ("ws B", 10))
-
-
-def _cell(r, col: str) -> str:
-    r = as_result(r)
-    if col == "backend":
-        return r.backend
-    if col == "name":
-        return r.name + (" *" if r.reference else "")
-    if col == "status":
-        return r.status
-    if col == "median ms":
-        return f"{r.median_ms:.4f}" if _finite(r.median_ms) else "-"
-    if col == "min ms":
-        return f"{r.min_ms:.4f}" if _finite(r.min_ms) else "-"
-    if col == "rel err":
-        return f"{r.max_rel:.1e}" if _finite(r.max_rel) else "-"
-    if col == "ws B":
-        return str(r.workspace_bytes) if r.workspace_bytes is not None else "-"
-    return ""
-
-
 class ResultTable(list):
     """A list of rows with a readable ``repr`` and exports: :class:`Result` rows (autotune, compare)
     or a listing's candidates (oneDNN ``Implementation``, cuDNN ``Algorithm``, ``EngineConfig``:
@@ -295,7 +290,11 @@ class ResultTable(list):
 
     ``title``: what the table is (a problem, a model layer...). Rows keep their order (autotune:
     fastest correct first). ``best()``: the fastest ``ok`` rawconv row; ``to_dicts()``,
-    ``to_json(path=None)``, ``to_csv(path=None)``, ``to_pandas()``."""
+    ``to_json(path=None)``, ``to_csv(path=None)``, ``to_pandas()``; ``plot()`` (matplotlib);
+    a notebook shows it as an HTML table (``_repr_html_``). Autotune tables carry ``record``:
+    the :class:`rawconv.tuning.TuningRecord` of their choice."""
+
+    record = None   # autotune tables: the rawconv.tuning.TuningRecord of the choice it selected
 
     def __init__(self, rows: Iterable[Result] = (), title: str = ""):
         super().__init__(rows)
@@ -357,19 +356,38 @@ class ResultTable(list):
         return pd.DataFrame([{k: v for k, v in d.items() if not isinstance(v, (dict, list))}
                              for d in self.to_dicts()])
 
+
+    def __getitem__(self, i):
+        out = list.__getitem__(self, i)
+        return ResultTable(out, self.title) if isinstance(i, slice) else out
+
     # ------------------------------------------------------------------ display
-    def _text(self, width: int | None = None) -> str:
-        cols = list(_COLUMNS)
-        lines = []
-        if self.title:
-            lines.append(self.title)
-        cells = [[_cell(r, c) for c, _ in cols] for r in self]
-        widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, (c, _) in enumerate(cols)]
-        fmt = "  ".join("{:<%d}" % w if i < 3 else "{:>%d}" % w for i, w in enumerate(widths))
-        lines.append(fmt.format(*[c for c, _ in cols]).rstrip())
-        for row in cells:
-            lines.append(fmt.format(*row).rstrip())
-        if any(getattr(r, "reference", False) for r in self):
+    def _groups(self) -> list[tuple[str, list[Result]]]:
+        """The rows (as Results) grouped by problem, in order of first appearance."""
+        groups: dict[str, list[Result]] = {}
+        for r in map(as_result, self):
+            groups.setdefault(r.problem_name, []).append(r)
+        return list(groups.items())
+
+    def _text(self) -> str:
+        groups = self._groups()
+        multi = len(groups) > 1
+        cols = (["problem"] if multi else []) + ["backend", "name", "status", "median ms", "min ms", "rel err",
+                                                 "ws B", "notes"]
+        rows = [r for _, rs in groups for r in rs]
+        cells = [[_cell(r, c) for c in cols] for r in rows]
+        # columns no row fills are left out (a listing has no times), except the first three
+        keep = [i for i, c in enumerate(cols)
+                if c in ("problem", "backend", "name", "status") or any(row[i] not in ("", "-") for row in cells)]
+        cols = [cols[i] for i in keep]
+        cells = [[row[i] for i in keep] for row in cells]
+        widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
+        left = {"problem", "backend", "name", "status", "notes"}
+        fmt = "  ".join(("{:<%d}" if c in left else "{:>%d}") % w for c, w in zip(cols, widths))
+        lines = [self.title] if self.title else []
+        lines.append(fmt.format(*cols).rstrip())
+        lines += [fmt.format(*row).rstrip() for row in cells]
+        if any(r.reference for r in rows):
             lines.append("(* torch's own choice, for reference)")
         return "\n".join(lines)
 
@@ -378,3 +396,453 @@ class ResultTable(list):
 
     def __str__(self) -> str:
         return self._text()
+
+    def _repr_html_(self) -> str:
+        """An HTML table (what Jupyter shows): per problem, the fastest correct rawconv row on a
+        green ground, rows outside tolerance on a red one, rows that did not run greyed, torch's
+        own choice marked as the reference. Colors are translucent over the theme's background
+        and text keeps the theme's color, so light and dark themes both read."""
+        return _html_table(self)
+
+    # ------------------------------------------------------------------ plots
+    def plot(self, ax=None, *, kind: str = "auto", reference_ms: float | None = None, log: bool | None = None,
+             title: str | None = None, figsize=None):
+        """Plot the rows with matplotlib and return the ``Figure``.
+
+        ``kind``: ``"bars"``: per problem, horizontal bars of each candidate's median time (ms;
+        the fastest correct one green, the others blue, torch's own paths grey, rows outside
+        tolerance red and hatched), its min time as a tick, torch's default time (or
+        ``reference_ms``) as a dashed line, rows that did not run listed at the bottom with
+        their status; one panel per problem. ``"heatmap"``: problems x candidates, each cell the
+        candidate's median time relative to torch default on that problem (relative to the
+        fastest correct row when torch did not run), wrong cells crossed, cells that did not run
+        grey, blank where the candidate is not offered. ``"auto"``: bars up to 6 problems,
+        heatmap beyond. ``log``: log time axis (default: when times span more than a decade).
+        ``ax``: draw into this matplotlib Axes (one problem's bars only). A figure made here is
+        closed in pyplot before it is returned, so a notebook shows it once (as the cell's
+        value); save it with ``fig.savefig(path)``. Raises :class:`~rawconv.errors.ArgumentError`
+        for an unknown ``kind``, an empty table, or ``ax`` with several panels."""
+        from .errors import ArgumentError
+
+        if kind not in ("auto", "bars", "heatmap"):
+            raise ArgumentError(f"kind must be 'auto', 'bars' or 'heatmap', got {kind!r}")
+        groups = self._groups()
+        if not groups:
+            raise ArgumentError("nothing to plot: the table has no rows")
+        if kind == "auto":
+            kind = "bars" if len(groups) <= 6 else "heatmap"
+        if kind == "heatmap":
+            return _plot_heatmap(self, groups, ax, title, figsize)
+        return _plot_bars(self, groups, ax, reference_ms, log, title, figsize)
+
+
+# ---------------------------------------------------------------------------- cells and formats
+def _fmt_ms(v) -> str:
+    """4 significant digits, no exponent: 0.09440, 23.97, 1234."""
+    if not _finite(v):
+        return "-"
+    if v <= 0:
+        return f"{v:.4f}"
+    decimals = min(max(3 - math.floor(math.log10(v)), 0), 6)
+    return f"{v:.{decimals}f}"
+
+
+def _fmt_bytes(n) -> str:
+    if n is None:
+        return "-"
+    if n < 1024:
+        return f"{n} B"
+    if n < 1024 ** 2:
+        return f"{n / 1024:.0f} KiB"
+    return f"{n / 1024 ** 2:.1f} MiB"
+
+
+def _notes(r: Result) -> str:
+    if r.group in ("ok", "wrong"):
+        return ""
+    if r.group == "listed":
+        return r.detail
+    return r.message or r.detail
+
+
+def _cell(r, col: str) -> str:
+    r = as_result(r)
+    if col == "problem":
+        return r.problem_name
+    if col == "backend":
+        return r.backend
+    if col == "name":
+        return r.name + (" *" if r.reference else "")
+    if col == "status":
+        return r.status
+    if col == "median ms":
+        return f"{r.median_ms:.4f}" if _finite(r.median_ms) else "-"
+    if col == "min ms":
+        return f"{r.min_ms:.4f}" if _finite(r.min_ms) else "-"
+    if col == "rel err":
+        return f"{r.max_rel:.1e}" if _finite(r.max_rel) else "-"
+    if col == "ws B":
+        return str(r.workspace_bytes) if r.workspace_bytes is not None else "-"
+    if col == "notes":
+        text = " ".join(_notes(r).split())
+        return text if len(text) <= 70 else text[:67] + "..."
+    return ""
+
+
+def _best_of(rows: list[Result]) -> Result | None:
+    """The fastest correct rawconv row of one problem's rows, when there is a choice (two or more
+    rows ran): what displays highlight."""
+    ok = [r for r in rows if r.ok and not r.reference and _finite(r.median_ms)]
+    if sum(r.ran for r in rows) < 2:
+        return None
+    return min(ok, key=lambda r: r.median_ms) if ok else None
+
+
+# ---------------------------------------------------------------------------- HTML
+# translucent grounds over the theme's own background, text in the theme's color: readable in
+# Jupyter's light and dark themes alike
+_GREEN_BG = "rgba(46,160,67,0.25)"
+_RED_BG = "rgba(229,72,77,0.22)"
+_REF_BG = "rgba(128,128,128,0.14)"
+_RED_TEXT = "#e5484d"
+_RULE = "1px solid rgba(128,128,128,0.45)"
+
+_HTML_COLS = (  # (header, getter, numeric)
+    ("backend", lambda r: r.backend, False),
+    ("candidate", lambda r: r.name, False),
+    ("status", lambda r: r.status, False),
+    ("median ms", lambda r: _fmt_ms(r.median_ms), True),
+    ("min ms", lambda r: _fmt_ms(r.min_ms), True),
+    ("med/min", lambda r: f"{r.spread:.2f}" if _finite(r.spread) else "-", True),
+    ("max rel err", lambda r: f"{r.max_rel:.1e}" if _finite(r.max_rel) else "-", True),
+    ("workspace", lambda r: _fmt_bytes(r.workspace_bytes), True),
+    ("GFLOP/s", lambda r: f"{r.gflops:.1f}" if _finite(r.gflops) else "-", True),
+    # replayed tuning records (rawconv.compare.replay): what was recorded, and the drift since
+    ("recorded ms", lambda r: _fmt_ms(r.extra.get("recorded_median_ms")), True),
+    ("drift", lambda r: f"{100 * r.extra['drift']:+.1f}%" if _finite(r.extra.get("drift")) else "-", True),
+    ("recorded rel err", lambda r: f"{r.extra['recorded_max_rel']:.1e}" if _finite(r.extra.get("recorded_max_rel"))
+     else "-", True),
+    ("detail", lambda r: (r.detail if r.group in ("ok", "wrong", "listed") else (r.message or r.detail)), False),
+)
+
+
+def _html_table(table: ResultTable) -> str:
+    from html import escape
+
+    groups = table._groups()
+    rows = [r for _, rs in groups for r in rs]
+    listing = all(r.group == "listed" for r in rows)
+    cols = [c for c in _HTML_COLS if c[0] in ("backend", "candidate") or (not listing if c[0] == "status" else
+                                                                          any(c[1](r) not in ("", "-", None)
+                                                                              for r in rows))]
+    td = "padding:2px 8px;text-align:{align};vertical-align:top;border:none;"
+    out = ['<div class="rawconv-results" style="overflow-x:auto">',
+           '<table style="border-collapse:collapse;font-size:0.9em;font-variant-numeric:tabular-nums;'
+           'margin:0;width:auto">']
+    if table.title:
+        out.append(f'<caption style="text-align:left;font-weight:bold;padding:4px 0;caption-side:top">'
+                   f'{escape(table.title)}</caption>')
+    out.append("<thead><tr>" + "".join(
+        f'<th style="{td.format(align="right" if num else "left")}border-bottom:{_RULE};font-weight:bold;'
+        'white-space:nowrap">'
+        f'{escape(h)}</th>' for h, _, num in cols) + "</tr></thead><tbody>")
+    seen = set()
+    for name, rs in groups:
+        if len(groups) > 1:
+            out.append(f'<tr><th colspan="{len(cols)}" style="{td.format(align="left")}border-top:{_RULE};'
+                       f'font-weight:bold;padding-top:6px">{escape(name)}</th></tr>')
+        best = _best_of(rs)
+        for r in rs:
+            style, mark, note = "", "", ""
+            if r is best:
+                style, mark = f"background:{_GREEN_BG};font-weight:bold;", "fastest correct"
+            elif r.group == "wrong":
+                style, mark = f"background:{_RED_BG};", "outside tolerance"
+            elif r.group in ("not supported", "skipped"):
+                style = "opacity:0.55;"
+            elif r.group == "failed":   # did not run either, but an error: grey, its status red
+                style = "opacity:0.75;"
+            if r.reference:
+                style += f"font-style:italic;background:{_REF_BG};" if r is not best and r.group != "wrong" \
+                    else "font-style:italic;"
+                note = "torch's own choice" if r.torch_default else "torch"
+            seen.update({mark} if mark else set())
+            cells = []
+            for h, get, num in cols:
+                text = escape(str(get(r)))
+                cstyle = td.format(align="right" if num else "left")
+                if h == "candidate":
+                    if r.reference:
+                        text = f'&#9670; {text} <span style="opacity:0.7;font-weight:normal">({escape(note)})</span>'
+                    elif r is best:
+                        text = f"&#9733; {text}"
+                if h == "status" and r.group in ("wrong", "failed"):
+                    cstyle += f"color:{_RED_TEXT};font-weight:bold;"
+                if h == "detail":
+                    cstyle += "max-width:42em;white-space:normal;"
+                else:
+                    cstyle += "white-space:nowrap;"
+                cells.append(f'<td style="{cstyle}">{text}</td>')
+            title = f' title="{escape(r.message, quote=True)}"' if r.message else ""
+            out.append(f'<tr style="{style}"{title}>' + "".join(cells) + "</tr>")
+    out.append("</tbody></table>")
+    legend = []
+    if any(_best_of(rs) is not None for _, rs in groups):
+        legend.append(f'<span style="background:{_GREEN_BG};padding:0 4px">&#9733; fastest correct</span>')
+    if any(r.group == "wrong" for r in rows):
+        legend.append(f'<span style="background:{_RED_BG};padding:0 4px">outside tolerance vs float64</span>')
+    if any(r.group in ("not supported", "skipped", "failed") for r in rows):
+        legend.append('<span style="opacity:0.55;padding:0 4px">grey: did not run (status says why)</span>')
+    if any(r.reference for r in rows):
+        legend.append(f'<span style="background:{_REF_BG};font-style:italic;padding:0 4px">&#9670; torch, '
+                      "for reference</span>")
+    if legend:
+        out.append('<div style="font-size:0.8em;margin-top:3px">' + " &nbsp; ".join(legend) + "</div>")
+    out.append("</div>")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------- plots
+_C_BEST, _C_OK, _C_WRONG, _C_TORCH, _C_REF = "#2ca02c", "#4c78a8", "#d62728", "#9a9a9a", "#ff7f0e"
+
+
+def _new_figure(figsize):
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=figsize)
+    plt.close(fig)   # not pyplot's: a notebook shows it once, as the value returned
+    _ipython_png()
+    return fig
+
+
+def _ipython_png() -> None:
+    """In IPython, make sure a returned ``Figure`` displays as a PNG whatever matplotlib backend is
+    active (the inline backend registers this formatter; Agg, set by ``MPLBACKEND``, does not)."""
+    import sys
+
+    if "IPython" not in sys.modules:
+        return
+    try:
+        from IPython import get_ipython
+        from matplotlib.figure import Figure
+
+        ip = get_ipython()
+        if ip is None:
+            return
+        fmt = ip.display_formatter.formatters["image/png"]
+        try:
+            fmt.lookup_by_type(Figure)
+        except KeyError:
+            from IPython.core.pylabtools import print_figure
+
+            fmt.for_type(Figure, lambda fig: print_figure(fig, "png", bbox_inches="tight"))
+    except Exception:  # noqa: BLE001 - display is a convenience; the figure is returned either way
+        return
+
+
+def _label(r: Result, backends: set) -> str:
+    if r.backend == "torch":
+        return f"torch: {r.name}"
+    return f"{r.backend}: {r.name}" if len(backends) > 1 else r.name
+
+
+def _plot_bars(table, groups, ax, reference_ms, log, title, figsize):
+    from .errors import ArgumentError
+
+    if ax is not None and len(groups) > 1:
+        raise ArgumentError(f"ax= draws one panel, and this table has {len(groups)} problems: pass ax=None "
+                            "(one panel each) or kind='heatmap'")
+    heights = [max(len(rs), 1) * 0.3 + 1.1 for _, rs in groups]
+    if ax is None:
+        fig = _new_figure(figsize or (10, sum(heights)))
+        axes = fig.subplots(len(groups), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
+    else:
+        fig, axes = ax.figure, [ax]
+    for a, (name, rs) in zip(axes, groups):
+        if len(groups) > 1 or not table.title:
+            head = name
+        else:   # one problem: the table's title, naming the problem when the title does not
+            head = table.title if not name or name in table.title else f"{name} ({table.title})"
+        _bars_panel(a, rs, head, reference_ms, log)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def _bars_panel(ax, rows, title, reference_ms, log):
+    from matplotlib.patches import Patch
+    from matplotlib.lines import Line2D
+    from matplotlib.transforms import blended_transform_factory
+
+    backends = {r.backend for r in rows if r.backend != "torch"}
+    ref = next((r for r in rows if r.torch_default and r.ran and _finite(r.median_ms)), None)
+    ref_ms = reference_ms if reference_ms is not None else (ref.median_ms if ref is not None else None)
+    ran = sorted((r for r in rows if r.ran and _finite(r.median_ms) and not (r is ref and reference_ms is None)),
+                 key=lambda r: r.median_ms)
+    not_run = [r for r in rows if not (r.ran and _finite(r.median_ms))]
+    best = _best_of(rows)
+    n = len(ran) + len(not_run)
+    ys = list(range(n))
+    times = [r.median_ms for r in ran] + ([ref_ms] if ref_ms else [])
+    mins = [r.min_ms for r in ran if _finite(r.min_ms) and r.min_ms > 0]
+    lo, hi = (min(times + mins), max(times)) if times else (1.0, 1.0)
+    use_log = log if log is not None else (lo > 0 and hi / lo > 10)
+    for y, r in zip(ys, ran):
+        if r.group == "wrong":
+            color, hatch = _C_WRONG, "///"
+        elif r.backend == "torch":
+            color, hatch = _C_TORCH, None
+        else:
+            color, hatch = (_C_BEST if r is best else _C_OK), None
+        ax.barh(y, r.median_ms, color=color, hatch=hatch, edgecolor="white" if hatch else color, height=0.7,
+                linewidth=0.5)
+        if _finite(r.min_ms):
+            ax.plot([r.min_ms], [y], marker="|", color="black", markersize=11, markeredgewidth=1.6)
+        tag = f"{_fmt_ms(r.median_ms)} ms"
+        if r.group == "wrong":
+            tag += f"  WRONG (rel err {r.max_rel:.1e})" if _finite(r.max_rel) else "  WRONG"
+        ax.annotate(tag, (r.median_ms, y), xytext=(5, 0), textcoords="offset points", va="center", ha="left",
+                    fontsize=7.5, color=_C_WRONG if r.group == "wrong" else "#333333")
+    trans = blended_transform_factory(ax.transAxes, ax.transData)
+    for y, r in zip(ys[len(ran):], not_run):
+        why = _short(r.message.replace("not run: ", "")) if r.message else ""
+        ax.text(0.01, y, f"not run: {r.status}" + (f" ({why})" if why and why != r.status else ""),
+                transform=trans, va="center", ha="left", fontsize=7.5, color="#777777", style="italic")
+    labels = [_label(r, backends) + (" (torch's own)" if r.torch_default else "") for r in ran] + \
+             [_label(r, backends) for r in not_run]
+    ax.set_yticks(ys)
+    ax.set_yticklabels(labels, fontsize=8)
+    for t, r in zip(ax.get_yticklabels(), ran + not_run):
+        if not (r.ran and _finite(r.median_ms)):
+            t.set_color("#888888")
+        elif r.group == "wrong":
+            t.set_color(_C_WRONG)
+    ax.set_ylim(n - 0.5, -0.5)
+    if use_log:
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+        ax.set_xscale("log")
+        ax.set_xlim(lo / 1.6, hi * 4.0)
+        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    elif times:
+        ax.set_xlim(0, hi * 1.3)
+    if ref_ms:
+        ax.axvline(ref_ms, color=_C_REF, linestyle="--", linewidth=1.5)
+    ax.set_xlabel("median time per call (ms)" + (", log scale" if use_log else ""), fontsize=8.5)
+    ax.tick_params(axis="x", labelsize=8)
+    ax.set_title(title, fontsize=9.5, loc="left")
+    ax.grid(axis="x", alpha=0.3, which="both" if use_log else "major")
+    ax.set_axisbelow(True)
+    handles = []
+    if best is not None:
+        handles.append(Patch(color=_C_BEST, label="fastest correct"))
+    if any(r.group == "ok" and r is not best and r.backend != "torch" for r in ran):
+        handles.append(Patch(color=_C_OK, label="correct"))
+    if any(r.group == "wrong" for r in ran):
+        handles.append(Patch(facecolor=_C_WRONG, hatch="///", edgecolor="white", label="outside tolerance"))
+    if any(r.backend == "torch" for r in ran):
+        handles.append(Patch(color=_C_TORCH, label="torch, other settings"))
+    if any(_finite(r.min_ms) for r in ran):
+        handles.append(Line2D([], [], marker="|", color="black", linestyle="none", markersize=9, label="min"))
+    if ref_ms:
+        handles.append(Line2D([], [], color=_C_REF, linestyle="--",
+                              label=f"torch default {_fmt_ms(ref_ms)} ms" if reference_ms is None
+                              else f"reference {_fmt_ms(ref_ms)} ms"))
+    if handles:
+        ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0,
+                  frameon=False)
+
+
+def _short(text: str, n: int = 48) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _plot_heatmap(table, groups, ax, title, figsize):
+    import numpy as np
+    from matplotlib.colors import TwoSlopeNorm
+    from matplotlib.patches import Rectangle
+
+    def key(r):
+        return f"torch: {r.name}" if r.backend == "torch" else r.choice
+
+    cols: list[str] = []
+    for _, rs in groups:
+        for r in rs:
+            k = key(r)
+            if not r.torch_default and k not in cols:
+                cols.append(k)
+    ratio = np.full((len(groups), len(cols)), np.nan)
+    state = np.zeros((len(groups), len(cols)), dtype=int)   # 0 absent, 1 ok, 2 wrong, 3 did not run
+    best_cell = {}
+    any_torch = False
+    for i, (_, rs) in enumerate(groups):
+        ref = next((r for r in rs if r.torch_default and r.ok and _finite(r.median_ms)), None)
+        any_torch |= ref is not None
+        best = _best_of(rs)
+        base = ref.median_ms if ref is not None else (best.median_ms if best is not None else None)
+        for r in rs:
+            if r.torch_default:
+                continue
+            j = cols.index(key(r))
+            if r.ran and _finite(r.median_ms):
+                state[i, j] = 2 if r.group == "wrong" else 1
+                if base:
+                    ratio[i, j] = r.median_ms / base
+            else:
+                state[i, j] = state[i, j] or 3
+            if r is best:
+                best_cell[i] = j
+    if ax is None:
+        fig = _new_figure(figsize or (max(7.0, 0.62 * len(cols) + 3.2), max(3.2, 0.42 * len(groups) + 2.9)))
+        ax = fig.subplots()
+    else:
+        fig = ax.figure
+    lr = np.log2(ratio)
+    finite = lr[np.isfinite(lr)]
+    m = max(1.0, float(np.nanmax(np.abs(finite)))) if finite.size else 1.0
+    import matplotlib
+
+    cmap = matplotlib.colormaps["RdYlGn_r"].with_extremes(bad=(0.0, 0.0, 0.0, 0.0))
+    im = ax.imshow(np.ma.masked_invalid(lr), cmap=cmap, norm=TwoSlopeNorm(0.0, -m, m), aspect="auto",
+                   interpolation="nearest")
+    for i in range(len(groups)):
+        for j in range(len(cols)):
+            s = state[i, j]
+            if s == 3:
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="#d0d0d0", edgecolor="white", lw=0.5))
+                ax.text(j, i, "n/r", ha="center", va="center", fontsize=7, color="#555555")
+            elif s == 2:
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="#f6c4c4", edgecolor="white", lw=0.5,
+                                       hatch="////"))
+                ax.text(j, i, "wrong", ha="center", va="center", fontsize=7, color="#a00000", weight="bold",
+                        bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.8})
+            elif s == 1 and np.isfinite(ratio[i, j]) and len(groups) * len(cols) <= 900:
+                v = ratio[i, j]
+                ax.text(j, i, f"{v:.2f}" if v < 10 else f"{v:.0f}", ha="center", va="center", fontsize=7.5,
+                        color="white" if abs(lr[i, j]) > 0.6 * m else "black")
+    for i, j in best_cell.items():
+        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black", lw=1.6))
+    ax.set_xticks(range(len(cols)))
+    ax.set_xticklabels(cols, rotation=55, ha="right", rotation_mode="anchor", fontsize=8)
+    ax.set_yticks(range(len(groups)))
+    ax.set_yticklabels([g for g, _ in groups], fontsize=8)
+    ax.set_xticks(np.arange(-0.5, len(cols), 1), minor=True)
+    ax.set_yticks(np.arange(-0.5, len(groups), 1), minor=True)
+    ax.grid(which="minor", color="white", linewidth=0.6)
+    ax.tick_params(which="minor", length=0)
+    what = "torch default" if any_torch else "the fastest correct candidate"
+    cb = fig.colorbar(im, ax=ax, fraction=0.035, pad=0.02)
+    ticks = [t for t in range(-int(np.ceil(m)), int(np.ceil(m)) + 1) if -m <= t <= m]
+    cb.set_ticks(ticks)
+    cb.set_ticklabels([f"{2.0 ** t:g}x" for t in ticks])
+    cb.set_label("time / torch default" if any_torch else "time / fastest", fontsize=8)
+    cb.ax.tick_params(labelsize=7)
+    ax.set_title(title or (table.title + "\n" if table.title else "") +
+                 f"median time relative to {what} (green: faster, red: slower); boxed: fastest correct; "
+                 "n/r: did not run; blank: not offered", fontsize=8.5, loc="left")
+    fig.tight_layout()
+    return fig

@@ -56,7 +56,7 @@ log = logging.getLogger("rawconv.tuning")
 
 __all__ = ["SCHEMA", "CACHE_FORMAT", "CACHE_VERSION", "ENV_FILE", "ENV_FILE_ALIASES", "BACKENDS", "DIRECTIONS",
            "TuningKey", "TuningRecord", "TuningCache", "TuningEnvironmentError", "canonical_direction",
-           "cache", "cache_file", "set_cache_file", "register_environment", "current_environment"]
+           "cache", "cache_file", "set_cache_file", "register_environment", "current_environment", "replay"]
 
 SCHEMA = 1                          # TuningRecord JSON schema this rawconv writes and reads
 CACHE_FORMAT = "rawconv-tuning-cache"
@@ -207,6 +207,26 @@ class TuningKey:
 
         return ConvProblem(**_plain(self.problem))
 
+    @classmethod
+    def for_backend(cls, backend: str, problem, direction: str = "forward", options: Mapping | None = None,
+                    activation: str | None = None, environment: Mapping | None = None) -> "TuningKey":
+        """The key of a tuning question asked of ``backend`` here: ``environment`` (the library,
+        its version and the device; default: what the backend reports now,
+        :func:`current_environment`, which loads its library) completes the fields."""
+        env = dict(environment) if environment is not None else current_environment(backend)
+        return cls(backend, direction, problem, activation, dict(options or {}),
+                   **{k: str(env.get(k, "")) for k in _ENV_FIELDS})
+
+    def __str__(self) -> str:
+        opts = ", ".join(f"{k}={v!r}" for k, v in _plain(self.options).items())
+        act = f" + {self.activation}" if self.activation else ""
+        return (f"{self.backend} {self.direction} {_describe(self)}{act}"
+                + (f" [{opts}]" if opts else "")
+                + f"; {self.library} {self.library_version} on {self.device} ({self.device_arch})")
+
+    def __repr__(self) -> str:
+        return f"<TuningKey {self}>"
+
     def to_dict(self) -> dict:
         return {"backend": self.backend, "direction": self.direction, "problem": _plain(self.problem),
                 "activation": self.activation, "options": _plain(self.options),
@@ -266,7 +286,9 @@ class TuningRecord:
     ``"nhwc:eng72{k17=1}"``, ``"IMPLICIT_PRECOMP_GEMM math=fma"``, ``"brgconv:avx512_core@nhwc"``);
     ``detail``: backend-specific, JSON-able (cuDNN graph: ``engine``, ``knobs`` as ``[type, value]``
     pairs, notes, ``workspace_bytes``; legacy cuDNN: ``algo``, ``math``; oneDNN: ``impl``);
-    ``layout``: the memory layout the chosen candidate computes in (the problem's own unless it
+    ``label``: what was tuned, for people (a layer's name, ``"layer1.0.conv2"``; not part of the
+    key: problems are keyed by their fields); ``layout``: the memory layout the chosen candidate
+    computes in (the problem's own unless it
     runs on relaid copies, as ``"nhwc:"`` configs do); ``median_ms`` / ``min_ms``: its time per
     call (ms); ``error``: ``{"max_abs", "max_rel", "ratio"}`` against float64 (None when not
     checked); ``created``: ISO 8601 UTC time (default now); ``rawconv_version`` (default this
@@ -274,7 +296,9 @@ class TuningRecord:
 
     JSON (:meth:`to_json`) is flat: ``schema``, the key's fields (:meth:`TuningKey.to_dict`),
     then ``choice``, ``layout``, ``detail``, ``median_ms``, ``min_ms``, ``error``, ``created``,
-    ``rawconv_version``.
+    ``rawconv_version``, ``label`` (README, "Tuning records", shows one).
+
+    :meth:`replay` (or :func:`replay`) builds a plan with exactly this choice selected.
     """
 
     key: TuningKey
@@ -287,6 +311,7 @@ class TuningRecord:
     created: str = ""
     rawconv_version: str = ""
     schema: int = SCHEMA
+    label: str = field(default="", compare=False)
 
     def __post_init__(self):
         if not isinstance(self.key, TuningKey):
@@ -297,6 +322,8 @@ class TuningRecord:
             raise ArgumentError(f"tuning record schema {self.schema!r} is not the one this rawconv reads ({SCHEMA})")
         if not isinstance(self.layout, str):
             raise ArgumentTypeError(f"layout must be a str, got {self.layout!r}")
+        if not isinstance(self.label, str):
+            raise ArgumentTypeError(f"label must be a str, got {self.label!r}")
         object.__setattr__(self, "layout", self.layout or self.key.layout)
         object.__setattr__(self, "detail", _Fields(self.detail, "detail"))
         object.__setattr__(self, "median_ms", _time(self.median_ms, "median_ms"))
@@ -329,7 +356,7 @@ class TuningRecord:
         return {"schema": self.schema, **self.key.to_dict(), "choice": self.choice, "layout": self.layout,
                 "detail": _plain(self.detail), "median_ms": self.median_ms, "min_ms": self.min_ms,
                 "error": None if self.error is None else _plain(self.error), "created": self.created,
-                "rawconv_version": self.rawconv_version}
+                "rawconv_version": self.rawconv_version, "label": self.label}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "TuningRecord":
@@ -346,7 +373,7 @@ class TuningRecord:
         try:
             return cls(TuningKey.from_dict(d), d["choice"], d.get("detail") or {}, d.get("layout") or "",
                        d.get("median_ms"), d.get("min_ms"), d.get("error"), d.get("created") or "",
-                       d.get("rawconv_version") or "")
+                       d.get("rawconv_version") or "", label=d.get("label") or "")
         except ArgumentTypeError as exc:  # a JSON file's content: a wrong value, not a wrong call
             raise ArgumentError(str(exc)) from None
 
@@ -387,6 +414,47 @@ class TuningRecord:
         if isinstance(data, Mapping) and "schema" in data:
             return _records_in(path, [data])[0]
         return _records_in(path, data)
+
+    # ------------------------------------------------------------------ display
+    def __str__(self) -> str:
+        k = self.key
+        t = f"{self.median_ms:.4g} ms" if self.median_ms is not None else "untimed"
+        if self.min_ms is not None:
+            t += f" (min {self.min_ms:.4g})"
+        err = self.error.get("max_rel") if self.error is not None else None
+        err = f", rel err {err:.1e}" if err is not None else ""
+        who = f"{self.label}: " if self.label else ""
+        return (f"{who}{k.backend} {k.direction} {_describe(k)} -> {self.choice}, {t}{err}; "
+                f"{k.library} {k.library_version} on {k.device} ({k.device_arch}), {self.created}")
+
+    def __repr__(self) -> str:
+        return f"<TuningRecord {self}>"
+
+    def _repr_html_(self) -> str:
+        from html import escape
+
+        k = self.key
+        opts = ", ".join(f"{a}={v!r}" for a, v in _plain(k.options).items()) or "-"
+        err = ", ".join(f"{a} {v:.2e}" for a, v in self.error.items() if v is not None) if self.error else "-"
+        items = [("choice", f"<b>{escape(self.choice)}</b>"), ("what", escape(self.label or "-")),
+                 ("backend / direction", escape(f"{k.backend} / {k.direction}")),
+                 ("problem", escape(_describe(k) + (f" + {k.activation}" if k.activation else ""))),
+                 ("options", escape(opts)),
+                 ("time", escape(f"median {self.median_ms:.4g} ms, min {self.min_ms:.4g} ms"
+                                 if self.median_ms is not None and self.min_ms is not None else "-")),
+                 ("error vs float64", escape(err)),
+                 ("library", escape(f"{k.library} {k.library_version}")),
+                 ("device", escape(f"{k.device} ({k.device_arch})")),
+                 ("made", escape(f"{self.created} by rawconv {self.rawconv_version} (record schema {self.schema})"))]
+        td = 'style="padding:1px 8px;text-align:left;border:none;vertical-align:top"'
+        rows = "".join(f'<tr><th {td}>{a}</th><td {td}>{b}</td></tr>' for a, b in items)
+        return ('<table style="border-collapse:collapse;font-size:0.9em"><caption style="text-align:left;'
+                f'font-weight:bold;caption-side:top">tuning record</caption>{rows}</table>')
+
+    # ------------------------------------------------------------------ replay
+    def replay(self, strict: bool = False):
+        """A plan with exactly this record's choice selected (:func:`replay`)."""
+        return replay(self, strict=strict)
 
     # ------------------------------------------------------------------ environment
     def check_environment(self, strict: bool = False, *, current: Mapping | None = None) -> list:
@@ -677,10 +745,80 @@ def cache() -> TuningCache:
     return _cache
 
 
+# ---------------------------------------------------------------------------- replay
+def _replay_options(key: TuningKey) -> dict:
+    """The :class:`rawconv.Options` fields (as a dict) a key's backend options imply."""
+    o = _plain(key.options)
+    out = {}
+    if key.backend == "onednn":
+        out["precision"] = o.get("fpmath") or "strict"
+    elif key.backend == "cudnn_graph":
+        out["precision"] = "tf32" if o.get("allow_tf32") else "strict"
+    if o.get("deterministic") or o.get("deterministic_only"):
+        out["deterministic"] = True
+    if o.get("workspace_limit") is not None:
+        out["workspace_limit"] = o["workspace_limit"]
+    if o.get("allow_known_bad"):
+        out["allow_known_bad"] = True
+    return out
+
+
+def replay(record, strict: bool = False):
+    """A plan of ``record``'s backend for its problem and direction with exactly its choice
+    selected (through the backend registry's ``plan(problem, direction, options, choice)``;
+    the options in force when it was tuned: precision, determinism, workspace limit).
+
+    ``record``: a :class:`TuningRecord` or the path of a file holding exactly one. First checks
+    the environment (:meth:`TuningRecord.check_environment`): when the library version or the
+    device differs, warns (``RuntimeWarning``) saying what differs, or with ``strict`` raises
+    :class:`TuningEnvironmentError` before building anything. The plan is built for the
+    problem's device type (``"cpu"``; ``"cuda"``: the current GPU); run it with its
+    ``execute``. Raises :class:`~rawconv.errors.NotSupportedError` when the library no longer
+    offers that choice for the problem (naming what it offers), and what the backend raises."""
+    if isinstance(record, (str, os.PathLike)):
+        loaded = TuningRecord.load(record)
+        if isinstance(loaded, list):
+            if len(loaded) != 1:
+                raise ArgumentError(f"{os.fspath(record)} holds {len(loaded)} records; replay takes one "
+                                    "(TuningRecord.load(path) gives them all)")
+            loaded = loaded[0]
+        record = loaded
+    if not isinstance(record, TuningRecord):
+        raise ArgumentTypeError(f"replay takes a TuningRecord or a path, got {type(record).__name__}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", RuntimeWarning)
+        with warnings.catch_warnings(record=True) as caught:
+            record.check_environment(strict=strict)
+    for w in caught:   # re-raised at the caller, not inside rawconv
+        warnings.warn(w.message, w.category, stacklevel=3)
+    from ._backend import get
+
+    key = record.key
+    problem = key.conv_problem()
+    log.debug("replay %s %s %s: %s", key.backend, key.direction, _describe(key), record.choice)
+    post_ops = _plain(key.options).get("post_ops") if key.backend == "onednn" else None
+    if post_ops:   # a fused oneDNN plan (rawconv.fused): bias, residual add (sum), activation
+        from .fused import FusedConvolution
+
+        kinds = [op[0] for op in post_ops]
+        act = next((op[1] for op in post_ops if op[0] == "eltwise"), "none")
+        opts = _plain(key.options)
+        return FusedConvolution.for_problem(problem, residual="sum" in kinds, activation=act, impl=record.choice,
+                                            fpmath=opts.get("fpmath") or "strict",
+                                            w_layout=opts.get("weights_layout") or "nchw", prepack=False)
+    if key.backend == "cudnn_graph" and key.activation:
+        from .cudnn_graph import GraphConvolution
+
+        return GraphConvolution.from_problem(problem, direction=key.direction, activation=key.activation,
+                                             engine=record.choice,
+                                             allow_tf32=_replay_options(key).get("precision") == "tf32")
+    return get(key.backend).plan(problem, key.direction, _replay_options(key), record.choice)
+
+
 # every public entry point raises only rawconv's exception classes (rawconv._guard)
 from . import _guard  # noqa: E402
 
 _guard.guard_module(globals(), "cache", "set_cache_file", "current_environment", "TuningKey.from_dict",
                     "TuningKey.conv_problem", "TuningRecord.from_dict", "TuningRecord.from_json", "TuningRecord.save",
                     "TuningRecord.save_all", "TuningRecord.load", "TuningRecord.check_environment",
-                    "TuningCache.save", "TuningCache.load")
+                    "TuningCache.save", "TuningCache.load", "replay")

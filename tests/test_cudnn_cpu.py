@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rawconv import ConvProblem, _cudnn, cudnn
+from rawconv import ConvProblem, _cuda, _cudnn, cudnn
 from rawconv.errors import (ArgumentError, ArgumentTypeError, LibraryError, LibraryNotFoundError,
                             NotSupportedError)
 
@@ -284,7 +284,7 @@ def test_library_error_carries_cudnn_last_error_text(cudnn_lib):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU behaviour")
 def test_handle_without_gpu_says_why(cudnn_lib):
     with pytest.raises(LibraryError) as info:
-        _cudnn.handle(0)
+        _cuda.handle(0)
     assert info.value.status_name == "CUDNN_STATUS_NOT_INITIALIZED"
     assert "cudnnCreate" in str(info.value)
 
@@ -324,7 +324,7 @@ def test_search_in_a_subprocess_takes_the_first_that_loads(tmp_path, cudnn_lib):
     bad.write_text("not an ELF file")
     real = cudnn_lib.path
     r = _run(f"""
-        from rawconv import _cudnn
+        from rawconv import _cuda, _cudnn
         loaded = _cudnn.search([("already loaded in this process", "(none)", -1),
                                 ("$RAWCONV_CUDNN_LIBRARY", {str(bad)!r}, None),
                                 ("nvidia-cudnn wheel", {str(tmp_path / 'missing' / 'libcudnn.so.9')!r}, None),
@@ -378,7 +378,7 @@ def no_c_calls(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("a C call was made")
     monkeypatch.setattr(_cudnn, "lib", boom)
-    monkeypatch.setattr(_cudnn, "handle_for", boom)
+    monkeypatch.setattr(_cuda, "handle_for", boom)
 
 
 def test_cpu_tensors_point_to_onednn(no_c_calls):

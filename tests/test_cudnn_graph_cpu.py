@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from rawconv import ConvProblem, _cudnn
-from rawconv import _cudnn_backend as B
+from rawconv import _cuda, _cudnn_backend as B
 from rawconv import _search as S
 from rawconv import cudnn_graph as G
 from rawconv import tuning
@@ -591,7 +591,7 @@ def test_check_plan_tensor_shared_by_both_cuda_plans(no_c_calls):
     """One check for rawconv.cudnn and rawconv.cudnn_graph plan arguments: an unbatched problem
     takes its tensors with or without the batch dim; CPU tensors are pointed to rawconv.onednn."""
     p = _p(n=1, unbatched=True, layout="nchw")
-    t = _cudnn.check_plan_tensor
+    t = _cuda.check_plan_tensor
     with pytest.raises(ArgumentError, match="rawconv.onednn"):
         t(p, torch.empty(p.x_shape[1:], dtype=torch.float16), "x", p.x_shape, 0, ("x",))
     with pytest.raises(ArgumentError, match="shape"):

@@ -437,7 +437,8 @@ def test_nhwc_config_on_an_nchw_plan_matches_float64(direction):
     plan = G.GraphConvolution.from_problem(p, direction=direction)
     ec = plan.select(name)
     assert plan.selected_name == name and plan.engine_id() == ec.engine == cl.engine_id()
-    out_shape = {"forward": p.y_shape, "backward_data": p.x_shape, "backward_filter": p.w_shape}[direction]
+    out_shape = {"forward": p.y_shape, "backward_data": p.x_shape, "backward_filter": p.w_shape,
+                 "backward_weights": p.w_shape}[direction]
     for use_out in (False, True):
         out = empty_like_layout(out_shape, "nchw", p.torch_dtype, "cuda").fill_(float("nan")) if use_out else None
         if direction == "forward":

@@ -146,3 +146,38 @@ def test_compare_rows_through_isolation():
     assert direct[0]["output"].shape == p.y_shape
     with pytest.raises(ArgumentError, match="indices"):
         _isolate.run_onednn_candidates(p, timeout_s=30, env=ISO["env"], threads=1, indices=[99])
+
+
+# ---------------------------------------------------------------- the command line (--isolate)
+def _cli(args, env_extra, timeout=240):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, **env_extra)
+    return subprocess.run([sys.executable, "-m", "rawconv.cli"] + args, capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+def test_cli_compare_isolate_survives_an_injected_abort():
+    """One candidate aborts in the child (RAWCONV_ISOLATE_CRASH): its row says so, the others ran
+    and were checked, and the parent exits 4 (a rawconv candidate failed)."""
+    r = _cli(["compare", "mb1ic8ih10oc8oh10kh3ph1", "--isolate", "--no-ref", "--iterations", "1", "--warmup", "0",
+              "--threads", "1", "--width", "160"], {"RAWCONV_ISOLATE_CRASH": "x64:gemm:jit"})
+    assert r.returncode == 4, r.stdout + r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if "x64:gemm:jit" in ln and "crashed" in ln)
+    assert "crashed: SIGABRT" in line
+    assert any(" ok " in ln for ln in r.stdout.splitlines() if ln.startswith("onednn"))
+
+
+def test_cli_list_isolate_reports_onednn_6035_as_a_row_status():
+    """oneDNN #6035 (jit_1x1:avx2, backward weights, NHWC, stride 2, IC < 8) through ``rawconv list
+    --isolate``: the known-bad row runs in the child, which dies or hangs; the row says how, the
+    other rows ran right, and the parent exits 4."""
+    r = _cli(["list", "mb32ic4ih32oc8oh16kh1sh2", "--layout", "nhwc", "--direction", "backward_weights", "--isolate",
+              "--allow-known-bad", "--timeout", "20", "--width", "160"],
+             {"ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 4, r.stdout + r.stderr
+    rows = [ln for ln in r.stdout.splitlines() if "jit_1x1:avx2" in ln and "user" in ln]
+    assert rows and ("crashed: SIG" in rows[0] or "timed out" in rows[0] or "wrong" in rows[0]), r.stdout
+    assert "oneDNN#6035" in rows[0]

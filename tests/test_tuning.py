@@ -11,7 +11,7 @@ import warnings
 import pytest
 
 from rawconv import ConvProblem, tuning
-from rawconv.errors import ArgumentError, ArgumentTypeError
+from rawconv.errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from rawconv.problem import ErrorStats
 from rawconv.tuning import TuningCache, TuningKey, TuningRecord
 
@@ -323,3 +323,237 @@ def test_cudnn_graph_wrappers_use_the_structured_cache(tmp_path):
     assert G.load_tuning_cache(str(tmp_path / "g.json")) == 2
     with pytest.raises(ArgumentError, match="does not exist"):
         G.load_tuning_cache(str(tmp_path / "none.json"))
+
+
+# ---------------------------------------------------------------- records of every backend's autotune
+import torch  # noqa: E402
+
+from rawconv import onednn  # noqa: E402
+
+
+def _cpu_problem(**kw) -> ConvProblem:
+    base = dict(n=1, c=8, k=8, in_spatial=(8, 8), kernel=(3, 3), pad_before=(1, 1), pad_after=(1, 1), name="tiny")
+    base.update(kw)
+    return ConvProblem(**base)
+
+
+def test_record_label_roundtrip_and_older_records_without_one():
+    r = record(label="layer1.0.conv2")
+    d = json.loads(r.to_json())
+    assert d["label"] == "layer1.0.conv2" and TuningRecord.from_dict(d).label == "layer1.0.conv2"
+    old = {k: v for k, v in d.items() if k != "label"}
+    assert TuningRecord.from_dict(old).label == "" and TuningRecord.from_dict(old) == r   # not part of equality
+    assert "TuningKey(" not in repr(r) and repr(r).startswith("<TuningRecord layer1.0.conv2: cudnn_graph forward")
+    assert "eng72{k17=1,k24=4}" in r._repr_html_() and "<table" in r._repr_html_()
+    with pytest.raises(ArgumentTypeError):
+        record(label=3)
+
+
+def test_onednn_autotune_makes_a_record_with_its_environment():
+    info = onednn.info()
+    conv = onednn.Convolution.from_problem(_cpu_problem())
+    table = conv.autotune(iterations=2, warmup=0)
+    rec = conv.tuning_record
+    assert rec is table.record and rec.choice == table[0].choice == conv.selected.choice
+    k = rec.key
+    assert (k.backend, k.direction, k.library, k.library_version) == ("onednn", "forward", "oneDNN", info["version"])
+    assert k.device_arch == info["cpu_isa"] and k.device
+    assert k.options == {"fpmath": "strict", "algorithm": "direct", "weights_layout": "nchw",
+                         "threads": torch.get_num_threads()}
+    assert k.conv_problem() == _cpu_problem(name="")
+    assert rec.median_ms == pytest.approx(table[0].median_ms) and rec.label == "tiny"
+    # the error is the one measured against float64, within tolerance
+    assert rec.error["max_rel"] == pytest.approx(table[0].accuracy.max_rel) and 0 <= rec.error["ratio"] <= 1
+    assert rec.detail["impl"] == conv.selected.name and rec.detail["layouts"] == conv.selected.layouts
+    assert tuning.cache().get(k) == rec
+    assert TuningRecord.from_json(rec.to_json()) == rec
+
+
+def test_onednn_autotune_marks_wrong_results_and_never_selects_them(monkeypatch):
+    conv = onednn.Convolution.from_problem(_cpu_problem())
+    victim = conv.implementations[0].choice
+    real = onednn.Convolution.execute
+
+    def corrupted(self, *a, **kw):
+        y = real(self, *a, **kw)
+        return y * 1.01 if self.selected.choice == victim else y
+
+    monkeypatch.setattr(onednn.Convolution, "execute", corrupted)
+    table = conv.autotune(iterations=2, warmup=0)
+    bad = next(r for r in table if r.choice == victim)
+    assert bad.status == "wrong" and bad.accuracy.ratio > 1 and bad.max_rel > 5e-3 and bad.median_ms > 0
+    assert conv.selected.choice != victim and table[0].ok and table.best().choice != victim
+    assert [r.group for r in table].index("wrong") > 0
+    assert "rgba(229,72,77" in table._repr_html_()
+
+
+def test_cache_file_makes_the_second_autotune_a_lookup(tmp_path):
+    path = tmp_path / "tuning.json"
+    tuning.set_cache_file(str(path))
+    first = onednn.Convolution.from_problem(_cpu_problem()).autotune(iterations=2, warmup=0)
+    assert len(first) > 1 and path.exists()
+    on_disk = TuningRecord.load(path)
+    assert [r.choice for r in on_disk] == [first[0].choice]
+    # another process would read the file: here, a cleared cache reloads it
+    tuning._cache.clear()
+    tuning._cache.path = None
+    conv = onednn.Convolution.from_problem(_cpu_problem())
+    hit = conv.autotune(iterations=2, warmup=0)
+    assert len(hit) == 1 and hit[0].phase == "cache" and hit[0].choice == first[0].choice
+    assert conv.selected.choice == first[0].choice and conv.tuning_record == on_disk[0]
+    assert hit[0].max_rel == pytest.approx(on_disk[0].error["max_rel"])
+    # use_cache=False searches again; another fpmath mode is another question
+    assert len(onednn.Convolution.from_problem(_cpu_problem()).autotune(iterations=2, warmup=0,
+                                                                          use_cache=False)) > 1
+    assert len(onednn.Convolution.from_problem(_cpu_problem(), fpmath="any").autotune(iterations=2,
+                                                                                        warmup=0)) > 1
+
+
+def test_cache_hit_whose_choice_is_not_offered_searches():
+    conv = onednn.Convolution.from_problem(_cpu_problem())
+    k = conv._tuning_key(False)
+    tuning.cache().put(TuningRecord(k, "winograd:avx9@any", {}))
+    table = conv.autotune(iterations=2, warmup=0, use_cache=True)
+    assert len(table) > 1 and table[0].phase != "cache"
+    assert tuning.cache().get(k).choice == table[0].choice     # the stale record is replaced
+
+
+def test_replay_selects_exactly_the_recorded_choice(tmp_path):
+    p = _cpu_problem()
+    impls = onednn.Convolution.from_problem(p).implementations
+    # not oneDNN's first choice, so that a plan that ignored the record would differ
+    chosen = next(i for i in reversed(impls) if not i.name.startswith("ref"))
+    k = TuningKey.for_backend("onednn", p, "forward", onednn._key_options("strict"))
+    rec = TuningRecord(k, chosen.choice, {"impl": chosen.name}, label="tiny")
+    plan = rec.replay(strict=True)
+    assert plan.selected.choice == chosen.choice and plan.direction == "forward"
+    x, w, _ = p.make_inputs()
+    ref = torch.nn.functional.conv2d(x.double(), w.double(), padding=1)
+    assert torch.allclose(plan.execute(x, w).double(), ref, atol=1e-4)
+    rec.save(tmp_path / "one.json")
+    assert tuning.replay(str(tmp_path / "one.json")).selected.choice == chosen.choice
+    TuningRecord.save_all([rec, rec.with_(choice=impls[0].choice)], tmp_path / "two.json")
+    with pytest.raises(ArgumentError, match="holds 2 records"):
+        tuning.replay(tmp_path / "two.json")
+    with pytest.raises(ArgumentTypeError):
+        tuning.replay(42)
+    gone = rec.with_(choice="winograd:avx9@any")
+    with pytest.raises(NotSupportedError, match="offered"):
+        gone.replay()
+
+
+def test_replay_warns_or_refuses_when_the_environment_differs():
+    p = _cpu_problem()
+    k = TuningKey.for_backend("onednn", p, "forward", onednn._key_options("strict"))
+    elsewhere = TuningKey.from_dict(dict(k.to_dict(), library_version="3.1.0", device_arch="avx2_vnni"))
+    rec = TuningRecord(elsewhere, "x64:gemm:jit@any", {})
+    with pytest.raises(tuning.TuningEnvironmentError) as info:
+        rec.replay(strict=True)
+    fields = [d[0] for d in info.value.differences]
+    assert fields == ["library_version", "device_arch"]
+    assert "library_version: recorded '3.1.0'" in str(info.value) and "avx2_vnni" in str(info.value)
+    with pytest.warns(RuntimeWarning, match="recorded '3.1.0', current"):
+        plan = rec.replay()
+    assert plan.selected.name == "x64:gemm:jit"
+
+
+def test_compare_records_and_replay_drift(tmp_path):
+    from rawconv import cli, compare
+
+    problems = [_cpu_problem(name="a"), _cpu_problem(name="b", c=16, k=4, kernel=(1, 1), pad_before=(0, 0),
+                                                   pad_after=(0, 0))]
+    rows = compare.compare(problems, iterations=2, warmup=0, budget_s=0.02, include_ref=False, progress=False)
+    recs = compare.records(rows, problems)
+    assert [r.label for r in recs] == ["a", "b"]
+    for r, p in zip(recs, problems):
+        best = compare.best_rawconv([row for row in rows if row.problem == p.name])
+        assert r.choice == best.choice and r.key.conv_problem() == p.with_(name="")
+        assert r.median_ms == pytest.approx(best.median_ms) and r.error["max_rel"] == pytest.approx(best.max_rel)
+    again = compare.replay(recs, iterations=2, warmup=0, budget_s=0.02, progress=False)
+    assert [r.status for r in again] == ["ok", "ok"] and [r.name for r in again] == [r.choice for r in recs]
+    for r, rec in zip(again, recs):
+        assert r.extra["drift"] == pytest.approx(r.median_ms / rec.median_ms - 1)
+        assert r.extra["recorded_max_rel"] == rec.error["max_rel"] and r.accuracy.ok
+    assert "drift" in again._repr_html_()
+    # the command line: --record, then replay (and --strict with another environment)
+    path = tmp_path / "recs.json"
+    code = cli.main(["compare", "mb1ic8ih8oc8oh8kh3ph1", "--device", "cpu", "--iterations", "2", "--warmup", "0",
+                     "--budget", "0.02", "--no-ref", "--quiet", "--record", str(path)])
+    assert code == 0
+    saved = TuningRecord.load(path)
+    assert len(saved) == 1 and saved[0].key.backend == "onednn"
+    assert cli.main(["replay", str(path), "--iterations", "2", "--warmup", "0", "--quiet"]) == 0
+    TuningRecord.save_all([saved[0].with_(key=TuningKey.from_dict(dict(saved[0].key.to_dict(), device="elsewhere")))],
+                          path)
+    assert cli.main(["replay", str(path), "--strict", "--quiet", "--width", "200"]) == 2
+    assert cli.main(["replay", str(path), "--iterations", "1", "--warmup", "0", "--quiet"]) == 0
+    gone = saved[0].with_(choice="winograd:avx9@any")
+    TuningRecord.save_all([gone], path)
+    assert cli.main(["replay", str(path), "--quiet"]) == 4
+    (tmp_path / "bad.json").write_text("{}")
+    assert cli.main(["replay", str(tmp_path / "bad.json")]) == 2
+
+
+def test_replay_strict_message_names_the_difference(tmp_path, capsys):
+    from rawconv import cli
+
+    k = TuningKey.for_backend("onednn", _cpu_problem(), "forward", onednn._key_options("strict"))
+    rec = TuningRecord(TuningKey.from_dict(dict(k.to_dict(), library_version="3.9.9")), "x64:gemm:jit@any", {},
+                       label="tiny")
+    rec.save(tmp_path / "r.json")
+    assert cli.main(["replay", str(tmp_path / "r.json"), "--strict", "--width", "200"]) == 2
+    out = capsys.readouterr().out
+    assert "library_version: recorded '3.9.9'" in out and "tiny" in out
+
+
+@pytest.mark.gpu
+def test_cudnn_autotune_record_replays_the_same_algo_and_math():
+    from rawconv import cudnn
+
+    p = _cpu_problem(device="cuda")
+    conv = cudnn.Convolution.from_problem(p)
+    table = conv.autotune(iterations=3, warmup=1)
+    rec = conv.tuning_record
+    assert rec is table.record and rec.key.backend == "cudnn" and rec.key.library == "cuDNN"
+    assert rec.key.device == torch.cuda.get_device_name() and rec.key.device_arch.startswith("sm_")
+    assert rec.choice == f"{conv.info.algo}@{conv.info.math}" and rec.key.options["math"] == conv.info.math
+    plan = rec.replay(strict=True)
+    assert (plan.info.algo, plan.info.math) == (conv.info.algo, conv.info.math)
+    again = compare_replay([rec])
+    assert again[0].status == "ok"
+
+
+def compare_replay(recs):
+    from rawconv import compare
+
+    return compare.replay(recs, iterations=3, warmup=1, progress=False)
+
+
+@pytest.mark.gpu
+def test_graph_autotune_record_replays():
+    from rawconv import cudnn_graph
+
+    p = _cpu_problem(device="cuda", layout="nhwc", dtype="float16")
+    conv = cudnn_graph.GraphConvolution.from_problem(p)
+    table = conv.autotune(budget_s=1.0, use_cache=False)
+    rec = conv.tuning_record
+    assert rec is table.record and rec.key.backend == "cudnn_graph" and rec.choice == table[0].name
+    assert rec.replay(strict=True).selected_name == conv.selected_name
+    assert compare_replay([rec])[0].status == "ok"
+
+
+def test_fused_records_are_their_own_question_and_replay_fused():
+    from rawconv import fused
+
+    x, w, b = torch.randn(1, 4, 6, 6), torch.randn(4, 4, 3, 3), torch.randn(4)
+    plan = fused.FusedConvolution(x, w, b, residual=True, activation="relu")
+    plan.autotune(iterations=1, warmup=0)
+    rec = plan.tuning_record
+    assert rec.to_dict()["options"]["post_ops"] == [["sum", 1.0], ["eltwise", "relu", 0.0, 0.0]]
+    plain = onednn.Convolution(x, w, b)._tuning_key(False)
+    assert plain != rec.key                                      # not the plain convolution's record
+    again = rec.replay(strict=True)
+    assert isinstance(again, fused.FusedConvolution) and (again.residual, again.activation) == (True, "relu")
+    r = torch.randn(1, 4, 4, 4)
+    torch.testing.assert_close(again.run(x, w, b, r), torch.relu(torch.nn.functional.conv2d(x, w, b) + r),
+                               rtol=1e-4, atol=1e-4)

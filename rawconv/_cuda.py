@@ -1,0 +1,164 @@
+"""CUDA plan-layer helpers shared by rawconv's cuDNN plans (torch's devices and streams).
+
+The raw layer (:mod:`rawconv._cudnn`) knows cuDNN alone; this module adds what needs torch: one
+cuDNN handle per (thread, device), created with that device current and given torch's current
+stream on it (``cudnnSetStream`` only when the stream changed); workspaces from torch's caching
+allocator; the device guard plan methods run under; and the checks of tensors bound to a plan.
+Importing it registers torch's own cuDNN as the one :func:`rawconv._cudnn.load` reuses.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from . import _cudnn
+from ._cudnn import call, ffi
+from .errors import ArgumentError, ArgumentTypeError
+
+_tls = threading.local()
+
+
+def _torch_cudnn() -> None:
+    torch.backends.cudnn.version()   # maps torch's libcudnn.so.9, if it has one
+
+
+if _torch_cudnn not in _cudnn.PRELOAD:
+    _cudnn.PRELOAD.append(_torch_cudnn)
+
+
+def _raw_stream(device_index: int) -> int:
+    return torch._C._cuda_getCurrentRawStream(device_index)
+
+
+class _Handle:
+    """One cuDNN handle (one device, one thread) and the stream last set on it."""
+
+    __slots__ = ("ptr", "device", "stream", "__weakref__")
+
+    def __init__(self, device: int):
+        if torch.cuda.is_available():
+            with torch.cuda.device(device):
+                self.ptr = _cudnn.create_handle()
+        else:  # cuDNN says why (CUDNN_STATUS_NOT_INITIALIZED: no device)
+            p = ffi.new("cudnnHandle_t *")
+            call("cudnnCreate", p, detail=f"device cuda:{device}; torch sees no CUDA device")
+            self.ptr = p[0]
+        self.device = device
+        self.stream = None
+
+
+def handle(device=None):
+    """This thread's cuDNN handle for ``device`` (a torch device, an index, or None for the current
+    CUDA device), with torch's current stream on that device set on it (``cudnnSetStream`` only when
+    the stream changed since the last call). Created on first use per (device, thread).
+    Wraps ``cudnnCreate`` and ``cudnnSetStream``."""
+    if device is None:
+        idx = torch.cuda.current_device()
+    elif isinstance(device, int):
+        idx = device
+    else:
+        idx = device.index if getattr(device, "index", None) is not None else _device_index(device)
+    return handle_for(idx)
+
+
+def _device_index(device) -> int:
+    d = torch.device(device)
+    return d.index if d.index is not None else torch.cuda.current_device()
+
+
+def handle_for(idx: int):
+    """:func:`handle` for a device index (the fast path the plans use)."""
+    handles = getattr(_tls, "handles", None)
+    if handles is None:
+        handles = _tls.handles = {}
+    h = handles.get(idx)
+    if h is None:
+        h = handles[idx] = _Handle(idx)
+        _count_devices()   # a GPU is there: the device guard of the plans' methods may skip itself
+    s = _raw_stream(idx)
+    if s != h.stream:
+        _cudnn.set_stream(h.ptr, s)
+        h.stream = s
+    return h.ptr
+
+
+def current_stream_of_handle(idx: int) -> int | None:
+    """The raw stream last set on this thread's handle for device ``idx`` (None if no handle yet)."""
+    h = getattr(_tls, "handles", {}).get(idx)
+    return None if h is None else h.stream
+
+
+def current_device() -> int | None:
+    """torch's current CUDA device index for this thread (``cudaGetDevice``), or None where torch
+    sees no CUDA driver."""
+    try:
+        return torch._C._cuda_getDevice()
+    except RuntimeError:
+        return None
+
+
+_ONE_DEVICE = [False]   # set once torch reports exactly one visible CUDA device (see on_plan_device)
+
+
+def _count_devices() -> None:
+    try:
+        _ONE_DEVICE[0] = torch.cuda.is_available() and torch.cuda.device_count() == 1
+    except Exception:   # noqa: BLE001 - no CUDA: the guard's own checks apply
+        _ONE_DEVICE[0] = False
+
+
+def on_plan_device(method):
+    """Decorator for plan methods (``self.device_index``): the method runs with that device current
+    for this thread (torch's ``torch.cuda.device`` guard, restored after), as torch's own CUDA ops
+    run: a cuDNN handle is tied to the device current when ``cudnnCreate`` ran, kernels launch
+    into the current device's context, and a stream of device ``i`` takes launches only while
+    ``i`` is current. Without it a plan of ``cuda:1`` called while ``cuda:0`` is current (no
+    ``torch.cuda.set_device``; a background thread, whose current device is 0) would launch into
+    the wrong context. Costs one ``cudaGetDevice`` when the device is already current; where torch
+    sees no CUDA driver the method runs as it is (cuDNN then says why it cannot)."""
+    import functools
+
+    get_device, device_guard = torch._C._cuda_getDevice, torch.cuda.device
+
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        if _ONE_DEVICE[0]:   # one visible GPU: it is always the current one (no cudaGetDevice per call)
+            return method(self, *args, **kwargs)
+        idx = getattr(self, "device_index", None)   # None: a plan not set up (its method says why)
+        try:
+            cur = get_device()
+        except RuntimeError:   # no CUDA driver
+            return method(self, *args, **kwargs)
+        if cur == idx or idx is None:
+            return method(self, *args, **kwargs)
+        with device_guard(idx):
+            return method(self, *args, **kwargs)
+    return guarded
+
+
+# ------------------------------------------------------------------ plan arguments
+def check_plan_tensor(p, t, name: str, shape, device_index: int, batched_names) -> "object":
+    """``t`` checked against a CUDA plan of problem ``p``: a torch.Tensor of ``shape``, of ``p``'s
+    dtype, on ``cuda:device_index`` (:class:`ArgumentTypeError` / :class:`ArgumentError`
+    otherwise, before any C call). For an unbatched problem, a tensor named in
+    ``batched_names`` given without its batch dim gets one (a view). Returns the tensor."""
+    if not isinstance(t, torch.Tensor):
+        raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if p.unbatched and name in batched_names and t.dim() == p.ndim + 1:
+        t = t.unsqueeze(0)
+    if t.shape != shape:
+        raise ArgumentError(f"{name} must have shape {tuple(shape)} for this plan, got {tuple(t.shape)}")
+    if t.dtype != p.torch_dtype:
+        raise ArgumentError(f"{name} must be {p.torch_dtype} for this plan, got {t.dtype}")
+    if not t.is_cuda or t.get_device() != device_index:
+        raise ArgumentError(f"{name} must be on cuda:{device_index} for this plan, got {t.device}"
+                            + (" (use rawconv.onednn for CPU tensors)" if not t.is_cuda else ""))
+    return t
+
+
+# ------------------------------------------------------------------ workspaces
+def workspace(nbytes: int, device) -> "object":
+    """A device buffer of at least ``nbytes`` bytes from torch's caching allocator (a uint8 tensor;
+    keep it alive while cuDNN may use it). ``nbytes`` 0 gives a 1-byte buffer."""
+    return torch.empty(max(int(nbytes), 1), dtype=torch.uint8, device=device)
