@@ -1429,6 +1429,7 @@ def describe(model: torch.nn.Module, example_input: Any, *, iterations: int = 10
 # every public entry point raises only rawconv's exception classes (rawconv._guard)
 from . import _guard  # noqa: E402
 
-_guard.guard_module(globals(), "conv", "conv_transpose", "convert", "refresh", "describe", "print_table",
+_guard.guard_module(globals(), "conv", "conv_transpose", "convert", "refresh", "describe", "print_table", "pinned_choices",
+                    "pin_choices",
                     "_RawconvConv.forward", "_RawconvConvTranspose.forward", "_ConvBiasAct.forward",
                     "_ConvBiasAct.from_conv")
