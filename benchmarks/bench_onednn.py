@@ -45,7 +45,7 @@ def bench_layer(p, layout, iterations, rounds):
         w = w.to(memory_format=torch.channels_last)   # as model.to(memory_format=channels_last) does
     pad = p.pad_before
     torch_fn = lambda: F.conv2d(x, w, None, p.stride, pad, p.dilation, p.groups)  # noqa: E731
-    conv = onednn.Convolution(x, w, None, p.stride, pad, p.dilation, p.groups)
+    conv = onednn.Convolution(x, w, None, p.stride, pad, p.dilation, p.groups, prepack=True)
     t0 = time.perf_counter()
     rows = conv.autotune(iterations=max(3, iterations // 2), warmup=2)
     tune_s = time.perf_counter() - t0
@@ -66,7 +66,7 @@ def bench_layer(p, layout, iterations, rounds):
 def overhead(n=3000):
     x = torch.randn(1, 4, 6, 6)
     w = torch.randn(4, 4, 1, 1)
-    conv = onednn.Convolution(x, w)
+    conv = onednn.Convolution(x, w, prepack=True)
     conv.autotune(iterations=20)
     out = {}
     for name, fn in (("F.conv2d", lambda: F.conv2d(x, w)), ("rawconv plan.execute", lambda: conv.execute(x)),

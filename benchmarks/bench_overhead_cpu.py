@@ -64,7 +64,7 @@ def main() -> None:
     w = torch.randn(8, 8, 3, 3).contiguous(memory_format=fmt)
     y_ref = F.conv2d(x, w, padding=1)
     out = torch.empty_like(y_ref)
-    plan = onednn.Convolution(x, w, padding=1)
+    plan = onednn.Convolution(x, w, padding=1, prepack=True)
     torch.testing.assert_close(plan.execute(x), y_ref, rtol=1e-4, atol=1e-4)
 
     rows = [("F.conv2d", lambda: F.conv2d(x, w, None, 1, 1)),

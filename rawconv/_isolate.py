@@ -470,6 +470,9 @@ def _child_setup(key, problem, direction, algorithm, fpmath, w_layout, prepack, 
     plan = onednn.Convolution.from_problem(problem, direction=direction, algorithm=algorithm, fpmath=fpmath,
                                            w_layout=w_layout, prepack=prepack, allow_known_bad=True)
     impls = plan.implementations
+    if prepack and "w" in tensors:   # calls run on a snapshot of the weights, reordered once per implementation
+        plan.repack(tensors["w"])
+        tensors = {k: v for k, v in tensors.items() if k != "w"}
     _child_plans[key] = (plan, tensors)
     return impls
 

@@ -607,8 +607,15 @@ def _width(text: str) -> int:
     return v
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``rawconv compare: error: ... (rawconv compare --help)``, exit 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help says more)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="rawconv", description="List, force, time and check every convolution "
+    ap = _Parser(prog="rawconv", description="List, force, time and check every convolution "
                                  "algorithm of oneDNN and cuDNN on torch tensors.")
     ap.add_argument("--version", action="version", version=f"rawconv {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -742,16 +749,103 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _validate(args) -> None:
+    """Flag combinations that mean nothing or contradict each other, and problems too large for
+    this host's memory: a :class:`RawconvError` before anything runs."""
+    from ._guard import check_memory
+
+    given = getattr(args, "problem", None)
+    if getattr(args, "layers", None) is not None:
+        from . import presets
+
+        if args.input is not None or args.weight is not None:
+            raise RawconvError("--layers selects layers of a preset; it means nothing with --input/--weight")
+        if given is not None and given not in presets.PRESETS:
+            raise RawconvError(f"--layers selects layers of a preset ({', '.join(sorted(presets.PRESETS))}); "
+                               f"{given!r} is a single problem")
+    if args.cmd == "compare":
+        from .compare import REF_MAX_SECONDS
+
+        if args.ref_limit != REF_MAX_SECONDS and (args.ref or args.no_ref):
+            raise RawconvError("--ref-limit decides which reference implementations run; with "
+                               f"{'--ref' if args.ref else '--no-ref'} it means nothing")
+        cuda = any(d.startswith("cuda") for d in _devices(args))
+        if args.engines is not None:
+            e = str(args.engines).strip()
+            if not (e == "all" or (e.isdigit() and int(e) > 0)):
+                raise RawconvError(f"--engines must be 'all' or a positive number of engine configs, got {e!r}")
+            if not cuda:
+                raise RawconvError("--engines selects cuDNN graph-API engines, which run on a GPU; this run has none "
+                                   + ("(--device cpu)" if args.device == "cpu" else "(torch sees no CUDA device)"))
+    if getattr(args, "fpmath", "strict") != "strict" and all(d.startswith("cuda") for d in _devices(args)):
+        raise RawconvError(f"--fpmath {args.fpmath} is oneDNN's (CPU) setting; this run has no CPU problem "
+                           f"(--device {args.device})")
+    if args.cmd in ("compare", "list"):
+        import math
+
+        for p in _problems(args):
+            es = 8 if p.dtype == "float64" else 4 if p.dtype == "float32" else 2
+            nx, nw, ny = math.prod(p.x_shape), math.prod(p.w_shape), math.prod(p.y_shape)
+            need = (nx + nw) * (8 + es)     # make_inputs: float64 draws and the tensors
+            if args.cmd == "compare":       # float64 reference inputs (and |.|), reference, its scale, outputs
+                need += 2 * 8 * (nx + nw) + 2 * 8 * ny + 2 * es * ny
+            check_memory(need, f"rawconv {args.cmd} on {p.describe()}")
+
+
+def _one_line(exc: BaseException) -> str:
+    return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+
+
 def main(argv=None) -> int:
+    """The command line; returns the exit status. Every error is one line on stderr (``rawconv:
+    error: ...``) and a non-zero status (2, or 130 for Ctrl-C), never a traceback: bad flags and
+    flag combinations, problems, problems too large for this host's memory, allocation failures,
+    output files that cannot be written, library errors."""
+    import warnings
+
+    from .errors import SlowReferenceWarning
+
     ap = build_parser()
     args = ap.parse_args(argv)
     try:
-        return args.func(args)
+        with warnings.catch_warnings():   # a call about to run long on oneDNN's reference code: one line first
+            shown = warnings.showwarning
+
+            def show(message, category, filename, lineno, file=None, line=None):
+                if issubclass(category, SlowReferenceWarning):
+                    print(f"rawconv: warning: {message}", file=sys.stderr, flush=True)
+                else:
+                    shown(message, category, filename, lineno, file, line)
+            warnings.showwarning = show
+            warnings.simplefilter("always", SlowReferenceWarning)
+            _validate(args)
+            return args.func(args)
+    except KeyboardInterrupt:
+        print("rawconv: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:   # the reader went away (| head): nothing more to say
+        import os
+
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError:
+            pass
+        return 2
     except RawconvError as exc:
-        print(f"rawconv: error: {exc}", file=sys.stderr)
+        outs = [f"--{k} {v}" for k in ("json", "csv", "record", "plot") if isinstance(v := getattr(args, k, None), str)]
+        where = f" ({', '.join(outs)})" if isinstance(exc, OSError) and outs else ""
+        print(f"rawconv: error: {_one_line(exc)}{where}", file=sys.stderr)
         return 2
     except (OverflowError, MemoryError) as exc:
-        print(f"rawconv: error: problem too large: {exc}", file=sys.stderr)
+        print(f"rawconv: error: problem too large: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"rawconv: error: {exc.filename + ': ' if exc.filename else ''}{exc.strerror or _one_line(exc)}",
+              file=sys.stderr)
+        return 2
+    except Exception as exc:   # noqa: BLE001  (a bug: still one line, with what it was)
+        print(f"rawconv: error: unexpected {type(exc).__name__}: {_one_line(exc)} (please report it; "
+              "python -X faulthandler -m rawconv.cli ... for more)", file=sys.stderr)
         return 2
 
 

@@ -184,7 +184,7 @@ def _error_row(problem_name: str, backend: str, impl: str, exc: BaseException, d
 
 def _measure(problem, label_backend, label_impl, detail, fn, ref, ref_abs, timer, *, tol=None,
              workspace=None, extra=None, slow_s: float | None = None) -> Row:
-    extra = dict(extra or {}, problem=problem.describe(), benchdnn=problem.to_benchdnn(), device=problem.device)
+    extra = dict(extra or {}, problem=problem.describe(), benchdnn=problem.to_benchdnn(strict=False), device=problem.device)
     name = str(problem.name or problem.describe())
     _progress.note(f"{name}: {label_backend} {label_impl}")
     monitor = LoadMonitor() if problem.device == "cpu" else None
@@ -332,7 +332,7 @@ def _onednn_rows(problem, x, w, b, ref, ref_abs, timer, *, fpmath="strict", prep
             rows.append(_error_row(name, "onednn", label, exc, impl.layouts))
             continue
         rows.append(_measure(problem, "onednn", label, detail,
-                             lambda: plan.execute(x, w, b), ref, ref_abs, timer,
+                             lambda: plan.execute(x, None if prepack else w, b), ref, ref_abs, timer,
                              tol={"compute": compute} if compute else None,
                              workspace=impl.scratchpad_bytes, extra=extra, slow_s=slow_s))
     plan.free()
@@ -361,7 +361,7 @@ def _run_isolated(problem, rows, x, w, b, ref, ref_abs, compute, *, fpmath, prep
         row = Row(str(problem.name or problem.describe()), "onednn", f"[{impl.index}] {impl.name}",
                   detail + "; isolated", workspace_bytes=impl.scratchpad_bytes,
                   extra=dict(extra, status=res["status"], problem=problem.describe(),
-                             benchdnn=problem.to_benchdnn(), device=problem.device))
+                             benchdnn=problem.to_benchdnn(strict=False), device=problem.device))
         if res["status"] != "ok":   # "crashed: SIGSEGV", "timed out after 60 s", ...: failures
             st = {"known bad": "skipped (known bad)"}.get(res["status"], res["status"])
             row.error = st + (f": {res['detail']}" if res["detail"] else "")
@@ -638,7 +638,8 @@ def summary(rows: list[Row], *, hint: str | None = None) -> dict:
 EXIT_CODES = {
     0: "every result is within tolerance; no rawconv candidate failed",
     1: "a result is outside tolerance (a wrong answer)",
-    2: "bad command line or problem (nothing ran)",
+    2: "bad command line or problem (nothing ran), or an error that stopped the run (out of memory, an output "
+       "file that cannot be written): one 'rawconv: error:' line says which",
     3: "nothing to compare: a library failed to load, or a problem on which no rawconv candidate ran "
        "(every one listed failed, was not supported or was skipped)",
     4: "a rawconv candidate failed (a library error other than not supported; torch's own failures are "
@@ -664,7 +665,7 @@ def write_json(path: str, rows: list[Row], meta: dict, problems: list[ConvProble
     data = {"meta": meta, "summary": summary if summary is not None else globals()["summary"](rows),
             "rows": [r.as_dict() for r in rows]}
     if problems is not None:
-        data["problems"] = [dict(dataclasses.asdict(p), describe=p.describe(), benchdnn=p.to_benchdnn(),
+        data["problems"] = [dict(dataclasses.asdict(p), describe=p.describe(), benchdnn=p.to_benchdnn(strict=False),
                                  flops=p.flops, y_shape=p.y_shape) for p in problems]
     with open(path, "w") as f:
         json.dump(_finite_json(data), f, indent=1, default=str, allow_nan=False)
@@ -857,3 +858,10 @@ def _replay_one(plan, rec, problem, name, extra, iterations, warmup, budget_s, s
     return Result(k.backend, rec.choice, name, k.direction, None, "ok" if err.ok else "wrong", stats.median_ms,
                   stats.min_ms, stats.runs, err, None,
                   "", extra=extra)
+
+
+# every public entry point raises only rawconv's exception classes (rawconv._guard)
+from . import _guard  # noqa: E402
+
+_guard.guard_module(globals(), "compare_problem", "compare", "real_photo", "inputs_for", "summary", "write_json",
+                    "records", "replay")

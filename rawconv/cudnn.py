@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 import torch
 
-from . import _cuda, _cudnn
+from . import _cuda, _cudnn, _guard
 from ._cudnn import ffi
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from ._plans import PlanCache, PlanLifetime
@@ -769,8 +769,17 @@ class Convolution(PlanLifetime):
                 raise ArgumentError("backward_data needs grad_y and w")
         elif grad_y is None or x is None:
             raise ArgumentError("backward_weights (backward_filter) needs x and grad_y")
+        if out is not None:   # torch's out= rules, before anything is written
+            shape, xs = {"forward": (p.y_shape, self._ys), "backward_data": (p.x_shape, self._xs)}.get(
+                d, (p.w_shape, self._wst))
+            self._prep("out", out, shape, xs, True)
+            ins = {"forward": (("x", x), ("w", w), ("bias", bias)), "backward_data": (("grad_y", grad_y), ("w", w))}
+            _guard.check_out(out, ins.get(d, (("x", x), ("grad_y", grad_y))), "rawconv.cudnn.Convolution.execute")
         if p.is_empty:
             res = self._empty(x, w, bias, out)
+            if out is not None:
+                _guard.bump((out,))
+                res = out
             return (res, self._info) if return_info else res
         info = self._info or self.info
         h = _cuda.handle_for(self.device_index)
@@ -778,7 +787,10 @@ class Convolution(PlanLifetime):
         run = (self._run_forward if d == "forward" else self._run_backward_data if d == "backward_data"
                else self._run_backward_weights)
         result = run(h, info, ffi.cast("void *", ws.data_ptr()), x, w, bias, out, grad_y)
-        if p.unbatched and d != "backward_weights":
+        if out is not None:
+            _guard.bump((out,))   # written in place, as torch's out= functions do
+            result = out
+        elif p.unbatched and d != "backward_weights":
             result = result.squeeze(0)
         return (result, self._info) if return_info else result
 
@@ -1206,10 +1218,12 @@ def _grad_problem(grad_y, w_or_x, shape, stride, padding, dilation, groups, dire
                                 + " must be torch.Tensor")
     if direction == "backward_data":
         _check_shape_arg(shape, "x_shape")
-        problem = ConvProblem.from_torch(shape_only(shape, grad_y), w_or_x, None, stride, padding, dilation, groups)
+        problem = ConvProblem.from_torch(shape_only(shape, grad_y, "x_shape"), w_or_x, None, stride, padding,
+                                         dilation, groups)
     else:
         _check_shape_arg(shape, "w_shape")
-        problem = ConvProblem.from_torch(w_or_x, shape_only(shape, grad_y), None, stride, padding, dilation, groups)
+        problem = ConvProblem.from_torch(w_or_x, shape_only(shape, grad_y, "w_shape"), None, stride, padding,
+                                         dilation, groups)
     if direction == "backward_data" and grad_y.dim() >= 3 and layout_of(grad_y) == "nhwc":
         problem = problem.with_(layout="nhwc")
     _check_device(problem)
@@ -1525,6 +1539,14 @@ def _registry_candidates(problem: ConvProblem, direction: str = "forward", optio
 def _registry_plan(problem: ConvProblem, direction: str = "forward", options: Any = None, choice: Any = None):
     return Convolution.from_problem(problem, direction=direction, options=options, choice=choice)
 
+
+# every public entry point raises only rawconv's exception classes (rawconv._guard)
+_guard.guard_module(globals(), "forward", "backward_data", "backward_weights", "conv_transpose", "algorithms",
+                    "candidates", "info", "capabilities", "gpu_time", "Convolution.__init__",
+                    "Convolution.from_problem", "Convolution.algorithms", "Convolution.info", "Convolution.select",
+                    "Convolution.execute", "Convolution.__call__", "Convolution.autotune", "Convolution.candidates",
+                    "Convolution.descriptors", "Convolution.cudnn_output_shape")
+backward_filter = backward_weights   # cuDNN's name
 
 from ._backend import Backend as _Backend, register as _register  # noqa: E402
 

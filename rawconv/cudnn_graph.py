@@ -38,7 +38,7 @@ from typing import Any, Sequence
 
 import torch
 
-from . import _cuda, _cudnn, _cudnn_backend as B, _search, tuning, known_bad as _known_bad
+from . import _cuda, _cudnn, _cudnn_backend as B, _guard, _search, tuning, known_bad as _known_bad
 from ._search import TimedConfig, knob_combinations
 from .errors import ArgumentError, ArgumentTypeError, LibraryError, NotSupportedError
 from ._backend import Candidate, canonical_direction
@@ -65,6 +65,7 @@ UID = {"x": 1, "w": 2, "y": 3, "b": 4, "r": 5, "dx": 1, "dw": 2, "dy": 3}
 _VIRTUAL_UIDS = (101, 102, 103)
 _ROLES = {"forward": ("x", "w", "y"), "backward_data": ("dx", "w", "dy"), "backward_weights": ("x", "dw", "dy")}
 _OUT_ROLE = {"forward": "y", "backward_data": "dx", "backward_weights": "dw"}
+_ROLE_WORDS = {"b": "bias", "dy": "grad_y", "r": "residual"}   # role -> the argument's name in messages
 _VENDOR_DIRECTION = {"backward_weights": "backward_filter"}   # the raw layer speaks cuDNN's words
 _GRAPH_NAMES = {"x": "X", "w": "W", "y": "Y", "dx": "DX", "dw": "DW", "dy": "DY"}
 
@@ -637,7 +638,7 @@ class GraphConvolution(PlanLifetime):
         if bad:
             import warnings
             warnings.warn(f"engine {ec.engine} gave wrong results for a problem like this one ({bad}); "
-                          f"rawconv's default selection skips it", RuntimeWarning, stacklevel=stacklevel)
+                          f"rawconv's default selection skips it", RuntimeWarning, stacklevel=_guard.stacklevel())
         try:
             b = self.build(engine)
         except NotSupportedError as exc:
@@ -774,13 +775,20 @@ class GraphConvolution(PlanLifetime):
         self._check_live()
         t, result = self._bind(x, w, bias, out, grad_y)
         p = self.problem
+        if out is not None:   # torch's out= rules, before anything is written
+            out_role = _OUT_ROLE[self.direction]
+            _guard.check_out(out, tuple((_ROLE_WORDS.get(r, r), v) for r, v in t.items() if r != out_role),
+                             "rawconv.cudnn_graph.GraphConvolution.execute")
         if p.is_empty:
-            return _empty_result(self, result, t.get("b"))
-        if self._via is not None:
+            result = _empty_result(self, result, t.get("b"))
+        elif self._via is not None:
             self._run_via(t)
         else:
             self._run(self._selected or self._select_default(), tuple(t[r].data_ptr() for r in self._graph.roles))
-        if p.unbatched and self.direction in ("forward", "backward_data"):
+        if out is not None:
+            _guard.bump((out,))   # written in place, as torch's out= functions do
+            return out
+        if p.unbatched and self.direction in ("forward", "backward_data") and not p.is_empty:
             return result.squeeze(0)
         return result
 
@@ -1382,7 +1390,7 @@ def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int] 
                                engine=engine, allow_tf32=allow_tf32, math=math, out=out)
     if not isinstance(x_shape, (tuple, list, torch.Size)) or not all(isinstance(s, int) and s >= 0 for s in x_shape):
         raise ArgumentError(f"x_shape must be a tuple of non-negative ints, got {x_shape!r}")
-    p = _problem(shape_only(x_shape, grad_y), w, None, stride, padding, dilation, groups)
+    p = _problem(shape_only(x_shape, grad_y, "x_shape"), w, None, stride, padding, dilation, groups)
     lay = layout_of(grad_y if grad_y.dim() == p.ndim + 2 else grad_y.unsqueeze(0))
     if lay == "nhwc":
         p = p.with_(layout="nhwc")
@@ -1409,7 +1417,7 @@ def backward_filter(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[int
         raise ArgumentTypeError("x and grad_y must be torch.Tensor")
     if not isinstance(w_shape, (tuple, list, torch.Size)) or not all(isinstance(s, int) and s >= 0 for s in w_shape):
         raise ArgumentError(f"w_shape must be a tuple of non-negative ints, got {w_shape!r}")
-    p = _problem(x, shape_only(w_shape, x), None, stride, padding, dilation, groups)
+    p = _problem(x, shape_only(w_shape, x, "w_shape"), None, stride, padding, dilation, groups)
     _check_tensor(p, grad_y, "grad_y", p.y_shape)
     plan = _plan(p, "backward_weights", None, _tf32(allow_tf32, math), engine)
     return plan.execute(x, grad_y=grad_y, out=out)
@@ -1467,6 +1475,16 @@ def _registry_info() -> dict:
 
     return cudnn.info()
 
+
+# every public entry point raises only rawconv's exception classes (rawconv._guard)
+_guard.guard_module(globals(), "forward", "backward_data", "backward_filter", "engines", "tuning_cache",
+                    "save_tuning_cache", "load_tuning_cache", "GraphConvolution.__init__",
+                    "GraphConvolution.from_problem", "GraphConvolution.global_count", "GraphConvolution.heuristic",
+                    "GraphConvolution.engine_info", "GraphConvolution.build", "GraphConvolution.engines",
+                    "GraphConvolution.select", "GraphConvolution.selected", "GraphConvolution.selected_name",
+                    "GraphConvolution.execute", "GraphConvolution.__call__", "GraphConvolution.autotune",
+                    "GraphConvolution.candidates", "GraphConvolution.channels_last", "GraphConvolution.output")
+backward_weights = backward_filter   # rawconv's word (backward_filter is cuDNN's)
 
 from ._backend import Backend as _Backend, register as _register  # noqa: E402
 

@@ -92,3 +92,36 @@ class KnownBadError(NotSupportedError):
 class IsolationError(RawconvError, RuntimeError):
     """The child process that runs candidates in isolation (:mod:`rawconv._isolate`) could not be
     started or did not answer as it should (not a crash of a candidate: that becomes a row status)."""
+
+
+class AllocationError(RawconvError, MemoryError):
+    """Memory for a tensor or buffer rawconv allocates (an output, a layout copy, a reorder
+    buffer, a scratchpad, a workspace) could not be had: torch's allocator raised
+    (``torch.OutOfMemoryError``, or ``RuntimeError: ... can't allocate memory``) or the problem's
+    sizes overflow. A ``MemoryError``, so ``except MemoryError`` code keeps working. The message
+    says what was being done; the allocator's own error is chained (``__cause__``)."""
+
+
+class DeviceNotAvailableError(RawconvError, RuntimeError):
+    """The device a call needs is not there: CUDA tensors or a CUDA problem where torch sees no
+    GPU (no driver, a CPU build of torch), or a device index beyond the GPUs torch sees."""
+
+
+class InternalError(RawconvError, RuntimeError):
+    """Something rawconv did not expect went wrong below a public function (a bug: please report
+    it with the chained exception, ``__cause__``). Raised instead of the raw exception so that
+    every public function raises only :class:`RawconvError` subclasses."""
+
+
+class SlowReferenceWarning(UserWarning):
+    """The call about to run will run on oneDNN's reference implementation (``ref:*``, a scalar
+    loop) and is estimated to take longer than :data:`rawconv.onednn.SLOW_REFERENCE_SECONDS`
+    (:func:`rawconv.onednn.reference_seconds`). Issued before the call; the call still runs."""
+
+
+class FileAccessError(RawconvError, OSError):
+    """A file rawconv was asked to write (or read) could not be: disk full, permission denied, a
+    directory... The OS's error is chained (``__cause__``); ``errno`` and ``filename`` are kept."""
+
+    def __str__(self) -> str:   # the message as given (OSError's str would put errno and filename around it)
+        return str(self.args[0]) if self.args else ""

@@ -10,7 +10,8 @@
   oneDNN applies post-ops in the order they are appended, so the result is
   ``relu(conv(x, w) + b + r)`` (checked against float64 in tests/test_fused.py).
   :class:`FusedConvolution` is the plan: a :class:`rawconv.onednn.Convolution` whose primitive
-  carries those post-ops (implementations, ``select``, ``autotune``, prepacked weights as there).
+  carries those post-ops (implementations, ``select``, ``autotune``, the weight snapshot of
+  ``prepack=True`` as there).
 * CUDA: one cuDNN graph: convolution, pointwise ``add`` of the bias, pointwise ``add`` of the
   residual (a second input tensor of the graph), pointwise ``relu``
   (:class:`ResidualGraphConvolution`; without a residual, :class:`rawconv.cudnn_graph.GraphConvolution`
@@ -21,6 +22,13 @@ The operator ``rawconv::conv_bias_act`` has a fake (meta) kernel computed from t
 w, bias and residual through rawconv's own backward-data and backward-weights calls; no double
 backward). It is meant for inference (``rawconv.nn.convert(..., fuse=True)`` folds BatchNorm into
 the weights, which is only right in eval mode).
+
+Weights: the function form and the operator read the weights on every call (reordered per call
+when the implementation wants another layout), as :mod:`rawconv.ops` does. The modules that
+``rawconv.nn.convert(..., fuse=True)`` makes are **frozen** (:class:`Frozen`): their BN-folded
+weight and bias are snapshotted at convert time (a copy, as torch's freezing makes constants) and
+reordered once per problem; :func:`rawconv.nn.refresh` takes a new snapshot after the parameters
+change.
 """
 from __future__ import annotations
 
@@ -68,7 +76,7 @@ class _FusedBuilt(onednn._Built):
                     rargs[0].memory, rargs[1].memory = umem, mem
                     self.pre = (rprim, umem, rargs)
 
-    def run(self, tensors: dict, stream, prepack: bool) -> None:
+    def run(self, tensors: dict, stream, packed=None) -> None:
         if self.pre is not None:
             from . import _dnnl
 
@@ -76,7 +84,7 @@ class _FusedBuilt(onednn._Built):
             _dnnl.check(onednn._set_handle_int()(umem, tensors["y"].data_ptr()), "dnnl_memory_set_data_handle")
             _dnnl.check(_dnnl.lib().dnnl_primitive_execute(rprim, stream, 2, rargs), "dnnl_primitive_execute",
                         self.impl.name + " (residual reorder)")
-        super().run(tensors, stream, prepack)
+        super().run(tensors, stream, packed)
 
 
 class FusedConvolution(onednn.Convolution):
@@ -84,11 +92,12 @@ class FusedConvolution(onednn.Convolution):
     add (``sum``) and an activation (``eltwise_relu``): ``y = act(conv(x, w) + b + r)``.
 
     ``FusedConvolution(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, *,
-    residual=False, activation="relu", impl=None, fpmath="strict", prepack=True)``: arguments as
+    residual=False, activation="relu", impl=None, fpmath="strict", prepack=False)``: arguments as
     :class:`rawconv.onednn.Convolution`; ``residual`` (bool): whether :meth:`run` takes a residual
     tensor of y's shape; ``activation``: ``"relu"`` or ``"none"``. :meth:`run` ``(x, w=None,
     bias=None, residual=None)`` returns y in x's layout. ``implementations``, ``select``,
-    ``autotune`` and prepacking work as in the base class (the implementations are those oneDNN
+    ``autotune`` and the weight snapshot (``prepack=True``, :meth:`repack`) work as in the base
+    class (the implementations are those oneDNN
     offers for the primitive WITH these post-ops). Raises :class:`ArgumentError` for bad input
     before any C call. Wraps ``dnnl_post_ops_append_sum``, ``dnnl_post_ops_append_eltwise``,
     ``dnnl_primitive_attr_set_post_ops`` and what the base class wraps.
@@ -96,19 +105,21 @@ class FusedConvolution(onednn.Convolution):
 
     def __init__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
                  padding: Any = 0, dilation: Any = 1, groups: int = 1, *, residual: bool = False,
-                 activation: str = "relu", impl: Any = None, fpmath: str = "strict", prepack: bool = True):
+                 activation: str = "relu", impl: Any = None, fpmath: str = "strict", prepack: bool = False):
         problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
         onednn._check_device(problem)
         self._setup(residual, activation)
         self._init(problem, "forward", "direct", fpmath, onednn._w_layout(w), prepack)
         self._x, self._w, self._b = x, w, bias
+        if prepack:
+            self._snapshot(w)
         if impl is not None:
             self.select(impl)
 
     @classmethod
     def for_problem(cls, problem: ConvProblem, *, residual: bool = False, activation: str = "relu",
                     impl: Any = None, fpmath: str = "strict", w_layout: str = "nchw",
-                    prepack: bool = True) -> "FusedConvolution":
+                    prepack: bool = False) -> "FusedConvolution":
         """A plan from a :class:`ConvProblem` (tensors given to :meth:`run`)."""
         if not isinstance(problem, ConvProblem):
             raise ArgumentTypeError(f"problem must be a ConvProblem, got {type(problem).__name__}")
@@ -400,14 +411,12 @@ def plan_for(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, residu
     if bk == "onednn":
         if isinstance(choice, str) and choice.isdigit():
             choice = int(choice)   # a position in the implementation list
-        # one plan per weight tensor: a plan keeps ONE prepacked copy of the weights, and layers of
-        # the same shape (most of ResNet-50's blocks) sharing a plan would reorder on every call
-        key = (problem, has_r, activation, choice, precision, onednn._w_layout(w), w.data_ptr(),
-               threading.get_ident())
+        # the weights are read (reordered) on every call: no copy of them is kept across calls
+        key = (problem, has_r, activation, choice, precision, onednn._w_layout(w), threading.get_ident())
         plan = _cpu_plans.get(key)
         if plan is None or plan._freed:
             plan = FusedConvolution.for_problem(problem, residual=has_r, activation=activation, impl=choice,
-                                                fpmath=precision, w_layout=onednn._w_layout(w), prepack=True)
+                                                fpmath=precision, w_layout=onednn._w_layout(w), prepack=False)
             _cpu_plans.put(key, plan)
         return plan
     from . import cudnn_graph as G
@@ -450,7 +459,8 @@ class _CudaFallback:
         self.selected_name = "legacy (graph not supported)"
         warnings.warn(f"rawconv.fused: cuDNN offers no graph for {activation}(conv + bias [+ residual]) "
                       f"on {problem.describe()} ({why.splitlines()[0][:200]}); running the legacy convolution "
-                      "with the bias (and activation) and adding the residual in torch", RuntimeWarning, stacklevel=4)
+                      "with the bias (and activation) and adding the residual in torch", RuntimeWarning,
+                      stacklevel=_guard.stacklevel())
 
     def run(self, x, w, bias, residual=None):
         from . import cudnn
@@ -471,12 +481,79 @@ class _CudaFallback:
         raise NotSupportedError(f"no cuDNN graph to tune for {self.problem.describe()} (legacy fallback)")
 
 
+# ---------------------------------------------------------------------------- frozen modules
+FROZEN_WEIGHT, FROZEN_BIAS = "_rawconv_frozen_weight", "_rawconv_frozen_bias"   # the modules' buffer names
+_FROZEN_PLANS = "_rawconv_frozen_plans"
+_FROZEN_MAX = 64   # plans per frozen module (one per input shape and layout); more: the oldest go
+
+
+class _PlanDict(dict):
+    """A frozen module's oneDNN plans (problem -> :class:`FusedConvolution` holding the snapshot
+    reordered). Copies and pickles of the module start with none (plans hold C objects)."""
+
+    def __deepcopy__(self, memo):
+        return _PlanDict()
+
+    def __reduce__(self):
+        return (_PlanDict, ())
+
+
+def freeze(module: torch.nn.Module) -> None:
+    """Snapshot a fused module's weight and bias (a copy each, as non-persistent buffers
+    :data:`FROZEN_WEIGHT` / :data:`FROZEN_BIAS`: they follow ``.to()``/``.cuda()``/``.half()``
+    and stay out of ``state_dict``) and drop its plans; see :func:`rawconv.nn.refresh`.
+    Called by :func:`rawconv.nn.convert` (``fuse=True``) and :func:`rawconv.nn.refresh`."""
+    with torch.no_grad():
+        w = module.weight.detach().clone(memory_format=torch.preserve_format)
+        b = None if module.bias is None else module.bias.detach().clone()
+    for name, t in ((FROZEN_WEIGHT, w), (FROZEN_BIAS, b)):
+        if name in module._buffers:
+            module._buffers[name] = t
+        else:
+            module.register_buffer(name, t, persistent=False)
+    module.__dict__[_FROZEN_PLANS] = _PlanDict()
+
+
+def frozen(module: torch.nn.Module) -> bool:
+    """Whether ``module`` holds a weight snapshot (:func:`freeze`)."""
+    return FROZEN_WEIGHT in module._buffers
+
+
+def _run_frozen(plans: dict, x, w, bias, residual, stride, pad, dilation, groups, activation, choice, precision,
+                residual_inplace):
+    """A frozen module's call on oneDNN: its own plan for this problem, with the snapshot ``w``
+    (the module's buffer, never changed in place) as the plan's weight snapshot, reordered once."""
+    try:
+        key = (x.shape, x.stride(), x.dtype, w.shape, w.stride(), None if residual is None else
+               (residual.shape, residual.stride(), residual.dtype), tuple(stride), pad, tuple(dilation), groups,
+               activation, choice, precision, threading.get_ident())
+        plan = plans.get(key)
+    except TypeError:
+        key = plan = None
+    if plan is None or plan._freed:
+        generic = plan_for(x, w, bias, residual, stride, pad, dilation, groups, activation=activation,
+                           backend="onednn", choice=choice, precision=precision)   # validates everything
+        plan = FusedConvolution.for_problem(generic.problem, residual=generic.residual, activation=activation,
+                                            impl=generic.selected.index, fpmath=precision,
+                                            w_layout=onednn._w_layout(w), prepack=True)
+        if key is not None:
+            if len(plans) >= _FROZEN_MAX:
+                plans.pop(next(iter(plans)))
+            plans[key] = plan
+    if plan._snap is None or plan._snap[0] is not w:
+        plan._snapshot(w, copy=False)
+    return plan.run(x, None, bias, residual, inplace=residual_inplace)
+
+
 def _run(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision,
-         residual_inplace=False):
+         residual_inplace=False, frozen_plans=None):
     nd = w.dim() - 2
     pad = _pad_arg(padding, nd)
+    if frozen_plans is not None and x.device.type == "cpu" and backend in ("auto", "onednn"):
+        return _run_frozen(frozen_plans, x, w, bias, residual, stride, pad, dilation, groups, activation, choice,
+                           precision, residual_inplace)
     try:
-        key = (x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.data_ptr(),
+        key = (x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype,
                None if bias is None else (bias.shape, bias.dtype, bias.device),
                None if residual is None else (residual.shape, residual.dtype, residual.device),
                tuple(stride), pad, tuple(dilation), groups, activation, backend, choice, precision,
@@ -524,11 +601,12 @@ def _out_meta(x, w, stride, padding, dilation):
 
 
 def _op_kernel(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision,
-               residual_inplace=False):
+               residual_inplace=False, frozen_plans=None):
     """The operator's kernel (also called directly by the modules in eager inference, where
-    ``residual_inplace`` lets the oneDNN path write the result into the residual's memory)."""
+    ``residual_inplace`` lets the oneDNN path write the result into the residual's memory, and
+    a frozen module passes its snapshot as ``w``/``bias`` with its own plans, ``frozen_plans``)."""
     y = _run(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision,
-             residual_inplace)
+             residual_inplace, frozen_plans)
     shape, cl, unbatched = _out_meta(x, w, stride, padding, dilation)
     if not unbatched and y.dim() >= 3:
         fmt = (torch.channels_last if y.dim() == 4 else torch.channels_last_3d) if cl and y.dim() in (4, 5) \
@@ -626,3 +704,10 @@ def conv_bias_act(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = 
     return torch.ops.rawconv.conv_bias_act(x, w, bias, residual, list(problem.stride), pads,
                                            list(problem.dilation), problem.groups, activation, backend,
                                            choice, precision)
+
+
+# every public entry point raises only rawconv's exception classes (rawconv._guard)
+from . import _guard  # noqa: E402
+
+_guard.guard_module(globals(), "conv_bias_act", "plan_for", "freeze", "FusedConvolution.__init__",
+                    "FusedConvolution.for_problem", "FusedConvolution.run")

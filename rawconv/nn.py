@@ -51,7 +51,8 @@ from .problem import ConvProblem, shape_only, tuple_arg
 
 __all__ = ["conv", "conv_transpose", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
            "ConvTranspose3d", "ConvBiasAct1d", "ConvBiasAct2d", "ConvBiasAct3d", "convert", "describe",
-           "LayerReport", "ConvertReport", "print_table", "BACKENDS", "pinned_choices", "pin_choices"]
+           "LayerReport", "ConvertReport", "print_table", "BACKENDS", "pinned_choices", "pin_choices",
+           "refresh"]
 
 BACKENDS = ("auto", "onednn", "cudnn")
 
@@ -400,7 +401,7 @@ class _RawconvConv:
                 warnings.warn(f"{type(self).__name__}: moved to {dev}; the {self._choice_backend} choice "
                               f"{self.choice!r} (backward {self.backward_choice!r}) was dropped (the {want} "
                               "default runs: set .choice or use rawconv.nn.convert(..., autotune=x))",
-                              RuntimeWarning, stacklevel=4)
+                              RuntimeWarning, stacklevel=_guard.stacklevel())
             self.choice = self.backward_choice = None
             self._choice_backend = want
 
@@ -496,10 +497,16 @@ class _ConvBiasAct(_RawconvConv):
         choice = self.choice
         if isinstance(choice, int) and not isinstance(choice, bool):
             choice = str(choice)
+        w, b, plans = self.weight, self.bias, None
+        if _fused.FROZEN_WEIGHT in self._buffers and not (torch.is_grad_enabled() and (
+                w.requires_grad or (b is not None and b.requires_grad))):
+            # frozen by convert(fuse=True): the snapshot, unless autograd records through the parameters
+            w, b = self._buffers[_fused.FROZEN_WEIGHT], self._buffers[_fused.FROZEN_BIAS]
+            plans = self.__dict__.get(_fused._FROZEN_PLANS)
         if residual is not None and not self._residual_fits(x, residual, stride, pads, dilation):
             # a residual that only broadcasts (or of another dtype/device): added in torch, as the
             # graph before fusion did
-            y = torch.ops.rawconv.conv_bias_act(x, self.weight, self.bias, None, stride, pads, dilation, self.groups,
+            y = torch.ops.rawconv.conv_bias_act(x, w, b, None, stride, pads, dilation, self.groups,
                                                 "none", self.backend, None, self.precision)
             y = y + residual
             return torch.relu(y) if self.activation == "relu" else y
@@ -508,13 +515,13 @@ class _ConvBiasAct(_RawconvConv):
         if not isinstance(x, torch.Tensor):
             raise ArgumentTypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
         if type(x) is torch.Tensor and not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and (
-                x.requires_grad or self.weight.requires_grad or (self.bias is not None and self.bias.requires_grad)
+                x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)
                 or (residual is not None and residual.requires_grad))):
             # eager inference: the operator's kernel directly (the dispatcher's round trip costs host time)
-            return _fused._op_kernel(x, self.weight, self.bias, residual, stride, pads, dilation, self.groups,
+            return _fused._op_kernel(x, w, b, residual, stride, pads, dilation, self.groups,
                                      self.activation, self.backend, choice, self.precision,
-                                     self.__dict__.get("residual_inplace", False))
-        return torch.ops.rawconv.conv_bias_act(x, self.weight, self.bias, residual, stride, pads, dilation,
+                                     self.__dict__.get("residual_inplace", False), plans)
+        return torch.ops.rawconv.conv_bias_act(x, w, b, residual, stride, pads, dilation,
                                                self.groups, self.activation, self.backend, choice, self.precision)
 
     def _residual_fits(self, x, r, stride, pads, dilation) -> bool:
@@ -886,7 +893,7 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
             report.trace_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             warnings.warn(f"rawconv.nn.convert(fuse=True): torch.fx could not trace {type(model).__name__} "
                           f"({report.trace_error}); fused at module level only (Conv -> BatchNorm -> ReLU inside "
-                          "nn.Sequential); residual adds stay in torch", RuntimeWarning, stacklevel=2)
+                          "nn.Sequential); residual adds stay in torch", RuntimeWarning, stacklevel=_guard.stacklevel())
             report.folded.clear()
             report.fused.clear()
             _fuse_sequential(model, report, backend, choice, precision)
@@ -902,7 +909,31 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
             report.swapped.append(name)
     if autotune is not None:
         _autotune(model, autotune, report, autotune_budget_s)
+    if fuse:
+        for m in model.modules():
+            if isinstance(m, _ConvBiasAct):
+                _fused.freeze(m)
     model.rawconv_report = report
+    return model
+
+
+def refresh(model: torch.nn.Module) -> torch.nn.Module:
+    """Take new weight snapshots of the frozen modules in ``model`` (returned, for chaining).
+
+    :func:`convert` with ``fuse=True`` **freezes** the fused modules it makes: their (BN-folded)
+    weight and bias are copied at convert time, as torch's freezing makes constants, and
+    reordered into the implementation's layout once. A frozen module computes with that copy
+    whenever autograd does not record through its parameters (``torch.no_grad()``, inference
+    mode, parameters with ``requires_grad=False``); with autograd recording (training) it reads
+    its parameters on every call. So after changing a converted model's parameters (loading a
+    state_dict, an update, pruning), call ``refresh(model)`` before inference, or the outputs
+    stay those of the old weights. Modules that are not frozen are left alone. Raises
+    :class:`ArgumentTypeError` when ``model`` is not a ``torch.nn.Module``."""
+    if not isinstance(model, torch.nn.Module):
+        raise ArgumentTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    for m in model.modules():
+        if _fused.frozen(m):
+            _fused.freeze(m)
     return model
 
 
@@ -969,13 +1000,13 @@ def _tune_one(m, kind: str, args: dict, backend: str, budget_s: float | None, *,
     prec = m.precision
     if backend == "onednn":
         opts = dict(iterations=3, warmup=1, budget_s=min(budget_s, 1.0) if budget_s else 0.25)   # per implementation
-        if kind == "conv":
+        if kind == "conv":   # the modules read their weights per call: timed with the weight reorder
             plan = onednn.Convolution(x, w, b, m.stride, _norm_padding(args["padding"]), m.dilation, m.groups,
                                       fpmath=prec)
-        elif kind == "fused":
+        elif kind == "fused":   # convert(fuse=True) freezes these: timed on a snapshot, reordered once
             plan = _fused.FusedConvolution(x, w, b, m.stride, _norm_padding(args["padding"]), m.dilation, m.groups,
                                            residual=args.get("residual") is not None, activation=m.activation,
-                                           fpmath=prec)
+                                           fpmath=prec, prepack=True)
         else:
             problem = _problem_of(m, kind, args)
             plan = onednn.Convolution.from_problem(problem, direction="backward_data", fpmath=prec,
@@ -1195,7 +1226,8 @@ def _rawconv_runs(m, kind, args, backend) -> str:
                                                        impl=m.choice, fpmath=m.precision,
                                                        w_layout=onednn._w_layout(w), prepack=False)
             s = plan.selected
-            ro = [r + ("(prepacked)" if r == "w" and plan.prepack else "") for r in s.reorders]
+            packed = plan.prepack or (kind == "fused" and _fused.frozen(m))
+            ro = [r + ("(prepacked)" if r == "w" and packed else "") for r in s.reorders]
             label = f"{s.name}@{s.layouts}" + (f" reorders={','.join(ro)}" if ro else "")
             if kind == "fused":
                 label += f" post-ops={'+'.join(o[0] if o[0] == 'sum' else o[1] for o in plan._post_ops) or 'none'}"
@@ -1392,3 +1424,12 @@ def describe(model: torch.nn.Module, example_input: Any, *, iterations: int = 10
             row.torch_ms = _timer(run_torch, x.device, iterations)
         rows.append(row)
     return rows
+
+
+# every public entry point raises only rawconv's exception classes (rawconv._guard)
+from . import _guard  # noqa: E402
+
+_guard.guard_module(globals(), "conv", "conv_transpose", "convert", "refresh", "describe", "print_table", "pinned_choices",
+                    "pin_choices",
+                    "_RawconvConv.forward", "_RawconvConvTranspose.forward", "_ConvBiasAct.forward",
+                    "_ConvBiasAct.from_conv")

@@ -9,9 +9,10 @@ Quick use::
                                                                        # on the CPU; this one is everywhere)
     print(rawconv.onednn.capabilities())                               # dtypes/fpmath offered on this CPU
 
-    with rawconv.onednn.Convolution(x, w, padding=1) as conv:         # a plan for one problem
+    with rawconv.onednn.Convolution(x, w, padding=1, prepack=True) as conv:   # a plan for one problem
         best = conv.autotune(iterations=20)                            # time every implementation
-        y = conv.execute(x)                                            # weights prepacked once
+        y = conv.execute(x)                                            # on a snapshot of w, reordered once
+    rawconv.onednn.flush_denormals(True)                               # FTZ/DAZ on every oneDNN thread
 
 Terms are oneDNN's: a *primitive descriptor* per *implementation* (``impl``), *format tags*
 (``any`` lets the implementation choose its blocked layout, which then costs *reorders*), a
@@ -19,16 +20,18 @@ user *scratchpad*, the *fpmath mode*.
 """
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 import threading
+import time
 import warnings
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
 
-from . import _dnnl, known_bad as _known_bad
+from . import _dnnl, _guard, known_bad as _known_bad
 from ._grad import needs_grad as _needs_grad
 from ._dnnl import ffi
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
@@ -41,7 +44,7 @@ log = logging.getLogger("rawconv.onednn")
 
 __all__ = ["Implementation", "Convolution", "forward", "backward_data", "backward_weights",
            "implementations", "candidates", "info", "verbose", "clear_cache", "FPMATH_MODES", "ALGORITHMS",
-           "capabilities"]
+           "capabilities", "flush_denormals", "reference_seconds", "SLOW_REFERENCE_SECONDS"]
 
 FPMATH_MODES = {"strict": 0, "bf16": 1, "f16": 2, "any": 3, "tf32": 4}
 ALGORITHMS = {"direct": "dnnl_convolution_direct", "winograd": "dnnl_convolution_winograd",
@@ -150,7 +153,7 @@ def _warn_timings(monitor, rows) -> None:
     from .bench import TimingWarning, timing_warnings
 
     for line in timing_warnings(monitor.report() if monitor is not None else None, [r.spread for r in rows]):
-        warnings.warn(f"Convolution.autotune: {line}", TimingWarning, stacklevel=3)
+        warnings.warn(f"Convolution.autotune: {line}", TimingWarning, stacklevel=_guard.stacklevel())
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -257,26 +260,8 @@ def _check_impl(impl: Any):
     return i
 
 
-def _span(t: torch.Tensor):
-    """(first byte, one past the last byte) of the memory ``t`` can touch; None when empty."""
-    if t.numel() == 0:
-        return None
-    start = t.data_ptr()
-    extent = sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))
-    return start, start + (extent + 1) * t.element_size()
-
-
-def _check_no_overlap(out: torch.Tensor, inputs) -> None:
-    """out= must not share memory with an input: implementations read their inputs while writing."""
-    so = _span(out)
-    if so is None:
-        return
-    for name, t in inputs:
-        if t is None:
-            continue
-        st = _span(t)
-        if st is not None and st[0] < so[1] and so[0] < st[1]:
-            raise ArgumentError(f"out overlaps {name} in memory; pass a separate output tensor (or none)")
+_check_no_overlap = _guard.check_no_overlap    # out= must not share memory with an input
+_check_out = _guard.check_out                  # torch's out= rules (autograd, inference tensors, overlap)
 
 
 def _ambiguous(shape: Sequence[int]) -> bool:
@@ -341,11 +326,9 @@ class _Built:
             self.exec_args[n - 1].memory = sp_mem
         self._keep = (sp_mem,)
         self.nargs = n
-        # (weakref to w, w._version, data_ptr, bytes compared) whose reorder sits in the buffer, and
-        # a copy of the first bytes of those weights (an update through w.data keeps the version)
-        self.packed_w = None
-        self._wsnap = torch.empty(_WCHECK, dtype=torch.uint8)
-        self._wsnap_ptr = self._wsnap.data_ptr()
+        # the snapshot generation (Convolution._snap) whose weights the reorder buffer holds; None when
+        # it holds none or the weights of a call that passed its own w (reordered again next call)
+        self.packed = None
         # the hot path's prepared argument pack: per user tensor (in self.args order) the memory whose
         # handle takes its pointer, the reorder to run (before the primitive for inputs, after it for
         # outputs), and the pointer set last time (an unchanged pointer needs no call)
@@ -359,16 +342,19 @@ class _Built:
         # oneDNN's CPU streams execute synchronously except with the threadpool runtime
         self._wait = int(L.dnnl_version().cpu_runtime) not in (1, 2, 4)
 
-    def run(self, tensors: dict, stream, prepack: bool) -> None:
+    def run(self, tensors: dict, stream, packed=None) -> None:
         """Run on ``tensors`` (role -> prepared tensor): see :meth:`run_list`."""
-        self.run_list([tensors[r] for r in self.roles], stream, prepack)
+        self.run_list([tensors[r] for r in self.roles], stream, packed)
 
-    def run_list(self, ts, stream, prepack: bool) -> None:
+    def run_list(self, ts, stream, packed=None) -> None:
         """Run on the prepared tensors ``ts``, one per role of :attr:`roles` (checked by the caller:
         shape, dtype, strides, device). Sets each user memory's handle (only when its pointer
-        changed), runs the input reorders (the weights' only when not prepacked or changed), the
-        primitive, then the output reorders. Wraps ``dnnl_memory_set_data_handle``,
-        ``dnnl_primitive_execute`` (and ``dnnl_stream_wait`` for an asynchronous runtime)."""
+        changed), runs the input reorders, the primitive, then the output reorders. ``packed``:
+        the generation of the plan's weight snapshot when ``ts`` holds that snapshot (its reorder
+        then runs once, not again while the buffer holds it), else None (the weights are
+        reordered on this call: a caller's tensor may have changed in any way since the last).
+        Wraps ``dnnl_memory_set_data_handle``, ``dnnl_primitive_execute`` (and
+        ``dnnl_stream_wait`` for an asynchronous runtime)."""
         set_handle = _SET_HANDLE[0] if _SET_HANDLE else _set_handle_int()
         execute = self._execute
         last = self._last
@@ -385,20 +371,15 @@ class _Built:
             i += 1
             if rprim is None or is_out:
                 continue
-            if is_w and prepack:
-                key = self.packed_w
-                if key is not None and key[0]() is t and key[1] == t._version and key[2] == ptr \
-                        and not _memcmp()(ptr, self._wsnap_ptr, key[3]):
+            if is_w:
+                if packed is not None and self.packed == packed:
                     continue
+                self.packed = None
             st = execute(rprim, stream, 2, rargs)
             if st:
                 _dnnl.check(st, "dnnl_primitive_execute", self.impl.name + " (reorder)")
             if is_w:
-                self.packed_w = None
-                if prepack:
-                    nb = min(_WCHECK, t.numel() * t.element_size())
-                    _memcpy()(self._wsnap_ptr, ptr, nb)
-                    self.packed_w = (weakref.ref(t), t._version, ptr, nb)
+                self.packed = packed
         st = execute(self.prim, stream, self.nargs, self.exec_args)
         if st:
             _dnnl.check(st, "dnnl_primitive_execute", self.impl.name)
@@ -411,6 +392,7 @@ class _Built:
 
 
 _SET_HANDLE = []
+_SNAP_GENERATION = itertools.count(1)   # weight snapshots' generations (a reorder buffer holds at most one)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)   # tensor types the hot path takes as they are
 _increment_version = torch._C._increment_version
 
@@ -466,36 +448,6 @@ def _extent(t) -> int:
     return (sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) + 1) * t.element_size()
 
 
-_WCHECK = 4096    # bytes at the start of prepacked weights compared on every call (updates through .data)
-_LIBC: list = []
-
-
-def _libc_funcs():
-    if not _LIBC:
-        try:
-            import cffi
-
-            f = cffi.FFI()
-            f.cdef("int memcmp(const void *, const void *, size_t); void *memcpy(void *, const void *, size_t);")
-            C = f.dlopen(None)
-            _LIBC.extend([f.cast("int(*)(intptr_t, intptr_t, size_t)", C.memcmp),
-                          f.cast("intptr_t(*)(intptr_t, intptr_t, size_t)", C.memcpy), C, f])
-        except Exception:   # noqa: BLE001  (no C library to dlopen: ctypes does it, slower)
-            import ctypes
-
-            _LIBC.extend([lambda a, b, n: ctypes.string_at(a, n) != ctypes.string_at(b, n),
-                          lambda d, s, n: ctypes.memmove(d, s, n), None, None])
-    return _LIBC
-
-
-def _memcmp():
-    return (_LIBC or _libc_funcs())[0]
-
-
-def _memcpy():
-    return (_LIBC or _libc_funcs())[1]
-
-
 def _set_handle_int():
     """``dnnl_memory_set_data_handle`` taking the pointer as an integer (``Tensor.data_ptr()``),
     which saves an ``ffi.cast`` per tensor per call (same ABI: a pointer and an intptr_t)."""
@@ -510,22 +462,30 @@ class Convolution(PlanLifetime):
     """A oneDNN convolution plan for one problem, in the style of nvmath-python's ``Matmul``.
 
     ``Convolution(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, *, impl=None,
-    algorithm="direct", fpmath="strict", prepack=True)``: ``x`` (N, C, *spatial) or unbatched,
+    algorithm="direct", fpmath="strict", prepack=False)``: ``x`` (N, C, *spatial) or unbatched,
     ``w`` (K, C/groups, *kernel), CPU tensors of float32, bfloat16 or float16 (where the CPU has
     it), NCHW or channels_last. ``padding`` as in torch, or one ``(before, after)`` pair per dim.
 
     ``implementations`` lists every implementation (:class:`Implementation`); ``autotune()``
     times them and selects the fastest; ``execute(x, w=None, bias=None, out=None)`` runs the
-    selected one (``w=None`` uses the weights given at construction; with ``prepack`` their
-    reordered copy is kept until the tensor changes, as seen by its version counter, its data
-    pointer and its first 4 KiB of memory); ``free()`` (or ``with``) releases the primitives and
-    buffers. Not thread-safe: one plan per thread.
+    selected one; ``free()`` (or ``with``) releases the primitives and buffers. Not thread-safe:
+    one plan per thread.
 
-    Prepacking caveat: an in-place update through ``w.data`` (``w.data.mul_(3)``, some optimizers)
-    does not bump ``w``'s version counter. rawconv then still sees it when the update changes any
-    of the weights' first 4 KiB (any update of all elements does), not when it only changes later
-    elements (``w.data[5:] = ...``): call :meth:`repack` after such an update, or build the plan
-    with ``prepack=False``. The function forms (:func:`forward` ...) never prepack.
+    **Weights: read on every call, or an explicit snapshot.** ``execute(x, w=t)`` always reads
+    ``t`` as it is now (reordered into the implementation's layout on this call, when the
+    implementation wants another layout). ``execute(x)`` without ``w``:
+
+    * ``prepack=False`` (the default): reads the tensor ``w`` given at construction as it is now,
+      reordered on every call: an update of it in any way (in place, through ``.data``, a numpy
+      view, its storage, a fused optimizer) is seen by the next call.
+    * ``prepack=True``: uses a **snapshot** of ``w`` taken at construction (a copy: a constant, as
+      torch's freezing makes one), reordered once per selected implementation and kept. Later
+      changes of ``w`` are NOT seen until :meth:`repack` (``repack()`` snapshots the construction
+      tensor again, ``repack(w2)`` snapshots ``w2``). Meant for inference on fixed weights (it
+      saves the weight reorder per call: see README, "Prepacked weights").
+
+    The function forms (:func:`forward` ...), :mod:`rawconv.ops` and :mod:`rawconv.nn`'s modules
+    never keep reordered weights across calls.
 
     Known-bad implementations (:mod:`rawconv.known_bad`, marked in :attr:`implementations`):
     selecting one raises :class:`~rawconv.errors.KnownBadError` naming the issue unless
@@ -547,7 +507,7 @@ class Convolution(PlanLifetime):
     def __init__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                  stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1, *,
                  impl: Any = None, algorithm: str = "direct", fpmath: str = "strict",
-                 prepack: bool = True, allow_known_bad: bool = False, choice: Any = None,
+                 prepack: bool = False, allow_known_bad: bool = False, choice: Any = None,
                  precision: str | None = None, options: Any = None):
         impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
         problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
@@ -555,16 +515,20 @@ class Convolution(PlanLifetime):
         impl = _check_impl(impl)
         self._init(problem, "forward", algorithm, fpmath, _w_layout(w), prepack, allow_known_bad)
         self._x, self._w, self._b = x, w, bias
+        if prepack:
+            self._snapshot(w)
         if impl is not None:
             self.select(impl)
 
     @classmethod
     def from_problem(cls, problem: ConvProblem, *, direction: str = "forward", algorithm: str = "direct",
                      fpmath: str = "strict", w_layout: str = "nchw", impl: Any = None,
-                     prepack: bool = True, allow_known_bad: bool = False, choice: Any = None,
+                     prepack: bool = False, allow_known_bad: bool = False, choice: Any = None,
                      precision: str | None = None, options: Any = None) -> "Convolution":
         """A plan from a :class:`ConvProblem` (no tensors needed until :meth:`execute`).
-        ``direction``: "forward", "backward_data", "backward_weights" ("backward_filter" too)."""
+        ``direction``: "forward", "backward_data", "backward_weights" ("backward_filter" too).
+        ``prepack=True`` has no weights to snapshot yet: :meth:`repack` ``(w)`` takes the snapshot
+        (until then every call needs its ``w``)."""
         impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
         from ._backend import canonical_direction
 
@@ -588,6 +552,7 @@ class Convolution(PlanLifetime):
     def _init(self, problem, direction, algorithm, fpmath, w_layout, prepack, allow_known_bad=False):
         if problem.dtype not in DTYPES:
             raise ArgumentError(f"oneDNN backend handles {list(DTYPES)}, got {problem.dtype}")
+        _check_sizes(problem)
         if not isinstance(prepack, bool):
             raise ArgumentTypeError(f"prepack must be True or False, got {prepack!r}")
         self.allow_known_bad = _check_allow(allow_known_bad)
@@ -609,6 +574,9 @@ class Convolution(PlanLifetime):
         self._user_strides = {}
         self._fast = {}
         self._hot = None    # the forward hot path's argument pack (see execute)
+        self._snap = None   # (weights snapshot, its generation) with prepack (see repack)
+        self._slow_checked = None   # the selection whose reference-time warning was decided
+        self._examples = None
         self.tuning_record = None   # autotune's choice (rawconv.tuning.TuningRecord)
 
     # ------------------------------------------------------------------ descriptors
@@ -771,7 +739,7 @@ class Convolution(PlanLifetime):
         warnings.warn(f"oneDNN's first choice {first.name} ({first.layouts}) is known bad for "
                       f"{self.problem.describe()} ({self.direction}): {first.known_bad}; running [{alt.index}] "
                       f"{alt.name} ({alt.layouts}) instead (allow_known_bad=True keeps oneDNN's first choice)",
-                      RuntimeWarning, stacklevel=4)
+                      RuntimeWarning, stacklevel=_guard.stacklevel())
         return good[0]
 
     def _resolve_any(self, impl: Any) -> int:
@@ -895,10 +863,14 @@ class Convolution(PlanLifetime):
         forward: ``execute(x, w=None, bias=None, out=None)`` -> y (N, K, *out), in x's layout.
         backward_data: ``execute(grad_y=dy, w=w, out=None)`` -> dx. backward_weights:
         ``execute(x, grad_y=dy)`` -> dw, or ``(dw, db)`` when the plan has a bias. ``None`` for
-        w/bias uses the tensors given at construction. Output buffers may be passed as ``out``
-        (forward, backward_data; for an unbatched problem of either shape): ``out`` itself is
-        returned, its version counter bumped (as torch's ``out=`` functions do); it must not
-        overlap an input in memory. Raises :class:`ArgumentError` when tensors do not fit the plan
+        x/bias uses the tensors given at construction; ``None`` for w the weight snapshot with
+        ``prepack`` (see the class notes), else the construction tensor as it is now. Output
+        buffers may be passed as ``out`` (forward, backward_data; for an unbatched problem of
+        either shape), as torch's ``out=``: ``out`` itself is returned, its version counter
+        bumped; it must not overlap an input in memory, nor require grad (or an input require
+        grad) with grad mode on, nor be an inference tensor outside inference mode
+        (:class:`ArgumentError`). Plans record no autograd (:func:`forward` and
+        :mod:`rawconv.ops` do). Raises :class:`ArgumentError` when tensors do not fit the plan
         (also for zero-size problems, which need no library call). A forward call whose tensors
         have exactly the shapes, strides and dtypes of an earlier call that used them as they are
         skips the checks (the hot path: one allocation, the library calls). Wraps
@@ -912,13 +884,17 @@ class Convolution(PlanLifetime):
             raise ArgumentError("this Convolution plan was freed")
         p = self.problem
         d = self.direction
+        packed = None
+        if w is None and d != "backward_weights":
+            if self._snap is not None:
+                w, packed = self._snap
+            else:
+                w = self._w
         if d == "forward":
             if grad_y is not None:
                 raise ArgumentError("a forward plan takes x (and w, bias, out), not grad_y")
             if x is None:
                 x = self._x
-            if w is None:
-                w = self._w
             if bias is None:
                 bias = self._b
             if x is None or w is None:
@@ -930,8 +906,6 @@ class Convolution(PlanLifetime):
         elif d == "backward_data":
             if x is not None or bias is not None:
                 raise ArgumentError("a backward_data plan takes grad_y and w (and out), not x or bias")
-            if w is None:
-                w = self._w
             if grad_y is None or w is None:
                 raise ArgumentError("backward_data needs grad_y and w")
         else:
@@ -956,7 +930,7 @@ class Convolution(PlanLifetime):
                 result = y.squeeze(0) if p.unbatched else y
             else:
                 tensors["y"] = prepare("y", out, p.y_shape)
-                _check_no_overlap(out, (("x", x), ("w", w), ("bias", bias)))
+                _check_out(out, (("x", x), ("w", w), ("bias", bias)), "Convolution.execute")
                 result = out
         elif d == "backward_data":
             tensors["dy"] = prepare("dy", grad_y, p.y_shape)
@@ -967,7 +941,7 @@ class Convolution(PlanLifetime):
                 result = dx.squeeze(0) if p.unbatched else dx
             else:
                 tensors["dx"] = prepare("dx", out, p.x_shape)
-                _check_no_overlap(out, (("grad_y", grad_y), ("w", w)))
+                _check_out(out, (("grad_y", grad_y), ("w", w)), "Convolution.execute")
                 result = out
         else:
             tensors["x"] = prepare("x", x, p.x_shape)
@@ -986,7 +960,9 @@ class Convolution(PlanLifetime):
         if not self.user_md:
             self._mds()
         built = self._build(self.selected.index)
-        built.run(tensors, _dnnl.stream(), self.prepack)
+        if self._slow_checked != self._selected:   # a reference implementation estimated slow: warn first
+            _warn_if_slow_reference(self)
+        built.run(tensors, _dnnl.stream(), packed)
         if out is not None:
             _increment_version((out,))   # written in place, as torch's out= functions do
         if d == "forward" and (self._hot is None or self._hot.index != self._selected):
@@ -1003,8 +979,12 @@ class Convolution(PlanLifetime):
             return None
         if x is None:
             x = self._x
+        packed = None
         if w is None:
-            w = self._w
+            if self._snap is not None:
+                w, packed = self._snap
+            else:
+                w = self._w
         if bias is None:
             bias = self._b
         xs, ws, bs = hot.x, hot.w, hot.b
@@ -1020,23 +1000,53 @@ class Convolution(PlanLifetime):
                 y = torch.empty_strided(hot.y_shape, hot.y_strides, dtype=xs[2])
             elif type(out) in _PLAIN and out.shape == hot.y_shape and out.stride() == hot.y_strides \
                     and out.dtype is xs[2] and out.is_cpu and not out.is_neg() and not out.requires_grad \
-                    and not hot.overlaps(out, x, w, bias):
+                    and not hot.overlaps(out, x, w, bias) and not out.is_inference() \
+                    and not (x.requires_grad or w.requires_grad or (bias is not None and bias.requires_grad)):
                 y = out
             else:
                 return None
         except Exception:   # noqa: BLE001
             return None
-        hot.built.run_list((x, w, y) if bs is None else (x, w, bias, y), _dnnl.stream(), self.prepack)
+        hot.built.run_list((x, w, y) if bs is None else (x, w, bias, y), _dnnl.stream(), packed)
         if out is not None:
             _increment_version((out,))   # written in place, as torch's out= functions do
         return y
 
-    def repack(self) -> None:
-        """Forget the prepacked (reordered) weights: the next :meth:`execute` reorders them again.
-        Needed only after an in-place update through ``w.data`` that leaves the weights' first
-        4 KiB unchanged (see the class notes)."""
-        for b in self._built.values():
-            b.packed_w = None
+    def repack(self, w: torch.Tensor | None = None) -> None:
+        """Take a new weight snapshot: of ``w`` (which also becomes the plan's construction
+        weights), or with ``w=None`` of the weights given at construction (or to the last
+        ``repack(w)``) as they are now. :meth:`execute` calls without ``w`` use the snapshot
+        from then on (``prepack`` becomes True): it is reordered once per implementation and
+        kept, and later changes of the tensor are not seen until the next ``repack``. Forward
+        and backward_data plans (backward_weights takes no weights). Raises
+        :class:`ArgumentError` when there are no weights to snapshot or ``w`` does not fit the
+        plan (shape, dtype, device), before anything changes."""
+        self._check_live()
+        if self.direction == "backward_weights":
+            raise ArgumentError("a backward_weights plan takes no weights: nothing to repack")
+        src = self._w if w is None else w
+        if src is None:
+            raise ArgumentError("this plan has no weights to snapshot: pass repack(w)")
+        self._snapshot(src)
+        self.prepack = True
+        if w is not None:
+            self._w = w
+
+    def _snapshot(self, w, copy: bool = True) -> None:
+        """Take ``w`` (checked as :meth:`execute` checks it) as the weight snapshot: a copy in the
+        plan's weight strides (``copy=False``: ``w`` itself, which the caller promises never to
+        change; rawconv.fused's frozen modules own such a tensor) under a new generation."""
+        if not self._fast and not self._user_strides:
+            self._strides()
+        t = self._prepare("w", w, self.problem.w_shape)
+        if copy and t is w:
+            snap = torch.empty_strided(tuple(t.shape), self._user_strides["w"], dtype=t.dtype)
+            with torch.no_grad():
+                snap.copy_(t)
+        else:
+            snap = t
+        self._snap = (snap, next(_SNAP_GENERATION))
+        self._hot = None
 
     __call__ = execute
 
@@ -1053,7 +1063,10 @@ class Convolution(PlanLifetime):
         for this direction and fpmath mode; ``check=False`` skips it, and plans with post-ops, as
         :class:`rawconv.fused.FusedConvolution`, are not checked here), run ``warmup`` times,
         then timed over ``iterations`` calls (``time.perf_counter``, per call, reorders included;
-        weights prepacked once when ``prepack``); the correct implementations within 15% of the
+        with ``prepack`` the calls use the weight snapshot, reordered once per implementation (a
+        plan built from a problem without a snapshot snapshots its random example weights for
+        the timing only), else the weights are reordered on every call, as the function forms
+        do); the correct implementations within 15% of the
         fastest are then timed again over three interleaved rounds and ranked by their best
         round's median. ``ref:any`` is skipped unless ``include_ref`` (it is orders of magnitude
         slower). ``budget_s`` caps the seconds spent per implementation and round. Known-bad
@@ -1113,7 +1126,15 @@ class Convolution(PlanLifetime):
             if hit is not None:
                 return hit
         iterations, warmup = it, wu
-        tensors = self._example_tensors()
+        tensors = call = self._example_tensors()
+        temporary_snap = False
+        if self.prepack and "w" in tensors:   # time as execute(x) runs: on the snapshot, reordered once
+            if self._snap is None:
+                self._snapshot(tensors["w"])
+                temporary_snap = True
+            else:
+                tensors = dict(tensors, w=self._snap[0])
+            call = {k: v for k, v in tensors.items() if k != "w"}
         ref = ref_abs = tol = None
         # plans with post-ops (rawconv.fused) compute more than the convolution: not checked here
         if check and iso is None and not self.problem.is_empty and not self._post_ops:
@@ -1136,7 +1157,7 @@ class Convolution(PlanLifetime):
                 for impl in impls:
                     bar.note(impl.choice)
                     try:
-                        self._autotune_one(impl, allow, session, tensors, ref, ref_abs, tol, iterations, warmup,
+                        self._autotune_one(impl, allow, session, call, ref, ref_abs, tol, iterations, warmup,
                                            budget_s, rows, wrong, skipped, time_cpu)
                     finally:
                         bar.update()
@@ -1166,7 +1187,7 @@ class Convolution(PlanLifetime):
                             med = rr["median_ms"]
                         else:
                             self._selected = r.impl.index
-                            med = time_cpu(lambda: self.execute(**tensors), iterations=iterations, warmup=1,
+                            med = time_cpu(lambda: self.execute(**call), iterations=iterations, warmup=1,
                                            budget_s=budget_s).median_ms
                         best[id(r)] = min(best[id(r)], med)
                 retimed = []
@@ -1182,6 +1203,9 @@ class Convolution(PlanLifetime):
         finally:
             if session is not None:
                 session.close()
+            if temporary_snap:
+                self._snap = None
+                self._hot = None
         _warn_timings(monitor, rows)
         self._selected = rows[0].impl.index
         for i in list(self._built):
@@ -1196,7 +1220,8 @@ class Convolution(PlanLifetime):
 
     def _autotune_one(self, impl, allow, session, tensors, ref, ref_abs, tol, iterations, warmup, budget_s,
                       rows, wrong, skipped, time_cpu) -> None:
-        """Check and time one implementation for :meth:`autotune`, appending its row."""
+        """Check and time one implementation for :meth:`autotune`, appending its row (``tensors``:
+        :meth:`execute`'s keyword arguments; a plan with a weight snapshot gets none for ``w``)."""
         nan = float("nan")
         if impl.known_bad and not allow:
             skipped.append(TimedImplementation(impl, nan, nan, 0, "known bad", detail=
@@ -1289,13 +1314,17 @@ class Convolution(PlanLifetime):
                                    row.accuracy, label=self.problem.name or "")
 
     def _example_tensors(self) -> dict:
+        """The tensors autotune times on: the construction ones, else seeded random ones of the
+        problem (made once per plan; never taken as the plan's own weights)."""
         p = self.problem
         x, w, b = (self._x, self._w, self._b)
         if x is None and w is None:
-            x, w, b = p.make_inputs(seed=1)
-            self._w = w if self.direction != "backward_weights" else None
-            if self.w_layout == "nhwc":
-                w = to_layout(w, "nhwc")
+            if self._examples is None:
+                x, w, b = p.make_inputs(seed=1)
+                if self.w_layout == "nhwc":
+                    w = to_layout(w, "nhwc")
+                self._examples = (x, w, b)
+            x, w, b = self._examples
         if self.direction == "forward":
             return {"x": x, "w": w, "bias": b}
         gy = torch.randn(p.y_shape, dtype=torch.float64).to(p.torch_dtype)
@@ -1361,6 +1390,24 @@ def _empty_result(plan: Convolution, tensors: dict):
     dy = tensors["dy"]
     db = dy.sum([0] + list(range(2, dy.dim())), dtype=torch.float64 if p.dtype == "float64" else torch.float32)
     return dw, db.to(p.torch_dtype)
+
+
+MAX_TENSOR_ELEMENTS = 2 ** 31 - 2   # elements of x, w or y rawconv gives oneDNN 3.2 (see _check_sizes)
+
+
+def _check_sizes(p: ConvProblem) -> None:
+    """oneDNN 3.2 dies with SIGFPE (an integer division by zero inside libdnnl: the process ends,
+    no error) while listing implementations for some problems with a tensor of 2**31 elements or
+    more (seen here, all 1x1 forward: x of 2**31 - 1, 2**34 and 2**36 elements, in one or in
+    many images; others of 2**31 - 2, 2**32 and 2**34 elements listed fine, as did every one
+    tried below). rawconv refuses a problem whose x, w or y has more than
+    :data:`MAX_TENSOR_ELEMENTS` elements with :class:`NotSupportedError`, before any C call."""
+    for what, shape in (("x", p.x_shape), ("w", p.w_shape), ("y", p.y_shape)):
+        if math.prod(shape) > MAX_TENSOR_ELEMENTS:
+            raise NotSupportedError(
+                f"{p.describe()}: {what} would have {math.prod(shape)} elements; rawconv gives oneDNN 3.2 at most "
+                f"{MAX_TENSOR_ELEMENTS} (2**31 - 2) per tensor: beyond, listing its implementations can kill the process (SIGFPE inside "
+                "oneDNN)", library="oneDNN")
 
 
 def _check_device(p: ConvProblem):
@@ -1622,7 +1669,7 @@ def backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[in
     if grad_y.dtype != x.dtype:
         raise ArgumentError(f"grad_y must have x's dtype {x.dtype}, got {grad_y.dtype}")
     fake_b = shape_only((w_shape[0],), x) if bias else None
-    problem = ConvProblem.from_torch(x, shape_only(w_shape, x), fake_b, stride, padding, dilation, groups)
+    problem = ConvProblem.from_torch(x, shape_only(w_shape, x, "w_shape"), fake_b, stride, padding, dilation, groups)
     _check_device(problem)
     _check_grad(problem, grad_y, "grad_y", problem.y_shape)
     plan = _plan(problem, "backward_weights", algorithm, fpmath, "nchw", impl, allow_known_bad)
@@ -1649,7 +1696,7 @@ def _backward_problem(grad_y, w, x_shape, stride, padding, dilation, groups, has
         raise ArgumentError(f"grad_y and w must have the same dtype, got {grad_y.dtype} and {w.dtype}")
     if grad_y.device != w.device:
         raise ArgumentError(f"grad_y and w must be on the same device, got {grad_y.device} and {w.device}")
-    fake_x = shape_only(x_shape, grad_y)
+    fake_x = shape_only(x_shape, grad_y, "x_shape")
     problem = ConvProblem.from_torch(fake_x, w, None, stride, padding, dilation, groups)
     _check_device(problem)
     gy = grad_y.unsqueeze(0) if problem.unbatched and grad_y.dim() == problem.ndim + 1 else grad_y
@@ -1726,59 +1773,197 @@ def verbose(level: int = 1) -> None:
 
 
 
+# ---------------------------------------------------------------------------- denormals
+def flush_denormals(on: bool = True) -> None:
+    """Flush subnormal (denormal) floats to zero in oneDNN's computations, or stop doing so.
+
+    oneDNN's kernels follow the MXCSR register of the thread they run on: FTZ (subnormal results
+    become 0) and DAZ (subnormal inputs read as 0). ``torch.set_flush_denormal(True)`` sets both
+    on the calling thread only, so oneDNN's OpenMP worker threads keep computing with subnormals
+    and a call's outputs come out partly flushed (the master thread's share). This sets FTZ and
+    DAZ on (``on=True``) or off on EVERY thread of the calling thread's OpenMP team, master
+    included, by running glibc's ``fesetenv`` in one OpenMP parallel region of the runtime
+    libdnnl uses (threads created later copy the master's setting). It also sets the default
+    rounding (to nearest) and exception masks, as every thread has them by default. Calls made
+    from another Python thread use that thread's own OpenMP team: call this there too. The
+    setting is per process and lasts until changed (``flush_denormals(False)``); it also
+    applies to torch's own CPU operators on those threads (one OpenMP runtime).
+
+    Raises :class:`ArgumentTypeError` when ``on`` is not a bool, :class:`NotSupportedError` off
+    x86-64 or when the loaded oneDNN does not run on GNU OpenMP (TBB, threadpool, sequential
+    builds), :class:`~rawconv.errors.LibraryNotFoundError` when oneDNN cannot be loaded. Wraps
+    ``GOMP_parallel`` (the OpenMP runtime libdnnl resolved) and glibc's ``fesetenv``.
+    """
+    if not isinstance(on, bool):
+        raise ArgumentTypeError(f"on must be True or False, got {on!r}")
+    from . import _fpenv
+
+    loaded = _dnnl.load()
+    runtime = _dnnl.version().get("cpu_runtime", "")
+    if "OpenMP" not in str(runtime) and "omp" not in str(runtime).lower():
+        raise NotSupportedError(f"flush_denormals sets the FP environment of oneDNN's OpenMP threads; this oneDNN "
+                                f"runs on {runtime}")
+    _fpenv.set_flush(loaded.path, on, torch.get_num_threads())
+
+
 # ---------------------------------------------------------------------------- reference-time estimate
 _REF_RATES: dict = {}
 _REF_RATES_LOCK = threading.Lock()
+SLOW_REFERENCE_SECONDS = 10.0   # a call estimated longer than this on ref:* warns first (SlowReferenceWarning)
+
+
+def _valid_pairs(size: int, out: int, k: int, s: int, d: int, pb: int) -> int:
+    """#{(o, j) : 0 <= o < out, 0 <= j < k, 0 <= o*s - pb + j*d < size}: the (output, kernel tap)
+    pairs of one spatial dim that read the input, not the padding (O(k), closed form per tap)."""
+    if k > 2 ** 24:   # (a kernel that long: count every pair, an upper bound)
+        return out * k
+    j = torch.arange(k, dtype=torch.int64)
+    off = j * d - pb                                        # input index of output 0 at tap j
+    lo = torch.where(off >= 0, torch.zeros_like(off), (-off + s - 1) // s)   # first o reading the input
+    hi = torch.clamp(torch.div(size - 1 - off, s, rounding_mode="floor"), max=out - 1)   # last one
+    return int(torch.clamp(hi - lo + 1, min=0).sum())
+
+
+def _ref_features(problem: ConvProblem, direction: str) -> tuple[int, int, int]:
+    """(elements, taps, valid) of a reference call: the result elements it computes one at a time
+    (y, dx or dw), the (element, reduction term) pairs its loops visit, and those that read the
+    input rather than padding (the multiply-adds, the same set in every direction)."""
+    p = problem
+    g = p.groups
+    valid_sp = math.prod(_valid_pairs(i, o, k, s, d, b) for i, o, k, s, d, b in
+                         zip(p.in_spatial, p.out_spatial, p.kernel, p.stride, p.dilation, p.pad_before))
+    valid = p.n * p.k * (p.c // g) * valid_sp
+    kk = math.prod(p.kernel)
+    if direction == "forward":
+        elements = p.n * p.k * math.prod(p.out_spatial)
+        taps = elements * (p.c // g) * kk
+    elif direction == "backward_data":
+        elements = p.n * p.c * math.prod(p.in_spatial)
+        taps = elements * (p.k // g) * kk
+    else:
+        elements = p.k * (p.c // g) * kk
+        taps = elements * p.n * math.prod(p.out_spatial)
+    return elements, taps, min(valid, taps)
+
+
+def _ref_calibration(ndim: int) -> list[ConvProblem]:
+    """The problems :func:`_ref_model` times: many elements of one term each; many valid terms;
+    mostly padding terms; almost nothing (the per-call cost, last)."""
+    big, mid, small, pad = {1: (65536, 256, 6, 8192), 2: (256, 16, 4, 64), 3: (40, 6, 3, 12)}[ndim]
+    one, nd = (1,) * ndim, ndim
+    return [ConvProblem(n=1, c=1, k=4, in_spatial=(big,) * nd, kernel=one),
+            ConvProblem(n=1, c=32, k=32, in_spatial=(mid,) * nd, kernel=(3,) * nd, pad_before=one, pad_after=one),
+            ConvProblem(n=1, c=1, k=4, in_spatial=(small,) * nd, kernel=(5,) * nd, pad_before=(pad,) * nd,
+                        pad_after=(pad,) * nd),
+            ConvProblem(n=1, c=1, k=1, in_spatial=(4,) * nd, kernel=one)]
+
+
+def _ref_time(tiny: ConvProblem, direction: str, repeats: int = 3) -> float | None:
+    """Best of ``repeats`` timed calls of the last ref:* implementation of ``tiny`` (after one
+    untimed call), or None when oneDNN offers none."""
+    try:
+        plan = Convolution.from_problem(tiny, direction=direction)
+        refs = [r.index for r in plan.implementations if r.name.startswith("ref")]
+    except NotSupportedError:
+        return None
+    if not refs:
+        return None
+    plan.select(refs[-1])
+    plan._slow_checked = plan._selected   # (no warning while measuring)
+    tensors = plan._example_tensors()
+    plan.execute(**tensors)
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        plan.execute(**tensors)
+        best = min(best, time.perf_counter() - t0)
+    plan.free()
+    return best
+
+
+def _ref_model(direction: str, dtype: str, ndim: int, layout: str, threads: int):
+    """(per call, per element, per valid term, per padding term) seconds of oneDNN's reference
+    implementation for this kind of problem: the per-call cost is the time of an almost empty
+    problem, the three others are solved from three small problems timed here (a few tenths of
+    a second in all, once per process and kind; relative errors weigh equally). None when oneDNN
+    offers no ref:* for it."""
+    *cal, empty = [c.with_(dtype=dtype, layout=layout) for c in _ref_calibration(ndim)]
+    t0 = _ref_time(empty, direction, repeats=5)
+    if t0 is None:
+        return None
+    rows, rhs = [], []
+    for tiny in cal:
+        best = _ref_time(tiny, direction)
+        if best is None:
+            return None
+        e, t, v = _ref_features(tiny, direction)
+        share = math.ceil(e / threads) / e     # the elements are split over the threads
+        work = max(best - t0, best * 0.05)
+        rows.append([e * share / work, v * share / work, (t - v) * share / work])
+        rhs.append(1.0)
+    try:
+        sol = torch.linalg.lstsq(torch.tensor(rows, dtype=torch.float64),
+                                 torch.tensor(rhs, dtype=torch.float64).unsqueeze(1)).solution.squeeze(1).tolist()
+    except RuntimeError:
+        return None
+    return (t0,) + tuple(max(v, 0.0) for v in sol)
 
 
 def reference_seconds(problem: ConvProblem, direction: str = "forward") -> float:
     """Estimated seconds of one call of oneDNN's reference implementation (``ref:any``) on ``problem``.
 
-    oneDNN's reference code runs one scalar loop per output element; its cost grows with the
-    multiply-adds, not with how well a problem suits vector units. The rate (multiply-adds per
-    second) is measured once per process for each (direction, dtype, spatial rank, layout,
-    thread count) on a small problem of that kind (a few milliseconds), then applied to
-    ``problem.flops / 2``. The small problem has little work per thread, so the estimate leans
-    high. Returns ``inf`` when oneDNN offers no reference implementation for that kind.
-    Wraps what :class:`Convolution` wraps (``dnnl_primitive_execute`` on ``ref:any``).
+    oneDNN's reference code computes the result elements (y, dx or dw) one by one, split over
+    the threads, each with a scalar loop over its reduction terms; a term whose input index
+    falls into the padding is skipped after a bounds check. The time is modelled as
+    ``(a * elements + b * valid terms + c * padding terms) * ceil(elements / threads) / elements``,
+    with the terms counted exactly for the problem (per spatial dim, in closed form) and ``a``,
+    ``b``, ``c`` fitted once per process for each (direction, dtype, spatial rank, layout, thread
+    count) on three small problems timed here (about 0.1-0.3 s). Measured against real calls
+    on this machine, see README ("Slow reference implementations"). Returns ``inf`` when oneDNN
+    offers no reference implementation for that kind, 0 for an empty problem. Raises
+    :class:`ArgumentError` / :class:`ArgumentTypeError` for a bad direction or problem. Wraps
+    what :class:`Convolution` wraps (``dnnl_primitive_execute`` on ``ref:any``).
     """
-    import math
-    import time
+    from ._backend import canonical_direction
 
+    if isinstance(direction, str):
+        direction = canonical_direction(direction)
     _check_direction(direction)
     if not isinstance(problem, ConvProblem):
         raise ArgumentTypeError(f"problem must be a ConvProblem, got {type(problem).__name__}")
     if problem.is_empty:
         return 0.0
-    key = (direction, problem.dtype, problem.ndim, problem.layout, torch.get_num_threads())
-    rate = _REF_RATES.get(key)
-    if rate is None:
+    threads = torch.get_num_threads()
+    key = (direction, problem.dtype, problem.ndim, problem.layout, threads)
+    if key not in _REF_RATES:
         with _REF_RATES_LOCK:
-            rate = _REF_RATES.get(key)
-            if rate is None:
-                side = {1: 64, 2: 16, 3: 6}[problem.ndim]
-                tiny = ConvProblem(n=1, c=16, k=16, in_spatial=(side,) * problem.ndim,
-                                   kernel=(3,) * problem.ndim, pad_before=(1,) * problem.ndim,
-                                   pad_after=(1,) * problem.ndim, dtype=problem.dtype, layout=problem.layout)
-                rate = 0.0
-                try:
-                    plan = Convolution.from_problem(tiny, direction=direction, prepack=False)
-                    refs = [r.index for r in plan.implementations if r.name.startswith("ref")]
-                    if refs:
-                        plan.select(refs[-1])
-                        tensors = plan._example_tensors()
-                        plan.execute(**tensors)
-                        best = math.inf
-                        for _ in range(3):
-                            t0 = time.perf_counter()
-                            plan.execute(**tensors)
-                            best = min(best, time.perf_counter() - t0)
-                        rate = (tiny.flops / 2) / max(best, 1e-6)
-                    plan.free()
-                except NotSupportedError:
-                    rate = 0.0
-                _REF_RATES[key] = rate
-    return (problem.flops / 2) / rate if rate > 0 else math.inf
+            if key not in _REF_RATES:
+                _REF_RATES[key] = _ref_model(direction, problem.dtype, problem.ndim, problem.layout, threads)
+    model = _REF_RATES[key]
+    if model is None:
+        return math.inf
+    t0, a, b, c = model
+    e, t, v = _ref_features(problem, direction)
+    return t0 + (a * e + b * v + c * (t - v)) * math.ceil(e / threads) / e
+
+
+def _warn_if_slow_reference(plan: "Convolution") -> None:
+    """Warn (:class:`~rawconv.errors.SlowReferenceWarning`) once per plan and selection, before its
+    first call, when the selected implementation is a reference one (``ref:*``) and
+    :func:`reference_seconds` estimates a call above :data:`SLOW_REFERENCE_SECONDS`."""
+    plan._slow_checked = plan._selected
+    impl = plan._impls[plan._selected]
+    if not impl.name.startswith("ref"):
+        return
+    est = reference_seconds(plan.problem, plan.direction)
+    if est > SLOW_REFERENCE_SECONDS:
+        from .errors import SlowReferenceWarning
+
+        offered = sorted({i.name for i in plan._impls})
+        warnings.warn(SlowReferenceWarning(
+            f"rawconv.onednn: this {plan.direction} call runs on oneDNN's reference implementation {impl.name} "
+            f"(offered here: {', '.join(offered)}), estimated at {est:.3g} s per call (more than "
+            f"{SLOW_REFERENCE_SECONDS:g} s) for {plan.problem.describe()}"), stacklevel=_guard.stacklevel())
 
 
 # ---------------------------------------------------------------------------- capabilities
@@ -1894,6 +2079,13 @@ def _registry_candidates(problem: ConvProblem, direction: str = "forward", optio
 def _registry_plan(problem: ConvProblem, direction: str = "forward", options: Any = None, choice: Any = None):
     return Convolution.from_problem(problem, direction=direction, choice=choice, options=options, prepack=False)
 
+
+# every public entry point raises only rawconv's exception classes (rawconv._guard)
+_guard.guard_module(globals(), "forward", "backward_data", "backward_weights", "implementations", "candidates",
+                    "info", "verbose", "reference_seconds", "capabilities", "flush_denormals", "Convolution.__init__",
+                    "Convolution.from_problem", "Convolution.implementations", "Convolution.select",
+                    "Convolution.selected", "Convolution.execute", "Convolution.__call__", "Convolution.repack",
+                    "Convolution.autotune", "Convolution.candidates")
 
 from ._backend import Backend as _Backend, register as _register  # noqa: E402
 

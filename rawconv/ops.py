@@ -234,7 +234,7 @@ def _backward_weights_problem(x, grad_y, w_shape, stride, pad_before, pad_after,
     if grad_y.device != x.device:
         raise ArgumentError(f"grad_y must be on x's device {x.device}, got {grad_y.device}")
     fake_b = shape_only((w_shape[0],), x) if bias else None
-    problem = ConvProblem.from_torch(x, shape_only(w_shape, x), fake_b, stride, _padding(pad_before, pad_after),
+    problem = ConvProblem.from_torch(x, shape_only(w_shape, x, "w_shape"), fake_b, stride, _padding(pad_before, pad_after),
                                      dilation, groups)
     from .problem import check_tensor
 
@@ -412,7 +412,7 @@ def _backward_data_fake(grad_y, w, x_shape, stride, pad_before, pad_after, dilat
                                          dilation, groups, False)
             layout = p.layout
         else:
-            p = ConvProblem.from_torch(shape_only(xs, grad_y), w, None, stride, _padding(pad_before, pad_after),
+            p = ConvProblem.from_torch(shape_only(xs, grad_y, "x_shape"), w, None, stride, _padding(pad_before, pad_after),
                                        dilation, groups)
             layout = _dx_layout(p.y_shape, gy, w)
     else:
@@ -812,8 +812,9 @@ def clear_cache() -> None:
 def _refuse(fn: str, **options) -> None:
     for name, (value, default) in options.items():
         if value is not default and (isinstance(value, torch.Tensor) or value != default):
+            shown = "a tensor" if isinstance(value, torch.Tensor) else repr(value)
             raise ArgumentError(
-                f"{fn}(..., {name}={value!r}) is not differentiable, and an argument requires grad: rawconv's "
+                f"{fn}(..., {name}={shown}) is not differentiable, and an argument requires grad: rawconv's "
                 f"operators record autograd without {name} (as torch's out= functions refuse autograd); call it "
                 f"under torch.no_grad(), on detached tensors, or without {name}")
 
@@ -921,3 +922,9 @@ def _graph_function(direction: str, a, b, c, stride, padding, dilation, groups, 
                                   precision=prec)
     return conv_backward_weights(a, b, c, stride, padding, dilation, groups, backend="cudnn_graph", choice=name,
                                  precision=prec)
+
+
+# every public entry point raises only rawconv's exception classes (rawconv._guard)
+from . import _guard  # noqa: E402
+
+_guard.guard_module(globals(), "conv", "conv_backward_data", "conv_backward_weights", "selected")

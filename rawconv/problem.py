@@ -166,10 +166,14 @@ def strides_match(t: torch.Tensor, strides: Sequence[int]) -> bool:
     return all(s == 1 or st == want for s, st, want in zip(t.shape, t.stride(), strides))
 
 
-def shape_only(shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+def shape_only(shape: Sequence[int], like: torch.Tensor, name: str | None = None) -> torch.Tensor:
     """A zero-stride tensor of ``shape`` (``like``'s dtype and device) used only to describe a
-    problem to :meth:`ConvProblem.from_torch`; its memory is never read."""
-    return torch.empty(1, dtype=like.dtype, device=like.device).expand(*[int(s) for s in shape])
+    problem to :meth:`ConvProblem.from_torch`; its memory is never read. ``name``: the caller's
+    argument the shape came from (``"x_shape"``, ``"w_shape"``), which from_torch's messages use."""
+    t = torch.empty(1, dtype=like.dtype, device=like.device).expand(*[int(s) for s in shape])
+    if name:
+        t._rawconv_name = name
+    return t
 
 
 def empty_like_layout(shape: Sequence[int], layout: str, dtype: torch.dtype,
@@ -241,6 +245,12 @@ class ConvProblem:
             raise ArgumentError(f"layout must be 'nchw' or 'nhwc', got {self.layout!r}")
         if not isinstance(self.device, str):
             raise ArgumentTypeError(f"device must be a string such as 'cpu', got {type(self.device).__name__}")
+        try:
+            torch.device(self.device)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise ArgumentError(f"device must be a torch device string such as 'cpu' or 'cuda:0', got "
+                                f"{self.device!r} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") \
+                from None
         if not isinstance(self.name, str):
             raise ArgumentTypeError(f"name must be a string, got {type(self.name).__name__}")
         for attr in ("has_bias", "unbatched"):
@@ -355,14 +365,16 @@ class ConvProblem:
         if g is None or g < 1 or g > MAX_DIM:
             raise ArgumentError(f"groups must be a positive int, got {groups!r}")
         groups = g
+        xn = getattr(x, "_rawconv_name", "x")        # "x_shape" / "w_shape" when the caller gave a shape
+        wn = getattr(w, "_rawconv_name", "weight")
         if w.dim() not in (3, 4, 5):
-            raise ArgumentError(f"weight must be 3-D, 4-D or 5-D (K, C/groups, *kernel), got shape {tuple(w.shape)}")
+            raise ArgumentError(f"{wn} must be 3-D, 4-D or 5-D (K, C/groups, *kernel), got shape {tuple(w.shape)}")
         nd = w.dim() - 2
         unbatched = x.dim() == nd + 1
         if x.dim() not in (nd + 1, nd + 2):
             raise ArgumentError(
-                f"for a {nd}-D convolution (weight {tuple(w.shape)}) the input must be {nd + 2}-D "
-                f"(N, C, *spatial) or {nd + 1}-D unbatched, got shape {tuple(x.shape)}")
+                f"for a {nd}-D convolution ({wn} {tuple(w.shape)}) {'the input' if xn == 'x' else xn} must be "
+                f"{nd + 2}-D (N, C, *spatial) or {nd + 1}-D unbatched, got shape {tuple(x.shape)}")
         for t, nm in ((x, "x"), (w, "w")) + (((bias, "bias"),) if bias is not None else ()):
             if not isinstance(t, torch.Tensor):
                 raise ArgumentTypeError(f"{nm} must be a torch.Tensor, got {type(t).__name__}")
@@ -384,18 +396,18 @@ class ConvProblem:
         c = xs[1]
         k = w.shape[0]
         if c % groups:
-            raise ArgumentError(f"groups={groups} does not divide the input channels C={c}")
+            raise ArgumentError(f"groups={groups} does not divide the input channels C={c} ({xn} {tuple(x.shape)})")
         if k % groups:
-            raise ArgumentError(f"groups={groups} does not divide the output channels K={k} (weight {tuple(w.shape)})")
+            raise ArgumentError(f"groups={groups} does not divide the output channels K={k} ({wn} {tuple(w.shape)})")
         if w.shape[1] * groups != c:
             raise ArgumentError(
-                f"weight {tuple(w.shape)} expects {w.shape[1] * groups} input channels "
-                f"(w.shape[1] * groups = {w.shape[1]} * {groups}), but x has C={c} (shape {tuple(x.shape)})")
+                f"{wn} {tuple(w.shape)} expects {w.shape[1] * groups} input channels "
+                f"({wn}[1] * groups = {w.shape[1]} * {groups}), but {xn} has C={c} (shape {tuple(x.shape)})")
         if bias is not None and tuple(bias.shape) != (k,):
             raise ArgumentError(f"bias must have shape ({k},), got {tuple(bias.shape)}")
         kernel = tuple(w.shape[2:])
         if any(s == 0 for s in kernel):
-            raise ArgumentError(f"kernel sizes must be positive, got weight shape {tuple(w.shape)}")
+            raise ArgumentError(f"kernel sizes must be positive, got {wn} shape {tuple(w.shape)}")
         s = tuple_arg(stride, nd, "stride", 1)
         d = tuple_arg(dilation, nd, "dilation", 1)
         pb, pa = resolve_padding(padding, nd, kernel, d, s)
@@ -419,10 +431,17 @@ class ConvProblem:
         ``d`` key appears, 1-D when only ``w`` keys appear), ``mb`` defaults to 2, stride to 1,
         benchdnn's dilation ``d*`` counts 0 for none (rawconv adds 1), padding is symmetric
         unless the given ``oh`` needs another trailing pad (then the smallest non-negative trailing
-        pad that gives ``oh``), an optional trailing ``_nNAME`` or ``nNAME`` sets the name.
-        Raises :class:`ArgumentError`, also for an output size no trailing pad >= 0 can give.
-        With a stride > 1 several trailing pads can give the same output size (the extra pad is
-        never read); the notation cannot tell them apart and the symmetric one is taken.
+        pad that gives ``oh``: how :meth:`to_benchdnn` writes asymmetric padding), an optional
+        trailing ``_nNAME`` or ``nNAME`` sets the name. With a stride > 1 several trailing pads
+        can give the same output size (the extra pad is never read); the notation cannot tell
+        them apart and the symmetric one is taken.
+
+        Raises :class:`ArgumentError`, naming the key, for: a key given twice (``ih10ih12``), an
+        unknown key or text that is not ``key<digits>``, a missing ``ic``/``oc``, an output size
+        (``oh``/``ow``/``od``) no trailing pad >= 0 can give, and an output size that needs an
+        implausible trailing pad: one above max(leading pad, dilated kernel - 1), beyond which
+        whole output windows would read nothing but padding (``ic3oc4ih10oh100`` would need a
+        trailing pad of 90: it is a typo, not a problem).
         """
         if not isinstance(desc, str) or not desc:
             raise ArgumentError(f"benchdnn descriptor must be a non-empty string, got {desc!r}")
@@ -440,6 +459,9 @@ class ConvProblem:
         for m in re.finditer(r"([a-z]+)(\d+)", s):
             if m.start() != pos or m.group(1) not in cls._BD_KEYS:
                 raise ArgumentError(f"cannot parse benchdnn descriptor {desc!r} at {s[pos:]!r}")
+            if m.group(1) in vals:
+                raise ArgumentError(f"benchdnn descriptor {desc!r} gives {m.group(1)} twice "
+                                    f"({m.group(1)}{vals[m.group(1)]} and {m.group(0)}): give each key once")
             vals[m.group(1)] = int(m.group(2))
             pos = m.end()
         if pos != len(s):
@@ -481,17 +503,30 @@ class ConvProblem:
                 after[i] = max(need, 0)
                 if o < 1 or (i_ + p + after[i] - ek) // s_ + 1 != o:
                     raise ArgumentError(
-                        f"benchdnn descriptor {desc!r}: output size {o} (dim {dims[i]}) cannot come from input "
-                        f"{i_}, kernel {k}, stride {s_}, dilation {d - 1} (benchdnn's), leading pad {p} with "
-                        f"any trailing pad >= 0")
+                        f"benchdnn descriptor {desc!r}: o{dims[i]}{o} cannot come from i{dims[i]}{i_}, kernel {k}, "
+                        f"stride {s_}, dilation {d - 1} (benchdnn's), leading pad {p} with any trailing pad >= 0")
+                limit = max(p, ek - 1)
+                if after[i] > limit:
+                    raise ArgumentError(
+                        f"benchdnn descriptor {desc!r}: o{dims[i]}{o} would need a trailing pad of {after[i]} "
+                        f"(i{dims[i]}{i_}, kernel {k}, stride {s_}, dilation {d - 1}, leading pad {p}), more than "
+                        f"max(leading pad, dilated kernel - 1) = {limit}: output windows would read only padding. "
+                        f"Check o{dims[i]} (symmetric padding gives {(i_ + 2 * p - ek) // s_ + 1}) or give "
+                        f"p{dims[i]}")
         g = vals.get("g", 1)
         return cls(n=vals.get("mb", 2), c=vals["ic"], k=vals["oc"], in_spatial=ins, kernel=ks,
                    stride=st, dilation=dil, pad_before=pads, pad_after=tuple(after), groups=g,
                    dtype=dtype, layout=layout, has_bias=has_bias, name=name)
 
-    def to_benchdnn(self) -> str:
+    def to_benchdnn(self, strict: bool = True) -> str | None:
         """This problem as a benchdnn descriptor (2-D written with h/w, 1-D with w, 3-D with d/h/w).
-        Asymmetric padding is written as the leading pad plus explicit output sizes."""
+        Asymmetric padding is written as the leading pad plus explicit output sizes, which
+        :meth:`from_benchdnn` reads back as the smallest trailing pad giving that output size, at
+        most max(leading pad, dilated kernel - 1). Raises :class:`ArgumentError` (naming the dim
+        and both pads) for an asymmetric problem that notation cannot carry: a trailing pad that
+        is not the smallest giving its output size (a larger one adds no output: use the
+        smallest), or one above that bound; with ``strict=False`` returns None for such a problem
+        (records and JSON output, where the description is an extra)."""
         dims = {1: ("w",), 2: ("h", "w"), 3: ("d", "h", "w")}[self.ndim]
         parts = []
         if self.groups != 1:
@@ -509,6 +544,23 @@ class ConvProblem:
         if any(v != 1 for v in self.dilation):
             parts += [f"d{d}{v - 1}" for d, v in zip(dims, self.dilation)]
         out = "".join(parts)
+        if not self.symmetric:   # what from_benchdnn derives must be this problem's trailing pad
+            rule = ("benchdnn's notation (leading pad + output size) carries only the smallest trailing pad giving "
+                    "the output size, at most max(leading pad, dilated kernel - 1)")
+            try:
+                back = ConvProblem.from_benchdnn(out).pad_after
+            except ArgumentError as exc:
+                if not strict:
+                    return None
+                raise ArgumentError(f"{self.describe()} cannot be written as a benchdnn descriptor: {rule} ({exc})") \
+                    from None
+            for d, b, a, got in zip(dims, self.pad_before, self.pad_after, back):
+                if a != got:
+                    if not strict:
+                        return None
+                    raise ArgumentError(
+                        f"{self.describe()} cannot be written as a benchdnn descriptor: dim {d} has leading pad {b} "
+                        f"and trailing pad {a}, which reads back as trailing pad {got}; {rule}")
         if self.name:
             out += "n" + self.name
         return out
@@ -518,8 +570,15 @@ class ConvProblem:
         """Random x, w (and bias when ``has_bias``) of this problem's shapes, dtype and layout.
 
         Values are drawn as float64 normal (x) and scaled normal (w ~ 1/sqrt(reduction length)) and
-        rounded to the dtype. Returns ``(x, w, bias_or_None)``.
+        rounded to the dtype. Returns ``(x, w, bias_or_None)``. Raises
+        :class:`~rawconv.errors.AllocationError` (a ``MemoryError``) before allocating when the host
+        has less memory available than that takes.
         """
+        from ._guard import check_memory
+
+        es = torch.empty(0, dtype=self.torch_dtype).element_size()
+        check_memory((math.prod(self.x_shape) + math.prod(self.w_shape) + self.k) * (8 + es),
+                     f"make_inputs of {self.describe()}")
         g = torch.Generator().manual_seed(seed)
         dev = device or self.device
         x64 = torch.randn(self.x_shape, generator=g, dtype=torch.float64) * scale
@@ -596,3 +655,10 @@ def __getattr__(name):  # these moved to rawconv.check; old imports keep working
 
 _int = int_arg      # old private names, kept for code outside rawconv that used them
 _tuple = tuple_arg
+
+
+# every public entry point raises only rawconv's exception classes (rawconv._guard)
+from . import _guard  # noqa: E402
+
+_guard.guard_module(globals(), "ConvProblem.from_torch", "ConvProblem.from_benchdnn", "ConvProblem.to_benchdnn",
+                    "ConvProblem.make_inputs", "ConvProblem.reference", "ConvProblem.with_")

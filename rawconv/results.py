@@ -235,7 +235,7 @@ class Result:
                "phase": self.phase, "seconds": self.seconds, "reference": self.reference, "choice": self.choice}
         if p is not None and not isinstance(p, str):
             out["describe"] = p.describe()
-            out["benchdnn"] = p.to_benchdnn()
+            out["benchdnn"] = p.to_benchdnn(strict=False)
         if self.candidate is not None and hasattr(self.candidate, "summary"):
             out["candidate"] = self.candidate.summary()
         out["extra"] = {k: v for k, v in self.extra.items() if k not in ("gflops", "max_abs", "max_rel")}

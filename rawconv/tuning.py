@@ -474,7 +474,7 @@ class TuningRecord:
                    f"here it differs: {what}")
             if strict:
                 raise TuningEnvironmentError(msg, diff)
-            warnings.warn(msg, RuntimeWarning, stacklevel=2)
+            warnings.warn(msg, RuntimeWarning, stacklevel=_guard.stacklevel())
         return diff
 
 
@@ -542,6 +542,9 @@ def _dumps(data, depth: int) -> str:
 
 def _write_json(path, data, depth: int = 1) -> None:
     path = os.fspath(path)
+    if os.path.exists(path) and not os.path.isfile(path):   # the atomic rename would replace a device or dir
+        raise ArgumentError(f"{path} exists and is not a regular file: tuning records are written by replacing the "
+                            "file (write to a new path)")
     tmp = f"{path}.tmp{os.getpid()}.{threading.get_ident()}"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(_dumps(data, depth) + "\n")
@@ -810,3 +813,12 @@ def replay(record, strict: bool = False):
                                              engine=record.choice,
                                              allow_tf32=_replay_options(key).get("precision") == "tf32")
     return get(key.backend).plan(problem, key.direction, _replay_options(key), record.choice)
+
+
+# every public entry point raises only rawconv's exception classes (rawconv._guard)
+from . import _guard  # noqa: E402
+
+_guard.guard_module(globals(), "cache", "set_cache_file", "current_environment", "TuningKey.from_dict",
+                    "TuningKey.conv_problem", "TuningRecord.from_dict", "TuningRecord.from_json", "TuningRecord.save",
+                    "TuningRecord.save_all", "TuningRecord.load", "TuningRecord.check_environment",
+                    "TuningCache.save", "TuningCache.load", "replay")
