@@ -33,6 +33,8 @@ for s in "$@"; do
     torch-choice) step torch-choice ${T_TC:-240} python3 -m rawconv.torch_choice --report resnet50 --batch 32 \
         --dtype float16 --layout nhwc --device cuda --limit ${TC_LIMIT:-8} --json "$OUT/torch_choice.json" ;;
     ddp) step ddp-gpu 240 python3 examples/ddp_small_cnn.py --device cuda --measure-independent ;;
+    fuzz-gpu) RAWCONV_FUZZ_EXAMPLES=${FUZZ:-300} step fuzz-gpu ${T_FUZZ:-150} python3 -m pytest -q -m gpu tests/test_fuzz.py \
+        -p no:cacheprovider -rf ;;
     train) step train-gpu 180 python3 examples/train_small_cnn.py --device cuda ;;
     *) echo "unknown step $s"; exit 2 ;;
   esac
