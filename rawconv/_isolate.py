@@ -416,8 +416,6 @@ def _child_main(recv, send) -> None:
         _, target, args, kwargs, want_threads = msg
         try:
             if want_threads != threads:
-                import torch  # noqa: F811
-
                 torch.set_num_threads(want_threads)
                 threads = want_threads
             mod, _, fn = target.partition(":")

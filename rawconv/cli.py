@@ -250,8 +250,6 @@ _STATUS_STYLE = {"ok": "", "wrong": "bold red", "failed": "red", "not supported"
 
 
 def _compare_columns(rows) -> list[Column]:
-    from .bench import SPREAD_LIMIT
-
     fastest = min((r.median_ms for r in rows if r.category == "ok" and math.isfinite(r.median_ms)), default=None)
     row_style = []
     for r in rows:

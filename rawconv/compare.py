@@ -804,7 +804,7 @@ def replay(recs, *, iterations: int = 10, warmup: int = 2, budget_s: float = 0.5
             extra = {"recorded_median_ms": rec.median_ms, "recorded_min_ms": rec.min_ms, "recorded_max_rel": rec_rel,
                      "choice": rec.choice, "device": problem.device, "library": f"{k.library} {k.library_version}"}
             try:
-                with warnings.catch_warnings(record=True) as caught:
+                with warnings.catch_warnings(record=True):
                     warnings.simplefilter("always", RuntimeWarning)
                     extra["environment"] = [list(t) for t in rec.check_environment()]
                     plan = tuning.replay(rec)

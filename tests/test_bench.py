@@ -46,7 +46,6 @@ def test_load_monitor_sees_another_process_burn_a_cpu():
     """A child spinning for 1 s on our CPUs shows up as CPU time of other processes."""
     import subprocess
     import sys
-    import time
 
     from rawconv.bench import LoadMonitor
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from rawconv import cli, compare
-from rawconv.bench import SPREAD_LIMIT, LoadReport
+from rawconv.bench import SPREAD_LIMIT
 from rawconv.compare import Row, exit_code, status_category, summary
 from rawconv.errors import LibraryError, LibraryNotFoundError, NotSupportedError
 

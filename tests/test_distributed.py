@@ -348,7 +348,7 @@ def test_a_plan_refuses_tensors_of_another_device_naming_both():
     """check_plan_tensor on fake CUDA tensors (torch's FakeTensorMode: no GPU needed)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from rawconv import ConvProblem, _cuda, _cudnn
+    from rawconv import ConvProblem, _cuda
     from rawconv.errors import ArgumentError
 
     p = ConvProblem(2, 4, 8, (6, 6), (3, 3), device="cuda:0")
@@ -365,7 +365,7 @@ def test_a_plan_refuses_tensors_of_another_device_naming_both():
 def test_plan_methods_run_with_the_plan_device_current(monkeypatch):
     """The guard sets the plan's device around the call when another is current, restores it,
     and does nothing when it already is (torch's device calls faked: no GPU here)."""
-    from rawconv import _cuda, _cudnn
+    from rawconv import _cuda
 
     state = {"current": 0, "entered": []}
 
@@ -434,7 +434,7 @@ two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUD
 def test_cuda1_tensors_run_on_device_1_handle_and_stream(api):
     """cuda:1 tensors while cuda:0 is current: device 1's handle, on torch's current stream of
     device 1 (a side stream too), right against float64; cuda:0 current again after."""
-    from rawconv import _cuda, _cudnn, cudnn, cudnn_graph
+    from rawconv import _cuda, cudnn, cudnn_graph
 
     torch.cuda.set_device(0)
     g = torch.Generator().manual_seed(0)

@@ -12,7 +12,6 @@ documents.
 """
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rawconv import ConvProblem
-from rawconv.check import ErrorStats, check, conv_reference, abs_reference
+from rawconv.check import check, conv_reference, abs_reference
 from rawconv.results import Result, ResultTable, status_group
 
 
