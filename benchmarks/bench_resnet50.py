@@ -327,14 +327,9 @@ def run(args, log=print) -> dict:
 
 
 def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "?"
+    from rawconv.onednn import _cpu_model
+
+    return _cpu_model()
 
 
 def table(result: dict) -> str:

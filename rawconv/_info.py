@@ -54,25 +54,17 @@ def capabilities_part(collected: dict) -> dict:
     """What each library offers here, one compact line per direction (see
     :meth:`rawconv._capabilities.Capabilities.summary`): oneDNN always, cuDNN where torch sees a GPU.
     A library that did not load is not probed (its error is in its own section)."""
+    import importlib
+
     out: dict = {}
-    if "error" in collected.get("onednn", {}):
-        out["onednn"] = "not probed: oneDNN did not load (see onednn.error)"
-    else:
-        try:
-            from . import onednn
-
-            out["onednn"] = _caps_lines(onednn.capabilities())
-        except Exception as exc:
-            out["onednn"] = {"error": f"{type(exc).__name__}: {exc}"}
-    if not torch.cuda.is_available():
-        out["cudnn"] = "not probed: torch sees no CUDA device"
-    elif "error" in collected.get("cudnn", {}):
-        out["cudnn"] = "not probed: cuDNN did not load (see cudnn.error)"
-    else:
-        try:
-            from . import cudnn
-
-            out["cudnn"] = _caps_lines(cudnn.capabilities())
-        except Exception as exc:
-            out["cudnn"] = {"error": f"{type(exc).__name__}: {exc}"}
+    for name, label in (("onednn", "oneDNN"), ("cudnn", "cuDNN")):
+        if name == "cudnn" and not torch.cuda.is_available():
+            out[name] = "not probed: torch sees no CUDA device"
+        elif "error" in collected.get(name, {}):
+            out[name] = f"not probed: {label} did not load (see {name}.error)"
+        else:
+            try:
+                out[name] = _caps_lines(importlib.import_module(f".{name}", __package__).capabilities())
+            except Exception as exc:
+                out[name] = {"error": f"{type(exc).__name__}: {exc}"}
     return out

@@ -20,6 +20,7 @@ import sys
 
 from . import __version__
 from .errors import RawconvError
+from .results import _fmt_ms
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -131,16 +132,6 @@ PIPE_WIDTH = 220    # width when neither stdout nor stderr is a terminal and COL
 
 def _finite(v) -> bool:
     return v is not None and not (isinstance(v, float) and not math.isfinite(v))
-
-
-def _fmt_ms(v) -> str:
-    """4 significant digits, no exponent: 0.09440, 23.97, 1234, 12346."""
-    if not _finite(v):
-        return "-"
-    if v <= 0:
-        return f"{v:.4f}"
-    decimals = min(max(3 - math.floor(math.log10(v)), 0), 6)
-    return f"{v:.{decimals}f}"
 
 
 def _fmt_err(v) -> str:
