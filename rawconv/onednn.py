@@ -921,10 +921,22 @@ class Convolution(PlanLifetime):
         skips the checks (the hot path: one allocation, the library calls). Wraps
         ``dnnl_primitive_execute``.
         """
-        if self._hot is not None and grad_y is None:
-            y = self._hot_run(x, w, bias, out)
-            if y is not None:
-                return y
+        try:   # rawconv._guard.public's translation, inline (one frame less on the hot path)
+            if self._hot is not None and grad_y is None:
+                y = self._hot_run(x, w, bias, out)
+                if y is not None:
+                    return y
+            return self._execute(x, w, bias, out, grad_y)
+        except Exception as exc:
+            new = _guard.translate(exc, "rawconv.onednn.Convolution.execute")
+            if new is None:
+                raise
+            raise new from exc
+
+    execute.__rawconv_public__ = True
+
+    def _execute(self, x, w, bias, out, grad_y):
+        """:meth:`execute`'s checked path."""
         if self._freed:
             raise ArgumentError("this Convolution plan was freed")
         p = self.problem
@@ -1538,51 +1550,60 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
     rawconv's words work too: ``choice`` (= ``impl``: a position, a name or ``"name@layouts"``, an
     :class:`Implementation`), ``precision`` (= ``fpmath``), ``options`` (:class:`rawconv.Options`).
     """
-    if choice is not None or precision is not None or options is not None:
-        impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
-    if _needs_grad(x, w, bias):   # record a differentiable op, never a silent detach
-        from .ops import _onednn_function
-        return _onednn_function("forward", x, w, bias, stride, padding, dilation, groups, impl=impl,
-                                algorithm=algorithm, fpmath=fpmath, out=out, allow_known_bad=allow_known_bad)
-    try:   # hot path: the plan of the last call with these arguments, when the tensors fit it exactly
-        akey = (w.shape, stride if type(stride) is int else _key(stride),
-                padding if type(padding) is int else _key(padding), dilation if type(dilation) is int else _key(dilation),
-                groups if type(groups) is int else _key(groups), impl if impl is None or type(impl) is int else _key(impl),
-                algorithm if type(algorithm) is str else _key(algorithm), fpmath if type(fpmath) is str else _key(fpmath),
-                allow_known_bad if type(allow_known_bad) is bool else _key(allow_known_bad), threading.get_ident())
-        plan = _last_plans.get(akey)
-    except Exception:   # noqa: BLE001  (not tensors, unhashable options...: the paths below say what is wrong)
-        akey = plan = None
-    if plan is not None:
-        y = plan._hot_run(x, w, bias, out)
-        if y is not None:
-            return y
-    try:   # fast path: the same call signature as an earlier call reuses its plan without re-validation
-        # the key tells the argument types apart (True == 1 == 1.0 in Python): a key matches only
-        # arguments of the same types as a call that passed validation
-        key = (x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device, bias is None,
-               stride if type(stride) is int else _key(stride), padding if type(padding) is int else _key(padding),
-               dilation if type(dilation) is int else _key(dilation), groups if type(groups) is int else _key(groups),
-               impl if impl is None or type(impl) is int else _key(impl),
-               algorithm if type(algorithm) is str else _key(algorithm),
-               fpmath if type(fpmath) is str else _key(fpmath), _key(allow_known_bad), threading.get_ident())
-        plan = _fast_plans.get(key)
-    except Exception:   # noqa: BLE001  (not tensors, unhashable options...: the slow path says what is wrong)
-        key = plan = None
-    if plan is None or plan._freed:
-        problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
-        _check_device(problem)
-        plan = _plan(problem, "forward", algorithm, fpmath, _w_layout(w), impl, allow_known_bad)
-        if key is not None:
-            _fast_plans.put(key, plan)
-    elif bias is not None and not _bias_fits(bias, x, plan.problem.k):
-        ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)   # raises the clear error
-    y = plan.execute(x, w, bias, out)
-    if akey is not None:
-        _last_plans.put(akey, plan)
-    return y
+    try:   # rawconv._guard.public's translation, inline (one frame less on the hot path)
+        if choice is not None or precision is not None or options is not None:
+            impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
+        if _needs_grad(x, w, bias):   # record a differentiable op, never a silent detach
+            from .ops import _onednn_function
+            return _onednn_function("forward", x, w, bias, stride, padding, dilation, groups, impl=impl,
+                                    algorithm=algorithm, fpmath=fpmath, out=out, allow_known_bad=allow_known_bad)
+        try:   # hot path: the plan of the last call with these arguments, when the tensors fit it exactly
+            akey = (w.shape, stride if type(stride) is int else _key(stride),
+                    padding if type(padding) is int else _key(padding), dilation if type(dilation) is int else _key(dilation),
+                    groups if type(groups) is int else _key(groups), impl if impl is None or type(impl) is int else _key(impl),
+                    algorithm if type(algorithm) is str else _key(algorithm), fpmath if type(fpmath) is str else _key(fpmath),
+                    allow_known_bad if type(allow_known_bad) is bool else _key(allow_known_bad), _get_ident())
+            plan = _last_plans.get(akey)
+        except Exception:   # noqa: BLE001  (not tensors, unhashable options...: the paths below say what is wrong)
+            akey = plan = None
+        if plan is not None:
+            y = plan._hot_run(x, w, bias, out)
+            if y is not None:
+                return y
+        try:   # fast path: the same call signature as an earlier call reuses its plan without re-validation
+            # the key tells the argument types apart (True == 1 == 1.0 in Python): a key matches only
+            # arguments of the same types as a call that passed validation
+            key = (x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device, bias is None,
+                   stride if type(stride) is int else _key(stride), padding if type(padding) is int else _key(padding),
+                   dilation if type(dilation) is int else _key(dilation), groups if type(groups) is int else _key(groups),
+                   impl if impl is None or type(impl) is int else _key(impl),
+                   algorithm if type(algorithm) is str else _key(algorithm),
+                   fpmath if type(fpmath) is str else _key(fpmath), _key(allow_known_bad), threading.get_ident())
+            plan = _fast_plans.get(key)
+        except Exception:   # noqa: BLE001  (not tensors, unhashable options...: the slow path says what is wrong)
+            key = plan = None
+        if plan is None or plan._freed:
+            problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
+            _check_device(problem)
+            plan = _plan(problem, "forward", algorithm, fpmath, _w_layout(w), impl, allow_known_bad)
+            if key is not None:
+                _fast_plans.put(key, plan)
+        elif bias is not None and not _bias_fits(bias, x, plan.problem.k):
+            ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)   # raises the clear error
+        y = plan.execute(x, w, bias, out)
+        if akey is not None:
+            _last_plans.put(akey, plan)
+        return y
+    except Exception as exc:
+        new = _guard.translate(exc, "rawconv.onednn.forward")
+        if new is None:
+            raise
+        raise new from exc
 
 
+forward.__rawconv_public__ = True
+
+_get_ident = threading.get_ident
 _fast_plans = PlanCache(256)
 _last_plans = PlanCache(256)    # arguments (no tensors) -> the plan of the last call with them
 

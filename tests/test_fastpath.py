@@ -122,3 +122,33 @@ def test_a_bias_of_other_strides_is_not_taken_by_the_hot_path():
     b2 = torch.randn(16)[::2]   # strided bias: copied by the checked path
     _close(plan.execute(x, w, b2), _ref(x, w, b2))
     _close(ops.conv(x, w, b2, 1, 1), _ref(x, w, b2))
+
+
+def test_the_fast_paths_still_raise_only_rawconv_errors(monkeypatch):
+    from rawconv.errors import AllocationError, InternalError
+
+    x = torch.randn(1, 8, 8, 8)
+    w = torch.randn(8, 8, 3, 3)
+    plan = onednn.Convolution(x, w, padding=1, prepack=True)
+    for _ in range(3):
+        plan.execute(x)
+        onednn.forward(x, w, None, 1, 1)
+        ops.conv(x, w, None, 1, 1)
+
+    def oom():
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes")
+
+    monkeypatch.setattr(onednn._dnnl, "stream", oom)   # reached on the hot paths only, past every check
+    with pytest.raises(AllocationError, match="rawconv.onednn.Convolution.execute"):
+        plan.execute(x)
+    with pytest.raises(AllocationError, match="rawconv.onednn.forward"):
+        onednn.forward(x, w, None, 1, 1)
+    with pytest.raises(AllocationError, match="rawconv.ops.conv"):
+        ops.conv(x, w, None, 1, 1)
+
+    def bug():
+        raise KeyError("bug")
+
+    monkeypatch.setattr(onednn._dnnl, "stream", bug)
+    with pytest.raises(InternalError, match="unexpected KeyError"):
+        plan(x)   # __call__ is execute
