@@ -15,6 +15,39 @@ each as microseconds per call (best of ``--repeats`` loops of ``--calls`` back-t
 after a warm-up; the rows take turns loop by loop) and the ratio to ``F.conv2d``. ``--grad`` adds rows with tensors that require
 grad (grad mode on: autograd records a node per call).
 
+Where the time goes (issue 15, measured on a 2-core EPYC, AVX-512, torch 2.14, 1 thread; cProfile on
+20k calls and ``time.perf_counter_ns`` loops of each piece):
+
+* the library's own work is three ``dnnl_primitive_execute`` calls, ~4.2 us in all: x's reorder
+  into brgconv's blocked layout (~0.7), the convolution (~2.8), y's reorder back (~0.7). torch's
+  ``F.conv2d`` on this problem is ``_ConvBackend.Slow2d`` (im2col + gemm on NCHW, no reorders).
+  The function forms and the operators also reorder the weights on every call (~0.7 more: they
+  never keep reordered weights, since a tensor can change behind their back); a plan with
+  ``prepack=True`` reorders its snapshot once.
+* around it: the output's allocation (``torch.empty_strided``, ~1.0-1.2), the per-call checks of
+  each tensor (type, shape, strides, dtype, device, negative bit: ~0.5 per tensor; a tensor's
+  metadata can change in place, so they are never skipped, except for a plan's own weight
+  snapshot), data pointers and the handle updates (~0.5), the argument key (~0.3-0.5).
+* the operator ``torch.ops.rawconv.conv_forward`` adds torch's dispatcher: calling a Python kernel
+  through a schema with four ``int[]`` and five ``str`` arguments costs ~5-6 us before the kernel
+  runs (a do-nothing Python kernel with the same schema: 5.8 us; with one Tensor argument: 1.3 us),
+  then the Autograd kernel (~0.5). That is torch's argument conversion (IValues to Python objects);
+  ``rawconv.ops.conv`` skips it when no mode, tracer or transform is active.
+
+Threads (``--threads 2`` here; the 8-thread Xeon is where the gap was largest): every oneDNN
+primitive call opens an OpenMP parallel region on the calling thread's thread count, and a
+team's start and barrier cost more than a 512-element reorder (here 2.0 us instead of 0.7 per
+reorder with 2 threads). oneDNN and torch share one OpenMP runtime (torch's ``libgomp.so.1``;
+libdnnl binds to it because torch is imported first), so this is not two runtimes fighting. torch
+avoids the cost for tiny work by running ``at::parallel_for`` inline below its grain size (32768
+elements); rawconv now does the same for the reorders only: a reorder of fewer than 32768
+elements runs with OpenMP's thread count set to 1 on the calling thread, restored right after
+(``omp_set_num_threads`` through libdnnl's own handle). A reorder only moves data, so its result
+does not depend on the thread count; the convolution primitive itself still runs with the thread
+count as set (its partition, fixed at creation for brgconv, can decide a result's rounding for other
+implementations), which is why part of the multi-threaded gap on many-core machines (the primitive's
+own team for a ~2 us convolution) remains: closing it would change how the implementation runs.
+
     python benchmarks/bench_overhead_cpu.py [--threads 1] [--calls 5000] [--repeats 7] [--layout nchw|nhwc]
                                             [--grad] [--clock wall|cpu]
 """

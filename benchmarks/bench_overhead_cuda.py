@@ -2,7 +2,8 @@
 
 The GPU time of x(1,8,8,8) * w(8,8,3,3) is a few microseconds, so the loop time per call is the
 host's. Same problem, same process: F.conv2d, rawconv.cudnn (legacy: cached plan per algo, the
-function form), rawconv.cudnn_graph (cached plan, function form).
+function form), rawconv.cudnn_graph (cached plan, function form), and the custom operator
+``torch.ops.rawconv.conv_forward`` / ``rawconv.ops.conv`` on both cuDNN backends.
 
     python benchmarks/bench_overhead_cuda.py [--calls 2000] [--layout nchw|nhwc]
 """
@@ -82,6 +83,19 @@ def main():
     rows.append((f"graph plan.execute {g.selected.name}", per_call_us(lambda: g.execute(x, w), args.calls)))
     rows.append(("graph plan.execute(out=)", per_call_us(lambda: g.execute(x, w, out=y), args.calls)))
     rows.append(("graph cudnn_graph.forward", per_call_us(lambda: cudnn_graph.forward(x, w, padding=1), args.calls)))
+    try:   # the custom operator and its friendly wrapper (issue 15), both backends
+        from rawconv import ops
+    except ImportError as exc:
+        rows.append(("rawconv.ops", f"not available: {exc}"))
+        ops = None
+    if ops is not None:
+        op = torch.ops.rawconv.conv_forward.default
+        for backend in ("cudnn", "cudnn_graph"):
+            rows.append((f"torch.ops.rawconv.conv_forward {backend}", per_call_us(
+                lambda b=backend: op(x, w, None, [1, 1], [1, 1], [1, 1], [1, 1], 1, b, "", "strict", "", ""),
+                args.calls)))
+            rows.append((f"rawconv.ops.conv {backend}",
+                         per_call_us(lambda b=backend: ops.conv(x, w, None, 1, 1, backend=b), args.calls)))
     base_wall, base_host = rows[0][1]
     print(f"per-call time, tiny conv x(1,8,8,8) w(8,8,3,3) {args.layout}: wall = back-to-back loop (best of 5 x "
           f"{args.calls}), host = loop queued behind a GPU sleep (best of 5 x 200)")

@@ -123,6 +123,32 @@ def unimplemented_hint() -> str:
     return text + "; ONEDNN_VERBOSE=dispatch, set before the process starts, may print oneDNN's reasons on the C stdout"
 
 
+_OMP: list = []
+
+
+def omp_thread_controls():
+    """``(omp_get_max_threads, omp_set_num_threads)`` of the OpenMP runtime libdnnl runs on, or None
+    when libdnnl is not an OpenMP build (``dnnl_version().cpu_runtime``) or the symbols are not
+    found. The symbols are looked up through libdnnl's own handle (``dlsym`` searches its
+    dependencies), so they are those of the very runtime its parallel regions use (torch's
+    ``libgomp.so.1`` when torch was imported first). ``omp_set_num_threads`` sets the calling
+    thread's value only (OpenMP's ``nthreads-var`` is per task). Cached after the first call."""
+    if _OMP:
+        return _OMP[0]
+    controls = None
+    try:
+        L = lib()
+        if int(L.dnnl_version().cpu_runtime) == 2:   # DNNL_RUNTIME_OMP
+            omp = cffi.FFI()
+            omp.cdef("int omp_get_max_threads(void); void omp_set_num_threads(int);")
+            h = omp.dlopen(_state["loaded"].path)
+            controls = (h.omp_get_max_threads, h.omp_set_num_threads, h, omp)
+    except Exception:  # noqa: BLE001  (no OpenMP runtime to ask: callers then leave the thread count alone)
+        controls = None
+    _OMP.append(controls)
+    return controls
+
+
 _LIBC: dict = {}
 
 

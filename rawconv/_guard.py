@@ -21,7 +21,7 @@ import torch
 from .errors import (AllocationError, ArgumentError, ArgumentTypeError, DeviceNotAvailableError, FileAccessError,
                      InternalError, RawconvError)
 
-__all__ = ["public", "public_methods", "translate", "check_out", "check_no_overlap", "bump"]
+__all__ = ["public", "public_methods", "translate", "check_out", "check_no_overlap", "extent", "bump"]
 
 # words of torch's (and the C++ runtime's) allocation failures, in RuntimeError messages
 _ALLOC_WORDS = ("can't allocate memory", "out of memory", "not enough memory", "cannot allocate memory",
@@ -125,6 +125,13 @@ def _span(t: torch.Tensor):
     start = t.data_ptr()
     extent = sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))
     return start, start + (extent + 1) * t.element_size()
+
+
+def extent(t: torch.Tensor) -> int:
+    """Bytes from ``t``'s first element to one past its last (0 when empty): with its shape and
+    strides fixed, two tensors' overlap is decided by their data pointers alone."""
+    span = _span(t)
+    return 0 if span is None else span[1] - span[0]
 
 
 def check_no_overlap(out: torch.Tensor, inputs) -> None:

@@ -336,11 +336,25 @@ class _Built:
         self._steps = tuple((mem if reorder is None else reorder[1], is_out, role == "w",
                              None if reorder is None else reorder[0], None if reorder is None else reorder[2])
                             for role, _arg, mem, is_out, reorder, _buf in self.args)
-        self._last = [None] * len(self._steps)
         self._post = tuple((rp, ra) for _m, is_out, _w, rp, ra in self._steps if is_out and rp is not None)
+        # the pointer-keyed fast path (run_ptrs): the memories whose handles take the user tensors'
+        # pointers, the input reorders (w's flagged: a snapshot's is skipped while the buffer holds it)
+        self._mems = tuple(st[0] for st in self._steps)
+        self._pre = tuple((rp, ra, is_w) for _m, is_out, is_w, rp, ra in self._steps if not is_out and rp is not None)
+        self._lastp = None
+        self._set_handle = _set_handle_int()
         self._execute = L.dnnl_primitive_execute
         # oneDNN's CPU streams execute synchronously except with the threadpool runtime
         self._wait = int(L.dnnl_version().cpu_runtime) not in (1, 2, 4)
+        # reorders of fewer than _INLINE_ELEMENTS elements run on the calling thread alone (what
+        # torch's at::parallel_for does below its grain size): an OpenMP team's start and barrier
+        # cost more than such a copy. A reorder only moves data, so its result is the same on any
+        # number of threads; the convolution primitive itself runs with the thread count as set.
+        self._omp = None
+        if self._pre or self._post:
+            small = all(_dnnl.md_size(plan.user_md[role]) < _INLINE_ELEMENTS * plan.problem.torch_dtype.itemsize
+                        for role, _a, _m, _o, reorder, _b in self.args if reorder is not None)
+            self._omp = _dnnl.omp_thread_controls() if small else None
 
     def run(self, tensors: dict, stream, packed=None) -> None:
         """Run on ``tensors`` (role -> prepared tensor): see :meth:`run_list`."""
@@ -348,47 +362,77 @@ class _Built:
 
     def run_list(self, ts, stream, packed=None) -> None:
         """Run on the prepared tensors ``ts``, one per role of :attr:`roles` (checked by the caller:
-        shape, dtype, strides, device). Sets each user memory's handle (only when its pointer
-        changed), runs the input reorders, the primitive, then the output reorders. ``packed``:
-        the generation of the plan's weight snapshot when ``ts`` holds that snapshot (its reorder
-        then runs once, not again while the buffer holds it), else None (the weights are
-        reordered on this call: a caller's tensor may have changed in any way since the last).
-        Wraps ``dnnl_memory_set_data_handle``, ``dnnl_primitive_execute`` (and
+        shape, dtype, strides, device): :meth:`run_ptrs` on their data pointers."""
+        self.run_ptrs(tuple([t.data_ptr() for t in ts]), stream, packed)
+
+    def run_ptrs(self, ptrs: tuple, stream, packed=None) -> None:
+        """Run on the tensors whose data pointers are ``ptrs`` (a tuple of ints, one per role of
+        :attr:`roles`; the caller checked the tensors: shape, dtype, strides, device, and keeps them
+        alive during the call). Sets each user memory's handle when its pointer differs from the
+        last call's (one tuple comparison when none does), runs the input reorders, the primitive,
+        then the output reorders. ``packed``: the generation of the plan's weight snapshot when the
+        w pointer is that snapshot's (its reorder then runs once, not again while the buffer holds
+        it), else None (the weights are reordered on this call: a caller's tensor may have changed
+        in any way since the last). Reorders of small tensors run on the calling thread alone
+        (OpenMP's thread count set to 1 around them, then restored). Wraps
+        ``dnnl_memory_set_data_handle``, ``dnnl_primitive_execute``, ``omp_set_num_threads`` (and
         ``dnnl_stream_wait`` for an asynchronous runtime)."""
-        set_handle = _SET_HANDLE[0] if _SET_HANDLE else _set_handle_int()
+        lastp = self._lastp
+        if ptrs != lastp:
+            self._lastp = None   # until every handle is set (a failure leaves them to be set again)
+            set_handle = self._set_handle
+            i = 0
+            for mem in self._mems:
+                ptr = ptrs[i]
+                if lastp is None or ptr != lastp[i]:
+                    st = set_handle(mem, ptr)
+                    if st:
+                        _dnnl.check(st, "dnnl_memory_set_data_handle")
+                i += 1
+            self._lastp = ptrs
         execute = self._execute
-        last = self._last
-        i = 0
-        for mem, is_out, is_w, rprim, rargs in self._steps:
-            t = ts[i]
-            ptr = t.data_ptr()
-            if ptr != last[i]:
-                last[i] = None
-                st = set_handle(mem, ptr)
-                if st:
-                    _dnnl.check(st, "dnnl_memory_set_data_handle")
-                last[i] = ptr
-            i += 1
-            if rprim is None or is_out:
-                continue
-            if is_w:
-                if packed is not None and self.packed == packed:
-                    continue
-                self.packed = None
-            st = execute(rprim, stream, 2, rargs)
-            if st:
-                _dnnl.check(st, "dnnl_primitive_execute", self.impl.name + " (reorder)")
-            if is_w:
-                self.packed = packed
+        omp = self._omp
+        nthr = 1
+        if omp is not None:
+            nthr = omp[0]()
+        pre = self._pre
+        if pre:
+            if nthr > 1:
+                omp[1](1)
+            try:
+                for rprim, rargs, is_w in pre:
+                    if is_w:
+                        if packed is not None and self.packed == packed:
+                            continue
+                        self.packed = None
+                    st = execute(rprim, stream, 2, rargs)
+                    if st:
+                        _dnnl.check(st, "dnnl_primitive_execute", self.impl.name + " (reorder)")
+                    if is_w:
+                        self.packed = packed
+            finally:
+                if nthr > 1:
+                    omp[1](nthr)
         st = execute(self.prim, stream, self.nargs, self.exec_args)
         if st:
             _dnnl.check(st, "dnnl_primitive_execute", self.impl.name)
-        for rprim, rargs in self._post:
-            st = execute(rprim, stream, 2, rargs)
-            if st:
-                _dnnl.check(st, "dnnl_primitive_execute", self.impl.name + " (reorder)")
+        post = self._post
+        if post:
+            if nthr > 1:
+                omp[1](1)
+            try:
+                for rprim, rargs in post:
+                    st = execute(rprim, stream, 2, rargs)
+                    if st:
+                        _dnnl.check(st, "dnnl_primitive_execute", self.impl.name + " (reorder)")
+            finally:
+                if nthr > 1:
+                    omp[1](nthr)
         if self._wait:
             _dnnl.check(_dnnl.lib().dnnl_stream_wait(stream), "dnnl_stream_wait")
+
+
+_INLINE_ELEMENTS = 32768   # torch's at::internal::GRAIN_SIZE: below it, torch's loops run on one thread
 
 
 _SET_HANDLE = []
@@ -403,7 +447,7 @@ class _Hot:
     caller passed it (``b`` None without a bias), y's shape and strides, and the byte extents used
     to reject an ``out`` that overlaps an input."""
 
-    __slots__ = ("index", "built", "x", "w", "b", "y_shape", "y_strides", "ext")
+    __slots__ = ("index", "built", "x", "w", "b", "y_shape", "y_strides", "ext", "fit")
 
     @classmethod
     def of(cls, plan: "Convolution", built: "_Built", x, w, bias) -> "_Hot | None":
@@ -425,19 +469,20 @@ class _Hot:
         y = y.squeeze(0) if p.unbatched else y
         h.y_shape, h.y_strides = y.shape, y.stride()
         h.ext = tuple(_extent(t) for t in (x, w, bias, y))
+        h.fit = None   # the last data pointers (x, w, [bias,] out) found not to overlap (see Convolution._hot_run)
         return h
 
-    def overlaps(self, out, x, w, bias) -> bool:
-        """Whether ``out`` shares memory with x, w or bias (pointer ranges of the packed extents)."""
+    def overlaps(self, ptrs) -> bool:
+        """Whether out shares memory with x, w or bias, from their data pointers ``ptrs``
+        ``(x, w, [bias,] out)`` and the packed byte extents (the tensors have the pack's shapes and
+        strides, so the pointers alone decide)."""
         eo = self.ext[3]
         if not eo:
             return False
-        o = out.data_ptr()
-        for t, e in ((x, self.ext[0]), (w, self.ext[1]), (bias, self.ext[2])):
-            if e and t is not None:
-                q = t.data_ptr()
-                if q < o + eo and o < q + e:
-                    return True
+        o = ptrs[-1]
+        for q, e in zip(ptrs[:-1], self.ext):
+            if e and q < o + eo and o < q + e:
+                return True
         return False
 
 
@@ -876,10 +921,22 @@ class Convolution(PlanLifetime):
         skips the checks (the hot path: one allocation, the library calls). Wraps
         ``dnnl_primitive_execute``.
         """
-        if self._hot is not None and grad_y is None:
-            y = self._hot_run(x, w, bias, out)
-            if y is not None:
-                return y
+        try:   # rawconv._guard.public's translation, inline (one frame less on the hot path)
+            if self._hot is not None and grad_y is None:
+                y = self._hot_run(x, w, bias, out)
+                if y is not None:
+                    return y
+            return self._execute(x, w, bias, out, grad_y)
+        except Exception as exc:
+            new = _guard.translate(exc, "rawconv.onednn.Convolution.execute")
+            if new is None:
+                raise
+            raise new from exc
+
+    execute.__rawconv_public__ = True
+
+    def _execute(self, x, w, bias, out, grad_y):
+        """:meth:`execute`'s checked path."""
         if self._freed:
             raise ArgumentError("this Convolution plan was freed")
         p = self.problem
@@ -973,41 +1030,63 @@ class Convolution(PlanLifetime):
         """The forward hot path: when the tensors have exactly the metadata of an earlier call that used
         them as they are (no copy, no restride), run with no further checks and no allocation beyond
         the output; returns y (or ``out``), or None when the hot path does not apply (the caller then
-        takes :meth:`execute`'s checks)."""
+        takes :meth:`execute`'s checks). Every call checks each tensor's type, shape, strides, dtype,
+        device and negative bit (a tensor's metadata can change in place); the plan's own weight
+        snapshot (``prepack``) is not checked again (it was when taken, and only :meth:`repack`
+        replaces it, which drops this pack). ``out``'s overlap check is keyed on the data
+        pointers: with the shapes and strides fixed, the pointers alone decide it."""
         hot = self._hot
-        if hot is None or hot.index != self._selected or self._built.get(hot.index) is not hot.built or self._freed:
+        if hot is None or hot.index != self._selected or self._freed or self._built.get(hot.index) is not hot.built:
             return None
         if x is None:
             x = self._x
         packed = None
+        own = False
         if w is None:
-            if self._snap is not None:
-                w, packed = self._snap
+            snap = self._snap
+            if snap is not None:
+                w, packed = snap
+                own = True
             else:
                 w = self._w
         if bias is None:
             bias = self._b
-        xs, ws, bs = hot.x, hot.w, hot.b
+        xs = hot.x
+        dt = xs[2]
         try:   # (a nested or otherwise unusual tensor may raise on .shape: the checked path says what is wrong)
-            if not (type(x) in _PLAIN and x.shape == xs[0] and x.stride() == xs[1] and x.dtype is xs[2] and x.is_cpu
-                    and not x.is_neg() and type(w) in _PLAIN and w.shape == ws[0] and w.stride() == ws[1]
-                    and w.dtype is ws[2] and w.is_cpu and not w.is_neg() and
-                    (bias is None if bs is None else (type(bias) in _PLAIN and bias.shape == bs[0] and bias.stride()
-                                                      == bs[1] and bias.dtype is bs[2] and bias.is_cpu
-                                                      and not bias.is_neg()))):
+            if type(x) not in _PLAIN or x.shape != xs[0] or x.stride() != xs[1] or x.dtype is not dt \
+                    or not x.is_cpu or x.is_neg():
+                return None
+            if not own:
+                ws = hot.w
+                if type(w) not in _PLAIN or w.shape != ws[0] or w.stride() != ws[1] or w.dtype is not dt \
+                        or not w.is_cpu or w.is_neg():
+                    return None
+            bs = hot.b
+            if bs is None:
+                if bias is not None:
+                    return None
+            elif type(bias) not in _PLAIN or bias.shape != bs[0] or bias.stride() != bs[1] or bias.dtype is not dt \
+                    or not bias.is_cpu or bias.is_neg():
                 return None
             if out is None:
-                y = torch.empty_strided(hot.y_shape, hot.y_strides, dtype=xs[2])
+                y = torch.empty_strided(hot.y_shape, hot.y_strides, dtype=dt)
             elif type(out) in _PLAIN and out.shape == hot.y_shape and out.stride() == hot.y_strides \
-                    and out.dtype is xs[2] and out.is_cpu and not out.is_neg() and not out.requires_grad \
-                    and not hot.overlaps(out, x, w, bias) and not out.is_inference() \
-                    and not (x.requires_grad or w.requires_grad or (bias is not None and bias.requires_grad)):
+                    and out.dtype is dt and out.is_cpu and not out.is_neg() and not out.requires_grad \
+                    and not out.is_inference() and not x.requires_grad and (own or not w.requires_grad) \
+                    and (bias is None or not bias.requires_grad):
                 y = out
             else:
                 return None
+            ptrs = (x.data_ptr(), w.data_ptr(), y.data_ptr()) if bs is None else \
+                (x.data_ptr(), w.data_ptr(), bias.data_ptr(), y.data_ptr())
         except Exception:   # noqa: BLE001
             return None
-        hot.built.run_list((x, w, y) if bs is None else (x, w, bias, y), _dnnl.stream(), packed)
+        if out is not None and ptrs != hot.fit:
+            if hot.overlaps(ptrs):
+                return None   # the checked path raises the clear error
+            hot.fit = ptrs
+        hot.built.run_ptrs(ptrs, _dnnl.stream(), packed)
         if out is not None:
             _increment_version((out,))   # written in place, as torch's out= functions do
         return y
@@ -1471,51 +1550,60 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
     rawconv's words work too: ``choice`` (= ``impl``: a position, a name or ``"name@layouts"``, an
     :class:`Implementation`), ``precision`` (= ``fpmath``), ``options`` (:class:`rawconv.Options`).
     """
-    if choice is not None or precision is not None or options is not None:
-        impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
-    if _needs_grad(x, w, bias):   # record a differentiable op, never a silent detach
-        from .ops import _onednn_function
-        return _onednn_function("forward", x, w, bias, stride, padding, dilation, groups, impl=impl,
-                                algorithm=algorithm, fpmath=fpmath, out=out, allow_known_bad=allow_known_bad)
-    try:   # hot path: the plan of the last call with these arguments, when the tensors fit it exactly
-        akey = (w.shape, stride if type(stride) is int else _key(stride),
-                padding if type(padding) is int else _key(padding), dilation if type(dilation) is int else _key(dilation),
-                groups if type(groups) is int else _key(groups), impl if impl is None or type(impl) is int else _key(impl),
-                algorithm if type(algorithm) is str else _key(algorithm), fpmath if type(fpmath) is str else _key(fpmath),
-                allow_known_bad if type(allow_known_bad) is bool else _key(allow_known_bad), threading.get_ident())
-        plan = _last_plans.get(akey)
-    except Exception:   # noqa: BLE001  (not tensors, unhashable options...: the paths below say what is wrong)
-        akey = plan = None
-    if plan is not None:
-        y = plan._hot_run(x, w, bias, out)
-        if y is not None:
-            return y
-    try:   # fast path: the same call signature as an earlier call reuses its plan without re-validation
-        # the key tells the argument types apart (True == 1 == 1.0 in Python): a key matches only
-        # arguments of the same types as a call that passed validation
-        key = (x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device, bias is None,
-               stride if type(stride) is int else _key(stride), padding if type(padding) is int else _key(padding),
-               dilation if type(dilation) is int else _key(dilation), groups if type(groups) is int else _key(groups),
-               impl if impl is None or type(impl) is int else _key(impl),
-               algorithm if type(algorithm) is str else _key(algorithm),
-               fpmath if type(fpmath) is str else _key(fpmath), _key(allow_known_bad), threading.get_ident())
-        plan = _fast_plans.get(key)
-    except Exception:   # noqa: BLE001  (not tensors, unhashable options...: the slow path says what is wrong)
-        key = plan = None
-    if plan is None or plan._freed:
-        problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
-        _check_device(problem)
-        plan = _plan(problem, "forward", algorithm, fpmath, _w_layout(w), impl, allow_known_bad)
-        if key is not None:
-            _fast_plans.put(key, plan)
-    elif bias is not None and not _bias_fits(bias, x, plan.problem.k):
-        ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)   # raises the clear error
-    y = plan.execute(x, w, bias, out)
-    if akey is not None:
-        _last_plans.put(akey, plan)
-    return y
+    try:   # rawconv._guard.public's translation, inline (one frame less on the hot path)
+        if choice is not None or precision is not None or options is not None:
+            impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
+        if _needs_grad(x, w, bias):   # record a differentiable op, never a silent detach
+            from .ops import _onednn_function
+            return _onednn_function("forward", x, w, bias, stride, padding, dilation, groups, impl=impl,
+                                    algorithm=algorithm, fpmath=fpmath, out=out, allow_known_bad=allow_known_bad)
+        try:   # hot path: the plan of the last call with these arguments, when the tensors fit it exactly
+            akey = (w.shape, stride if type(stride) is int else _key(stride),
+                    padding if type(padding) is int else _key(padding), dilation if type(dilation) is int else _key(dilation),
+                    groups if type(groups) is int else _key(groups), impl if impl is None or type(impl) is int else _key(impl),
+                    algorithm if type(algorithm) is str else _key(algorithm), fpmath if type(fpmath) is str else _key(fpmath),
+                    allow_known_bad if type(allow_known_bad) is bool else _key(allow_known_bad), _get_ident())
+            plan = _last_plans.get(akey)
+        except Exception:   # noqa: BLE001  (not tensors, unhashable options...: the paths below say what is wrong)
+            akey = plan = None
+        if plan is not None:
+            y = plan._hot_run(x, w, bias, out)
+            if y is not None:
+                return y
+        try:   # fast path: the same call signature as an earlier call reuses its plan without re-validation
+            # the key tells the argument types apart (True == 1 == 1.0 in Python): a key matches only
+            # arguments of the same types as a call that passed validation
+            key = (x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device, bias is None,
+                   stride if type(stride) is int else _key(stride), padding if type(padding) is int else _key(padding),
+                   dilation if type(dilation) is int else _key(dilation), groups if type(groups) is int else _key(groups),
+                   impl if impl is None or type(impl) is int else _key(impl),
+                   algorithm if type(algorithm) is str else _key(algorithm),
+                   fpmath if type(fpmath) is str else _key(fpmath), _key(allow_known_bad), threading.get_ident())
+            plan = _fast_plans.get(key)
+        except Exception:   # noqa: BLE001  (not tensors, unhashable options...: the slow path says what is wrong)
+            key = plan = None
+        if plan is None or plan._freed:
+            problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
+            _check_device(problem)
+            plan = _plan(problem, "forward", algorithm, fpmath, _w_layout(w), impl, allow_known_bad)
+            if key is not None:
+                _fast_plans.put(key, plan)
+        elif bias is not None and not _bias_fits(bias, x, plan.problem.k):
+            ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)   # raises the clear error
+        y = plan.execute(x, w, bias, out)
+        if akey is not None:
+            _last_plans.put(akey, plan)
+        return y
+    except Exception as exc:
+        new = _guard.translate(exc, "rawconv.onednn.forward")
+        if new is None:
+            raise
+        raise new from exc
 
 
+forward.__rawconv_public__ = True
+
+_get_ident = threading.get_ident
 _fast_plans = PlanCache(256)
 _last_plans = PlanCache(256)    # arguments (no tensors) -> the plan of the last call with them
 

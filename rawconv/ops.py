@@ -83,7 +83,7 @@ from typing import Any, Sequence
 
 import torch
 
-from . import onednn
+from . import _guard, onednn
 from ._plans import PlanCache
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from .options import PRECISIONS
@@ -193,8 +193,30 @@ def _forward_cpu_plan(x, w, bias, stride, pad_before, pad_after, dilation, group
     return plan
 
 
-def _forward_cpu(x, w, bias, *args):
-    return _forward_cpu_plan(x, w, bias, *args).execute(x, w, bias)
+def _forward_cpu(x, w, bias, stride, pad_before, pad_after, dilation, groups, backend, choice, precision,
+                 bwd_data_choice, bwd_weights_choice):
+    # the fast path: the plan of the last call with these (non-tensor) arguments on this thread,
+    # when the tensors fit its prepared pack exactly (the plan's hot path checks each tensor's
+    # type, shape, strides, dtype, device and negative bit on every call); else the checked path
+    try:
+        akey = (*stride, None, *pad_before, None, *pad_after, None, *dilation, groups, backend, choice, precision,
+                bwd_data_choice, bwd_weights_choice, _get_ident())
+        plan = _cpu_last.get(akey)
+    except Exception:   # noqa: BLE001  (the checked path says what is wrong)
+        akey = plan = None
+    if plan is not None:
+        y = plan._hot_run(x, w, bias, None)
+        if y is not None:
+            return y
+    plan = _forward_cpu_plan(x, w, bias, stride, pad_before, pad_after, dilation, groups, backend, choice, precision,
+                             bwd_data_choice, bwd_weights_choice)
+    y = plan.execute(x, w, bias)
+    if akey is not None:
+        _cpu_last.put(akey, plan)
+    return y
+
+
+_cpu_last = PlanCache(512)   # the operator's arguments (no tensors) + thread -> the plan of the last call with them
 
 
 def _backward_data_plan(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, choice, precision):
@@ -451,14 +473,23 @@ _below_autograd = torch._C._AutoDispatchBelowAutograd
 _CUDA_KEYSET = _CUDA_ONLY | torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradCUDA)
 
 
+_KEYSETS: dict = {}   # keyset.raw_repr() -> 1 (only CPU left below autograd), 2 (only CUDA), 0 (other keys)
+
+
 def _run_below_autograd(op, cpu_kernel, cuda_kernel, keyset, args):
-    rest = keyset & _AFTER_AUTOGRAD
-    if rest == _CPU_ONLY:
+    raw = keyset.raw_repr()
+    kind = _KEYSETS.get(raw)
+    if kind is None:
+        rest = keyset & _AFTER_AUTOGRAD
+        kind = 1 if rest == _CPU_ONLY else 2 if rest == _CUDA_ONLY else 0
+        if len(_KEYSETS) < 256:
+            _KEYSETS[raw] = kind
+    if kind == 1:
         return cpu_kernel(*args)
-    if rest == _CUDA_ONLY:
+    if kind == 2:
         return cuda_kernel(*args)
     with _below_autograd():
-        return op.redispatch(rest, *args)
+        return op.redispatch(keyset & _AFTER_AUTOGRAD, *args)
 
 
 def _grad_like(g: torch.Tensor, x: torch.Tensor, unbatched: bool) -> torch.Tensor:
@@ -694,45 +725,54 @@ def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, str
     and no tracer, mode or transform is active, the kernel runs without the dispatcher (same
     result, less host time). Wraps ``dnnl_primitive_execute`` / cuDNN's convolution calls.
     """
-    if _compiling():   # dynamo traces the operator (its fake kernel gives the shapes)
-        return _fwd_op(x, w, bias, *_prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice,
-                                                  precision, backward_choice))
-    try:   # the arguments' pack (and the last CPU plan used with it) by the arguments alone
-        key = (w.shape, stride if type(stride) is int else _key(stride),
-               padding if type(padding) is int else _key(padding), dilation if type(dilation) is int else _key(dilation),
-               groups if type(groups) is int else _key(groups), backend,
-               choice if choice is None or type(choice) is str else _key(choice), precision,
-               backward_choice if backward_choice is None or type(backward_choice) is str else _key(backward_choice),
-               _get_ident())
-        entry = _conv_cache.get(key)
-    except Exception:   # noqa: BLE001  (unhashable or not tensors: the slow path says what is wrong)
-        key = entry = None
-    if entry is None:
-        entry = [_prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice, precision,
-                               backward_choice), None]
-        if key is not None:
-            _conv_cache.put(key, entry)
-    args = entry[0]
-    if _plain(x, w, bias):
-        if x.is_cpu:
-            plan = entry[1]
-            if plan is None:
+    try:   # rawconv._guard.public's translation, inline (one frame less on the hot path)
+        if _compiling():   # dynamo traces the operator (its fake kernel gives the shapes)
+            return _fwd_op(x, w, bias, *_prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice,
+                                                      precision, backward_choice))
+        try:   # the arguments' pack (and the last CPU plan used with it) by the arguments alone
+            key = (w.shape, stride if type(stride) is int else _key(stride),
+                   padding if type(padding) is int else _key(padding), dilation if type(dilation) is int else _key(dilation),
+                   groups if type(groups) is int else _key(groups), backend,
+                   choice if choice is None or type(choice) is str else _key(choice), precision,
+                   backward_choice if backward_choice is None or type(backward_choice) is str else _key(backward_choice),
+                   _get_ident())
+            entry = _conv_cache.get(key)
+        except Exception:   # noqa: BLE001  (unhashable or not tensors: the slow path says what is wrong)
+            key = entry = None
+        if entry is None:
+            entry = [_prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice, precision,
+                                   backward_choice), None]
+            if key is not None:
+                _conv_cache.put(key, entry)
+        args = entry[0]
+        if _plain(x, w, bias):
+            if x.is_cpu:
+                plan = entry[1]
+                if plan is None:
+                    plan = entry[1] = _forward_cpu_plan(x, w, bias, *args)
+                if _needs(x, w, bias):   # what the operator's Autograd kernel does, without the dispatcher
+                    return RawconvConvForward.apply(plan, x, w, bias, *args)
+                y = plan._hot_run(x, w, bias, None)
+                if y is not None:
+                    return y
                 plan = entry[1] = _forward_cpu_plan(x, w, bias, *args)
-            if _needs(x, w, bias):   # what the operator's Autograd kernel does, without the dispatcher
-                return RawconvConvForward.apply(plan, x, w, bias, *args)
-            y = plan._hot_run(x, w, bias, None)
-            if y is not None:
-                return y
-            plan = entry[1] = _forward_cpu_plan(x, w, bias, *args)
-            return plan.execute(x, w, bias)
-        if x.is_cuda:
-            if _needs(x, w, bias):
-                return RawconvConvForward.apply(_CUDA_KEYSET, x, w, bias, *args)
-            return _forward_cuda(x, w, bias, *args)
-    elif not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or \
-            (bias is not None and not isinstance(bias, torch.Tensor)):
-        _prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice, precision, backward_choice)
-    return _fwd_op(x, w, bias, *args)
+                return plan.execute(x, w, bias)
+            if x.is_cuda:
+                if _needs(x, w, bias):
+                    return RawconvConvForward.apply(_CUDA_KEYSET, x, w, bias, *args)
+                return _forward_cuda(x, w, bias, *args)
+        elif not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or \
+                (bias is not None and not isinstance(bias, torch.Tensor)):
+            _prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice, precision, backward_choice)
+        return _fwd_op(x, w, bias, *args)
+    except Exception as exc:
+        new = _guard.translate(exc, "rawconv.ops.conv")
+        if new is None:
+            raise
+        raise new from exc
+
+
+conv.__rawconv_public__ = True
 
 
 def conv_backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int], stride: Any = 1,
@@ -802,6 +842,7 @@ def selected(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
 def clear_cache() -> None:
     """Drop the operators' cached plans and argument packs (rawconv.onednn's plans stay cached there)."""
     _cpu_cache.clear()
+    _cpu_last.clear()
     _conv_cache.clear()
 
 

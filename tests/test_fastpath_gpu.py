@@ -1,0 +1,68 @@
+"""The cuDNN graph plan's forward hot path (issue 15, "the cost of a pinned call") stays exact on a
+GPU: a tensor whose strides changed in place after hot calls, an ``out`` that overlaps an input
+after hot calls with the same shapes, an unaligned view, weights updated in place, out='s version
+bump. Needs a CUDA GPU (not run on the CPU-only machine)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rawconv import cudnn_graph as G
+from rawconv.errors import ArgumentError
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+
+def _ref(x, w, b=None):
+    return F.conv2d(x.double(), w.double(), None if b is None else b.double(), 1, 1).float()
+
+
+def _close(a, b):
+    torch.testing.assert_close(a.float(), b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_graph_hot_path_follows_in_place_changes(bias):
+    x = torch.randn(2, 8, 8, 8, device="cuda")
+    w = torch.randn(8, 8, 3, 3, device="cuda")
+    b = torch.randn(8, device="cuda") if bias else None
+    plan = G.GraphConvolution(x, w, b, padding=1)
+    for _ in range(3):
+        y = plan.execute(x, w, b)
+    assert plan._hot is not None   # the pack was made: the calls above took the hot path
+    _close(y, _ref(x, w, b))
+    with torch.no_grad():
+        w.mul_(-1)   # weights read on every call
+    _close(plan.execute(x, w, b), _ref(x, w, b))
+    x.as_strided_((2, 8, 8, 8), (512, 1, 64, 8))   # same storage and shape, channels-last strides
+    _close(plan.execute(x, w, b), _ref(x, w, b))
+    torch.cuda.synchronize()
+
+
+def test_graph_hot_path_out_rules():
+    buf = torch.zeros(4096, device="cuda")
+    x = buf[:1024].view(2, 8, 8, 8)
+    x.copy_(torch.randn(2, 8, 8, 8))
+    w = torch.randn(8, 8, 3, 3, device="cuda")
+    plan = G.GraphConvolution(x, w, padding=1)
+    out = buf[2048:3072].view(2, 8, 8, 8)
+    for _ in range(3):
+        assert plan.execute(x, out=out) is out
+    _close(out, _ref(x, w))
+    v = out._version
+    plan.execute(x, out=out)
+    assert out._version > v
+    with pytest.raises(ArgumentError, match="overlaps"):
+        plan.execute(x, out=buf[512:1536].view(2, 8, 8, 8))
+    # an address that is not 16-byte aligned: the checked path refuses such an out
+    with pytest.raises(ArgumentError):
+        plan.execute(x, out=torch.zeros(1025, device="cuda")[1:].view(2, 8, 8, 8))
+    # an unaligned input is copied by the checked path, still exact
+    xu = torch.zeros(1025, device="cuda")[1:].view(2, 8, 8, 8)
+    xu.copy_(x)
+    _close(plan.execute(xu), _ref(x, w))
+    torch.cuda.synchronize()
