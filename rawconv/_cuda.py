@@ -138,11 +138,13 @@ def on_plan_device(method):
 
 
 # ------------------------------------------------------------------ plan arguments
-def check_plan_tensor(p, t, name: str, shape, device_index: int, batched_names) -> "object":
+def check_plan_tensor(p, t, name: str, shape, device_index: int, batched_names, is_out: bool = False) -> "object":
     """``t`` checked against a CUDA plan of problem ``p``: a torch.Tensor of ``shape``, of ``p``'s
     dtype, on ``cuda:device_index`` (:class:`ArgumentTypeError` / :class:`ArgumentError`
     otherwise, before any C call). For an unbatched problem, a tensor named in
-    ``batched_names`` given without its batch dim gets one (a view). Returns the tensor."""
+    ``batched_names`` given without its batch dim gets one (a view). A negative or conjugate view
+    (``torch._neg_view``, ``.conj()``: its memory holds the un-negated values, which is what cuDNN
+    reads) is resolved to a copy as an input and refused as an output (``is_out``). Returns the tensor."""
     if not isinstance(t, torch.Tensor):
         raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if p.unbatched and name in batched_names and t.dim() == p.ndim + 1:
@@ -154,6 +156,10 @@ def check_plan_tensor(p, t, name: str, shape, device_index: int, batched_names) 
     if not t.is_cuda or t.get_device() != device_index:
         raise ArgumentError(f"{name} must be on cuda:{device_index} for this plan, got {t.device}"
                             + (" (use rawconv.onednn for CPU tensors)" if not t.is_cuda else ""))
+    if t.is_neg() or t.is_conj():
+        if is_out:
+            raise ArgumentError(f"{name} must not be a negative or conjugate view (torch._neg_view, .conj())")
+        t = t.resolve_neg().resolve_conj()
     return t
 
 

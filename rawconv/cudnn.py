@@ -713,7 +713,7 @@ class Convolution(PlanLifetime):
     # ------------------------------------------------------------------ execution
     def _prep(self, name: str, t, shape, strides, is_out: bool = False) -> torch.Tensor:
         t = _cuda.check_plan_tensor(self.problem, t, name, shape, self.device_index,
-                                     ("x", "y", "grad_y", "dx", "out"))
+                                     ("x", "y", "grad_y", "dx", "out"), is_out)
         if t.stride() != strides and not strides_match(t, strides):
             if is_out:
                 raise ArgumentError(f"out ({name}) must have strides {tuple(strides)} (the plan's layout), "

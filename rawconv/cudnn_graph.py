@@ -821,7 +821,8 @@ class GraphConvolution(PlanLifetime):
 
     # ------------------------------------------------------------------ execution
     def _prepare(self, role: str, t, shape) -> torch.Tensor:
-        t = _cuda.check_plan_tensor(self.problem, t, role, shape, self.device_index, ("x", "y", "dx", "dy"))
+        t = _cuda.check_plan_tensor(self.problem, t, role, shape, self.device_index, ("x", "y", "dx", "dy"),
+                                    is_out=role in ("y", "dx", "dw"))
         want = self._want.get(role)
         if want is None:
             want = self._want[role] = tuple(self._graph.strides[role] if self._graph is not None else

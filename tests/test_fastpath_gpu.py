@@ -66,3 +66,23 @@ def test_graph_hot_path_out_rules():
     xu.copy_(x)
     _close(plan.execute(xu), _ref(x, w))
     torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("api", ["legacy", "graph"])
+def test_negative_views_are_read_as_their_values_and_refused_as_out(api):
+    """A torch._neg_view's memory holds the un-negated values, which is what cuDNN would read: the
+    checked path resolves inputs to a copy and refuses one as out= (the CPU plans do the same)."""
+    from rawconv import cudnn
+
+    x = torch.randn(2, 8, 8, 8, device="cuda")
+    w = torch.randn(8, 8, 3, 3, device="cuda")
+    plan = (G.GraphConvolution(x, w, padding=1) if api == "graph"
+            else cudnn.Convolution(x, w, padding=1, algo="IMPLICIT_GEMM", math="fma"))
+    for _ in range(2):   # the hot path first, then a negative view with the same metadata
+        _close(plan.execute(x, w), _ref(x, w))
+    nx = torch._neg_view(x)
+    assert nx.is_neg()
+    _close(plan.execute(nx, w), _ref(-x, w))
+    out = torch._neg_view(torch.empty(2, 8, 8, 8, device="cuda"))
+    with pytest.raises(ArgumentError, match="negative or conjugate view"):
+        plan.execute(x, w, out=out)
