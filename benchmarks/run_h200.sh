@@ -23,7 +23,7 @@ step() {  # name seconds command...
 for s in "$@"; do
   case $s in
     gpu-tests) step gpu-tests ${T_GPU:-420} python3 -m pytest -q -m gpu tests -p no:cacheprovider -rf ;;
-    gpu-tests-new) step gpu-tests-new ${T_GPU:-300} python3 -m pytest -q -m gpu tests/test_ops.py tests/test_nn.py \
+    gpu-tests-new) step gpu-tests-new ${T_GPU:-300} python3 -m pytest -q -m gpu tests/test_ops.py tests/test_nn.py tests/test_fastpath_gpu.py \
         tests/test_fused.py tests/test_convert.py tests/test_capabilities.py -p no:cacheprovider -rf ;;
     resnet50-gpu) step resnet50-gpu ${T_R50:-420} python3 benchmarks/bench_resnet50.py --json "$OUT/resnet50_gpu.json" ;;
     resnet50-cpu) step resnet50-cpu ${T_R50C:-300} python3 benchmarks/bench_resnet50.py --device cpu --threads 8 \
@@ -33,7 +33,7 @@ for s in "$@"; do
     torch-choice) step torch-choice ${T_TC:-240} python3 -m rawconv.torch_choice --report resnet50 --batch 32 \
         --dtype float16 --layout nhwc --device cuda --limit ${TC_LIMIT:-8} --json "$OUT/torch_choice.json" ;;
     ddp) step ddp-gpu 240 python3 examples/ddp_small_cnn.py --device cuda --measure-independent ;;
-    fuzz-gpu) RAWCONV_FUZZ_EXAMPLES=${FUZZ:-300} step fuzz-gpu ${T_FUZZ:-150} python3 -m pytest -q -m gpu tests/test_fuzz.py \
+    fuzz-gpu) RAWCONV_FUZZ_EXAMPLES=${FUZZ:-300} step fuzz-gpu ${T_FUZZ:-150} python3 -m pytest -q -s -m gpu tests/test_fuzz.py \
         -p no:cacheprovider -rf ;;
     train) step train-gpu 180 python3 examples/train_small_cnn.py --device cuda ;;
     *) echo "unknown step $s"; exit 2 ;;

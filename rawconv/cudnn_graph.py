@@ -853,6 +853,16 @@ class GraphConvolution(PlanLifetime):
             raise _cudnn.error(status, "cudnnBackendExecute", f"{b.config.name} on {self._describe()}")
 
     @_cuda.on_plan_device
+    def _hot_forward(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None):
+        """The forward hot path alone (see :meth:`execute`): y when the tensors fit the prepared
+        pack exactly, else None (the caller then takes :meth:`execute`). For the operator's CUDA
+        kernel, which keeps the plan of its last call with the same arguments."""
+        hot = self._hot
+        if hot is not None and hot.built is self._selected and self._via is None and not self._freed:
+            return hot.run(self, x, w, bias, None)
+        return None
+
+    @_cuda.on_plan_device
     def execute(self, x: torch.Tensor | None = None, w: torch.Tensor | None = None,
                 bias: torch.Tensor | None = None, out: torch.Tensor | None = None, *,
                 grad_y: torch.Tensor | None = None) -> torch.Tensor:
@@ -1425,6 +1435,12 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
         from .ops import _graph_function
         return _graph_function("forward", x, w, bias, stride, padding, dilation, groups, engine=engine,
                                allow_tf32=allow_tf32, math=math, out=out, activation=activation)
+    return _forward_plan(x, w, bias, stride, padding, dilation, groups, engine, activation, allow_tf32,
+                         math).execute(x, w, bias, out)
+
+
+def _forward_plan(x, w, bias, stride, padding, dilation, groups, engine, activation, allow_tf32, math):
+    """The cached forward plan of :func:`forward`'s arguments (built and validated on first use)."""
     try:   # fast path: a call signature seen before reuses its plan without re-validation
         ekey = engine.name if isinstance(engine, EngineConfig) else engine
         key = (x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device,
@@ -1440,7 +1456,7 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
         plan = _plan(problem, "forward", act, _tf32(allow_tf32, math), engine)
         if key is not None:
             _fast_plans.put(key, plan)
-    return plan.execute(x, w, bias, out)
+    return plan
 
 
 _fast_plans = PlanCache(256)

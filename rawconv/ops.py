@@ -306,19 +306,40 @@ def _forward_cuda(x, w, bias, stride, pad_before, pad_after, dilation, groups, b
                   bwd_data_choice, bwd_weights_choice):
     # y comes out in x's memory format from both APIs (their plans take ConvProblem.layout, the
     # rule the fake kernel follows): no check needed here
+    akey = None
+    if backend == "cudnn_graph":   # the fast path, as on the CPU: the plan of the last call with these
+        # (non-tensor) arguments, bias presence, device and thread, when the tensors fit its prepared
+        # pack exactly (checked per call by the plan's hot path); else the checked path below
+        try:
+            akey = (*stride, None, *pad_before, None, *pad_after, None, *dilation, groups, choice, precision,
+                    bwd_data_choice, bwd_weights_choice, bias is None, x.get_device(), _get_ident())
+            plan = _cuda_last.get(akey)
+        except Exception:   # noqa: BLE001  (the checked path says what is wrong)
+            akey = plan = None
+        if plan is not None:
+            y = plan._hot_forward(x, w, bias)
+            if y is not None:
+                return y
     _check_strings(backend, choice, precision, "cuda", bwd_data_choice, bwd_weights_choice)
     padding = _padding(pad_before, pad_after)
     with torch.no_grad():   # the function forms route tensors that need grad back here
         if backend == "cudnn_graph":
             from . import cudnn_graph
 
-            return cudnn_graph.forward(x, w, bias, tuple(stride), padding, tuple(dilation), groups,
-                                       engine=choice or None, math=_GRAPH_MATH[precision])
+            plan = cudnn_graph._forward_plan(x, w, bias, tuple(stride), padding, tuple(dilation), groups,
+                                             choice or None, None, False, _GRAPH_MATH[precision])
+            y = plan.execute(x, w, bias)
+            if akey is not None:
+                _cuda_last.put(akey, plan)
+            return y
         from . import cudnn
 
         c, math = _legacy_choice(choice)
         return cudnn.forward(x, w, bias, tuple(stride), padding, tuple(dilation), groups, choice=c, math=math,
                              precision=precision)
+
+
+_cuda_last = PlanCache(512)   # as _cpu_last, for cuDNN graph plans
 
 
 def _backward_data_cuda(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, backend, choice,
@@ -844,6 +865,7 @@ def clear_cache() -> None:
     _cpu_cache.clear()
     _cpu_last.clear()
     _conv_cache.clear()
+    _cuda_last.clear()
 
 
 # ---------------------------------------------------------------------------- the function forms' autograd
@@ -966,6 +988,5 @@ def _graph_function(direction: str, a, b, c, stride, padding, dilation, groups, 
 
 
 # every public entry point raises only rawconv's exception classes (rawconv._guard)
-from . import _guard  # noqa: E402
 
 _guard.guard_module(globals(), "conv", "conv_backward_data", "conv_backward_weights", "selected")

@@ -86,3 +86,27 @@ def test_negative_views_are_read_as_their_values_and_refused_as_out(api):
     out = torch._neg_view(torch.empty(2, 8, 8, 8, device="cuda"))
     with pytest.raises(ArgumentError, match="negative or conjugate view"):
         plan.execute(x, w, out=out)
+
+
+def test_operator_cuda_last_plan_path_stays_exact():
+    """torch.ops.rawconv.conv_forward on cudnn_graph keeps the plan of its last call with the same
+    arguments (ops._cuda_last) and runs its hot path: right after in-place stride changes, with and
+    without a bias on the same arguments, and for another device index's tensors' key."""
+    from rawconv import ops
+
+    ops.clear_cache()
+    x = torch.randn(2, 8, 8, 8, device="cuda")
+    w = torch.randn(8, 8, 3, 3, device="cuda")
+    b = torch.randn(8, device="cuda")
+    args = ([1, 1], [1, 1], [1, 1], [1, 1], 1, "cudnn_graph", "", "strict", "", "")
+    for _ in range(3):
+        y = torch.ops.rawconv.conv_forward(x, w, None, *args)
+    assert len(ops._cuda_last) >= 1
+    _close(y, _ref(x, w))
+    _close(torch.ops.rawconv.conv_forward(x, w, b, *args), _ref(x, w, b))   # bias: another key
+    _close(torch.ops.rawconv.conv_forward(x, w, None, *args), _ref(x, w))
+    xc = x.contiguous(memory_format=torch.channels_last)
+    _close(torch.ops.rawconv.conv_forward(xc, w, None, *args), _ref(x, w))   # other strides: checked path
+    x2 = torch.randn(2, 8, 8, 8, device="cuda")
+    x2.as_strided_((2, 8, 8, 8), xc.stride())   # strides changed in place on a hot tensor's metadata
+    _close(torch.ops.rawconv.conv_forward(x2, w, None, *args), _ref(x2, w))
