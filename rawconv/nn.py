@@ -722,7 +722,15 @@ def _fuse_fx(model, report: ConvertReport, backend, choice, precision):
     ConvBiasAct module. Returns the GraphModule."""
     import torch.fx as fx
 
-    gm = fx.symbolic_trace(model)
+    class Tracer(fx.Tracer):
+        # rawconv's own modules are calls to keep (a model converted before): fx must not trace into
+        # their forward, which checks its input is a real tensor
+        def is_leaf_module(self, m, qualname):
+            return isinstance(m, _RawconvConv) or super().is_leaf_module(m, qualname)
+
+    tracer = Tracer()
+    graph = tracer.trace(model)
+    gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
     modules = dict(gm.named_modules())
     graph = gm.graph
     calls: dict = {}
@@ -847,6 +855,8 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
     weight and bias, and each forward convolution becomes one :class:`ConvBiasAct2d` (1d/3d)
     call together with what follows it: a residual ``add`` (``out + identity``: the other operand
     is passed as the residual) and/or a ``relu``. The result is then a ``torch.fx.GraphModule``.
+    The model may already be converted (rawconv's conv modules are fx leaf modules: traced as
+    calls, then folded and fused like torch's).
     When tracing fails (data-dependent control flow...) a warning says so and only Conv ->
     BatchNorm -> ReLU sequences inside ``nn.Sequential`` are fused (module-level).
 
