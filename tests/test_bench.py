@@ -170,3 +170,26 @@ def test_the_suggested_fix_differs_from_the_current_setting():
     busy = LoadReport(1.0, 2, 2, 1.0, 0.4, 3.0)
     assert load_hint(busy) == "torch.set_num_threads(1) or a quiet machine"
     assert "(--threads 1 or a quiet machine)" in timing_warnings(busy, [], hint="--threads {threads} or a quiet machine")[0]
+
+
+def test_pytest_configuration_silences_timing_warnings_but_pytest_warns_sees_them(tmp_path):
+    """The project's pytest configuration filters rawconv's TimingWarning (autotune on a shared
+    machine), while a test asserting it with pytest.warns still passes."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    (tmp_path / "test_tw.py").write_text(
+        "import warnings, pytest\n"
+        "from rawconv.bench import TimingWarning\n"
+        "def test_noise():\n    warnings.warn('machine oversubscribed', TimingWarning)\n"
+        "def test_asserted():\n"
+        "    with pytest.warns(TimingWarning, match='unstable'):\n"
+        "        warnings.warn('unstable timings', TimingWarning)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c",
+                          os.path.join(root, "pyproject.toml"), "--rootdir", str(tmp_path), str(tmp_path)],
+                         capture_output=True, text=True, env=env, timeout=120).stdout
+    summary = out.strip().splitlines()[-1]
+    assert "2 passed" in summary and "warning" not in summary, out
