@@ -34,6 +34,11 @@ OVERSUBSCRIBED_SLACK = 0.3
 #: waiting on a run queue for a CPU (``/proc/self/task/*/schedstat``).
 WAIT_LIMIT = 0.05
 
+#: /proc/stat counts CPU time in clock ticks (10 ms at USER_HZ 100): over a shorter window one
+#: stray tick reads as several CPUs kept busy. Below this many seconds of wall time, the CPU time
+#: of other processes is not shown and does not make a report oversubscribed on its own.
+MIN_WINDOW_S = 0.1
+
 
 class TimingWarning(UserWarning):
     """Timings taken while the machine was oversubscribed or with a wide median/min spread."""
@@ -286,13 +291,21 @@ class LoadReport:
     loadavg: float | None
 
     @property
+    def other_cpus_known(self) -> bool:
+        """``other_cpus`` was measured over at least :data:`MIN_WINDOW_S` (enough clock ticks of
+        /proc/stat to mean something)."""
+        return self.other_cpus is not None and self.seconds >= MIN_WINDOW_S
+
+    @property
     def oversubscribed(self) -> bool:
         """Other processes' CPUs plus our threads exceeded our CPUs (beyond
         :data:`OVERSUBSCRIBED_SLACK`), or our threads waited for a CPU more than
-        :data:`WAIT_LIMIT` of the time. Falls back to the load average when neither is known."""
-        if self.other_cpus is None and self.waited is None:
+        :data:`WAIT_LIMIT` of the time. Other processes' CPUs count only over a window of at least
+        :data:`MIN_WINDOW_S`. Falls back to the load average when neither is known."""
+        other = self.other_cpus if self.other_cpus_known else None
+        if other is None and self.waited is None:
             return self.loadavg is not None and self.loadavg > self.cpus + OVERSUBSCRIBED_SLACK
-        busy = self.other_cpus is not None and self.other_cpus + self.threads > self.cpus + OVERSUBSCRIBED_SLACK
+        busy = other is not None and other + self.threads > self.cpus + OVERSUBSCRIBED_SLACK
         waited = self.waited is not None and self.waited / max(self.threads, 1) > WAIT_LIMIT
         return busy or waited
 
@@ -301,8 +314,8 @@ class LoadReport:
         our threads waited for a CPU 31% of the time; 1-minute load average 2.9``.
         ``timing=False``: a sample taken while we did not run (no thread count, no waits)."""
         parts = []
-        if self.other_cpus is not None:
-            parts.append(f"other processes kept {self.other_cpus:.1f} of {self.cpus} CPUs busy"
+        if self.other_cpus_known:
+            parts.append(f"other processes kept {min(self.other_cpus, self.cpus):.1f} of {self.cpus} CPUs busy"
                          + (f" while {self.threads} thread{'s' if self.threads != 1 else ''} timed" if timing else ""))
         if self.waited is not None and timing:
             parts.append(f"our threads waited for a CPU {100 * self.waited / max(self.threads, 1):.0f}% of the time")
@@ -338,30 +351,46 @@ class LoadMonitor:
         dt = max(time.perf_counter() - self._t0, 1e-9)
         busy1, self1, wait1 = _busy_seconds(self._cpus), _self_cpu_seconds(), _self_wait_seconds()
         other = None
+        cpus = usable_cpus()
         if self._busy0 is not None and busy1 is not None:
-            # jiffies are 10 ms: clamp the small negative values rounding gives on short windows
-            other = max(0.0, ((busy1 - self._busy0) - (self1 - self._self0)) / dt)
+            # jiffies are 10 ms: clamp the small negative values rounding gives on short windows, and
+            # never more CPUs than there are (a tick or two over a few milliseconds reads as several)
+            other = min(float(cpus), max(0.0, ((busy1 - self._busy0) - (self1 - self._self0)) / dt))
         waited = (wait1 - self._wait0) / dt if self._wait0 is not None and wait1 is not None else None
         threads = self.threads if self.threads is not None else torch.get_num_threads()
-        return LoadReport(dt, usable_cpus(), threads, other, waited, loadavg_1min())
+        return LoadReport(dt, cpus, threads, other, waited, loadavg_1min())
 
 
 def suggested_threads(report: LoadReport) -> int:
-    """Threads that would have fit beside the other processes of ``report`` (at least 1)."""
-    return max(1, min(report.threads, report.cpus - math.ceil((report.other_cpus or 0) - OVERSUBSCRIBED_SLACK)))
+    """Threads that would have fit beside the other processes of ``report`` (at least 1; at most
+    ``report.threads``, so equal to it when fewer threads would not help)."""
+    other = report.other_cpus if report.other_cpus_known else 0.0
+    return max(1, min(report.threads, report.cpus - math.ceil((other or 0) - OVERSUBSCRIBED_SLACK)))
+
+
+def load_hint(report: LoadReport, hint: str | None = None) -> str:
+    """What to do about an oversubscribed ``report``: ``hint`` with ``{threads}`` replaced by
+    :func:`suggested_threads` (default ``"torch.set_num_threads({threads}) or a quiet machine"``),
+    or just ``"a quiet machine"`` when that thread count is the one already used (fewer threads
+    would not fit, or the run already used one)."""
+    hint = hint or "torch.set_num_threads({threads}) or a quiet machine"
+    if "{threads}" not in hint:
+        return hint
+    n = suggested_threads(report)
+    return hint.format(threads=n) if n < report.threads else "a quiet machine"
 
 
 def timing_warnings(report: LoadReport | None, spreads: Iterable[float], *, limit: float = SPREAD_LIMIT,
                     hint: str | None = None) -> list[str]:
     """Warning lines for a set of timings: one when ``report`` says the machine was oversubscribed,
     one when some median/min ``spreads`` exceed ``limit``. Empty when the timings look sound.
-    ``hint`` ends the first line; ``{threads}`` in it becomes :func:`suggested_threads` (default:
-    ``"torch.set_num_threads({threads}) or a quiet machine"``)."""
+    ``hint`` ends the first line (:func:`load_hint`: ``{threads}`` in it becomes
+    :func:`suggested_threads`, or the whole hint ``"a quiet machine"`` when that is the thread
+    count already used)."""
     out = []
     if report is not None and report.oversubscribed:
-        hint = (hint or "torch.set_num_threads({threads}) or a quiet machine").format(
-            threads=suggested_threads(report))
-        out.append(f"machine oversubscribed: {report.describe()}; times include waits for a CPU ({hint})")
+        out.append(f"machine oversubscribed: {report.describe()}; times include waits for a CPU "
+                   f"({load_hint(report, hint)})")
     sp = [v for v in spreads if math.isfinite(v)]
     wide = [v for v in sp if v > limit]
     if wide:

@@ -308,18 +308,36 @@ def _threads_arg(args) -> int:
     return args.threads if args.threads is not None else default_threads()
 
 
+#: How ``compare`` and ``replay`` end an oversubscription warning (:func:`rawconv.bench.load_hint`).
+_LOAD_HINT = "--threads {threads} or a quiet machine"
+
+
+def _warn_if_busy(console, nthreads: int, hint: str = _LOAD_HINT) -> dict:
+    """Sample the machine for 0.3 s before timing; warn when other processes already keep our
+    CPUs busy. Returns the sample's :meth:`~rawconv.bench.LoadReport.as_dict`."""
+    import time
+
+    from .bench import LoadMonitor, load_hint
+
+    pre = LoadMonitor(nthreads)
+    time.sleep(0.3)
+    before = pre.report()
+    if before.other_cpus is not None and before.oversubscribed:
+        _warn(console, f"the machine is busy before the start: {before.describe(timing=False)}; "
+                       f"timings will include waits for a CPU ({load_hint(before, hint)})")
+    return before.as_dict()
+
+
 def cmd_compare(args) -> int:
     from . import compare as cmp
     from ._info import collect
-    from .bench import LoadMonitor, suggested_threads, usable_cpus
+    from .bench import usable_cpus
 
     console = _console(args.width)
     problems = _problems(args)
     outputs = {flag: getattr(args, flag) for flag in ("json", "plot", "csv", "record") if getattr(args, flag)}
     for flag, path in outputs.items():
         _check_writable(f"--{flag}", path)
-    import time
-
     import torch
 
     nthreads = _threads_arg(args)
@@ -329,7 +347,7 @@ def cmd_compare(args) -> int:
             "budget_s": args.budget, "prepack": not args.no_prepack, "ref": include_ref, "ref_limit_s": args.ref_limit,
             "outputs": outputs}
 
-    hint = "--threads {threads} or a quiet machine"
+    hint = _LOAD_HINT
 
     with cmp.threads(nthreads):
         meta["info"] = collect()
@@ -346,14 +364,7 @@ def cmd_compare(args) -> int:
         console.print(f"{len(problems)} problem(s){photo_note}; times: median/min of up to {args.iterations} "
                       f"calls after {args.warmup} warm-up, at most {args.budget} s each; error vs float64 reference")
         if any(p.device == "cpu" for p in problems):
-            pre = LoadMonitor(nthreads)
-            time.sleep(0.3)
-            before = pre.report()
-            meta["machine_before"] = before.as_dict()
-            if before.other_cpus is not None and before.oversubscribed:
-                _warn(console, f"the machine is busy before the start: {before.describe(timing=False)}; "
-                               f"timings will include waits for a CPU "
-                               f"({hint.format(threads=suggested_threads(before))})")
+            meta["machine_before"] = _warn_if_busy(console, nthreads, hint)
 
         def show(p, rows):
             print_rows(console, p, rows)
@@ -468,6 +479,8 @@ def cmd_replay(args) -> int:
 
     nthreads = args.threads if args.threads is not None else default_threads()
     with cmp.threads(nthreads):
+        if any(r.key.problem.get("device") == "cpu" for r in recs):
+            _warn_if_busy(console, nthreads)
         table = cmp.replay(recs, iterations=args.iterations, warmup=args.warmup, budget_s=args.budget,
                            progress=False if args.quiet else None)
     rec_threads = {r.key.options.get("threads") for r in recs if r.key.backend == "onednn"} - {None}
@@ -481,6 +494,7 @@ def cmd_replay(args) -> int:
                    styles=[_STATUS_STYLE.get(r.group, "red") or None for r in table]),
             Column("recorded\nms", [_fmt_ms(r.extra.get("recorded_median_ms")) for r in table], justify="right"),
             Column("now\nms", [_fmt_ms(r.median_ms) for r in table], justify="right"),
+            Column("now min\nms", [_fmt_ms(r.min_ms) for r in table], justify="right"),
             Column("drift", [f"{100 * r.extra['drift']:+.1f}%" if _finite(r.extra.get("drift")) else "-"
                              for r in table], justify="right"),
             Column("recorded\nrel err", [_fmt_err(r.extra.get("recorded_max_rel")) for r in table],
@@ -491,8 +505,18 @@ def cmd_replay(args) -> int:
                                       "against when recorded")
     if args.csv:
         table.to_csv(args.csv)
-    wrong = [r for r in table if r.group == "wrong"]
-    bad = [r for r in table if r.group in ("failed", "not supported")]
+    s = cmp.replay_summary(table, hint=_LOAD_HINT)
+    for line in s["timing_warnings"]:
+        _warn(console, line)
+    gd = s["geomean_drift"]
+    drift = ("no record ran within tolerance" if gd is None else
+             f"{100 * gd:+.1f}% over {s['within_tolerance']} record(s)"
+             + ("" if s["timings_trustworthy"] else " [UNRELIABLE: see the timing warnings]"))
+    console.print(f"summary: {s['records']} record(s): {s['within_tolerance']} within tolerance, "
+                  f"{len(s['outside_tolerance'])} outside, {len(s['failed'])} failed or no longer offered; "
+                  f"median time now / recorded, geometric mean drift: {drift}", highlight=False)
+    wrong = s["outside_tolerance"]
+    bad = s["failed"]
     code = 1 if wrong else 4 if bad else 0
     why = {0: "every record ran within tolerance", 1: "a replayed choice is outside tolerance",
            4: "a recorded choice failed or is no longer offered here"}[code]

@@ -785,14 +785,16 @@ def replay(recs, *, iterations: int = 10, warmup: int = 2, budget_s: float = 0.5
     :class:`~rawconv.results.ResultTable`, one row per record: ``status`` (``ok``, ``wrong``,
     ``not supported`` when the library no longer offers the choice, ``failed``), times and error
     now, and in ``extra`` what was recorded (``recorded_median_ms``, ``recorded_max_rel``),
-    ``drift`` (median now / recorded - 1) and ``environment`` (the ``(field, recorded, current)``
-    triples that differ: library version, device). Environment differences do not stop a
+    ``drift`` (median now / recorded - 1), ``machine`` (on CPU: the
+    :class:`~rawconv.bench.LoadReport` of the timing, as for compare's rows, so
+    :func:`timing_warnings` and :func:`replay_summary` apply) and ``environment`` (the
+    ``(field, recorded, current)`` triples that differ: library version, device). Environment differences do not stop a
     replay here (``rawconv replay --strict`` refuses them first, as
     :meth:`rawconv.tuning.TuningRecord.check_environment` with ``strict=True`` does)."""
     from . import tuning
     from .check import reference
 
-    recs = list(recs)
+    recs = [recs] if isinstance(recs, tuning.TuningRecord) else list(recs)   # what TuningRecord.load gives
     rows = []
     with _progress.bar(progress, total=len(recs), desc="replay", unit="record") as bar:
         for rec in recs:
@@ -820,6 +822,31 @@ def replay(recs, *, iterations: int = 10, warmup: int = 2, budget_s: float = 0.5
     return ResultTable(rows, title=f"rawconv replay: {len(recs)} record(s)")
 
 
+def replay_summary(rows, *, hint: str | None = None) -> dict:
+    """What a :func:`replay` table says in numbers: ``records``, ``within_tolerance``,
+    ``outside_tolerance`` / ``failed`` (labels), ``geomean_drift`` (geometric mean of median now /
+    recorded over the records that ran within tolerance, minus 1; None without any), and, as
+    :func:`summary` does for compare, ``timings_trustworthy`` / ``timing_warnings``
+    (:func:`timing_warnings`: the machine was oversubscribed, or median/min spreads are wide) and
+    ``machine``."""
+    rows = list(rows)
+    warn = timing_warnings(rows, hint)
+    report = machine_report(rows)
+    ratios = [1.0 + r.extra["drift"] for r in rows
+              if r.group == "ok" and isinstance(r.extra.get("drift"), float) and math.isfinite(r.extra["drift"])]
+    gm = geomean(ratios) if ratios else float("nan")
+
+    def label(r):
+        return f"{r.problem_name}: {r.backend} {r.name}"
+
+    return {"records": len(rows), "within_tolerance": sum(r.group == "ok" for r in rows),
+            "outside_tolerance": [label(r) for r in rows if r.group == "wrong"],
+            "failed": [f"{label(r)}: {r.status}: {r.message}" for r in rows if r.group in ("failed", "not supported")],
+            "geomean_drift": gm - 1.0 if math.isfinite(gm) else None,
+            "timings_trustworthy": not warn, "timing_warnings": warn,
+            "machine": report.as_dict() if report is not None else None}
+
+
 def _replay_one(plan, rec, problem, name, extra, iterations, warmup, budget_s, seed, reference) -> Result:
     k = rec.key
     dev = problem.device
@@ -839,6 +866,8 @@ def _replay_one(plan, rec, problem, name, extra, iterations, warmup, budget_s, s
         timer = lambda f: time_cuda_queued(f, iterations=iterations, warmup=warmup)  # noqa: E731
     else:
         timer = lambda f: time_cpu(f, iterations=iterations, warmup=warmup, budget_s=budget_s)  # noqa: E731
+    # as compare's _measure: what the rest of the machine did while this record was timed
+    monitor = LoadMonitor() if dev == "cpu" else None
     try:
         y = fn()
         stats = timer(fn)
@@ -847,6 +876,8 @@ def _replay_one(plan, rec, problem, name, extra, iterations, warmup, budget_s, s
         return Result(k.backend, rec.choice, name, k.direction, None,
                       "not supported" if isinstance(exc, NotSupportedError) else "failed",
                       message=f"{type(exc).__name__}: {exc}", extra=extra)
+    if monitor is not None:
+        extra["machine"] = monitor.report().as_dict()
     plan.free()
     ref, ref_abs = reference(problem, k.direction, {n: t for n, t in tensors.items() if t is not None},
                              activation=k.activation)
@@ -864,4 +895,4 @@ def _replay_one(plan, rec, problem, name, extra, iterations, warmup, budget_s, s
 from . import _guard  # noqa: E402
 
 _guard.guard_module(globals(), "compare_problem", "compare", "real_photo", "inputs_for", "summary", "write_json",
-                    "records", "replay")
+                    "records", "replay", "replay_summary")

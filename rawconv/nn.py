@@ -84,6 +84,32 @@ def _alias(new, old, new_name: str, old_name: str, default=None):
     return old
 
 
+def _check_choice(c: Any, what: str, pair: bool = False) -> Any:
+    """``c`` as given when it is a choice the modules and operators take (the rules of
+    ``rawconv.ops``' check): None, a name string, or a listed candidate (a oneDNN
+    ``Implementation``, a cuDNN ``Algorithm`` / ``EngineConfig``: anything with a string
+    ``choice``). ``pair``: also a (data, weights) pair of those (``backward_choice``). Raises
+    :class:`ArgumentTypeError` naming ``what`` otherwise; an int position says where positions
+    are accepted: a position indexes one problem's listing, which a module or an operator reused
+    across shapes cannot honour."""
+    if pair and isinstance(c, (tuple, list)):
+        if len(c) != 2:
+            raise ArgumentError(f"{what} must be one choice or a (data, weights) pair, got {c!r}")
+        for i, part in enumerate(c):
+            _check_choice(part, f"{what}[{i}]")
+        return c
+    if c is None or isinstance(c, str) or isinstance(c, onednn.Implementation) or \
+            isinstance(getattr(c, "choice", None), str):
+        return c
+    msg = (f"{what} must be None, a name string or a listed candidate (Implementation, Algorithm, "
+           f"EngineConfig), got {type(c).__name__} {c!r}")
+    if isinstance(c, int) and not isinstance(c, bool):
+        msg += ("; positions are indices into one problem's listing and are accepted only by the backend "
+                "function forms (rawconv.onednn.forward(x, w, impl=0), rawconv.cudnn.forward(..., algo=0)): "
+                "pass the listed row or its name, e.g. rawconv.onednn.implementations(x, w)[0].name")
+    raise ArgumentTypeError(msg)
+
+
 def _resolve_backend(backend: str, device: torch.device) -> str:
     """The backend that runs for tensors on ``device`` (raises for a mismatch)."""
     if backend == "auto":
@@ -216,16 +242,21 @@ def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, str
     ``x``: (N, C, *spatial) or unbatched; ``w``: (K, C/groups, *kernel); ``bias``: (K,); CPU
     tensors run on oneDNN, CUDA tensors on cuDNN (``backend="auto"``), or force one with
     ``backend="onednn"|"cudnn"``. ``padding`` also takes ``"same"``/``"valid"`` and one
-    ``(before, after)`` pair per spatial dim. ``choice``: the forward candidate (oneDNN
-    implementation name or position; cuDNN ``"ALGO@math"`` or graph engine config);
+    ``(before, after)`` pair per spatial dim. ``choice``: the forward candidate, by name (oneDNN
+    implementation name such as ``"x64:gemm:jit@any"``; cuDNN ``"ALGO@math"`` or graph engine
+    config) or as a listed row (``onednn.implementations(x, w)[i]``); not a position (an index
+    into one problem's listing: only the backend function forms such as
+    ``rawconv.onednn.forward(x, w, impl=0)`` take those);
     ``backward_choice``: one value or a ``(data, weights)`` pair; ``precision``: see
     :mod:`rawconv.options`. ``impl`` / ``backward_impl`` / ``fpmath``: the old names.
-    Raises :class:`ArgumentError` / :class:`ArgumentTypeError` for bad input before any C call and
-    :class:`NotSupportedError` for a choice the library does not offer. Wraps the backends'
-    ``forward`` / ``backward_data`` / ``backward_weights``.
+    Raises :class:`ArgumentError` / :class:`ArgumentTypeError` for bad input (a choice of another
+    type, an int position) before any C call and :class:`NotSupportedError` for a choice the
+    library does not offer. Wraps the backends' ``forward`` / ``backward_data`` /
+    ``backward_weights``.
     """
-    choice = _alias(choice, impl, "choice", "impl")
-    backward_choice = _alias(backward_choice, backward_impl, "backward_choice", "backward_impl")
+    choice = _check_choice(_alias(choice, impl, "choice", "impl"), "impl" if impl is not None else "choice")
+    backward_choice = _check_choice(_alias(backward_choice, backward_impl, "backward_choice", "backward_impl"),
+                                    "backward_impl" if backward_impl is not None else "backward_choice", pair=True)
     precision = _check_precision(_alias(precision, fpmath, "precision", "fpmath", "strict"))
     _check_backend(backend)
     padding = _norm_padding(padding)
@@ -322,6 +353,8 @@ def conv_transpose(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None =
         raise ArgumentError(f"weight must be 3-D, 4-D or 5-D (C_in, C_out/groups, *kernel), got {tuple(w.shape)}")
     _check_backend(backend)
     precision = _check_precision(precision)
+    _check_choice(choice, "choice")
+    _check_choice(backward_choice, "backward_choice", pair=True)
     if bias is not None and not isinstance(bias, torch.Tensor):
         raise ArgumentTypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
     ops = _ops_module()
@@ -363,8 +396,10 @@ class _RawconvConv:
     def _rawconv_init(self, backend="auto", choice=None, backward_choice=None, precision=None, impl=None,
                       backward_impl=None, fpmath=None):
         self.backend = _check_backend(backend)
-        self.choice = _alias(choice, impl, "choice", "impl")
-        self.backward_choice = _alias(backward_choice, backward_impl, "backward_choice", "backward_impl")
+        self.choice = _check_choice(_alias(choice, impl, "choice", "impl"), "impl" if impl is not None else "choice")
+        self.backward_choice = _check_choice(
+            _alias(backward_choice, backward_impl, "backward_choice", "backward_impl"),
+            "backward_impl" if backward_impl is not None else "backward_choice", pair=True)
         self.precision = _check_precision(_alias(precision, fpmath, "precision", "fpmath", "strict"))
         self._choice_backend = self._device_backend()
 
@@ -722,7 +757,15 @@ def _fuse_fx(model, report: ConvertReport, backend, choice, precision):
     ConvBiasAct module. Returns the GraphModule."""
     import torch.fx as fx
 
-    gm = fx.symbolic_trace(model)
+    class Tracer(fx.Tracer):
+        # rawconv's own modules are calls to keep (a model converted before): fx must not trace into
+        # their forward, which checks its input is a real tensor
+        def is_leaf_module(self, m, qualname):
+            return isinstance(m, _RawconvConv) or super().is_leaf_module(m, qualname)
+
+    tracer = Tracer()
+    graph = tracer.trace(model)
+    gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
     modules = dict(gm.named_modules())
     graph = gm.graph
     calls: dict = {}
@@ -847,6 +890,8 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
     weight and bias, and each forward convolution becomes one :class:`ConvBiasAct2d` (1d/3d)
     call together with what follows it: a residual ``add`` (``out + identity``: the other operand
     is passed as the residual) and/or a ``relu``. The result is then a ``torch.fx.GraphModule``.
+    The model may already be converted (rawconv's conv modules are fx leaf modules: traced as
+    calls, then folded and fused like torch's).
     When tracing fails (data-dependent control flow...) a warning says so and only Conv ->
     BatchNorm -> ReLU sequences inside ``nn.Sequential`` are fused (module-level).
 

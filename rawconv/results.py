@@ -761,6 +761,17 @@ def _short(text: str, n: int = 48) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
+def _ratio_text(v: float) -> str:
+    """A heatmap cell's ratio in a few characters that never reads as zero: 2 decimals from 0.1 to
+    10 (``0.95``, ``2.40``), whole numbers from 10, 2 significant digits below 0.1 (``0.031``,
+    ``0.0031``, ``3.1e-05``)."""
+    if v >= 10:
+        return f"{v:.0f}"
+    if v >= 0.1 or v == 0:
+        return f"{v:.2f}"
+    return f"{v:.2g}"
+
+
 def _plot_heatmap(table, groups, ax, title, figsize):
     import numpy as np
     from matplotlib.colors import TwoSlopeNorm
@@ -822,7 +833,7 @@ def _plot_heatmap(table, groups, ax, title, figsize):
                         bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.8})
             elif s == 1 and np.isfinite(ratio[i, j]) and len(groups) * len(cols) <= 900:
                 v = ratio[i, j]
-                ax.text(j, i, f"{v:.2f}" if v < 10 else f"{v:.0f}", ha="center", va="center", fontsize=7.5,
+                ax.text(j, i, _ratio_text(v), ha="center", va="center", fontsize=7.5,
                         color="white" if abs(lr[i, j]) > 0.6 * m else "black")
     for i, j in best_cell.items():
         ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black", lw=1.6))

@@ -113,6 +113,30 @@ def test_converted_model_matches_the_original_in_float64(fuse, layout):
         assert not any(isinstance(mod, nn.BatchNorm2d) for mod in m.modules())
 
 
+def test_fuse_on_a_model_already_converted_folds_and_fuses():
+    """convert(model) then convert(model, fuse=True): fx keeps rawconv's conv modules as calls (it
+    used to trace into them and fail on a Proxy), so BatchNorms fold and bias+ReLU fuse as on the
+    torch model."""
+    import warnings
+
+    net = _net()
+    x = torch.randn(2, 3, 16, 16)
+    ref = _ref64(net, x)
+    once = rnn.convert(net)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)      # no "torch.fx could not trace" fallback
+        m = rnn.convert(once.eval(), fuse=True)
+    rep = m.rawconv_report
+    assert rep.traced is True and len(rep.swapped) == 12
+    assert len(rep.folded) == 11 and rep.fused["stem.0"] == "relu" and rep.fused["blocks.0.c2"] == "add+relu"
+    assert type(m.get_submodule("blocks.0.c1")) is rnn.ConvBiasAct2d
+    assert not any(isinstance(mod, nn.BatchNorm2d) for mod in m.modules())
+    with torch.no_grad():
+        _close(m(x), ref)
+        _close(once(x), ref)                                 # the first conversion is untouched
+    assert any(isinstance(mod, nn.BatchNorm2d) for mod in once.modules())
+
+
 def test_inplace_swaps_the_given_model_and_keeps_its_parameters():
     net = _net()
     w = net.stem[0].weight

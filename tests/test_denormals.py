@@ -76,3 +76,22 @@ def test_flush_denormals_reaches_every_thread_and_every_implementation(threads, 
 def test_flush_denormals_takes_a_bool():
     with pytest.raises(ArgumentTypeError):
         onednn.flush_denormals(1)
+
+
+def test_readme_denormals_snippet_runs_on_its_own():
+    """The README's snippet is complete (its imports included): run alone, in a fresh interpreter."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "README.md")) as f:
+        text = f.read()
+    section = text[text.index("## Denormals"):]
+    snippet = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert "flush_denormals(True)" in snippet
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, env=env, timeout=120,
+                       cwd=str(os.path.dirname(root)))
+    assert r.returncode == 0, r.stderr

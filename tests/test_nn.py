@@ -112,6 +112,36 @@ def test_old_names_are_aliases_and_conflicts_are_errors():
         rnn.Conv2d(4, 4, 3, backend=1)
 
 
+def test_choice_type_is_checked_at_construction_and_positions_are_refused():
+    """A module refuses a choice of the wrong type when built (it used to show choice=Ellipsis and
+    fail at the first forward); an int position is refused by the modules and rawconv.nn.conv with
+    a message saying where positions are accepted (onednn.forward, whose listing is one problem's)."""
+    for bad, what in ((Ellipsis, "choice"), (1.5, "choice"), (object(), "choice")):
+        with pytest.raises(ArgumentTypeError, match=f"^{what} must be None, a name string"):
+            rnn.Conv2d(4, 4, 3, choice=bad)
+    with pytest.raises(ArgumentTypeError, match=r"backward_choice\[1\] must be"):
+        rnn.Conv2d(4, 4, 3, backward_choice=("x64:gemm:jit", ...))
+    with pytest.raises(ArgumentTypeError, match="^impl must be .*onednn.forward"):
+        rnn.Conv2d(4, 4, 3, impl=0)
+    with pytest.raises(ArgumentTypeError, match="^choice must be .*onednn.forward"):
+        rnn.ConvTranspose2d(4, 4, 3, choice=0)
+    x, w = torch.randn(1, 4, 8, 8), torch.randn(4, 4, 3, 3)
+    with pytest.raises(ArgumentTypeError, match="^impl must be .*positions are indices"):
+        rnn.conv(x, w, padding=1, impl=0)
+    with pytest.raises(ArgumentTypeError, match="^choice must be"):
+        rnn.conv_transpose(x, w, choice=...)
+    # what is accepted: a name, a listed row (as is), and positions in the backend function form
+    rows = onednn.implementations(x, w, padding=1)
+    ref = F.conv2d(x.double(), w.double(), padding=1)
+    m = rnn.Conv2d(4, 4, 3, padding=1, bias=False, choice=rows[0])
+    m.weight.data.copy_(w)
+    assert m.choice is rows[0]
+    with torch.no_grad():
+        _close(m(x), ref)
+        _close(rnn.conv(x, w, padding=1, impl="x64:gemm:jit"), ref)
+    _close(onednn.forward(x, w, padding=1, impl=0), ref)
+
+
 def test_backend_must_match_the_device():
     m = rnn.Conv2d(4, 4, 3)
     m.backend = "cudnn"

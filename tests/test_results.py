@@ -167,6 +167,21 @@ def test_heatmap_is_time_relative_to_torch_default():
     assert np.allclose(2.0 ** data[:, 1], 0.6) and np.allclose(2.0 ** data[:, 0], 4.0)
     texts = [tx.get_text() for tx in ax.texts]
     assert texts.count("wrong") == 2 and texts.count("n/r") == 2
+    assert texts.count("0.60") == 2 and texts.count("4.00") == 2
+
+
+def test_heatmap_cells_never_read_as_zero():
+    """A candidate 300x faster than torch's default (ratio 0.0031) reads 0.0031, not 0.00."""
+    t = ResultTable([Result("torch", "default", "layer1.0.conv1", status="ok", median_ms=32.0, min_ms=8.0, runs=10,
+                            reference=True),
+                     Result("onednn", "x64:gemm:jit", "layer1.0.conv1", status="ok", median_ms=0.1, min_ms=0.1,
+                            runs=10, extra={"choice": "x64:gemm:jit@any"}),
+                     Result("onednn", "slow", "layer1.0.conv1", status="ok", median_ms=32.0 * 250, min_ms=1.0,
+                            runs=10, extra={"choice": "slow@any"}),
+                     Result("onednn", "tiny", "layer1.0.conv1", status="ok", median_ms=32.0 * 2.2e-5, min_ms=1e-4,
+                            runs=10, extra={"choice": "tiny@any"})])
+    texts = [tx.get_text() for tx in t.plot(kind="heatmap").axes[0].texts]
+    assert sorted(texts) == sorted(["0.0031", "250", "2.2e-05"]), texts
 
 
 def test_reprs_are_readable_not_dataclass_dumps():

@@ -494,6 +494,48 @@ def test_compare_records_and_replay_drift(tmp_path):
     assert cli.main(["replay", str(tmp_path / "bad.json")]) == 2
 
 
+def _replay_file(tmp_path):
+    from rawconv import onednn
+
+    p = _cpu_problem(name="tiny")
+    conv = onednn.Convolution.from_problem(p)
+    choice = conv.implementations[0].name
+    k = TuningKey.for_backend("onednn", p, "forward", onednn._key_options("strict"))
+    path = tmp_path / "r.json"
+    TuningRecord(k, choice, {}, label="tiny", median_ms=0.01, min_ms=0.01).save(path)
+    return path
+
+
+@pytest.mark.parametrize("busy", [True, False])
+def test_replay_monitors_the_machine_as_compare_does(tmp_path, capsys, monkeypatch, busy):
+    """replay records what the machine did while it timed, warns as compare does, marks its summary
+    UNRELIABLE and shows min beside median; a quiet machine gets no warning."""
+    from rawconv import bench, cli, compare
+
+    report = (bench.LoadReport(1.0, 2, 2, 1.2, 0.6, 3.0) if busy      # another process kept a CPU busy
+              else bench.LoadReport(1.0, 2, 2, 0.05, 0.0, 0.2))
+    monkeypatch.setattr(bench.LoadMonitor, "report", lambda self: report)
+    path = _replay_file(tmp_path)
+    recs = TuningRecord.load(path)
+    table = compare.replay(recs, iterations=1, warmup=0, budget_s=0.02, progress=False)
+    assert [r.status for r in table] == ["ok"] and table[0].extra["machine"]["oversubscribed"] is busy
+    s = compare.replay_summary(table, hint="--threads {threads} or a quiet machine")
+    assert s["timings_trustworthy"] is not busy and s["within_tolerance"] == 1
+    assert s["geomean_drift"] == pytest.approx(table[0].median_ms / 0.01 - 1)
+    assert cli.main(["replay", str(path), "--iterations", "1", "--warmup", "0", "--quiet", "--threads", "2",
+                     "--width", "250"]) == 0
+    out = capsys.readouterr().out
+    summary = [line for line in out.splitlines() if line.startswith("summary:")]
+    assert len(summary) == 1 and "1 within tolerance" in summary[0]
+    assert "now min" in out
+    if busy:
+        assert "machine oversubscribed: other processes kept 1.2 of 2 CPUs busy" in out
+        assert "(--threads 1 or a quiet machine)" in out and "busy before the start" in out
+        assert "UNRELIABLE" in summary[0]
+    else:
+        assert "oversubscribed" not in out and "UNRELIABLE" not in out and "warning:" not in out
+
+
 def test_replay_strict_message_names_the_difference(tmp_path, capsys):
     from rawconv import cli
 
