@@ -656,8 +656,13 @@ def _choice_name(c: Any, what: str) -> str:
     name = getattr(c, "choice", None)   # cuDNN Algorithm / EngineConfig rows (rawconv's Candidate)
     if isinstance(name, str):
         return name
+    hint = ""
+    if isinstance(c, int) and not isinstance(c, bool):
+        hint = ("; positions are indices into one problem's listing and are accepted only by the backend "
+                "function forms (rawconv.onednn.forward(x, w, impl=0), rawconv.cudnn.forward(..., algo=0)): "
+                "pass the listed row or its name")
     raise ArgumentTypeError(f"{what} must be None, a name string or a listed candidate (Implementation, "
-                            f"Algorithm, EngineConfig), got {type(c).__name__}")
+                            f"Algorithm, EngineConfig), got {type(c).__name__}{hint}")
 
 
 def _backward_choices(backward_choice: Any) -> tuple[str, str]:

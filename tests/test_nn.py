@@ -130,6 +130,9 @@ def test_choice_type_is_checked_at_construction_and_positions_are_refused():
         rnn.conv(x, w, padding=1, impl=0)
     with pytest.raises(ArgumentTypeError, match="^choice must be"):
         rnn.conv_transpose(x, w, choice=...)
+    import rawconv.ops
+    with pytest.raises(ArgumentTypeError, match="^choice must be .*positions are indices .*onednn.forward"):
+        rawconv.ops.conv(x, w, padding=1, choice=0)
     # what is accepted: a name, a listed row (as is), and positions in the backend function form
     rows = onednn.implementations(x, w, padding=1)
     ref = F.conv2d(x.double(), w.double(), padding=1)
