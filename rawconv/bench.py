@@ -28,11 +28,15 @@ SPREAD_LIMIT = 1.5
 
 #: The machine counts as oversubscribed when the CPUs other processes kept busy plus the threads
 #: we run exceed the CPUs we may use by more than this (a fraction of a CPU: daemons, the shell).
-OVERSUBSCRIBED_SLACK = 0.3
+#: 0.3 cried wolf on a quiet 2-core machine (load average 0.5, 0.3 of 2 CPUs busy elsewhere, our
+#: waits 1%), marking every `rawconv compare resnet50` run unreliable; one CPU kept busy elsewhere
+#: (the case that made timings land on scheduler ticks) is well above 0.5.
+OVERSUBSCRIBED_SLACK = 0.5
 
 #: ... or when our threads spent more than this fraction of the wall time (per timing thread)
-#: waiting on a run queue for a CPU (``/proc/self/task/*/schedstat``).
-WAIT_LIMIT = 0.05
+#: waiting on a run queue for a CPU (``/proc/self/task/*/schedstat``). 5% fired on the same quiet
+#: machine (waits of 6-7%: what a time slice for a daemon costs); a busy one measured 30-80%.
+WAIT_LIMIT = 0.15
 
 #: /proc/stat counts CPU time in clock ticks (10 ms at USER_HZ 100): over a shorter window one
 #: stray tick reads as several CPUs kept busy. Below this many seconds of wall time, the CPU time

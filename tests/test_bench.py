@@ -193,3 +193,16 @@ def test_pytest_configuration_silences_timing_warnings_but_pytest_warns_sees_the
                          capture_output=True, text=True, env=env, timeout=120).stdout
     summary = out.strip().splitlines()[-1]
     assert "2 passed" in summary and "warning" not in summary, out
+
+
+def test_a_quiet_two_core_machine_is_not_called_oversubscribed():
+    """What `rawconv compare resnet50` measured on a quiet 2-core machine (load average 0.5) must
+    not mark a run unreliable; one CPU kept busy elsewhere, or our threads waiting a third of the
+    time (what a busy run measured), must."""
+    from rawconv.bench import LoadReport
+
+    quiet = [LoadReport(3.0, 2, 2, 0.3, 0.02, 0.7), LoadReport(3.0, 2, 2, 0.1, 0.14, 0.5)]
+    assert not any(r.oversubscribed for r in quiet)
+    assert LoadReport(3.0, 2, 2, 1.0, 0.02, 1.2).oversubscribed
+    assert LoadReport(3.0, 2, 2, 0.1, 0.6, 2.5).oversubscribed
+    assert LoadReport(3.0, 2, 1, 1.7, None, 2.9).oversubscribed
