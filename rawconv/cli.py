@@ -20,7 +20,7 @@ import sys
 
 from . import __version__
 from .errors import RawconvError
-from .results import _fmt_ms
+from .results import _fmt_bytes, _fmt_ms
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -146,16 +146,6 @@ def _fmt_spread(v) -> str:
 
 def _fmt_gflops(v) -> str:
     return f"{v:.1f}" if _finite(v) else "-"
-
-
-def _fmt_bytes(n) -> str:
-    if n is None:
-        return "-"
-    if n < 1024:
-        return f"{n} B"
-    if n < 1024 ** 2:
-        return f"{n / 1024:.0f} KiB"
-    return f"{n / 1024 ** 2:.1f} MiB"
 
 
 class Column:
