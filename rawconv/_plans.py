@@ -4,6 +4,17 @@ from __future__ import annotations
 import threading
 
 
+def arg_key(v):
+    """A hashable key of an argument that tells apart values Python finds equal (1, 1.0, True) and
+    a list from a tuple (the fast-path caches of the function forms and operators key on it)."""
+    t = type(v)
+    if t is int or t is str or v is None:
+        return v
+    if t is tuple or t is list:
+        return (t, tuple(arg_key(i) for i in v))
+    return (t, v)
+
+
 class PlanCache:
     """A thread-safe dict of plans holding at most ``maxsize`` entries (the oldest is dropped
     first). The function forms (``forward``...) keep their plans here, keyed by problem/options."""

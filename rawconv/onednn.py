@@ -36,7 +36,7 @@ from ._grad import needs_grad as _needs_grad
 from ._dnnl import ffi
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from ._backend import Candidate
-from ._plans import PlanCache, PlanLifetime
+from ._plans import PlanCache, PlanLifetime, arg_key
 from .results import Result, ResultTable
 from .problem import ConvProblem, _int, check_tensor, empty_like_layout, layout_of, shape_arg, to_layout, dense_strides, strides_match, shape_only
 
@@ -1608,14 +1608,7 @@ _fast_plans = PlanCache(256)
 _last_plans = PlanCache(256)    # arguments (no tensors) -> the plan of the last call with them
 
 
-def _key(v):
-    """A hashable key of an argument that differs between types Python finds equal (1, 1.0, True)."""
-    t = type(v)
-    if t is int or t is str or v is None:
-        return v
-    if t is tuple or t is list:
-        return (tuple, tuple(_key(i) for i in v))
-    return (t, v)
+_key = arg_key
 
 
 def _bias_fits(bias, x, k: int) -> bool:

@@ -84,7 +84,7 @@ from typing import Any, Sequence
 import torch
 
 from . import _guard, onednn
-from ._plans import PlanCache
+from ._plans import PlanCache, arg_key
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from .options import PRECISIONS
 from .problem import (ConvProblem, dense_strides, empty_like_layout, int_arg, layout_of, resolve_padding,
@@ -691,14 +691,7 @@ def _conv_args(kernel: Sequence[int], stride, padding, dilation, groups):
     return list(s), list(pb), list(pa), list(d), g
 
 
-def _key(v):
-    """A hashable key of an argument that tells apart values Python finds equal (1, 1.0, True)."""
-    t = type(v)
-    if t is int or t is str or v is None:
-        return v
-    if t is tuple or t is list:
-        return (t, tuple(_key(i) for i in v))
-    return (t, v)
+_key = arg_key
 
 
 _conv_cache = PlanCache(512)
