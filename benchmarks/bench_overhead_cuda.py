@@ -82,6 +82,30 @@ def main():
     g = cudnn_graph.GraphConvolution(x, w, padding=1)
     rows.append((f"graph plan.execute {g.selected.name}", per_call_us(lambda: g.execute(x, w), args.calls)))
     rows.append(("graph plan.execute(out=)", per_call_us(lambda: g.execute(x, w, out=y), args.calls)))
+    # cuDNN's own cost per engine config: cudnnBackendExecute alone on a prepared variant pack, for
+    # the first heuristic configs (engines differ: a runtime-compiled kernel launches differently),
+    # then plan.execute(out=) on the cheapest of them (the difference is rawconv's Python)
+    bare = []
+    for ec in g.heuristic("instant")[:6]:
+        try:
+            g.select(ec.name)
+            g.execute(x, w, out=y)
+        except Exception as exc:  # noqa: BLE001
+            rows.append((f"graph {ec.name}", f"{type(exc).__name__}"))
+            continue
+        b = g._selected
+        vp = next(iter(b.vps.values()))
+        h, pl = _cuda.handle_for(0), b.plan.ptr
+        fn = L.cudnnBackendExecute
+        assert fn(h, pl, vp.ptr) == 0
+        t = per_call_us(lambda: fn(h, pl, vp.ptr), args.calls)
+        rows.append((f"bare cudnnBackendExecute {ec.name}", t))
+        bare.append((t[1], ec.name))
+    if bare:
+        name = min(bare)[1]
+        g.select(name)
+        rows.append((f"graph plan.execute(out=) {name}", per_call_us(lambda: g.execute(x, w, out=y), args.calls)))
+        rows.append((f"graph plan.execute {name}", per_call_us(lambda: g.execute(x, w), args.calls)))
     rows.append(("graph cudnn_graph.forward", per_call_us(lambda: cudnn_graph.forward(x, w, padding=1), args.calls)))
     try:   # the custom operator and its friendly wrapper (issue 15), both backends
         from rawconv import ops

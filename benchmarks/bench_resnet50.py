@@ -253,6 +253,10 @@ def make_variants(model, x, args, log) -> dict:
         out["_rawconv_info"] = {"convert_cold_s": cold, "convert_warm_s": warm, "autotune_cold_s": rep.autotune_s,
                                 "report": str(rep)}
         log("  " + str(rep).replace("\n", "\n  "))
+        if args.tuned:
+            for t in rep.tuned:
+                if t["searched"]:
+                    log(f"    {t['seconds']:6.2f} s  {t['kind']:<6} {t['problem']:<48} {t['choice']}")
         log(f"  convert + autotune: cold {cold:.2f} s, warm {warm:.2f} s")
         note = f"{len(rep.fused)} convs fused"
         if "rawconv" in want:
@@ -319,11 +323,46 @@ def run(args, log=print) -> dict:
             row["wall_ms"] = time_cpu(fn, iterations=args.iterations, warmup=1).median_ms
         rows.append(row)
         log(f"  {name}: {row['gpu_ms'] or row['wall_ms']:.3f} ms")
+        if dev == "cuda" and args.profile and name != "rawconv_cudagraph":
+            log(kernel_profile(name, fn, args.profile))
     meta = {"device": dev, "batch": args.batch, "size": args.size, "dtype": args.dtype,
             "threads": torch.get_num_threads(), "torch": torch.__version__, "model": source,
             "cpu": _cpu_name(), "gpu": torch.cuda.get_device_name() if dev == "cuda" else None,
             "tolerance_vs_eager": tol, **info}
     return {"rows": rows, "meta": meta}
+
+
+def kernel_profile(name: str, fn, batches: int) -> str:
+    """The CUDA kernels of ``batches`` calls of ``fn`` (torch.profiler, CUPTI): GPU microseconds per
+    batch by kernel name (top 15, and the sums of convolution-like and other kernels), then the
+    first batch's kernels in launch order (which layer each one is follows from the order)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad():
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(batches):
+                fn()
+            torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and not e.name.startswith(("Memcpy", "Memset"))]
+    kernels.sort(key=lambda e: e.time_range.start)
+    per = len(kernels) // batches if batches else 0
+    conv_words = ("conv", "fprop", "xmma", "implicit", "gemm", "cudnn", "sm90_", "sm80_", "cutlass", "nhwc")
+    by: dict = {}
+    for e in kernels:
+        by[e.name] = by.get(e.name, 0.0) + e.device_time / batches
+    conv_us = sum(v for k, v in by.items() if any(c in k.lower() for c in conv_words))
+    total = sum(by.values())
+    lines = [f"  profile {name}: {len(kernels)} kernels in {batches} batches ({per} per batch), kernel GPU time "
+             f"{total:.1f} us per batch: convolution-like {conv_us:.1f}, other {total - conv_us:.1f}"]
+    for k, v in sorted(by.items(), key=lambda kv: -kv[1])[:15]:
+        lines.append(f"    {v:9.1f} us  {k[:150]}")
+    lines.append(f"  {name}, batch 1 in launch order (us, name):")
+    for i, e in enumerate(kernels[:per]):
+        lines.append(f"    {i:3d} {e.device_time:8.1f}  {e.name[:140]}")
+    return "\n".join(lines)
 
 
 def _cpu_name() -> str:
@@ -381,6 +420,10 @@ def parse(argv=None):
     ap.add_argument("--ref64", action="store_true", help="also check every output against float64 (CPU, slow)")
     ap.add_argument("--base-width", type=int, default=64, help="64 = ResNet-50; smaller for smoke tests")
     ap.add_argument("--json", default=None, help="write the rows and metadata here")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="CUDA: also profile N batches of each variant (torch.profiler) and print its kernels' "
+                         "GPU time per batch: by kernel, and one batch in launch order")
+    ap.add_argument("--tuned", action="store_true", help="print each distinct problem's autotune seconds and choice")
     args = ap.parse_args(argv)
     if args.batch is None:
         args.batch = 32 if args.device == "cuda" else 8

@@ -36,6 +36,11 @@ for s in "$@"; do
     fuzz-gpu) RAWCONV_FUZZ_EXAMPLES=${FUZZ:-300} step fuzz-gpu ${T_FUZZ:-150} python3 -m pytest -q -s -m gpu tests/test_fuzz.py \
         -p no:cacheprovider -rf ;;
     train) step train-gpu 180 python3 examples/train_small_cnn.py --device cuda ;;
+    r50-diag) step r50-diag${DIAG_TAG:-} ${T_R50:-420} python3 benchmarks/bench_resnet50.py --variants compile_freezing,rawconv,rawconv_cudagraph \
+        --profile 3 --tuned ${R50_ARGS:-} ;;
+    r50-cpu-diag) step r50-cpu-diag${DIAG_TAG:-} ${T_R50C:-300} python3 benchmarks/bench_resnet50.py --device cpu --threads 8 \
+        --variants compile_freezing,rawconv_channels_last ${R50_ARGS:-} ;;
+    lscpu) step lscpu 30 bash -c 'lscpu; nproc; python3 -c "import torch; print(torch.__config__.parallel_info())"' ;;
     *) echo "unknown step $s"; exit 2 ;;
   esac
 done
