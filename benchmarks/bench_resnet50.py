@@ -39,8 +39,10 @@ if __package__ in (None, ""):
 import rawconv.nn as rnn  # noqa: E402
 from rawconv.bench import time_cpu, time_cuda_queued  # noqa: E402
 
-VARIANTS_CUDA = ("eager", "fx_bn_fold", "compile", "compile_freezing", "rawconv", "rawconv_cudagraph")
-VARIANTS_CPU = ("eager", "channels_last", "compile", "compile_freezing", "rawconv", "rawconv_channels_last")
+VARIANTS_CUDA = ("eager", "fx_bn_fold", "compile", "compile_freezing", "rawconv", "rawconv_cudagraph",
+                 "rawconv_compile", "rawconv_compile_cudagraph")
+VARIANTS_CPU = ("eager", "channels_last", "compile", "compile_freezing", "rawconv", "rawconv_channels_last",
+                "rawconv_compile")
 
 
 # ---------------------------------------------------------------------------- the model
@@ -256,7 +258,9 @@ def make_variants(model, x, args, log) -> dict:
         if args.tuned:
             for t in rep.tuned:
                 if t["searched"]:
-                    log(f"    {t['seconds']:6.2f} s  {t['kind']:<6} {t['problem']:<48} {t['choice']}")
+                    parts = " ".join(f"{k} {t[k]:.2f}" for k in ("plan_s", "search_s") if t.get(k) is not None)
+                    log(f"    {t['seconds']:6.2f} s ({parts})  {t['kind']:<6} {t['problem']:<48} {t['choice']}"
+                        + (f"  [{t['note'][:100]}]" if t.get("note") else ""))
         log(f"  convert + autotune: cold {cold:.2f} s, warm {warm:.2f} s")
         note = f"{len(rep.fused)} convs fused"
         if "rawconv" in want:
@@ -269,6 +273,28 @@ def make_variants(model, x, args, log) -> dict:
                 replay, static_out = cuda_graph(rm, x)
                 return (lambda: (replay(), static_out)[1]), "torch.cuda.graph replay (input fixed)"
             timed_build("rawconv_cudagraph", graph)
+        if "rawconv_compile" in want or "rawconv_compile_cudagraph" in want:
+            # the converted model under torch.compile: rawconv's operators stay as they are (pinned
+            # choices, fused bias/ReLU/residual), inductor generates the rest (max pool, mean, linear)
+            rmx = rm if dev == "cuda" else (tuned_on.get(True) or conv_model(xc)[0])
+            xin = x if dev == "cuda" else xc
+            compiled = {}
+
+            def comp_rm():
+                import torch._inductor.config as icfg
+                torch._dynamo.reset()
+                icfg.freezing = False   # (compile_freezing sets it; rawconv's weights are frozen by convert)
+                compiled["fn"] = torch.compile(rmx, fullgraph=True)
+                return nograd(lambda: compiled["fn"](xin)), note + "; torch.compile(fullgraph=True) of the converted model"
+            if "rawconv_compile" in want:
+                timed_build("rawconv_compile", comp_rm)
+            if "rawconv_compile_cudagraph" in want and dev == "cuda":
+                def comp_graph():
+                    if "fn" not in compiled:
+                        comp_rm()
+                    replay, static_out = cuda_graph(compiled["fn"], x)
+                    return (lambda: (replay(), static_out)[1]), "compiled converted model, torch.cuda.graph replay"
+                timed_build("rawconv_compile_cudagraph", comp_graph)
     return out
 
 
@@ -323,7 +349,7 @@ def run(args, log=print) -> dict:
             row["wall_ms"] = time_cpu(fn, iterations=args.iterations, warmup=1).median_ms
         rows.append(row)
         log(f"  {name}: {row['gpu_ms'] or row['wall_ms']:.3f} ms")
-        if dev == "cuda" and args.profile and name != "rawconv_cudagraph":
+        if dev == "cuda" and args.profile and not name.endswith("cudagraph"):
             log(kernel_profile(name, fn, args.profile))
     meta = {"device": dev, "batch": args.batch, "size": args.size, "dtype": args.dtype,
             "threads": torch.get_num_threads(), "torch": torch.__version__, "model": source,
@@ -424,6 +450,7 @@ def parse(argv=None):
                     help="CUDA: also profile N batches of each variant (torch.profiler) and print its kernels' "
                          "GPU time per batch: by kernel, and one batch in launch order")
     ap.add_argument("--tuned", action="store_true", help="print each distinct problem's autotune seconds and choice")
+    ap.add_argument("--search-log", action="store_true", help="log the cuDNN search's phases (rawconv.search, debug)")
     args = ap.parse_args(argv)
     if args.batch is None:
         args.batch = 32 if args.device == "cuda" else 8
@@ -439,6 +466,10 @@ def parse(argv=None):
 
 def main(argv=None) -> dict:
     args = parse(argv)
+    if args.search_log:
+        import logging
+        logging.basicConfig(format="    %(name)s: %(message)s")
+        logging.getLogger("rawconv.search").setLevel(logging.DEBUG)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         result = run(args)

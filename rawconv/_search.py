@@ -320,6 +320,7 @@ def knob_values(lo: int, hi: int, stride: int, current: int, cap: int = 16) -> l
 
 
 # ---------------------------------------------------------------------------- runtime compilation
+OVERTIME_S = 3.0   # Search.overtime: at least this long past the budget when nothing ran correctly in it
 _RTC_WORKERS = max(2, min(8, os.cpu_count() or 2))  # runtime compilations running at once, per process
 _rtc_lock = threading.Lock()
 _rtc_inflight: dict = {}  # (id(plan), config name) -> perf_counter at its start, while it compiles
@@ -736,6 +737,9 @@ class Search:
         # unless patience ended the search, until the deadline as this plan's compilations end
         with self.phase("late compilations"):
             try_late(p, lambda: self.late(self.rows), self.trial, self.deadline, wait=not self.patience_ended())
+        if not any(r.status == "ok" for r in self.rows.values()):
+            with self.phase("overtime"):
+                self.overtime()
         with self.phase("final re-timing"):
             self.retime()
         return ranked(self.rows.values())
@@ -791,6 +795,43 @@ class Search:
             if not self.left():
                 break
             self.trial(r.config, r.phase)
+
+    def overtime(self) -> None:
+        """No candidate ran correctly within the budget: typical of a fused graph on a short budget,
+        whose engines are mostly runtime-compiled and compile for longer than the budget gives
+        them. Wait for this plan's compilations still running, at most ``OVERTIME_S`` (or twice the
+        budget, whichever is longer), trying each as it finishes, then, while none ran correctly,
+        finalize the heuristic's configs not yet tried, in order (blocking); the first that runs
+        correctly ends it. So the search returns a timed, checked choice rather than none (the
+        caller would otherwise compile cuDNN's first heuristic config untimed)."""
+        end = time.perf_counter() + max(OVERTIME_S, 2 * self.budget_s)
+        self.deadline = self.search_end = end
+        ok = lambda: any(r.status == "ok" for r in self.rows.values())   # noqa: E731
+        while time.perf_counter() < end and not ok():
+            todo = self.late(self.rows)
+            for r in todo:
+                self.trial(r.config, r.phase)
+                if ok() or time.perf_counter() >= end:
+                    return
+            if not todo:
+                if not compiling(self.plan):
+                    break
+                time.sleep(0.005)
+        for mode in self.plan.heuristic_modes:
+            for ec in self.plan.heuristic(mode):
+                if ok() or time.perf_counter() >= end:
+                    return
+                r = self.rows.get(ec.name)
+                if r is None or r.status == "over budget":
+                    self.rows.pop(ec.name, None)
+                    self._overtime_build(ec)
+
+    def _overtime_build(self, ec) -> None:
+        """Finalize ``ec`` (waiting for a compilation of it already running) and try it."""
+        key = (id(self.plan), ec.name)
+        while key in _rtc_inflight and time.perf_counter() < self.deadline:
+            time.sleep(0.002)
+        self.trial(ec, "overtime")
 
     def retime(self) -> None:
         """The best eight re-timed in 5 interleaved rounds (``final_iterations`` groups in all);

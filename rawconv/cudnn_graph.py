@@ -1112,7 +1112,12 @@ class GraphConvolution(PlanLifetime):
         combinations (seeded by ``seed``), drawn more often for the faster engines, each new best
         followed by a neighbour search from it. The search ends when the budget is spent, every
         combination was tried, or ``patience`` candidates in a row (after the default-knob phase)
-        brought no gain of 0.5% or more (``None``: use the whole budget).
+        brought no gain of 0.5% or more (``None``: use the whole budget). When no candidate ran
+        correctly within the budget (a fused graph's engines are mostly runtime-compiled, and their
+        compilations can outlast a short budget), the search goes on past it (phase
+        ``"overtime"``, at most ``rawconv._search.OVERTIME_S`` = 3 s or twice the budget): it waits
+        for the compilations still running and tries each as it ends, then finalizes the heuristic
+        configs not yet tried, until one runs correctly.
         Runtime-compiled engines (behavior note RUNTIME_COMPILATION) compile in background threads,
         the values of one knob (or one batch of random draws) at once, at most min(8, CPU count) at
         a time in the process: a compilation still running when the budget ends (or, for an engine's default

@@ -631,7 +631,10 @@ class ConvertReport:
     """What :func:`convert` did: ``swapped`` (module names now on rawconv), ``folded`` (conv, batchnorm
     pairs), ``fused`` (module name -> "relu" / "add+relu" / "add" / "bias"), ``traced`` (whether torch.fx
     traced the model; False: module-level fusion only, ``trace_error`` says why), ``tuned`` (one dict
-    per conv layer: name, problem, choice, seconds, cached), ``autotune_s`` (wall seconds of the search)."""
+    per conv layer: name, kind, problem, backend, choice, searched, seconds, note; for a searched one
+    also the winner's ``median_ms`` / ``min_ms`` (GPU or wall ms per call) and, on cuDNN, ``plan_s``
+    (seconds to set up the plan: graph, heuristics) and ``search_s`` (the autotune's own seconds)),
+    ``autotune_s`` (wall seconds of the search)."""
 
     swapped: list = field(default_factory=list)
     folded: list = field(default_factory=list)
@@ -1067,6 +1070,7 @@ def _tune_one(m, kind: str, args: dict, backend: str, budget_s: float | None, *,
 
     budget = budget_s or 0.7   # per distinct problem: ResNet-50 has ~24 (fusion kinds included)
     allow_tf32 = prec != "strict"
+    t0 = time.perf_counter()
     if kind == "conv":
         plan = G.GraphConvolution(x, w, b, m.stride, _norm_padding(args["padding"]), m.dilation, m.groups,
                                   allow_tf32=allow_tf32)
@@ -1076,9 +1080,13 @@ def _tune_one(m, kind: str, args: dict, backend: str, budget_s: float | None, *,
     else:
         plan = G.GraphConvolution.from_problem(_problem_of(m, kind, args), direction="backward_data",
                                                allow_tf32=allow_tf32)
+    if info is not None:
+        info["plan_s"] = time.perf_counter() - t0
     try:
         rows = plan.autotune(budget_s=budget, patience=60, **({} if use_cache else
                                                               {"use_cache": False, "seed_from_cache": False}))
+        if info is not None:
+            info["search_s"] = getattr(plan, "autotune_seconds", None)
     except NotSupportedError:
         if kind == "fused":
             raise
@@ -1107,11 +1115,12 @@ def _autotune(model, example, report: ConvertReport, budget_s) -> None:
         searched = False
         t1 = time.perf_counter()
         note = ""
+        info: dict = {}
         if key in _TUNED:
             choice = _TUNED[key]
         else:
             try:
-                choice = _tune_one(m, kind, args, backend, budget_s)
+                choice = _tune_one(m, kind, args, backend, budget_s, info=info)
             except NotSupportedError as exc:   # nothing could be timed: the backend's default stays
                 choice, note = None, f"not tuned: {exc}"
             _TUNED[key] = choice
@@ -1120,7 +1129,7 @@ def _autotune(model, example, report: ConvertReport, budget_s) -> None:
         m._choice_backend = backend
         report.tuned.append({"name": names.get(id(m), "?"), "kind": kind, "problem": problem.describe(),
                              "backend": backend, "choice": choice, "searched": searched,
-                             "seconds": time.perf_counter() - t1, "key": key, "note": note})
+                             "seconds": time.perf_counter() - t1, "key": key, "note": note, **info})
     report.autotune_s = time.perf_counter() - t0
 
 

@@ -989,3 +989,38 @@ def test_tuning_records_of_the_graph_hold_its_config(cudnn, monkeypatch, memory_
     assert G._configs_of([rec]) == [G.EngineConfig(72, ((17, 1),))]
     back = tuning.TuningRecord.from_json(rec.to_json())
     assert back == rec and G._configs_of([back])[0].name == "eng72{k17=1}"
+
+
+def test_overtime_waits_for_a_slow_compilation_when_nothing_ran_correctly_within_the_budget(fake_timers, caplog):
+    """A fused graph's engines are mostly runtime-compiled; on a short budget none may finish
+    compiling in time. The search then waits for them (phase "overtime") rather than returning no
+    correct row (convert's autotune would otherwise leave the layer untimed)."""
+    engines = {7: ((), ("RUNTIME_COMPILATION",), [], lambda k: 0.5, 0),
+               8: ((), ("RUNTIME_COMPILATION",), [], lambda k: 0.4, 0)}
+    plan = _FakePlan(engines, {"instant": ["eng7", "eng8"]})
+    build = plan.build
+
+    def slow_build(ec, *, handle=None):
+        time.sleep(0.4)   # longer than the whole budget
+        return build(ec, handle=handle)
+    plan.build = slow_build
+    fake_timers.plan = plan
+    t0 = time.perf_counter()
+    opts = S.SearchOptions(budget_s=0.1, patience=None, include_runtime_compiled=True)
+    with caplog.at_level(logging.DEBUG, logger="rawconv.search"):
+        table = S.search(plan, t0 + 0.1, 0.1, {}, None, None, opts)
+    took = time.perf_counter() - t0
+    ok = [r for r in table if r.status == "ok"]
+    assert ok, [(r.name, r.status, r.detail) for r in table]
+    assert ok[0].name in ("eng7", "eng8") and ok[0].median_ms in (0.5, 0.4)
+    assert any(m.startswith("overtime:") for m in caplog.messages), caplog.messages
+    assert took < S.OVERTIME_S + 1.0, took
+    # with a budget that fits the compilations, no overtime
+    plan2 = _FakePlan(engines, {"instant": ["eng7", "eng8"]})
+    fake_timers.plan = plan2
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="rawconv.search"):
+        table = S.search(plan2, time.perf_counter() + 2.0, 2.0, {}, None, None,
+                         S.SearchOptions(budget_s=2.0, patience=None, include_runtime_compiled=True))
+    assert table[0].name == "eng8" and table[0].status == "ok"
+    assert not any(m.startswith("overtime:") for m in caplog.messages)
