@@ -397,6 +397,26 @@ def compile_in_background(plan: SearchPlan, configs, timeout_s: float) -> None:
         t.join(max(0.0, end - time.perf_counter()))
 
 
+PREFETCH = 2   # prefetch(): compilations started ahead for the next problem (of _RTC_WORKERS)
+
+
+def prefetch(plan: SearchPlan, n: int = PREFETCH) -> list:
+    """Start compiling, in background threads, the runtime-compiled configs among ``plan``'s first
+    ``n`` configs of heuristic mode instant that the default filters allow, and return at once
+    (their names). For a sequence of searches (``rawconv.nn.convert``'s autotune): the next
+    problem's likely first candidates compile on idle CPU cores while this one is timed on the
+    GPU, so that its search starts with them built (its trials wait for a compilation already
+    running rather than start another)."""
+    if n < 1:
+        return []
+    todo = []
+    for ec in plan.heuristic("instant")[:n]:
+        if RTC in ec.behavior_notes and not plan.allowed(ec):   # autotune's default filters
+            todo.append(ec)
+    compile_in_background(plan, todo, 0.0)
+    return [ec.name for ec in todo]
+
+
 def build_in_background(plan: SearchPlan, ec: Config, timeout_s: float):
     """Finalize one runtime-compiled config through :func:`compile_in_background` (or wait for
     the compilation of it already running), at most ``timeout_s``. Returns ``(built, "")``, or

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 
 from . import fused as _fused
 from . import onednn
-from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
+from .errors import ArgumentError, ArgumentTypeError, NotSupportedError, RawconvError
 from .options import PRECISIONS
 from .problem import ConvProblem, shape_only, tuple_arg
 
@@ -1038,11 +1038,29 @@ def _tune_key(m, kind, args, backend, problem) -> tuple:
     return (kind, problem, extra, m.precision, backend, dev, wl)
 
 
+def _graph_plan(m, kind: str, args: dict):
+    """The cuDNN graph plan that :func:`_tune_one` searches for layer ``m``'s recorded call."""
+    from . import cudnn_graph as G
+
+    x = args["x"]
+    w, b = m.weight.detach(), (m.bias.detach() if m.bias is not None else None)
+    allow_tf32 = m.precision != "strict"
+    if kind == "conv":
+        return G.GraphConvolution(x, w, b, m.stride, _norm_padding(args["padding"]), m.dilation, m.groups,
+                                  allow_tf32=allow_tf32)
+    if kind == "fused":
+        return _fused.plan_for(x, w, b, args.get("residual"), m.stride, _norm_padding(args["padding"]), m.dilation,
+                               m.groups, activation=m.activation, backend="cudnn", precision=m.precision)
+    return G.GraphConvolution.from_problem(_problem_of(m, kind, args), direction="backward_data",
+                                           allow_tf32=allow_tf32)
+
+
 def _tune_one(m, kind: str, args: dict, backend: str, budget_s: float | None, *, info: dict | None = None,
-              use_cache: bool = True) -> str:
+              use_cache: bool = True, plan=None) -> str:
     """The winning candidate's name for layer ``m``'s recorded call. ``info`` (a dict) receives the
     winner's ``median_ms`` / ``min_ms``; ``use_cache=False``: cuDNN searches afresh (no tuning
-    cache hit, no seeds from it)."""
+    cache hit, no seeds from it). ``plan``: cuDNN, the plan :func:`_graph_plan` made (whose
+    compilations may have started)."""
     x = args["x"]
     w, b = m.weight.detach(), (m.bias.detach() if m.bias is not None else None)
     prec = m.precision
@@ -1066,20 +1084,11 @@ def _tune_one(m, kind: str, args: dict, backend: str, budget_s: float | None, *,
             info.update(median_ms=getattr(rows[0], "median_ms", None), min_ms=getattr(rows[0], "min_ms", None))
         plan.free()
         return f"{best.name}@{best.layouts}"
-    from . import cudnn_graph as G
 
     budget = budget_s or 0.7   # per distinct problem: ResNet-50 has ~24 (fusion kinds included)
-    allow_tf32 = prec != "strict"
     t0 = time.perf_counter()
-    if kind == "conv":
-        plan = G.GraphConvolution(x, w, b, m.stride, _norm_padding(args["padding"]), m.dilation, m.groups,
-                                  allow_tf32=allow_tf32)
-    elif kind == "fused":
-        plan = _fused.plan_for(x, w, b, args.get("residual"), m.stride, _norm_padding(args["padding"]), m.dilation,
-                               m.groups, activation=m.activation, backend="cudnn", precision=prec)
-    else:
-        plan = G.GraphConvolution.from_problem(_problem_of(m, kind, args), direction="backward_data",
-                                               allow_tf32=allow_tf32)
+    if plan is None:
+        plan = _graph_plan(m, kind, args)
     if info is not None:
         info["plan_s"] = time.perf_counter() - t0
     try:
@@ -1087,6 +1096,7 @@ def _tune_one(m, kind: str, args: dict, backend: str, budget_s: float | None, *,
                                                               {"use_cache": False, "seed_from_cache": False}))
         if info is not None:
             info["search_s"] = getattr(plan, "autotune_seconds", None)
+            info["from_cache"] = bool(rows) and getattr(rows[0], "phase", "") == "cache"
     except NotSupportedError:
         if kind == "fused":
             raise
@@ -1106,12 +1116,37 @@ def _tune_one(m, kind: str, args: dict, backend: str, budget_s: float | None, *,
 
 
 def _autotune(model, example, report: ConvertReport, budget_s) -> None:
+    """Search each distinct problem of ``model``'s convolutions once and pin the winners. On cuDNN,
+    while one problem is searched, the next one's first runtime compilations (cuDNN's top
+    heuristic configs, which a fused graph mostly consists of) run in background threads
+    (:func:`rawconv._search.prefetch`), unless the previous problem came from the tuning cache."""
+    from . import _search
+
     t0 = time.perf_counter()
     names = {id(m): n for n, m in model.named_modules()}
+    layers = []
     for m, kind, args in _record_calls(model, example):
         backend = _resolve_backend(m.backend, args["x"].device)
         problem = _problem_of(m, kind, args)
-        key = _tune_key(m, kind, args, backend, problem)
+        layers.append((m, kind, args, backend, problem, _tune_key(m, kind, args, backend, problem)))
+    plans: dict = {}   # key -> the cuDNN plan made ahead, its compilations started
+    last_from_cache = False
+
+    def ahead(i: int) -> None:   # the next distinct cuDNN problem not searched yet, after layer i
+        keys = {layers[i][5]}
+        for m, kind, args, backend, _, key in layers[i + 1:]:
+            if key in _TUNED or key in keys or backend != "cudnn":
+                keys.add(key)
+                continue
+            if key not in plans:
+                try:
+                    plans[key] = plan = _graph_plan(m, kind, args)
+                    _search.prefetch(plan)
+                except (RawconvError, RuntimeError):   # its own search says what is wrong
+                    plans.pop(key, None)
+            return
+
+    for i, (m, kind, args, backend, problem, key) in enumerate(layers):
         searched = False
         t1 = time.perf_counter()
         note = ""
@@ -1119,10 +1154,13 @@ def _autotune(model, example, report: ConvertReport, budget_s) -> None:
         if key in _TUNED:
             choice = _TUNED[key]
         else:
+            if backend == "cudnn" and not last_from_cache:
+                ahead(i)
             try:
-                choice = _tune_one(m, kind, args, backend, budget_s, info=info)
+                choice = _tune_one(m, kind, args, backend, budget_s, info=info, plan=plans.pop(key, None))
             except NotSupportedError as exc:   # nothing could be timed: the backend's default stays
                 choice, note = None, f"not tuned: {exc}"
+            last_from_cache = info.get("from_cache", False)
             _TUNED[key] = choice
             searched = True
         m.choice = choice

@@ -1024,3 +1024,27 @@ def test_overtime_waits_for_a_slow_compilation_when_nothing_ran_correctly_within
                          S.SearchOptions(budget_s=2.0, patience=None, include_runtime_compiled=True))
     assert table[0].name == "eng8" and table[0].status == "ok"
     assert not any(m.startswith("overtime:") for m in caplog.messages)
+
+
+def test_prefetch_starts_the_top_runtime_compiled_heuristic_configs_and_returns_at_once():
+    """convert's autotune compiles the next problem's likely first candidates while this one is
+    timed: prefetch() starts them in background threads and does not wait."""
+    engines = {7: ((), ("RUNTIME_COMPILATION",), [], lambda k: 0.5, 0),
+               8: ((), ("RUNTIME_COMPILATION",), [], lambda k: 0.4, 0),
+               9: ((), (), [], lambda k: 0.3, 0)}
+    plan = _FakePlan(engines, {"instant": ["eng9", "eng7", "eng8"]})
+    build = plan.build
+
+    def slow_build(ec, *, handle=None):
+        time.sleep(0.3)
+        return build(ec, handle=handle)
+    plan.build = slow_build
+    t0 = time.perf_counter()
+    started = S.prefetch(plan, n=2)
+    assert time.perf_counter() - t0 < 0.2, "prefetch waited for the compilation"
+    assert started == ["eng7"], "only runtime-compiled configs among the first n"
+    assert S.compiling(plan)
+    while S.compiling(plan):
+        time.sleep(0.01)
+    assert "eng7" in plan.built and "eng8" not in plan.built and "eng9" not in plan.built
+    assert S.prefetch(plan, n=0) == []
