@@ -213,24 +213,21 @@ def make_variants(model, x, args, log) -> dict:
             fm = fuse(copy.deepcopy(model))
             return nograd(lambda: fm(x)), "torch.fx.experimental.optimization.fuse"
         timed_build("fx_bn_fold", fx)
-    if "compile" in want:
-        def comp():
-            torch._dynamo.reset()
-            cm = torch.compile(copy.deepcopy(model))
-            return nograd(lambda: cm(x)), "torch.compile default"
-        timed_build("compile", comp)
-    if "compile_freezing" in want:
-        def compf():
-            import torch._inductor.config as icfg
-            torch._dynamo.reset()
-            icfg.freezing = True
-            cm = torch.compile(copy.deepcopy(model))
+    # each variant compiles on its first call with its own inductor options (torch.compile's
+    # options=: a backend of its own, so dynamo's cache does not hand one variant's code to another);
+    # torch._dynamo.reset() is never called: it would throw away the variants compiled before, which
+    # would then recompile at their timing under whatever global settings are left
+    def compiled(m, example, note, fullgraph=False, **settings):
+        cm = torch.compile(m, fullgraph=fullgraph, options=settings)
+        with torch.no_grad():
+            cm(example)
+        return nograd(lambda: cm(example)), note, cm
 
-            def run():
-                with torch.no_grad():
-                    return cm(x)
-            return run, "torch._inductor.config.freezing = True"
-        timed_build("compile_freezing", compf)
+    if "compile" in want:
+        timed_build("compile", lambda: compiled(copy.deepcopy(model), x, "torch.compile default", freezing=False)[:2])
+    if "compile_freezing" in want:
+        timed_build("compile_freezing", lambda: compiled(copy.deepcopy(model), x, "torch._inductor.config.freezing = True",
+                                                         freezing=True)[:2])
     rawconv_wanted = [v for v in want if v.startswith("rawconv")]
     if rawconv_wanted:
         xc = x.to(memory_format=torch.channels_last)
@@ -278,21 +275,20 @@ def make_variants(model, x, args, log) -> dict:
             # choices, fused bias/ReLU/residual), inductor generates the rest (max pool, mean, linear)
             rmx = rm if dev == "cuda" else (tuned_on.get(True) or conv_model(xc)[0])
             xin = x if dev == "cuda" else xc
-            compiled = {}
+            made = {}
 
             def comp_rm():
-                import torch._inductor.config as icfg
-                torch._dynamo.reset()
-                icfg.freezing = False   # (compile_freezing sets it; rawconv's weights are frozen by convert)
-                compiled["fn"] = torch.compile(rmx, fullgraph=True)
-                return nograd(lambda: compiled["fn"](xin)), note + "; torch.compile(fullgraph=True) of the converted model"
+                fn, n, made["cm"] = compiled(
+                    rmx, xin, note + "; torch.compile(fullgraph=True) of the converted model", fullgraph=True,
+                    freezing=False)
+                return fn, n
             if "rawconv_compile" in want:
                 timed_build("rawconv_compile", comp_rm)
             if "rawconv_compile_cudagraph" in want and dev == "cuda":
                 def comp_graph():
-                    if "fn" not in compiled:
+                    if "cm" not in made:
                         comp_rm()
-                    replay, static_out = cuda_graph(compiled["fn"], x)
+                    replay, static_out = cuda_graph(made["cm"], x)
                     return (lambda: (replay(), static_out)[1]), "compiled converted model, torch.cuda.graph replay"
                 timed_build("rawconv_compile_cudagraph", comp_graph)
     return out

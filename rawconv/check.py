@@ -278,7 +278,21 @@ def reference(p: ConvProblem, direction: str, tensors: dict, *, activation: str 
     on the tensors' own device (torch's float64 convolution; asymmetric padding by zero-padding
     first, as :func:`conv_reference` does). ``tensors``: forward ``x``, ``w``, optional ``b``;
     backward_data ``dy``, ``w``; backward_weights ``x``, ``dy``. Returns ``(ref, ref_abs)`` float64
-    tensors in (N, K, *out) / (N, C, *in) / (K, C/g, *k) shape."""
+    tensors in (N, K, *out) / (N, C, *in) / (K, C/g, *k) shape. Runs with
+    ``torch.backends.cudnn.benchmark`` off (restored after): with it on, every new float64 shape
+    would first time cuDNN's float64 algorithms (``cudnnFind``), which took most of a 0.7 s
+    autotune budget per ResNet-50 layer on an H200."""
+    bench = torch._C._get_cudnn_benchmark()
+    if not bench:
+        return _reference(p, direction, tensors, activation)
+    torch._C._set_cudnn_benchmark(False)
+    try:
+        return _reference(p, direction, tensors, activation)
+    finally:
+        torch._C._set_cudnn_benchmark(bench)
+
+
+def _reference(p: ConvProblem, direction: str, tensors: dict, activation: str | None):
     import torch.nn.functional as F
 
     if direction == "backward_filter":

@@ -902,8 +902,9 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
     ``example_input``: the model runs once on it, every convolution call is recorded, each
     distinct problem (shape, layout, dtype, fusion) is searched ONCE (oneDNN: every
     implementation timed; cuDNN: :meth:`rawconv.cudnn_graph.GraphConvolution.autotune` with
-    ``autotune_budget_s`` per problem, default 0.7 s, tuning cache first) and the winner is pinned
-    as ``choice`` on every layer with that problem. Winners are remembered for the process (a
+    ``autotune_budget_s`` per problem, default 0.6 s, the best 8 re-timed in 10 groups, tuning
+    cache first, the next problem's first runtime compilations started in the background) and
+    the winner is pinned as ``choice`` on every layer with that problem. Winners are remembered for the process (a
     second convert of the same problems searches nothing). Backward passes keep the backend's
     default choices. ``model.rawconv_report`` (:class:`ConvertReport`) says what was done.
 
@@ -1038,6 +1039,11 @@ def _tune_key(m, kind, args, backend, problem) -> tuple:
     return (kind, problem, extra, m.precision, backend, dev, wl)
 
 
+# convert's cuDNN search per distinct problem (seconds; ResNet-50 has 24, fusion kinds included) and
+# its final re-timing (10 groups in 5 interleaved rounds: autotune's default 30 took 0.2 s a problem)
+GRAPH_BUDGET_S = 0.6
+
+
 def _graph_plan(m, kind: str, args: dict):
     """The cuDNN graph plan that :func:`_tune_one` searches for layer ``m``'s recorded call."""
     from . import cudnn_graph as G
@@ -1085,14 +1091,14 @@ def _tune_one(m, kind: str, args: dict, backend: str, budget_s: float | None, *,
         plan.free()
         return f"{best.name}@{best.layouts}"
 
-    budget = budget_s or 0.7   # per distinct problem: ResNet-50 has ~24 (fusion kinds included)
+    budget = budget_s or GRAPH_BUDGET_S
     t0 = time.perf_counter()
     if plan is None:
         plan = _graph_plan(m, kind, args)
     if info is not None:
         info["plan_s"] = time.perf_counter() - t0
     try:
-        rows = plan.autotune(budget_s=budget, patience=60, **({} if use_cache else
+        rows = plan.autotune(budget_s=budget, patience=60, final_iterations=10, **({} if use_cache else
                                                               {"use_cache": False, "seed_from_cache": False}))
         if info is not None:
             info["search_s"] = getattr(plan, "autotune_seconds", None)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from rawconv import check
+from rawconv.errors import ArgumentError
 from rawconv.problem import ConvProblem
 
 
@@ -42,3 +43,35 @@ def test_tf32_truncated_inputs_pass_only_as_tf32():
     y = (trunc(x).double() * trunc(w).double().view(1, 3, 1)).float()
     assert check.check(p, y, ref, ref_abs, check.tolerance_for(p, "forward", compute="tf32")).ok
     assert not check.check(p, y, ref, ref_abs, check.tolerance_for(p, "forward")).ok   # not as float32
+
+
+def test_reference_runs_with_cudnn_benchmark_off_and_restores_it(monkeypatch):
+    """With torch.backends.cudnn.benchmark on, each new float64 shape would first time cuDNN's
+    float64 algorithms: the reference turns it off for its own convolutions, restores it after
+    (also when it raises), and still computes the float64 result."""
+    from rawconv import check
+
+    p = ConvProblem.from_benchdnn("mb2ic3ih6oc4oh6kh3ph1")
+    x, w, _ = p.make_inputs()
+    seen = []
+    real = check._reference
+
+    def spy(*a, **k):
+        seen.append(torch.backends.cudnn.benchmark)
+        return real(*a, **k)
+    monkeypatch.setattr(check, "_reference", spy)
+    old = torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cudnn.benchmark = True
+        ref, _ = check.reference(p, "forward", {"x": x, "w": w})
+        assert seen == [False] and torch.backends.cudnn.benchmark is True
+        want = torch.nn.functional.conv2d(x.double(), w.double(), padding=1)
+        assert torch.equal(ref, want)
+        with pytest.raises(ArgumentError):
+            check.reference(p, "sideways", {"x": x, "w": w})
+        assert torch.backends.cudnn.benchmark is True
+        torch.backends.cudnn.benchmark = False
+        check.reference(p, "forward", {"x": x, "w": w})
+        assert seen[-1] is False and torch.backends.cudnn.benchmark is False
+    finally:
+        torch.backends.cudnn.benchmark = old
