@@ -213,13 +213,17 @@ def make_variants(model, x, args, log) -> dict:
             fm = fuse(copy.deepcopy(model))
             return nograd(lambda: fm(x)), "torch.fx.experimental.optimization.fuse"
         timed_build("fx_bn_fold", fx)
-    # each variant compiles on its first call with its own inductor options (torch.compile's
-    # options=: a backend of its own, so dynamo's cache does not hand one variant's code to another);
-    # torch._dynamo.reset() is never called: it would throw away the variants compiled before, which
-    # would then recompile at their timing under whatever global settings are left
+    # each variant compiles on its first call with its own inductor settings: torch.compile's
+    # options= (a backend of its own, so dynamo's cache does not hand one variant's code to
+    # another) and the same settings patched into the global config while it compiles (dynamo reads
+    # freezing from there when it traces). torch._dynamo.reset() is never called: it would throw
+    # away the variants compiled before, which would then recompile at their timing under whatever
+    # global settings are left.
+    import torch._inductor.config as icfg
+
     def compiled(m, example, note, fullgraph=False, **settings):
         cm = torch.compile(m, fullgraph=fullgraph, options=settings)
-        with torch.no_grad():
+        with icfg.patch(**settings), torch.no_grad():
             cm(example)
         return nograd(lambda: cm(example)), note, cm
 

@@ -40,6 +40,7 @@ for s in "$@"; do
         --profile 3 --tuned ${R50_ARGS:-} ;;
     r50-cpu-diag) step r50-cpu-diag${DIAG_TAG:-} ${T_R50C:-300} python3 benchmarks/bench_resnet50.py --device cpu --threads 8 \
         --variants compile_freezing,rawconv_channels_last ${R50_ARGS:-} ;;
+    diag-ref) step diag-ref 120 python3 benchmarks/diag_reference_time.py ;;
     diag-hot) step diag-hot 120 python3 benchmarks/diag_hot_path_cuda.py ;;
     lscpu) step lscpu 30 bash -c 'lscpu; nproc; python3 -c "import torch; print(torch.__config__.parallel_info())"' ;;
     *) echo "unknown step $s"; exit 2 ;;
