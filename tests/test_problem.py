@@ -144,3 +144,26 @@ def test_error_stats_catch_wrong_and_nan():
     nan[1, 2, 3, 4] = float("nan")
     st_ = compare_to_reference(p, nan, ref, ra)
     assert st_.nan == 1 and not st_.ok
+
+
+def test_make_inputs_on_device_draws_the_same_distributions_where_the_tensors_live():
+    """on_device=True (autotune's examples): drawn by a generator of the target device, so no host
+    float64 draw; shapes, dtype, layout and the weights' 1/sqrt(reduction) scale as the CPU draw,
+    repeatable per seed."""
+    import math
+
+    p = ConvProblem.from_benchdnn("mb4ic16ih20oc32oh20kh3ph1", layout="nhwc", has_bias=True)
+    x, w, b = p.make_inputs(seed=3, on_device=True)
+    x0, w0, b0 = p.make_inputs(seed=3)
+    for a, ref in ((x, x0), (w, w0), (b, b0)):
+        assert a.shape == ref.shape and a.dtype == ref.dtype and a.device == ref.device
+    assert x.stride() == x0.stride(), "memory in the problem's layout"
+    assert not torch.equal(x, x0), "another generator: other values"
+    x2, w2, b2 = p.make_inputs(seed=3, on_device=True)
+    assert torch.equal(x, x2) and torch.equal(w, w2) and torch.equal(b, b2)
+    assert not torch.equal(p.make_inputs(seed=4, on_device=True)[0], x)
+    assert abs(x.double().std().item() - 1.0) < 0.05
+    want = 1 / math.sqrt(p.reduction_length)
+    assert abs(w.double().std().item() / want - 1.0) < 0.1
+    h = ConvProblem.from_benchdnn("mb2ic4ih8oc4oh8kh1", dtype="float64")
+    assert h.make_inputs(on_device=True)[0].dtype == torch.float64
