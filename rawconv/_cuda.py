@@ -3,7 +3,8 @@
 The raw layer (:mod:`rawconv._cudnn`) knows cuDNN alone; this module adds what needs torch: one
 cuDNN handle per (thread, device), created with that device current and given torch's current
 stream on it (``cudnnSetStream`` only when the stream changed); workspaces from torch's caching
-allocator; the device guard plan methods run under; and the checks of tensors bound to a plan.
+allocator; the device guard plan methods run under; the checks of tensors bound to a plan; and
+the tensor pack both cuDNN plans' forward hot paths check a call against (:class:`HotArgs`).
 Importing it registers torch's own cuDNN as the one :func:`rawconv._cudnn.load` reuses.
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ import threading
 
 import torch
 
-from . import _cudnn
+from . import _cudnn, _guard
 from ._cudnn import call, ffi
 from .errors import ArgumentError, ArgumentTypeError
 
@@ -69,6 +70,13 @@ def _device_index(device) -> int:
 
 def handle_for(idx: int):
     """:func:`handle` for a device index (the fast path the plans use)."""
+    return handle_state(idx).ptr
+
+
+def handle_state(idx: int) -> _Handle:
+    """This thread's handle for device index ``idx`` as :func:`handle_for` prepares it, with the
+    stream now set on it: ``.ptr`` (the ``cudnnHandle_t``) and ``.stream`` (torch's current raw
+    stream on that device). For hot paths that also need the stream (a workspace is tied to one)."""
     handles = getattr(_tls, "handles", None)
     if handles is None:
         handles = _tls.handles = {}
@@ -80,7 +88,7 @@ def handle_for(idx: int):
     if s != h.stream:
         _cudnn.set_stream(h.ptr, s)
         h.stream = s
-    return h.ptr
+    return h
 
 
 def current_stream_of_handle(idx: int) -> int | None:
@@ -168,3 +176,90 @@ def workspace(nbytes: int, device) -> "object":
     """A device buffer of at least ``nbytes`` bytes from torch's caching allocator (a uint8 tensor;
     keep it alive while cuDNN may use it). ``nbytes`` 0 gives a 1-byte buffer."""
     return torch.empty(max(int(nbytes), 1), dtype=torch.uint8, device=device)
+
+
+# ------------------------------------------------------------------ forward hot paths
+PLAIN = (torch.Tensor, torch.nn.Parameter)   # tensor types a hot path takes as they are
+
+
+def out_overlaps(ptrs, ext) -> bool:
+    """Whether the last tensor of ``ptrs`` (out) shares a byte with another: ``ptrs`` their data
+    pointers, ``ext`` their byte extents (:func:`rawconv._guard.extent`; 0 for an absent or empty
+    tensor). With each tensor's shape and strides fixed, the pointers alone decide it, as
+    :func:`rawconv._guard.check_no_overlap` does from the tensors."""
+    o, eo = ptrs[-1], ext[-1]
+    if not eo:
+        return False
+    for q, e in zip(ptrs[:-1], ext[:-1]):
+        if e and q < o + eo and o < q + e:
+            return True
+    return False
+
+
+class HotArgs:
+    """The tensors of a CUDA plan's forward hot path (x, w, bias or None, y), as a checked call
+    used them (no copy, no unsqueeze): each one's shape and strides as the caller passed it, their
+    dtype and device (``cuda:index``), y's shape and strides, the byte extents that tell an ``out``
+    overlapping an input, the address alignment the plan needs (1: none), and the last pointers
+    found not to overlap. :meth:`bind` takes a later call's tensors when their metadata is exactly
+    the pack's; the caller's checked path handles every other case (and raises the clear error)."""
+
+    __slots__ = ("x", "w", "b", "dtype", "index", "device", "y_shape", "y_strides", "ext", "align", "fit")
+
+    @classmethod
+    def of(cls, x, w, bias, y, index: int, align: int = 1) -> "HotArgs | None":
+        """The pack of a checked call on ``cuda:index`` that passed ``x``, ``w``, ``bias`` (or None)
+        and wrote ``y`` as they are; None when one of them is a tensor subclass."""
+        if type(x) not in PLAIN or type(w) not in PLAIN or type(y) not in PLAIN \
+                or (bias is not None and type(bias) not in PLAIN):
+            return None
+        h = cls()
+        h.x, h.w = (x.shape, x.stride()), (w.shape, w.stride())
+        h.b = None if bias is None else (bias.shape, bias.stride())
+        h.dtype, h.index, h.device = x.dtype, index, torch.device("cuda", index)
+        h.y_shape, h.y_strides = y.shape, y.stride()
+        h.ext = tuple(0 if v is None else _guard.extent(v) for v in (x, w, bias, y))
+        h.align, h.fit = align, None
+        return h
+
+    def bind(self, x, w, bias, out):
+        """``((x, w, bias or 0, y) data pointers, y)`` when the tensors have exactly the pack's
+        metadata (type, shape, strides, dtype, device, no negative bit, aligned addresses): y is a
+        new tensor of the pack's shape and strides, or ``out`` (which must not require grad, be an
+        inference tensor, overlap an input, or come with an input that requires grad). Else None."""
+        dt, idx = self.dtype, self.index
+        xs, ws, bs = self.x, self.w, self.b
+        try:   # (an unusual tensor may raise on .shape: the checked path says what is wrong)
+            if type(x) not in PLAIN or x.shape != xs[0] or x.stride() != xs[1] or x.dtype is not dt \
+                    or not x.is_cuda or x.get_device() != idx or x.is_neg() \
+                    or type(w) not in PLAIN or w.shape != ws[0] or w.stride() != ws[1] or w.dtype is not dt \
+                    or not w.is_cuda or w.get_device() != idx or w.is_neg():
+                return None
+            if bs is None:
+                if bias is not None:
+                    return None
+                pb = 0
+            elif type(bias) not in PLAIN or bias.shape != bs[0] or bias.stride() != bs[1] \
+                    or bias.dtype is not dt or not bias.is_cuda or bias.get_device() != idx or bias.is_neg():
+                return None
+            else:
+                pb = bias.data_ptr()
+            if out is None:
+                y = torch.empty_strided(self.y_shape, self.y_strides, dtype=dt, device=self.device)
+            elif type(out) in PLAIN and out.shape == self.y_shape and out.stride() == self.y_strides \
+                    and out.dtype is dt and out.is_cuda and out.get_device() == idx and not out.is_neg() \
+                    and not out.requires_grad and not out.is_inference() and not x.requires_grad \
+                    and not w.requires_grad and (bias is None or not bias.requires_grad):
+                y = out
+            else:
+                return None
+            a = (x.data_ptr(), w.data_ptr(), pb, y.data_ptr())
+        except Exception:   # noqa: BLE001
+            return None
+        if self.align > 1 and (a[0] | a[1] | a[2] | a[3]) % self.align:
+            return None   # the checked path copies (or refuses an out) that is not aligned
+        if out is not None and a != self.fit:
+            if out_overlaps(a, self.ext):
+                return None   # the checked path raises the clear error
+            self.fit = a
+        return a, y

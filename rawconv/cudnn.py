@@ -37,7 +37,7 @@ import torch
 from . import _cuda, _cudnn, _guard
 from ._cudnn import ffi
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
-from ._plans import PlanCache, PlanLifetime
+from ._plans import PlanCache, PlanLifetime, arg_key
 from ._backend import Candidate, canonical_direction
 from .results import Result, ResultTable
 from ._grad import needs_grad as _needs_grad
@@ -311,6 +311,89 @@ def gpu_time(fn, iterations: int = 20, warmup: int = 3, repeats: int = 3):
     return time_cuda_queued(fn, iterations=iterations, warmup=warmup, repeats=repeats)
 
 
+# ---------------------------------------------------------------------------- the forward hot path
+class _Hot:
+    """A forward plan's prepared call for :meth:`Convolution.execute`'s hot path: the tensors' pack
+    (:class:`rawconv._cuda.HotArgs`), the :class:`RunInfo`, descriptors and workspace it was made
+    with (it holds while they are the plan's), the stream that workspace belongs to, the C
+    function with its prepared arguments (alpha/beta pointers, descriptors, algo, workspace
+    pointer and size), the bias and activation steps when they run in torch (as the checked path
+    runs them), and the ``void *`` casts of the last data pointers."""
+
+    __slots__ = ("args", "info", "descs", "ws", "stream", "index", "fn", "pre", "fused", "bd", "actd", "bview",
+                 "act", "casts", "where")
+
+    @classmethod
+    def of(cls, plan: "Convolution", info: "RunInfo", pws, x, w, bias, y) -> "_Hot | None":
+        """The pack of a checked forward call that ran one cuDNN call on ``x``, ``w``, ``bias`` (or
+        None) and ``y`` as they are (the caller checks that), or None (a tensor subclass)."""
+        args = _cuda.HotArgs.of(x, w, bias, y, plan.device_index)
+        if args is None:
+            return None
+        p, L = plan.problem, _cudnn.lib()
+        h = cls()
+        h.args, h.info, h.descs, h.ws, h.stream = args, info, plan._descs, plan._ws, plan._ws_stream
+        h.index = plan.device_index
+        xd, wd, yd, cd = plan.descriptors(plan.inner.n)
+        h.pre = (plan._alpha, xd, wd, cd, info.algo_id, pws, info.workspace_bytes, plan._beta0, yd)
+        h.fused = bool(info.fused)
+        if h.fused:
+            h.fn, h.bd, h.actd = L.cudnnConvolutionBiasActivationForward, plan._bias_desc(), plan._act_desc()
+            h.bview = h.act = None
+        else:
+            h.fn, h.bd, h.actd = L.cudnnConvolutionForward, None, None
+            h.bview = None if bias is None else (1, -1) + (1,) * p.ndim
+            h.act = None if plan.activation is None else _ACT_FNS[plan.activation]
+        h.casts = (None,)
+        h.where = f"algo {info.algo}, {p.describe()}"
+        return h
+
+    def current(self, plan: "Convolution") -> bool:
+        """Whether the plan still runs what this pack was made with (select, autotune, a new
+        workspace or free() make it stale)."""
+        return self.info is plan._info and self.descs is plan._descs and self.ws is plan._ws and not plan._freed
+
+    def run(self, plan: "Convolution", x, w, bias, out):
+        """Run when the pack is current and the tensors have exactly its metadata
+        (:meth:`rawconv._cuda.HotArgs.bind`) on the workspace's stream: one
+        ``cudnnConvolutionForward`` (then bias and activation in torch, as the checked path) or
+        ``cudnnConvolutionBiasActivationForward``; returns y (or ``out``), else None (the caller
+        takes the checked path)."""
+        if not self.current(plan):
+            return None
+        if bias is None:
+            bias = plan._b
+        bound = self.args.bind(plan._x if x is None else x, plan._w if w is None else w, bias, out)
+        if bound is None:
+            return None
+        a, y = bound
+        hs = _cuda.handle_state(self.index)
+        if hs.stream != self.stream:
+            return None   # the checked path takes a workspace for this stream
+        c = self.casts   # (pointers, their casts): read and replaced as one object
+        if c[0] != a:
+            cast = ffi.cast
+            c = self.casts = (a, cast("void *", a[0]), cast("void *", a[1]), cast("void *", a[2]),
+                              cast("void *", a[3]))
+        _, px, pw, pb, py = c
+        alpha, xd, wd, cd, algo, pws, nws, beta, yd = self.pre
+        if self.fused:
+            if self.fn(hs.ptr, alpha, xd, px, wd, pw, cd, algo, pws, nws, beta, yd, py, self.bd, pb, self.actd,
+                       yd, py):
+                return None   # the checked path: the unfused fallback, or cuDNN's error
+        else:
+            st = self.fn(hs.ptr, alpha, xd, px, wd, pw, cd, algo, pws, nws, beta, yd, py)
+            if st:
+                raise _cudnn.error(st, "cudnnConvolutionForward", self.where)
+            if self.bview is not None:
+                y.add_(bias.view(self.bview))
+            if self.act is not None:
+                self.act(y)
+        if out is not None:
+            _guard.bump((out,))   # written in place, as torch's out= functions do
+        return y
+
+
 # ---------------------------------------------------------------------------- the plan
 class Convolution(PlanLifetime):
     """A cuDNN (legacy API) convolution plan for one problem, in the style of nvmath-python's ``Matmul``.
@@ -396,6 +479,7 @@ class Convolution(PlanLifetime):
         self._ws = None
         self._ws_stream = None
         self._fused: bool | None = None
+        self._hot: _Hot | None = None   # the forward hot path's prepared call (see execute)
         self.notes: list[str] = []
         p = problem
         # asymmetric padding: cuDNN pads symmetrically; pad the rest explicitly (a copy)
@@ -747,7 +831,19 @@ class Convolution(PlanLifetime):
         ``return_info``, returns ``(result, RunInfo)``. Raises :class:`ArgumentError` when tensors
         do not fit the plan. Wraps ``cudnnConvolutionForward`` / ``cudnnConvolutionBiasActivationForward``
         / ``cudnnConvolutionBackwardData`` / ``cudnnConvolutionBackwardFilter``.
+
+        Forward hot path: after a call that passed its tensors to cuDNN as they are (no copy, no
+        unsqueeze, no explicit padding, one batch chunk), a call whose tensors have exactly that
+        call's metadata (type, shape, strides, dtype, device, no negative bit; ``out`` not
+        overlapping an input) on the same stream costs the one cuDNN call (plus the bias and
+        activation steps when they run in torch), its arguments prepared once; any other call
+        takes the checks below.
         """
+        hot = self._hot
+        if hot is not None and grad_y is None:
+            y = hot.run(self, x, w, bias, out)
+            if y is not None:
+                return (y, hot.info) if return_info else y
         if self._freed:
             raise ArgumentError("this Convolution plan was freed")
         p = self.problem
@@ -796,6 +892,14 @@ class Convolution(PlanLifetime):
 
     __call__ = execute
 
+    @_cuda.on_plan_device
+    def _hot_forward(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None):
+        """The forward hot path alone (see :meth:`execute`): y when the tensors fit the prepared
+        call exactly, else None (the caller then takes :meth:`execute`). For the operator's CUDA
+        kernel, which keeps the plan of its last call with the same arguments."""
+        hot = self._hot
+        return None if hot is None else hot.run(self, x, w, bias, None)
+
     def _chunks(self):
         """``(start, size)`` of each batch chunk (int32 element limit) and its descriptors."""
         n, b = self.inner.n, self.batch_chunk
@@ -806,6 +910,7 @@ class Convolution(PlanLifetime):
         """execute() forward: ``cudnnConvolutionForward`` per batch chunk, or
         ``cudnnConvolutionBiasActivationForward`` when bias (+ activation) fuse; else those in torch."""
         p, L, cast, nws, algo = self.problem, _cudnn.lib(), ffi.cast, info.workspace_bytes, info.algo_id
+        x0, w0 = x, w
         x = self._prep("x", x, p.x_shape, self._xs)
         w = self._prep("w", w, p.w_shape, self._wst)
         y = empty_like_layout(p.y_shape, p.layout, p.torch_dtype, x.device) if out is None else \
@@ -813,6 +918,7 @@ class Convolution(PlanLifetime):
         if self._asym:
             x = self._pad(x)
         fused = info.fused
+        bt = None
         if fused:
             bt = self._prep("bias", bias, (p.k,), (1,))
             act = self._act_desc()
@@ -849,6 +955,11 @@ class Convolution(PlanLifetime):
                 y.add_(bt.view(1, -1, *([1] * p.ndim)))
             if self.activation is not None:
                 _ACT_FNS[self.activation](y)
+        hot = self._hot
+        if (hot is None or not hot.current(self)) and whole and x is x0 and w is w0 and bt is bias \
+                and (out is None or y is out) and y.stride() == self._ys:
+            # every tensor went to cuDNN as the caller passed it, y as the checked path makes it
+            self._hot = _Hot.of(self, info, pws, x, w, bias, y)
         return y
 
     def _run_backward_data(self, h, info: RunInfo, pws, _x, w, _bias, out, grad_y):
@@ -1081,6 +1192,7 @@ class Convolution(PlanLifetime):
         self._descs = {}
         self._cdesc_by_math = {}
         self._ws = None
+        self._hot = None
         self._example = None
         self._exec_example = None
         self._x = self._w = self._b = None
@@ -1140,12 +1252,45 @@ def _graph(name: str):
 
 
 def _fast_key(tag, *parts):
+    """The function forms' fast-path key: ``(tag, *parts)`` when it hashes, else None. Callers pass
+    the user's non-tensor arguments through :func:`rawconv._plans.arg_key` (1, 1.0 and True, a list
+    and a tuple are told apart: a plan is never reused for an argument its checks would refuse)."""
     try:
         key = (tag,) + parts
         hash(key)
         return key
     except TypeError:
         return None
+
+
+def _forward_key(x, w, bias, stride, padding, dilation, groups, algo, math, deterministic, workspace_limit,
+                 activation):
+    """:func:`forward`'s fast-path key (tensors' metadata and the arguments after :func:`_normalize`),
+    or None when it does not hash. Raises AttributeError for an argument that is not a tensor."""
+    return _fast_key("f", x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device,
+                     None if bias is None else (bias.shape, bias.dtype, bias.device), arg_key(stride),
+                     arg_key(padding), arg_key(dilation), arg_key(groups), arg_key(algo), arg_key(math),
+                     arg_key(deterministic), arg_key(workspace_limit), arg_key(activation))
+
+
+def _forward_plan(x, w, bias, stride, padding, dilation, groups, algo, math, deterministic, workspace_limit,
+                  activation) -> Convolution:
+    """The cached forward plan of :func:`forward`'s arguments (after :func:`_normalize`): found by
+    :func:`_forward_key` (no validation, no heuristic query: the plan keeps its chosen algo), else
+    built, validated and cached."""
+    try:
+        key = _forward_key(x, w, bias, stride, padding, dilation, groups, algo, math, deterministic, workspace_limit,
+                           activation)
+    except AttributeError:
+        key = None
+    plan = _fast.get(key) if key is not None else None
+    if plan is None:
+        problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
+        _check_device(problem)
+        plan = _plan(problem, "forward", _w_layout(w, problem), algo, math, deterministic, workspace_limit, activation)
+        if key is not None:
+            _fast.put(key, plan)
+    return plan
 
 
 def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
@@ -1189,19 +1334,8 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
     if engine is not None:
         kw = {k: v for k, v in (("math", math), ("out", out), ("activation", activation)) if v is not None}
         return _graph("forward")(x, w, bias, stride, padding, dilation, groups, engine=engine, **kw)
-    try:
-        key = _fast_key("f", x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device,
-                        None if bias is None else (bias.shape, bias.dtype, bias.device), stride, padding,
-                        dilation, groups, algo, math, deterministic, workspace_limit, activation)
-    except AttributeError:
-        key = None
-    plan = _fast.get(key) if key is not None else None
-    if plan is None:
-        problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
-        _check_device(problem)
-        plan = _plan(problem, "forward", _w_layout(w, problem), algo, math, deterministic, workspace_limit, activation)
-        if key is not None:
-            _fast.put(key, plan)
+    plan = _forward_plan(x, w, bias, stride, padding, dilation, groups, algo, math, deterministic, workspace_limit,
+                         activation)
     return plan.execute(x, w, bias, out, return_info=return_info)
 
 
@@ -1259,8 +1393,9 @@ def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int],
         return _graph("backward_data")(grad_y, w, x_shape, stride, padding, dilation, groups, engine=engine, **kw)
     try:
         key = _fast_key("d", grad_y.shape, grad_y.stride(), grad_y.dtype, grad_y.device, w.shape, w.stride(),
-                        w.dtype, w.device, tuple(x_shape), stride, padding, dilation, groups, algo, math,
-                        deterministic, workspace_limit)
+                        w.dtype, w.device, arg_key(tuple(x_shape)), arg_key(stride), arg_key(padding),
+                        arg_key(dilation), arg_key(groups), arg_key(algo), arg_key(math), arg_key(deterministic),
+                        arg_key(workspace_limit))
     except (AttributeError, TypeError):
         key = None
     plan = _fast.get(key) if key is not None else None
@@ -1301,8 +1436,9 @@ def backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[in
         raise ArgumentError(f"w_layout must be 'nchw' or 'nhwc', got {w_layout!r}")
     try:
         key = _fast_key("w", x.shape, x.stride(), x.dtype, x.device, grad_y.shape, grad_y.stride(), grad_y.dtype,
-                        grad_y.device, tuple(w_shape), stride, padding, dilation, groups, algo, math,
-                        deterministic, workspace_limit, w_layout)
+                        grad_y.device, arg_key(tuple(w_shape)), arg_key(stride), arg_key(padding),
+                        arg_key(dilation), arg_key(groups), arg_key(algo), arg_key(math), arg_key(deterministic),
+                        arg_key(workspace_limit), arg_key(w_layout))
     except (AttributeError, TypeError):
         key = None
     plan = _fast.get(key) if key is not None else None

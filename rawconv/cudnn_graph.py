@@ -325,18 +325,14 @@ class _Built:
         self.read_back = read_back
 
 
-_PLAIN = (torch.Tensor, torch.nn.Parameter)   # tensor types the hot path takes as they are
-_grad_enabled = torch.is_grad_enabled
-
-
 class _GraphHot:
     """A forward plan's prepared argument pack for :meth:`GraphConvolution.execute`'s hot path: the
-    finalized plan it ran, each tensor's (shape, strides) as the caller passed it (used as it was:
-    no copy, no unsqueeze), the dtype and device, y's shape and strides, the order of the data
-    pointers in the variant pack, the byte extents that reject an ``out`` overlapping an input,
-    and the last pointers found not to overlap."""
+    finalized plan it ran, the tensors' pack (:class:`rawconv._cuda.HotArgs`: each tensor's shape
+    and strides as the caller passed it, used as it was: no copy, no unsqueeze; dtype, device,
+    y's shape and strides, 16-byte alignment, the byte extents that reject an ``out`` overlapping
+    an input) and the order of the data pointers in the variant pack."""
 
-    __slots__ = ("built", "x", "w", "b", "dtype", "index", "device", "y_shape", "y_strides", "order", "ext", "fit")
+    __slots__ = ("built", "args", "order")
 
     @classmethod
     def of(cls, plan: "GraphConvolution", built: "_Built", t: dict, x, w, bias, out) -> "_GraphHot | None":
@@ -352,68 +348,23 @@ class _GraphHot:
         if x is None or w is None or t["x"] is not x or t["w"] is not w or (bias is None) != ("b" not in t) \
                 or (bias is not None and t["b"] is not bias) or (out is not None and t["y"] is not out):
             return None
-        if not all(type(v) in _PLAIN for v in t.values()):
+        args = _cuda.HotArgs.of(x, w, bias, t["y"], plan.device_index, ALIGNMENT)
+        if args is None:
             return None
         h = cls()
-        h.built = built
-        h.x, h.w = (x.shape, x.stride()), (w.shape, w.stride())
-        h.b = (bias.shape, bias.stride()) if bias is not None else None
-        h.dtype, h.index = x.dtype, plan.device_index
-        h.device = torch.device("cuda", plan.device_index)
-        h.y_shape, h.y_strides = t["y"].shape, t["y"].stride()
+        h.built, h.args = built, args
         h.order = (0, 1, 3) if bias is None else (0, 1, 3, 2)   # (x, w, b, y) -> the graph's roles
-        h.ext = tuple(0 if v is None else _guard.extent(v) for v in (x, w, bias, t["y"]))
-        h.fit = None
         return h
 
     def run(self, plan: "GraphConvolution", x, w, bias, out):
-        """Run when the tensors have exactly the pack's metadata (type, shape, strides, dtype, device,
-        no negative bit, 16-byte aligned addresses): ``cudnnBackendExecute`` on the variant pack of
-        their pointers; returns y (or ``out``), else None (the caller takes the checked path)."""
-        if x is None:
-            x = plan._x
-        if w is None:
-            w = plan._w
-        if bias is None:
-            bias = plan._b
-        dt, idx = self.dtype, self.index
-        xs, ws, bs = self.x, self.w, self.b
-        try:   # (an unusual tensor may raise on .shape: the checked path says what is wrong)
-            if type(x) not in _PLAIN or x.shape != xs[0] or x.stride() != xs[1] or x.dtype is not dt \
-                    or not x.is_cuda or x.get_device() != idx or x.is_neg() \
-                    or type(w) not in _PLAIN or w.shape != ws[0] or w.stride() != ws[1] or w.dtype is not dt \
-                    or not w.is_cuda or w.get_device() != idx or w.is_neg():
-                return None
-            if bs is None:
-                if bias is not None:
-                    return None
-                pb = 0
-            elif type(bias) not in _PLAIN or bias.shape != bs[0] or bias.stride() != bs[1] \
-                    or bias.dtype is not dt or not bias.is_cuda or bias.get_device() != idx or bias.is_neg():
-                return None
-            else:
-                pb = bias.data_ptr()
-            if out is None:
-                y = torch.empty_strided(self.y_shape, self.y_strides, dtype=dt, device=self.device)
-            elif type(out) in _PLAIN and out.shape == self.y_shape and out.stride() == self.y_strides \
-                    and out.dtype is dt and out.is_cuda and out.get_device() == idx and not out.is_neg() \
-                    and not out.requires_grad and not out.is_inference() and not x.requires_grad \
-                    and not w.requires_grad and (bias is None or not bias.requires_grad):
-                y = out
-            else:
-                return None
-            a = (x.data_ptr(), w.data_ptr(), pb, y.data_ptr())
-        except Exception:   # noqa: BLE001
+        """Run when the tensors have exactly the pack's metadata (:meth:`rawconv._cuda.HotArgs.bind`):
+        ``cudnnBackendExecute`` on the variant pack of their pointers; returns y (or ``out``), else
+        None (the caller takes the checked path)."""
+        bound = self.args.bind(plan._x if x is None else x, plan._w if w is None else w,
+                               plan._b if bias is None else bias, out)
+        if bound is None:
             return None
-        if (a[0] | a[1] | a[2] | a[3]) % ALIGNMENT:
-            return None   # the checked path copies (or refuses an out) that is not aligned
-        if out is not None and a != self.fit:
-            eo, o = self.ext[3], a[3]
-            if eo:
-                for q, e in zip(a[:3], self.ext[:3]):
-                    if e and q < o + eo and o < q + e:
-                        return None   # the checked path raises the clear error
-            self.fit = a
+        a, y = bound
         plan._run(self.built, tuple([a[i] for i in self.order]))
         if out is not None:
             _guard.bump((out,))   # written in place, as torch's out= functions do

@@ -305,21 +305,21 @@ _GRAPH_MATH = {"strict": None, "tf32": "tensor_op", "bf16": "tensor_op_allow_con
 def _forward_cuda(x, w, bias, stride, pad_before, pad_after, dilation, groups, backend, choice, precision,
                   bwd_data_choice, bwd_weights_choice):
     # y comes out in x's memory format from both APIs (their plans take ConvProblem.layout, the
-    # rule the fake kernel follows): no check needed here
-    akey = None
-    if backend == "cudnn_graph":   # the fast path, as on the CPU: the plan of the last call with these
-        # (non-tensor) arguments, bias presence, device and thread, when the tensors fit its prepared
-        # pack exactly (checked per call by the plan's hot path); else the checked path below
-        try:
-            akey = (*stride, None, *pad_before, None, *pad_after, None, *dilation, groups, choice, precision,
-                    bwd_data_choice, bwd_weights_choice, bias is None, x.get_device(), _get_ident())
-            plan = _cuda_last.get(akey)
-        except Exception:   # noqa: BLE001  (the checked path says what is wrong)
-            akey = plan = None
-        if plan is not None:
-            y = plan._hot_forward(x, w, bias)
-            if y is not None:
-                return y
+    # rule the fake kernel follows): no check needed here.
+    # The fast path, as on the CPU: the plan of the last call with these (non-tensor) arguments,
+    # backend, bias presence, device and thread, when the tensors fit its prepared call exactly
+    # (checked per call by the plan's hot path: cudnn_graph's or the legacy cudnn's); else the
+    # checked path below
+    try:
+        akey = (*stride, None, *pad_before, None, *pad_after, None, *dilation, groups, backend, choice, precision,
+                bwd_data_choice, bwd_weights_choice, bias is None, x.get_device(), _get_ident())
+        plan = _cuda_last.get(akey)
+    except Exception:   # noqa: BLE001  (the checked path says what is wrong)
+        akey = plan = None
+    if plan is not None:
+        y = plan._hot_forward(x, w, bias)
+        if y is not None:
+            return y
     _check_strings(backend, choice, precision, "cuda", bwd_data_choice, bwd_weights_choice)
     padding = _padding(pad_before, pad_after)
     with torch.no_grad():   # the function forms route tensors that need grad back here
@@ -328,18 +328,23 @@ def _forward_cuda(x, w, bias, stride, pad_before, pad_after, dilation, groups, b
 
             plan = cudnn_graph._forward_plan(x, w, bias, tuple(stride), padding, tuple(dilation), groups,
                                              choice or None, None, False, _GRAPH_MATH[precision])
-            y = plan.execute(x, w, bias)
-            if akey is not None:
-                _cuda_last.put(akey, plan)
-            return y
-        from . import cudnn
+        else:
+            from . import cudnn
 
-        c, math = _legacy_choice(choice)
-        return cudnn.forward(x, w, bias, tuple(stride), padding, tuple(dilation), groups, choice=c, math=math,
-                             precision=precision)
+            c, m = _legacy_choice(choice)
+            algo, math, engine = cudnn._normalize("forward", None, c, m, precision, None)
+            if engine is not None:   # a graph engine's name: rawconv.cudnn.forward runs it on the graph API
+                return cudnn.forward(x, w, bias, tuple(stride), padding, tuple(dilation), groups, choice=c, math=m,
+                                     precision=precision)
+            plan = cudnn._forward_plan(x, w, bias, tuple(stride), padding, tuple(dilation), groups, algo, math,
+                                       False, None, None)
+        y = plan.execute(x, w, bias)
+        if akey is not None:
+            _cuda_last.put(akey, plan)
+        return y
 
 
-_cuda_last = PlanCache(512)   # as _cpu_last, for cuDNN graph plans
+_cuda_last = PlanCache(512)   # as _cpu_last, for cuDNN plans (graph and legacy; the backend is in the key)
 
 
 def _backward_data_cuda(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, backend, choice,

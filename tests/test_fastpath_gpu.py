@@ -88,6 +88,18 @@ def test_negative_views_are_read_as_their_values_and_refused_as_out(api):
         plan.execute(x, w, out=out)
 
 
+def _operator_calls_stay_exact(x, w, b, args):
+    """After hot calls of torch.ops.rawconv.conv_forward(x, w, None, *args): with a bias (another
+    key), other strides (the checked path), strides changed in place on a tensor of the hot metadata."""
+    _close(torch.ops.rawconv.conv_forward(x, w, b, *args), _ref(x, w, b))
+    _close(torch.ops.rawconv.conv_forward(x, w, None, *args), _ref(x, w))
+    xc = x.contiguous(memory_format=torch.channels_last)
+    _close(torch.ops.rawconv.conv_forward(xc, w, None, *args), _ref(x, w))
+    x2 = torch.randn(2, 8, 8, 8, device="cuda")
+    x2.as_strided_((2, 8, 8, 8), xc.stride())
+    _close(torch.ops.rawconv.conv_forward(x2, w, None, *args), _ref(x2, w))
+
+
 def test_operator_cuda_last_plan_path_stays_exact():
     """torch.ops.rawconv.conv_forward on cudnn_graph keeps the plan of its last call with the same
     arguments (ops._cuda_last) and runs its hot path: right after in-place stride changes, with and
@@ -103,10 +115,230 @@ def test_operator_cuda_last_plan_path_stays_exact():
         y = torch.ops.rawconv.conv_forward(x, w, None, *args)
     assert len(ops._cuda_last) >= 1
     _close(y, _ref(x, w))
-    _close(torch.ops.rawconv.conv_forward(x, w, b, *args), _ref(x, w, b))   # bias: another key
-    _close(torch.ops.rawconv.conv_forward(x, w, None, *args), _ref(x, w))
-    xc = x.contiguous(memory_format=torch.channels_last)
-    _close(torch.ops.rawconv.conv_forward(xc, w, None, *args), _ref(x, w))   # other strides: checked path
-    x2 = torch.randn(2, 8, 8, 8, device="cuda")
-    x2.as_strided_((2, 8, 8, 8), xc.stride())   # strides changed in place on a hot tensor's metadata
-    _close(torch.ops.rawconv.conv_forward(x2, w, None, *args), _ref(x2, w))
+    _operator_calls_stay_exact(x, w, b, args)
+
+
+# ---------------------------------------------------------------- the legacy plan's forward hot path
+# rawconv.cudnn.Convolution.execute: after a checked call that gave cuDNN its tensors as they are,
+# calls with the same tensors' metadata run one prepared cuDNN call (rawconv.cudnn._Hot).
+_ACTS = {None: lambda t: t, "relu": torch.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh}
+
+
+def _legacy_ref(x, w, b=None, activation=None):
+    y = F.conv2d(x.double(), w.double(), None if b is None else b.double(), 1, 1)
+    return _ACTS[activation](y).float()
+
+
+def _checked_path_fails(monkeypatch, plan):
+    """From here on the checked forward path of ``plan`` raises: a call that still returns took the hot path."""
+    def boom(*a, **k):
+        raise AssertionError("the checked path ran")
+    monkeypatch.setattr(plan, "_run_forward", boom)
+
+
+def _same_as_checked(plan, hot, checked):
+    if plan.info.deterministic:   # the same cuDNN call on the same data: the same bits
+        assert torch.equal(hot, checked)
+    else:
+        _close(hot, checked)
+
+
+@pytest.mark.parametrize("bias, activation, algo, layout", [
+    (False, None, "IMPLICIT_GEMM", "nchw"),
+    (True, None, "IMPLICIT_GEMM", "nchw"),               # bias added in torch (not fused for this algo)
+    (True, None, "IMPLICIT_PRECOMP_GEMM", "nchw"),       # cudnnConvolutionBiasActivationForward (identity)
+    (True, "relu", "IMPLICIT_GEMM", "nhwc"),             # cudnnConvolutionBiasActivationForward (relu)
+    (False, "sigmoid", "IMPLICIT_PRECOMP_GEMM", "nhwc"),  # activation in torch, no bias
+    (True, "tanh", "IMPLICIT_GEMM", "nchw"),             # bias and activation in torch
+])
+def test_legacy_hot_path_equals_the_checked_path(monkeypatch, bias, activation, algo, layout):
+    from rawconv import cudnn
+
+    fmt = torch.channels_last if layout == "nhwc" else torch.contiguous_format
+    x = torch.randn(2, 8, 8, 8, device="cuda").contiguous(memory_format=fmt)
+    w = torch.randn(8, 8, 3, 3, device="cuda").contiguous(memory_format=fmt)
+    b = torch.randn(8, device="cuda") if bias else None
+    plan = cudnn.Convolution(x, w, b, padding=1, algo=algo, math="fma", activation=activation)
+    checked = plan.execute(x, w, b)   # the checked path; it makes the pack
+    assert plan._hot is not None and plan._hot.info is plan.info
+    ref = _legacy_ref(x, w, b, activation)
+    _close(checked, ref)
+    out = torch.empty_like(checked)
+    with monkeypatch.context() as m:
+        _checked_path_fails(m, plan)
+        hot = plan.execute(x, w, b)
+        _same_as_checked(plan, hot, checked)
+        assert hot.stride() == checked.stride() and hot.dtype == checked.dtype
+        v = out._version
+        assert plan.execute(x, w, b, out=out) is out
+        assert out._version > v   # written in place, as torch's out= functions do
+        _same_as_checked(plan, out, checked)
+        y, info = plan.execute(x, w, b, return_info=True)
+        assert info is plan.info
+        _same_as_checked(plan, y, checked)
+        with torch.no_grad():
+            w.mul_(-1)   # weights are read on every call
+        _close(plan.execute(x, w, b), _legacy_ref(x, w, b, activation))
+        x2 = torch.randn_like(x)   # other data, the same metadata
+        _close(plan.execute(x2, w, b), _legacy_ref(x2, w, b, activation))
+    # same storage and shape, other strides: the checked path (a copy), still exact
+    xs = x.clone()
+    xs.as_strided_(x.shape, torch.empty_like(x, memory_format=torch.channels_last if layout == "nchw"
+                                             else torch.contiguous_format).stride())
+    _close(plan.execute(xs, w, b), _legacy_ref(xs, w, b, activation))
+    torch.cuda.synchronize()
+
+
+def test_legacy_hot_path_out_rules(monkeypatch):
+    from rawconv import cudnn
+
+    buf = torch.zeros(4096, device="cuda")
+    x = buf[:1024].view(2, 8, 8, 8)
+    x.copy_(torch.randn(2, 8, 8, 8))
+    w = torch.randn(8, 8, 3, 3, device="cuda")
+    plan = cudnn.Convolution(x, w, padding=1, algo="IMPLICIT_GEMM", math="fma")
+    out = buf[2048:3072].view(2, 8, 8, 8)
+    assert plan.execute(x, out=out) is out   # checked: makes the pack
+    with monkeypatch.context() as m:
+        _checked_path_fails(m, plan)
+        for _ in range(2):
+            v = out._version
+            assert plan.execute(x, out=out) is out
+            assert out._version > v
+        _close(out, _ref(x, w))
+    # an out that overlaps x, with the pack's shapes and strides: the checked path's clear error
+    with pytest.raises(ArgumentError, match="overlaps"):
+        plan.execute(x, out=buf[512:1536].view(2, 8, 8, 8))
+    with pytest.raises(ArgumentError, match="overlaps"):
+        plan.execute(x, out=buf[:1024].view(2, 8, 8, 8))
+    # an out of other strides is refused (as the checked path always did)
+    with pytest.raises(ArgumentError, match="strides"):
+        plan.execute(x, out=torch.empty(2, 8, 8, 8, device="cuda").contiguous(memory_format=torch.channels_last))
+    # torch's out= rules: no autograd, no inference tensor outside inference mode
+    xr = x.detach().clone().requires_grad_()
+    with pytest.raises(ArgumentError, match="requires grad"):
+        plan.execute(xr, out=out)
+    with pytest.raises(ArgumentError, match="requires grad"):
+        plan.execute(x, out=torch.zeros(2, 8, 8, 8, device="cuda", requires_grad=True))
+    with torch.inference_mode():
+        inf = torch.empty(2, 8, 8, 8, device="cuda")
+    with pytest.raises(ArgumentError, match="inference"):
+        plan.execute(x, out=inf)
+    # without out, a tensor that requires grad runs as in the checked path: no autograd recorded
+    y = plan.execute(xr)
+    assert not y.requires_grad
+    _close(y, _ref(x, w))
+    # an input at an address that is only 4-byte aligned: taken as it is (the legacy API has no
+    # alignment rule), still exact
+    xu = torch.zeros(1025, device="cuda")[1:].view(2, 8, 8, 8)
+    xu.copy_(x)
+    _close(plan.execute(xu), _ref(x, w))
+    torch.cuda.synchronize()
+
+
+def test_legacy_hot_path_mismatches_take_the_checked_path():
+    from rawconv import cudnn
+
+    x = torch.randn(2, 8, 8, 8, device="cuda")
+    w = torch.randn(8, 8, 3, 3, device="cuda")
+    plan = cudnn.Convolution(x, w, padding=1, algo="IMPLICIT_GEMM", math="fma")
+    for _ in range(3):
+        plan.execute(x, w)
+    hot = plan._hot
+    assert hot is not None
+    with pytest.raises(ArgumentError, match="float32"):
+        plan.execute(x.double(), w.double())
+    with pytest.raises(ArgumentError, match="cuda:0"):
+        plan.execute(x.cpu(), w)
+    with pytest.raises(ArgumentError, match="shape"):
+        plan.execute(torch.randn(3, 8, 8, 8, device="cuda"), w)
+    xc = x.contiguous(memory_format=torch.channels_last)   # other strides: copied by the checked path
+    _close(plan.execute(xc, w), _ref(x, w))
+    wc = w.contiguous(memory_format=torch.channels_last)
+    _close(plan.execute(x, wc), _ref(x, w))
+
+    class Sub(torch.Tensor):
+        pass
+
+    _close(plan.execute(x.as_subclass(Sub), w), _ref(x, w))   # a subclass: the checked path
+    assert plan._hot is hot   # the calls above did not replace the pack of the plain calls
+    _close(plan.execute(x, w), _ref(x, w))
+    torch.cuda.synchronize()
+
+
+def test_legacy_hot_path_follows_streams_select_and_free():
+    from rawconv import cudnn
+
+    x = torch.randn(2, 8, 8, 8, device="cuda")
+    w = torch.randn(8, 8, 3, 3, device="cuda")
+    ref = _ref(x, w)
+    plan = cudnn.Convolution(x, w, padding=1, algo="IMPLICIT_GEMM", math="fma")
+    for _ in range(3):
+        _close(plan.execute(x, w), ref)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):   # another stream: a workspace for it (checked path), then hot there
+        ys = [plan.execute(x, w) for _ in range(3)]
+        assert plan._hot.stream == s.cuda_stream
+    s.synchronize()
+    for y in ys:
+        _close(y, ref)
+    torch.cuda.current_stream().wait_stream(s)
+    _close(plan.execute(x, w), ref)
+    assert plan._hot.stream == torch.cuda.current_stream().cuda_stream
+    info = plan.select("IMPLICIT_PRECOMP_GEMM")
+    _close(plan.execute(x, w), ref)
+    assert plan._hot is not None and plan._hot.info is info   # a new pack for the new algo
+    _close(plan.execute(x, w), ref)
+    plan.free()
+    assert plan._hot is None
+    with pytest.raises(ArgumentError, match="freed"):
+        plan.execute(x, w)
+    torch.cuda.synchronize()
+
+
+def test_legacy_function_form_and_operator_reuse_the_plan(monkeypatch):
+    """rawconv.cudnn.forward finds its plan by the arguments (rawconv._plans.arg_key: padding=True
+    is refused after padding=1), and torch.ops.rawconv.conv_forward / rawconv.ops.conv with
+    backend="cudnn" keep the plan of their last call (ops._cuda_last, the backend in the key) and
+    run its hot path."""
+    from rawconv import cudnn, ops
+    from rawconv.errors import ArgumentTypeError
+
+    ops.clear_cache()
+    cudnn.clear_cache()
+    x = torch.randn(2, 8, 8, 8, device="cuda")
+    w = torch.randn(8, 8, 3, 3, device="cuda")
+    b = torch.randn(8, device="cuda")
+    for _ in range(3):
+        _close(cudnn.forward(x, w, padding=1), _ref(x, w))
+    with pytest.raises(ArgumentTypeError):
+        cudnn.forward(x, w, padding=True)
+    _close(cudnn.forward(x, w, padding=[1, 1]), _ref(x, w))
+    args = ([1, 1], [1, 1], [1, 1], [1, 1], 1, "cudnn", "", "strict", "", "")
+    y = torch.ops.rawconv.conv_forward(x, w, None, *args)
+    legacy = [p for p in ops._cuda_last._plans.values() if isinstance(p, cudnn.Convolution)]
+    assert len(legacy) == 1 and legacy[0]._hot is not None
+    with monkeypatch.context() as m:
+        _checked_path_fails(m, legacy[0])
+        for _ in range(2):
+            _close(torch.ops.rawconv.conv_forward(x, w, None, *args), _ref(x, w))
+            _close(ops.conv(x, w, None, 1, 1, backend="cudnn"), _ref(x, w))
+    _close(y, _ref(x, w))
+    # the graph backend with the same arguments: its own plan, its own entry
+    _close(torch.ops.rawconv.conv_forward(x, w, None, *args[:5], "cudnn_graph", *args[6:]), _ref(x, w))
+    kinds = {type(p).__name__ for p in ops._cuda_last._plans.values()}
+    assert kinds == {"Convolution", "GraphConvolution"}
+    _operator_calls_stay_exact(x, w, b, args)
+    _close(ops.conv(x[0], w, None, 1, 1, backend="cudnn"), _ref(x[:1], w)[0])   # unbatched: no pack, exact
+    # autograd through the operator after hot calls: the forward runs the hot path inside the
+    # autograd Function, the backward runs rawconv's backward operators
+    xr = x.detach().clone().requires_grad_()
+    y = torch.ops.rawconv.conv_forward(xr, w, None, *args)
+    assert y.requires_grad
+    g = torch.randn_like(y)
+    y.backward(g)
+    xd = x.detach().double().requires_grad_()
+    F.conv2d(xd, w.double(), None, 1, 1).backward(g.double())
+    _close(xr.grad, xd.grad.float())
+    torch.cuda.synchronize()
