@@ -1171,7 +1171,7 @@ class Convolution(PlanLifetime):
         p = self.problem
         ex = getattr(self, "_exec_example", None)
         if ex is None:
-            x, w, b = p.make_inputs(seed=1, device=p.device)
+            x, w, b = p.make_inputs(seed=1, device=p.device, on_device=True)
             if self.w_layout == "nhwc":
                 w = to_layout(w, "nhwc")
             gy = to_layout(torch.randn(p.y_shape, device=p.device, dtype=torch.float32).to(p.torch_dtype), p.layout)
