@@ -280,8 +280,9 @@ def reference(p: ConvProblem, direction: str, tensors: dict, *, activation: str 
     backward_data ``dy``, ``w``; backward_weights ``x``, ``dy``. Returns ``(ref, ref_abs)`` float64
     tensors in (N, K, *out) / (N, C, *in) / (K, C/g, *k) shape. Runs with
     ``torch.backends.cudnn.benchmark`` off (restored after): with it on, every new float64 shape
-    would first time cuDNN's float64 algorithms (``cudnnFind``), which took most of a 0.7 s
-    autotune budget per ResNet-50 layer on an H200."""
+    would first time cuDNN's float64 algorithms (``cudnnFind``): on an H200, up to 617 ms for a
+    ResNet-50 layer's first call against 3.6 ms with it off
+    (``benchmarks/results/h200_1gpu_custom_ops/diag-reference-time.log``)."""
     bench = torch._C._get_cudnn_benchmark()
     if not bench:
         return _reference(p, direction, tensors, activation)
