@@ -645,17 +645,21 @@ def _backward(ctx, gy):
         raise NotSupportedError("double backward through rawconv::conv_bias_act is not implemented "
                                 "(convert(..., fuse=False) for higher-order gradients)")
     gz = gy * (y > 0) if activation == "relu" else gy
-    from . import nn as _nn
+    # through the registered backward operators (their fake kernels let torch.compile trace this
+    # backward: a direct library call would ask a FakeTensor for its data pointer)
+    from . import ops as _ops
 
     nd = w.dim() - 2
-    pad = _pad_arg(padding, nd)
+    pad = list(padding)
+    pb, pa = (pad, pad) if len(pad) == nd else (pad[:nd], pad[nd:])
+    gz = _ops._grad_like(gz, x, x.dim() == nd + 1)
     gx = gw = gb = gr = None
     if ctx.needs_input_grad[0]:
-        gx = _nn._backward_data(gz, w, tuple(x.shape), stride, pad, dilation, groups, backend=backend,
-                                precision=precision)
+        gx = _ops._bwd_data_op(gz, w, list(x.shape), list(stride), pb, pa, list(dilation), groups, backend, "",
+                               precision)
     if ctx.needs_input_grad[1]:
-        gw = _nn._backward_weights(x, gz, tuple(w.shape), stride, pad, dilation, groups, backend=backend,
-                                   precision=precision)
+        gw, _ = _ops._bwd_weights_op(x, gz, list(w.shape), list(stride), pb, pa, list(dilation), groups, False,
+                                     backend, "", precision)
     if has_b and ctx.needs_input_grad[2]:
         dims = [0] + list(range(2, gz.dim())) if gz.dim() == nd + 2 else list(range(1, gz.dim()))
         gb = gz.sum(dims, dtype=torch.float32 if gz.dtype != torch.float64 else torch.float64).to(gz.dtype)
