@@ -18,8 +18,9 @@ from __future__ import annotations
 import importlib
 import logging
 
-from .errors import (ArgumentError, ArgumentTypeError, LibraryError, LibraryNotFoundError,
-                     NotSupportedError, RawconvError)
+from .errors import (AllocationError, ArgumentError, ArgumentTypeError, DeviceNotAvailableError, FileAccessError,
+                     InternalError, IsolationError, KnownBadError, LibraryError, LibraryNotFoundError,
+                     NotSupportedError, RawconvError, SlowReferenceWarning)
 from .problem import ConvProblem
 
 __version__ = "0.1.0"
@@ -28,12 +29,15 @@ __version__ = "0.1.0"
 # it prints nothing unless the application configures logging
 logging.getLogger("rawconv").addHandler(logging.NullHandler())
 
-__all__ = ["ConvProblem", "RawconvError", "ArgumentError", "ArgumentTypeError", "LibraryError",
-           "LibraryNotFoundError", "NotSupportedError", "info", "onednn", "cudnn", "torch_choice", "torch_flags",
-           "__version__"]
+__all__ = ["ConvProblem", "Options", "RawconvError", "ArgumentError", "ArgumentTypeError", "LibraryError",
+           "LibraryNotFoundError", "NotSupportedError", "KnownBadError", "IsolationError", "AllocationError",
+           "DeviceNotAvailableError", "InternalError", "FileAccessError", "SlowReferenceWarning", "info", "onednn",
+           "cudnn", "torch_choice", "torch_flags", "__version__"]
 
 
 def __getattr__(name):  # lazy submodules: rawconv.onednn, rawconv.cudnn
+    if name == "Options":   # rawconv.options.Options, the options= object every backend takes
+        return importlib.import_module(".options", __name__).Options
     if name in ("onednn", "cudnn", "cudnn_graph", "nn", "ops", "fused", "bench", "compare", "presets", "cli",
                 "check", "options", "results", "tuning", "known_bad", "torch_choice", "distributed"):
         # rawconv.torch_choice is the module, and calling it calls torch_choice.torch_choice

@@ -159,3 +159,20 @@ def test_runtime_values_match_the_3_2_header():
     3.2) defines them: NONE 0u, SEQ 1u, OMP 2u, TBB 4u, THREADPOOL 8u, OCL 256u, SYCL 512u."""
     header = {0: "none", 1: "sequential", 2: "OpenMP", 4: "TBB", 8: "threadpool", 256: "OpenCL", 512: "SYCL"}
     assert {k: _dnnl.runtime_name(k) for k in header} == header
+
+
+def test_every_exception_class_and_options_are_reachable_from_the_top_level():
+    """The README names them as rawconv.X: each class of rawconv.errors is rawconv.<name>, and
+    rawconv.Options is the options object every backend takes."""
+    import inspect
+
+    import rawconv
+    import rawconv.errors as errors
+    import rawconv.options as options
+
+    names = [n for n, v in vars(errors).items() if inspect.isclass(v) and v.__module__ == errors.__name__]
+    assert len(names) >= 12
+    for n in names:
+        assert getattr(rawconv, n) is getattr(errors, n), n
+        assert n in rawconv.__all__, n
+    assert rawconv.Options is options.Options
