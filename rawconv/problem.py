@@ -15,6 +15,7 @@ Conventions (as in :func:`torch.nn.functional.conv2d`):
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 import re
 from functools import cached_property
@@ -23,7 +24,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .errors import ArgumentError, ArgumentTypeError
+from .errors import ArgumentError, ArgumentTypeError, DeviceNotAvailableError
 
 DTYPES = {
     torch.float32: "float32",
@@ -570,32 +571,45 @@ class ConvProblem:
         """Random x, w (and bias when ``has_bias``) of this problem's shapes, dtype and layout.
 
         Values are drawn as float64 normal (x) and scaled normal (w ~ 1/sqrt(reduction length)) and
-        rounded to the dtype. Returns ``(x, w, bias_or_None)``. Raises
-        :class:`~rawconv.errors.AllocationError` (a ``MemoryError``) before allocating when the host
-        has less memory available than that takes. ``on_device``: draw on ``device`` itself with
-        a generator of that device (float32 normal, float64 for a float64 problem): for large CUDA
-        tensors ~100x faster than the CPU's float64 draw (a (32, 256, 56, 56) tensor took ~0.3 s
-        there), same distributions, other values (the same ones again for the same seed and device).
+        rounded to the dtype. Returns ``(x, w, bias_or_None)``. ``seed``: an int in
+        [-2**63, 2**64); ``scale``: a finite real number multiplying x; ``device``: a torch device
+        (string, ``torch.device`` or CUDA index; default the problem's). ``on_device`` (a bool):
+        draw on ``device`` itself with a generator of that device (float32 normal, float64 for a
+        float64 problem; ``cpu``, ``cuda`` or ``meta``, where the tensors are left uninitialized):
+        for large CUDA tensors ~100x faster than the CPU's float64 draw (a (32, 256, 56, 56)
+        tensor took ~0.3 s there), same distributions, other values (the same ones again for the
+        same seed and device).
+
+        Raises, before allocating: :class:`~rawconv.errors.ArgumentTypeError` /
+        :class:`~rawconv.errors.ArgumentError` for bad arguments,
+        :class:`~rawconv.errors.DeviceNotAvailableError` for a CUDA device torch does not see,
+        :class:`~rawconv.errors.AllocationError` (a ``MemoryError``) when the host (or the GPU, for
+        an ``on_device`` CUDA draw) has less memory than that takes.
         """
         from ._guard import check_memory
 
+        if not isinstance(on_device, bool):
+            raise ArgumentTypeError(f"on_device must be True or False, got {on_device!r}")
+        seed = seed_arg(seed)
+        scale = scale_arg(scale)
+        dev = device_arg(self.device if device is None else device)
+        dt = self.torch_dtype
         if on_device:
-            dev = torch.device(device or self.device)
-            dt = self.torch_dtype
+            shapes = [self.x_shape, self.w_shape] + ([(self.k,)] if self.has_bias else [])
+            check_draw_memory(shapes, dev, dt, f"make_inputs(on_device=True) of {self.describe()}")
             x = random_tensor(self.x_shape, seed, dev, dt, self.layout, scale)
-            w = random_tensor(self.w_shape, seed + 1, dev, dt, "nchw", 1 / math.sqrt(max(self.reduction_length, 1)))
-            b = random_tensor((self.k,), seed + 2, dev, dt, "nchw") if self.has_bias else None
+            w = random_tensor(self.w_shape, _next_seed(seed, 1), dev, dt, "nchw",
+                              1 / math.sqrt(max(self.reduction_length, 1)))
+            b = random_tensor((self.k,), _next_seed(seed, 2), dev, dt, "nchw") if self.has_bias else None
             return x, w, b
 
         es = torch.empty(0, dtype=self.torch_dtype).element_size()
         check_memory((math.prod(self.x_shape) + math.prod(self.w_shape) + self.k) * (8 + es),
                      f"make_inputs of {self.describe()}")
         g = torch.Generator().manual_seed(seed)
-        dev = device or self.device
         x64 = torch.randn(self.x_shape, generator=g, dtype=torch.float64) * scale
         w64 = torch.randn(self.w_shape, generator=g, dtype=torch.float64) / math.sqrt(max(self.reduction_length, 1))
         b64 = torch.randn(self.k, generator=g, dtype=torch.float64) if self.has_bias else None
-        dt = self.torch_dtype
         x = to_layout(x64.to(dt), self.layout).to(dev)
         w = w64.to(dt).to(dev)
         b = b64.to(dt).to(dev) if b64 is not None else None
@@ -630,15 +644,114 @@ class ConvProblem:
         return (self.name + ": " if self.name else "") + self.describe()
 
 
+SEED_MIN, SEED_END = -2 ** 63, 2 ** 64   # the seeds torch.Generator.manual_seed takes
+
+
+def seed_arg(seed: Any, name: str = "seed") -> int:
+    """``seed`` as an int that ``torch.Generator.manual_seed`` takes ([-2**63, 2**64)); raises
+    :class:`ArgumentTypeError` (not an integer, or a bool) / :class:`ArgumentError` (out of range)."""
+    s = int_arg(seed)
+    if s is None:
+        raise ArgumentTypeError(f"{name} must be an int, got {type(seed).__name__} {seed!r}")
+    if not SEED_MIN <= s < SEED_END:
+        raise ArgumentError(f"{name} must be in [-2**63, 2**64) (what torch.Generator.manual_seed takes), got {s}")
+    return s
+
+
+def _next_seed(seed: int, i: int) -> int:
+    """The ``i``-th seed after ``seed``, kept in torch's range (wraps past 2**64 - 1)."""
+    s = seed + i
+    return s - SEED_END if s >= SEED_END else s
+
+
+def scale_arg(scale: Any, name: str = "scale") -> float:
+    """``scale`` as a finite float; raises :class:`ArgumentTypeError` (not a real number, or a
+    bool) / :class:`ArgumentError` (NaN or infinite)."""
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise ArgumentTypeError(f"{name} must be a real number, got {type(scale).__name__} {scale!r}")
+    v = float(scale)
+    if not math.isfinite(v):
+        raise ArgumentError(f"{name} must be finite, got {v}")
+    return v
+
+
+def device_arg(device: Any, name: str = "device") -> torch.device:
+    """``device`` (a string such as ``"cpu"`` / ``"cuda:1"``, a ``torch.device``, or a CUDA index)
+    as a ``torch.device``. Raises :class:`ArgumentTypeError` / :class:`ArgumentError` when torch
+    cannot read it, :class:`DeviceNotAvailableError` for a CUDA device torch does not see."""
+    if isinstance(device, torch.device):
+        d = device
+    elif isinstance(device, str) or int_arg(device) is not None:
+        try:
+            d = torch.device(device if isinstance(device, str) else int_arg(device))
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise ArgumentError(f"{name} must be a torch device such as 'cpu' or 'cuda:0', got {device!r} "
+                                f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+    else:
+        raise ArgumentTypeError(f"{name} must be a device string such as 'cpu' or 'cuda:0', a torch.device or a "
+                                f"CUDA index, got {type(device).__name__}")
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceNotAvailableError(f"{name} {str(d)!r}: torch sees no CUDA GPU here")
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            raise DeviceNotAvailableError(f"{name} {str(d)!r}: torch sees {torch.cuda.device_count()} CUDA device(s)")
+    return d
+
+
+def check_draw_memory(shapes, device: torch.device, dtype: torch.dtype, what: str) -> None:
+    """Raise :class:`~rawconv.errors.AllocationError` before :func:`random_tensor` draws tensors of
+    ``shapes`` on ``device`` when that cannot fit: on the CPU, the host's available memory
+    (float32/float64 draw + the ``dtype`` result); on CUDA, the device's total memory."""
+    from ._guard import _gib, check_memory
+    from .errors import AllocationError
+
+    if device.type not in ("cpu", "cuda"):
+        return
+    es = torch.empty(0, dtype=dtype).element_size()
+    draw = 8 if dtype == torch.float64 else 4
+    nbytes = sum(math.prod(s) for s in shapes) * (draw + es)
+    if device.type == "cpu":
+        check_memory(nbytes, what)
+        return
+    total = torch.cuda.get_device_properties(device.index if device.index is not None
+                                             else torch.cuda.current_device()).total_memory
+    if nbytes > total:
+        raise AllocationError(f"{what} needs about {_gib(nbytes)} of GPU memory; {device} has {_gib(total)} in all")
+
+
 def random_tensor(shape, seed: int, device, dtype: torch.dtype, layout: str = "nchw", scale: float = 1.0) -> torch.Tensor:
-    """Normal values of ``shape`` drawn on ``device`` by a generator of that device seeded with
-    ``seed`` (float32, or float64 for a float64 ``dtype``), times ``scale``, rounded to ``dtype``,
-    memory in ``layout``. For autotune's example tensors: drawn where they are used, no host
-    round trip."""
-    device = torch.device(device)
+    """Normal values of ``shape`` (a tuple of up to 8 non-negative ints) drawn on ``device``
+    (``cpu`` or ``cuda``; on ``meta`` an uninitialized tensor) by a generator of that device
+    seeded with ``seed`` (an int in [-2**63, 2**64)), as float32 (float64 for a float64
+    ``dtype``), times ``scale`` (finite), rounded to ``dtype`` (float32, float16, bfloat16,
+    float64, or its name), memory in ``layout`` (``"nchw"`` / ``"nhwc"``). For autotune's example
+    tensors: drawn where they are used, no host round trip. Raises, before allocating:
+    :class:`ArgumentTypeError` / :class:`ArgumentError` for bad arguments,
+    :class:`DeviceNotAvailableError` for a CUDA device torch does not see,
+    :class:`AllocationError` when it cannot fit (see :func:`check_draw_memory`)."""
+    shape = shape_arg(shape, "shape", range(9))
+    if math.prod(shape) > MAX_ELEMENTS:
+        raise ArgumentError(f"shape {shape} has {math.prod(shape)} elements, more than rawconv handles (2**40)")
+    seed, scale = seed_arg(seed), scale_arg(scale)
+    device = device_arg(device)
+    if isinstance(dtype, str) and dtype in DTYPE_BY_NAME:
+        dtype = DTYPE_BY_NAME[dtype]
+    if not isinstance(dtype, torch.dtype):
+        raise ArgumentTypeError(f"dtype must be a torch.dtype such as torch.float32, got {type(dtype).__name__}")
+    if dtype not in DTYPES:
+        raise ArgumentError(f"dtype must be one of {sorted(DTYPES.values())}, got {dtype}")
+    if not isinstance(layout, str):
+        raise ArgumentTypeError(f"layout must be 'nchw' or 'nhwc', got {type(layout).__name__}")
+    if layout not in ("nchw", "nhwc"):
+        raise ArgumentError(f"layout must be 'nchw' or 'nhwc', got {layout!r}")
+    if device.type == "meta":   # no generator there, and no values to draw
+        return to_layout(torch.empty(shape, device=device, dtype=dtype), layout)
+    if device.type not in ("cpu", "cuda"):
+        raise ArgumentError(f"random_tensor draws on 'cpu' or 'cuda' devices, got {str(device)!r}")
+    check_draw_memory([shape], device, dtype, f"random_tensor{shape}")
     g = torch.Generator(device=device).manual_seed(seed)
     draw = torch.float64 if dtype == torch.float64 else torch.float32
-    t = torch.randn(tuple(shape), generator=g, device=device, dtype=draw)
+    t = torch.randn(shape, generator=g, device=device, dtype=draw)
     if scale != 1.0:
         t.mul_(scale)
     return to_layout(t.to(dtype), layout)
@@ -686,4 +799,4 @@ _tuple = tuple_arg
 from . import _guard  # noqa: E402
 
 _guard.guard_module(globals(), "ConvProblem.from_torch", "ConvProblem.from_benchdnn", "ConvProblem.to_benchdnn",
-                    "ConvProblem.make_inputs", "ConvProblem.reference", "ConvProblem.with_")
+                    "ConvProblem.make_inputs", "ConvProblem.reference", "ConvProblem.with_", "random_tensor")

@@ -1,6 +1,7 @@
 """ConvProblem: shapes, padding, benchdnn strings and validation, against torch itself."""
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
@@ -9,6 +10,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import rawconv.problem
 from rawconv import ArgumentError, ArgumentTypeError, ConvProblem
 from rawconv.problem import compare_to_reference, abs_reference, layout_of
 
@@ -167,3 +169,57 @@ def test_make_inputs_on_device_draws_the_same_distributions_where_the_tensors_li
     assert abs(w.double().std().item() / want - 1.0) < 0.1
     h = ConvProblem.from_benchdnn("mb2ic4ih8oc4oh8kh1", dtype="float64")
     assert h.make_inputs(on_device=True)[0].dtype == torch.float64
+
+
+@pytest.mark.parametrize("desc,layout,dtype", [
+    ("mb2ic3iw9oc4ow9kw3pw1", "nchw", "float32"), ("mb2ic3iw9oc4ow9kw3pw1", "nhwc", "bfloat16"),
+    ("mb2ic4id5ih6iw7oc8kd3kh1kw1g2", "nhwc", "float64"), ("mb2ic4id5ih6iw7oc8kd3kh1kw1g2", "nchw", "float16")])
+def test_make_inputs_on_device_matches_the_host_draw_in_shape_dtype_and_layout_1d_3d(desc, layout, dtype):
+    """1-D and 3-D problems, every dtype, both layouts, grouped: the device draw gives the host
+    draw's shapes, dtypes and strides; a seed near 2**64 wraps (w, b use seed + 1, + 2) instead of
+    overflowing torch's manual_seed."""
+    p = ConvProblem.from_benchdnn(desc, layout=layout, dtype=dtype, has_bias=True)
+    for seed in (0, -5, 2 ** 64 - 1):
+        got, want = p.make_inputs(seed=seed, on_device=True), p.make_inputs(seed=seed)
+        for a, ref in zip(got, want):
+            assert a.shape == ref.shape and a.dtype == ref.dtype and a.stride() == ref.stride()
+            assert torch.isfinite(a.double()).all()
+    w_wrap = p.make_inputs(seed=2 ** 64 - 1, on_device=True)[1]
+    x_zero = rawconv.problem.random_tensor(p.w_shape, 0, "cpu", p.torch_dtype,
+                                           scale=1 / math.sqrt(p.reduction_length))
+    assert torch.equal(w_wrap, x_zero), "seed 2**64 - 1 + 1 wraps to 0"
+
+
+def test_make_inputs_unbatched_and_meta_on_device():
+    """An unbatched problem draws its (1, C, ...) x as the host path does; on the meta device
+    (no generator there) the tensors come uninitialized in the right shapes and layout, as
+    the host path's .to('meta') gives."""
+    p = ConvProblem(n=1, c=3, k=4, in_spatial=(6, 6), kernel=(3, 3), unbatched=True, layout="nhwc")
+    x, w, _ = p.make_inputs(on_device=True)
+    x0, w0, _ = p.make_inputs()
+    assert x.shape == x0.shape == (1, 3, 6, 6) and x.stride() == x0.stride()
+    for on in (True, False):
+        xm, wm, _ = p.make_inputs(device="meta", on_device=on)
+        assert xm.is_meta and wm.is_meta and xm.shape == x0.shape and xm.stride() == x0.stride()
+
+
+def test_make_inputs_on_a_cuda_device_too_small_raises_before_drawing(monkeypatch):
+    """An on_device CUDA draw larger than the GPU's memory is an AllocationError before any
+    generator or tensor is made (torch.cuda faked: this machine may have no GPU)."""
+    import types
+
+    from rawconv.errors import AllocationError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(total_memory=2 ** 30))
+
+    def boom(*a, **k):
+        raise AssertionError("drew before checking the memory")
+    monkeypatch.setattr(torch, "Generator", boom)
+    p = ConvProblem(n=64, c=64, k=64, in_spatial=(128, 128), kernel=(3, 3))   # x: 256 MiB f32 -> 512 MiB drawn
+    with pytest.raises(AllocationError, match="GPU memory"):
+        p.with_(n=256).make_inputs(device="cuda:0", on_device=True)
+    with pytest.raises(AllocationError, match="GPU memory"):
+        rawconv.problem.random_tensor((2 ** 28,), 0, "cuda", torch.float32)
