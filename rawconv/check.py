@@ -34,6 +34,7 @@ Pure torch: no native library is touched here.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -273,24 +274,69 @@ ACTIVATION_REFERENCE = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch
                         "elu": torch.nn.functional.elu, "gelu": torch.nn.functional.gelu, "swish": _swish}
 
 
+_ROLES = {"forward": ("x", "w"), "backward_data": ("dy", "w"), "backward_weights": ("x", "dy")}
+_bench_lock = threading.Lock()
+_bench_users = 0        # CUDA references running, in every thread (under _bench_lock)
+_bench_saved = False    # cudnn.benchmark as the first of them found it
+
+
+def _on_cuda(tensors: dict) -> bool:
+    return any(isinstance(t, torch.Tensor) and t.is_cuda for t in tensors.values())
+
+
 def reference(p: ConvProblem, direction: str, tensors: dict, *, activation: str | None = None):
     """The float64 result and its error scale (the same computation on |inputs|) for ``direction``,
     on the tensors' own device (torch's float64 convolution; asymmetric padding by zero-padding
     first, as :func:`conv_reference` does). ``tensors``: forward ``x``, ``w``, optional ``b``;
-    backward_data ``dy``, ``w``; backward_weights ``x``, ``dy``. Returns ``(ref, ref_abs)`` float64
-    tensors in (N, K, *out) / (N, C, *in) / (K, C/g, *k) shape. Runs with
-    ``torch.backends.cudnn.benchmark`` off (restored after): with it on, every new float64 shape
-    would first time cuDNN's float64 algorithms (``cudnnFind``): on an H200, up to 617 ms for a
-    ResNet-50 layer's first call against 3.6 ms with it off
-    (``benchmarks/results/h200_1gpu_custom_ops/diag-reference-time.log``)."""
-    bench = torch._C._get_cudnn_benchmark()
-    if not bench:
+    backward_data ``dy``, ``w``; backward_weights ``x``, ``dy`` (real floating tensors of the
+    problem's shapes; an unbatched problem's ``x`` / ``dy`` may lack the batch dim).
+    ``activation``: forward only, one of :data:`ACTIVATION_REFERENCE`. Returns
+    ``(ref, ref_abs)`` float64 tensors in (N, K, *out) / (N, C, *in) / (K, C/g, *k) shape.
+    Raises :class:`ArgumentTypeError` / :class:`ArgumentError` for arguments that do not fit.
+
+    On CUDA tensors it runs with ``torch.backends.cudnn.benchmark`` off: with it on, every new
+    float64 shape would first time cuDNN's float64 algorithms (``cudnnFind``): on an H200, up to
+    617 ms for a ResNet-50 layer's first call against 3.6 ms with it off
+    (``benchmarks/results/h200_1gpu_custom_ops/diag-reference-time.log``). The flag is
+    process-wide: it stays off while any thread computes a CUDA reference and comes back (when it
+    was on) after the last one ends, also when one raises; another thread's convolutions
+    meanwhile run without benchmark mode, and a thread that turns it off meanwhile sees it on
+    again after. CPU references leave it alone."""
+    global _bench_users, _bench_saved
+    if not isinstance(p, ConvProblem):
+        raise ArgumentTypeError(f"p must be a ConvProblem, got {type(p).__name__}")
+    if direction == "backward_filter":
+        direction = "backward_weights"
+    if direction not in _ROLES:
+        raise ArgumentError(f"direction must be forward, backward_data or backward_weights, got {direction!r}")
+    if not isinstance(tensors, dict):
+        raise ArgumentTypeError(f"tensors must be a dict of tensors by role ({', '.join(_ROLES[direction])}), "
+                                f"got {type(tensors).__name__}")
+    if activation is not None and activation not in ACTIVATION_REFERENCE:
+        raise ArgumentError(f"activation must be None or one of {sorted(ACTIVATION_REFERENCE)}, got {activation!r}")
+    unb = ((p.x_shape[1:],), (p.y_shape[1:],)) if p.unbatched else ((), ())
+    shapes = {"x": (p.x_shape,) + unb[0], "dy": (p.y_shape,) + unb[1], "w": (p.w_shape,), "b": ((p.k,),)}
+    roles = _ROLES[direction] + (("b",) if direction == "forward" and tensors.get("b") is not None else ())
+    for role in roles:
+        if tensors.get(role) is None:
+            raise ArgumentError(f"{direction} reference needs tensors {' and '.join(_ROLES[direction])}; "
+                                f"{role} is missing")
+        _check_ref_tensor(tensors[role], role, shapes[role])
+    if not _on_cuda(tensors):
         return _reference(p, direction, tensors, activation)
-    torch._C._set_cudnn_benchmark(False)
+    with _bench_lock:
+        if _bench_users == 0:
+            _bench_saved = torch._C._get_cudnn_benchmark()
+            if _bench_saved:
+                torch._C._set_cudnn_benchmark(False)
+        _bench_users += 1
     try:
         return _reference(p, direction, tensors, activation)
     finally:
-        torch._C._set_cudnn_benchmark(bench)
+        with _bench_lock:
+            _bench_users -= 1
+            if _bench_users == 0 and _bench_saved:
+                torch._C._set_cudnn_benchmark(True)
 
 
 def _reference(p: ConvProblem, direction: str, tensors: dict, activation: str | None):

@@ -48,11 +48,13 @@ def test_tf32_truncated_inputs_pass_only_as_tf32():
 def test_reference_runs_with_cudnn_benchmark_off_and_restores_it(monkeypatch):
     """With torch.backends.cudnn.benchmark on, each new float64 shape would first time cuDNN's
     float64 algorithms: the reference turns it off for its own convolutions, restores it after
-    (also when it raises), and still computes the float64 result."""
+    (also when it raises), and still computes the float64 result. (CUDA tensors stood in for:
+    the toggle only happens for CUDA references.)"""
     from rawconv import check
 
     p = ConvProblem.from_benchdnn("mb2ic3ih6oc4oh6kh3ph1")
     x, w, _ = p.make_inputs()
+    monkeypatch.setattr(check, "_on_cuda", lambda tensors: True)
     seen = []
     real = check._reference
 
@@ -67,11 +69,106 @@ def test_reference_runs_with_cudnn_benchmark_off_and_restores_it(monkeypatch):
         assert seen == [False] and torch.backends.cudnn.benchmark is True
         want = torch.nn.functional.conv2d(x.double(), w.double(), padding=1)
         assert torch.equal(ref, want)
-        with pytest.raises(ArgumentError):
-            check.reference(p, "sideways", {"x": x, "w": w})
-        assert torch.backends.cudnn.benchmark is True
+
+        def boom(*a, **k):
+            raise RuntimeError("a float64 convolution failed")
+        monkeypatch.setattr(check, "_reference", boom)
+        with pytest.raises(RuntimeError, match="float64"):
+            check.reference(p, "forward", {"x": x, "w": w})
+        assert torch.backends.cudnn.benchmark is True and check._bench_users == 0
+        monkeypatch.setattr(check, "_reference", spy)
         torch.backends.cudnn.benchmark = False
         check.reference(p, "forward", {"x": x, "w": w})
         assert seen[-1] is False and torch.backends.cudnn.benchmark is False
+    finally:
+        torch.backends.cudnn.benchmark = old
+
+
+def test_reference_keeps_cudnn_benchmark_off_while_another_thread_still_needs_it(monkeypatch):
+    """Two threads computing CUDA references at once: the one that ends first must not turn
+    cudnn.benchmark back on under the other (its float64 shapes would then be timed by
+    cudnnFind). The flag comes back once both are done. (CUDA tensors stood in for: the toggle
+    only matters, and only happens, for CUDA references.)"""
+    import threading
+
+    p = ConvProblem.from_benchdnn("mb2ic3ih6oc4oh6kh3ph1")
+    x, w, _ = p.make_inputs()
+    monkeypatch.setattr(check, "_on_cuda", lambda tensors: True)
+    a_in, b_in, a_done = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+    real = check._reference
+
+    def spy(p_, direction, tensors, activation):
+        name = threading.current_thread().name
+        if name == "A":
+            a_in.set()
+            assert b_in.wait(5)
+        else:
+            b_in.set()
+            assert a_done.wait(5)
+        seen[name] = torch.backends.cudnn.benchmark
+        return real(p_, direction, tensors, activation)
+    monkeypatch.setattr(check, "_reference", spy)
+
+    def run_a():
+        check.reference(p, "forward", {"x": x, "w": w})
+        a_done.set()
+
+    def run_b():
+        assert a_in.wait(5)
+        check.reference(p, "forward", {"x": x, "w": w})
+    old = torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cudnn.benchmark = True
+        ta, tb = threading.Thread(target=run_a, name="A"), threading.Thread(target=run_b, name="B")
+        ta.start(), tb.start()
+        ta.join(10), tb.join(10)
+        assert seen == {"A": False, "B": False}, seen
+        assert torch.backends.cudnn.benchmark is True
+    finally:
+        torch.backends.cudnn.benchmark = old
+
+
+def test_reference_of_cpu_tensors_leaves_cudnn_benchmark_alone_and_checks_its_arguments(monkeypatch):
+    """cudnn.benchmark is process-wide: a reference on CPU tensors (oneDNN's autotune) has no
+    reason to flip it under another thread's GPU work. Bad arguments are rawconv's errors, not
+    KeyError / AttributeError from inside."""
+    from rawconv.errors import ArgumentTypeError
+
+    p = ConvProblem.from_benchdnn("mb2ic3ih6oc4oh6kh3ph1")
+    x, w, _ = p.make_inputs()
+    dy = torch.randn(p.y_shape)
+    seen = []
+    real = check._reference
+
+    def spy(*a, **k):
+        seen.append(torch.backends.cudnn.benchmark)
+        return real(*a, **k)
+    monkeypatch.setattr(check, "_reference", spy)
+    old = torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cudnn.benchmark = True
+        check.reference(p, "forward", {"x": x, "w": w})
+        assert seen == [True] and torch.backends.cudnn.benchmark is True
+        for direction, tensors, exc, words in [
+                ("forward", {"x": x}, ArgumentError, "w"),
+                ("backward_data", {"w": w}, ArgumentError, "dy"),
+                ("backward_weights", {"x": x, "dy": None}, ArgumentError, "dy"),
+                ("forward", {"x": [1.0], "w": w}, ArgumentTypeError, "x"),
+                ("forward", {"x": x[:, :2], "w": w}, ArgumentError, "shape"),
+                ("forward", {"x": x, "w": w, "b": torch.randn(3)}, ArgumentError, "b"),
+                ("backward_data", {"dy": dy[:, :, :3], "w": w}, ArgumentError, "shape"),
+                ("forward", {"x": x.int(), "w": w}, ArgumentError, "floating"),
+                ("forward", None, ArgumentTypeError, "dict"),
+                ("sideways", {"x": x, "w": w}, ArgumentError, "direction")]:
+            with pytest.raises(exc, match=words):
+                check.reference(p, direction, tensors)
+        with pytest.raises(ArgumentError, match="activation"):
+            check.reference(p, "forward", {"x": x, "w": w}, activation="banana")
+        with pytest.raises(ArgumentTypeError, match="ConvProblem"):
+            check.reference("mb2ic3ih6oc4oh6kh3ph1", "forward", {"x": x, "w": w})
+        assert torch.backends.cudnn.benchmark is True
+        ref, _ = check.reference(p, "backward_filter", {"x": x, "dy": dy})   # the old name still works
+        assert ref.shape == p.w_shape
     finally:
         torch.backends.cudnn.benchmark = old
