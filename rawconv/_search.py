@@ -361,12 +361,14 @@ def worth_retry(plan: SearchPlan, row: TimedConfig) -> bool:
         row.config.name in plan.built or (row.detail.startswith("skipped") and not rtc_busy()))
 
 
-def compile_in_background(plan: SearchPlan, configs, timeout_s: float) -> None:
+def compile_in_background(plan: SearchPlan, configs, timeout_s: float) -> list:
     """Finalize runtime-compiled engine configs at once, each in a thread of its own on the calling
     thread's cuDNN handle (as cudnn-frontend's multithreaded plan builds share one handle), at most
     ``_RTC_WORKERS`` in the process at a time (the rest are left for later), and wait at most
     ``timeout_s`` for them. A compilation still running then finishes in the background and the
-    plan keeps its result; one that fails is recorded as :meth:`SearchPlan.build` does."""
+    plan keeps its result; one that fails is recorded as :meth:`SearchPlan.build` does. Returns
+    the names of the configs whose compilation this call started (not those built, failed or
+    compiling already, nor those left for later)."""
     with _rtc_lock:
         todo = [ec for ec in configs if ec.name not in plan.built and ec.name not in plan.failed
                 and (id(plan), ec.name) not in _rtc_inflight]
@@ -375,7 +377,7 @@ def compile_in_background(plan: SearchPlan, configs, timeout_s: float) -> None:
         for ec in todo:
             _rtc_inflight[(id(plan), ec.name)] = now
     if not todo:
-        return
+        return []
     handle = plan.handle()
 
     def work(ec):
@@ -395,6 +397,7 @@ def compile_in_background(plan: SearchPlan, configs, timeout_s: float) -> None:
     end = time.perf_counter() + timeout_s
     for t in threads:
         t.join(max(0.0, end - time.perf_counter()))
+    return [ec.name for ec in todo]
 
 
 PREFETCH = 2   # prefetch(): compilations started ahead for the next problem (of _RTC_WORKERS)
@@ -403,18 +406,23 @@ PREFETCH = 2   # prefetch(): compilations started ahead for the next problem (of
 def prefetch(plan: SearchPlan, n: int = PREFETCH) -> list:
     """Start compiling, in background threads, the runtime-compiled configs among ``plan``'s first
     ``n`` configs of heuristic mode instant that the default filters allow, and return at once
-    (their names). For a sequence of searches (``rawconv.nn.convert``'s autotune): the next
-    problem's likely first candidates compile on idle CPU cores while this one is timed on the
-    GPU, so that its search starts with them built (its trials wait for a compilation already
-    running rather than start another)."""
+    (the names of those it started: not those built, failed or compiling already). For a
+    sequence of searches (``rawconv.nn.convert``'s autotune): the next problem's likely first
+    candidates compile on idle CPU cores while this one is timed on the GPU, so that its search
+    starts with them built (its trials wait for a compilation already running rather than start
+    another). It leaves half of the ``_RTC_WORKERS`` (rounded up) free for the search in
+    progress: on a host with few cores the prefetch would otherwise take every worker, and that
+    search's runtime-compiled candidates would all be skipped."""
     if n < 1:
         return []
     todo = []
     for ec in plan.heuristic("instant")[:n]:
         if RTC in ec.behavior_notes and not plan.allowed(ec):   # autotune's default filters
             todo.append(ec)
-    compile_in_background(plan, todo, 0.0)
-    return [ec.name for ec in todo]
+    todo = [ec for ec in todo if ec.name not in plan.built and ec.name not in plan.failed
+            and (id(plan), ec.name) not in _rtc_inflight]
+    room = _RTC_WORKERS - (_RTC_WORKERS + 1) // 2 - len(_rtc_inflight)
+    return compile_in_background(plan, todo[:max(0, room)], 0.0)
 
 
 def build_in_background(plan: SearchPlan, ec: Config, timeout_s: float):
@@ -827,6 +835,8 @@ class Search:
         end = time.perf_counter() + max(OVERTIME_S, 2 * self.budget_s)
         self.deadline = self.search_end = end
         ok = lambda: any(r.status == "ok" for r in self.rows.values())   # noqa: E731
+        skipped = lambda: any(r.status == "over budget" and r.detail.startswith("skipped")   # noqa: E731
+                              for r in self.rows.values())
         while time.perf_counter() < end and not ok():
             todo = self.late(self.rows)
             for r in todo:
@@ -834,7 +844,9 @@ class Search:
                 if ok() or time.perf_counter() >= end:
                     return
             if not todo:
-                if not compiling(self.plan):
+                # this plan's compilations, or the workers other plans' compilations hold
+                # (a prefetch, another thread's search) while rows of this one were skipped
+                if not compiling(self.plan) and not (rtc_busy() and skipped()):
                     break
                 time.sleep(0.005)
         for mode in self.plan.heuristic_modes:
@@ -847,9 +859,14 @@ class Search:
                     self._overtime_build(ec)
 
     def _overtime_build(self, ec) -> None:
-        """Finalize ``ec`` (waiting for a compilation of it already running) and try it."""
+        """Finalize ``ec`` (waiting for a compilation of it already running, or for a free worker
+        while the process runs ``_RTC_WORKERS`` compilations) and try it."""
         key = (id(self.plan), ec.name)
-        while key in _rtc_inflight and time.perf_counter() < self.deadline:
+        rtc = RTC in self.plan.annotate(ec).behavior_notes
+
+        def wait() -> bool:
+            return key in _rtc_inflight or (rtc and ec.name not in self.plan.built and rtc_busy())
+        while wait() and time.perf_counter() < self.deadline:
             time.sleep(0.002)
         self.trial(ec, "overtime")
 

@@ -1048,3 +1048,82 @@ def test_prefetch_starts_the_top_runtime_compiled_heuristic_configs_and_returns_
         time.sleep(0.01)
     assert "eng7" in plan.built and "eng8" not in plan.built and "eng9" not in plan.built
     assert S.prefetch(plan, n=0) == []
+
+
+def test_overtime_waits_for_a_free_worker_when_other_plans_compilations_hold_them_all(fake_timers, monkeypatch,
+                                                                                      caplog):
+    """Every runtime-compilation worker busy with another plan (the next problem's prefetch,
+    another thread's search): this search's runtime-compiled candidates are skipped within the
+    budget; the overtime then waits for a worker and compiles them (blocking, as it says) rather
+    than return at once with no correct row. A search whose deadline has already passed also
+    ends with one timed, checked row."""
+    monkeypatch.setattr(S, "_RTC_WORKERS", 2)
+    engines = {7: ((), ("RUNTIME_COMPILATION",), [], lambda k: 0.5, 0),
+               8: ((), ("RUNTIME_COMPILATION",), [], lambda k: 0.4, 0)}
+    other = _FakePlan(engines, {"instant": ["eng7", "eng8"]})
+    other_build = other.build
+
+    def slow(ec, *, handle=None):
+        time.sleep(0.6)
+        return other_build(ec, handle=handle)
+    other.build = slow
+    assert S.compile_in_background(other, other.heuristic("instant"), 0.0) == ["eng7", "eng8"]
+    assert S.rtc_busy()
+    plan = _FakePlan(engines, {"instant": ["eng7", "eng8"]})
+    fake_timers.plan = plan
+    t0 = time.perf_counter()
+    with caplog.at_level(logging.DEBUG, logger="rawconv.search"):
+        table = S.search(plan, t0 + 0.1, 0.1, {}, None, None,
+                         S.SearchOptions(budget_s=0.1, patience=None, include_runtime_compiled=True))
+    took = time.perf_counter() - t0
+    ok = [r for r in table if r.status == "ok"]
+    assert ok, [(r.name, r.status, r.phase, r.detail) for r in table]
+    assert any(m.startswith("overtime:") for m in caplog.messages), caplog.messages
+    assert 0.4 < took < S.OVERTIME_S + 1.0, took
+    while S.compiling(other):
+        time.sleep(0.01)
+    late = _FakePlan({9: ((), (), [], lambda k: 0.3, 0)}, {"instant": ["eng9"]})
+    fake_timers.plan = late
+    t0 = time.perf_counter()
+    table = S.search(late, t0 - 1.0, 0.1, {}, None, None, S.SearchOptions(budget_s=0.1, patience=None))
+    assert [(r.name, r.status, r.phase) for r in table] == [("eng9", "ok", "overtime")]
+    assert time.perf_counter() - t0 < 1.0
+    # past its deadline while the workers are busy: the overtime's own builds wait for one
+    other.built.clear()
+    assert S.compile_in_background(other, other.heuristic("instant"), 0.0) == ["eng7", "eng8"]
+    plan = _FakePlan(engines, {"instant": ["eng7", "eng8"]})
+    fake_timers.plan = plan
+    table = S.search(plan, time.perf_counter() - 1.0, 0.1, {}, None, None,
+                     S.SearchOptions(budget_s=0.1, patience=None, include_runtime_compiled=True))
+    assert (table[0].name, table[0].status, table[0].phase) == ("eng7", "ok", "overtime")
+    while S.compiling(other):
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("workers,first", [(2, ["eng7"]), (8, ["eng7", "eng8"])])
+def test_prefetch_leaves_half_the_workers_free_and_never_compiles_a_config_twice(monkeypatch, workers, first):
+    """prefetch takes at most half of the runtime-compilation workers (rounded down: with two,
+    one), so that the search in progress keeps some; it returns only the compilations it started,
+    n past the heuristic list is harmless, and a second prefetch of the same plan starts none of
+    the same configs again."""
+    monkeypatch.setattr(S, "_RTC_WORKERS", workers)
+    engines = {7: ((), ("RUNTIME_COMPILATION",), [], lambda k: 0.5, 0),
+               8: ((), ("RUNTIME_COMPILATION",), [], lambda k: 0.4, 0)}
+    plan = _FakePlan(engines, {"instant": ["eng7", "eng8"]})
+    build = plan.build
+
+    def slow(ec, *, handle=None):
+        time.sleep(0.2)
+        return build(ec, handle=handle)
+    plan.build = slow
+    assert S.prefetch(plan, n=50) == first
+    assert S.prefetch(plan, n=50) == []
+    while S.compiling(plan):
+        time.sleep(0.01)
+    rest = S.prefetch(plan, n=50)
+    assert rest == [n for n in ("eng7", "eng8") if n not in first]
+    while S.compiling(plan):
+        time.sleep(0.01)
+    names = [n for n, _ in plan.builds]
+    assert sorted(names) == ["eng7", "eng8"], names
+    assert S.prefetch(plan, n=50) == [], "built already"
