@@ -33,8 +33,10 @@ exists; until then through this module's autograd functions over :mod:`rawconv.o
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import operator
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -45,7 +47,7 @@ import torch.nn.functional as F
 
 from . import fused as _fused
 from . import onednn
-from .errors import ArgumentError, ArgumentTypeError, NotSupportedError, RawconvError
+from .errors import ArgumentError, ArgumentTypeError, InternalError, NotSupportedError, RawconvError
 from .options import PRECISIONS
 from .problem import ConvProblem, shape_only, tuple_arg
 
@@ -380,12 +382,36 @@ def conv_transpose(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None =
 
 
 # ---------------------------------------------------------------------------- modules
-_RECORDING: list = []   # while convert/describe record the exact calls: lists of (module, kind, args)
+# while convert/describe record the exact calls: (thread id, list of (module, kind, args)) per
+# recording, innermost last. Non-empty is the forwards' one fast check; each thread records only
+# its own calls (another thread's model running meanwhile is not tuned, nor its choices pinned)
+_RECORDING: list = []
+_RECORDING_LOCK = threading.Lock()
 
 
 def _record(module, kind: str, **args) -> None:
     if _RECORDING:
-        _RECORDING[-1].append((module, kind, args))
+        me = threading.get_ident()
+        for tid, calls in reversed(tuple(_RECORDING)):   # a snapshot: other threads push and pop
+            if tid == me:
+                calls.append((module, kind, args))
+                return
+
+
+@contextlib.contextmanager
+def _recording():
+    """Record this thread's rawconv convolution calls into the list it yields."""
+    entry = (threading.get_ident(), [])
+    with _RECORDING_LOCK:
+        _RECORDING.append(entry)
+    try:
+        yield entry[1]
+    finally:
+        with _RECORDING_LOCK:
+            for i in range(len(_RECORDING) - 1, -1, -1):
+                if _RECORDING[i] is entry:
+                    del _RECORDING[i]
+                    break
 
 
 class _RawconvConv:
@@ -1000,13 +1026,21 @@ def _as_args(example) -> tuple:
 
 
 def _record_calls(model, example) -> list:
-    calls: list = []
-    _RECORDING.append(calls)
-    try:
-        with torch.no_grad():
+    with _recording() as calls, torch.no_grad():
+        try:
             model(*_as_args(example))
-    finally:
-        _RECORDING.pop()
+        except RawconvError:
+            raise
+        except Exception as exc:   # noqa: BLE001 - the model's own code: say where it failed
+            new = _guard.translate(exc, "rawconv.nn.convert(autotune=...): the model's forward on the example")
+            if new is None:
+                raise
+            if isinstance(new, InternalError):   # not rawconv's bug: the example or the model
+                text = str(exc).strip().splitlines()
+                new = ArgumentError(f"rawconv.nn.convert(autotune=...): the model's forward on the example input "
+                                    f"raised {type(exc).__name__}: {text[0][:300] if text else ''} (nothing was "
+                                    "tuned; is the example what the model takes?)")
+            raise new from exc
     seen, out = set(), []
     for m, kind, args in calls:
         if id(m) not in seen:
@@ -1474,13 +1508,8 @@ def describe(model: torch.nn.Module, example_input: Any, *, iterations: int = 10
         rm = m if isinstance(m, _RawconvConv) else _swap_module(copy.copy(m), "auto", None, "strict")
         backend = _resolve_backend(rm.backend, x.device)
         # the exact library call of the rawconv module
-        rec: list = []
-        _RECORDING.append(rec)
-        try:
-            with torch.no_grad():
-                rm(x, residual) if isinstance(rm, _ConvBiasAct) else rm(x) if output_size is None else rm(x, output_size)
-        finally:
-            _RECORDING.pop()
+        with _recording() as rec, torch.no_grad():
+            rm(x, residual) if isinstance(rm, _ConvBiasAct) else rm(x) if output_size is None else rm(x, output_size)
         note = ""
         if rec:
             _, kind, cargs = rec[0]

@@ -365,3 +365,79 @@ def test_in_place_residuals_only_where_no_later_use_reads_them():
         y2 = torch.ops.rawconv.conv_bias_act(torch.randn(2, 4, 6, 6), b.weight, b.bias, r_copy, [1, 1], [1, 1],
                                              [1, 1], 1, "relu", "auto", None, "strict")
     assert y2.data_ptr() != r_copy.data_ptr()
+
+
+def test_autotune_records_only_its_own_threads_calls():
+    """convert(autotune=x) records the convolution calls of the example's forward. Another
+    thread running another converted model meanwhile must not be recorded: its layers were tuned
+    and their choices re-pinned from the converting thread (and a forward that checked the
+    recording list as the converting thread emptied it could fail with IndexError)."""
+    import threading
+    import time
+
+    class Slow(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = nn.Conv2d(4, 4, 3, padding=1)
+
+        def forward(self, x):
+            y = self.c(x)
+            time.sleep(0.3)   # the other thread's forwards run meanwhile
+            return self.c(y)
+
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Conv2d(8, 8, 1))
+    other = rnn.convert(plain)
+    xo = torch.randn(1, 3, 9, 9)
+    want_other = _ref64(plain, xo)
+    stop, errors, runs = threading.Event(), [], [0]
+
+    def run_other():
+        try:
+            while not stop.is_set():
+                with torch.no_grad():
+                    _close(other(xo), want_other)
+                runs[0] += 1
+        except BaseException as exc:   # noqa: BLE001 - reported below
+            errors.append(exc)
+    t = threading.Thread(target=run_other)
+    t.start()
+    try:
+        rnn.clear_tuning()
+        net = Slow()
+        x = torch.randn(2, 4, 8, 8)
+        m = rnn.convert(net, autotune=x, autotune_budget_s=0.05)
+    finally:
+        stop.set()
+        t.join(30)
+    assert not errors, errors
+    assert runs[0] > 0, "the other thread never ran during the recording"
+    assert [r["name"] for r in m.rawconv_report.tuned] == ["c"]
+    assert [mod.choice for mod in other] == [None, None], "another thread's model was re-pinned"
+    assert not rnn._RECORDING
+    with torch.no_grad():
+        _close(m(x), _ref64(net, x))
+
+
+def test_autotune_on_a_model_whose_forward_raises_says_so_and_changes_nothing():
+    """The example's forward raising is the model's (or the example's) doing: an ArgumentError
+    that says so, the original exception chained, no recording left behind, the given model
+    unchanged (inplace=False); a rawconv error inside the forward passes as it is."""
+    class Boom(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = nn.Conv2d(4, 4, 3)
+
+        def forward(self, x):
+            self.c(x)
+            raise ValueError("the model's own check failed")
+
+    net = Boom()
+    with pytest.raises(ArgumentError, match="forward on the example input raised ValueError: the model's own") as info:
+        rnn.convert(net, autotune=torch.randn(2, 4, 8, 8))
+    assert isinstance(info.value.__cause__, ValueError)
+    assert type(net.c) is nn.Conv2d and not rnn._RECORDING
+    seq = nn.Sequential(nn.Conv2d(4, 4, 3))
+    with pytest.raises(ArgumentError, match="input channels"):   # rawconv's own message, not rewrapped
+        rnn.convert(seq, autotune=torch.randn(2, 5, 8, 8))
+    assert type(seq[0]) is nn.Conv2d and not rnn._RECORDING
