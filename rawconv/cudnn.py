@@ -326,7 +326,11 @@ class _Hot:
     @classmethod
     def of(cls, plan: "Convolution", info: "RunInfo", pws, x, w, bias, y) -> "_Hot | None":
         """The pack of a checked forward call that ran one cuDNN call on ``x``, ``w``, ``bias`` (or
-        None) and ``y`` as they are (the caller checks that), or None (a tensor subclass)."""
+        None) and ``y`` as they are (the caller checks that), or None (a tensor subclass; an
+        unbatched problem, whose checked path returns y without its batch dim even for an x given
+        with one)."""
+        if plan.problem.unbatched:
+            return None
         args = _cuda.HotArgs.of(x, w, bias, y, plan.device_index)
         if args is None:
             return None

@@ -338,7 +338,10 @@ class _GraphHot:
     def of(cls, plan: "GraphConvolution", built: "_Built", t: dict, x, w, bias, out) -> "_GraphHot | None":
         """The pack of a checked forward call that bound ``t``, or None when a tensor was not used as
         it is (copied, unsqueezed, a construction tensor) or is a subclass, or the graph has roles
-        other than x, w, y and b."""
+        other than x, w, y and b, or the problem is unbatched (the checked path returns y without
+        its batch dim even for an x given with one)."""
+        if plan.problem.unbatched:
+            return None
         roles = tuple(plan._graph.roles)
         if roles not in (("x", "w", "y"), ("x", "w", "y", "b")):
             return None

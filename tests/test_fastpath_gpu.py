@@ -342,3 +342,21 @@ def test_legacy_function_form_and_operator_reuse_the_plan(monkeypatch):
     F.conv2d(xd, w.double(), None, 1, 1).backward(g.double())
     _close(xr.grad, xd.grad.float())
     torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("api", ["legacy", "graph"])
+def test_an_unbatched_plan_given_a_batched_x_returns_the_same_shape_every_call(api):
+    """An unbatched plan takes x with its batch dim of 1 and returns y without it (the checked
+    path): later calls must not switch to the (1, K, ...) y of a hot pack."""
+    from rawconv import cudnn
+    from rawconv.problem import ConvProblem
+
+    p = ConvProblem(n=1, c=8, k=8, in_spatial=(8, 8), kernel=(3, 3), pad_before=(1, 1), pad_after=(1, 1),
+                    unbatched=True, device="cuda")
+    plan = (cudnn.Convolution if api == "legacy" else G.GraphConvolution).from_problem(p)
+    x = torch.randn(1, 8, 8, 8, device="cuda")
+    w = torch.randn(8, 8, 3, 3, device="cuda")
+    shapes = [tuple(plan.execute(x, w).shape) for _ in range(3)]
+    assert shapes == [(8, 8, 8)] * 3, shapes
+    _close(plan.execute(x, w), _ref(x, w)[0])
+    torch.cuda.synchronize()

@@ -112,3 +112,33 @@ def test_the_operator_cuda_cache_keys_on_the_backend(monkeypatch):
         with pytest.raises(ArgumentError, match="CUDA tensors"):
             ops._forward_cuda(x, w, None, [1, 1], [1, 1], [1, 1], [1, 1], 1, backend, "", "strict", "", "")
     assert len(rec.keys) == 3 and rec.keys[0] == rec.keys[2] and rec.keys[0] != rec.keys[1]
+
+
+def _stub_plan(unbatched: bool):
+    """What _Hot.of / _GraphHot.of read of a plan, without a GPU."""
+    import types
+
+    from rawconv.problem import ConvProblem
+
+    p = ConvProblem(n=1, c=2, k=3, in_spatial=(4, 4), kernel=(3, 3), unbatched=unbatched)
+    d = object()
+    return types.SimpleNamespace(
+        problem=p, device_index=0, _descs={}, _ws=object(), _ws_stream=0, inner=types.SimpleNamespace(n=1),
+        descriptors=lambda n: (d, d, d, d), _alpha=None, _beta0=None, activation=None,
+        _graph=types.SimpleNamespace(roles=("x", "w", "y")), _x=None, _w=None, _b=None)
+
+
+@pytest.mark.parametrize("unbatched", [False, True])
+def test_no_hot_pack_for_an_unbatched_problem(cudnn_lib, unbatched):
+    """An unbatched plan takes an x with its batch dim of 1 as it is, and its checked path then
+    returns y without that dim: a pack made from such a call would return the (1, K, ...) y on
+    every later call. So neither CUDA plan makes a pack for an unbatched problem (the checked
+    path each call, as with an unbatched x); a batched one gets its pack."""
+    from rawconv import cudnn_graph
+
+    plan = _stub_plan(unbatched)
+    x, w, y = torch.randn(1, 2, 4, 4), torch.randn(3, 2, 3, 3), torch.empty(1, 3, 2, 2)
+    info = cudnn.RunInfo("forward", "IMPLICIT_GEMM", 0, "fma", "fma", 0, True, None)
+    legacy = cudnn._Hot.of(plan, info, None, x, w, None, y)
+    graph = cudnn_graph._GraphHot.of(plan, None, {"x": x, "w": w, "y": y}, x, w, None, None)
+    assert (legacy is None) is unbatched and (graph is None) is unbatched
