@@ -389,8 +389,8 @@ class _Hot:
             st = self.fn(hs.ptr, alpha, xd, px, wd, pw, cd, algo, pws, nws, beta, yd, py)
             if st:
                 raise _cudnn.error(st, "cudnnConvolutionForward", self.where)
-            if self.bview is not None:
-                y.add_(bias.view(self.bview))
+            if self.bview is not None:   # (detached: execute records no autograd, as the fused kernel)
+                y.add_((bias.detach() if bias.requires_grad else bias).view(self.bview))
             if self.act is not None:
                 self.act(y)
         if out is not None:
@@ -956,7 +956,9 @@ class Convolution(PlanLifetime):
         if not fused:
             if bias is not None:
                 bt = self._prep("bias", bias, (p.k,), (1,))
-                y.add_(bt.view(1, -1, *([1] * p.ndim)))
+                # detached: execute records no autograd (a y whose graph reached the bias alone
+                # would give db and silently no dx, dw), as the fused kernel and the other plans
+                y.add_((bt.detach() if bt.requires_grad else bt).view(1, -1, *([1] * p.ndim)))
             if self.activation is not None:
                 _ACT_FNS[self.activation](y)
         hot = self._hot

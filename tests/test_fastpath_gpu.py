@@ -360,3 +360,24 @@ def test_an_unbatched_plan_given_a_batched_x_returns_the_same_shape_every_call(a
     assert shapes == [(8, 8, 8)] * 3, shapes
     _close(plan.execute(x, w), _ref(x, w)[0])
     torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("activation", [None, "tanh"])
+def test_legacy_execute_records_no_autograd_through_a_bias_added_in_torch(activation):
+    """The legacy plan adds an unfused bias in torch: with a bias that requires grad (grad mode
+    on) its y must not become a graph reaching the bias alone (backward would give db and silently
+    no dx, dw); execute records no autograd, as the fused kernel and the other plans, checked and
+    hot path alike."""
+    from rawconv import cudnn
+
+    x = torch.randn(2, 8, 8, 8, device="cuda")
+    w = torch.randn(8, 8, 3, 3, device="cuda")
+    b = torch.randn(8, device="cuda", requires_grad=True)
+    plan = cudnn.Convolution(x, w, b.detach(), padding=1, activation=activation)
+    want = _ref(x, w, b.detach())
+    want = torch.tanh(want) if activation else want
+    for _ in range(3):
+        y = plan.execute(x, w, b)
+        assert not y.requires_grad and y.grad_fn is None
+        _close(y, want)
+    torch.cuda.synchronize()
