@@ -369,16 +369,24 @@ def _reference(p: ConvProblem, direction: str, tensors: dict, activation: str | 
                 ref = ACTIVATION_REFERENCE[activation](ref)
             return ref, ref_abs
 
-    def vjp(shape, call, a, dy):
-        """The gradient of ``call(z, a)`` at a zero ``z`` of ``shape`` against ``dy``, for the
-        values and for their absolute values."""
-        out = []
-        for av, dyv in ((a, dy), (a.abs(), dy.abs())):
-            z = torch.zeros(shape, dtype=torch.float64, device=dy.device, requires_grad=True)
-            with torch.enable_grad():
-                out.append(torch.autograd.grad(call(z, av), z, dyv)[0])
-        return out[0], out[1]
+    # the backward directions: aten's convolution_backward (what autograd runs for the forward
+    # above; no autograd graph, so also under torch.inference_mode), the padding cropped off dx
+    nd = p.ndim
+    xp_shape = p.x_shape[:2] + tuple(i + b + a for i, b, a in zip(p.in_spatial, p.pad_before, p.pad_after))
 
-    if direction == "backward_data":
-        return vjp(p.x_shape, fwd, t64("w"), t64("dy"))
-    return vjp(p.w_shape, lambda z, xv: fwd(xv, z), t64("x"), t64("dy"))
+    def bwd(dy, x, w, mask):
+        return torch.ops.aten.convolution_backward(dy, x, w, None, list(p.stride), [0] * nd, list(p.dilation),
+                                                   False, [0] * nd, p.groups, mask)
+
+    with torch.no_grad():
+        dy = t64("dy")
+        if direction == "backward_data":
+            w = t64("w")
+            zero = torch.zeros(xp_shape, dtype=torch.float64, device=dy.device)
+            crop = (slice(None), slice(None)) + tuple(slice(b, b + i) for b, i in zip(p.pad_before, p.in_spatial))
+            return tuple(bwd(g, zero, wv, [True, False, False])[0][crop]
+                         for g, wv in ((dy, w), (dy.abs(), w.abs())))
+        x = t64("x")
+        zero = torch.zeros(p.w_shape, dtype=torch.float64, device=dy.device)
+        return tuple(bwd(g, F.pad(xv, pad) if any(pad) else xv, zero, [False, True, False])[1]
+                     for g, xv in ((dy, x), (dy.abs(), x.abs())))

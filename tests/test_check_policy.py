@@ -172,3 +172,44 @@ def test_reference_of_cpu_tensors_leaves_cudnn_benchmark_alone_and_checks_its_ar
         assert ref.shape == p.w_shape
     finally:
         torch.backends.cudnn.benchmark = old
+
+
+@pytest.mark.parametrize("desc", ["mb2ic4ih7oc6oh4kh3sh2ph1", "mb2ic4iw9oc4kw3dw1pw1g2", "mb1ic2id5ih4iw4oc3kd2kh1kw3"])
+def test_backward_references_under_inference_mode_and_without_grad(desc):
+    """The backward references are aten's convolution_backward, no autograd graph: they work
+    under torch.inference_mode (they raised 'element 0 of tensors does not require grad', so a
+    backward plan's autotune failed there) and agree with autograd's vector-Jacobian product of
+    the float64 forward (asymmetric padding included: the pad's gradient is the crop)."""
+    import torch.nn.functional as F
+
+    p = ConvProblem.from_benchdnn(desc)
+    p = p.with_(pad_after=tuple(a + 1 for a in p.pad_after))   # asymmetric
+    x, w, _ = p.make_inputs(seed=2)
+    dy = torch.randn(p.y_shape)
+    conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[p.ndim]
+    pad = []
+    for b, a in reversed(list(zip(p.pad_before, p.pad_after))):
+        pad += [b, a]
+    x64, w64, dy64 = (x.double().requires_grad_(), w.double().requires_grad_(), dy.double())
+    y = conv(F.pad(x64, pad), w64, None, p.stride, 0, p.dilation, p.groups)
+    want_dx, want_dw = torch.autograd.grad(y, (x64, w64), dy64)
+    for ctx in (torch.inference_mode, torch.no_grad, torch.enable_grad):
+        with ctx():
+            dx, dx_abs = check.reference(p, "backward_data", {"dy": dy, "w": w})
+            dw, dw_abs = check.reference(p, "backward_weights", {"x": x, "dy": dy})
+        torch.testing.assert_close(dx, want_dx, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(dw, want_dw, rtol=1e-12, atol=1e-12)
+        assert (dx_abs >= dx.abs() - 1e-12).all() and (dw_abs >= dw.abs() - 1e-12).all()
+        assert not dx.requires_grad and not dw.requires_grad
+
+
+def test_backward_autotune_under_inference_mode(dnnl):
+    """A backward plan's autotune checks each result against the float64 reference: under
+    torch.inference_mode too."""
+    from rawconv import onednn
+
+    p = ConvProblem.from_benchdnn("mb2ic3ih6oc4oh6kh3ph1")
+    with torch.inference_mode():
+        for direction in ("backward_data", "backward_weights"):
+            rows = onednn.Convolution.from_problem(p, direction=direction).autotune(iterations=1, warmup=0)
+            assert rows[0].status == "ok", rows[0]
