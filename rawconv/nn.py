@@ -1025,8 +1025,39 @@ def _as_args(example) -> tuple:
     return tuple(example) if isinstance(example, (tuple, list)) else (example,)
 
 
+@contextlib.contextmanager
+def _state_kept(model, example):
+    """The example's forward leaves no trace on the model or the process: every buffer's values
+    (a training-mode BatchNorm updates its running statistics and count) and torch's random
+    number generators (dropout draws), CPU and the CUDA devices in use, as they were."""
+    saved = []
+    for mod in model.modules():
+        for name, b in mod._buffers.items():
+            if isinstance(b, torch.Tensor):
+                saved.append((mod, name, b, b.detach().clone()))
+    devices = []
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        ts = list(model.parameters()) + [e[2] for e in saved] + \
+            [a for a in _as_args(example) if isinstance(a, torch.Tensor)]
+        devices = sorted({t.get_device() for t in ts if t.is_cuda})
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        with torch.no_grad():
+            # (every one: batch_norm writes its running statistics without bumping their version)
+            for mod, name, b, value in saved:
+                if mod._buffers.get(name) is not b:   # rebound by the forward: the original back
+                    mod._buffers[name] = b
+                with torch.inference_mode(b.is_inference()):   # (an inference tensor: written only there)
+                    if b.shape == value.shape:
+                        b.copy_(value)
+                    else:
+                        b.set_(value)
+
+
 def _record_calls(model, example) -> list:
-    with _recording() as calls, torch.no_grad():
+    with _recording() as calls, torch.no_grad(), _state_kept(model, example):
         try:
             model(*_as_args(example))
         except RawconvError:

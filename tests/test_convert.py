@@ -441,3 +441,28 @@ def test_autotune_on_a_model_whose_forward_raises_says_so_and_changes_nothing():
     with pytest.raises(ArgumentError, match="input channels"):   # rawconv's own message, not rewrapped
         rnn.convert(seq, autotune=torch.randn(2, 5, 8, 8))
     assert type(seq[0]) is nn.Conv2d and not rnn._RECORDING
+
+
+def test_autotune_example_forward_leaves_the_model_and_the_rng_as_they_were():
+    """convert(autotune=x) runs the model once on the example to record its convolutions. On a
+    training-mode model that forward updated every BatchNorm's running statistics and count (the
+    converted model then computed something else than the original in eval mode) and drew from
+    torch's generator (dropout): both are restored."""
+    import copy
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Dropout(0.5),
+                        nn.Conv2d(8, 4, 1))
+    orig = copy.deepcopy(net)
+    x = torch.randn(2, 3, 8, 8)
+    rng = torch.random.get_rng_state()
+    for inplace in (False, True):
+        rnn.clear_tuning()
+        before = {k: v.clone() for k, v in net.state_dict().items()}
+        m = rnn.convert(net, autotune=x, autotune_budget_s=0.05, inplace=inplace)
+        assert torch.equal(torch.random.get_rng_state(), rng), "the example's dropout drew from torch's generator"
+        for k, v in m.state_dict().items():
+            assert torch.equal(v, before[k]), k
+        assert int(m[1].num_batches_tracked) == 0 and m.rawconv_report.tuned
+    with torch.no_grad():
+        _close(m.eval()(x), _ref64(orig.eval(), x))
