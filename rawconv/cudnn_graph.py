@@ -47,7 +47,7 @@ from ._plans import PlanCache, PlanLifetime
 from . import check as _check
 from .check import ErrorStats, Tolerance, tolerance_for
 from ._grad import needs_grad as _needs_grad
-from .problem import ConvProblem, check_tensor, empty_like_layout, layout_of, to_layout, dense_strides, shape_only, random_tensor
+from .problem import ConvProblem, check_tensor, empty_like_layout, layout_of, to_layout, dense_strides, shape_only, random_tensor, seed_offset
 
 __all__ = ["EngineConfig", "TimedConfig", "GraphConvolution", "engines", "forward", "backward_data",
            "backward_filter", "clear_cache", "tuning_cache", "save_tuning_cache", "load_tuning_cache",
@@ -1035,7 +1035,7 @@ class GraphConvolution(PlanLifetime):
         w = to_layout(w, p.layout)
         if self.direction == "forward":
             return {"x": x, "w": w, "b": b}
-        dy = random_tensor(p.y_shape, seed + 3, dev, p.torch_dtype, p.layout)
+        dy = random_tensor(p.y_shape, seed_offset(seed, 3), dev, p.torch_dtype, p.layout)
         if self.direction == "backward_data":
             return {"dy": dy, "w": w}
         return {"x": x, "dy": dy}

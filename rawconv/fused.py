@@ -41,7 +41,8 @@ import torch
 from . import onednn
 from ._plans import PlanCache
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
-from .problem import ConvProblem, dense_strides, empty_like_layout, layout_of, random_tensor, strides_match, to_layout
+from .problem import (ConvProblem, dense_strides, empty_like_layout, layout_of, random_tensor, seed_offset, strides_match,
+                      to_layout)
 
 __all__ = ["conv_bias_act", "FusedConvolution", "ResidualGraphConvolution", "ACTIVATIONS", "BACKENDS",
            "clear_cache"]
@@ -279,7 +280,8 @@ def _graph_class():
         def _example(self, seed: int = 0) -> dict:
             t = super()._example(seed)
             p = self.problem
-            t["r"] = random_tensor(p.y_shape, seed + 4, f"cuda:{self.device_index}", p.torch_dtype, p.layout)
+            t["r"] = random_tensor(p.y_shape, seed_offset(seed, 4), f"cuda:{self.device_index}", p.torch_dtype,
+                                   p.layout)
             self._tune_tensors = t
             self._ref_r = None
             return t

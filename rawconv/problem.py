@@ -598,9 +598,9 @@ class ConvProblem:
             shapes = [self.x_shape, self.w_shape] + ([(self.k,)] if self.has_bias else [])
             check_draw_memory(shapes, dev, dt, f"make_inputs(on_device=True) of {self.describe()}")
             x = random_tensor(self.x_shape, seed, dev, dt, self.layout, scale)
-            w = random_tensor(self.w_shape, _next_seed(seed, 1), dev, dt, "nchw",
+            w = random_tensor(self.w_shape, seed_offset(seed, 1), dev, dt, "nchw",
                               1 / math.sqrt(max(self.reduction_length, 1)))
-            b = random_tensor((self.k,), _next_seed(seed, 2), dev, dt, "nchw") if self.has_bias else None
+            b = random_tensor((self.k,), seed_offset(seed, 2), dev, dt, "nchw") if self.has_bias else None
             return x, w, b
 
         es = torch.empty(0, dtype=self.torch_dtype).element_size()
@@ -658,8 +658,9 @@ def seed_arg(seed: Any, name: str = "seed") -> int:
     return s
 
 
-def _next_seed(seed: int, i: int) -> int:
-    """The ``i``-th seed after ``seed``, kept in torch's range (wraps past 2**64 - 1)."""
+def seed_offset(seed: int, i: int) -> int:
+    """The ``i``-th seed after ``seed`` (in torch's range, wrapping past 2**64 - 1): the seeds of a draw's other
+    tensors (:meth:`ConvProblem.make_inputs`: w, bias; the autotunes' dy, residual)."""
     s = seed + i
     return s - SEED_END if s >= SEED_END else s
 

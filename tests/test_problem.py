@@ -188,6 +188,7 @@ def test_make_inputs_on_device_matches_the_host_draw_in_shape_dtype_and_layout_1
     x_zero = rawconv.problem.random_tensor(p.w_shape, 0, "cpu", p.torch_dtype,
                                            scale=1 / math.sqrt(p.reduction_length))
     assert torch.equal(w_wrap, x_zero), "seed 2**64 - 1 + 1 wraps to 0"
+    assert rawconv.problem.seed_offset(2 ** 64 - 2, 3) == 1 and rawconv.problem.seed_offset(-5, 3) == -2
 
 
 def test_make_inputs_unbatched_and_meta_on_device():
