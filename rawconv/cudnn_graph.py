@@ -310,10 +310,18 @@ class _Graph:
         return self.graph
 
 
-class _Built:
-    """A finalized execution plan and what executing it needs (workspace, variant packs)."""
+_STREAMS_KEPT = 8                 # per plan: the workspaces / channels_last buffers of streams past the first
+_stream_lock = threading.Lock()   # making them (the lookups of a made one take no lock)
 
-    __slots__ = ("config", "plan", "workspace_bytes", "workspace", "vps", "read_back", "finalized_at")
+
+class _Built:
+    """A finalized execution plan and what executing it needs: a workspace and the variant packs
+    (by data pointers) that name it, per CUDA stream (kernels of two streams may run at once, so
+    they never share one): ``workspace`` / ``vps`` of the first stream it ran on (``ws_stream``),
+    ``streams`` {stream: (workspace, vps)} for the others (at most ``_STREAMS_KEPT``)."""
+
+    __slots__ = ("config", "plan", "workspace_bytes", "workspace", "vps", "ws_stream", "streams", "read_back",
+                 "finalized_at")
 
     def __init__(self, config: EngineConfig, plan: B.Descriptor, workspace_bytes: int, read_back: dict):
         self.config = config
@@ -321,8 +329,28 @@ class _Built:
         self.workspace_bytes = workspace_bytes
         self.workspace = None
         self.vps: dict = {}
+        self.ws_stream = None
+        self.streams: dict | None = None
         self.finalized_at = time.perf_counter()  # when cudnnBackendFinalize returned (perf_counter s)
         self.read_back = read_back
+
+    def on_stream(self, stream: int, device: str):
+        """``(workspace, variant packs)`` for ``stream`` (made on first use, while that stream is
+        current: torch's caching allocator reuses a freed block in that stream's order)."""
+        with _stream_lock:
+            if self.ws_stream is None:
+                self.workspace = _cuda.workspace(self.workspace_bytes, device)
+                self.ws_stream = stream   # (after the workspace: _run reads them without the lock)
+            if stream == self.ws_stream:
+                return self.workspace, self.vps
+            if self.streams is None:
+                self.streams = {}
+            e = self.streams.get(stream)
+            if e is None:
+                if len(self.streams) >= _STREAMS_KEPT:   # a caller holding one keeps it alive until its launch
+                    self.streams.pop(next(iter(self.streams)))
+                e = self.streams[stream] = (_cuda.workspace(self.workspace_bytes, device), {})
+            return e
 
 
 class _GraphHot:
@@ -794,15 +822,18 @@ class GraphConvolution(PlanLifetime):
         return t
 
     def _run(self, b: _Built, ptrs: tuple) -> None:
-        vp = b.vps.get(ptrs)
+        hs = _cuda.handle_state(self.device_index)
+        if hs.stream == b.ws_stream:
+            ws, vps = b.workspace, b.vps
+        else:   # another stream, or the first call: that stream's own workspace
+            ws, vps = b.on_stream(hs.stream, f"cuda:{self.device_index}")
+        vp = vps.get(ptrs)
         if vp is None:
-            if b.workspace is None:
-                b.workspace = _cuda.workspace(b.workspace_bytes, f"cuda:{self.device_index}")
-            if len(b.vps) >= 64:
-                b.vps.clear()
-            vp = b.vps[ptrs] = B.variant_pack(self._graph.uids, ptrs, b.workspace.data_ptr())
+            if len(vps) >= 64:
+                vps.clear()
+            vp = vps[ptrs] = B.variant_pack(self._graph.uids, ptrs, ws.data_ptr())
         L = _cudnn.lib()
-        status = L.cudnnBackendExecute(_cuda.handle_for(self.device_index), b.plan.ptr, vp.ptr)
+        status = L.cudnnBackendExecute(hs.ptr, b.plan.ptr, vp.ptr)   # (ws, held here, outlives the launch)
         if status:
             raise _cudnn.error(status, "cudnnBackendExecute", f"{b.config.name} on {self._describe()}")
 
@@ -905,9 +936,10 @@ class GraphConvolution(PlanLifetime):
         plan's layout): inputs transformed into the plan's channels_last buffers, the engine run
         there, the output transformed back."""
         cl = cl or self._via
-        bufs = self._relayout_buffers()
+        hs = _cuda.handle_state(self.device_index)
+        h = hs.ptr
+        bufs = self._relayout_buffers(hs.stream)
         out_role = _OUT_ROLE[self.direction]
-        h = _cuda.handle_for(self.device_index)
         for role in _ROLES[self.direction]:
             if role != out_role:
                 self._transform(h, bufs[role][2], t[role].data_ptr(), bufs[role][3], bufs[role][1])
@@ -927,27 +959,43 @@ class GraphConvolution(PlanLifetime):
         if status:
             raise _cudnn.error(status, "cudnnTransformTensor", f"layout copy for {self._describe()}")
 
-    def _relayout_buffers(self) -> dict:
+    def _relayout_buffers(self, stream: int) -> dict:
         """role -> (channels_last buffer, its void *, descriptor of this plan's layout, descriptor
-        of channels_last), made once per plan (4-D or 5-D descriptors, 1-D problems lifted)."""
-        if self._bufs is None:
-            p = self.problem
-            ffi = _cudnn.ffi
+        of channels_last), made once per plan and CUDA stream (two streams' calls may run at once:
+        each has buffers of its own; at most ``_STREAMS_KEPT`` streams kept; 4-D or 5-D
+        descriptors, 1-D problems lifted)."""
+        by_stream = self._bufs
+        bufs = None if by_stream is None else by_stream.get(stream)
+        if bufs is not None:
+            return bufs
+        with _stream_lock:
+            if self._bufs is None:
+                self._bufs = {}
+            bufs = self._bufs.get(stream)
+            if bufs is None:
+                if len(self._bufs) >= _STREAMS_KEPT:
+                    self._bufs.pop(next(iter(self._bufs)))
+                bufs = self._bufs[stream] = self._make_relayout_buffers()
+            return bufs
+
+    def _make_relayout_buffers(self) -> dict:
+        p = self.problem
+        ffi = _cudnn.ffi
+        if getattr(self, "_one", None) is None:
             one_t = "double *" if p.dtype == "float64" else "float *"
             self._one, self._zero = ffi.new(one_t, 1.0), ffi.new(one_t, 0.0)
-            shapes = {"x": p.x_shape, "dx": p.x_shape, "y": p.y_shape, "dy": p.y_shape, "w": p.w_shape,
-                      "dw": p.w_shape}
-            bufs = {}
-            for role in _ROLES[self.direction]:
-                shape = shapes[role]
-                buf = torch.empty_strided(shape, dense_strides(shape, "nhwc"), dtype=p.torch_dtype,
-                                          device=f"cuda:{self.device_index}")
-                g = _lift(shape)
-                bufs[role] = (buf, ffi.cast("void *", buf.data_ptr()),
-                              _cudnn.tensor_desc(p.dtype, g, dense_strides(g, p.layout)),
-                              _cudnn.tensor_desc(p.dtype, g, dense_strides(g, "nhwc")))
-            self._bufs = bufs
-        return self._bufs
+        shapes = {"x": p.x_shape, "dx": p.x_shape, "y": p.y_shape, "dy": p.y_shape, "w": p.w_shape,
+                  "dw": p.w_shape}
+        bufs = {}
+        for role in _ROLES[self.direction]:
+            shape = shapes[role]
+            buf = torch.empty_strided(shape, dense_strides(shape, "nhwc"), dtype=p.torch_dtype,
+                                      device=f"cuda:{self.device_index}")
+            g = _lift(shape)
+            bufs[role] = (buf, ffi.cast("void *", buf.data_ptr()),
+                          _cudnn.tensor_desc(p.dtype, g, dense_strides(g, p.layout)),
+                          _cudnn.tensor_desc(p.dtype, g, dense_strides(g, "nhwc")))
+        return bufs
 
     @property
     def transpose_bytes(self) -> int:

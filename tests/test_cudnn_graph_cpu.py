@@ -1127,3 +1127,37 @@ def test_prefetch_leaves_half_the_workers_free_and_never_compiles_a_config_twice
     names = [n for n, _ in plan.builds]
     assert sorted(names) == ["eng7", "eng8"], names
     assert S.prefetch(plan, n=50) == [], "built already"
+
+
+def test_each_cuda_stream_gets_its_own_workspace_and_relayout_buffers(monkeypatch):
+    """Kernels of two CUDA streams may run at once: a graph plan's workspace (and the
+    channels_last buffers of an "nhwc:" config) must not be shared between streams, as one
+    buffer per plan was. The first stream keeps b.workspace / b.vps; another gets its own pair;
+    at most _STREAMS_KEPT other streams are kept (a caller holds its pair until its launch).
+    (CPU stand-ins for the CUDA buffers: the bookkeeping is what is tested.)"""
+    made = []
+
+    def fake_workspace(nbytes, device):
+        made.append(nbytes)
+        return torch.empty(max(nbytes, 1), dtype=torch.uint8)
+    monkeypatch.setattr(G._cuda, "workspace", fake_workspace)
+    b = G._Built(G.EngineConfig(3), None, 256, {})
+    ws1, vps1 = b.on_stream(111, "cuda:0")
+    assert ws1 is b.workspace and vps1 is b.vps and b.ws_stream == 111
+    assert b.on_stream(111, "cuda:0") == (ws1, vps1) and len(made) == 1
+    ws2, vps2 = b.on_stream(222, "cuda:0")
+    assert ws2 is not ws1 and vps2 is not vps1 and ws2.data_ptr() != ws1.data_ptr()
+    assert b.on_stream(222, "cuda:0")[0] is ws2 and len(made) == 2
+    for s in range(G._STREAMS_KEPT + 3):
+        b.on_stream(1000 + s, "cuda:0")
+    assert len(b.streams) == G._STREAMS_KEPT and 222 not in b.streams
+    assert b.on_stream(111, "cuda:0")[0] is ws1, "the first stream's pair stays"
+
+    plan = G.GraphConvolution.__new__(G.GraphConvolution)
+    plan._bufs = None
+    monkeypatch.setattr(G.GraphConvolution, "_make_relayout_buffers", lambda self: {"x": object()})
+    a = plan._relayout_buffers(111)
+    assert plan._relayout_buffers(111) is a and plan._relayout_buffers(222) is not a
+    for s in range(G._STREAMS_KEPT + 2):
+        plan._relayout_buffers(1000 + s)
+    assert len(plan._bufs) == G._STREAMS_KEPT

@@ -381,3 +381,25 @@ def test_legacy_execute_records_no_autograd_through_a_bias_added_in_torch(activa
         assert not y.requires_grad and y.grad_fn is None
         _close(y, want)
     torch.cuda.synchronize()
+
+
+def test_a_graph_plan_on_two_streams_at_once_stays_exact():
+    """Calls of one plan queued on two streams run concurrently: each stream has its own
+    workspace (one shared workspace would be written by both kernels at once)."""
+    x = [torch.randn(8, 32, 28, 28, device="cuda") for _ in range(2)]
+    w = torch.randn(32, 32, 3, 3, device="cuda")
+    plan = G.GraphConvolution(x[0], w, padding=1)
+    want = [_ref(t, w) for t in x]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    torch.cuda.synchronize()
+    outs = [[], []]
+    for _ in range(20):
+        for i, s in enumerate(streams):
+            with torch.cuda.stream(s):
+                outs[i].append(plan.execute(x[i], w))
+    torch.cuda.synchronize()
+    for i in range(2):
+        for y in outs[i]:
+            _close(y, want[i])
+    b = plan._selected or plan._current()
+    assert b.ws_stream is not None and b.streams, "the second stream has a workspace of its own"
