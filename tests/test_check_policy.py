@@ -45,6 +45,18 @@ def test_tf32_truncated_inputs_pass_only_as_tf32():
     assert not check.check(p, y, ref, ref_abs, check.tolerance_for(p, "forward")).ok   # not as float32
 
 
+def _benchmark_spy(monkeypatch):
+    """check._reference wrapped: ``(seen, spy)``, ``seen`` the cudnn.benchmark flag at each call."""
+    seen = []
+    real = check._reference
+
+    def spy(*a, **k):
+        seen.append(torch.backends.cudnn.benchmark)
+        return real(*a, **k)
+    monkeypatch.setattr(check, "_reference", spy)
+    return seen, spy
+
+
 def test_reference_runs_with_cudnn_benchmark_off_and_restores_it(monkeypatch):
     """With torch.backends.cudnn.benchmark on, each new float64 shape would first time cuDNN's
     float64 algorithms: the reference turns it off for its own convolutions, restores it after
@@ -55,13 +67,7 @@ def test_reference_runs_with_cudnn_benchmark_off_and_restores_it(monkeypatch):
     p = ConvProblem.from_benchdnn("mb2ic3ih6oc4oh6kh3ph1")
     x, w, _ = p.make_inputs()
     monkeypatch.setattr(check, "_on_cuda", lambda tensors: True)
-    seen = []
-    real = check._reference
-
-    def spy(*a, **k):
-        seen.append(torch.backends.cudnn.benchmark)
-        return real(*a, **k)
-    monkeypatch.setattr(check, "_reference", spy)
+    seen, spy = _benchmark_spy(monkeypatch)
     old = torch.backends.cudnn.benchmark
     try:
         torch.backends.cudnn.benchmark = True
@@ -138,13 +144,7 @@ def test_reference_of_cpu_tensors_leaves_cudnn_benchmark_alone_and_checks_its_ar
     p = ConvProblem.from_benchdnn("mb2ic3ih6oc4oh6kh3ph1")
     x, w, _ = p.make_inputs()
     dy = torch.randn(p.y_shape)
-    seen = []
-    real = check._reference
-
-    def spy(*a, **k):
-        seen.append(torch.backends.cudnn.benchmark)
-        return real(*a, **k)
-    monkeypatch.setattr(check, "_reference", spy)
+    seen, _ = _benchmark_spy(monkeypatch)
     old = torch.backends.cudnn.benchmark
     try:
         torch.backends.cudnn.benchmark = True

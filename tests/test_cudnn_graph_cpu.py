@@ -1050,6 +1050,23 @@ def test_prefetch_starts_the_top_runtime_compiled_heuristic_configs_and_returns_
     assert S.prefetch(plan, n=0) == []
 
 
+def _rtc_engines():
+    return {7: ((), ("RUNTIME_COMPILATION",), [], lambda k: 0.5, 0),
+            8: ((), ("RUNTIME_COMPILATION",), [], lambda k: 0.4, 0)}
+
+
+def _slow_rtc_plan(seconds: float) -> _FakePlan:
+    """A fake plan of two runtime-compiled engines (heuristic: eng7, eng8) whose builds take ``seconds``."""
+    plan = _FakePlan(_rtc_engines(), {"instant": ["eng7", "eng8"]})
+    build = plan.build
+
+    def slow(ec, *, handle=None):
+        time.sleep(seconds)
+        return build(ec, handle=handle)
+    plan.build = slow
+    return plan
+
+
 def test_overtime_waits_for_a_free_worker_when_other_plans_compilations_hold_them_all(fake_timers, monkeypatch,
                                                                                       caplog):
     """Every runtime-compilation worker busy with another plan (the next problem's prefetch,
@@ -1058,15 +1075,7 @@ def test_overtime_waits_for_a_free_worker_when_other_plans_compilations_hold_the
     than return at once with no correct row. A search whose deadline has already passed also
     ends with one timed, checked row."""
     monkeypatch.setattr(S, "_RTC_WORKERS", 2)
-    engines = {7: ((), ("RUNTIME_COMPILATION",), [], lambda k: 0.5, 0),
-               8: ((), ("RUNTIME_COMPILATION",), [], lambda k: 0.4, 0)}
-    other = _FakePlan(engines, {"instant": ["eng7", "eng8"]})
-    other_build = other.build
-
-    def slow(ec, *, handle=None):
-        time.sleep(0.6)
-        return other_build(ec, handle=handle)
-    other.build = slow
+    other, engines = _slow_rtc_plan(0.6), _rtc_engines()
     assert S.compile_in_background(other, other.heuristic("instant"), 0.0) == ["eng7", "eng8"]
     assert S.rtc_busy()
     plan = _FakePlan(engines, {"instant": ["eng7", "eng8"]})
@@ -1107,15 +1116,7 @@ def test_prefetch_leaves_half_the_workers_free_and_never_compiles_a_config_twice
     n past the heuristic list is harmless, and a second prefetch of the same plan starts none of
     the same configs again."""
     monkeypatch.setattr(S, "_RTC_WORKERS", workers)
-    engines = {7: ((), ("RUNTIME_COMPILATION",), [], lambda k: 0.5, 0),
-               8: ((), ("RUNTIME_COMPILATION",), [], lambda k: 0.4, 0)}
-    plan = _FakePlan(engines, {"instant": ["eng7", "eng8"]})
-    build = plan.build
-
-    def slow(ec, *, handle=None):
-        time.sleep(0.2)
-        return build(ec, handle=handle)
-    plan.build = slow
+    plan = _slow_rtc_plan(0.2)
     assert S.prefetch(plan, n=50) == first
     assert S.prefetch(plan, n=50) == []
     while S.compiling(plan):
