@@ -1162,3 +1162,46 @@ def test_each_cuda_stream_gets_its_own_workspace_and_relayout_buffers(monkeypatc
     for s in range(G._STREAMS_KEPT + 2):
         plan._relayout_buffers(1000 + s)
     assert len(plan._bufs) == G._STREAMS_KEPT
+
+
+def test_run_launches_each_stream_with_its_own_workspace_in_the_variant_pack(monkeypatch):
+    """GraphConvolution._run itself (cuDNN and the CUDA handle stubbed): the variant pack a call
+    executes names the workspace of the stream current for it, packs are kept per stream and per
+    data pointers, and a failing status raises the cuDNN error."""
+    import types
+
+    made, packs, launched = [], [], []
+    monkeypatch.setattr(G._cuda, "workspace", lambda n, dev: made.append(torch.empty(max(n, 1), dtype=torch.uint8))
+                        or made[-1])
+    state = types.SimpleNamespace(ptr="handle", stream=111)
+    monkeypatch.setattr(G._cuda, "handle_state", lambda idx: state)
+
+    def variant_pack(uids, ptrs, ws_ptr):
+        packs.append((ptrs, ws_ptr))
+        return types.SimpleNamespace(ptr=len(packs))
+    monkeypatch.setattr(G.B, "variant_pack", variant_pack)
+    status = [0]
+
+    class Lib:
+        def cudnnBackendExecute(self, h, plan, vp):
+            launched.append((h, plan, vp))
+            return status[0]
+    monkeypatch.setattr(G._cudnn, "lib", lambda: Lib())
+    plan = G.GraphConvolution.__new__(G.GraphConvolution)
+    plan.device_index = 0
+    plan._graph = types.SimpleNamespace(uids=(1, 2, 3))
+    b = G._Built(G.EngineConfig(3), types.SimpleNamespace(ptr="plan"), 64, {})
+    plan._run(b, (10, 20, 30))
+    plan._run(b, (10, 20, 30))
+    assert len(packs) == 1 and launched == [("handle", "plan", 1)] * 2
+    assert packs[0][1] == made[0].data_ptr() and b.ws_stream == 111
+    state.stream = 222   # another stream: its own workspace, its own pack for the same pointers
+    plan._run(b, (10, 20, 30))
+    assert len(made) == 2 and len(packs) == 2 and packs[1][1] == made[1].data_ptr() != packs[0][1]
+    state.stream = 111
+    plan._run(b, (10, 20, 30))
+    assert len(packs) == 2 and launched[-1][2] == 1, "back on the first stream: its pack again"
+    plan._describe = lambda: "stub"
+    status[0] = 3   # CUDNN_STATUS_BAD_PARAM
+    with pytest.raises(LibraryError, match="cudnnBackendExecute"):
+        plan._run(b, (10, 20, 30))
