@@ -314,7 +314,8 @@ def run(args, log=print) -> dict:
     if dev == "cuda":
         x = x.to(memory_format=torch.channels_last)
     log(f"ResNet-50 ({source}), {dev}, batch {args.batch}, {args.size}x{args.size}, {args.dtype}, "
-        f"threads {torch.get_num_threads()}, torch {torch.__version__}")
+        f"threads {torch.get_num_threads()}, torch {torch.__version__}"
+        + (", glibc mallopt: large blocks reused (--mallopt)" if args.mallopt else ""))
     variants = make_variants(model, x, args, log)
     info = variants.pop("_rawconv_info", {})
     with torch.no_grad():
@@ -356,6 +357,20 @@ def run(args, log=print) -> dict:
             "cpu": _cpu_name(), "gpu": torch.cuda.get_device_name() if dev == "cuda" else None,
             "tolerance_vs_eager": tol, **info}
     return {"rows": rows, "meta": meta}
+
+
+def set_mallopt(threshold: int = 1 << 30) -> None:
+    """glibc's ``mallopt(M_MMAP_THRESHOLD)`` and ``mallopt(M_TRIM_THRESHOLD)``: blocks up to
+    ``threshold`` bytes come from the heap and freed ones stay there for reuse, instead of a fresh
+    ``mmap`` per large tensor whose pages fault in when first written (torch's CPU allocator is
+    malloc). Process-wide, for every variant alike; raises OSError off glibc."""
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+    if not (libc.mallopt(M_MMAP_THRESHOLD, threshold) and libc.mallopt(M_TRIM_THRESHOLD, threshold)):
+        raise OSError("mallopt refused the thresholds")
 
 
 def kernel_profile(name: str, fn, batches: int) -> str:
@@ -451,6 +466,10 @@ def parse(argv=None):
                          "GPU time per batch: by kernel, and one batch in launch order")
     ap.add_argument("--tuned", action="store_true", help="print each distinct problem's autotune seconds and choice")
     ap.add_argument("--search-log", action="store_true", help="log the cuDNN search's phases (rawconv.search, debug)")
+    ap.add_argument("--mallopt", action="store_true",
+                    help="CPU: glibc keeps freed large blocks for reuse (mallopt M_MMAP_THRESHOLD and "
+                         "M_TRIM_THRESHOLD 1 GiB, as MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_ do), for every "
+                         "variant: each new activation otherwise gets fresh pages, faulted in on first touch")
     args = ap.parse_args(argv)
     if args.batch is None:
         args.batch = 32 if args.device == "cuda" else 8
@@ -466,6 +485,8 @@ def parse(argv=None):
 
 def main(argv=None) -> dict:
     args = parse(argv)
+    if args.mallopt:
+        set_mallopt()
     if args.search_log:
         import logging
         logging.basicConfig(format="    %(name)s: %(message)s")
