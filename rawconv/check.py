@@ -340,12 +340,10 @@ def reference(p: ConvProblem, direction: str, tensors: dict, *, activation: str 
 
 
 def _reference(p: ConvProblem, direction: str, tensors: dict, activation: str | None):
+    """:func:`reference`'s computation, its arguments already checked there (``direction`` one of
+    forward, backward_data, backward_weights)."""
     import torch.nn.functional as F
 
-    if direction == "backward_filter":
-        direction = "backward_weights"
-    if direction not in ("forward", "backward_data", "backward_weights"):
-        raise ArgumentError(f"direction must be forward, backward_data or backward_weights, got {direction!r}")
     conv = _torch_conv(p.ndim)
     pad = _pad_list(p)
 

@@ -930,8 +930,8 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
     implementation timed; cuDNN: :meth:`rawconv.cudnn_graph.GraphConvolution.autotune` with
     ``autotune_budget_s`` per problem, default 0.6 s, the best 8 re-timed in 10 groups, tuning
     cache first, the next problem's first runtime compilations started in the background) and
-    the winner is pinned as ``choice`` on every layer with that problem. Winners are remembered for the process (a
-    second convert of the same problems searches nothing). Backward passes keep the backend's
+    the winner is pinned as ``choice`` on every layer with that problem. Winners are remembered
+    for the process (a second convert of the same problems searches nothing). Backward passes keep the backend's
     default choices. ``model.rawconv_report`` (:class:`ConvertReport`) says what was done.
 
     Raises :class:`ArgumentError` / :class:`ArgumentTypeError` for bad arguments (a training-mode
