@@ -40,13 +40,15 @@ team's start and barrier cost more than a 512-element reorder (here 2.0 us inste
 reorder with 2 threads). oneDNN and torch share one OpenMP runtime (torch's ``libgomp.so.1``;
 libdnnl binds to it because torch is imported first), so this is not two runtimes fighting. torch
 avoids the cost for tiny work by running ``at::parallel_for`` inline below its grain size (32768
-elements); rawconv now does the same for the reorders only: a reorder of fewer than 32768
-elements runs with OpenMP's thread count set to 1 on the calling thread, restored right after
-(``omp_set_num_threads`` through libdnnl's own handle). A reorder only moves data, so its result
-does not depend on the thread count; the convolution primitive itself still runs with the thread
-count as set (its partition, fixed at creation for brgconv, can decide a result's rounding for other
-implementations), which is why part of the multi-threaded gap on many-core machines (the primitive's
-own team for a ~2 us convolution) remains: closing it would change how the implementation runs.
+elements); rawconv does the same in two places. A reorder of fewer than 32768 elements runs with
+OpenMP's thread count set to 1 on the calling thread, restored right after (``omp_set_num_threads``
+through libdnnl's own handle). And a plan's ``threads="auto"`` (the default) runs a problem of
+fewer than 2**17 FLOPs, such as this one (74 kFLOP), on one thread: its primitive descriptors and
+primitives are created with the count set to 1 (oneDNN fixes an implementation's thread partition
+there, and its primitive cache keys on it) and every call runs under it. ``threads=None`` keeps the
+caller's count, an int fixes another. Measured on the 2-core EPYC, 2 threads: ``Convolution.execute``
+16.7 -> 8.4 us, ``onednn.forward`` 25.6 -> 10.8, ``rawconv.ops.conv`` 27.1 -> 11.0, the operator
+38.2 -> 19.1 (``F.conv2d`` 12-17 us in the same runs).
 
     python benchmarks/bench_overhead_cpu.py [--threads 1] [--calls 5000] [--repeats 7] [--layout nchw|nhwc]
                                             [--grad] [--clock wall|cpu]
@@ -121,7 +123,7 @@ def main() -> None:
         if ops is not None:
             rows.append(("rawconv.ops.conv (requires grad)", lambda: ops.conv(xg, wg, None, 1, 1)))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), x{tuple(x.shape)} w{tuple(w.shape)} "
-          f"padding 1, {args.layout}, oneDNN {onednn.info()['version']} ({plan.selected.name}); "
+          f"padding 1, {args.layout}, oneDNN {onednn.info()['version']} ({plan.selected.name}, plan threads {onednn._threads_text(plan.threads)}); "
           f"best of {args.repeats} loops of {args.calls} calls, {args.clock} clock")
     clock = time.perf_counter if args.clock == "wall" else time.process_time
     times = us_per_call(rows, args.calls, args.repeats, clock=clock)

@@ -43,6 +43,7 @@ VARIANTS_CUDA = ("eager", "fx_bn_fold", "compile", "compile_freezing", "rawconv"
                  "rawconv_compile", "rawconv_compile_cudagraph")
 VARIANTS_CPU = ("eager", "channels_last", "compile", "compile_freezing", "rawconv", "rawconv_channels_last",
                 "rawconv_compile")
+EXTRA_VARIANTS = ("rawconv_default",)   # asked for by name only (--variants)
 
 
 # ---------------------------------------------------------------------------- the model
@@ -269,6 +270,13 @@ def make_variants(model, x, args, log) -> dict:
         if "rawconv_channels_last" in want:
             rmc = tuned_on.get(True) or conv_model(xc)[0]
             timed_build("rawconv_channels_last", lambda: (nograd(lambda: rmc(xc)), note + "; channels_last input"))
+        if "rawconv_default" in want:
+            def default():
+                md = rnn.convert(model, fuse=True)
+                xin = x if dev == "cuda" else xc
+                return nograd(lambda: md(xin)), "convert(fuse=True) without autotune: the libraries' first choices" \
+                    + ("" if dev == "cuda" else "; channels_last input")
+            timed_build("rawconv_default", default)
         if "rawconv_cudagraph" in want and dev == "cuda":
             def graph():
                 replay, static_out = cuda_graph(rm, x)
@@ -326,6 +334,7 @@ def run(args, log=print) -> dict:
             ref64 = m64(x.to("cpu", torch.float64).contiguous())
     tol = {"float16": 2e-2, "bfloat16": 6e-2, "float32": 1e-4}[args.dtype]
     rows = []
+    cpu_profiles = {}
     for name, (fn, note) in variants.items():
         row = {"variant": name, "note": note, "gpu_ms": None, "wall_ms": None, "err_vs_eager": None,
                "err_vs_f64": None, "ok": None}
@@ -352,6 +361,12 @@ def run(args, log=print) -> dict:
         log(f"  {name}: {row['gpu_ms'] or row['wall_ms']:.3f} ms")
         if dev == "cuda" and args.profile and not name.endswith("cudagraph"):
             log(kernel_profile(name, fn, args.profile))
+        if dev == "cpu" and args.profile:
+            text, per_shape = onednn_profile(name, fn, args.profile)
+            log(text)
+            cpu_profiles[name] = per_shape
+    if cpu_profiles:
+        log(onednn_profile_table(cpu_profiles))
     meta = {"device": dev, "batch": args.batch, "size": args.size, "dtype": args.dtype,
             "threads": torch.get_num_threads(), "torch": torch.__version__, "model": source,
             "cpu": _cpu_name(), "gpu": torch.cuda.get_device_name() if dev == "cuda" else None,
@@ -403,6 +418,73 @@ def kernel_profile(name: str, fn, batches: int) -> str:
     lines.append(f"  {name}, batch 1 in launch order (us, name):")
     for i, e in enumerate(kernels[:per]):
         lines.append(f"    {i:3d} {e.device_time:8.1f}  {e.name[:140]}")
+    return "\n".join(lines)
+
+
+def onednn_profile(name: str, fn, batches: int) -> tuple[str, dict]:
+    """What oneDNN itself executes in ``batches`` calls of ``fn`` on the CPU, both copies: torch's
+    bundled oneDNN (``torch.backends.mkldnn.verbose``, lines ``onednn_verbose,v1,...``) and
+    rawconv's libdnnl 3.2 (``dnnl_set_verbose(1)``, lines ``onednn_verbose,exec,...``), captured
+    from the C stdout. Each line carries oneDNN's own time of the call (ms). Returns the text (ms
+    per batch by library, primitive kind and implementation; the rest of the wall time is outside
+    oneDNN) and ``{(kind, shape, attrs or formats): (ms per batch, {implementations})}``."""
+    from rawconv import _dnnl
+    from rawconv.torch_choice import _capture_fd1, parse_onednn_verbose
+
+    def body():
+        _dnnl.set_verbose(1)
+        try:
+            with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON), torch.no_grad():
+                t0 = time.perf_counter()
+                for _ in range(batches):
+                    fn()
+                return (time.perf_counter() - t0) / batches * 1e3
+        finally:
+            _dnnl.set_verbose(0)
+
+    with torch.no_grad():
+        fn()
+    wall, text = _capture_fd1(body)
+    groups: dict = {}
+    per_shape: dict = {}
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith("onednn_verbose"):
+            continue
+        lib = "torch" if line.startswith("onednn_verbose,v1,") else "rawconv"
+        runs = parse_onednn_verbose(line)
+        if not runs or runs[0].time_ms is None:
+            continue
+        r = runs[0]
+        ms = r.time_ms / batches
+        total += ms
+        k = (lib, r.kind, r.impl)
+        c, t = groups.get(k, (0, 0.0))
+        groups[k] = (c + 1, t + ms)
+        sk = (r.kind, r.shape, r.attrs.strip() if r.kind == "convolution" else r.formats)
+        t0_, impls = per_shape.get(sk, (0.0, set()))
+        impls.add(r.impl)
+        per_shape[sk] = (t0_ + ms, impls)
+    lines = [f"  oneDNN profile {name}: {batches} batches; oneDNN's own time {total:.2f} ms per batch, wall under "
+             f"verbose {wall:.2f} ms (the rest is outside oneDNN, plus the tracing itself)"]
+    for (lib, kind, impl), (c, t) in sorted(groups.items(), key=lambda kv: -kv[1][1]):
+        lines.append(f"    {t:9.3f} ms  {c // batches:4d} calls  {lib:<8} {kind:<14} {impl}")
+    return "\n".join(lines), per_shape
+
+
+def onednn_profile_table(profiles: dict) -> str:
+    """Per convolution (problem, post-ops) and reorder: oneDNN's ms per batch in each profiled variant."""
+    names = list(profiles)
+    ms = lambda n, k: profiles[n].get(k, (0.0, ()))[0]  # noqa: E731
+    keys = sorted({k for p in profiles.values() for k in p}, key=lambda k: -max(ms(n, k) for n in names))
+    lines = ["  oneDNN ms per batch by primitive (problem; post-ops or formats; implementations): " + " | ".join(names)]
+    for k in keys:
+        vals = " ".join(f"{ms(n, k):9.3f}" for n in names)
+        impls = " | ".join(",".join(sorted(profiles[n][k][1])) if k in profiles[n] else "-" for n in names)
+        post = k[2].replace("attr-scratchpad:user", "").replace("attr-post-ops:", "").strip() if k[0] == "convolution" \
+            else k[2]
+        lines.append(f"    {vals}  {k[0][:6]:<6} {k[1]:<52} {post[:60]:<16} {impls}")
+    lines.append("    " + " ".join(f"{sum(v[0] for v in profiles[n].values()):9.3f}" for n in names) + "  total")
     return "\n".join(lines)
 
 
@@ -463,7 +545,9 @@ def parse(argv=None):
     ap.add_argument("--json", default=None, help="write the rows and metadata here")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="CUDA: also profile N batches of each variant (torch.profiler) and print its kernels' "
-                         "GPU time per batch: by kernel, and one batch in launch order")
+                         "GPU time per batch: by kernel, and one batch in launch order. CPU: N batches under "
+                         "oneDNN's verbose mode (torch's oneDNN and rawconv's): oneDNN's own ms per batch by "
+                         "implementation, and per convolution and reorder across the variants")
     ap.add_argument("--tuned", action="store_true", help="print each distinct problem's autotune seconds and choice")
     ap.add_argument("--search-log", action="store_true", help="log the cuDNN search's phases (rawconv.search, debug)")
     ap.add_argument("--mallopt", action="store_true",
@@ -477,7 +561,7 @@ def parse(argv=None):
         args.dtype = "float16" if args.device == "cuda" else "float32"
     allowed = VARIANTS_CUDA if args.device == "cuda" else VARIANTS_CPU
     args.variants = tuple(args.variants.split(",")) if args.variants else allowed
-    bad = [v for v in args.variants if v not in allowed]
+    bad = [v for v in args.variants if v not in allowed + EXTRA_VARIANTS]
     if bad:
         ap.error(f"unknown variants for {args.device}: {bad}; choose from {list(allowed)}")
     return args

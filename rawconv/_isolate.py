@@ -459,14 +459,16 @@ def _trim_heap() -> None:
 _child_plans: dict = {}
 
 
-def _child_setup(key, problem, direction, algorithm, fpmath, w_layout, prepack, tensors) -> list:
+def _child_setup(key, problem, direction, algorithm, fpmath, w_layout, prepack, tensors, plan_threads="auto") -> list:
     """(child) Build the plan of ``problem`` and keep it with ``tensors`` under ``key``; return its
-    implementation list (listing runs oneDNN's primitive-descriptor iterator, here in the child)."""
+    implementation list (listing runs oneDNN's primitive-descriptor iterator, here in the child).
+    ``plan_threads``: the parent plan's ``threads`` argument."""
     from . import onednn
 
     _child_plans.clear()
     plan = onednn.Convolution.from_problem(problem, direction=direction, algorithm=algorithm, fpmath=fpmath,
-                                           w_layout=w_layout, prepack=prepack, allow_known_bad=True)
+                                           w_layout=w_layout, prepack=prepack, allow_known_bad=True,
+                                           threads=plan_threads)
     impls = plan.implementations
     if prepack and "w" in tensors:   # calls run on a snapshot of the weights, reordered once per implementation
         plan.repack(tensors["w"])
@@ -593,9 +595,9 @@ class _OnednnSession:
     """(parent) One problem's candidates in a worker: setup (list) once per child, run each."""
 
     def __init__(self, problem, direction, tensors, *, algorithm="direct", fpmath="strict", w_layout="nchw",
-                 prepack=True, iso: Isolation):
+                 prepack=True, iso: Isolation, plan_threads="auto"):
         self.problem, self.direction, self.tensors = problem, direction, tensors
-        self.args = (problem, direction, algorithm, fpmath, w_layout, prepack, tensors)
+        self.args = (problem, direction, algorithm, fpmath, w_layout, prepack, tensors, plan_threads)
         self.fpmath = fpmath
         self.iso = iso
         self.key = ("onednn", id(self), time.monotonic_ns())

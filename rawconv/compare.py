@@ -705,8 +705,9 @@ def records(rows: Iterable[Row], problems: Iterable[ConvProblem], *, fpmath: str
     (problems where none ran correctly get none): its backend, the problem (``problems`` gives
     the fields; rows name it), direction ``forward``, the candidate's stable name
     (``row.choice``: ``"jit:avx2@any"``, ``"IMPLICIT_PRECOMP_GEMM@fma"``, ``"eng72{k24=4}"``),
-    the options ``compare`` ran it with (oneDNN: ``fpmath``, weights layout, ``threads``, default
-    torch's current count; cuDNN: the math type set), the library version and device, its
+    the options ``compare`` ran it with (oneDNN: ``fpmath``, weights layout, ``threads``: the
+    plan's count, one for a problem under 2**17 FLOPs, else ``threads``, default torch's current
+    count; cuDNN: the math type set), the library version and device, its
     median/min time and error against float64, and the layer's name as ``label``.
     :func:`rawconv.tuning.replay` (or ``rawconv replay FILE``) runs exactly that choice again."""
     from . import tuning
@@ -727,7 +728,9 @@ def records(rows: Iterable[Row], problems: Iterable[ConvProblem], *, fpmath: str
         if backend == "onednn":
             from . import onednn
 
-            options = onednn._key_options(fpmath, "direct", "nchw", allow_known_bad, threads)
+            plan_threads = onednn._plan_threads("auto", p)   # compare's plans take the default threads="auto"
+            options = onednn._key_options(fpmath, "direct", "nchw", allow_known_bad,
+                                          threads if plan_threads is None else plan_threads)
             detail = {"impl": best.choice.partition("@")[0], "layouts": ex.get("layouts"), "index": ex.get("index"),
                       "formats": ex.get("formats"), "reorders": ex.get("reorders"),
                       "scratchpad_bytes": best.workspace_bytes}

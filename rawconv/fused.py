@@ -93,7 +93,7 @@ class FusedConvolution(onednn.Convolution):
     add (``sum``) and an activation (``eltwise_relu``): ``y = act(conv(x, w) + b + r)``.
 
     ``FusedConvolution(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, *,
-    residual=False, activation="relu", impl=None, fpmath="strict", prepack=False)``: arguments as
+    residual=False, activation="relu", impl=None, fpmath="strict", prepack=False, threads="auto")``: arguments as
     :class:`rawconv.onednn.Convolution`; ``residual`` (bool): whether :meth:`run` takes a residual
     tensor of y's shape; ``activation``: ``"relu"`` or ``"none"``. :meth:`run` ``(x, w=None,
     bias=None, residual=None)`` returns y in x's layout. ``implementations``, ``select``,
@@ -106,11 +106,12 @@ class FusedConvolution(onednn.Convolution):
 
     def __init__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
                  padding: Any = 0, dilation: Any = 1, groups: int = 1, *, residual: bool = False,
-                 activation: str = "relu", impl: Any = None, fpmath: str = "strict", prepack: bool = False):
+                 activation: str = "relu", impl: Any = None, fpmath: str = "strict", prepack: bool = False,
+                 threads: Any = "auto"):
         problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
         onednn._check_device(problem)
         self._setup(residual, activation)
-        self._init(problem, "forward", "direct", fpmath, onednn._w_layout(w), prepack)
+        self._init(problem, "forward", "direct", fpmath, onednn._w_layout(w), prepack, threads=threads)
         self._x, self._w, self._b = x, w, bias
         if prepack:
             self._snapshot(w)
@@ -120,14 +121,14 @@ class FusedConvolution(onednn.Convolution):
     @classmethod
     def for_problem(cls, problem: ConvProblem, *, residual: bool = False, activation: str = "relu",
                     impl: Any = None, fpmath: str = "strict", w_layout: str = "nchw",
-                    prepack: bool = False) -> "FusedConvolution":
+                    prepack: bool = False, threads: Any = "auto") -> "FusedConvolution":
         """A plan from a :class:`ConvProblem` (tensors given to :meth:`run`)."""
         if not isinstance(problem, ConvProblem):
             raise ArgumentTypeError(f"problem must be a ConvProblem, got {type(problem).__name__}")
         onednn._check_device(problem)
         self = cls.__new__(cls)
         self._setup(residual, activation)
-        self._init(problem, "forward", "direct", fpmath, w_layout, prepack)
+        self._init(problem, "forward", "direct", fpmath, w_layout, prepack, threads=threads)
         self._x = self._w = self._b = None
         if impl is not None:
             self.select(impl)

@@ -20,6 +20,7 @@ user *scratchpad*, the *fpmath mode*.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
@@ -350,6 +351,9 @@ class _Built:
         # torch's at::parallel_for does below its grain size): an OpenMP team's start and barrier
         # cost more than such a copy. A reorder only moves data, so its result is the same on any
         # number of threads; the convolution primitive itself runs with the thread count as set.
+        # the plan's fixed thread count (Convolution.threads): every call runs under it
+        self._nthr = plan.threads
+        self._ctl = _dnnl.omp_thread_controls() if plan.threads is not None else None
         self._omp = None
         if self._pre or self._post:
             small = all(_dnnl.md_size(plan.user_md[role]) < _INLINE_ELEMENTS * plan.problem.torch_dtype.itemsize
@@ -390,6 +394,20 @@ class _Built:
                         _dnnl.check(st, "dnnl_memory_set_data_handle")
                 i += 1
             self._lastp = ptrs
+        fixed = self._nthr
+        if fixed is not None:
+            ctl = self._ctl
+            caller = ctl[0]()
+            if caller != fixed:
+                ctl[1](fixed)
+                try:
+                    self._run_now(stream, packed)
+                finally:
+                    ctl[1](caller)
+                return
+        self._run_now(stream, packed)
+
+    def _run_now(self, stream, packed) -> None:
         execute = self._execute
         omp = self._omp
         nthr = 1
@@ -433,6 +451,58 @@ class _Built:
 
 
 _INLINE_ELEMENTS = 32768   # torch's at::internal::GRAIN_SIZE: below it, torch's loops run on one thread
+_INLINE_FLOPS = 1 << 17    # threads="auto": a problem of fewer FLOPs runs on one thread (see _plan_threads)
+
+
+def _check_threads(threads):
+    """``threads`` as given to a plan: ``"auto"``, None or a positive int."""
+    if threads is None or (isinstance(threads, str) and threads == "auto"):
+        return threads
+    if isinstance(threads, bool) or not isinstance(threads, int):
+        raise ArgumentTypeError(f"threads must be 'auto', None or a positive int, got {threads!r}")
+    if threads < 1:
+        raise ArgumentError(f"threads must be 'auto', None or a positive int, got {threads}")
+    return threads
+
+
+def _plan_threads(threads, problem: ConvProblem) -> int | None:
+    """The OpenMP thread count a plan creates and runs its primitives with, or None for the
+    calling thread's count at each call (torch's ``torch.get_num_threads()`` on the main thread).
+
+    ``"auto"``: 1 for a problem of fewer than ``_INLINE_FLOPS`` (2**17) FLOPs, else None. Such a
+    convolution takes a few microseconds on one core, about what an OpenMP team's start and
+    barrier cost on a many-core CPU (torch runs its own loops inline below a grain size for the
+    same reason). An int: that count. Raises :class:`NotSupportedError` for an int when libdnnl
+    is not an OpenMP build (its thread count cannot be set per plan then)."""
+    if threads is None:
+        return None
+    omp = _dnnl.omp_thread_controls()
+    if threads == "auto":
+        return 1 if omp is not None and problem.flops < _INLINE_FLOPS else None
+    if omp is None:
+        raise NotSupportedError(f"threads={threads}: this libdnnl is not an OpenMP build, so rawconv cannot set its "
+                                f"thread count per plan; pass threads=None")
+    return threads
+
+
+def _threads_text(threads) -> str:
+    return "caller's" if threads is None else str(threads)
+
+
+@contextlib.contextmanager
+def _omp_threads(n: int | None):
+    """OpenMP's thread count set to ``n`` on the calling thread for the block, then restored
+    (nothing when ``n`` is None or already in force). Wraps ``omp_set_num_threads``."""
+    ctl = _dnnl.omp_thread_controls() if n is not None else None
+    caller = ctl[0]() if ctl is not None else None
+    if ctl is None or caller == n:
+        yield
+        return
+    ctl[1](n)
+    try:
+        yield
+    finally:
+        ctl[1](caller)
 
 
 _SET_HANDLE = []
@@ -507,9 +577,18 @@ class Convolution(PlanLifetime):
     """A oneDNN convolution plan for one problem, in the style of nvmath-python's ``Matmul``.
 
     ``Convolution(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, *, impl=None,
-    algorithm="direct", fpmath="strict", prepack=False)``: ``x`` (N, C, *spatial) or unbatched,
+    algorithm="direct", fpmath="strict", prepack=False, threads="auto")``: ``x`` (N, C, *spatial) or unbatched,
     ``w`` (K, C/groups, *kernel), CPU tensors of float32, bfloat16 or float16 (where the CPU has
     it), NCHW or channels_last. ``padding`` as in torch, or one ``(before, after)`` pair per dim.
+
+    **Threads.** oneDNN's OpenMP build fixes an implementation's thread partition when its
+    primitive descriptor is created, from the calling thread's OpenMP count, and every call opens
+    a parallel region. ``threads``: an int runs this plan (listing, primitive creation, every
+    call) on that many OpenMP threads, set on the calling thread around each library call and
+    restored; None uses the caller's count as it is (``torch.set_num_threads``); ``"auto"`` (the
+    default) is None except for a problem of fewer than 2**17 FLOPs, which runs on one thread (a
+    few microseconds of work, about what starting and joining a team costs on a many-core CPU).
+    :attr:`threads` holds the resolved count (None: the caller's); the tuning key records it.
 
     ``implementations`` lists every implementation (:class:`Implementation`); ``autotune()``
     times them and selects the fastest; ``execute(x, w=None, bias=None, out=None)`` runs the
@@ -553,12 +632,12 @@ class Convolution(PlanLifetime):
                  stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1, *,
                  impl: Any = None, algorithm: str = "direct", fpmath: str = "strict",
                  prepack: bool = False, allow_known_bad: bool = False, choice: Any = None,
-                 precision: str | None = None, options: Any = None):
+                 precision: str | None = None, options: Any = None, threads: Any = "auto"):
         impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
         problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
         _check_device(problem)
         impl = _check_impl(impl)
-        self._init(problem, "forward", algorithm, fpmath, _w_layout(w), prepack, allow_known_bad)
+        self._init(problem, "forward", algorithm, fpmath, _w_layout(w), prepack, allow_known_bad, threads)
         self._x, self._w, self._b = x, w, bias
         if prepack:
             self._snapshot(w)
@@ -569,7 +648,7 @@ class Convolution(PlanLifetime):
     def from_problem(cls, problem: ConvProblem, *, direction: str = "forward", algorithm: str = "direct",
                      fpmath: str = "strict", w_layout: str = "nchw", impl: Any = None,
                      prepack: bool = False, allow_known_bad: bool = False, choice: Any = None,
-                     precision: str | None = None, options: Any = None) -> "Convolution":
+                     precision: str | None = None, options: Any = None, threads: Any = "auto") -> "Convolution":
         """A plan from a :class:`ConvProblem` (no tensors needed until :meth:`execute`).
         ``direction``: "forward", "backward_data", "backward_weights" ("backward_filter" too).
         ``prepack=True`` has no weights to snapshot yet: :meth:`repack` ``(w)`` takes the snapshot
@@ -588,18 +667,20 @@ class Convolution(PlanLifetime):
         impl = _check_impl(impl)
         _check_device(problem)
         self = cls.__new__(cls)
-        self._init(problem, direction, algorithm, fpmath, w_layout, prepack, allow_known_bad)
+        self._init(problem, direction, algorithm, fpmath, w_layout, prepack, allow_known_bad, threads)
         self._x = self._w = self._b = None
         if impl is not None:
             self.select(impl)
         return self
 
-    def _init(self, problem, direction, algorithm, fpmath, w_layout, prepack, allow_known_bad=False):
+    def _init(self, problem, direction, algorithm, fpmath, w_layout, prepack, allow_known_bad=False, threads="auto"):
         if problem.dtype not in DTYPES:
             raise ArgumentError(f"oneDNN backend handles {list(DTYPES)}, got {problem.dtype}")
         _check_sizes(problem)
         if not isinstance(prepack, bool):
             raise ArgumentTypeError(f"prepack must be True or False, got {prepack!r}")
+        self.threads_arg = _check_threads(threads)
+        self.threads = _plan_threads(self.threads_arg, problem)
         self.allow_known_bad = _check_allow(allow_known_bad)
         self.problem = problem
         self.direction = direction
@@ -687,6 +768,10 @@ class Convolution(PlanLifetime):
         return _dnnl.pd_gc(out2[0])
 
     def _enumerate(self):
+        with _omp_threads(self.threads):   # oneDNN fixes an implementation's thread partition here
+            self._enumerate_now()
+
+    def _enumerate_now(self):
         L = _dnnl.lib()
         rows, pds, seen = [], [], set()
         last_error = None
@@ -863,7 +948,8 @@ class Convolution(PlanLifetime):
         b = self._built.get(i)
         if b is None:
             log.debug("building %s for %s %s", self._impls[i].choice, self.direction, self.problem.describe())
-            b = _Built(self, self._impls[i], self._pds[i])
+            with _omp_threads(self.threads):   # the primitive cache's key holds the thread count
+                b = _Built(self, self._impls[i], self._pds[i])
             self._built[i] = b
         return b
 
@@ -1229,7 +1315,7 @@ class Convolution(PlanLifetime):
         if iso is not None:
             session = _isolate._onednn_session(self.problem, self.direction, tensors, algorithm=self.algorithm,
                                                fpmath=self.fpmath, w_layout=self.w_layout, prepack=self.prepack,
-                                               iso=iso)
+                                               iso=iso, plan_threads=self.threads_arg)
         impls = [i for i in self.implementations if include_ref or not i.name.startswith("ref")]
         try:
             with _progress.bar(progress, total=len(impls), desc="oneDNN autotune", unit="impl") as bar:
@@ -1350,7 +1436,7 @@ class Convolution(PlanLifetime):
         """The :class:`rawconv.tuning.TuningKey` of an autotune of this plan (see :meth:`autotune`)."""
         from . import tuning
 
-        options = _key_options(self.fpmath, self.algorithm, self.w_layout, allow_known_bad)
+        options = _key_options(self.fpmath, self.algorithm, self.w_layout, allow_known_bad, self.threads)
         if self._post_ops:   # a fused plan (rawconv.fused) is another question than the plain convolution
             options["post_ops"] = [list(op) for op in self._post_ops]
         return tuning.TuningKey.for_backend("onednn", self.problem, self.direction, options)
@@ -1435,7 +1521,7 @@ class Convolution(PlanLifetime):
         else:
             sel = "oneDNN's first choice (not listed yet)"
         return (f"<rawconv.onednn.Convolution {self.direction} {self.problem.describe()} "
-                f"fpmath={self.fpmath} choice={sel}>")
+                f"fpmath={self.fpmath} threads={_threads_text(self.threads)} choice={sel}>")
 
     def candidates(self) -> ResultTable:
         """:attr:`implementations` (every backend's plan has ``candidates()``)."""

@@ -1,0 +1,156 @@
+"""A oneDNN plan's thread count (``threads=``): "auto" runs problems of fewer than 2**17 FLOPs on one
+OpenMP thread (listing, primitive creation and every call), an int fixes the count, None takes the
+caller's; the caller's count is restored after each call, results stay right for every count, and the
+tuning key records the count."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rawconv import _dnnl, fused, onednn
+from rawconv.errors import ArgumentError, ArgumentTypeError
+
+pytestmark = [pytest.mark.filterwarnings("ignore::rawconv.errors.SlowReferenceWarning"),
+              pytest.mark.skipif(_dnnl.omp_thread_controls() is None,
+                                 reason="this libdnnl is not an OpenMP build: its thread count is not set per plan")]
+
+
+@pytest.fixture
+def threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def _omp():
+    return _dnnl.omp_thread_controls()[0]()
+
+
+def _spy(plan):
+    """The OpenMP count in force at each dnnl_primitive_execute of the plan's selected primitive."""
+    built = plan._build(plan.selected.index)
+    seen = []
+    real = built._execute
+
+    def execute(prim, stream, n, args):
+        seen.append(_omp())
+        return real(prim, stream, n, args)
+
+    built._execute = execute
+    return seen
+
+
+TINY = (torch.randn(1, 8, 8, 8), torch.randn(8, 8, 3, 3))          # 74 kFLOP
+LARGER = (torch.randn(2, 16, 20, 20), torch.randn(24, 16, 3, 3))    # 5.5 MFLOP
+
+
+def test_auto_resolves_by_the_problems_flops():
+    assert onednn.Convolution(*TINY, padding=1).threads == 1
+    assert onednn.Convolution(*LARGER, padding=1).threads is None
+    assert onednn.Convolution(*TINY, padding=1, threads=None).threads is None
+    assert onednn.Convolution(*LARGER, padding=1, threads=3).threads == 3
+    p = onednn.Convolution.from_problem(onednn.Convolution(*TINY, padding=1).problem, direction="backward_weights")
+    assert p.threads == 1
+    assert "threads=1" in repr(onednn.Convolution(*TINY, padding=1))
+    assert "threads=caller's" in repr(onednn.Convolution(*LARGER, padding=1))
+
+
+@pytest.mark.parametrize("bad, exc", [(0, ArgumentError), (-2, ArgumentError), (True, ArgumentTypeError),
+                                      (2.0, ArgumentTypeError), ("many", ArgumentTypeError)])
+def test_bad_threads_raise_before_any_c_call(bad, exc, monkeypatch):
+    def no_c(*a, **k):
+        raise AssertionError("a C call was made")
+
+    monkeypatch.setattr(onednn._dnnl, "call", no_c)
+    with pytest.raises(exc, match="threads"):
+        onednn.Convolution(*TINY, padding=1, threads=bad)
+    with pytest.raises(exc, match="threads"):
+        fused.FusedConvolution(*TINY, padding=1, threads=bad)
+
+
+def test_a_one_thread_plan_runs_on_one_thread_and_restores_the_callers_count(threads):
+    torch.set_num_threads(2)
+    x, w = TINY
+    plan = onednn.Convolution(x, w, padding=1, prepack=True)
+    plan.execute(x)
+    seen = _spy(plan)
+    for _ in range(3):
+        y = plan.execute(x)
+        assert _omp() == 2 and torch.get_num_threads() == 2
+    assert len(seen) >= 3 and set(seen) == {1}   # the primitive and its reorders
+    torch.testing.assert_close(y, F.conv2d(x.double(), w.double(), None, 1, 1).float(), rtol=1e-4, atol=1e-4)
+    caller = onednn.Convolution(x, w, padding=1, threads=None)
+    caller.execute(x)
+    seen = _spy(caller)
+    caller.execute(x)
+    assert 2 in seen   # the convolution primitive (its small reorders run on one thread)
+
+
+def test_the_implementations_are_listed_under_the_plans_count(threads, monkeypatch):
+    torch.set_num_threads(2)
+    seen = []
+    real = onednn._dnnl.pd_clone
+
+    def pd_clone(it):
+        seen.append(_omp())
+        return real(it)
+
+    monkeypatch.setattr(onednn._dnnl, "pd_clone", pd_clone)
+    onednn.Convolution(*TINY, padding=1).implementations
+    assert seen and set(seen) == {1}
+    seen.clear()
+    onednn.Convolution(*LARGER, padding=1, threads=3).implementations
+    assert seen and set(seen) == {3}
+    assert _omp() == 2
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward_data", "backward_weights"])
+def test_every_count_gives_the_float64_answer(direction, threads):
+    torch.set_num_threads(2)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 16, 20, 20, generator=g)
+    w = torch.randn(24, 16, 3, 3, generator=g)
+    dy = torch.randn(2, 24, 20, 20, generator=g)
+    xd, wd, dyd = x.double(), w.double(), dy.double()
+    if direction == "forward":
+        ref = F.conv2d(xd, wd, None, 1, 1)
+    else:
+        gx, gw, _ = torch.ops.aten.convolution_backward(dyd, xd, wd, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
+                                                        [True, True, False])
+        ref = gx if direction == "backward_data" else gw
+    for n in (1, 3, None, "auto"):
+        plan = onednn.Convolution.from_problem(onednn.Convolution(x, w, padding=1).problem, direction=direction,
+                                               threads=n)
+        if direction == "forward":
+            out = plan.execute(x, w)
+        elif direction == "backward_data":
+            out = plan.execute(grad_y=dy, w=w)
+        else:
+            out = plan.execute(x, grad_y=dy)
+        out = out[0] if isinstance(out, tuple) else out
+        torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-3 * ref.abs().max().item())
+        assert _omp() == 2
+
+
+def test_a_fused_one_thread_plan_with_a_residual(threads):
+    torch.set_num_threads(2)
+    x, w = TINY
+    b = torch.randn(8)
+    r = torch.randn(1, 8, 8, 8)
+    plan = fused.FusedConvolution(x, w, b, padding=1, residual=True)
+    assert plan.threads == 1
+    y = plan.run(x, w, b, r)
+    ref = torch.relu(F.conv2d(x.double(), w.double(), b.double(), 1, 1) + r.double()).float()
+    torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4)
+    assert _omp() == 2
+
+
+def test_the_tuning_key_records_the_plans_count(threads):
+    torch.set_num_threads(2)
+    fixed = onednn.Convolution(*LARGER, padding=1, threads=3)._tuning_key(False)
+    caller = onednn.Convolution(*LARGER, padding=1)._tuning_key(False)
+    tiny = onednn.Convolution(*TINY, padding=1)._tuning_key(False)
+    assert fixed.options["threads"] == 3
+    assert caller.options["threads"] == 2
+    assert tiny.options["threads"] == 1
