@@ -37,7 +37,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import rawconv.nn as rnn  # noqa: E402
-from rawconv.bench import time_cpu, time_cuda_queued  # noqa: E402
+from rawconv.bench import time_cuda_queued  # noqa: E402
 
 VARIANTS_CUDA = ("eager", "fx_bn_fold", "compile", "compile_freezing", "rawconv", "rawconv_cudagraph",
                  "rawconv_compile", "rawconv_compile_cudagraph")
@@ -355,16 +355,25 @@ def run(args, log=print) -> dict:
             # launch time leaks into the measurement; more repeats instead
             row["gpu_ms"] = time_cuda_queued(fn, iterations=args.gpu_batches, warmup=2, repeats=7).median_ms
             row["wall_ms"] = wall_ms(fn, dev, args.iterations)
-        else:
-            row["wall_ms"] = time_cpu(fn, iterations=args.iterations, warmup=1).median_ms
         rows.append(row)
-        log(f"  {name}: {row['gpu_ms'] or row['wall_ms']:.3f} ms")
+        if dev == "cuda":
+            log(f"  {name}: {row['gpu_ms']:.3f} ms")
         if dev == "cuda" and args.profile and not name.endswith("cudagraph"):
             log(kernel_profile(name, fn, args.profile))
-        if dev == "cpu" and args.profile:
-            text, per_shape = onednn_profile(name, fn, args.profile)
-            log(text)
-            cpu_profiles[name] = per_shape
+    if dev == "cpu":
+        # the variants take turns batch by batch (a machine whose speed drifts during the run moves
+        # every variant alike, so the ratios hold), then each one's median and min
+        timed = {r["variant"]: variants[r["variant"]][0] for r in rows if variants[r["variant"]][0] is not None}
+        stats = time_cpu_interleaved(timed, args.iterations, warmup=1)
+        for r in rows:
+            if r["variant"] in stats:
+                r["wall_ms"], r["min_ms"] = stats[r["variant"]]
+                log(f"  {r['variant']}: median {r['wall_ms']:.3f} ms, min {r['min_ms']:.3f} ms")
+        if args.profile:
+            for name, fn in timed.items():
+                text, per_shape = onednn_profile(name, fn, args.profile)
+                log(text)
+                cpu_profiles[name] = per_shape
     if cpu_profiles:
         log(onednn_profile_table(cpu_profiles))
     meta = {"device": dev, "batch": args.batch, "size": args.size, "dtype": args.dtype,
@@ -419,6 +428,22 @@ def kernel_profile(name: str, fn, batches: int) -> str:
     for i, e in enumerate(kernels[:per]):
         lines.append(f"    {i:3d} {e.device_time:8.1f}  {e.name[:140]}")
     return "\n".join(lines)
+
+
+def time_cpu_interleaved(fns: dict, rounds: int, warmup: int = 1) -> dict:
+    """``{name: (median ms, min ms)}`` of ``rounds`` rounds in which every function runs once,
+    timed alone with ``time.perf_counter`` (after ``warmup`` untimed rounds)."""
+    with torch.no_grad():
+        for _ in range(warmup):
+            for fn in fns.values():
+                fn()
+        times: dict = {name: [] for name in fns}
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                t0 = time.perf_counter()
+                fn()
+                times[name].append((time.perf_counter() - t0) * 1e3)
+    return {name: (sorted(v)[len(v) // 2], min(v)) for name, v in times.items()}
 
 
 def onednn_profile(name: str, fn, batches: int) -> tuple[str, dict]:
@@ -516,7 +541,9 @@ def table(result: dict) -> str:
         lines.append("GPU ms: GPU time per batch, calls queued behind a busy GPU; wall ms: back-to-back calls, "
                      "one synchronize (host-bound when above GPU ms)")
     else:
-        lines.append("wall ms: median time per batch (perf_counter)")
+        mins = [f"{r['variant']} {r['min_ms']:.3f}" for r in rows if r.get("min_ms") is not None]
+        lines.append("wall ms: median time per batch (perf_counter), the variants taking turns batch by batch"
+                     + ("; min: " + ", ".join(mins) if mins else ""))
     m = result["meta"]
     if "convert_cold_s" in m:
         lines.append(f"rawconv convert(fuse=True, autotune=x): cold {m['convert_cold_s']:.2f} s "
@@ -533,7 +560,7 @@ def parse(argv=None):
     ap.add_argument("--dtype", choices=("float16", "float32", "bfloat16"), default=None,
                     help="default float16 on CUDA, float32 on CPU")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads)")
-    ap.add_argument("--iterations", type=int, default=20, help="batches timed (wall time; CPU)")
+    ap.add_argument("--iterations", type=int, default=20, help="batches timed (wall time; CPU: rounds, every variant once per round)")
     ap.add_argument("--gpu-batches", type=int, default=4,
                     help="batches per group queued behind the GPU sleep (GPU time; 7 groups)")
     ap.add_argument("--variants", default=None, help="comma-separated subset; CUDA: " + ",".join(VARIANTS_CUDA) +

@@ -512,7 +512,13 @@ def freeze(module: torch.nn.Module) -> None:
             module._buffers[name] = t
         else:
             module.register_buffer(name, t, persistent=False)
-    module.__dict__[_FROZEN_PLANS] = _PlanDict()
+    plans = _PlanDict()
+    module.__dict__[_FROZEN_PLANS] = plans
+    # the snapshot carries its plans: the operator's kernel finds them on the weight it is given
+    # (under torch.compile the module's buffer reaches the kernel as the same tensor), so compiled
+    # models keep each layer's weights reordered once too. A copy of the tensor (.to(), .half())
+    # has no such attribute and takes the unfrozen path.
+    setattr(w, _FROZEN_PLANS, plans)
 
 
 def frozen(module: torch.nn.Module) -> bool:
@@ -617,12 +623,42 @@ def _op_kernel(x, w, bias, residual, stride, padding, dilation, groups, activati
     return y
 
 
+def frozen_plans_of(w: torch.Tensor):
+    """The plans a frozen module's weight snapshot carries (see :func:`freeze`), or None."""
+    return w.__dict__.get(_FROZEN_PLANS) if w.is_cpu and not w.requires_grad else None
+
+
 @torch.library.custom_op("rawconv::conv_bias_act", mutates_args=())
 def _conv_bias_act_op(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
                       stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int,
                       activation: str, backend: str, choice: Optional[str], precision: str) -> torch.Tensor:
     """``act(conv(x, w) + bias + residual)`` on oneDNN (CPU) or a cuDNN graph (CUDA)."""
-    return _op_kernel(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision)
+    return _op_kernel(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision,
+                      frozen_plans=frozen_plans_of(w))
+
+
+@torch.library.custom_op("rawconv::conv_bias_act_residual_", mutates_args=("residual",))
+def _conv_bias_act_residual_op(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], residual: torch.Tensor,
+                               stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int,
+                               activation: str, backend: str, choice: Optional[str], precision: str) -> None:
+    """``residual = act(conv(x, w) + bias + residual)``, in place, for inference: oneDNN's ``sum``
+    post-op reads and writes the residual's memory, with no copy of it into a new output (when
+    the residual is dense in x's memory format and shares no memory with x, w or bias; otherwise
+    the result is computed out of place and copied back). Used by :func:`rawconv.nn.convert`'s
+    fused modules where the residual is a fresh intermediate that nothing reads afterwards;
+    under ``torch.compile`` inductor then keeps it in place (functionalized, reinplaced). No
+    autograd: the modules call the out-of-place ``rawconv::conv_bias_act`` when a gradient is
+    needed."""
+    y = _op_kernel(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision,
+                   residual_inplace=True, frozen_plans=frozen_plans_of(w))
+    if y is not residual:
+        with torch.no_grad():
+            residual.copy_(y)
+
+
+@_conv_bias_act_residual_op.register_fake
+def _(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision):
+    return None
 
 
 @_conv_bias_act_op.register_fake

@@ -563,7 +563,7 @@ class _ConvBiasAct(_RawconvConv):
                 w.requires_grad or (b is not None and b.requires_grad))):
             # frozen by convert(fuse=True): the snapshot, unless autograd records through the parameters
             w, b = self._buffers[_fused.FROZEN_WEIGHT], self._buffers[_fused.FROZEN_BIAS]
-            plans = self.__dict__.get(_fused._FROZEN_PLANS)
+            plans = True   # looked up on the eager path below (dynamo does not trace a tensor's __dict__)
         if residual is not None and not self._residual_fits(x, residual, stride, pads, dilation):
             # a residual that only broadcasts (or of another dtype/device): added in torch, as the
             # graph before fusion did
@@ -579,9 +579,26 @@ class _ConvBiasAct(_RawconvConv):
                 x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)
                 or (residual is not None and residual.requires_grad))):
             # eager inference: the operator's kernel directly (the dispatcher's round trip costs host time)
+            if plans is True:
+                plans = _fused.frozen_plans_of(w)
+                if plans is None and w.is_cpu:
+                    # a snapshot moved by .to()/.half() (a new tensor): it carries the module's plans from now on
+                    plans = self.__dict__.get(_fused._FROZEN_PLANS)
+                    if plans is not None:
+                        setattr(w, _fused._FROZEN_PLANS, plans)
             return _fused._op_kernel(x, w, b, residual, stride, pads, dilation, self.groups,
                                      self.activation, self.backend, choice, self.precision,
                                      self.__dict__.get("residual_inplace", False), plans)
+        if residual is not None and self.__dict__.get("residual_inplace", False) and isinstance(x, torch.Tensor) \
+                and x.device.type == "cpu" and not (torch.is_grad_enabled() and (
+                    x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)
+                    or residual.requires_grad)):
+            # inference through the operator (torch.compile, a mode): the in-place form, so that
+            # the residual is not copied into a new output first (convert marked it safe: a fresh
+            # intermediate nothing reads afterwards)
+            torch.ops.rawconv.conv_bias_act_residual_(x, w, b, residual, stride, pads, dilation, self.groups,
+                                                      self.activation, self.backend, choice, self.precision)
+            return residual
         return torch.ops.rawconv.conv_bias_act(x, w, b, residual, stride, pads, dilation,
                                                self.groups, self.activation, self.backend, choice, self.precision)
 

@@ -290,14 +290,18 @@ def test_resnet50_benchmark_runs_at_a_tiny_size(capsys):
     assert sum(isinstance(m, nn.Conv2d) for m in model.modules()) == 53
     assert sum(p.numel() for p in model.parameters()) in (25557032,)   # ResNet-50's parameter count
     res = bench.main(["--device", "cpu", "--batch", "1", "--size", "32", "--base-width", "4", "--iterations", "2",
-                      "--variants", "eager,rawconv,rawconv_channels_last", "--no-autotune", "--ref64"])
+                      "--variants", "eager,rawconv,rawconv_channels_last,rawconv_default", "--no-autotune", "--ref64",
+                      "--profile", "1"])
     rows = {r["variant"]: r for r in res["rows"]}
-    assert set(rows) == {"eager", "rawconv", "rawconv_channels_last"}
+    assert set(rows) == {"eager", "rawconv", "rawconv_channels_last", "rawconv_default"}
     for r in rows.values():
-        assert r["wall_ms"] > 0 and r["err_vs_f64"] < 1e-4
+        assert r["wall_ms"] > 0 and 0 < r["min_ms"] <= r["wall_ms"] and r["err_vs_f64"] < 1e-4
     assert rows["rawconv"]["ok"] and rows["rawconv_channels_last"]["ok"]
     out = capsys.readouterr().out
     assert "vs freezing" in out and "53 conv modules on rawconv" in out
+    # the oneDNN profile: rawconv's own library's convolutions, per variant and per problem
+    assert "oneDNN profile rawconv_channels_last" in out and "rawconv  convolution" in out
+    assert "oneDNN ms per batch by primitive" in out
 
 
 def test_training_example_losses_agree_at_a_tiny_size():

@@ -386,3 +386,86 @@ def test_torch_compile_traces_the_fused_backward_too():
     _close(y, y64)
     for got, t in zip(grads, leaves):
         _close(got, t.grad)
+
+
+def test_inplace_residual_operator_passes_opcheck_and_writes_the_residual():
+    torch.manual_seed(11)
+    x, w, b = torch.randn(2, 4, 6, 6), torch.randn(8, 4, 3, 3), torch.randn(8)
+    for r in (torch.randn(2, 8, 6, 6), torch.randn(2, 8, 6, 6).to(memory_format=torch.channels_last),
+              torch.randn(2, 8, 6, 12)[..., ::2]):   # dense, another layout (copied back), strided (copied back)
+        want = _ref(x, w, b, r, 1, 1, 1, 1, "relu")
+        args = (x, w, b, r, [1, 1], [1, 1], [1, 1], 1, "relu", "auto", None, "strict")
+        res = torch.library.opcheck(torch.ops.rawconv.conv_bias_act_residual_.default, args,
+                                    test_utils=("test_schema", "test_faketensor"))
+        assert set(res.values()) == {"SUCCESS"}, res
+        r2 = r.clone(memory_format=torch.preserve_format) if r.is_contiguous() or \
+            r.is_contiguous(memory_format=torch.channels_last) else r
+        r2 = r.clone() if r2 is r else r2
+        before = r2.data_ptr()
+        out = torch.ops.rawconv.conv_bias_act_residual_(x, w, b, r2, [1, 1], [1, 1], [1, 1], 1, "relu", "auto",
+                                                        None, "strict")
+        assert out is None and r2.data_ptr() == before
+        _close(r2, want)
+
+
+def _resnet_block_model():
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = torch.nn.Conv2d(3, 8, 3, padding=1, bias=False)
+            self.bn0 = torch.nn.BatchNorm2d(8)
+            self.c1 = torch.nn.Conv2d(8, 8, 3, padding=1, bias=False)
+            self.bn1 = torch.nn.BatchNorm2d(8)
+            self.c2 = torch.nn.Conv2d(8, 8, 1, bias=False)
+            self.bn2 = torch.nn.BatchNorm2d(8)
+
+        def forward(self, x):
+            h = torch.relu(self.bn0(self.stem(x)))
+            y = self.bn2(self.c2(torch.relu(self.bn1(self.c1(h)))))
+            return torch.relu(y + h)
+
+    torch.manual_seed(12)
+    m = Block().eval()
+    for bn in (m.bn0, m.bn1, m.bn2):
+        bn.running_mean.uniform_(-0.2, 0.2)
+        bn.running_var.uniform_(0.5, 1.5)
+    return m
+
+
+def test_compiled_converted_model_keeps_weights_reordered_and_the_residual_in_place():
+    m = _resnet_block_model()
+    x = torch.randn(2, 3, 12, 12).to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        want = m(x)
+    cm = rnn.convert(m, fuse=True)
+    c2 = dict(cm.named_modules())["c2"]
+    assert c2.__dict__.get("residual_inplace")
+    snap = c2._buffers[fu.FROZEN_WEIGHT]
+    plans = fu.frozen_plans_of(snap)
+    assert plans is not None and len(plans) == 0
+    f = torch.compile(cm, fullgraph=True, backend="aot_eager")
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad():
+        for _ in range(2):
+            _close(f(x), want, rel=1e-4)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            _close(f(x), want, rel=1e-4)
+    names = [e.name for e in prof.events()]
+    assert names.count("rawconv::conv_bias_act_residual_") == 1
+    # the kernel found the snapshot's own plans: one plan, whose weight snapshot is the buffer itself
+    assert len(plans) == 1 and next(iter(plans.values()))._snap[0] is snap
+
+
+def test_a_moved_snapshot_gets_the_modules_plans_in_eager_inference():
+    m = _resnet_block_model()
+    x = torch.randn(2, 3, 12, 12)
+    cm = rnn.convert(m, fuse=True)
+    cm._apply(lambda t: t.clone())   # new tensors, as .to() / .half() / .cuda() make
+    c1 = dict(cm.named_modules())["c1"]
+    snap = c1._buffers[fu.FROZEN_WEIGHT]
+    assert fu.frozen_plans_of(snap) is None
+    with torch.no_grad():
+        _close(cm(x), m(x), rel=1e-4)
+    plans = fu.frozen_plans_of(snap)
+    assert plans is not None and plans is c1.__dict__[fu._FROZEN_PLANS] and len(plans) == 1
