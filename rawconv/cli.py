@@ -355,6 +355,12 @@ def cmd_compare(args) -> int:
                       f"calls after {args.warmup} warm-up, at most {args.budget} s each; error vs float64 reference")
         if any(p.device == "cpu" for p in problems):
             meta["machine_before"] = _warn_if_busy(console, nthreads, hint)
+            from .onednn import _INLINE_FLOPS
+
+            small = [p for p in problems if p.device == "cpu" and p.flops < _INLINE_FLOPS]
+            if small and nthreads > 1:
+                console.print(f"{len(small)} problem(s) of fewer than 2**17 FLOPs: rawconv's oneDNN plans run them "
+                              f"on one thread (threads=\"auto\"; see README, Threads)")
 
         def show(p, rows):
             print_rows(console, p, rows)

@@ -298,3 +298,12 @@ def test_a_busy_stretch_is_not_averaged_away():
     assert rep.oversubscribed and rep.seconds == 2.0 and rep.other_cpus == 1.5
     rep = compare.machine_report(rows[:11])            # 1 s of 11 busy: below a tenth, the average stands
     assert not rep.oversubscribed and rep.seconds == 11.0
+
+
+def test_compare_says_when_small_problems_run_on_one_thread(no_info, capsys):
+    args = [a if a != "1" or i != len(TINY) - 1 else "2" for i, a in enumerate(TINY)]   # --threads 2
+    code, text, _ = _main(capsys, "compare", *args, "--no-ref", "--width", "120")
+    assert code == 0, text
+    assert "1 problem(s) of fewer than 2**17 FLOPs" in text and "one thread" in text
+    code, text, _ = _main(capsys, "compare", *TINY, "--no-ref", "--width", "120")   # --threads 1: nothing to say
+    assert "2**17 FLOPs" not in text
