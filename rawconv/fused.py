@@ -149,7 +149,8 @@ class FusedConvolution(onednn.Convolution):
     def _build(self, i: int):
         b = self._built.get(i)
         if b is None:
-            b = _FusedBuilt(self, self._impls[i], self._pds[i])
+            with onednn._omp_threads(self._pd_threads()):   # as Convolution._build: the primitive cache's key
+                b = _FusedBuilt(self, self._impls[i], self._pds[i])
             self._built[i] = b
         return b
 

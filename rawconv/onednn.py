@@ -353,7 +353,10 @@ class _Built:
         # number of threads; the convolution primitive itself runs with the thread count as set.
         # the plan's fixed thread count (Convolution.threads): every call runs under it
         self._nthr = plan.threads
-        self._ctl = _dnnl.omp_thread_controls() if plan.threads is not None else None
+        # a threads=None plan: the caller's count, but never more than its descriptors were created
+        # under (their scratchpad and thread partition are sized for that many threads)
+        self._cap = plan._pd_threads() if plan.threads is None else None
+        self._ctl = _dnnl.omp_thread_controls() if plan.threads is not None or self._cap is not None else None
         self._omp = None
         if self._pre or self._post:
             small = all(_dnnl.md_size(plan.user_md[role]) < _INLINE_ELEMENTS * plan.problem.torch_dtype.itemsize
@@ -395,9 +398,11 @@ class _Built:
                 i += 1
             self._lastp = ptrs
         fixed = self._nthr
-        if fixed is not None:
+        if fixed is not None or self._cap is not None:
             ctl = self._ctl
             caller = ctl[0]()
+            if fixed is None:
+                fixed = min(caller, self._cap)
             if caller != fixed:
                 ctl[1](fixed)
                 try:
@@ -585,7 +590,9 @@ class Convolution(PlanLifetime):
     primitive descriptor is created, from the calling thread's OpenMP count, and every call opens
     a parallel region. ``threads``: an int runs this plan (listing, primitive creation, every
     call) on that many OpenMP threads, set on the calling thread around each library call and
-    restored; None uses the caller's count as it is (``torch.set_num_threads``); ``"auto"`` (the
+    restored; None uses the caller's count as it is (``torch.set_num_threads``), at most the count
+    in force when the plan listed its implementations (their partition and scratchpad are sized
+    for it: primitives are created under it too, and a call never runs on more); ``"auto"`` (the
     default) is None except for a problem of fewer than 2**17 FLOPs, which runs on one thread (a
     few microseconds of work, about what starting and joining a team costs on a many-core CPU).
     :attr:`threads` holds the resolved count (None: the caller's); the tuning key records it.
@@ -769,7 +776,19 @@ class Convolution(PlanLifetime):
 
     def _enumerate(self):
         with _omp_threads(self.threads):   # oneDNN fixes an implementation's thread partition here
+            if self.threads is None:
+                ctl = _dnnl.omp_thread_controls()
+                self._listed_threads = ctl[0]() if ctl is not None else None
             self._enumerate_now()
+
+    def _pd_threads(self) -> int | None:
+        """The OpenMP count the plan's primitive descriptors were created under (its fixed
+        :attr:`threads`, or the caller's count when a ``threads=None`` plan listed them); None
+        when unknown (not an OpenMP build). Primitives are created under it: oneDNN's primitive
+        cache keys a primitive by the count in force at its creation, not by its descriptor's, so
+        a primitive created under another count can be another descriptor's, whose scratchpad is
+        larger than this plan's (heap corruption)."""
+        return self.threads if self.threads is not None else getattr(self, "_listed_threads", None)
 
     def _enumerate_now(self):
         L = _dnnl.lib()
@@ -948,7 +967,7 @@ class Convolution(PlanLifetime):
         b = self._built.get(i)
         if b is None:
             log.debug("building %s for %s %s", self._impls[i].choice, self.direction, self.problem.describe())
-            with _omp_threads(self.threads):   # the primitive cache's key holds the thread count
+            with _omp_threads(self._pd_threads()):   # the primitive cache's key holds the thread count
                 b = _Built(self, self._impls[i], self._pds[i])
             self._built[i] = b
         return b
