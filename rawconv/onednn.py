@@ -459,14 +459,18 @@ _INLINE_ELEMENTS = 32768   # torch's at::internal::GRAIN_SIZE: below it, torch's
 _INLINE_FLOPS = 1 << 17    # threads="auto": a problem of fewer FLOPs runs on one thread (see _plan_threads)
 
 
+_MAX_THREADS = 2**31 - 1   # omp_set_num_threads(int)
+
+
 def _check_threads(threads):
-    """``threads`` as given to a plan: ``"auto"``, None or a positive int."""
+    """``threads`` as given to a plan: ``"auto"``, None or a positive int that fits a C int."""
     if threads is None or (isinstance(threads, str) and threads == "auto"):
         return threads
     if isinstance(threads, bool) or not isinstance(threads, int):
         raise ArgumentTypeError(f"threads must be 'auto', None or a positive int, got {threads!r}")
-    if threads < 1:
-        raise ArgumentError(f"threads must be 'auto', None or a positive int, got {threads}")
+    if threads < 1 or threads > _MAX_THREADS:
+        raise ArgumentError(f"threads must be 'auto', None or a positive int (at most {_MAX_THREADS}: "
+                            f"omp_set_num_threads takes a C int), got {threads}")
     return threads
 
 

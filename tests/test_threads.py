@@ -56,7 +56,8 @@ def test_auto_resolves_by_the_problems_flops():
     assert "threads=caller's" in repr(onednn.Convolution(*LARGER, padding=1))
 
 
-@pytest.mark.parametrize("bad, exc", [(0, ArgumentError), (-2, ArgumentError), (True, ArgumentTypeError),
+@pytest.mark.parametrize("bad, exc", [(0, ArgumentError), (-2, ArgumentError), (2**31, ArgumentError),
+                                      (10**30, ArgumentError), (True, ArgumentTypeError),
                                       (2.0, ArgumentTypeError), ("many", ArgumentTypeError)])
 def test_bad_threads_raise_before_any_c_call(bad, exc, monkeypatch):
     def no_c(*a, **k):
