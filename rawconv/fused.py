@@ -530,7 +530,8 @@ def frozen(module: torch.nn.Module) -> bool:
 def _run_frozen(plans: dict, x, w, bias, residual, stride, pad, dilation, groups, activation, choice, precision,
                 residual_inplace):
     """A frozen module's call on oneDNN: its own plan for this problem, with the snapshot ``w``
-    (the module's buffer, never changed in place) as the plan's weight snapshot, reordered once."""
+    (the module's buffer) as the plan's weight snapshot, reordered once, and again when the buffer
+    was changed in place (its version counter moved)."""
     try:
         key = (x.shape, x.stride(), x.dtype, w.shape, w.stride(), None if residual is None else
                (residual.shape, residual.stride(), residual.dtype), tuple(stride), pad, tuple(dilation), groups,
@@ -548,8 +549,13 @@ def _run_frozen(plans: dict, x, w, bias, residual, stride, pad, dilation, groups
             if len(plans) >= _FROZEN_MAX:
                 plans.pop(next(iter(plans)))
             plans[key] = plan
-    if plan._snap is None or plan._snap[0] is not w:
+    try:
+        version = w._version   # a snapshot changed in place (the buffer's .copy_()/.mul_()) is reordered again
+    except RuntimeError:   # an inference tensor keeps no version counter
+        version = None
+    if plan._snap is None or plan._snap[0] is not w or plan.__dict__.get("_frozen_version") != version:
         plan._snapshot(w, copy=False)
+        plan._frozen_version = version
     return plan.run(x, None, bias, residual, inplace=residual_inplace)
 
 

@@ -469,3 +469,18 @@ def test_a_moved_snapshot_gets_the_modules_plans_in_eager_inference():
         _close(cm(x), m(x), rel=1e-4)
     plans = fu.frozen_plans_of(snap)
     assert plans is not None and plans is c1.__dict__[fu._FROZEN_PLANS] and len(plans) == 1
+
+
+def test_a_snapshot_changed_in_place_is_reordered_again():
+    m = _resnet_block_model()
+    x = torch.randn(2, 3, 12, 12)
+    cm = rnn.convert(m, fuse=True)
+    c1 = dict(cm.named_modules())["c1"]
+    snap = c1._buffers[fu.FROZEN_WEIGHT]
+    f = torch.compile(cm, fullgraph=True, backend="aot_eager")
+    for run in (cm, f):
+        with torch.no_grad():
+            run(x)   # the plan holds the snapshot reordered
+            snap.mul_(-0.5)   # the buffer changed in place: the plan's reordered copy is stale
+            m.c1.weight.mul_(-0.5)
+            _close(run(x), m(x), rel=1e-4)
