@@ -533,7 +533,7 @@ def _run_frozen(plans: dict, x, w, bias, residual, stride, pad, dilation, groups
     (the module's buffer) as the plan's weight snapshot, reordered once, and again when the buffer
     was changed in place (its version counter moved)."""
     try:
-        key = (x.shape, x.stride(), x.dtype, w.shape, w.stride(), None if residual is None else
+        key = (x.shape, x.stride(), x.dtype, w.shape, w.stride(), bias is None, None if residual is None else
                (residual.shape, residual.stride(), residual.dtype), tuple(stride), pad, tuple(dilation), groups,
                activation, choice, precision, threading.get_ident())
         plan = plans.get(key)

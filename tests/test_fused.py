@@ -484,3 +484,16 @@ def test_a_snapshot_changed_in_place_is_reordered_again():
             snap.mul_(-0.5)   # the buffer changed in place: the plan's reordered copy is stale
             m.c1.weight.mul_(-0.5)
             _close(run(x), m(x), rel=1e-4)
+
+
+def test_a_snapshots_plans_tell_calls_with_and_without_a_bias_apart():
+    # the kernel finds the plans on the snapshot tensor whatever else the call passes
+    cm = rnn.convert(_resnet_block_model(), fuse=True)
+    c1 = dict(cm.named_modules())["c1"]
+    snap, sb = c1._buffers[fu.FROZEN_WEIGHT], c1._buffers[fu.FROZEN_BIAS]
+    h = torch.randn(2, 8, 12, 12)
+    with torch.no_grad():
+        for b in (sb, None, sb):
+            y = torch.ops.rawconv.conv_bias_act(h, snap, b, None, [1, 1], [1, 1], [1, 1], 1, "relu", "auto", None,
+                                                "strict")
+            _close(y, _ref(h, snap, b, None, 1, 1, 1, 1, "relu"))
