@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import warnings
 from typing import Any, Optional, Sequence
 
 import torch
@@ -655,7 +656,8 @@ def _conv_bias_act_residual_op(x: torch.Tensor, w: torch.Tensor, bias: Optional[
     fused modules where the residual is a fresh intermediate that nothing reads afterwards;
     under ``torch.compile`` inductor then keeps it in place (functionalized, reinplaced). No
     autograd: the modules call the out-of-place ``rawconv::conv_bias_act`` when a gradient is
-    needed."""
+    needed; with grad mode on and an argument that requires grad it raises
+    :class:`NotSupportedError` (the overwritten residual would carry no gradient, or a wrong one)."""
     y = _op_kernel(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision,
                    residual_inplace=True, frozen_plans=frozen_plans_of(w))
     if y is not residual:
@@ -666,6 +668,26 @@ def _conv_bias_act_residual_op(x: torch.Tensor, w: torch.Tensor, bias: Optional[
 @_conv_bias_act_residual_op.register_fake
 def _(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision):
     return None
+
+
+def _residual_op_autograd(keyset, *args):
+    """The in-place operator's Autograd kernel: torch.library allows no autograd formula for a
+    mutating operator, and its default one runs the kernel and records nothing (the overwritten
+    residual then carries no gradient, or its old one: silently wrong gradients). Raises
+    :class:`NotSupportedError` before any library call when grad mode is on and an argument
+    requires grad; otherwise runs the kernel below autograd."""
+    if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
+        raise NotSupportedError("rawconv::conv_bias_act_residual_ overwrites residual and records no gradient: "
+                                "with tensors that require grad use rawconv::conv_bias_act (or torch.no_grad())")
+    with torch._C._AutoDispatchBelowAutograd():
+        return torch.ops.rawconv.conv_bias_act_residual_.default.redispatch(
+            keyset & torch._C._after_autograd_keyset, *args)
+
+
+with warnings.catch_warnings():   # replaces the Autograd kernel torch.library registered for it
+    warnings.filterwarnings("ignore", message=".*[Oo]verrid.*", category=UserWarning)
+    _residual_op_lib = torch.library.Library("rawconv", "IMPL")
+    _residual_op_lib.impl("conv_bias_act_residual_", _residual_op_autograd, "Autograd", with_keyset=True)
 
 
 @_conv_bias_act_op.register_fake

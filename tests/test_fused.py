@@ -497,3 +497,28 @@ def test_a_snapshots_plans_tell_calls_with_and_without_a_bias_apart():
             y = torch.ops.rawconv.conv_bias_act(h, snap, b, None, [1, 1], [1, 1], [1, 1], 1, "relu", "auto", None,
                                                 "strict")
             _close(y, _ref(h, snap, b, None, 1, 1, 1, 1, "relu"))
+
+
+@pytest.mark.parametrize("needs", ["residual", "nonleaf_residual", "x", "w", "bias"])
+def test_inplace_residual_operator_refuses_to_drop_a_gradient(needs):
+    # torch.library allows no autograd formula for a mutating operator: its default one recorded
+    # nothing, so the overwritten residual carried no gradient (or its old one) without a word
+    torch.manual_seed(13)
+    t = {"x": torch.randn(2, 4, 6, 6), "w": torch.randn(8, 4, 3, 3), "bias": torch.randn(8),
+         "residual": torch.randn(2, 8, 6, 6)}
+    if needs == "nonleaf_residual":
+        t["residual"] = torch.randn(2, 8, 6, 6, requires_grad=True) * 1
+    else:
+        t[needs].requires_grad_(True)
+    before = t["residual"].detach().clone()
+
+    def call():
+        torch.ops.rawconv.conv_bias_act_residual_(t["x"], t["w"], t["bias"], t["residual"], [1, 1], [1, 1], [1, 1],
+                                                  1, "relu", "auto", None, "strict")
+
+    with pytest.raises(NotSupportedError, match="conv_bias_act"):
+        call()
+    assert torch.equal(t["residual"].detach(), before)   # refused before any library call
+    with torch.no_grad():   # no gradient asked for: runs in place
+        call()
+    _close(t["residual"], _ref(t["x"], t["w"], t["bias"], before, 1, 1, 1, 1, "relu"))
