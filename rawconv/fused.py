@@ -84,8 +84,12 @@ class _FusedBuilt(onednn._Built):
 
             rprim, umem, rargs = self.pre
             _dnnl.check(onednn._set_handle_int()(umem, tensors["y"].data_ptr()), "dnnl_memory_set_data_handle")
-            _dnnl.check(_dnnl.lib().dnnl_primitive_execute(rprim, stream, 2, rargs), "dnnl_primitive_execute",
-                        self.impl.name + " (residual reorder)")
+            n = self._nthr
+            if n is None and self._cap is not None:
+                n = min(self._ctl[0](), self._cap)
+            with onednn._omp_threads(n):   # on the plan's count, as the primitive and its other reorders
+                _dnnl.check(_dnnl.lib().dnnl_primitive_execute(rprim, stream, 2, rargs), "dnnl_primitive_execute",
+                            self.impl.name + " (residual reorder)")
         super().run(tensors, stream, packed)
 
 

@@ -212,3 +212,27 @@ def test_a_callers_count_plan_keeps_the_count_it_listed_under(impl, threads, mon
     seen.clear()
     plan.execute(x)
     assert set(seen) == {1}
+
+
+def test_a_fused_one_thread_plans_residual_reorder_runs_on_one_thread(threads, monkeypatch):
+    torch.set_num_threads(2)
+    x, w = TINY
+    b, r = torch.randn(8), torch.randn(1, 8, 8, 8)
+    plan = fused.FusedConvolution(x, w, b, padding=1, residual=True)
+    blocked = [i.index for i in plan.implementations if plan._build(i.index).pre is not None]
+    if not blocked:
+        pytest.skip("no implementation here computes into a blocked destination (no residual reorder)")
+    plan.select(blocked[0])
+    seen = []
+    real = onednn._dnnl.check
+
+    def check(status, what, *detail, **kw):
+        if detail and "residual reorder" in str(detail[0]):
+            seen.append(_omp())
+        return real(status, what, *detail, **kw)
+
+    monkeypatch.setattr(onednn._dnnl, "check", check)
+    y = plan.run(x, w, b, r)
+    assert seen == [1] and _omp() == 2
+    ref = torch.relu(F.conv2d(x.double(), w.double(), b.double(), 1, 1) + r.double()).float()
+    torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4)
