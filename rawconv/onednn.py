@@ -380,7 +380,9 @@ class _Built:
         then the output reorders. ``packed``: the generation of the plan's weight snapshot when the
         w pointer is that snapshot's (its reorder then runs once, not again while the buffer holds
         it), else None (the weights are reordered on this call: a caller's tensor may have changed
-        in any way since the last). Reorders of small tensors run on the calling thread alone
+        in any way since the last). The plan's fixed thread count (:attr:`Convolution.threads`) is set
+        around the call; a ``threads=None`` plan runs on the caller's count, at most the count its
+        descriptors were listed under. Reorders of small tensors run on the calling thread alone
         (OpenMP's thread count set to 1 around them, then restored). Wraps
         ``dnnl_memory_set_data_handle``, ``dnnl_primitive_execute``, ``omp_set_num_threads`` (and
         ``dnnl_stream_wait`` for an asynchronous runtime)."""
