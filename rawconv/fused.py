@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import warnings
 from typing import Any, Optional, Sequence
 
 import torch
@@ -83,8 +84,12 @@ class _FusedBuilt(onednn._Built):
 
             rprim, umem, rargs = self.pre
             _dnnl.check(onednn._set_handle_int()(umem, tensors["y"].data_ptr()), "dnnl_memory_set_data_handle")
-            _dnnl.check(_dnnl.lib().dnnl_primitive_execute(rprim, stream, 2, rargs), "dnnl_primitive_execute",
-                        self.impl.name + " (residual reorder)")
+            n = self._nthr
+            if n is None and self._cap is not None:
+                n = min(self._ctl[0](), self._cap)
+            with onednn._omp_threads(n):   # on the plan's count, as the primitive and its other reorders
+                _dnnl.check(_dnnl.lib().dnnl_primitive_execute(rprim, stream, 2, rargs), "dnnl_primitive_execute",
+                            self.impl.name + " (residual reorder)")
         super().run(tensors, stream, packed)
 
 
@@ -149,7 +154,8 @@ class FusedConvolution(onednn.Convolution):
     def _build(self, i: int):
         b = self._built.get(i)
         if b is None:
-            b = _FusedBuilt(self, self._impls[i], self._pds[i])
+            with onednn._omp_threads(self._pd_threads()):   # as Convolution._build: the primitive cache's key
+                b = _FusedBuilt(self, self._impls[i], self._pds[i])
             self._built[i] = b
         return b
 
@@ -529,9 +535,10 @@ def frozen(module: torch.nn.Module) -> bool:
 def _run_frozen(plans: dict, x, w, bias, residual, stride, pad, dilation, groups, activation, choice, precision,
                 residual_inplace):
     """A frozen module's call on oneDNN: its own plan for this problem, with the snapshot ``w``
-    (the module's buffer, never changed in place) as the plan's weight snapshot, reordered once."""
+    (the module's buffer) as the plan's weight snapshot, reordered once, and again when the buffer
+    was changed in place (its version counter moved)."""
     try:
-        key = (x.shape, x.stride(), x.dtype, w.shape, w.stride(), None if residual is None else
+        key = (x.shape, x.stride(), x.dtype, w.shape, w.stride(), bias is None, None if residual is None else
                (residual.shape, residual.stride(), residual.dtype), tuple(stride), pad, tuple(dilation), groups,
                activation, choice, precision, threading.get_ident())
         plan = plans.get(key)
@@ -547,8 +554,13 @@ def _run_frozen(plans: dict, x, w, bias, residual, stride, pad, dilation, groups
             if len(plans) >= _FROZEN_MAX:
                 plans.pop(next(iter(plans)))
             plans[key] = plan
-    if plan._snap is None or plan._snap[0] is not w:
+    try:
+        version = w._version   # a snapshot changed in place (the buffer's .copy_()/.mul_()) is reordered again
+    except RuntimeError:   # an inference tensor keeps no version counter
+        version = None
+    if plan._snap is None or plan._snap[0] is not w or plan.__dict__.get("_frozen_version") != version:
         plan._snapshot(w, copy=False)
+        plan._frozen_version = version
     return plan.run(x, None, bias, residual, inplace=residual_inplace)
 
 
@@ -648,7 +660,8 @@ def _conv_bias_act_residual_op(x: torch.Tensor, w: torch.Tensor, bias: Optional[
     fused modules where the residual is a fresh intermediate that nothing reads afterwards;
     under ``torch.compile`` inductor then keeps it in place (functionalized, reinplaced). No
     autograd: the modules call the out-of-place ``rawconv::conv_bias_act`` when a gradient is
-    needed."""
+    needed; with grad mode on and an argument that requires grad it raises
+    :class:`NotSupportedError` (the overwritten residual would carry no gradient, or a wrong one)."""
     y = _op_kernel(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision,
                    residual_inplace=True, frozen_plans=frozen_plans_of(w))
     if y is not residual:
@@ -659,6 +672,26 @@ def _conv_bias_act_residual_op(x: torch.Tensor, w: torch.Tensor, bias: Optional[
 @_conv_bias_act_residual_op.register_fake
 def _(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision):
     return None
+
+
+def _residual_op_autograd(keyset, *args):
+    """The in-place operator's Autograd kernel: torch.library allows no autograd formula for a
+    mutating operator, and its default one runs the kernel and records nothing (the overwritten
+    residual then carries no gradient, or its old one: silently wrong gradients). Raises
+    :class:`NotSupportedError` before any library call when grad mode is on and an argument
+    requires grad; otherwise runs the kernel below autograd."""
+    if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
+        raise NotSupportedError("rawconv::conv_bias_act_residual_ overwrites residual and records no gradient: "
+                                "with tensors that require grad use rawconv::conv_bias_act (or torch.no_grad())")
+    with torch._C._AutoDispatchBelowAutograd():
+        return torch.ops.rawconv.conv_bias_act_residual_.default.redispatch(
+            keyset & torch._C._after_autograd_keyset, *args)
+
+
+with warnings.catch_warnings():   # replaces the Autograd kernel torch.library registered for it
+    warnings.filterwarnings("ignore", message=".*[Oo]verrid.*", category=UserWarning)
+    _residual_op_lib = torch.library.Library("rawconv", "IMPL")
+    _residual_op_lib.impl("conv_bias_act_residual_", _residual_op_autograd, "Autograd", with_keyset=True)
 
 
 @_conv_bias_act_op.register_fake

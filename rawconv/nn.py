@@ -879,15 +879,33 @@ def _mark_inplace_residuals(graph, modules) -> None:
     """Let a fused module write its result into its residual's memory (eager inference on oneDNN:
     no copy of the residual into a new output) where that is safe: the residual is the fresh
     output of another fused module (not an input, parameter or view), and every other use of it
-    comes earlier in the graph."""
+    comes earlier in the graph, as does every use of what may alias it (a view, ``.contiguous()``,
+    a chunk: any node but a fused module that takes it as its input, transitively)."""
     order = {n: i for i, n in enumerate(graph.nodes)}
+
+    def read_after(r, node) -> bool:
+        stack, seen = [r], {r}
+        while stack:
+            t = stack.pop()
+            for u in t.users:
+                if u is node:
+                    continue
+                if order[u] > order[node]:
+                    return True
+                um = modules.get(u.target) if u.op == "call_module" else None
+                fresh = isinstance(um, _ConvBiasAct) and u.args[0] is t and t not in u.args[1:]
+                if not fresh and u not in seen:   # its result may be a view of r: its users read r
+                    seen.add(u)
+                    stack.append(u)
+        return False
+
     for node in graph.nodes:
         m = modules.get(node.target) if node.op == "call_module" else None
         if not isinstance(m, _ConvBiasAct) or len(node.args) != 2:
             continue
         r = node.args[1]
         producer = modules.get(r.target) if getattr(r, "op", None) == "call_module" else None
-        if isinstance(producer, _ConvBiasAct) and all(order[u] < order[node] for u in r.users if u is not node):
+        if isinstance(producer, _ConvBiasAct) and not read_after(r, node):
             m.residual_inplace = True
 
 

@@ -353,7 +353,10 @@ class _Built:
         # number of threads; the convolution primitive itself runs with the thread count as set.
         # the plan's fixed thread count (Convolution.threads): every call runs under it
         self._nthr = plan.threads
-        self._ctl = _dnnl.omp_thread_controls() if plan.threads is not None else None
+        # a threads=None plan: the caller's count, but never more than its descriptors were created
+        # under (their scratchpad and thread partition are sized for that many threads)
+        self._cap = plan._pd_threads() if plan.threads is None else None
+        self._ctl = _dnnl.omp_thread_controls() if plan.threads is not None or self._cap is not None else None
         self._omp = None
         if self._pre or self._post:
             small = all(_dnnl.md_size(plan.user_md[role]) < _INLINE_ELEMENTS * plan.problem.torch_dtype.itemsize
@@ -377,7 +380,9 @@ class _Built:
         then the output reorders. ``packed``: the generation of the plan's weight snapshot when the
         w pointer is that snapshot's (its reorder then runs once, not again while the buffer holds
         it), else None (the weights are reordered on this call: a caller's tensor may have changed
-        in any way since the last). Reorders of small tensors run on the calling thread alone
+        in any way since the last). The plan's fixed thread count (:attr:`Convolution.threads`) is set
+        around the call; a ``threads=None`` plan runs on the caller's count, at most the count its
+        descriptors were listed under. Reorders of small tensors run on the calling thread alone
         (OpenMP's thread count set to 1 around them, then restored). Wraps
         ``dnnl_memory_set_data_handle``, ``dnnl_primitive_execute``, ``omp_set_num_threads`` (and
         ``dnnl_stream_wait`` for an asynchronous runtime)."""
@@ -395,9 +400,11 @@ class _Built:
                 i += 1
             self._lastp = ptrs
         fixed = self._nthr
-        if fixed is not None:
+        if fixed is not None or self._cap is not None:
             ctl = self._ctl
             caller = ctl[0]()
+            if fixed is None:
+                fixed = min(caller, self._cap)
             if caller != fixed:
                 ctl[1](fixed)
                 try:
@@ -454,14 +461,18 @@ _INLINE_ELEMENTS = 32768   # torch's at::internal::GRAIN_SIZE: below it, torch's
 _INLINE_FLOPS = 1 << 17    # threads="auto": a problem of fewer FLOPs runs on one thread (see _plan_threads)
 
 
+_MAX_THREADS = 2**31 - 1   # omp_set_num_threads(int)
+
+
 def _check_threads(threads):
-    """``threads`` as given to a plan: ``"auto"``, None or a positive int."""
+    """``threads`` as given to a plan: ``"auto"``, None or a positive int that fits a C int."""
     if threads is None or (isinstance(threads, str) and threads == "auto"):
         return threads
     if isinstance(threads, bool) or not isinstance(threads, int):
         raise ArgumentTypeError(f"threads must be 'auto', None or a positive int, got {threads!r}")
-    if threads < 1:
-        raise ArgumentError(f"threads must be 'auto', None or a positive int, got {threads}")
+    if threads < 1 or threads > _MAX_THREADS:
+        raise ArgumentError(f"threads must be 'auto', None or a positive int (at most {_MAX_THREADS}: "
+                            f"omp_set_num_threads takes a C int), got {threads}")
     return threads
 
 
@@ -585,7 +596,9 @@ class Convolution(PlanLifetime):
     primitive descriptor is created, from the calling thread's OpenMP count, and every call opens
     a parallel region. ``threads``: an int runs this plan (listing, primitive creation, every
     call) on that many OpenMP threads, set on the calling thread around each library call and
-    restored; None uses the caller's count as it is (``torch.set_num_threads``); ``"auto"`` (the
+    restored; None uses the caller's count as it is (``torch.set_num_threads``), at most the count
+    in force when the plan listed its implementations (their partition and scratchpad are sized
+    for it: primitives are created under it too, and a call never runs on more); ``"auto"`` (the
     default) is None except for a problem of fewer than 2**17 FLOPs, which runs on one thread (a
     few microseconds of work, about what starting and joining a team costs on a many-core CPU).
     :attr:`threads` holds the resolved count (None: the caller's); the tuning key records it.
@@ -769,7 +782,19 @@ class Convolution(PlanLifetime):
 
     def _enumerate(self):
         with _omp_threads(self.threads):   # oneDNN fixes an implementation's thread partition here
+            if self.threads is None:
+                ctl = _dnnl.omp_thread_controls()
+                self._listed_threads = ctl[0]() if ctl is not None else None
             self._enumerate_now()
+
+    def _pd_threads(self) -> int | None:
+        """The OpenMP count the plan's primitive descriptors were created under (its fixed
+        :attr:`threads`, or the caller's count when a ``threads=None`` plan listed them); None
+        when unknown (not an OpenMP build). Primitives are created under it: oneDNN's primitive
+        cache keys a primitive by the count in force at its creation, not by its descriptor's, so
+        a primitive created under another count can be another descriptor's, whose scratchpad is
+        larger than this plan's (heap corruption)."""
+        return self.threads if self.threads is not None else getattr(self, "_listed_threads", None)
 
     def _enumerate_now(self):
         L = _dnnl.lib()
@@ -948,7 +973,7 @@ class Convolution(PlanLifetime):
         b = self._built.get(i)
         if b is None:
             log.debug("building %s for %s %s", self._impls[i].choice, self.direction, self.problem.describe())
-            with _omp_threads(self.threads):   # the primitive cache's key holds the thread count
+            with _omp_threads(self._pd_threads()):   # the primitive cache's key holds the thread count
                 b = _Built(self, self._impls[i], self._pds[i])
             self._built[i] = b
         return b

@@ -371,6 +371,45 @@ def test_in_place_residuals_only_where_no_later_use_reads_them():
     assert y2.data_ptr() != r_copy.data_ptr()
 
 
+class AliasLater(nn.Module):
+    """A fused conv's output used as a residual while a view of it (taken earlier) is read after."""
+
+    def __init__(self, alias):
+        super().__init__()
+        self.alias = alias
+        self.a = nn.Conv2d(4, 4, 3, padding=1)
+        self.b = nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x):
+        ya = torch.relu(self.a(x))
+        if self.alias == "view":
+            v = ya.view(ya.shape[0], -1)
+        elif self.alias == "contiguous":
+            v = ya.contiguous()   # ya itself
+        else:
+            v = torch.chunk(ya, 2, dim=1)[1]
+        yb = torch.relu(self.b(ya) + ya)
+        return yb, v * 2
+
+
+@pytest.mark.parametrize("alias", ["view", "contiguous", "chunk"])
+@pytest.mark.parametrize("run", ["eager", "aot_eager"])
+def test_a_residual_read_later_through_an_alias_is_not_overwritten(alias, run):
+    torch.manual_seed(4)
+    net = AliasLater(alias).eval()
+    x = torch.randn(2, 4, 6, 6)
+    with torch.no_grad():
+        want = [t.double() for t in net(x)]
+    m = rnn.convert(net, fuse=True)
+    assert m.rawconv_report.fused == {"a": "relu", "b": "add+relu"}
+    assert not m.get_submodule("b").__dict__.get("residual_inplace", False)
+    f = m if run == "eager" else torch.compile(m, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        got = f(x)
+    for g, w in zip(got, want):
+        _close(g, w)
+
+
 def test_autotune_records_only_its_own_threads_calls():
     """convert(autotune=x) records the convolution calls of the example's forward. Another
     thread running another converted model meanwhile must not be recorded: its layers were tuned

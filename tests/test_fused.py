@@ -395,8 +395,7 @@ def test_inplace_residual_operator_passes_opcheck_and_writes_the_residual():
               torch.randn(2, 8, 6, 12)[..., ::2]):   # dense, another layout (copied back), strided (copied back)
         want = _ref(x, w, b, r, 1, 1, 1, 1, "relu")
         args = (x, w, b, r, [1, 1], [1, 1], [1, 1], 1, "relu", "auto", None, "strict")
-        res = torch.library.opcheck(torch.ops.rawconv.conv_bias_act_residual_.default, args,
-                                    test_utils=("test_schema", "test_faketensor"))
+        res = torch.library.opcheck(torch.ops.rawconv.conv_bias_act_residual_.default, args)   # every check
         assert set(res.values()) == {"SUCCESS"}, res
         r2 = r.clone(memory_format=torch.preserve_format) if r.is_contiguous() or \
             r.is_contiguous(memory_format=torch.channels_last) else r
@@ -469,3 +468,56 @@ def test_a_moved_snapshot_gets_the_modules_plans_in_eager_inference():
         _close(cm(x), m(x), rel=1e-4)
     plans = fu.frozen_plans_of(snap)
     assert plans is not None and plans is c1.__dict__[fu._FROZEN_PLANS] and len(plans) == 1
+
+
+def test_a_snapshot_changed_in_place_is_reordered_again():
+    m = _resnet_block_model()
+    x = torch.randn(2, 3, 12, 12)
+    cm = rnn.convert(m, fuse=True)
+    c1 = dict(cm.named_modules())["c1"]
+    snap = c1._buffers[fu.FROZEN_WEIGHT]
+    f = torch.compile(cm, fullgraph=True, backend="aot_eager")
+    for run in (cm, f):
+        with torch.no_grad():
+            run(x)   # the plan holds the snapshot reordered
+            snap.mul_(-0.5)   # the buffer changed in place: the plan's reordered copy is stale
+            m.c1.weight.mul_(-0.5)
+            _close(run(x), m(x), rel=1e-4)
+
+
+def test_a_snapshots_plans_tell_calls_with_and_without_a_bias_apart():
+    # the kernel finds the plans on the snapshot tensor whatever else the call passes
+    cm = rnn.convert(_resnet_block_model(), fuse=True)
+    c1 = dict(cm.named_modules())["c1"]
+    snap, sb = c1._buffers[fu.FROZEN_WEIGHT], c1._buffers[fu.FROZEN_BIAS]
+    h = torch.randn(2, 8, 12, 12)
+    with torch.no_grad():
+        for b in (sb, None, sb):
+            y = torch.ops.rawconv.conv_bias_act(h, snap, b, None, [1, 1], [1, 1], [1, 1], 1, "relu", "auto", None,
+                                                "strict")
+            _close(y, _ref(h, snap, b, None, 1, 1, 1, 1, "relu"))
+
+
+@pytest.mark.parametrize("needs", ["residual", "nonleaf_residual", "x", "w", "bias"])
+def test_inplace_residual_operator_refuses_to_drop_a_gradient(needs):
+    # torch.library allows no autograd formula for a mutating operator: its default one recorded
+    # nothing, so the overwritten residual carried no gradient (or its old one) without a word
+    torch.manual_seed(13)
+    t = {"x": torch.randn(2, 4, 6, 6), "w": torch.randn(8, 4, 3, 3), "bias": torch.randn(8),
+         "residual": torch.randn(2, 8, 6, 6)}
+    if needs == "nonleaf_residual":
+        t["residual"] = torch.randn(2, 8, 6, 6, requires_grad=True) * 1
+    else:
+        t[needs].requires_grad_(True)
+    before = t["residual"].detach().clone()
+
+    def call():
+        torch.ops.rawconv.conv_bias_act_residual_(t["x"], t["w"], t["bias"], t["residual"], [1, 1], [1, 1], [1, 1],
+                                                  1, "relu", "auto", None, "strict")
+
+    with pytest.raises(NotSupportedError, match="conv_bias_act"):
+        call()
+    assert torch.equal(t["residual"].detach(), before)   # refused before any library call
+    with torch.no_grad():   # no gradient asked for: runs in place
+        call()
+    _close(t["residual"], _ref(t["x"], t["w"], t["bias"], before, 1, 1, 1, 1, "relu"))

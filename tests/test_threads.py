@@ -56,7 +56,8 @@ def test_auto_resolves_by_the_problems_flops():
     assert "threads=caller's" in repr(onednn.Convolution(*LARGER, padding=1))
 
 
-@pytest.mark.parametrize("bad, exc", [(0, ArgumentError), (-2, ArgumentError), (True, ArgumentTypeError),
+@pytest.mark.parametrize("bad, exc", [(0, ArgumentError), (-2, ArgumentError), (2**31, ArgumentError),
+                                      (10**30, ArgumentError), (True, ArgumentTypeError),
                                       (2.0, ArgumentTypeError), ("many", ArgumentTypeError)])
 def test_bad_threads_raise_before_any_c_call(bad, exc, monkeypatch):
     def no_c(*a, **k):
@@ -154,3 +155,84 @@ def test_the_tuning_key_records_the_plans_count(threads):
     assert fixed.options["threads"] == 3
     assert caller.options["threads"] == 2
     assert tiny.options["threads"] == 1
+
+
+def _spy_creation(monkeypatch):
+    """The OpenMP count in force at each dnnl_primitive_create (convolution and reorders)."""
+    seen = []
+    real = onednn._dnnl.primitive
+
+    def primitive(pd):
+        seen.append(_omp())
+        return real(pd)
+
+    monkeypatch.setattr(onednn._dnnl, "primitive", primitive)
+    return seen
+
+
+def test_a_fused_one_thread_plan_creates_its_primitives_on_one_thread(threads, monkeypatch):
+    # oneDNN's primitive cache keys a primitive by the count at its creation: created under the
+    # caller's count, the plan could get another descriptor's primitive (another scratchpad size)
+    torch.set_num_threads(2)
+    x, w = TINY
+    b, r = torch.randn(8), torch.randn(1, 8, 8, 8)
+    plan = fused.FusedConvolution(x, w, b, padding=1, residual=True)
+    assert plan.threads == 1
+    seen = _spy_creation(monkeypatch)
+    y = plan.run(x, w, b, r)
+    assert seen and set(seen) == {1}
+    ref = torch.relu(F.conv2d(x.double(), w.double(), b.double(), 1, 1) + r.double()).float()
+    torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4)
+    assert _omp() == 2
+
+
+@pytest.mark.parametrize("impl", ["x64:gemm:jit", None])
+def test_a_callers_count_plan_keeps_the_count_it_listed_under(impl, threads, monkeypatch):
+    # listed on one thread, then torch.set_num_threads(3): its primitive is created (and run) on
+    # at most one thread. Created under 3 it was the primitive cache's one of a plan listed under 3
+    # (a scratchpad for 3 threads): x64:gemm:jit then wrote past this plan's scratchpad.
+    x, w = TINY
+    torch.set_num_threads(3)
+    other = onednn.Convolution(x, w, padding=1, threads=3, impl=impl)
+    other.execute(x)
+    torch.set_num_threads(1)
+    plan = onednn.Convolution(x, w, padding=1, threads=None, impl=impl)
+    plan.implementations
+    torch.set_num_threads(3)
+    created = _spy_creation(monkeypatch)
+    plan.execute(x)
+    assert created and set(created) == {1}
+    seen = _spy(plan)
+    for _ in range(3):
+        y = plan.execute(x)
+        assert _omp() == 3
+    assert seen and set(seen) == {1}
+    torch.testing.assert_close(y, F.conv2d(x.double(), w.double(), None, 1, 1).float(), rtol=1e-4, atol=1e-4)
+    torch.set_num_threads(1)   # fewer than listed: the caller's count
+    seen.clear()
+    plan.execute(x)
+    assert set(seen) == {1}
+
+
+def test_a_fused_one_thread_plans_residual_reorder_runs_on_one_thread(threads, monkeypatch):
+    torch.set_num_threads(2)
+    x, w = TINY
+    b, r = torch.randn(8), torch.randn(1, 8, 8, 8)
+    plan = fused.FusedConvolution(x, w, b, padding=1, residual=True)
+    blocked = [i.index for i in plan.implementations if plan._build(i.index).pre is not None]
+    if not blocked:
+        pytest.skip("no implementation here computes into a blocked destination (no residual reorder)")
+    plan.select(blocked[0])
+    seen = []
+    real = onednn._dnnl.check
+
+    def check(status, what, *detail, **kw):
+        if detail and "residual reorder" in str(detail[0]):
+            seen.append(_omp())
+        return real(status, what, *detail, **kw)
+
+    monkeypatch.setattr(onednn._dnnl, "check", check)
+    y = plan.run(x, w, b, r)
+    assert seen == [1] and _omp() == 2
+    ref = torch.relu(F.conv2d(x.double(), w.double(), b.double(), 1, 1) + r.double()).float()
+    torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4)
