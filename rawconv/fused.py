@@ -419,7 +419,7 @@ def plan_for(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, residu
         if isinstance(choice, str) and choice.isdigit():
             choice = int(choice)   # a position in the implementation list
         # the weights are read (reordered) on every call: no copy of them is kept across calls
-        key = (problem, has_r, activation, choice, precision, onednn._w_layout(w), threading.get_ident())
+        key = (problem, has_r, activation, choice, precision, onednn._w_layout(w), onednn._get_ident())
         plan = _cpu_plans.get(key)
         if plan is None or plan._freed:
             plan = FusedConvolution.for_problem(problem, residual=has_r, activation=activation, impl=choice,
@@ -540,7 +540,7 @@ def _run_frozen(plans: dict, x, w, bias, residual, stride, pad, dilation, groups
     try:
         key = (x.shape, x.stride(), x.dtype, w.shape, w.stride(), bias is None, None if residual is None else
                (residual.shape, residual.stride(), residual.dtype), tuple(stride), pad, tuple(dilation), groups,
-               activation, choice, precision, threading.get_ident())
+               activation, choice, precision, onednn._get_ident())
         plan = plans.get(key)
     except TypeError:
         key = plan = None
@@ -576,7 +576,7 @@ def _run(x, w, bias, residual, stride, padding, dilation, groups, activation, ba
                None if bias is None else (bias.shape, bias.dtype, bias.device),
                None if residual is None else (residual.shape, residual.dtype, residual.device),
                tuple(stride), pad, tuple(dilation), groups, activation, backend, choice, precision,
-               threading.get_ident())
+               onednn._get_ident())
         plan = _fast.get(key)
     except TypeError:
         key = plan = None
@@ -680,7 +680,7 @@ def _residual_op_autograd(keyset, *args):
     residual then carries no gradient, or its old one: silently wrong gradients). Raises
     :class:`NotSupportedError` before any library call when grad mode is on and an argument
     requires grad; otherwise runs the kernel below autograd."""
-    if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
+    if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
         raise NotSupportedError("rawconv::conv_bias_act_residual_ overwrites residual and records no gradient: "
                                 "with tensors that require grad use rawconv::conv_bias_act (or torch.no_grad())")
     with torch._C._AutoDispatchBelowAutograd():
@@ -688,10 +688,14 @@ def _residual_op_autograd(keyset, *args):
             keyset & torch._C._after_autograd_keyset, *args)
 
 
-with warnings.catch_warnings():   # replaces the Autograd kernel torch.library registered for it
-    warnings.filterwarnings("ignore", message=".*[Oo]verrid.*", category=UserWarning)
-    _residual_op_lib = torch.library.Library("rawconv", "IMPL")
-    _residual_op_lib.impl("conv_bias_act_residual_", _residual_op_autograd, "Autograd", with_keyset=True)
+try:
+    with warnings.catch_warnings():   # replaces the Autograd kernel torch.library registered for it
+        warnings.filterwarnings("ignore", message=".*[Oo]verrid.*", category=UserWarning)
+        _residual_op_lib = torch.library.Library("rawconv", "IMPL")
+        _residual_op_lib.impl("conv_bias_act_residual_", _residual_op_autograd, "Autograd", with_keyset=True)
+    RESIDUAL_OP_GUARDED = True
+except Exception:  # noqa: BLE001  (a torch without these private hooks: the modules then never call the in-place op)
+    RESIDUAL_OP_GUARDED = False
 
 
 @_conv_bias_act_op.register_fake

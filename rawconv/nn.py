@@ -589,7 +589,8 @@ class _ConvBiasAct(_RawconvConv):
             return _fused._op_kernel(x, w, b, residual, stride, pads, dilation, self.groups,
                                      self.activation, self.backend, choice, self.precision,
                                      self.__dict__.get("residual_inplace", False), plans)
-        if residual is not None and self.__dict__.get("residual_inplace", False) and isinstance(x, torch.Tensor) \
+        if residual is not None and self.__dict__.get("residual_inplace", False) and _fused.RESIDUAL_OP_GUARDED \
+                and isinstance(x, torch.Tensor) \
                 and x.device.type == "cpu" and not (torch.is_grad_enabled() and (
                     x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)
                     or residual.requires_grad)):

@@ -1619,7 +1619,7 @@ def _plan(problem: ConvProblem, direction: str, algorithm: str, fpmath: str, w_l
     _check_allow(allow_known_bad)
     key = (problem, direction, algorithm, fpmath, w_layout,
            impl if not isinstance(impl, Implementation) else (impl.name, impl.layouts, tuple(impl.formats.items())),
-           allow_known_bad, threading.get_ident())
+           allow_known_bad, _get_ident())
     plan = _cache.get(key)
     if plan is None:
         log.debug("plan cache miss: %s %s fpmath=%s choice=%s", direction, problem.describe(), fpmath, impl)
@@ -1689,7 +1689,7 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
                    dilation if type(dilation) is int else _key(dilation), groups if type(groups) is int else _key(groups),
                    impl if impl is None or type(impl) is int else _key(impl),
                    algorithm if type(algorithm) is str else _key(algorithm),
-                   fpmath if type(fpmath) is str else _key(fpmath), _key(allow_known_bad), threading.get_ident())
+                   fpmath if type(fpmath) is str else _key(fpmath), _key(allow_known_bad), _get_ident())
             plan = _fast_plans.get(key)
         except Exception:   # noqa: BLE001  (not tensors, unhashable options...: the slow path says what is wrong)
             key = plan = None
@@ -1714,7 +1714,15 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
 
 forward.__rawconv_public__ = True
 
-_get_ident = threading.get_ident
+_get_num_threads = torch.get_num_threads
+
+
+def _get_ident():
+    """The cache keys' thread part: (this Python thread, its OpenMP thread count). Plans are not
+    thread-safe, and a ``threads=None`` plan runs on at most the count it listed its
+    implementations under, so a call after ``torch.set_num_threads`` raised the count gets a new
+    plan rather than the old, capped one."""
+    return (threading.get_ident(), _get_num_threads())
 _fast_plans = PlanCache(256)
 _last_plans = PlanCache(256)    # arguments (no tensors) -> the plan of the last call with them
 

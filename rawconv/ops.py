@@ -78,7 +78,6 @@ backward operators (second order) run the library's first choice.
 """
 from __future__ import annotations
 
-import threading
 from typing import Any, Sequence
 
 import torch
@@ -165,7 +164,7 @@ def _enforce_layout(t: torch.Tensor, layout: str, unbatched: bool) -> torch.Tens
 
 # ---------------------------------------------------------------------------- CPU kernels (oneDNN)
 _cpu_cache = PlanCache(512)
-_get_ident = threading.get_ident
+_get_ident = onednn._get_ident   # (thread, its OpenMP count): see onednn._get_ident
 
 
 def _onednn_choice(choice: str):

@@ -236,3 +236,39 @@ def test_a_fused_one_thread_plans_residual_reorder_runs_on_one_thread(threads, m
     assert seen == [1] and _omp() == 2
     ref = torch.relu(F.conv2d(x.double(), w.double(), b.double(), 1, 1) + r.double()).float()
     torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_cached_plans_are_per_thread_count(threads, monkeypatch):
+    """A threads=None plan runs on at most the count it listed under: the call sites' plan caches
+    (rawconv.ops, the function forms, the fused operator and frozen modules) keep one plan per
+    OpenMP count, so raising torch.set_num_threads gets a plan listed under the new count."""
+    import rawconv.nn as rnn
+    from rawconv import ops
+
+    listed = []
+    real = onednn.Convolution._enumerate
+
+    def spy(self):
+        real(self)
+        listed.append(self._pd_threads())
+
+    monkeypatch.setattr(onednn.Convolution, "_enumerate", spy)
+    w, b = torch.randn(24, 16, 3, 3), torch.randn(24)
+    net = torch.nn.Sequential(torch.nn.Conv2d(16, 24, 3, padding=1), torch.nn.ReLU()).eval()
+    m = rnn.convert(net, fuse=True)
+    sites = ((lambda x: ops.conv(x, w, b, 1, 1), lambda x: F.conv2d(x, w, b, 1, 1)),
+             (lambda x: onednn.forward(x, w, b, 1, 1), lambda x: F.conv2d(x, w, b, 1, 1)),
+             (lambda x: fused.conv_bias_act(x, w, b, padding=1), lambda x: torch.relu(F.conv2d(x, w, b, 1, 1))),
+             (lambda x: m(x), lambda x: net(x)))
+    for i, (call, want) in enumerate(sites):
+        x = torch.randn(2, 16, 19, 23 + i)   # a shape no other call site or test caches
+        new = []
+        for n in (1, 1, 2, 2, 1):
+            torch.set_num_threads(n)
+            listed.clear()
+            with torch.no_grad():
+                torch.testing.assert_close(call(x), want(x), rtol=1e-4, atol=1e-4)
+            assert set(listed) <= {n}   # a plan listed now is listed under the caller's count
+            new.append(bool(listed))
+        # a plan per count: listed at the first call under each count, reused after
+        assert new == [True, False, True, False, False]
