@@ -350,8 +350,8 @@ class _Built:
         # reorders of fewer than _INLINE_ELEMENTS elements run on the calling thread alone (what
         # torch's at::parallel_for does below its grain size): an OpenMP team's start and barrier
         # cost more than such a copy. A reorder only moves data, so its result is the same on any
-        # number of threads; the convolution primitive itself runs with the thread count as set.
-        # the plan's fixed thread count (Convolution.threads): every call runs under it
+        # number of threads; the convolution primitive itself runs on the plan's count (below).
+        # The plan's fixed thread count (Convolution.threads): every call runs under it
         self._nthr = plan.threads
         # a threads=None plan: the caller's count, but never more than its descriptors were created
         # under (their scratchpad and thread partition are sized for that many threads)
