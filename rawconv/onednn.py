@@ -361,7 +361,8 @@ class _Built:
         if self._pre or self._post:
             small = all(_dnnl.md_size(plan.user_md[role]) < _INLINE_ELEMENTS * plan.problem.torch_dtype.itemsize
                         for role, _a, _m, _o, reorder, _b in self.args if reorder is not None)
-            self._omp = _dnnl.omp_thread_controls() if small else None
+            # (a one-thread plan's reorders already run on one thread: nothing to set around them)
+            self._omp = _dnnl.omp_thread_controls() if small and plan.threads != 1 else None
 
     def run(self, tensors: dict, stream, packed=None) -> None:
         """Run on ``tensors`` (role -> prepared tensor): see :meth:`run_list`."""
