@@ -82,15 +82,18 @@ class _FusedBuilt(onednn._Built):
         if self.pre is not None:
             from . import _dnnl
 
-            rprim, umem, rargs = self.pre
-            _dnnl.check(onednn._set_handle_int()(umem, tensors["y"].data_ptr()), "dnnl_memory_set_data_handle")
-            n = self._nthr
-            if n is None and self._cap is not None:
-                n = min(self._ctl[0](), self._cap)
-            with onednn._omp_threads(n):   # on the plan's count, as the primitive and its other reorders
-                _dnnl.check(_dnnl.lib().dnnl_primitive_execute(rprim, stream, 2, rargs), "dnnl_primitive_execute",
-                            self.impl.name + " (residual reorder)")
+            _dnnl.check(onednn._set_handle_int()(self.pre[1], tensors["y"].data_ptr()), "dnnl_memory_set_data_handle")
         super().run(tensors, stream, packed)
+
+    def _run_now(self, stream, packed) -> None:
+        # the residual's reorder runs first, under the thread count run_ptrs set for the whole call
+        if self.pre is not None:
+            from . import _dnnl
+
+            rprim, _umem, rargs = self.pre
+            _dnnl.check(_dnnl.lib().dnnl_primitive_execute(rprim, stream, 2, rargs), "dnnl_primitive_execute",
+                        self.impl.name + " (residual reorder)")
+        super()._run_now(stream, packed)
 
 
 class FusedConvolution(onednn.Convolution):

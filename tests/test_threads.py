@@ -41,6 +41,19 @@ def _spy(plan):
     return seen
 
 
+def _spy_omp(monkeypatch, name):
+    """The OpenMP count in force at each call of ``rawconv._dnnl.<name>`` (patched for the test)."""
+    seen = []
+    real = getattr(onednn._dnnl, name)
+
+    def spy(*args):
+        seen.append(_omp())
+        return real(*args)
+
+    monkeypatch.setattr(onednn._dnnl, name, spy)
+    return seen
+
+
 TINY = (torch.randn(1, 8, 8, 8), torch.randn(8, 8, 3, 3))          # 74 kFLOP
 LARGER = (torch.randn(2, 16, 20, 20), torch.randn(24, 16, 3, 3))    # 5.5 MFLOP
 
@@ -90,14 +103,7 @@ def test_a_one_thread_plan_runs_on_one_thread_and_restores_the_callers_count(thr
 
 def test_the_implementations_are_listed_under_the_plans_count(threads, monkeypatch):
     torch.set_num_threads(2)
-    seen = []
-    real = onednn._dnnl.pd_clone
-
-    def pd_clone(it):
-        seen.append(_omp())
-        return real(it)
-
-    monkeypatch.setattr(onednn._dnnl, "pd_clone", pd_clone)
+    seen = _spy_omp(monkeypatch, "pd_clone")
     onednn.Convolution(*TINY, padding=1).implementations
     assert seen and set(seen) == {1}
     seen.clear()
@@ -159,15 +165,7 @@ def test_the_tuning_key_records_the_plans_count(threads):
 
 def _spy_creation(monkeypatch):
     """The OpenMP count in force at each dnnl_primitive_create (convolution and reorders)."""
-    seen = []
-    real = onednn._dnnl.primitive
-
-    def primitive(pd):
-        seen.append(_omp())
-        return real(pd)
-
-    monkeypatch.setattr(onednn._dnnl, "primitive", primitive)
-    return seen
+    return _spy_omp(monkeypatch, "primitive")
 
 
 def test_a_fused_one_thread_plan_creates_its_primitives_on_one_thread(threads, monkeypatch):
