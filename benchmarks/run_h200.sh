@@ -44,6 +44,7 @@ for s in "$@"; do
     diag-hot) step diag-hot 120 python3 benchmarks/diag_hot_path_cuda.py ;;
     r50-cpu-mallopt) step r50-cpu-mallopt ${T_R50C:-300} python3 benchmarks/bench_resnet50.py --device cpu --threads 8 \
         --variants compile_freezing,rawconv_channels_last --mallopt ;;
+    diag-cpu-in-model) step diag-cpu-in-model${DIAG_TAG:-} ${T_DIAG:-420} python3 benchmarks/diag_cpu_in_model.py --threads 8 ${DIAG_ARGS:-} ;;
     lscpu) step lscpu 30 bash -c 'lscpu; nproc; python3 -c "import torch; print(torch.__config__.parallel_info())"' ;;
     *) echo "unknown step $s"; exit 2 ;;
   esac
