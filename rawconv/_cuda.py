@@ -101,9 +101,17 @@ def current_device() -> int | None:
     """torch's current CUDA device index for this thread (``cudaGetDevice``), or None where torch
     sees no CUDA driver."""
     try:
-        return torch._C._cuda_getDevice()
+        return _get_device()
     except RuntimeError:
         return None
+
+
+def _no_cuda_build() -> int:
+    raise RuntimeError("this torch is a CPU build (no CUDA)")
+
+
+# torch's cudaGetDevice binding; a CPU build of torch has none (torch._C has no _cuda_getDevice)
+_get_device = getattr(torch._C, "_cuda_getDevice", _no_cuda_build)
 
 
 _ONE_DEVICE = [False]   # set once torch reports exactly one visible CUDA device (see on_plan_device)
@@ -127,7 +135,7 @@ def on_plan_device(method):
     sees no CUDA driver the method runs as it is (cuDNN then says why it cannot)."""
     import functools
 
-    get_device, device_guard = torch._C._cuda_getDevice, torch.cuda.device
+    get_device, device_guard = _get_device, torch.cuda.device
 
     @functools.wraps(method)
     def guarded(self, *args, **kwargs):
@@ -136,7 +144,7 @@ def on_plan_device(method):
         idx = getattr(self, "device_index", None)   # None: a plan not set up (its method says why)
         try:
             cur = get_device()
-        except RuntimeError:   # no CUDA driver
+        except RuntimeError:   # no CUDA driver, or a CPU build of torch
             return method(self, *args, **kwargs)
         if cur == idx or idx is None:
             return method(self, *args, **kwargs)

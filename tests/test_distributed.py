@@ -380,7 +380,7 @@ def test_plan_methods_run_with_the_plan_device_current(monkeypatch):
         def __exit__(self, *exc):
             state["current"] = self.prev
 
-    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: state["current"])
+    monkeypatch.setattr(_cuda, "_get_device", lambda: state["current"])
     monkeypatch.setattr(torch.cuda, "device", FakeGuard)
 
     class Plan:
@@ -398,7 +398,7 @@ def test_plan_methods_run_with_the_plan_device_current(monkeypatch):
 
     def no_driver():
         raise RuntimeError("Found no NVIDIA driver")
-    monkeypatch.setattr(torch._C, "_cuda_getDevice", no_driver)
+    monkeypatch.setattr(_cuda, "_get_device", no_driver)
 
     class PlanWithoutDriver(Plan):   # the guard reads torch's functions when it decorates
         @_cuda.on_plan_device

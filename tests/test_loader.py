@@ -93,6 +93,26 @@ def test_rawconv_info_shows_the_explicit_library_error(tmp_path):
     assert "LibraryNotFoundError" in flat and "no such file" in flat and "nowhere" in flat
 
 
+def test_a_cpu_build_of_torch_imports_every_backend_and_info_works():
+    # a CPU build of torch (pip install torch==2.13.0 here, or PyTorch's CPU wheel index, which the
+    # README suggests without a GPU) has no torch._C._cuda_getDevice: importing rawconv.cudnn raised
+    # AttributeError at class definition, so rawconv info, tuning.replay and every registry walk failed
+    r = _run("""
+        import torch
+        if hasattr(torch._C, "_cuda_getDevice"):
+            del torch._C._cuda_getDevice   # as a CPU build of torch has it
+        import rawconv.cudnn, rawconv.cudnn_graph
+        from rawconv import _backend, _cuda
+        print("BACKENDS", sorted(b.name for b in _backend.backends()))
+        print("DEVICE", _cuda.current_device())
+        from rawconv.cli import main
+        raise SystemExit(main(["info", "--json"]))
+    """)
+    assert r.returncode == 0, r.stderr
+    assert "BACKENDS ['cudnn', 'cudnn_graph', 'onednn']" in r.stdout and "DEVICE None" in r.stdout
+    assert '"onednn"' in r.stdout
+
+
 # ---------------------------------------------------------------- cuDNN
 LOAD_CUDNN = """
     from rawconv import _cudnn
