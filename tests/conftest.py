@@ -16,6 +16,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def load_cudnn_or_fail():
+    """``rawconv._cudnn.load()`` for the tests of cuDNN's descriptor functions (they need no GPU). A
+    CUDA build of torch brings libcudnn.so.9 (its nvidia-cudnn wheel): missing there, the test
+    fails. A CPU build of torch (``torch.version.cuda`` None) brings none: the test skips, saying
+    how to get it (``pip install 'rawconv[cuda12]'``)."""
+    from rawconv import _cudnn
+
+    try:
+        return _cudnn.load()
+    except Exception as exc:  # noqa: BLE001
+        if torch.version.cuda is None:
+            pytest.skip(f"a CPU build of torch ({torch.__version__}) brings no cuDNN; pip install 'rawconv[cuda12]' "
+                        f"(nvidia-cudnn-cu12) for these tests: {str(exc).splitlines()[0]}")
+        pytest.fail(f"libcudnn.so.9 is a dependency of these tests (torch's CUDA build brings it): {exc}")
+
+
 @pytest.fixture(scope="session")
 def dnnl():
     """The loaded oneDNN library. A missing libdnnl.so.3 fails the test: it is a dependency."""

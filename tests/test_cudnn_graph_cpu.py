@@ -23,14 +23,12 @@ from rawconv import cudnn_graph as G
 from rawconv import tuning
 from rawconv.errors import ArgumentError, ArgumentTypeError, LibraryError, NotSupportedError
 from rawconv.problem import EPS, ErrorStats, abs_reference, conv_reference
+from conftest import load_cudnn_or_fail
 
 
 @pytest.fixture(scope="module")
 def cudnn():
-    try:
-        return _cudnn.load()
-    except Exception as exc:  # pragma: no cover
-        pytest.fail(f"libcudnn.so.9 is a dependency of these tests (torch's CUDA build brings it): {exc}")
+    return load_cudnn_or_fail()
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import rawconv.fused as fu
 import rawconv.nn as rnn
 from rawconv import ArgumentError, ArgumentTypeError, ConvProblem, _dnnl
 from rawconv.errors import NotSupportedError
+from conftest import load_cudnn_or_fail
 
 pytestmark = pytest.mark.usefixtures("dnnl")
 CONVF = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
@@ -236,12 +237,7 @@ def test_zero_batch_gives_torchs_result_without_a_library_call():
 # ---------------------------------------------------------------- the cuDNN graph's residual node (no GPU)
 @pytest.fixture(scope="module")
 def cudnn():
-    from rawconv import _cudnn
-
-    try:
-        return _cudnn.load()
-    except Exception as exc:  # pragma: no cover
-        pytest.fail(f"libcudnn.so.9 is a dependency of these tests (torch's CUDA build brings it): {exc}")
+    return load_cudnn_or_fail()
 
 
 @pytest.mark.parametrize("bias, act, kinds", [
