@@ -459,16 +459,28 @@ def _trim_heap() -> None:
 _child_plans: dict = {}
 
 
-def _child_setup(key, problem, direction, algorithm, fpmath, w_layout, prepack, tensors, plan_threads="auto") -> list:
+def _child_setup(key, problem, direction, algorithm, fpmath, w_layout, prepack, tensors, plan_threads="auto",
+                 post_ops=()) -> list:
     """(child) Build the plan of ``problem`` and keep it with ``tensors`` under ``key``; return its
     implementation list (listing runs oneDNN's primitive-descriptor iterator, here in the child).
-    ``plan_threads``: the parent plan's ``threads`` argument."""
+    ``plan_threads``: the parent plan's ``threads`` argument; ``post_ops``: the parent plan's
+    (a :class:`rawconv.fused.FusedConvolution`'s residual ``sum`` and activation ``eltwise``): the
+    child builds that same fused primitive, whose implementations and times differ from the
+    plain convolution's."""
     from . import onednn
 
     _child_plans.clear()
-    plan = onednn.Convolution.from_problem(problem, direction=direction, algorithm=algorithm, fpmath=fpmath,
-                                           w_layout=w_layout, prepack=prepack, allow_known_bad=True,
-                                           threads=plan_threads)
+    if post_ops:
+        from .fused import FusedConvolution
+
+        plan = FusedConvolution.for_problem(problem, residual=any(op[0] == "sum" for op in post_ops),
+                                            activation=next((op[1] for op in post_ops if op[0] == "eltwise"), "none"),
+                                            fpmath=fpmath, w_layout=w_layout, prepack=prepack, threads=plan_threads)
+        plan.allow_known_bad = True
+    else:
+        plan = onednn.Convolution.from_problem(problem, direction=direction, algorithm=algorithm, fpmath=fpmath,
+                                               w_layout=w_layout, prepack=prepack, allow_known_bad=True,
+                                               threads=plan_threads)
     impls = plan.implementations
     if prepack and "w" in tensors:   # calls run on a snapshot of the weights, reordered once per implementation
         plan.repack(tensors["w"])
@@ -595,9 +607,10 @@ class _OnednnSession:
     """(parent) One problem's candidates in a worker: setup (list) once per child, run each."""
 
     def __init__(self, problem, direction, tensors, *, algorithm="direct", fpmath="strict", w_layout="nchw",
-                 prepack=True, iso: Isolation, plan_threads="auto"):
+                 prepack=True, iso: Isolation, plan_threads="auto", post_ops=()):
         self.problem, self.direction, self.tensors = problem, direction, tensors
-        self.args = (problem, direction, algorithm, fpmath, w_layout, prepack, tensors, plan_threads)
+        self.args = (problem, direction, algorithm, fpmath, w_layout, prepack, tensors, plan_threads,
+                     tuple(post_ops))
         self.fpmath = fpmath
         self.iso = iso
         self.key = ("onednn", id(self), time.monotonic_ns())

@@ -1310,7 +1310,8 @@ class Convolution(PlanLifetime):
         from . import _isolate
 
         iso = _isolate.options(isolate)
-        key = self._tuning_key(allow)
+        # the count the candidates run with: an isolated child's own count for a caller's-count plan
+        key = self._tuning_key(allow, iso.threads if iso is not None else None)
         store = tuning.cache()
         if use_cache or (use_cache is None and tuning.cache_file()):
             hit = self._from_cache(store, key, allow)
@@ -1341,7 +1342,7 @@ class Convolution(PlanLifetime):
         if iso is not None:
             session = _isolate._onednn_session(self.problem, self.direction, tensors, algorithm=self.algorithm,
                                                fpmath=self.fpmath, w_layout=self.w_layout, prepack=self.prepack,
-                                               iso=iso, plan_threads=self.threads_arg)
+                                               iso=iso, plan_threads=self.threads_arg, post_ops=self._post_ops)
         impls = [i for i in self.implementations if include_ref or not i.name.startswith("ref")]
         try:
             with _progress.bar(progress, total=len(impls), desc="oneDNN autotune", unit="impl") as bar:
@@ -1419,8 +1420,10 @@ class Convolution(PlanLifetime):
                                                f"not run (allow_known_bad=True runs it): {impl.known_bad}"))
             return
         if session is not None:
+            # plans with post-ops compute more than the convolution the float64 check knows: not
+            # checked, as below
             r = session.run(impl, iterations=iterations, warmup=warmup, budget_s=budget_s,
-                            allow_known_bad=allow, check=True)
+                            allow_known_bad=allow, check=not self._post_ops)
             if r["status"] == "ok":
                 rows.append(TimedImplementation(impl, r["median_ms"], r["min_ms"], r["runs"]))
             else:
@@ -1458,11 +1461,14 @@ class Convolution(PlanLifetime):
         return out
 
     # ------------------------------------------------------------------ tuning records
-    def _tuning_key(self, allow_known_bad: bool):
-        """The :class:`rawconv.tuning.TuningKey` of an autotune of this plan (see :meth:`autotune`)."""
+    def _tuning_key(self, allow_known_bad: bool, timed_threads: int | None = None):
+        """The :class:`rawconv.tuning.TuningKey` of an autotune of this plan (see :meth:`autotune`).
+        ``timed_threads``: the count a caller's-count plan (``self.threads`` None) is timed with
+        when that is not this thread's torch count (an isolated child's ``threads``)."""
         from . import tuning
 
-        options = _key_options(self.fpmath, self.algorithm, self.w_layout, allow_known_bad, self.threads)
+        threads = self.threads if self.threads is not None else timed_threads
+        options = _key_options(self.fpmath, self.algorithm, self.w_layout, allow_known_bad, threads)
         if self._post_ops:   # a fused plan (rawconv.fused) is another question than the plain convolution
             options["post_ops"] = [list(op) for op in self._post_ops]
         return tuning.TuningKey.for_backend("onednn", self.problem, self.direction, options)
@@ -2277,8 +2283,19 @@ def _registry_candidates(problem: ConvProblem, direction: str = "forward", optio
                                     allow_known_bad=allow).implementations
 
 
-def _registry_plan(problem: ConvProblem, direction: str = "forward", options: Any = None, choice: Any = None):
-    return Convolution.from_problem(problem, direction=direction, choice=choice, options=options, prepack=False)
+def _registry_plan(problem: ConvProblem, direction: str = "forward", options: Any = None, choice: Any = None,
+                   threads: Any = "auto"):
+    return Convolution.from_problem(problem, direction=direction, choice=choice, options=options, prepack=False,
+                                    threads=threads)
+
+
+def _replay_threads(recorded) -> Any:
+    """The ``threads`` a replayed plan gets for a tuning key's recorded count: that count (the
+    plan ran on it when it was tuned), or ``"auto"`` when the key holds none or this libdnnl is
+    not an OpenMP build (its count cannot be set per plan)."""
+    if isinstance(recorded, bool) or not isinstance(recorded, int) or not 1 <= recorded <= _MAX_THREADS:
+        return "auto"
+    return recorded if _dnnl.omp_thread_controls() is not None else "auto"
 
 
 # every public entry point raises only rawconv's exception classes (rawconv._guard)

@@ -181,3 +181,35 @@ def test_cli_list_isolate_reports_onednn_6035_as_a_row_status():
     rows = [ln for ln in r.stdout.splitlines() if "jit_1x1:avx2" in ln and "user" in ln]
     assert rows and ("crashed: SIG" in rows[0] or "timed out" in rows[0] or "wrong" in rows[0]), r.stdout
     assert "oneDNN#6035" in rows[0]
+
+
+def test_a_fused_plans_isolated_autotune_times_the_fused_primitive():
+    # the child builds the parent's primitive WITH its post-ops (bias, residual sum, ReLU): the plain
+    # convolution it built before has other implementations and times, so the search timed
+    # something else than what the fused plan runs
+    from rawconv import fused
+
+    g = torch.Generator().manual_seed(7)
+    x, w, b = (torch.randn(1, 8, 6, 6, generator=g), torch.randn(8, 8, 3, 3, generator=g),
+               torch.randn(8, generator=g))
+    plan = fused.FusedConvolution(x, w, b, padding=1, residual=True, activation="relu")
+    tensors = plan._example_tensors()
+    r0 = tensors["out"].clone()   # the residual the sum post-op reads from the destination
+    iso = _isolate.options(ISO)
+    session = _isolate._onednn_session(plan.problem, "forward", tensors, fpmath="strict", prepack=False, iso=iso,
+                                       plan_threads=plan.threads_arg, post_ops=plan._post_ops)
+    try:
+        assert session.setup().ok
+        impl = next(i for i in session.impls if not i.name.startswith("ref"))
+        row = session.run(impl, iterations=0, check=False, keep_output=True)   # one call: the sum reads out once
+        assert row["status"] == "ok", row
+        t = tensors
+        ref = torch.relu(torch.nn.functional.conv2d(t["x"].double(), t["w"].double(), t["bias"].double(), padding=1)
+                         + r0.double())
+        torch.testing.assert_close(row["output"].double(), ref, rtol=1e-4, atol=1e-4)
+    finally:
+        session.close()
+    # and the search through it selects and records as the plan's own search does
+    table = plan.autotune(iterations=1, warmup=0, isolate=ISO, use_cache=False)
+    assert table[0].status == "ok" and plan.selected.choice == table[0].choice
+    assert [list(op) for op in plan.tuning_record.key.options["post_ops"]] == [list(op) for op in plan._post_ops]

@@ -163,6 +163,46 @@ def test_the_tuning_key_records_the_plans_count(threads):
     assert tiny.options["threads"] == 1
 
 
+def test_an_isolated_search_records_the_count_its_child_timed_with(threads):
+    # a caller's-count plan timed in a child of isolate={"threads": 1} ran there on one thread: its
+    # record says so (it said the parent's count), and a later search under that count finds it
+    from rawconv import tuning
+
+    torch.set_num_threads(2)
+    plan = onednn.Convolution(*LARGER, padding=1)
+    assert plan.threads is None
+    iso = {"threads": 1, "timeout_s": 60}
+    plan.autotune(iterations=1, warmup=0, isolate=iso, use_cache=False)
+    assert plan.tuning_record.key.options["threads"] == 1
+    assert tuning.cache().get(plan._tuning_key(False, 1)) == plan.tuning_record
+    assert plan._tuning_key(False).options["threads"] == 2   # not isolated: this thread's count
+
+
+def test_replay_runs_on_the_count_the_record_was_tuned_with(threads):
+    # a record tuned on 3 threads replays on 3 (it replayed on the caller's count: another thread
+    # partition, and bitwise other backward-weights results), a small problem's on 1, fused too
+    from rawconv import tuning
+
+    torch.set_num_threads(2)
+    x, w = LARGER
+    for plan in (onednn.Convolution(x, w, padding=1, threads=3),
+                 fused.FusedConvolution(x, w, torch.randn(24), padding=1, activation="relu", threads=3),
+                 onednn.Convolution(*TINY, padding=1)):
+        plan.autotune(iterations=1, warmup=0, use_cache=False, check=False)
+        rec = plan.tuning_record
+        again = tuning.replay(rec)
+        assert type(again) is type(plan) and again.threads == plan.threads == rec.key.options["threads"]
+        assert again.selected.choice == rec.choice
+        seen = _spy(again)
+        t = again._example_tensors()
+        again.execute(**{k: v for k, v in t.items() if k != "out"})
+        assert max(seen) == plan.threads and _omp() == 2   # the convolution on it (small reorders on one)
+    # a key without a count (older records) replays as "auto"
+    rec = rec.with_(key=tuning.TuningKey.from_dict(dict(rec.key.to_dict(), options={
+        k: v for k, v in rec.key.options.items() if k != "threads"})))
+    assert tuning.replay(rec).threads_arg == "auto"
+
+
 def _spy_creation(monkeypatch):
     """The OpenMP count in force at each dnnl_primitive_create (convolution and reorders)."""
     return _spy_omp(monkeypatch, "primitive")
