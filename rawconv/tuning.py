@@ -766,7 +766,9 @@ def _replay_options(key: TuningKey) -> dict:
 def replay(record, strict: bool = False):
     """A plan of ``record``'s backend for its problem and direction with exactly its choice
     selected (through the backend registry's ``plan(problem, direction, options, choice)``;
-    the options in force when it was tuned: precision, determinism, workspace limit).
+    the options in force when it was tuned: precision, determinism, workspace limit, and on
+    oneDNN the OpenMP thread count the plan ran on, the key's ``threads``, as the plan's
+    ``threads=``).
 
     ``record``: a :class:`TuningRecord` or the path of a file holding exactly one. First checks
     the environment (:meth:`TuningRecord.check_environment`): when the library version or the
@@ -797,6 +799,11 @@ def replay(record, strict: bool = False):
     problem = key.conv_problem()
     log.debug("replay %s %s %s: %s", key.backend, key.direction, _describe(key), record.choice)
     post_ops = _plain(key.options).get("post_ops") if key.backend == "onednn" else None
+    kw = {}
+    if key.backend == "onednn":   # the OpenMP count the plan ran on when it was tuned
+        from .onednn import _replay_threads
+
+        kw["threads"] = _replay_threads(_plain(key.options).get("threads"))
     if post_ops:   # a fused oneDNN plan (rawconv.fused): bias, residual add (sum), activation
         from .fused import FusedConvolution
 
@@ -805,14 +812,14 @@ def replay(record, strict: bool = False):
         opts = _plain(key.options)
         return FusedConvolution.for_problem(problem, residual="sum" in kinds, activation=act, impl=record.choice,
                                             fpmath=opts.get("fpmath") or "strict",
-                                            w_layout=opts.get("weights_layout") or "nchw", prepack=False)
+                                            w_layout=opts.get("weights_layout") or "nchw", prepack=False, **kw)
     if key.backend == "cudnn_graph" and key.activation:
         from .cudnn_graph import GraphConvolution
 
         return GraphConvolution.from_problem(problem, direction=key.direction, activation=key.activation,
                                              engine=record.choice,
                                              allow_tf32=_replay_options(key).get("precision") == "tf32")
-    return get(key.backend).plan(problem, key.direction, _replay_options(key), record.choice)
+    return get(key.backend).plan(problem, key.direction, _replay_options(key), record.choice, **kw)
 
 
 # every public entry point raises only rawconv's exception classes (rawconv._guard)
