@@ -49,7 +49,7 @@ from . import fused as _fused
 from . import onednn
 from .errors import ArgumentError, ArgumentTypeError, InternalError, NotSupportedError, RawconvError
 from .options import PRECISIONS
-from .problem import ConvProblem, shape_only, tuple_arg
+from .problem import ConvProblem, shape_only, transpose_output_shape as _transpose_shape, tuple_arg
 
 __all__ = ["conv", "conv_transpose", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
            "ConvTranspose3d", "ConvBiasAct1d", "ConvBiasAct2d", "ConvBiasAct3d", "convert", "describe",
@@ -277,27 +277,6 @@ def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, str
 
 
 # ---------------------------------------------------------------------------- transposed convolution
-def _transpose_shape(x: torch.Tensor, w: torch.Tensor, stride, padding, output_padding, dilation, groups):
-    nd = w.dim() - 2
-    s, p = tuple_arg(stride, nd, "stride", 1), tuple_arg(padding, nd, "padding", 0)
-    d, op = tuple_arg(dilation, nd, "dilation", 1), tuple_arg(output_padding, nd, "output_padding", 0)
-    if any(o >= max(si, di) for o, si, di in zip(op, s, d)):
-        raise ArgumentError(f"output_padding {op} must be smaller than stride {s} or dilation {d} (as in torch)")
-    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
-        raise ArgumentError(f"groups must be a positive int, got {groups!r}")
-    if x.dim() != nd + 2:
-        raise ArgumentError(f"input must be {nd + 2}-D (N, C_in, *spatial), got {tuple(x.shape)}")
-    if x.shape[1] != w.shape[0]:
-        raise ArgumentError(f"input has {x.shape[1]} channels but weight {tuple(w.shape)} expects {w.shape[0]}")
-    if w.shape[0] % groups:
-        raise ArgumentError(f"groups={groups} does not divide the input channels {w.shape[0]}")
-    outs = tuple((i - 1) * si - 2 * pi + di * (k - 1) + oi + 1
-                 for i, si, pi, di, k, oi in zip(x.shape[2:], s, p, d, w.shape[2:], op))
-    if any(o <= 0 for o in outs):
-        raise ArgumentError(f"transposed convolution output size {outs} is not positive")
-    return (x.shape[0], w.shape[1] * groups) + outs, s, p, d
-
-
 class _ConvTranspose(torch.autograd.Function):
     """y = backward_data(grad_y=x); grad x = forward conv of grad y; grad w = backward_weights
     with grad y as the input and x as the output gradient. Once differentiable."""

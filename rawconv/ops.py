@@ -20,6 +20,9 @@ Operators (namespace ``rawconv``; schemas exactly as registered)::
     conv_backward_weights(Tensor x, Tensor grad_y, SymInt[] w_shape, int[] stride, int[] pad_before,
                           int[] pad_after, int[] dilation, int groups, bool bias, str backend,
                           str choice, str precision) -> (Tensor, Tensor)
+    conv_transpose(Tensor x, Tensor w, Tensor? bias, SymInt[] y_shape, int[] stride, int[] pad_before,
+                   int[] pad_after, int[] dilation, int groups, str backend, str choice, str precision,
+                   str bwd_x_choice, str bwd_weights_choice) -> Tensor
 
 Arguments, shared by all three:
 
@@ -46,6 +49,11 @@ Results:
   unbatched x gives an unbatched y), as rawconv's function forms return it.
 * ``conv_backward_data``: dx of ``x_shape`` in grad_y's memory format (w's when grad_y's shape
   cannot tell NCHW from NHWC: one output channel, or batch 1 with a 1x1 output).
+* ``conv_transpose``: ``torch.nn.functional.conv_transpose{1,2,3}d``: y of ``y_shape`` = the
+  backward data of the matching convolution (stride, paddings, dilation, groups are that
+  convolution's; ``x`` plays its grad_y, ``y_shape`` its input's shape, which also carries the
+  output padding) plus ``bias`` (C_out,), in x's memory format (:func:`conv_transpose` takes
+  torch's arguments).
 * ``conv_backward_weights``: ``(dw, db)``: dw of ``w_shape`` in x's memory format; db of shape
   (K,) (grad_y summed over batch and space) when ``bias`` is True, else **an empty tensor of
   shape (0,)** (a schema's output count is fixed; an empty tensor costs nothing and tells the
@@ -66,7 +74,9 @@ own ops, so gradients of any order come from the same libraries:
 * d conv_backward_data (linear in grad_y and w): d grad_y = ``conv_forward(g, w)``,
   dw = ``conv_backward_weights(g, grad_y)``;
 * d conv_backward_weights (linear in x and grad_y): dx = ``conv_backward_data(grad_y, g_w)``,
-  d grad_y = ``conv_forward(x, g_w, g_b)``.
+  d grad_y = ``conv_forward(x, g_w, g_b)``;
+* d conv_transpose: dx = ``conv_forward(gy, w)`` with ``bwd_x_choice``, dw =
+  ``conv_backward_weights(gy, x)`` with ``bwd_weights_choice``, db = gy summed.
 
 **Backward choices.** The forward's ``choice`` does not carry over to the backward passes: the
 libraries list forward, backward-data and backward-weights candidates separately (oneDNN names
@@ -87,9 +97,10 @@ from ._plans import PlanCache, arg_key
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from .options import PRECISIONS
 from .problem import (ConvProblem, dense_strides, empty_like_layout, int_arg, layout_of, resolve_padding,
-                      shape_arg, shape_only, strides_match, to_layout, tuple_arg)
+                      shape_arg, shape_only, strides_match, to_layout, transpose_output_shape, tuple_arg)
 
-__all__ = ["conv", "conv_backward_data", "conv_backward_weights", "selected", "BACKENDS", "clear_cache"]
+__all__ = ["conv", "conv_transpose", "conv_backward_data", "conv_backward_weights", "selected", "BACKENDS",
+           "clear_cache"]
 
 BACKENDS = ("auto", "onednn", "cudnn", "cudnn_graph")
 _DEVICE_OF = {"onednn": "cpu", "cudnn": "cuda", "cudnn_graph": "cuda"}
@@ -103,7 +114,11 @@ _lib.define(f"conv_backward_data(Tensor grad_y, Tensor w, SymInt[] x_shape, {_AR
 _lib.define(f"conv_backward_weights(Tensor x, Tensor grad_y, SymInt[] w_shape, {_ARGS}, bool bias, str backend, "
             "str choice, str precision) -> (Tensor, Tensor)")
 
+_lib.define(f"conv_transpose(Tensor x, Tensor w, Tensor? bias, SymInt[] y_shape, {_ARGS}, str backend, str choice, "
+            "str precision, str bwd_x_choice, str bwd_weights_choice) -> Tensor")
+
 _fwd_op = torch.ops.rawconv.conv_forward.default
+_transpose_op = torch.ops.rawconv.conv_transpose.default
 _bwd_data_op = torch.ops.rawconv.conv_backward_data.default
 _bwd_weights_op = torch.ops.rawconv.conv_backward_weights.default
 
@@ -398,6 +413,45 @@ def _backward_weights_cuda(x, grad_y, w_shape, stride, pad_before, pad_after, di
     return dw, db
 
 
+# ---------------------------------------------------------------------------- transposed convolution
+def _check_transpose_bias(bias, x, w, y_shape) -> None:
+    """``bias`` of a transposed convolution: None or a (C_out,) tensor of x's dtype and device."""
+    if bias is None:
+        return
+    if not isinstance(bias, torch.Tensor):
+        raise ArgumentTypeError(f"bias must be None or a torch.Tensor, got {type(bias).__name__}")
+    c_out = y_shape[1] if len(y_shape) == w.dim() else y_shape[0]
+    if tuple(bias.shape) != (c_out,) or bias.dtype != x.dtype or bias.device != x.device:
+        raise ArgumentError(f"bias must be a ({c_out},) tensor of the input's dtype {x.dtype} and device {x.device}, "
+                            f"got {tuple(bias.shape)} {bias.dtype} on {bias.device}")
+
+
+def _add_bias(y: torch.Tensor, bias, nd: int) -> torch.Tensor:
+    """``y + bias`` over the channel dim, in place (y is the library's fresh output: its layout stays)."""
+    if bias is not None:
+        y.add_(bias.view((-1,) + (1,) * nd) if y.dim() == nd + 1 else bias.view((1, -1) + (1,) * nd))
+    return y
+
+
+def _transpose_cpu(x, w, bias, y_shape, stride, pad_before, pad_after, dilation, groups, backend, choice, precision,
+                   bwd_x_choice, bwd_weights_choice):
+    _check_strings(backend, choice, precision, "cpu", bwd_x_choice, bwd_weights_choice)
+    _check_transpose_bias(bias, x, w, y_shape)
+    y = _backward_data_cpu(x, w, y_shape, stride, pad_before, pad_after, dilation, groups, backend, choice, precision)
+    return _add_bias(y, bias, w.dim() - 2)
+
+
+def _transpose_cuda(x, w, bias, y_shape, stride, pad_before, pad_after, dilation, groups, backend, choice, precision,
+                    bwd_x_choice, bwd_weights_choice):
+    _check_strings(backend, choice, precision, "cuda", bwd_x_choice, bwd_weights_choice)
+    _check_transpose_bias(bias, x, w, y_shape)
+    y = _backward_data_cuda(x, w, y_shape, stride, pad_before, pad_after, dilation, groups, backend, choice,
+                            precision)
+    return _add_bias(y, bias, w.dim() - 2)
+
+
+_lib.impl("conv_transpose", _transpose_cpu, "CPU")
+_lib.impl("conv_transpose", _transpose_cuda, "CUDA")
 _lib.impl("conv_forward", _forward_cpu, "CPU")
 _lib.impl("conv_backward_data", _backward_data_cpu, "CPU")
 _lib.impl("conv_backward_weights", _backward_weights_cpu, "CPU")
@@ -468,6 +522,15 @@ def _backward_data_fake(grad_y, w, x_shape, stride, pad_before, pad_after, dilat
         layout = _dx_layout(y_shape, gy, w) if _concrete(y_shape) else _layout(gy)
     dx = empty_like_layout(xs, layout, grad_y.dtype, grad_y.device)
     return dx.squeeze(0) if unbatched else dx
+
+
+@torch.library.register_fake("rawconv::conv_transpose")
+def _transpose_fake(x, w, bias, y_shape, stride, pad_before, pad_after, dilation, groups, backend, choice, precision,
+                    bwd_x_choice, bwd_weights_choice):
+    _check_strings(backend, choice, precision, _device_type(x), bwd_x_choice, bwd_weights_choice)
+    _check_transpose_bias(bias, x, w, y_shape)
+    return _backward_data_fake(x, w, y_shape, stride, pad_before, pad_after, dilation, groups, backend, choice,
+                               precision)
 
 
 @torch.library.register_fake("rawconv::conv_backward_weights")
@@ -620,6 +683,37 @@ class RawconvConvBackwardWeights(torch.autograd.Function):
         return (None, gx, ggy) + (None,) * 10
 
 
+class RawconvConvTranspose(torch.autograd.Function):
+    """rawconv::conv_transpose's autograd (y = conv_backward_data(x, w) + bias, linear in x, w and
+    bias): dx = conv_forward(gy, w) with ``bwd_x_choice``, dw = conv_backward_weights(gy, x) with
+    ``bwd_weights_choice``, db = gy summed over batch and space. Differentiable again (the
+    registered operators' own autograd)."""
+
+    @staticmethod
+    def forward(ctx, keyset, x, w, bias, *args):
+        y = _run_below_autograd(_transpose_op, _transpose_cpu, _transpose_cuda, keyset, (x, w, bias) + args)
+        ctx.save_for_backward(x, w)
+        ctx.conf = args, bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, w = ctx.saved_tensors
+        (_y_shape, stride, pb, pa, dil, groups, backend, _choice, precision, bxc, bwc), has_bias = ctx.conf
+        _, nx, nw, nb = ctx.needs_input_grad[:4]
+        nd = w.dim() - 2
+        gy = _grad_like(gy, x, x.dim() == nd + 1)
+        gx = gw = gb = None
+        if nx:
+            gx = _fwd_op(gy, w, None, stride, pb, pa, dil, groups, backend, bxc, precision, "", "")
+        if nw:
+            gw = _bwd_weights_op(gy, x, list(w.shape), stride, pb, pa, dil, groups, False, backend, bwc, precision)[0]
+        if has_bias and nb:
+            dims = [0] + list(range(2, gy.dim())) if gy.dim() == nd + 2 else list(range(1, gy.dim()))
+            gb = gy.sum(dims, dtype=torch.float64 if gy.dtype == torch.float64 else torch.float32).to(gy.dtype)
+        return (None, gx, gw, gb) + (None,) * 11
+
+
 def _needs(a, b, c=None) -> bool:
     return _grad_enabled() and (a.requires_grad or b.requires_grad or (c is not None and c.requires_grad))
 
@@ -643,6 +737,13 @@ def _backward_weights_autograd(keyset, x, grad_y, *args):
                                (x, grad_y) + args)
 
 
+def _transpose_autograd(keyset, x, w, bias, *args):
+    if _needs(x, w, bias):
+        return RawconvConvTranspose.apply(keyset, x, w, bias, *args)
+    return _run_below_autograd(_transpose_op, _transpose_cpu, _transpose_cuda, keyset, (x, w, bias) + args)
+
+
+_lib.impl("conv_transpose", _transpose_autograd, "Autograd", with_keyset=True)
 _lib.impl("conv_forward", _forward_autograd, "Autograd", with_keyset=True)
 _lib.impl("conv_backward_data", _backward_data_autograd, "Autograd", with_keyset=True)
 _lib.impl("conv_backward_weights", _backward_weights_autograd, "Autograd", with_keyset=True)
@@ -796,6 +897,52 @@ def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, str
 
 
 conv.__rawconv_public__ = True
+
+
+_CPU_KEYSET = _CPU_ONLY | torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradCPU)
+
+
+def conv_transpose(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
+                   padding: Any = 0, output_padding: Any = 0, groups: int = 1, dilation: Any = 1, *,
+                   backend: str = "auto", choice: Any = None, precision: str = "strict",
+                   backward_choice: Any = None) -> torch.Tensor:
+    """``torch.nn.functional.conv_transpose{1,2,3}d`` (same argument order) on rawconv's operator
+    ``rawconv::conv_transpose``: the backward-data primitive of the matching convolution, plus the
+    bias; differentiable to any order, traced by ``torch.compile(fullgraph=True)`` (a fake kernel).
+
+    ``x``: (N, C_in, *spatial) or unbatched (C_in, *spatial); ``w``: (C_in, C_out/groups,
+    *kernel); ``bias``: (C_out,) or None; same dtype and device. ``output_padding`` <
+    max(stride, dilation) per dim; output spatial size ``(in - 1)*stride - 2*padding +
+    dilation*(kernel - 1) + output_padding + 1``, in x's memory format. ``choice``: a
+    backward-data candidate of the matching convolution (a oneDNN backward-data implementation,
+    a cuDNN backward-data ``"ALGO@math"`` or graph config), None for the library's first;
+    ``backward_choice``: one name for both or a ``(forward choice for grad x, backward-weights
+    choice)`` pair. Raises :class:`~rawconv.errors.ArgumentError` /
+    :class:`~rawconv.errors.ArgumentTypeError` before any library call for bad input,
+    :class:`~rawconv.errors.NotSupportedError` for a choice the library does not offer. Wraps
+    ``dnnl_primitive_execute`` of a backward-data primitive / ``cudnnConvolutionBackwardData`` or
+    ``cudnnBackendExecute``; the gradients run the forward and backward-weights calls.
+    """
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
+        raise ArgumentTypeError(f"x and w must be torch.Tensor, got {type(x).__name__} and {type(w).__name__}")
+    if w.dim() not in (3, 4, 5):
+        raise ArgumentError(f"weight must be 3-D, 4-D or 5-D (C_in, C_out/groups, *kernel), got {tuple(w.shape)}")
+    unbatched = x.dim() == w.dim() - 1
+    y_shape, s, p, d = transpose_output_shape(x.unsqueeze(0) if unbatched else x, w, stride, padding,
+                                              output_padding, dilation, groups)
+    if unbatched:
+        y_shape = y_shape[1:]
+    _check_transpose_bias(bias, x, w, y_shape)
+    c = _choice_name(choice, "choice")
+    bx, bw = _backward_choices(backward_choice)
+    _check_strings(backend, c, precision, x.device.type, bx, bw)
+    args = (list(y_shape), list(s), list(p), list(p), list(d), groups, backend, c, precision, bx, bw)
+    if not _compiling() and _plain(x, w, bias) and (x.is_cpu or x.is_cuda):
+        # no tracer, mode or transform: the operator's Autograd kernel's work without the dispatcher
+        if _needs(x, w, bias):
+            return RawconvConvTranspose.apply(_CPU_KEYSET if x.is_cpu else _CUDA_KEYSET, x, w, bias, *args)
+        return (_transpose_cpu if x.is_cpu else _transpose_cuda)(x, w, bias, *args)
+    return _transpose_op(x, w, bias, *args)
 
 
 def conv_backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int], stride: Any = 1,
@@ -991,4 +1138,4 @@ def _graph_function(direction: str, a, b, c, stride, padding, dilation, groups, 
 
 # every public entry point raises only rawconv's exception classes (rawconv._guard)
 
-_guard.guard_module(globals(), "conv", "conv_backward_data", "conv_backward_weights", "selected")
+_guard.guard_module(globals(), "conv", "conv_transpose", "conv_backward_data", "conv_backward_weights", "selected")

@@ -167,6 +167,33 @@ def strides_match(t: torch.Tensor, strides: Sequence[int]) -> bool:
     return all(s == 1 or st == want for s, st, want in zip(t.shape, t.stride(), strides))
 
 
+def transpose_output_shape(x: torch.Tensor, w: torch.Tensor, stride, padding, output_padding, dilation, groups):
+    """The output shape of ``torch.nn.functional.conv_transpose{1,2,3}d(x, w, ...)`` (torch's
+    arguments) and the matching convolution's (stride, padding, dilation) tuples:
+    ``((N, C_out, *out), stride, padding, dilation)``. ``x``: batched (N, C_in, *spatial); ``w``:
+    (C_in, C_out/groups, *kernel); ``out = (in - 1)*stride - 2*padding + dilation*(kernel - 1) +
+    output_padding + 1``. Raises :class:`ArgumentError` as torch would refuse the call
+    (output_padding not below max(stride, dilation), groups, channels, a non-positive output)."""
+    nd = w.dim() - 2
+    s, p = tuple_arg(stride, nd, "stride", 1), tuple_arg(padding, nd, "padding", 0)
+    d, op = tuple_arg(dilation, nd, "dilation", 1), tuple_arg(output_padding, nd, "output_padding", 0)
+    if any(o >= max(si, di) for o, si, di in zip(op, s, d)):
+        raise ArgumentError(f"output_padding {op} must be smaller than stride {s} or dilation {d} (as in torch)")
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ArgumentError(f"groups must be a positive int, got {groups!r}")
+    if x.dim() != nd + 2:
+        raise ArgumentError(f"input must be {nd + 2}-D (N, C_in, *spatial), got {tuple(x.shape)}")
+    if x.shape[1] != w.shape[0]:
+        raise ArgumentError(f"input has {x.shape[1]} channels but weight {tuple(w.shape)} expects {w.shape[0]}")
+    if w.shape[0] % groups:
+        raise ArgumentError(f"groups={groups} does not divide the input channels {w.shape[0]}")
+    outs = tuple((i - 1) * si - 2 * pi + di * (k - 1) + oi + 1
+                 for i, si, pi, di, k, oi in zip(x.shape[2:], s, p, d, w.shape[2:], op))
+    if any(o <= 0 for o in outs):
+        raise ArgumentError(f"transposed convolution output size {outs} is not positive")
+    return (x.shape[0], w.shape[1] * groups) + outs, s, p, d
+
+
 def shape_only(shape: Sequence[int], like: torch.Tensor, name: str | None = None) -> torch.Tensor:
     """A zero-stride tensor of ``shape`` (``like``'s dtype and device) used only to describe a
     problem to :meth:`ConvProblem.from_torch`; its memory is never read. ``name``: the caller's

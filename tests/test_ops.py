@@ -272,6 +272,151 @@ def test_compile_fullgraph_inductor():
     _compile_check("inductor")
 
 
+# ---------------------------------------------------------------------------- rawconv::conv_transpose
+TRANSPOSE = torch.ops.rawconv.conv_transpose.default
+F_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+# id, x shape, w shape (C_in, C_out/groups, *kernel), torch's arguments, bias, layout
+T_CASES = [
+    ("1d-s2-op1-g2-bias", (2, 4, 7), (4, 3, 3), dict(stride=2, padding=1, output_padding=1, groups=2), True, "nchw"),
+    ("2d-cl-s2-d2-bias", (2, 6, 5, 4), (6, 2, 3, 2), dict(stride=(2, 1), padding=(1, 0), dilation=(1, 2)), True,
+     "nhwc"),
+    ("3d-s2-op", (1, 4, 3, 4, 3), (4, 2, 2, 3, 2), dict(stride=2, padding=(0, 1, 0), output_padding=(1, 0, 0)),
+     False, "nchw"),
+    ("2d-unbatched-bias", (4, 5, 5), (4, 3, 3, 3), dict(stride=2, padding=1), True, "nchw"),
+]
+t_ids = [c[0] for c in T_CASES]
+
+
+def _t_tensors(case):
+    """x, w, bias (C_out = w.shape[1] * groups), kw of a transposed case; every tensor requires grad."""
+    _, xs, ws, kw, has_bias, layout = case
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(xs, generator=g)
+    w = torch.randn(ws, generator=g) / (ws[0] * ws[2]) ** 0.5
+    if layout == "nhwc":
+        x, w = to_layout(x, "nhwc"), to_layout(w, "nhwc")
+    b = torch.randn(ws[1] * kw.get("groups", 1), generator=g) if has_bias else None
+    for t in (x, w, b):
+        if t is not None:
+            t.requires_grad_()
+    return x, w, b, kw
+
+
+def _t_args(x, w, kw):
+    """The operator's arguments after x, w, bias for torch-style transposed-conv arguments."""
+    ub = x.dim() == w.dim() - 1
+    y_shape, s, p, d = ops.transpose_output_shape(x.unsqueeze(0) if ub else x, w, kw.get("stride", 1),
+                                                  kw.get("padding", 0), kw.get("output_padding", 0),
+                                                  kw.get("dilation", 1), kw.get("groups", 1))
+    return [list(y_shape[1:] if ub else y_shape), list(s), list(p), list(p), list(d), kw.get("groups", 1)]
+
+
+@pytest.mark.parametrize("case", T_CASES, ids=t_ids)
+def test_conv_transpose_and_its_gradients_to_second_order_match_float64(case):
+    x, w, b, kw = _t_tensors(case)
+    ft = F_T[w.dim() - 2]
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    b64 = None if b is None else b.detach().double().requires_grad_()
+    y = ops.conv_transpose(x, w, b, **kw)
+    ref = ft(x64, w64, b64, **kw)
+    _close(y, ref, 1e-5, "y")
+    assert y.is_contiguous(memory_format=torch.channels_last) == (case[-1] == "nhwc")
+    gy = torch.randn(ref.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    ins, ins64 = [t for t in (x, w, b) if t is not None], [t for t in (x64, w64, b64) if t is not None]
+    g = torch.autograd.grad(y, ins, gy.float(), create_graph=True)
+    g64 = torch.autograd.grad(ref, ins64, gy, create_graph=True)
+    for name, a, r in zip(("gx", "gw", "gb"), g, g64):
+        _close(a, r, 1e-4, name)
+    # second order: a gradient penalty on gx and gw, differentiated again
+    v = torch.randn(x.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    h = torch.autograd.grad((g[0] * v.float()).sum() + g[1].pow(2).sum(), ins[1:2])
+    h64 = torch.autograd.grad((g64[0] * v).sum() + g64[1].pow(2).sum(), ins64[1:2])
+    _close(h[0], h64[0], 1e-4, "d(penalty)/dw")
+
+
+@pytest.mark.parametrize("case", T_CASES[:3], ids=t_ids[:3])
+def test_opcheck_conv_transpose(case):
+    x, w, b, kw = _t_tensors(case)
+    res = opcheck(TRANSPOSE, (x, w, b, *_t_args(x, w, kw), "auto", "", "strict", "", ""))
+    assert set(res.values()) == {"SUCCESS"}, res
+
+
+def test_conv_transpose_pins_its_backward_choices():
+    # backward_choice reaches the gradient calls: a name the library does not offer fails there
+    x, w, b, kw = _t_tensors(T_CASES[0])
+    y = ops.conv_transpose(x, w, b, **kw, backward_choice=("no-such-impl", ""))
+    with pytest.raises(NotSupportedError, match="no-such-impl"):
+        y.sum().backward()
+    y = ops.conv_transpose(x, w, b, **kw, backward_choice=("", "no-such-impl"))
+    with pytest.raises(NotSupportedError, match="no-such-impl"):
+        y.sum().backward()
+    x.grad = None
+    y = ops.conv_transpose(x, w, b, **kw)
+    names = [f"{i.name}@{i.layouts}" for i in onednn.implementations(   # grad x: the matching forward conv
+        torch.randn(y.shape), w.detach(), stride=2, padding=1, groups=2) if not i.name.startswith("ref")]
+    gy = torch.randn(y.shape)
+    for name in (names[0], names[-1]):
+        gx, = torch.autograd.grad(ops.conv_transpose(x, w, b, **kw, backward_choice=(name, "")), x, gy)
+        _close(gx, F.conv1d(gy.double(), w.detach().double(), None, 2, 1, 1, 2), 1e-5, name)
+
+
+def test_conv_transpose_bad_input_raises_before_any_library_call(monkeypatch):
+    from rawconv import _dnnl
+
+    monkeypatch.setattr(_dnnl, "load", lambda *a, **k: pytest.fail("a C call"))
+    x, w = torch.randn(2, 4, 5, 5), torch.randn(4, 3, 3, 3)
+    for bad, exc, match in [
+            (dict(bias=torch.randn(4)), ArgumentError, r"bias must be a \(3,\) tensor"),
+            (dict(bias=torch.randn(3).double()), ArgumentError, "dtype"),
+            (dict(bias=[1.0, 2.0, 3.0]), ArgumentTypeError, "bias"),
+            (dict(output_padding=2, stride=2), ArgumentError, "output_padding"),
+            (dict(groups=3), ArgumentError, "groups"),
+            (dict(backend="cudnn"), ArgumentError, "CUDA tensors"),
+            (dict(choice=3), ArgumentTypeError, "positions"),
+            (dict(precision="fp8"), ArgumentError, "precision")]:
+        with pytest.raises(exc, match=match):
+            ops.conv_transpose(x, w, **bad)
+    with pytest.raises(ArgumentError, match="channels"):
+        ops.conv_transpose(torch.randn(2, 5, 5, 5), w)
+    with pytest.raises(ArgumentError, match="bias"):
+        TRANSPOSE(x, w, torch.randn(9), [2, 3, 7, 7], [1, 1], [0, 0], [0, 0], [1, 1], 1, "auto", "", "strict", "", "")
+
+
+class _TransposeNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        import rawconv.nn as rnn
+
+        self.down = rnn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.up = rnn.ConvTranspose2d(8, 4, 3, stride=2, padding=1, output_padding=1, groups=2)
+        self.up1 = rnn.ConvTranspose1d(4, 2, 2, stride=2)
+
+    def forward(self, x):
+        y = self.up(torch.relu(self.down(x)))
+        return self.up1(y.flatten(2)[..., :8]).pow(2).mean()
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_compile_fullgraph_with_transposed_modules(backend):
+    # rawconv.nn's ConvTranspose modules ran a Python autograd Function calling the backends
+    # directly: dynamo could not trace it (fullgraph=True raised). They run rawconv::conv_transpose now.
+    torch.manual_seed(0)
+    net = _TransposeNet()
+    x = torch.randn(2, 3, 8, 8)
+    loss = net(x)
+    loss.backward()
+    want = [p.grad.clone() for p in net.parameters()]
+    net.zero_grad()
+    cnet = torch.compile(net, fullgraph=True, backend=backend)
+    got = cnet(x)
+    got.backward()
+    _close(got, loss.double(), 1e-5, "loss")
+    for g, r in zip((p.grad for p in net.parameters()), want):
+        _close(g, r.double(), 1e-4, "grad")
+    with torch.no_grad():
+        _close(cnet(x), loss.double(), 1e-5, "no-grad loss")
+
+
 # ---------------------------------------------------------------------------- the friendly API and errors
 def test_direct_path_and_operator_path_agree():
     """Without autograd, modes or tracers ops.conv skips the dispatcher; with a dispatch mode on, the
@@ -513,6 +658,37 @@ def test_double_backward_cuda_matches_float64(case, backend):
     want = run(lambda xx, ww, bb: _fconv(xx, ww, bb, p), *_leaves64(xc, wc, bc))
     for name, g, r in zip(("gx", "gw", "d2x", "d2w", "d2b"), got, want):
         _close(g.cpu(), r, 1e-4 if name in ("gx", "gw") else 1e-3, name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", T_CASES, ids=t_ids)
+@pytest.mark.parametrize("backend", ["cudnn", "cudnn_graph"])
+def test_conv_transpose_cuda(case, backend):
+    # rawconv::conv_transpose's CUDA kernel: values and first/second-order gradients against float64
+    # on the CPU, opcheck, and torch.compile(fullgraph=True) of a module using it
+    if backend == "cudnn_graph" and case[-1] != "nhwc":
+        pytest.skip("graph engines take NHWC (NCHW graphs often get no engine)")
+    x, w, b, kw = (t.detach().cuda().requires_grad_() if isinstance(t, torch.Tensor) else t for t in _t_tensors(case))
+    ft = F_T[w.dim() - 2]
+    x64, w64 = x.detach().cpu().double().requires_grad_(), w.detach().cpu().double().requires_grad_()
+    b64 = None if b is None else b.detach().cpu().double().requires_grad_()
+    y = ops.conv_transpose(x, w, b, **kw, backend=backend)
+    ref = ft(x64, w64, b64, **kw)
+    _close(y.cpu(), ref, 1e-4, "y")
+    ins, ins64 = [t for t in (x, w, b) if t is not None], [t for t in (x64, w64, b64) if t is not None]
+    gy = torch.randn(ref.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    g = torch.autograd.grad(y, ins, gy.float().cuda(), create_graph=True)
+    g64 = torch.autograd.grad(ref, ins64, gy, create_graph=True)
+    for name, a, r in zip(("gx", "gw", "gb"), g, g64):
+        _close(a.cpu(), r, 1e-3, name)
+    h = torch.autograd.grad(g[1].pow(2).sum(), ins[0])
+    h64 = torch.autograd.grad(g64[1].pow(2).sum(), ins64[0])
+    _close(h[0].cpu(), h64[0], 1e-3, "d|gw|^2/dx")
+    res = opcheck(TRANSPOSE, (x, w, b, *_t_args(x, w, kw), backend, "", "strict", "", ""))
+    assert set(res.values()) == {"SUCCESS"}, res
+    fn = torch.compile(lambda a, ww, bb: ops.conv_transpose(a, ww, bb, **kw, backend=backend), fullgraph=True,
+                       backend="aot_eager")
+    _close(fn(x, w, b).detach().cpu(), ref, 1e-4, "compiled y")
 
 
 @pytest.mark.gpu
