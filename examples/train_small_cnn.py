@@ -184,14 +184,16 @@ def run(steps: int = 8, batch: int = 16, crop: int = 32, device: str = "cpu", wi
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--crop", type=int, default=32)
-    ap.add_argument("--width", type=int, default=16)
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--rtol", type=float, default=1e-4)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--steps", type=int, default=8, help="SGD steps of each variant")
+    ap.add_argument("--batch", type=int, default=16, help="crops per batch")
+    ap.add_argument("--crop", type=int, default=32, help="crop size (pixels, square)")
+    ap.add_argument("--width", type=int, default=16, help="channels of the network's first layer")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu: oneDNN; cuda: cuDNN")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads; None: torch's own count")
+    ap.add_argument("--rtol", type=float, default=1e-4,
+                    help="largest relative difference of a step's loss from torch's")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -390,14 +390,15 @@ def cmd_compare(args) -> int:
     else:
         ratio = (f"{gm:.2f}x over {s['comparable_problems']} problem(s)"
                  + ("" if s["timings_trustworthy"] else " [UNRELIABLE: see the timing warnings]"))
-    counts = [f"{s['within_tolerance']} within tolerance", f"{len(s['outside_tolerance'])} outside",
-              f"{len(s['failed'])} failed"]
+    # the checked results (within + outside tolerance), then the rows that gave none to check
+    others = [f"{len(s['failed'])} failed"]
     if s["not_supported"]:
-        counts.append(f"{len(s['not_supported'])} not supported by the library here")
+        others.append(f"{len(s['not_supported'])} not supported by the library here")
     if s["skipped"]:
-        counts.append(f"{len(s['skipped'])} skipped")
+        others.append(f"{len(s['skipped'])} skipped")
     console.print(f"summary: {s['problems']} problem(s), {s['results']} results checked against float64: "
-                  + ", ".join(counts) + f"; torch default / best rawconv median time, geometric mean: {ratio}"
+                  f"{s['within_tolerance']} within tolerance, {len(s['outside_tolerance'])} outside; not checked: "
+                  + ", ".join(others) + f"; torch default / best rawconv median time, geometric mean: {ratio}"
                   + "".join(f"; {flag.upper() if flag in ('json', 'csv') else flag}: {path}"
                             for flag, path in outputs.items()))
     for line in s["outside_tolerance"]:
