@@ -267,12 +267,13 @@ _ROLE = {"x": "src", "w": "weights", "b": "bias", "y": "dst"}
 REF_MAX_SECONDS = 1.0
 
 
-def _ref_estimate(problem) -> float:
-    """Estimated seconds of one ref:any call (inf when oneDNN cannot say)."""
+def _ref_estimate(problem, layouts: str) -> float:
+    """Estimated seconds of one call of the ref:any implementation with ``layouts`` (inf when oneDNN
+    cannot say)."""
     from . import onednn
 
     try:
-        return onednn.reference_seconds(problem, "forward")
+        return onednn.reference_seconds(problem, "forward", layouts)
     except RawconvError:
         return float("inf")
 
@@ -296,13 +297,15 @@ def _onednn_rows(problem, x, w, b, ref, ref_abs, timer, *, fpmath="strict", prep
         return [_error_row(name, "onednn", "-", exc, f"oneDNN on {problem.describe()}")]
     rows = []
     compute = {"bf16": "bfloat16", "f16": "float16", "tf32": "tf32", "any": "bfloat16"}.get(fpmath)
-    ref_s = None
+    ref_est: dict = {}   # layouts -> the estimate of that ref:* implementation
     for impl in impls:
         label = f"[{impl.index}] {impl.name}"
         if impl.name.startswith("ref") and not include_ref:
             continue
         if impl.name.startswith("ref") and include_ref == "auto":
-            ref_s = _ref_estimate(problem) if ref_s is None else ref_s
+            if impl.layouts not in ref_est:
+                ref_est[impl.layouts] = _ref_estimate(problem, impl.layouts)
+            ref_s = ref_est[impl.layouts]
             if ref_s > ref_max_s:
                 est = "unknown" if not math.isfinite(ref_s) else f"{ref_s:.1f} s"
                 rows.append(Row(name, "onednn", label, f"{impl.layouts}; not run: estimated {est} per call "

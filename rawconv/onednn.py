@@ -2065,17 +2065,18 @@ def _ref_calibration(ndim: int) -> list[ConvProblem]:
             ConvProblem(n=1, c=1, k=1, in_spatial=(4,) * nd, kernel=one)]
 
 
-def _ref_time(tiny: ConvProblem, direction: str, repeats: int = 3) -> float | None:
-    """Best of ``repeats`` timed calls of the last ref:* implementation of ``tiny`` (after one
-    untimed call), or None when oneDNN offers none."""
+def _ref_time(tiny: ConvProblem, direction: str, repeats: int = 3, layouts: str = "user") -> float | None:
+    """Best of ``repeats`` timed calls of ``tiny``'s ref:* implementation with ``layouts``
+    (``"any"`` / ``"user"``; the last ref:* listed when none has them) after one untimed call, or
+    None when oneDNN offers none."""
     try:
         plan = Convolution.from_problem(tiny, direction=direction)
-        refs = [r.index for r in plan.implementations if r.name.startswith("ref")]
+        refs = [r for r in plan.implementations if r.name.startswith("ref")]
     except NotSupportedError:
         return None
     if not refs:
         return None
-    plan.select(refs[-1])
+    plan.select(next((r.index for r in refs if r.layouts == layouts), refs[-1].index))
     plan._slow_checked = plan._selected   # (no warning while measuring)
     tensors = plan._example_tensors()
     plan.execute(**tensors)
@@ -2088,19 +2089,20 @@ def _ref_time(tiny: ConvProblem, direction: str, repeats: int = 3) -> float | No
     return best
 
 
-def _ref_model(direction: str, dtype: str, ndim: int, layout: str, threads: int):
+def _ref_model(direction: str, dtype: str, ndim: int, layout: str, threads: int, layouts: str = "user"):
     """(per call, per element, per valid term, per padding term) seconds of oneDNN's reference
-    implementation for this kind of problem: the per-call cost is the time of an almost empty
-    problem, the three others are solved from three small problems timed here (a few tenths of
-    a second in all, once per process and kind; relative errors weigh equally). None when oneDNN
-    offers no ref:* for it."""
+    implementation with ``layouts`` (its src/dst as the tensors are, ``"user"``, or as oneDNN
+    picks them, ``"any"``: the two can differ tenfold) for this kind of problem: the per-call
+    cost is the time of an almost empty problem, the three others are solved from three small
+    problems timed here (a few tenths of a second in all, once per process and kind; relative
+    errors weigh equally). None when oneDNN offers no ref:* for it."""
     *cal, empty = [c.with_(dtype=dtype, layout=layout) for c in _ref_calibration(ndim)]
-    t0 = _ref_time(empty, direction, repeats=5)
+    t0 = _ref_time(empty, direction, repeats=5, layouts=layouts)
     if t0 is None:
         return None
     rows, rhs = [], []
     for tiny in cal:
-        best = _ref_time(tiny, direction)
+        best = _ref_time(tiny, direction, layouts=layouts)
         if best is None:
             return None
         e, t, v = _ref_features(tiny, direction)
@@ -2116,8 +2118,12 @@ def _ref_model(direction: str, dtype: str, ndim: int, layout: str, threads: int)
     return (t0,) + tuple(max(v, 0.0) for v in sol)
 
 
-def reference_seconds(problem: ConvProblem, direction: str = "forward") -> float:
+def reference_seconds(problem: ConvProblem, direction: str = "forward", layouts: str | None = None) -> float:
     """Estimated seconds of one call of oneDNN's reference implementation (``ref:any``) on ``problem``.
+
+    ``layouts``: the reference implementation's (``"any"``: src/dst in the layouts oneDNN picks,
+    ``"user"``: as the tensors are; see :class:`Implementation`), each calibrated on its own (on
+    NCHW the two differ about tenfold); None: the slower of the two.
 
     oneDNN's reference code computes the result elements (y, dx or dw) one by one, split over
     the threads, each with a scalar loop over its reduction terms; a term whose input index
@@ -2138,14 +2144,18 @@ def reference_seconds(problem: ConvProblem, direction: str = "forward") -> float
     _check_direction(direction)
     if not isinstance(problem, ConvProblem):
         raise ArgumentTypeError(f"problem must be a ConvProblem, got {type(problem).__name__}")
+    if layouts is not None and layouts not in ("any", "user"):
+        raise ArgumentError(f"layouts must be 'any', 'user' or None, got {layouts!r}")
     if problem.is_empty:
         return 0.0
+    if layouts is None:
+        return max(reference_seconds(problem, direction, "any"), reference_seconds(problem, direction, "user"))
     threads = torch.get_num_threads()
-    key = (direction, problem.dtype, problem.ndim, problem.layout, threads)
+    key = (direction, problem.dtype, problem.ndim, problem.layout, threads, layouts)
     if key not in _REF_RATES:
         with _REF_RATES_LOCK:
             if key not in _REF_RATES:
-                _REF_RATES[key] = _ref_model(direction, problem.dtype, problem.ndim, problem.layout, threads)
+                _REF_RATES[key] = _ref_model(direction, problem.dtype, problem.ndim, problem.layout, threads, layouts)
     model = _REF_RATES[key]
     if model is None:
         return math.inf
@@ -2162,7 +2172,7 @@ def _warn_if_slow_reference(plan: "Convolution") -> None:
     impl = plan._impls[plan._selected]
     if not impl.name.startswith("ref"):
         return
-    est = reference_seconds(plan.problem, plan.direction)
+    est = reference_seconds(plan.problem, plan.direction, impl.layouts)
     if est > SLOW_REFERENCE_SECONDS:
         from .errors import SlowReferenceWarning
 

@@ -17,7 +17,8 @@ import torch
 from rawconv import cli, compare
 from rawconv.bench import SPREAD_LIMIT
 from rawconv.compare import Row, exit_code, status_category, summary
-from rawconv.errors import LibraryError, LibraryNotFoundError, NotSupportedError
+from rawconv import ConvProblem
+from rawconv.errors import ArgumentError, LibraryError, LibraryNotFoundError, NotSupportedError
 
 TINY = ["mb1ic4ih6oc4oh6kh3ph1", "--iterations", "1", "--warmup", "0", "--budget", "0.05", "--threads", "1"]
 
@@ -272,7 +273,7 @@ def test_main_exit_1_on_a_wrong_answer(no_info, capsys, monkeypatch):
 def test_main_ref_rows_are_skipped_by_their_estimate(no_info, capsys, monkeypatch, tmp_path):
     from rawconv import onednn
 
-    monkeypatch.setattr(onednn, "reference_seconds", lambda p, d="forward": 42.0)
+    monkeypatch.setattr(onednn, "reference_seconds", lambda p, d="forward", layouts=None: 42.0)
     out = tmp_path / "r.json"
     code, text, _ = _main(capsys, "compare", *TINY, "--width", "200", "--json", str(out))
     assert code == 0, text
@@ -283,6 +284,38 @@ def test_main_ref_rows_are_skipped_by_their_estimate(no_info, capsys, monkeypatc
     code, text, _ = _main(capsys, "compare", *TINY, "--width", "200", "--ref-limit", "100", "--json", str(out))
     refs = [r for r in json.loads(out.read_text())["rows"] if "ref:any" in r["implementation"]]
     assert code == 0 and refs and all(r["status"] == "ok" for r in refs)
+
+
+def test_each_ref_row_is_skipped_by_its_own_layouts_estimate(no_info, capsys, monkeypatch, tmp_path):
+    # the two ref:any rows (oneDNN's layouts and the tensors') differ about tenfold on NCHW: each is
+    # estimated for its own layouts (both got the slower one's estimate, so the fast one was skipped too)
+    from rawconv import onednn
+
+    seen = []
+
+    def estimate(p, d="forward", layouts=None):
+        seen.append(layouts)
+        return {"any": 0.01, "user": 42.0}[layouts]
+
+    monkeypatch.setattr(onednn, "reference_seconds", estimate)
+    out = tmp_path / "r.json"
+    code, text, _ = _main(capsys, "compare", *TINY, "--width", "200", "--json", str(out))
+    assert code == 0, text
+    refs = {r["extra"]["choice"]: r for r in json.loads(out.read_text())["rows"] if "ref:any" in r["implementation"]}
+    assert refs["ref:any@any"]["status"] == "ok"
+    assert refs["ref:any@user"]["status"] == "skipped" and refs["ref:any@user"]["extra"]["estimated_s"] == 42.0
+    assert set(seen) == {"any", "user"}   # (the plan asks again for the row it runs: its slow-call warning)
+
+
+def test_reference_seconds_per_layouts():
+    from rawconv import onednn
+
+    p = ConvProblem(n=1, c=8, k=8, in_spatial=(12, 12), kernel=(3, 3), pad_before=(1, 1), pad_after=(1, 1))
+    est = {lay: onednn.reference_seconds(p, "forward", lay) for lay in ("any", "user")}
+    assert all(0 < v < 60 for v in est.values()), est
+    assert onednn.reference_seconds(p) == max(est.values())
+    with pytest.raises(ArgumentError, match="layouts"):
+        onednn.reference_seconds(p, "forward", "blocked")
 
 
 def test_a_busy_stretch_is_not_averaged_away():
