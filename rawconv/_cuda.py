@@ -102,8 +102,12 @@ def current_device() -> int | None:
     sees no CUDA driver."""
     try:
         return torch._C._cuda_getDevice()
-    except RuntimeError:
+    except (RuntimeError, AttributeError):   # no driver; a CPU build of torch has no such binding
         return None
+
+
+def _no_cuda_device() -> int:
+    raise RuntimeError("this build of torch has no CUDA")
 
 
 _ONE_DEVICE = [False]   # set once torch reports exactly one visible CUDA device (see on_plan_device)
@@ -127,7 +131,9 @@ def on_plan_device(method):
     sees no CUDA driver the method runs as it is (cuDNN then says why it cannot)."""
     import functools
 
-    get_device, device_guard = torch._C._cuda_getDevice, torch.cuda.device
+    # (a CPU build of torch has no _cuda_getDevice: rawconv.cudnn must still import there, and its
+    # plans refuse CPU tensors with ArgumentError)
+    get_device, device_guard = getattr(torch._C, "_cuda_getDevice", _no_cuda_device), torch.cuda.device
 
     @functools.wraps(method)
     def guarded(self, *args, **kwargs):
