@@ -278,24 +278,16 @@ def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, str
 
 # ---------------------------------------------------------------------------- transposed convolution
 def _transpose_shape(x: torch.Tensor, w: torch.Tensor, stride, padding, output_padding, dilation, groups):
-    nd = w.dim() - 2
-    s, p = tuple_arg(stride, nd, "stride", 1), tuple_arg(padding, nd, "padding", 0)
-    d, op = tuple_arg(dilation, nd, "dilation", 1), tuple_arg(output_padding, nd, "output_padding", 0)
-    if any(o >= max(si, di) for o, si, di in zip(op, s, d)):
-        raise ArgumentError(f"output_padding {op} must be smaller than stride {s} or dilation {d} (as in torch)")
-    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
-        raise ArgumentError(f"groups must be a positive int, got {groups!r}")
-    if x.dim() != nd + 2:
-        raise ArgumentError(f"input must be {nd + 2}-D (N, C_in, *spatial), got {tuple(x.shape)}")
-    if x.shape[1] != w.shape[0]:
-        raise ArgumentError(f"input has {x.shape[1]} channels but weight {tuple(w.shape)} expects {w.shape[0]}")
-    if w.shape[0] % groups:
-        raise ArgumentError(f"groups={groups} does not divide the input channels {w.shape[0]}")
-    outs = tuple((i - 1) * si - 2 * pi + di * (k - 1) + oi + 1
-                 for i, si, pi, di, k, oi in zip(x.shape[2:], s, p, d, w.shape[2:], op))
-    if any(o <= 0 for o in outs):
-        raise ArgumentError(f"transposed convolution output size {outs} is not positive")
-    return (x.shape[0], w.shape[1] * groups) + outs, s, p, d
+    """(y_shape, core_shape, stride, padding pairs, dilation) of a transposed convolution of batched
+    ``x``: the matching convolution's backward data computes ``core_shape`` with that padding, and
+    ``y_shape - core_shape`` zeros follow in each dim (:func:`rawconv.problem.transposed_shapes`)."""
+    from .problem import transposed_shapes
+
+    if isinstance(padding, str):
+        raise ArgumentError(f"a transposed convolution takes numeric padding (as torch), got {padding!r}")
+    y_shape, core, s, pb, pa, d, _g = transposed_shapes(tuple(x.shape), tuple(w.shape), stride, padding,
+                                                        output_padding, dilation, groups)
+    return y_shape, core, s, tuple(zip(pb, pa)), d
 
 
 class _ConvTranspose(torch.autograd.Function):
@@ -365,19 +357,31 @@ def conv_transpose(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None =
                                   choice=choice, precision=precision, backward_choice=backward_choice)
     unbatched = x.dim() == w.dim() - 1
     xb = x.unsqueeze(0) if unbatched else x
-    y_shape, s, p, d = _transpose_shape(xb, w, stride, padding, output_padding, dilation, groups)
+    y_shape, core, s, p, d = _transpose_shape(xb, w, stride, padding, output_padding, dilation, groups)
     if bias is not None and (tuple(bias.shape) != (y_shape[1],) or bias.dtype != x.dtype or bias.device != x.device):
         raise ArgumentError(f"bias must be a ({y_shape[1]},) tensor of the input's dtype and device, got "
                             f"{tuple(bias.shape)} {bias.dtype} on {bias.device}")
     # the matching convolution's checks (dtype, device, channels) before any C call
-    ConvProblem.from_torch(shape_only(y_shape, xb), w, None, s, p, d, groups)
+    ConvProblem.from_torch(shape_only(core, xb), w, None, s, p, d, groups)
     _resolve_backend(backend, x.device)
-    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (bias is not None and bias.requires_grad)):
-        y = _ConvTranspose.apply(xb, w, bias, s, p, y_shape, d, groups, backend, choice, backward_choice, precision)
+    if core != y_shape:   # output padding past stride - 1: zeros no kernel tap reaches, then the bias
+        b_core = None
     else:
-        y = _backward_data(xb, w, y_shape, s, p, d, groups, backend=backend, choice=choice, precision=precision)
+        b_core = bias
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (b_core is not None and b_core.requires_grad)):
+        y = _ConvTranspose.apply(xb, w, b_core, s, p, core, d, groups, backend, choice, backward_choice, precision)
+    else:
+        y = _backward_data(xb, w, core, s, p, d, groups, backend=backend, choice=choice, precision=precision)
+        if b_core is not None:
+            y = _like_layout(y + b_core.view(1, -1, *([1] * (w.dim() - 2))), xb)
+    if core != y_shape:
+        pad = []
+        for o, k in reversed(list(zip(y_shape[2:], core[2:]))):
+            pad += [0, o - k]
+        y = F.pad(y, pad)
         if bias is not None:
-            y = _like_layout(y + bias.view(1, -1, *([1] * (w.dim() - 2))), xb)
+            y = y + bias.view(1, -1, *([1] * (w.dim() - 2)))
+        y = _like_layout(y, xb)
     return y.squeeze(0) if unbatched else y
 
 
@@ -1120,9 +1124,9 @@ def _problem_of(m, kind: str, args: dict) -> ConvProblem:
     x = args["x"]
     if kind == "transpose":
         xb = x.unsqueeze(0) if x.dim() == m.weight.dim() - 1 else x
-        y_shape, s, p, d = _transpose_shape(xb, m.weight, m.stride, m.padding, args["output_padding"], m.dilation,
-                                            m.groups)
-        fake = shape_only(y_shape, xb)
+        _y_shape, core, s, p, d = _transpose_shape(xb, m.weight, m.stride, m.padding, args["output_padding"],
+                                                   m.dilation, m.groups)
+        fake = shape_only(core, xb)
         if _is_cl(xb):
             fake = fake.contiguous(memory_format=torch.channels_last if xb.dim() == 4 else torch.channels_last_3d)
         return ConvProblem.from_torch(fake, m.weight, None, s, p, d, m.groups)

@@ -87,9 +87,10 @@ from ._plans import PlanCache, arg_key
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from .options import PRECISIONS
 from .problem import (ConvProblem, dense_strides, empty_like_layout, int_arg, layout_of, resolve_padding,
-                      shape_arg, shape_only, strides_match, to_layout, tuple_arg)
+                      shape_arg, shape_only, strides_match, to_layout, transposed_shapes, tuple_arg)
 
-__all__ = ["conv", "conv_backward_data", "conv_backward_weights", "selected", "BACKENDS", "clear_cache"]
+__all__ = ["conv", "conv_transpose", "conv_backward_data", "conv_backward_weights", "selected", "BACKENDS",
+           "clear_cache"]
 
 BACKENDS = ("auto", "onednn", "cudnn", "cudnn_graph")
 _DEVICE_OF = {"onednn": "cpu", "cudnn": "cuda", "cudnn_graph": "cuda"}
@@ -816,6 +817,90 @@ def conv_backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[
     return _bwd_data_op(grad_y, w, list(x_shape), s, pb, pa, d, g, backend, c, precision)
 
 
+class RawconvConvTranspose(torch.autograd.Function):
+    """:func:`conv_transpose` with pinned backward choices: y = conv_backward_data(x, w) (``choice``);
+    dx = conv_forward(gy, w) (``backward_choice[0]``), dw = conv_backward_weights(gy, x)
+    (``backward_choice[1]``), both differentiable in turn."""
+
+    @staticmethod
+    def forward(x, w, args, fwd_choice, wts_choice):
+        return _bwd_data_op(x, w, *args)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, w, args, fwd_choice, wts_choice = inputs
+        ctx.save_for_backward(x, w)
+        ctx.conf = args, fwd_choice, wts_choice
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, w = ctx.saved_tensors
+        (_core, stride, pb, pa, dil, groups, backend, _choice, precision), fwd_choice, wts_choice = ctx.conf
+        gy = _grad_like(gy, x, x.dim() == w.dim() - 1)
+        gx = gw = None
+        if ctx.needs_input_grad[0]:
+            gx = _fwd_op(gy, w, None, stride, pb, pa, dil, groups, backend, fwd_choice, precision, "", "")
+        if ctx.needs_input_grad[1]:
+            gw = _bwd_weights_op(gy, x, list(w.shape), stride, pb, pa, dil, groups, False, backend, wts_choice,
+                                 precision)[0]
+        return gx, gw, None, None, None
+
+
+def conv_transpose(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
+                   padding: Any = 0, output_padding: Any = 0, groups: int = 1, dilation: Any = 1, *,
+                   backend: str = "auto", choice: Any = None, precision: str = "strict",
+                   backward_choice: Any = None) -> torch.Tensor:
+    """``torch.nn.functional.conv_transpose{1,2,3}d`` (same argument order) on ``rawconv::conv_backward_data``
+    (the backward data of the matching convolution), differentiable to any order.
+
+    ``x``: (N, C_in, *spatial) or unbatched; ``w``: (C_in, C_out/groups, *kernel); ``bias``:
+    (C_out,) or None; ``output_padding`` < max(stride, dilation) per dim, as torch. ``choice``: a
+    backward-data candidate; ``backward_choice``: what the gradients run: None (the library's first
+    choices), one name for both, or a ``(forward choice for dx, backward-weights choice for dw)``
+    pair. Returns y (N, C_out, *out) in x's memory format. Traced by ``torch.compile`` (the
+    operators' fake kernels). Raises :class:`~rawconv.errors.ArgumentError` /
+    :class:`~rawconv.errors.ArgumentTypeError` before any library call for bad input,
+    :class:`~rawconv.errors.NotSupportedError` for a choice the library does not offer.
+    """
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
+        raise ArgumentTypeError(f"x and w must be torch.Tensor, got {type(x).__name__} and {type(w).__name__}")
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        raise ArgumentTypeError(f"bias must be None or a torch.Tensor, got {type(bias).__name__}")
+    if w.dim() not in (3, 4, 5):
+        raise ArgumentError(f"weight must be 3-D, 4-D or 5-D (C_in, C_out/groups, *kernel), got {tuple(w.shape)}")
+    if isinstance(padding, str):
+        raise ArgumentError(f"a transposed convolution takes numeric padding (as torch), got {padding!r}")
+    nd = w.dim() - 2
+    unbatched = x.dim() == nd + 1
+    xb = _batched(x, unbatched)
+    y_shape, core, s, pb, pa, d, g = transposed_shapes(tuple(xb.shape), tuple(w.shape), stride, padding,
+                                                       output_padding, dilation, groups)
+    if bias is not None and (tuple(bias.shape) != (y_shape[1],) or bias.dtype != x.dtype or bias.device != x.device):
+        raise ArgumentError(f"bias must be a ({y_shape[1]},) tensor of the input's dtype and device, got "
+                            f"{tuple(bias.shape)} {bias.dtype} on {bias.device}")
+    c = _choice_name(choice, "choice")
+    fc, wc = _backward_choices(backward_choice)
+    _check_strings(backend, c, precision, x.device.type, fc, wc)
+    args = (list(core[1:]) if unbatched else list(core), list(s), list(pb), list(pa), list(d), g, backend, c,
+            precision)
+    if (fc or wc) and _needs(x, w):
+        y = RawconvConvTranspose.apply(x, w, args, fc, wc)
+    elif x.is_cpu and not _compiling() and _plain(x, w, bias) and not _needs(x, w):
+        y = _backward_data_cpu(x, w, *args)   # the kernel the dispatcher would call (less host time)
+    else:
+        y = _bwd_data_op(x, w, *args)
+    if core == y_shape and bias is None:
+        return y
+    if core != y_shape:   # output padding past stride - 1 that no kernel tap reaches: zeros
+        pad = []
+        for o, k in reversed(list(zip(y_shape[2:], core[2:]))):
+            pad += [0, o - k]
+        y = torch.nn.functional.pad(y, pad)
+    if bias is not None:
+        y = y + bias.view(*([-1] if unbatched else [1, -1]), *([1] * nd))
+    return y.contiguous() if unbatched else to_layout(y, _layout(xb))   # x's memory format, as torch's
+
+
 def conv_backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[int], stride: Any = 1,
                           padding: Any = 0, dilation: Any = 1, groups: int = 1, *, bias: bool = False,
                           backend: str = "auto", choice: Any = None, precision: str = "strict"):
@@ -991,4 +1076,4 @@ def _graph_function(direction: str, a, b, c, stride, padding, dilation, groups, 
 
 # every public entry point raises only rawconv's exception classes (rawconv._guard)
 
-_guard.guard_module(globals(), "conv", "conv_backward_data", "conv_backward_weights", "selected")
+_guard.guard_module(globals(), "conv", "conv_transpose", "conv_backward_data", "conv_backward_weights", "selected")
