@@ -47,6 +47,7 @@ import torch.nn.functional as F
 
 from . import fused as _fused
 from . import onednn
+from ._grad import functorch_active as _functorch, has_tangent as _has_tangent
 from .errors import ArgumentError, ArgumentTypeError, InternalError, NotSupportedError, RawconvError
 from .options import PRECISIONS
 from .problem import ConvProblem, shape_only, tuple_arg
@@ -581,7 +582,10 @@ class _ConvBiasAct(_RawconvConv):
             raise ArgumentTypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
         if type(x) is torch.Tensor and not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and (
                 x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)
-                or (residual is not None and residual.requires_grad))):
+                or (residual is not None and residual.requires_grad))) \
+                and not _functorch() and not _has_tangent(x, residual):
+            # (a torch.func transform's batched tensors have no data pointer; a forward-mode tangent
+            # would be dropped: both go through the operator, which runs or refuses them)
             # eager inference: the operator's kernel directly (the dispatcher's round trip costs host time)
             if plans is True:
                 plans = _fused.frozen_plans_of(w)

@@ -529,23 +529,55 @@ def _grad_like(g: torch.Tensor, x: torch.Tensor, unbatched: bool) -> torch.Tenso
     return g.contiguous()
 
 
+class _Conf:
+    """An operator's non-tensor arguments as ONE opaque input of its autograd Function: torch.func
+    flattens a Function's inputs as pytrees (lists and tuples would be leaves wanting a gradient
+    each, and the backward's result would not match them)."""
+
+    __slots__ = ("args",)
+
+    def __init__(self, args):
+        self.args = tuple(args)
+
+
+def _add(a, b):
+    """a + b where either may be None (a tangent that is zero)."""
+    if a is None:
+        return b
+    return a if b is None else a + b
+
+
+# The autograd Functions below keep the forward apart from setup_context (torch.func's grad, vjp,
+# jacrev, hessian need that) and give the forward-mode derivative (jvp: torch.autograd.forward_ad,
+# torch.func.jvp / jacfwd); each operator is bilinear in its two tensors, so a tangent is the
+# same operator on (tangent, other) plus on (other, tangent). vmap uses torch's generated rule.
 class RawconvConvForward(torch.autograd.Function):
     """rawconv::conv_forward's autograd: dx by conv_backward_data(gy, w), (dw, db) by
     conv_backward_weights(x, gy), with the pinned backward choices."""
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, how, x, w, bias, *args):
+    def forward(how, x, w, bias, conf):
         # how: the dispatch keyset (from the operator's Autograd kernel), or a oneDNN plan that may fit
         # (from conv()'s direct path: its hot path checks the tensors, else the kernel runs)
+        args = conf.args
         if type(how) is onednn.Convolution:
             y = how._hot_run(x, w, bias, None)
             if y is None:
                 y = _forward_cpu(x, w, bias, *args)
-        else:
-            y = _run_below_autograd(_fwd_op, _forward_cpu, _forward_cuda, how, (x, w, bias) + args)
+            return y
+        if how is None:   # applied from Python under a torch.func transform (see _fwd_call)
+            with _below_autograd():
+                return _fwd_op(x, w, bias, *args)
+        return _run_below_autograd(_fwd_op, _forward_cpu, _forward_cuda, how, (x, w, bias) + args)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _how, x, w, bias, conf = inputs
         ctx.save_for_backward(x, w)
-        ctx.conf = args, bias is not None
-        return y
+        ctx.save_for_forward(x, w)
+        ctx.conf = conf.args, bias is not None
 
     @staticmethod
     def backward(ctx, gy):
@@ -555,25 +587,46 @@ class RawconvConvForward(torch.autograd.Function):
         gy = _grad_like(gy, x, x.dim() == w.dim() - 1)
         gx = gw = gb = None
         if nx:
-            gx = _bwd_data_op(gy, w, list(x.shape), stride, pb, pa, dil, groups, backend, bdc, precision)
+            gx = _bwd_data_call(gy, w, list(x.shape), stride, pb, pa, dil, groups, backend, bdc, precision)
         if nw or (has_bias and nb):
-            gw, gb = _bwd_weights_op(x, gy, list(w.shape), stride, pb, pa, dil, groups, has_bias, backend, bwc,
+            gw, gb = _bwd_weights_call(x, gy, list(w.shape), stride, pb, pa, dil, groups, has_bias, backend, bwc,
                                      precision)
             gw = gw if nw else None
             gb = gb if has_bias and nb else None
-        return (None, gx, gw, gb) + (None,) * 10
+        return None, gx, gw, gb, None
+
+    @staticmethod
+    def jvp(ctx, _how_t, x_t, w_t, b_t, _conf_t):
+        x, w = ctx.saved_tensors
+        args, _ = ctx.conf
+        t = None
+        if x_t is not None or (b_t is not None and w_t is None):
+            t = _fwd_call(x_t if x_t is not None else torch.zeros_like(x), w, b_t, *args)
+        if w_t is not None:
+            t = _add(t, _fwd_call(x, w_t, b_t if t is None else None, *args))
+        return t
 
 
 class RawconvConvBackwardData(torch.autograd.Function):
     """rawconv::conv_backward_data's autograd (linear in grad_y and w): d grad_y = conv_forward(g, w),
     dw = conv_backward_weights(g, grad_y), at the library's first choice."""
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, keyset, grad_y, w, *args):
-        dx = _run_below_autograd(_bwd_data_op, _backward_data_cpu, _backward_data_cuda, keyset, (grad_y, w) + args)
+    def forward(keyset, grad_y, w, conf):
+        args = conf.args
+        if keyset is None:
+            with _below_autograd():
+                return _bwd_data_op(grad_y, w, *args)
+        return _run_below_autograd(_bwd_data_op, _backward_data_cpu, _backward_data_cuda, keyset, (grad_y, w) + args)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _keyset, grad_y, w, conf = inputs
         ctx.save_for_backward(grad_y, w)
-        ctx.conf = args
-        return dx
+        ctx.save_for_forward(grad_y, w)
+        ctx.conf = conf.args
 
     @staticmethod
     def backward(ctx, g):
@@ -582,24 +635,45 @@ class RawconvConvBackwardData(torch.autograd.Function):
         _, ngy, nw = ctx.needs_input_grad[:3]
         ggy = gw = None
         if ngy:
-            ggy = _fwd_op(g, w, None, stride, pb, pa, dil, groups, backend, "", precision, "", "")
+            ggy = _fwd_call(g, w, None, stride, pb, pa, dil, groups, backend, "", precision, "", "")
         if nw:
-            gw = _bwd_weights_op(g, grad_y, list(w.shape), stride, pb, pa, dil, groups, False, backend, "",
+            gw = _bwd_weights_call(g, grad_y, list(w.shape), stride, pb, pa, dil, groups, False, backend, "",
                                  precision)[0]
-        return (None, ggy, gw) + (None,) * 9
+        return None, ggy, gw, None
+
+    @staticmethod
+    def jvp(ctx, _keyset_t, gy_t, w_t, _conf_t):
+        grad_y, w = ctx.saved_tensors
+        t = None
+        if gy_t is not None:
+            t = _bwd_data_call(gy_t, w, *ctx.conf)
+        if w_t is not None:
+            t = _add(t, _bwd_data_call(grad_y, w_t, *ctx.conf))
+        return t
 
 
 class RawconvConvBackwardWeights(torch.autograd.Function):
     """rawconv::conv_backward_weights's autograd (linear in x and grad_y): dx = conv_backward_data(grad_y,
     g_w), d grad_y = conv_forward(x, g_w, g_b), at the library's first choice."""
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, keyset, x, grad_y, *args):
-        dw, db = _run_below_autograd(_bwd_weights_op, _backward_weights_cpu, _backward_weights_cuda, keyset,
-                                     (x, grad_y) + args)
+    def forward(keyset, x, grad_y, conf):
+        args = conf.args
+        if keyset is None:
+            with _below_autograd():
+                return _bwd_weights_op(x, grad_y, *args)
+        return _run_below_autograd(_bwd_weights_op, _backward_weights_cpu, _backward_weights_cuda, keyset,
+                                   (x, grad_y) + args)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _keyset, x, grad_y, conf = inputs
         ctx.save_for_backward(x, grad_y)
-        ctx.conf = args
-        return dw, db
+        ctx.save_for_forward(x, grad_y)
+        ctx.conf = conf.args
+        ctx.db_shape = tuple(output[1].shape)
 
     @staticmethod
     def backward(ctx, gdw, gdb):
@@ -609,37 +683,95 @@ class RawconvConvBackwardWeights(torch.autograd.Function):
         gx = ggy = None
         use_b = bias and gdb is not None
         if nx and gdw is not None:
-            gx = _bwd_data_op(grad_y, gdw, list(x.shape), stride, pb, pa, dil, groups, backend, "", precision)
+            gx = _bwd_data_call(grad_y, gdw, list(x.shape), stride, pb, pa, dil, groups, backend, "", precision)
         if ngy:
             if gdw is not None:
-                ggy = _fwd_op(x, gdw, gdb if use_b else None, stride, pb, pa, dil, groups, backend, "", precision,
+                ggy = _fwd_call(x, gdw, gdb if use_b else None, stride, pb, pa, dil, groups, backend, "", precision,
                               "", "")
             elif use_b:   # only db is used: d grad_y is gdb broadcast over batch and space
                 nd = len(stride)
                 shape = ([-1] if grad_y.dim() == nd + 1 else [1, -1]) + [1] * nd
                 ggy = gdb.view(shape).expand(grad_y.shape).contiguous()
-        return (None, gx, ggy) + (None,) * 10
+        return None, gx, ggy, None
+
+    @staticmethod
+    def jvp(ctx, _keyset_t, x_t, gy_t, _conf_t):
+        x, grad_y = ctx.saved_tensors
+        dw_t = db_t = None
+        if x_t is not None:
+            dw_t = _bwd_weights_call(x_t, grad_y, *ctx.conf)[0]
+        if gy_t is not None:
+            dw2, db_t = _bwd_weights_call(x, gy_t, *ctx.conf)
+            dw_t = _add(dw_t, dw2)
+        if db_t is None:   # db does not depend on x
+            db_t = torch.zeros(ctx.db_shape, dtype=x.dtype, device=x.device)
+        return dw_t, db_t
+
+
+_fwad = torch.autograd.forward_ad
+
+
+# The operators from Python. Under a torch.func transform (grad, vjp, jacrev, jvp, jacfwd, hessian,
+# vmap) functorch applies an autograd.Function only from Python (not from inside a dispatcher
+# kernel: "could not find kernel for HigherOrderOperator custom_function_call"), so there the
+# Function is applied here and its forward dispatches below autograd.
+def _fwd_call(x, w, bias, *args):
+    if _functorch():
+        return RawconvConvForward.apply(None, x, w, bias, _Conf(args))
+    return _fwd_op(x, w, bias, *args)
+
+
+def _bwd_data_call(grad_y, w, *args):
+    if _functorch():
+        return RawconvConvBackwardData.apply(None, grad_y, w, _Conf(args))
+    return _bwd_data_op(grad_y, w, *args)
+
+
+def _bwd_weights_call(x, grad_y, *args):
+    if _functorch():
+        return RawconvConvBackwardWeights.apply(None, x, grad_y, _Conf(args))
+    return _bwd_weights_op(x, grad_y, *args)
+
+
+def _under_transform(op: str) -> None:
+    """The operator itself called with a gradient or tangent to record under a torch.func transform."""
+    raise NotSupportedError(f"torch.ops.rawconv.{op} called directly under a torch.func transform (grad, jvp, "
+                            f"vmap...) records no derivative there: call rawconv.ops.{_PUBLIC_OF[op]} instead "
+                            "(it applies the operator's autograd Function from Python, as torch.func requires)")
+
+
+_PUBLIC_OF = {"conv_forward": "conv", "conv_backward_data": "conv_backward_data",
+              "conv_backward_weights": "conv_backward_weights"}
 
 
 def _needs(a, b, c=None) -> bool:
-    return _grad_enabled() and (a.requires_grad or b.requires_grad or (c is not None and c.requires_grad))
+    """Whether the call must go through the autograd Function: grad mode on and an argument that
+    requires grad, or a forward-mode AD level open (its tangents, if any, need the Function's jvp)."""
+    return (_grad_enabled() and (a.requires_grad or b.requires_grad or (c is not None and c.requires_grad))) \
+        or _fwad._current_level >= 0
 
 
 def _forward_autograd(keyset, x, w, bias, *args):
     if _needs(x, w, bias):
-        return RawconvConvForward.apply(keyset, x, w, bias, *args)
+        if _functorch():
+            _under_transform("conv_forward")
+        return RawconvConvForward.apply(keyset, x, w, bias, _Conf(args))
     return _run_below_autograd(_fwd_op, _forward_cpu, _forward_cuda, keyset, (x, w, bias) + args)
 
 
 def _backward_data_autograd(keyset, grad_y, w, *args):
     if _needs(grad_y, w):
-        return RawconvConvBackwardData.apply(keyset, grad_y, w, *args)
+        if _functorch():
+            _under_transform("conv_backward_data")
+        return RawconvConvBackwardData.apply(keyset, grad_y, w, _Conf(args))
     return _run_below_autograd(_bwd_data_op, _backward_data_cpu, _backward_data_cuda, keyset, (grad_y, w) + args)
 
 
 def _backward_weights_autograd(keyset, x, grad_y, *args):
     if _needs(x, grad_y):
-        return RawconvConvBackwardWeights.apply(keyset, x, grad_y, *args)
+        if _functorch():
+            _under_transform("conv_backward_weights")
+        return RawconvConvBackwardWeights.apply(keyset, x, grad_y, _Conf(args))
     return _run_below_autograd(_bwd_weights_op, _backward_weights_cpu, _backward_weights_cuda, keyset,
                                (x, grad_y) + args)
 
@@ -775,7 +907,7 @@ def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, str
                 if plan is None:
                     plan = entry[1] = _forward_cpu_plan(x, w, bias, *args)
                 if _needs(x, w, bias):   # what the operator's Autograd kernel does, without the dispatcher
-                    return RawconvConvForward.apply(plan, x, w, bias, *args)
+                    return RawconvConvForward.apply(plan, x, w, bias, _Conf(args))
                 y = plan._hot_run(x, w, bias, None)
                 if y is not None:
                     return y
@@ -783,12 +915,12 @@ def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, str
                 return plan.execute(x, w, bias)
             if x.is_cuda:
                 if _needs(x, w, bias):
-                    return RawconvConvForward.apply(_CUDA_KEYSET, x, w, bias, *args)
+                    return RawconvConvForward.apply(_CUDA_KEYSET, x, w, bias, _Conf(args))
                 return _forward_cuda(x, w, bias, *args)
         elif not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or \
                 (bias is not None and not isinstance(bias, torch.Tensor)):
             _prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice, precision, backward_choice)
-        return _fwd_op(x, w, bias, *args)
+        return _fwd_call(x, w, bias, *args)
     except Exception as exc:
         new = _guard.translate(exc, "rawconv.ops.conv")
         if new is None:
@@ -814,7 +946,7 @@ def conv_backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[
     s, pb, pa, d, g = _conv_args(tuple(w.shape[2:]), stride, padding, dilation, groups)
     c = _choice_name(choice, "choice")
     _check_strings(backend, c, precision, grad_y.device.type)
-    return _bwd_data_op(grad_y, w, list(x_shape), s, pb, pa, d, g, backend, c, precision)
+    return _bwd_data_call(grad_y, w, list(x_shape), s, pb, pa, d, g, backend, c, precision)
 
 
 class RawconvConvTranspose(torch.autograd.Function):
@@ -822,15 +954,18 @@ class RawconvConvTranspose(torch.autograd.Function):
     dx = conv_forward(gy, w) (``backward_choice[0]``), dw = conv_backward_weights(gy, x)
     (``backward_choice[1]``), both differentiable in turn."""
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(x, w, args, fwd_choice, wts_choice):
-        return _bwd_data_op(x, w, *args)
+    def forward(x, w, conf):
+        return _bwd_data_op(x, w, *conf.args[0])
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, w, args, fwd_choice, wts_choice = inputs
+        x, w, conf = inputs
         ctx.save_for_backward(x, w)
-        ctx.conf = args, fwd_choice, wts_choice
+        ctx.save_for_forward(x, w)
+        ctx.conf = conf.args
 
     @staticmethod
     def backward(ctx, gy):
@@ -839,11 +974,29 @@ class RawconvConvTranspose(torch.autograd.Function):
         gy = _grad_like(gy, x, x.dim() == w.dim() - 1)
         gx = gw = None
         if ctx.needs_input_grad[0]:
-            gx = _fwd_op(gy, w, None, stride, pb, pa, dil, groups, backend, fwd_choice, precision, "", "")
+            gx = _fwd_call(gy, w, None, stride, pb, pa, dil, groups, backend, fwd_choice, precision, "", "")
         if ctx.needs_input_grad[1]:
-            gw = _bwd_weights_op(gy, x, list(w.shape), stride, pb, pa, dil, groups, False, backend, wts_choice,
+            gw = _bwd_weights_call(gy, x, list(w.shape), stride, pb, pa, dil, groups, False, backend, wts_choice,
                                  precision)[0]
-        return gx, gw, None, None, None
+        return gx, gw, None
+
+
+class _ConvTransposeJvp(RawconvConvTranspose):
+    """:class:`RawconvConvTranspose` with its forward-mode derivative, applied under forward AD or a
+    torch.func transform (dynamo traces no Function that defines a jvp, nor the below-autograd guard:
+    compiled code uses the base)."""
+
+    @staticmethod
+    def forward(x, w, conf):
+        with _below_autograd():   # under a transform the operator's own Autograd kernel must not run again
+            return _bwd_data_op(x, w, *conf.args[0])
+
+    @staticmethod
+    def jvp(ctx, x_t, w_t, _conf_t):
+        x, w = ctx.saved_tensors
+        args = ctx.conf[0]
+        t = None if x_t is None else _bwd_data_call(x_t, w, *args)
+        return _add(t, None if w_t is None else _bwd_data_call(x, w_t, *args))
 
 
 def conv_transpose(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
@@ -884,11 +1037,12 @@ def conv_transpose(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None =
     args = (list(core[1:]) if unbatched else list(core), list(s), list(pb), list(pa), list(d), g, backend, c,
             precision)
     if (fc or wc) and _needs(x, w):
-        y = RawconvConvTranspose.apply(x, w, args, fc, wc)
+        fn = _ConvTransposeJvp if _fwad._current_level >= 0 or _functorch() else RawconvConvTranspose
+        y = fn.apply(x, w, _Conf((args, fc, wc)))
     elif x.is_cpu and not _compiling() and _plain(x, w, bias) and not _needs(x, w):
         y = _backward_data_cpu(x, w, *args)   # the kernel the dispatcher would call (less host time)
     else:
-        y = _bwd_data_op(x, w, *args)
+        y = _bwd_data_call(x, w, *args)
     if core == y_shape and bias is None:
         return y
     if core != y_shape:   # output padding past stride - 1 that no kernel tap reaches: zeros
@@ -919,7 +1073,7 @@ def conv_backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequen
     s, pb, pa, d, g = _conv_args(tuple(w_shape[2:]), stride, padding, dilation, groups)
     c = _choice_name(choice, "choice")
     _check_strings(backend, c, precision, x.device.type)
-    dw, db = _bwd_weights_op(x, grad_y, list(w_shape), s, pb, pa, d, g, bias, backend, c, precision)
+    dw, db = _bwd_weights_call(x, grad_y, list(w_shape), s, pb, pa, d, g, bias, backend, c, precision)
     return (dw, db) if bias else dw
 
 
