@@ -380,7 +380,8 @@ def test_plan_methods_run_with_the_plan_device_current(monkeypatch):
         def __exit__(self, *exc):
             state["current"] = self.prev
 
-    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: state["current"])
+    # (raising=False: a CPU build of torch has no _cuda_getDevice binding at all)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: state["current"], raising=False)
     monkeypatch.setattr(torch.cuda, "device", FakeGuard)
 
     class Plan:
@@ -398,7 +399,7 @@ def test_plan_methods_run_with_the_plan_device_current(monkeypatch):
 
     def no_driver():
         raise RuntimeError("Found no NVIDIA driver")
-    monkeypatch.setattr(torch._C, "_cuda_getDevice", no_driver)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", no_driver, raising=False)
 
     class PlanWithoutDriver(Plan):   # the guard reads torch's functions when it decorates
         @_cuda.on_plan_device
