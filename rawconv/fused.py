@@ -40,6 +40,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from . import onednn
+from ._grad import functorch_active as _functorch, has_tangent as _has_tangent
 from ._plans import PlanCache
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from .problem import (ConvProblem, dense_strides, empty_like_layout, layout_of, random_tensor, seed_offset, strides_match,
@@ -682,10 +683,14 @@ def _residual_op_autograd(keyset, *args):
     mutating operator, and its default one runs the kernel and records nothing (the overwritten
     residual then carries no gradient, or its old one: silently wrong gradients). Raises
     :class:`NotSupportedError` before any library call when grad mode is on and an argument
-    requires grad; otherwise runs the kernel below autograd."""
+    requires grad, or an argument carries a forward-mode tangent; otherwise runs the kernel below
+    autograd."""
     if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
         raise NotSupportedError("rawconv::conv_bias_act_residual_ overwrites residual and records no gradient: "
                                 "with tensors that require grad use rawconv::conv_bias_act (or torch.no_grad())")
+    if _has_tangent(*args[:4]):
+        raise NotSupportedError("rawconv::conv_bias_act_residual_ has no forward-mode derivative (an argument "
+                                "carries a forward_ad / torch.func.jvp tangent, which it would drop)")
     with torch._C._AutoDispatchBelowAutograd():
         return torch.ops.rawconv.conv_bias_act_residual_.default.redispatch(
             keyset & torch._C._after_autograd_keyset, *args)
@@ -748,6 +753,37 @@ def _backward(ctx, gy):
 
 
 _conv_bias_act_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _transform_guard(generated):
+    """The out-of-place operator's Autograd kernel: torch's generated one (``register_autograd``)
+    drops a forward-mode tangent silently (the result carries none: torch.func.jvp gave zeros) and
+    fails inside torch.func's grad transforms with an internal error. Raises
+    :class:`NotSupportedError` for those, before any library call; otherwise runs torch's."""
+    def autograd_kernel(keyset, *args, **kwargs):
+        if _has_tangent(*args[:4]):
+            raise NotSupportedError("rawconv::conv_bias_act has no forward-mode derivative (forward_ad, "
+                                    "torch.func.jvp/jacfwd/hessian); use rawconv.ops.conv (differentiable in both "
+                                    "modes) and add the bias, residual and activation in torch")
+        if _functorch() and torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad
+                                                            for a in args[:4]):
+            raise NotSupportedError("torch.func transforms (grad, vjp, jacrev...) through rawconv::conv_bias_act are "
+                                    "not supported (it is meant for inference); use rawconv.ops.conv, which "
+                                    "supports them, and add the bias, residual and activation in torch")
+        return generated(keyset, *args, **kwargs)
+    return autograd_kernel
+
+
+try:
+    from torch._library.autograd import make_autograd_impl as _make_autograd_impl
+
+    with warnings.catch_warnings():   # wraps the Autograd kernel torch.library registered for it
+        warnings.filterwarnings("ignore", message=".*[Oo]verrid.*", category=UserWarning)
+        _fused_op_lib = torch.library.Library("rawconv", "IMPL")
+        _fused_op_lib.impl("conv_bias_act", _transform_guard(_make_autograd_impl(
+            torch.ops.rawconv.conv_bias_act.default, _conv_bias_act_op)), "Autograd", with_keyset=True)
+except Exception:  # noqa: BLE001  (a torch without this private helper: torch's own kernel stays)
+    pass
 
 
 def conv_bias_act(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,

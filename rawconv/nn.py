@@ -47,9 +47,10 @@ import torch.nn.functional as F
 
 from . import fused as _fused
 from . import onednn
+from ._grad import functorch_active as _functorch, has_tangent as _has_tangent
 from .errors import ArgumentError, ArgumentTypeError, InternalError, NotSupportedError, RawconvError
 from .options import PRECISIONS
-from .problem import ConvProblem, shape_only, transpose_output_shape as _transpose_shape, tuple_arg
+from .problem import ConvProblem, shape_only, tuple_arg
 
 __all__ = ["conv", "conv_transpose", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
            "ConvTranspose3d", "ConvBiasAct1d", "ConvBiasAct2d", "ConvBiasAct3d", "convert", "describe",
@@ -277,6 +278,19 @@ def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, str
 
 
 # ---------------------------------------------------------------------------- transposed convolution
+def _transpose_shape(x: torch.Tensor, w: torch.Tensor, stride, padding, output_padding, dilation, groups):
+    """(y_shape, core_shape, stride, padding pairs, dilation) of a transposed convolution of batched
+    ``x``: the matching convolution's backward data computes ``core_shape`` with that padding, and
+    ``y_shape - core_shape`` zeros follow in each dim (:func:`rawconv.problem.transposed_shapes`)."""
+    from .problem import transposed_shapes
+
+    if isinstance(padding, str):
+        raise ArgumentError(f"a transposed convolution takes numeric padding (as torch), got {padding!r}")
+    y_shape, core, s, pb, pa, d, _g = transposed_shapes(tuple(x.shape), tuple(w.shape), stride, padding,
+                                                        output_padding, dilation, groups)
+    return y_shape, core, s, tuple(zip(pb, pa)), d
+
+
 class _ConvTranspose(torch.autograd.Function):
     """y = backward_data(grad_y=x); grad x = forward conv of grad y; grad w = backward_weights
     with grad y as the input and x as the output gradient. Once differentiable."""
@@ -344,19 +358,31 @@ def conv_transpose(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None =
                                   choice=choice, precision=precision, backward_choice=backward_choice)
     unbatched = x.dim() == w.dim() - 1
     xb = x.unsqueeze(0) if unbatched else x
-    y_shape, s, p, d = _transpose_shape(xb, w, stride, padding, output_padding, dilation, groups)
+    y_shape, core, s, p, d = _transpose_shape(xb, w, stride, padding, output_padding, dilation, groups)
     if bias is not None and (tuple(bias.shape) != (y_shape[1],) or bias.dtype != x.dtype or bias.device != x.device):
         raise ArgumentError(f"bias must be a ({y_shape[1]},) tensor of the input's dtype and device, got "
                             f"{tuple(bias.shape)} {bias.dtype} on {bias.device}")
     # the matching convolution's checks (dtype, device, channels) before any C call
-    ConvProblem.from_torch(shape_only(y_shape, xb), w, None, s, p, d, groups)
+    ConvProblem.from_torch(shape_only(core, xb), w, None, s, p, d, groups)
     _resolve_backend(backend, x.device)
-    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (bias is not None and bias.requires_grad)):
-        y = _ConvTranspose.apply(xb, w, bias, s, p, y_shape, d, groups, backend, choice, backward_choice, precision)
+    if core != y_shape:   # output padding past stride - 1: zeros no kernel tap reaches, then the bias
+        b_core = None
     else:
-        y = _backward_data(xb, w, y_shape, s, p, d, groups, backend=backend, choice=choice, precision=precision)
+        b_core = bias
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (b_core is not None and b_core.requires_grad)):
+        y = _ConvTranspose.apply(xb, w, b_core, s, p, core, d, groups, backend, choice, backward_choice, precision)
+    else:
+        y = _backward_data(xb, w, core, s, p, d, groups, backend=backend, choice=choice, precision=precision)
+        if b_core is not None:
+            y = _like_layout(y + b_core.view(1, -1, *([1] * (w.dim() - 2))), xb)
+    if core != y_shape:
+        pad = []
+        for o, k in reversed(list(zip(y_shape[2:], core[2:]))):
+            pad += [0, o - k]
+        y = F.pad(y, pad)
         if bias is not None:
-            y = _like_layout(y + bias.view(1, -1, *([1] * (w.dim() - 2))), xb)
+            y = y + bias.view(1, -1, *([1] * (w.dim() - 2)))
+        y = _like_layout(y, xb)
     return y.squeeze(0) if unbatched else y
 
 
@@ -556,7 +582,10 @@ class _ConvBiasAct(_RawconvConv):
             raise ArgumentTypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
         if type(x) is torch.Tensor and not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and (
                 x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)
-                or (residual is not None and residual.requires_grad))):
+                or (residual is not None and residual.requires_grad))) \
+                and not _functorch() and not _has_tangent(x, residual):
+            # (a torch.func transform's batched tensors have no data pointer; a forward-mode tangent
+            # would be dropped: both go through the operator, which runs or refuses them)
             # eager inference: the operator's kernel directly (the dispatcher's round trip costs host time)
             if plans is True:
                 plans = _fused.frozen_plans_of(w)
@@ -1099,9 +1128,9 @@ def _problem_of(m, kind: str, args: dict) -> ConvProblem:
     x = args["x"]
     if kind == "transpose":
         xb = x.unsqueeze(0) if x.dim() == m.weight.dim() - 1 else x
-        y_shape, s, p, d = _transpose_shape(xb, m.weight, m.stride, m.padding, args["output_padding"], m.dilation,
-                                            m.groups)
-        fake = shape_only(y_shape, xb)
+        _y_shape, core, s, p, d = _transpose_shape(xb, m.weight, m.stride, m.padding, args["output_padding"],
+                                                   m.dilation, m.groups)
+        fake = shape_only(core, xb)
         if _is_cl(xb):
             fake = fake.contiguous(memory_format=torch.channels_last if xb.dim() == 4 else torch.channels_last_3d)
         return ConvProblem.from_torch(fake, m.weight, None, s, p, d, m.groups)

@@ -20,9 +20,6 @@ Operators (namespace ``rawconv``; schemas exactly as registered)::
     conv_backward_weights(Tensor x, Tensor grad_y, SymInt[] w_shape, int[] stride, int[] pad_before,
                           int[] pad_after, int[] dilation, int groups, bool bias, str backend,
                           str choice, str precision) -> (Tensor, Tensor)
-    conv_transpose(Tensor x, Tensor w, Tensor? bias, SymInt[] y_shape, int[] stride, int[] pad_before,
-                   int[] pad_after, int[] dilation, int groups, str backend, str choice, str precision,
-                   str bwd_x_choice, str bwd_weights_choice) -> Tensor
 
 Arguments, shared by all three:
 
@@ -49,11 +46,6 @@ Results:
   unbatched x gives an unbatched y), as rawconv's function forms return it.
 * ``conv_backward_data``: dx of ``x_shape`` in grad_y's memory format (w's when grad_y's shape
   cannot tell NCHW from NHWC: one output channel, or batch 1 with a 1x1 output).
-* ``conv_transpose``: ``torch.nn.functional.conv_transpose{1,2,3}d``: y of ``y_shape`` = the
-  backward data of the matching convolution (stride, paddings, dilation, groups are that
-  convolution's; ``x`` plays its grad_y, ``y_shape`` its input's shape, which also carries the
-  output padding) plus ``bias`` (C_out,), in x's memory format (:func:`conv_transpose` takes
-  torch's arguments).
 * ``conv_backward_weights``: ``(dw, db)``: dw of ``w_shape`` in x's memory format; db of shape
   (K,) (grad_y summed over batch and space) when ``bias`` is True, else **an empty tensor of
   shape (0,)** (a schema's output count is fixed; an empty tensor costs nothing and tells the
@@ -74,9 +66,7 @@ own ops, so gradients of any order come from the same libraries:
 * d conv_backward_data (linear in grad_y and w): d grad_y = ``conv_forward(g, w)``,
   dw = ``conv_backward_weights(g, grad_y)``;
 * d conv_backward_weights (linear in x and grad_y): dx = ``conv_backward_data(grad_y, g_w)``,
-  d grad_y = ``conv_forward(x, g_w, g_b)``;
-* d conv_transpose: dx = ``conv_forward(gy, w)`` with ``bwd_x_choice``, dw =
-  ``conv_backward_weights(gy, x)`` with ``bwd_weights_choice``, db = gy summed.
+  d grad_y = ``conv_forward(x, g_w, g_b)``.
 
 **Backward choices.** The forward's ``choice`` does not carry over to the backward passes: the
 libraries list forward, backward-data and backward-weights candidates separately (oneDNN names
@@ -97,7 +87,7 @@ from ._plans import PlanCache, arg_key
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from .options import PRECISIONS
 from .problem import (ConvProblem, dense_strides, empty_like_layout, int_arg, layout_of, resolve_padding,
-                      shape_arg, shape_only, strides_match, to_layout, transpose_output_shape, tuple_arg)
+                      shape_arg, shape_only, strides_match, to_layout, transposed_shapes, tuple_arg)
 
 __all__ = ["conv", "conv_transpose", "conv_backward_data", "conv_backward_weights", "selected", "BACKENDS",
            "clear_cache"]
@@ -114,11 +104,7 @@ _lib.define(f"conv_backward_data(Tensor grad_y, Tensor w, SymInt[] x_shape, {_AR
 _lib.define(f"conv_backward_weights(Tensor x, Tensor grad_y, SymInt[] w_shape, {_ARGS}, bool bias, str backend, "
             "str choice, str precision) -> (Tensor, Tensor)")
 
-_lib.define(f"conv_transpose(Tensor x, Tensor w, Tensor? bias, SymInt[] y_shape, {_ARGS}, str backend, str choice, "
-            "str precision, str bwd_x_choice, str bwd_weights_choice) -> Tensor")
-
 _fwd_op = torch.ops.rawconv.conv_forward.default
-_transpose_op = torch.ops.rawconv.conv_transpose.default
 _bwd_data_op = torch.ops.rawconv.conv_backward_data.default
 _bwd_weights_op = torch.ops.rawconv.conv_backward_weights.default
 
@@ -413,45 +399,6 @@ def _backward_weights_cuda(x, grad_y, w_shape, stride, pad_before, pad_after, di
     return dw, db
 
 
-# ---------------------------------------------------------------------------- transposed convolution
-def _check_transpose_bias(bias, x, w, y_shape) -> None:
-    """``bias`` of a transposed convolution: None or a (C_out,) tensor of x's dtype and device."""
-    if bias is None:
-        return
-    if not isinstance(bias, torch.Tensor):
-        raise ArgumentTypeError(f"bias must be None or a torch.Tensor, got {type(bias).__name__}")
-    c_out = y_shape[1] if len(y_shape) == w.dim() else y_shape[0]
-    if tuple(bias.shape) != (c_out,) or bias.dtype != x.dtype or bias.device != x.device:
-        raise ArgumentError(f"bias must be a ({c_out},) tensor of the input's dtype {x.dtype} and device {x.device}, "
-                            f"got {tuple(bias.shape)} {bias.dtype} on {bias.device}")
-
-
-def _add_bias(y: torch.Tensor, bias, nd: int) -> torch.Tensor:
-    """``y + bias`` over the channel dim, in place (y is the library's fresh output: its layout stays)."""
-    if bias is not None:
-        y.add_(bias.view((-1,) + (1,) * nd) if y.dim() == nd + 1 else bias.view((1, -1) + (1,) * nd))
-    return y
-
-
-def _transpose_cpu(x, w, bias, y_shape, stride, pad_before, pad_after, dilation, groups, backend, choice, precision,
-                   bwd_x_choice, bwd_weights_choice):
-    _check_strings(backend, choice, precision, "cpu", bwd_x_choice, bwd_weights_choice)
-    _check_transpose_bias(bias, x, w, y_shape)
-    y = _backward_data_cpu(x, w, y_shape, stride, pad_before, pad_after, dilation, groups, backend, choice, precision)
-    return _add_bias(y, bias, w.dim() - 2)
-
-
-def _transpose_cuda(x, w, bias, y_shape, stride, pad_before, pad_after, dilation, groups, backend, choice, precision,
-                    bwd_x_choice, bwd_weights_choice):
-    _check_strings(backend, choice, precision, "cuda", bwd_x_choice, bwd_weights_choice)
-    _check_transpose_bias(bias, x, w, y_shape)
-    y = _backward_data_cuda(x, w, y_shape, stride, pad_before, pad_after, dilation, groups, backend, choice,
-                            precision)
-    return _add_bias(y, bias, w.dim() - 2)
-
-
-_lib.impl("conv_transpose", _transpose_cpu, "CPU")
-_lib.impl("conv_transpose", _transpose_cuda, "CUDA")
 _lib.impl("conv_forward", _forward_cpu, "CPU")
 _lib.impl("conv_backward_data", _backward_data_cpu, "CPU")
 _lib.impl("conv_backward_weights", _backward_weights_cpu, "CPU")
@@ -524,15 +471,6 @@ def _backward_data_fake(grad_y, w, x_shape, stride, pad_before, pad_after, dilat
     return dx.squeeze(0) if unbatched else dx
 
 
-@torch.library.register_fake("rawconv::conv_transpose")
-def _transpose_fake(x, w, bias, y_shape, stride, pad_before, pad_after, dilation, groups, backend, choice, precision,
-                    bwd_x_choice, bwd_weights_choice):
-    _check_strings(backend, choice, precision, _device_type(x), bwd_x_choice, bwd_weights_choice)
-    _check_transpose_bias(bias, x, w, y_shape)
-    return _backward_data_fake(x, w, y_shape, stride, pad_before, pad_after, dilation, groups, backend, choice,
-                               precision)
-
-
 @torch.library.register_fake("rawconv::conv_backward_weights")
 def _backward_weights_fake(x, grad_y, w_shape, stride, pad_before, pad_after, dilation, groups, bias, backend,
                            choice, precision):
@@ -591,23 +529,55 @@ def _grad_like(g: torch.Tensor, x: torch.Tensor, unbatched: bool) -> torch.Tenso
     return g.contiguous()
 
 
+class _Conf:
+    """An operator's non-tensor arguments as ONE opaque input of its autograd Function: torch.func
+    flattens a Function's inputs as pytrees (lists and tuples would be leaves wanting a gradient
+    each, and the backward's result would not match them)."""
+
+    __slots__ = ("args",)
+
+    def __init__(self, args):
+        self.args = tuple(args)
+
+
+def _add(a, b):
+    """a + b where either may be None (a tangent that is zero)."""
+    if a is None:
+        return b
+    return a if b is None else a + b
+
+
+# The autograd Functions below keep the forward apart from setup_context (torch.func's grad, vjp,
+# jacrev, hessian need that) and give the forward-mode derivative (jvp: torch.autograd.forward_ad,
+# torch.func.jvp / jacfwd); each operator is bilinear in its two tensors, so a tangent is the
+# same operator on (tangent, other) plus on (other, tangent). vmap uses torch's generated rule.
 class RawconvConvForward(torch.autograd.Function):
     """rawconv::conv_forward's autograd: dx by conv_backward_data(gy, w), (dw, db) by
     conv_backward_weights(x, gy), with the pinned backward choices."""
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, how, x, w, bias, *args):
+    def forward(how, x, w, bias, conf):
         # how: the dispatch keyset (from the operator's Autograd kernel), or a oneDNN plan that may fit
         # (from conv()'s direct path: its hot path checks the tensors, else the kernel runs)
+        args = conf.args
         if type(how) is onednn.Convolution:
             y = how._hot_run(x, w, bias, None)
             if y is None:
                 y = _forward_cpu(x, w, bias, *args)
-        else:
-            y = _run_below_autograd(_fwd_op, _forward_cpu, _forward_cuda, how, (x, w, bias) + args)
+            return y
+        if how is None:   # applied from Python under a torch.func transform (see _fwd_call)
+            with _below_autograd():
+                return _fwd_op(x, w, bias, *args)
+        return _run_below_autograd(_fwd_op, _forward_cpu, _forward_cuda, how, (x, w, bias) + args)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _how, x, w, bias, conf = inputs
         ctx.save_for_backward(x, w)
-        ctx.conf = args, bias is not None
-        return y
+        ctx.save_for_forward(x, w)
+        ctx.conf = conf.args, bias is not None
 
     @staticmethod
     def backward(ctx, gy):
@@ -617,25 +587,46 @@ class RawconvConvForward(torch.autograd.Function):
         gy = _grad_like(gy, x, x.dim() == w.dim() - 1)
         gx = gw = gb = None
         if nx:
-            gx = _bwd_data_op(gy, w, list(x.shape), stride, pb, pa, dil, groups, backend, bdc, precision)
+            gx = _bwd_data_call(gy, w, list(x.shape), stride, pb, pa, dil, groups, backend, bdc, precision)
         if nw or (has_bias and nb):
-            gw, gb = _bwd_weights_op(x, gy, list(w.shape), stride, pb, pa, dil, groups, has_bias, backend, bwc,
+            gw, gb = _bwd_weights_call(x, gy, list(w.shape), stride, pb, pa, dil, groups, has_bias, backend, bwc,
                                      precision)
             gw = gw if nw else None
             gb = gb if has_bias and nb else None
-        return (None, gx, gw, gb) + (None,) * 10
+        return None, gx, gw, gb, None
+
+    @staticmethod
+    def jvp(ctx, _how_t, x_t, w_t, b_t, _conf_t):
+        x, w = ctx.saved_tensors
+        args, _ = ctx.conf
+        t = None
+        if x_t is not None or (b_t is not None and w_t is None):
+            t = _fwd_call(x_t if x_t is not None else torch.zeros_like(x), w, b_t, *args)
+        if w_t is not None:
+            t = _add(t, _fwd_call(x, w_t, b_t if t is None else None, *args))
+        return t
 
 
 class RawconvConvBackwardData(torch.autograd.Function):
     """rawconv::conv_backward_data's autograd (linear in grad_y and w): d grad_y = conv_forward(g, w),
     dw = conv_backward_weights(g, grad_y), at the library's first choice."""
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, keyset, grad_y, w, *args):
-        dx = _run_below_autograd(_bwd_data_op, _backward_data_cpu, _backward_data_cuda, keyset, (grad_y, w) + args)
+    def forward(keyset, grad_y, w, conf):
+        args = conf.args
+        if keyset is None:
+            with _below_autograd():
+                return _bwd_data_op(grad_y, w, *args)
+        return _run_below_autograd(_bwd_data_op, _backward_data_cpu, _backward_data_cuda, keyset, (grad_y, w) + args)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _keyset, grad_y, w, conf = inputs
         ctx.save_for_backward(grad_y, w)
-        ctx.conf = args
-        return dx
+        ctx.save_for_forward(grad_y, w)
+        ctx.conf = conf.args
 
     @staticmethod
     def backward(ctx, g):
@@ -644,24 +635,45 @@ class RawconvConvBackwardData(torch.autograd.Function):
         _, ngy, nw = ctx.needs_input_grad[:3]
         ggy = gw = None
         if ngy:
-            ggy = _fwd_op(g, w, None, stride, pb, pa, dil, groups, backend, "", precision, "", "")
+            ggy = _fwd_call(g, w, None, stride, pb, pa, dil, groups, backend, "", precision, "", "")
         if nw:
-            gw = _bwd_weights_op(g, grad_y, list(w.shape), stride, pb, pa, dil, groups, False, backend, "",
+            gw = _bwd_weights_call(g, grad_y, list(w.shape), stride, pb, pa, dil, groups, False, backend, "",
                                  precision)[0]
-        return (None, ggy, gw) + (None,) * 9
+        return None, ggy, gw, None
+
+    @staticmethod
+    def jvp(ctx, _keyset_t, gy_t, w_t, _conf_t):
+        grad_y, w = ctx.saved_tensors
+        t = None
+        if gy_t is not None:
+            t = _bwd_data_call(gy_t, w, *ctx.conf)
+        if w_t is not None:
+            t = _add(t, _bwd_data_call(grad_y, w_t, *ctx.conf))
+        return t
 
 
 class RawconvConvBackwardWeights(torch.autograd.Function):
     """rawconv::conv_backward_weights's autograd (linear in x and grad_y): dx = conv_backward_data(grad_y,
     g_w), d grad_y = conv_forward(x, g_w, g_b), at the library's first choice."""
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, keyset, x, grad_y, *args):
-        dw, db = _run_below_autograd(_bwd_weights_op, _backward_weights_cpu, _backward_weights_cuda, keyset,
-                                     (x, grad_y) + args)
+    def forward(keyset, x, grad_y, conf):
+        args = conf.args
+        if keyset is None:
+            with _below_autograd():
+                return _bwd_weights_op(x, grad_y, *args)
+        return _run_below_autograd(_bwd_weights_op, _backward_weights_cpu, _backward_weights_cuda, keyset,
+                                   (x, grad_y) + args)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _keyset, x, grad_y, conf = inputs
         ctx.save_for_backward(x, grad_y)
-        ctx.conf = args
-        return dw, db
+        ctx.save_for_forward(x, grad_y)
+        ctx.conf = conf.args
+        ctx.db_shape = tuple(output[1].shape)
 
     @staticmethod
     def backward(ctx, gdw, gdb):
@@ -671,79 +683,99 @@ class RawconvConvBackwardWeights(torch.autograd.Function):
         gx = ggy = None
         use_b = bias and gdb is not None
         if nx and gdw is not None:
-            gx = _bwd_data_op(grad_y, gdw, list(x.shape), stride, pb, pa, dil, groups, backend, "", precision)
+            gx = _bwd_data_call(grad_y, gdw, list(x.shape), stride, pb, pa, dil, groups, backend, "", precision)
         if ngy:
             if gdw is not None:
-                ggy = _fwd_op(x, gdw, gdb if use_b else None, stride, pb, pa, dil, groups, backend, "", precision,
+                ggy = _fwd_call(x, gdw, gdb if use_b else None, stride, pb, pa, dil, groups, backend, "", precision,
                               "", "")
             elif use_b:   # only db is used: d grad_y is gdb broadcast over batch and space
                 nd = len(stride)
                 shape = ([-1] if grad_y.dim() == nd + 1 else [1, -1]) + [1] * nd
                 ggy = gdb.view(shape).expand(grad_y.shape).contiguous()
-        return (None, gx, ggy) + (None,) * 10
-
-
-class RawconvConvTranspose(torch.autograd.Function):
-    """rawconv::conv_transpose's autograd (y = conv_backward_data(x, w) + bias, linear in x, w and
-    bias): dx = conv_forward(gy, w) with ``bwd_x_choice``, dw = conv_backward_weights(gy, x) with
-    ``bwd_weights_choice``, db = gy summed over batch and space. Differentiable again (the
-    registered operators' own autograd)."""
+        return None, gx, ggy, None
 
     @staticmethod
-    def forward(ctx, keyset, x, w, bias, *args):
-        y = _run_below_autograd(_transpose_op, _transpose_cpu, _transpose_cuda, keyset, (x, w, bias) + args)
-        ctx.save_for_backward(x, w)
-        ctx.conf = args, bias is not None
-        return y
+    def jvp(ctx, _keyset_t, x_t, gy_t, _conf_t):
+        x, grad_y = ctx.saved_tensors
+        dw_t = db_t = None
+        if x_t is not None:
+            dw_t = _bwd_weights_call(x_t, grad_y, *ctx.conf)[0]
+        if gy_t is not None:
+            dw2, db_t = _bwd_weights_call(x, gy_t, *ctx.conf)
+            dw_t = _add(dw_t, dw2)
+        if db_t is None:   # db does not depend on x
+            db_t = torch.zeros(ctx.db_shape, dtype=x.dtype, device=x.device)
+        return dw_t, db_t
 
-    @staticmethod
-    def backward(ctx, gy):
-        x, w = ctx.saved_tensors
-        (_y_shape, stride, pb, pa, dil, groups, backend, _choice, precision, bxc, bwc), has_bias = ctx.conf
-        _, nx, nw, nb = ctx.needs_input_grad[:4]
-        nd = w.dim() - 2
-        gy = _grad_like(gy, x, x.dim() == nd + 1)
-        gx = gw = gb = None
-        if nx:
-            gx = _fwd_op(gy, w, None, stride, pb, pa, dil, groups, backend, bxc, precision, "", "")
-        if nw:
-            gw = _bwd_weights_op(gy, x, list(w.shape), stride, pb, pa, dil, groups, False, backend, bwc, precision)[0]
-        if has_bias and nb:
-            dims = [0] + list(range(2, gy.dim())) if gy.dim() == nd + 2 else list(range(1, gy.dim()))
-            gb = gy.sum(dims, dtype=torch.float64 if gy.dtype == torch.float64 else torch.float32).to(gy.dtype)
-        return (None, gx, gw, gb) + (None,) * 11
+
+_fwad = torch.autograd.forward_ad
+
+
+# The operators from Python. Under a torch.func transform (grad, vjp, jacrev, jvp, jacfwd, hessian,
+# vmap) functorch applies an autograd.Function only from Python (not from inside a dispatcher
+# kernel: "could not find kernel for HigherOrderOperator custom_function_call"), so there the
+# Function is applied here and its forward dispatches below autograd.
+def _fwd_call(x, w, bias, *args):
+    if _functorch():
+        return RawconvConvForward.apply(None, x, w, bias, _Conf(args))
+    return _fwd_op(x, w, bias, *args)
+
+
+def _bwd_data_call(grad_y, w, *args):
+    if _functorch():
+        return RawconvConvBackwardData.apply(None, grad_y, w, _Conf(args))
+    return _bwd_data_op(grad_y, w, *args)
+
+
+def _bwd_weights_call(x, grad_y, *args):
+    if _functorch():
+        return RawconvConvBackwardWeights.apply(None, x, grad_y, _Conf(args))
+    return _bwd_weights_op(x, grad_y, *args)
+
+
+def _under_transform(op: str) -> None:
+    """The operator itself called with a gradient or tangent to record under a torch.func transform."""
+    raise NotSupportedError(f"torch.ops.rawconv.{op} called directly under a torch.func transform (grad, jvp, "
+                            f"vmap...) records no derivative there: call rawconv.ops.{_PUBLIC_OF[op]} instead "
+                            "(it applies the operator's autograd Function from Python, as torch.func requires)")
+
+
+_PUBLIC_OF = {"conv_forward": "conv", "conv_backward_data": "conv_backward_data",
+              "conv_backward_weights": "conv_backward_weights"}
 
 
 def _needs(a, b, c=None) -> bool:
-    return _grad_enabled() and (a.requires_grad or b.requires_grad or (c is not None and c.requires_grad))
+    """Whether the call must go through the autograd Function: grad mode on and an argument that
+    requires grad, or a forward-mode AD level open (its tangents, if any, need the Function's jvp)."""
+    return (_grad_enabled() and (a.requires_grad or b.requires_grad or (c is not None and c.requires_grad))) \
+        or _fwad._current_level >= 0
 
 
 def _forward_autograd(keyset, x, w, bias, *args):
     if _needs(x, w, bias):
-        return RawconvConvForward.apply(keyset, x, w, bias, *args)
+        if _functorch():
+            _under_transform("conv_forward")
+        return RawconvConvForward.apply(keyset, x, w, bias, _Conf(args))
     return _run_below_autograd(_fwd_op, _forward_cpu, _forward_cuda, keyset, (x, w, bias) + args)
 
 
 def _backward_data_autograd(keyset, grad_y, w, *args):
     if _needs(grad_y, w):
-        return RawconvConvBackwardData.apply(keyset, grad_y, w, *args)
+        if _functorch():
+            _under_transform("conv_backward_data")
+        return RawconvConvBackwardData.apply(keyset, grad_y, w, _Conf(args))
     return _run_below_autograd(_bwd_data_op, _backward_data_cpu, _backward_data_cuda, keyset, (grad_y, w) + args)
 
 
 def _backward_weights_autograd(keyset, x, grad_y, *args):
     if _needs(x, grad_y):
-        return RawconvConvBackwardWeights.apply(keyset, x, grad_y, *args)
+        if _functorch():
+            _under_transform("conv_backward_weights")
+        return RawconvConvBackwardWeights.apply(keyset, x, grad_y, _Conf(args))
     return _run_below_autograd(_bwd_weights_op, _backward_weights_cpu, _backward_weights_cuda, keyset,
                                (x, grad_y) + args)
 
 
-def _transpose_autograd(keyset, x, w, bias, *args):
-    if _needs(x, w, bias):
-        return RawconvConvTranspose.apply(keyset, x, w, bias, *args)
-    return _run_below_autograd(_transpose_op, _transpose_cpu, _transpose_cuda, keyset, (x, w, bias) + args)
-
-
-_lib.impl("conv_transpose", _transpose_autograd, "Autograd", with_keyset=True)
 _lib.impl("conv_forward", _forward_autograd, "Autograd", with_keyset=True)
 _lib.impl("conv_backward_data", _backward_data_autograd, "Autograd", with_keyset=True)
 _lib.impl("conv_backward_weights", _backward_weights_autograd, "Autograd", with_keyset=True)
@@ -875,7 +907,7 @@ def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, str
                 if plan is None:
                     plan = entry[1] = _forward_cpu_plan(x, w, bias, *args)
                 if _needs(x, w, bias):   # what the operator's Autograd kernel does, without the dispatcher
-                    return RawconvConvForward.apply(plan, x, w, bias, *args)
+                    return RawconvConvForward.apply(plan, x, w, bias, _Conf(args))
                 y = plan._hot_run(x, w, bias, None)
                 if y is not None:
                     return y
@@ -883,12 +915,12 @@ def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, str
                 return plan.execute(x, w, bias)
             if x.is_cuda:
                 if _needs(x, w, bias):
-                    return RawconvConvForward.apply(_CUDA_KEYSET, x, w, bias, *args)
+                    return RawconvConvForward.apply(_CUDA_KEYSET, x, w, bias, _Conf(args))
                 return _forward_cuda(x, w, bias, *args)
         elif not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or \
                 (bias is not None and not isinstance(bias, torch.Tensor)):
             _prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice, precision, backward_choice)
-        return _fwd_op(x, w, bias, *args)
+        return _fwd_call(x, w, bias, *args)
     except Exception as exc:
         new = _guard.translate(exc, "rawconv.ops.conv")
         if new is None:
@@ -897,52 +929,6 @@ def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, str
 
 
 conv.__rawconv_public__ = True
-
-
-_CPU_KEYSET = _CPU_ONLY | torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradCPU)
-
-
-def conv_transpose(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
-                   padding: Any = 0, output_padding: Any = 0, groups: int = 1, dilation: Any = 1, *,
-                   backend: str = "auto", choice: Any = None, precision: str = "strict",
-                   backward_choice: Any = None) -> torch.Tensor:
-    """``torch.nn.functional.conv_transpose{1,2,3}d`` (same argument order) on rawconv's operator
-    ``rawconv::conv_transpose``: the backward-data primitive of the matching convolution, plus the
-    bias; differentiable to any order, traced by ``torch.compile(fullgraph=True)`` (a fake kernel).
-
-    ``x``: (N, C_in, *spatial) or unbatched (C_in, *spatial); ``w``: (C_in, C_out/groups,
-    *kernel); ``bias``: (C_out,) or None; same dtype and device. ``output_padding`` <
-    max(stride, dilation) per dim; output spatial size ``(in - 1)*stride - 2*padding +
-    dilation*(kernel - 1) + output_padding + 1``, in x's memory format. ``choice``: a
-    backward-data candidate of the matching convolution (a oneDNN backward-data implementation,
-    a cuDNN backward-data ``"ALGO@math"`` or graph config), None for the library's first;
-    ``backward_choice``: one name for both or a ``(forward choice for grad x, backward-weights
-    choice)`` pair. Raises :class:`~rawconv.errors.ArgumentError` /
-    :class:`~rawconv.errors.ArgumentTypeError` before any library call for bad input,
-    :class:`~rawconv.errors.NotSupportedError` for a choice the library does not offer. Wraps
-    ``dnnl_primitive_execute`` of a backward-data primitive / ``cudnnConvolutionBackwardData`` or
-    ``cudnnBackendExecute``; the gradients run the forward and backward-weights calls.
-    """
-    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
-        raise ArgumentTypeError(f"x and w must be torch.Tensor, got {type(x).__name__} and {type(w).__name__}")
-    if w.dim() not in (3, 4, 5):
-        raise ArgumentError(f"weight must be 3-D, 4-D or 5-D (C_in, C_out/groups, *kernel), got {tuple(w.shape)}")
-    unbatched = x.dim() == w.dim() - 1
-    y_shape, s, p, d = transpose_output_shape(x.unsqueeze(0) if unbatched else x, w, stride, padding,
-                                              output_padding, dilation, groups)
-    if unbatched:
-        y_shape = y_shape[1:]
-    _check_transpose_bias(bias, x, w, y_shape)
-    c = _choice_name(choice, "choice")
-    bx, bw = _backward_choices(backward_choice)
-    _check_strings(backend, c, precision, x.device.type, bx, bw)
-    args = (list(y_shape), list(s), list(p), list(p), list(d), groups, backend, c, precision, bx, bw)
-    if not _compiling() and _plain(x, w, bias) and (x.is_cpu or x.is_cuda):
-        # no tracer, mode or transform: the operator's Autograd kernel's work without the dispatcher
-        if _needs(x, w, bias):
-            return RawconvConvTranspose.apply(_CPU_KEYSET if x.is_cpu else _CUDA_KEYSET, x, w, bias, *args)
-        return (_transpose_cpu if x.is_cpu else _transpose_cuda)(x, w, bias, *args)
-    return _transpose_op(x, w, bias, *args)
 
 
 def conv_backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int], stride: Any = 1,
@@ -960,7 +946,113 @@ def conv_backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[
     s, pb, pa, d, g = _conv_args(tuple(w.shape[2:]), stride, padding, dilation, groups)
     c = _choice_name(choice, "choice")
     _check_strings(backend, c, precision, grad_y.device.type)
-    return _bwd_data_op(grad_y, w, list(x_shape), s, pb, pa, d, g, backend, c, precision)
+    return _bwd_data_call(grad_y, w, list(x_shape), s, pb, pa, d, g, backend, c, precision)
+
+
+class RawconvConvTranspose(torch.autograd.Function):
+    """:func:`conv_transpose` with pinned backward choices: y = conv_backward_data(x, w) (``choice``);
+    dx = conv_forward(gy, w) (``backward_choice[0]``), dw = conv_backward_weights(gy, x)
+    (``backward_choice[1]``), both differentiable in turn."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, w, conf):
+        return _bwd_data_op(x, w, *conf.args[0])
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, w, conf = inputs
+        ctx.save_for_backward(x, w)
+        ctx.save_for_forward(x, w)
+        ctx.conf = conf.args
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, w = ctx.saved_tensors
+        (_core, stride, pb, pa, dil, groups, backend, _choice, precision), fwd_choice, wts_choice = ctx.conf
+        gy = _grad_like(gy, x, x.dim() == w.dim() - 1)
+        gx = gw = None
+        if ctx.needs_input_grad[0]:
+            gx = _fwd_call(gy, w, None, stride, pb, pa, dil, groups, backend, fwd_choice, precision, "", "")
+        if ctx.needs_input_grad[1]:
+            gw = _bwd_weights_call(gy, x, list(w.shape), stride, pb, pa, dil, groups, False, backend, wts_choice,
+                                 precision)[0]
+        return gx, gw, None
+
+
+class _ConvTransposeJvp(RawconvConvTranspose):
+    """:class:`RawconvConvTranspose` with its forward-mode derivative, applied under forward AD or a
+    torch.func transform (dynamo traces no Function that defines a jvp, nor the below-autograd guard:
+    compiled code uses the base)."""
+
+    @staticmethod
+    def forward(x, w, conf):
+        with _below_autograd():   # under a transform the operator's own Autograd kernel must not run again
+            return _bwd_data_op(x, w, *conf.args[0])
+
+    @staticmethod
+    def jvp(ctx, x_t, w_t, _conf_t):
+        x, w = ctx.saved_tensors
+        args = ctx.conf[0]
+        t = None if x_t is None else _bwd_data_call(x_t, w, *args)
+        return _add(t, None if w_t is None else _bwd_data_call(x, w_t, *args))
+
+
+def conv_transpose(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
+                   padding: Any = 0, output_padding: Any = 0, groups: int = 1, dilation: Any = 1, *,
+                   backend: str = "auto", choice: Any = None, precision: str = "strict",
+                   backward_choice: Any = None) -> torch.Tensor:
+    """``torch.nn.functional.conv_transpose{1,2,3}d`` (same argument order) on ``rawconv::conv_backward_data``
+    (the backward data of the matching convolution), differentiable to any order.
+
+    ``x``: (N, C_in, *spatial) or unbatched; ``w``: (C_in, C_out/groups, *kernel); ``bias``:
+    (C_out,) or None; ``output_padding`` < max(stride, dilation) per dim, as torch. ``choice``: a
+    backward-data candidate; ``backward_choice``: what the gradients run: None (the library's first
+    choices), one name for both, or a ``(forward choice for dx, backward-weights choice for dw)``
+    pair. Returns y (N, C_out, *out) in x's memory format. Traced by ``torch.compile`` (the
+    operators' fake kernels). Raises :class:`~rawconv.errors.ArgumentError` /
+    :class:`~rawconv.errors.ArgumentTypeError` before any library call for bad input,
+    :class:`~rawconv.errors.NotSupportedError` for a choice the library does not offer.
+    """
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
+        raise ArgumentTypeError(f"x and w must be torch.Tensor, got {type(x).__name__} and {type(w).__name__}")
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        raise ArgumentTypeError(f"bias must be None or a torch.Tensor, got {type(bias).__name__}")
+    if w.dim() not in (3, 4, 5):
+        raise ArgumentError(f"weight must be 3-D, 4-D or 5-D (C_in, C_out/groups, *kernel), got {tuple(w.shape)}")
+    if isinstance(padding, str):
+        raise ArgumentError(f"a transposed convolution takes numeric padding (as torch), got {padding!r}")
+    nd = w.dim() - 2
+    unbatched = x.dim() == nd + 1
+    xb = _batched(x, unbatched)
+    y_shape, core, s, pb, pa, d, g = transposed_shapes(tuple(xb.shape), tuple(w.shape), stride, padding,
+                                                       output_padding, dilation, groups)
+    if bias is not None and (tuple(bias.shape) != (y_shape[1],) or bias.dtype != x.dtype or bias.device != x.device):
+        raise ArgumentError(f"bias must be a ({y_shape[1]},) tensor of the input's dtype and device, got "
+                            f"{tuple(bias.shape)} {bias.dtype} on {bias.device}")
+    c = _choice_name(choice, "choice")
+    fc, wc = _backward_choices(backward_choice)
+    _check_strings(backend, c, precision, x.device.type, fc, wc)
+    args = (list(core[1:]) if unbatched else list(core), list(s), list(pb), list(pa), list(d), g, backend, c,
+            precision)
+    if (fc or wc) and _needs(x, w):
+        fn = _ConvTransposeJvp if _fwad._current_level >= 0 or _functorch() else RawconvConvTranspose
+        y = fn.apply(x, w, _Conf((args, fc, wc)))
+    elif x.is_cpu and not _compiling() and _plain(x, w, bias) and not _needs(x, w):
+        y = _backward_data_cpu(x, w, *args)   # the kernel the dispatcher would call (less host time)
+    else:
+        y = _bwd_data_call(x, w, *args)
+    if core == y_shape and bias is None:
+        return y
+    if core != y_shape:   # output padding past stride - 1 that no kernel tap reaches: zeros
+        pad = []
+        for o, k in reversed(list(zip(y_shape[2:], core[2:]))):
+            pad += [0, o - k]
+        y = torch.nn.functional.pad(y, pad)
+    if bias is not None:
+        y = y + bias.view(*([-1] if unbatched else [1, -1]), *([1] * nd))
+    return y.contiguous() if unbatched else to_layout(y, _layout(xb))   # x's memory format, as torch's
 
 
 def conv_backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[int], stride: Any = 1,
@@ -981,7 +1073,7 @@ def conv_backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequen
     s, pb, pa, d, g = _conv_args(tuple(w_shape[2:]), stride, padding, dilation, groups)
     c = _choice_name(choice, "choice")
     _check_strings(backend, c, precision, x.device.type)
-    dw, db = _bwd_weights_op(x, grad_y, list(w_shape), s, pb, pa, d, g, bias, backend, c, precision)
+    dw, db = _bwd_weights_call(x, grad_y, list(w_shape), s, pb, pa, d, g, bias, backend, c, precision)
     return (dw, db) if bias else dw
 
 

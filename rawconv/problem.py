@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .errors import ArgumentError, ArgumentTypeError, DeviceNotAvailableError
+from .errors import ArgumentError, ArgumentTypeError, DeviceNotAvailableError, NotSupportedError
 
 DTYPES = {
     torch.float32: "float32",
@@ -167,31 +167,48 @@ def strides_match(t: torch.Tensor, strides: Sequence[int]) -> bool:
     return all(s == 1 or st == want for s, st, want in zip(t.shape, t.stride(), strides))
 
 
-def transpose_output_shape(x: torch.Tensor, w: torch.Tensor, stride, padding, output_padding, dilation, groups):
-    """The output shape of ``torch.nn.functional.conv_transpose{1,2,3}d(x, w, ...)`` (torch's
-    arguments) and the matching convolution's (stride, padding, dilation) tuples:
-    ``((N, C_out, *out), stride, padding, dilation)``. ``x``: batched (N, C_in, *spatial); ``w``:
-    (C_in, C_out/groups, *kernel); ``out = (in - 1)*stride - 2*padding + dilation*(kernel - 1) +
-    output_padding + 1``. Raises :class:`ArgumentError` as torch would refuse the call
-    (output_padding not below max(stride, dilation), groups, channels, a non-positive output)."""
-    nd = w.dim() - 2
+def transposed_shapes(x_shape: Sequence[int], w_shape: Sequence[int], stride: Any, padding: Any,
+                      output_padding: Any, dilation: Any, groups: Any):
+    """A transposed convolution's shapes, as ``torch.nn.functional.conv_transpose{1,2,3}d``:
+    ``x_shape`` (N, C_in, *spatial), batched; ``w_shape`` (C_in, C_out/groups, *kernel).
+
+    Returns ``(y_shape, core_shape, stride, pad_before, pad_after, dilation, groups)``: ``y_shape``
+    the result's (``(in - 1)*stride - 2*padding + dilation*(kernel - 1) + output_padding + 1`` per
+    dim); the matching convolution, whose backward data computes the result, has input
+    ``core_shape`` and padding ``pad_before`` (torch's ``padding``) / ``pad_after``. With
+    ``output_padding < stride`` (the usual case) that is ``y_shape`` with symmetric padding.
+    torch also allows ``output_padding`` up to ``dilation - 1``: the convolution's trailing pad is
+    then ``padding - (output_padding - stride + 1)``, and where that would be negative the last
+    ``y - core`` positions of each dim are reached by no kernel tap (zeros, then the bias: the
+    caller pads them). Sizes may be ints or symbolic sizes. Raises :class:`ArgumentError` /
+    :class:`ArgumentTypeError` naming the argument; :class:`NotSupportedError` where no kernel tap
+    reaches any output position (the result would be the bias alone)."""
+    nd = len(w_shape) - 2
     s, p = tuple_arg(stride, nd, "stride", 1), tuple_arg(padding, nd, "padding", 0)
     d, op = tuple_arg(dilation, nd, "dilation", 1), tuple_arg(output_padding, nd, "output_padding", 0)
     if any(o >= max(si, di) for o, si, di in zip(op, s, d)):
         raise ArgumentError(f"output_padding {op} must be smaller than stride {s} or dilation {d} (as in torch)")
-    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+    g = int_arg(groups)
+    if isinstance(groups, bool) or g is None or g < 1:
         raise ArgumentError(f"groups must be a positive int, got {groups!r}")
-    if x.dim() != nd + 2:
-        raise ArgumentError(f"input must be {nd + 2}-D (N, C_in, *spatial), got {tuple(x.shape)}")
-    if x.shape[1] != w.shape[0]:
-        raise ArgumentError(f"input has {x.shape[1]} channels but weight {tuple(w.shape)} expects {w.shape[0]}")
-    if w.shape[0] % groups:
-        raise ArgumentError(f"groups={groups} does not divide the input channels {w.shape[0]}")
+    if len(x_shape) != nd + 2:
+        raise ArgumentError(f"input must be {nd + 2}-D (N, C_in, *spatial) or unbatched, got {tuple(x_shape)}")
+    if x_shape[1] != w_shape[0]:
+        raise ArgumentError(f"input has {x_shape[1]} channels but weight {tuple(w_shape)} expects {w_shape[0]}")
+    if w_shape[0] % g:
+        raise ArgumentError(f"groups={g} does not divide the input channels {w_shape[0]}")
     outs = tuple((i - 1) * si - 2 * pi + di * (k - 1) + oi + 1
-                 for i, si, pi, di, k, oi in zip(x.shape[2:], s, p, d, w.shape[2:], op))
+                 for i, si, pi, di, k, oi in zip(x_shape[2:], s, p, d, w_shape[2:], op))
     if any(o <= 0 for o in outs):
         raise ArgumentError(f"transposed convolution output size {outs} is not positive")
-    return (x.shape[0], w.shape[1] * groups) + outs, s, p, d
+    excess = tuple(max(0, oi - (si - 1)) for oi, si in zip(op, s))     # output padding the stride cannot absorb
+    pa = tuple(max(0, pi - e) for pi, e in zip(p, excess))
+    core = tuple(o - (e - (pi - a)) for o, e, pi, a in zip(outs, excess, p, pa))
+    if any(c <= 0 for c in core):
+        raise NotSupportedError(f"transposed convolution output {outs} is all output padding (no kernel tap "
+                                f"reaches it: output_padding {op}, padding {p}): no convolution to run")
+    cout = w_shape[1] * g
+    return (x_shape[0], cout) + outs, (x_shape[0], cout) + core, s, p, pa, d, g
 
 
 def shape_only(shape: Sequence[int], like: torch.Tensor, name: str | None = None) -> torch.Tensor:

@@ -72,7 +72,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError, RawconvError
-from .problem import ConvProblem, layout_of, shape_only, tuple_arg
+from .problem import ConvProblem, layout_of, shape_only, transposed_shapes, tuple_arg
 
 __all__ = ["torch_choice", "TorchChoice", "TorchFlags", "torch_flags", "OneDNNRun", "CandidateKernels",
            "torch_onednn_trace", "select_backend", "conv_backend_name", "match_kernels", "parse_cudnn_log",
@@ -421,15 +421,12 @@ def _call_of(x, w, bias, stride, padding, dilation, groups, transposed, output_p
                             f"expects {w.shape[0]} (a multiple of groups)")
     if x.dtype != w.dtype or x.device != w.device:
         raise ArgumentError(f"x and w must share dtype and device, got {x.dtype}/{x.device} and {w.dtype}/{w.device}")
-    outs = tuple((i - 1) * si - 2 * pi + di * (k - 1) + oi + 1
-                 for i, si, pi, di, k, oi in zip(xx.shape[2:], s, pd, d, w.shape[2:], op))
-    if any(o <= 0 for o in outs):
-        raise ArgumentError(f"transposed convolution output size {outs} is not positive")
-    cout = w.shape[1] * groups
+    # the matching convolution (output padding past stride - 1 shortens its input: see transposed_shapes)
+    y_shape, core, _s, pb, pa, _d, _g = transposed_shapes(tuple(xx.shape), tuple(w.shape), s, pd, op, d, groups)
+    cout = y_shape[1]
     if bias is not None and tuple(bias.shape) != (cout,):
         raise ArgumentError(f"bias must have shape ({cout},), got {tuple(bias.shape)}")
-    y_shape = (xx.shape[0], cout) + outs
-    p = ConvProblem.from_torch(shape_only(y_shape, xx), w, None, s, pd, d, groups)
+    p = ConvProblem.from_torch(shape_only(core, xx), w, None, s, tuple(zip(pb, pa)), d, groups)
     if layout_of(xx) == "nhwc":
         p = p.with_(layout="nhwc")
     convt = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[nd]

@@ -448,3 +448,25 @@ def test_graph_api_reexport_is_lazy():
             cudnn.forward(torch.randn(1, 3, 8, 8), torch.randn(4, 3, 3, 3), engine=0)
     else:
         assert callable(cudnn.engines)
+
+
+def test_the_plan_device_guard_works_on_a_torch_without_cuda_bindings(monkeypatch):
+    """A CPU build of torch (2.13) has no torch._C._cuda_getDevice: ``import rawconv.cudnn`` raised
+    AttributeError while defining its plan classes (and every test file importing it failed to
+    collect). The guard and current_device() now treat it as 'no CUDA driver'."""
+    monkeypatch.setattr(_cuda, "_get_device", _cuda._no_cuda_build)   # what rawconv._cuda binds on such a torch
+
+    class Plan:
+        device_index = 0
+
+        @_cuda.on_plan_device
+        def run(self, v):
+            return v + 1
+
+    assert Plan().run(1) == 2
+    assert _cuda.current_device() is None
+    code = ("import torch; delattr(torch._C, '_cuda_getDevice') if hasattr(torch._C, '_cuda_getDevice') else None; "
+            "import rawconv.cudnn, rawconv.cudnn_graph; print('imported')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    assert out.returncode == 0 and "imported" in out.stdout, out.stderr[-2000:]

@@ -517,3 +517,29 @@ def test_inplace_residual_operator_refuses_to_drop_a_gradient(needs):
     with torch.no_grad():   # no gradient asked for: runs in place
         call()
     _close(t["residual"], _ref(t["x"], t["w"], t["bias"], before, 1, 1, 1, 1, "relu"))
+
+
+def test_forward_mode_ad_and_torch_func_grad_are_refused_not_dropped():
+    """A forward-mode tangent through rawconv::conv_bias_act was dropped (torch.func.jvp returned
+    zeros, forward_ad a None tangent: silently wrong), and torch.func.grad raised InternalError.
+    Both now raise NotSupportedError before any library call; vmap without grad still runs."""
+    import torch.autograd.forward_ad as fwd
+
+    torch.manual_seed(9)
+    x, w, b, r = torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3), torch.randn(4), torch.randn(2, 4, 6, 6)
+    with pytest.raises(NotSupportedError, match="forward-mode"):
+        torch.func.jvp(lambda xx: fu.conv_bias_act(xx, w, b, padding=1), (x,), (torch.ones_like(x),))
+    with fwd.dual_level(), pytest.raises(NotSupportedError, match="forward-mode"):
+        fu.conv_bias_act(x, w, b, fwd.make_dual(r, torch.ones_like(r)), padding=1)
+    with pytest.raises(NotSupportedError, match="torch.func"):
+        torch.func.grad(lambda ww: fu.conv_bias_act(x, ww, b, padding=1).sum())(w)
+    m = rnn.ConvBiasAct2d(3, 4, 3, padding=1)
+    with torch.no_grad(), fwd.dual_level(), pytest.raises(NotSupportedError, match="forward-mode"):
+        m(fwd.make_dual(x, torch.ones_like(x)))   # the module's eager path went around the operator
+    with torch.no_grad(), fwd.dual_level(), pytest.raises(NotSupportedError, match="forward-mode"):
+        torch.ops.rawconv.conv_bias_act_residual_(fwd.make_dual(x, torch.ones_like(x)), w, b, r.clone(), [1, 1],
+                                                  [1, 1], [1, 1], 1, "relu", "auto", None, "strict")
+    with fwd.dual_level():   # a level open, no tangent on these tensors: runs
+        y = fu.conv_bias_act(x, w, b, padding=1)
+    want = torch.relu(F.conv2d(x.double(), w.double(), b.double(), padding=1))
+    assert (y.double() - want).abs().max().item() < 1e-4

@@ -212,6 +212,74 @@ def test_transposed_modules_match_torch_autograd(nd, stride, padding, output_pad
         _close(got, want)
 
 
+@pytest.mark.parametrize("nd, stride, padding, output_padding, dilation", [
+    (1, 1, 0, 1, 2), (2, 1, 0, 2, 3), (2, 2, 0, 2, 3), (2, 1, 1, 2, 3), (3, 1, 2, 1, 2)])
+@pytest.mark.parametrize("use_ops", [True, False])
+def test_transposed_output_padding_up_to_the_dilation_matches_torch(nd, stride, padding, output_padding, dilation,
+                                                                    use_ops, monkeypatch):
+    """torch allows output_padding < max(stride, dilation): with output_padding >= stride the matching
+    convolution's input is not the result's shape (rawconv raised 'grad_y must have shape ...' for a
+    valid torch call). Positions no kernel tap reaches are zeros, then the bias."""
+    monkeypatch.setattr(rnn, "USE_OPS", use_ops)
+    torch.manual_seed(nd + output_padding)
+    cls, tfn, _ = TRANSPOSED[nd]
+    m = cls(4, 6, 3, stride=stride, padding=padding, output_padding=output_padding, dilation=dilation)
+    x = torch.randn((2, 4) + (4,) * nd, requires_grad=True)
+    y = m(x)
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    y64, gx64, gw64, gb64 = _grads64(
+        lambda a, b_, c: tfn(a, b_, c, stride, padding, output_padding, 1, dilation), x, m.weight, m.bias, gy)
+    for got, want in ((y, y64), (x.grad, gx64), (m.weight.grad, gw64), (m.bias.grad, gb64)):
+        _close(got, want)
+    with torch.no_grad():
+        _close(m(x[0]), y64[0])   # unbatched
+
+
+def test_transposed_output_that_is_all_output_padding_raises_clearly():
+    w = torch.randn(2, 3, 1)
+    with pytest.raises(NotSupportedError, match="all output padding"):
+        rnn.conv_transpose(torch.randn(1, 2, 1), w, padding=1, output_padding=2, dilation=3)
+
+
+def test_compiled_transposed_modules_fullgraph_match_torch():
+    """torch.compile(fullgraph=True) of a model with rawconv's transposed modules: they ran on the
+    function forms (a C call on fake tensors; dynamo stopped at a lock in ConvProblem) instead of the
+    operators with fake kernels; also with pinned backward choices and dynamic batch sizes."""
+    torch.manual_seed(7)
+    m = torch.nn.Sequential(rnn.ConvTranspose2d(4, 3, 3, stride=2, padding=1, output_padding=1),
+                            rnn.ConvTranspose2d(3, 2, 3, padding=0, output_padding=2, dilation=3,
+                                                backward_choice=("x64:gemm:jit@any", "x64:gemm:jit@any")))
+    t = torch.nn.Sequential(torch.nn.ConvTranspose2d(4, 3, 3, stride=2, padding=1, output_padding=1),
+                            torch.nn.ConvTranspose2d(3, 2, 3, padding=0, output_padding=2, dilation=3)).double()
+    t.load_state_dict(m.state_dict())
+    torch._dynamo.reset()
+    cm = torch.compile(m, fullgraph=True, backend="aot_eager", dynamic=True)
+    for n in (2, 3):
+        x = torch.randn(n, 4, 5, 6).to(memory_format=torch.channels_last).requires_grad_()
+        y = cm(x)
+        gy = torch.randn_like(y)
+        y.backward(gy)
+        x64 = x.detach().double().requires_grad_()
+        y64 = t(x64)
+        y64.backward(gy.double())
+        _close(y, y64)
+        _close(x.grad, x64.grad)
+        assert y.is_contiguous(memory_format=torch.channels_last)
+        for p, q in zip(m.parameters(), t.parameters()):
+            _close(p.grad, q.grad, 1e-4)
+            p.grad = q.grad = None
+    torch._dynamo.reset()
+
+
+def test_transposed_backward_choice_is_used():
+    x = torch.randn(2, 4, 5, 5, requires_grad=True)
+    w = torch.randn(4, 3, 3, 3, requires_grad=True)
+    y = rnn.conv_transpose(x, w, None, 2, 1, 1, backward_choice=("no-such-impl", "x64:gemm:jit@any"))
+    with pytest.raises(NotSupportedError, match="no-such-impl"):
+        y.sum().backward()
+
+
 def test_transposed_output_size_channels_last_and_unbatched():
     torch.manual_seed(5)
     m = rnn.ConvTranspose2d(4, 3, 3, stride=2, padding=1, bias=False)
