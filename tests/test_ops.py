@@ -244,10 +244,12 @@ class _Net(torch.nn.Module):
         return ops.conv(y, self.c2.weight, None, stride=2, padding=[(0, 1), (1, 0)]).pow(2).mean()
 
 
-def _compile_check(backend):
+def _compile_check(backend, make_net=None, x=None):
+    """A net (default _Net) compiled with fullgraph=True: its loss and gradients equal eager's, and
+    its loss under no_grad too."""
     torch.manual_seed(0)
-    net = _Net()
-    x = torch.randn(2, 3, 12, 12).to(memory_format=torch.channels_last)
+    net = (make_net or _Net)()
+    x = torch.randn(2, 3, 12, 12).to(memory_format=torch.channels_last) if x is None else x
     loss = net(x)
     loss.backward()
     want = [p.grad.clone() for p in net.parameters()]
@@ -259,6 +261,8 @@ def _compile_check(backend):
     _close(got, loss.double(), 1e-5, "loss")
     for g, r in zip((p.grad for p in net.parameters()), want):
         _close(g, r.double(), 1e-4, "grad")
+    with torch.no_grad():
+        _close(cnet(x), loss.double(), 1e-5, "no-grad loss")
 
 
 def test_compile_fullgraph_aot_eager():
@@ -382,21 +386,7 @@ def test_compile_fullgraph_with_transposed_modules(backend):
     # rawconv.nn's ConvTranspose modules ran a Python autograd Function calling the backends
     # directly: dynamo could not trace it (fullgraph=True raised). They run rawconv.ops.conv_transpose
     # (the registered operators) now.
-    torch.manual_seed(0)
-    net = _TransposeNet()
-    x = torch.randn(2, 3, 8, 8)
-    loss = net(x)
-    loss.backward()
-    want = [p.grad.clone() for p in net.parameters()]
-    net.zero_grad()
-    cnet = torch.compile(net, fullgraph=True, backend=backend)
-    got = cnet(x)
-    got.backward()
-    _close(got, loss.double(), 1e-5, "loss")
-    for g, r in zip((p.grad for p in net.parameters()), want):
-        _close(g, r.double(), 1e-4, "grad")
-    with torch.no_grad():
-        _close(cnet(x), loss.double(), 1e-5, "no-grad loss")
+    _compile_check(backend, _TransposeNet, torch.randn(2, 3, 8, 8))
 
 
 # ---------------------------------------------------------------------------- the friendly API and errors
