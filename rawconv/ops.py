@@ -503,6 +503,12 @@ _KEYSETS: dict = {}   # keyset.raw_repr() -> 1 (only CPU left below autograd), 2
 
 
 def _run_below_autograd(op, cpu_kernel, cuda_kernel, keyset, args):
+    """``op(*args)`` below autograd: the backend's kernel directly when only its key is left below
+    autograd in ``keyset``, else a redispatch; ``keyset`` None (an autograd Function applied from
+    Python under a torch.func transform): the operator called under ``_AutoDispatchBelowAutograd``."""
+    if keyset is None:
+        with _below_autograd():
+            return op(*args)
     raw = keyset.raw_repr()
     kind = _KEYSETS.get(raw)
     if kind is None:
@@ -567,9 +573,7 @@ class RawconvConvForward(torch.autograd.Function):
             if y is None:
                 y = _forward_cpu(x, w, bias, *args)
             return y
-        if how is None:   # applied from Python under a torch.func transform (see _fwd_call)
-            with _below_autograd():
-                return _fwd_op(x, w, bias, *args)
+        # how None: applied from Python under a torch.func transform (see _fwd_call)
         return _run_below_autograd(_fwd_op, _forward_cpu, _forward_cuda, how, (x, w, bias) + args)
 
     @staticmethod
@@ -615,11 +619,8 @@ class RawconvConvBackwardData(torch.autograd.Function):
 
     @staticmethod
     def forward(keyset, grad_y, w, conf):
-        args = conf.args
-        if keyset is None:
-            with _below_autograd():
-                return _bwd_data_op(grad_y, w, *args)
-        return _run_below_autograd(_bwd_data_op, _backward_data_cpu, _backward_data_cuda, keyset, (grad_y, w) + args)
+        return _run_below_autograd(_bwd_data_op, _backward_data_cpu, _backward_data_cuda, keyset,
+                                   (grad_y, w) + conf.args)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -660,12 +661,8 @@ class RawconvConvBackwardWeights(torch.autograd.Function):
 
     @staticmethod
     def forward(keyset, x, grad_y, conf):
-        args = conf.args
-        if keyset is None:
-            with _below_autograd():
-                return _bwd_weights_op(x, grad_y, *args)
         return _run_below_autograd(_bwd_weights_op, _backward_weights_cpu, _backward_weights_cuda, keyset,
-                                   (x, grad_y) + args)
+                                   (x, grad_y) + conf.args)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
