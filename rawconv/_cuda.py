@@ -186,6 +186,27 @@ def workspace(nbytes: int, device) -> "object":
     return torch.empty(max(int(nbytes), 1), dtype=torch.uint8, device=device)
 
 
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False)
+
+
+def refuse_in_capture(what: str) -> None:
+    """Raise :class:`~rawconv.errors.NotSupportedError` when torch's current CUDA stream is being
+    captured into a CUDA graph (``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``):
+    ``what`` (a search that times candidates, allocates example tensors and synchronizes) cannot
+    run inside a capture. The fix is a call before capturing (a warm-up), as torch's own
+    ``cudnn.benchmark`` needs."""
+    try:
+        capturing = _capturing()
+    except RuntimeError:   # no CUDA driver: nothing is captured
+        return
+    if capturing:
+        from .errors import NotSupportedError
+
+        raise NotSupportedError(f"{what} cannot run while a CUDA graph is being captured (it times candidates and "
+                                "synchronizes): run the model once before capturing (a warm-up on a side stream, "
+                                "as torch.cuda.graph's docs show), which makes and keeps the choice")
+
+
 # ------------------------------------------------------------------ forward hot paths
 PLAIN = (torch.Tensor, torch.nn.Parameter)   # tensor types a hot path takes as they are
 

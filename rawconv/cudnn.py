@@ -315,7 +315,8 @@ def gpu_time(fn, iterations: int = 20, warmup: int = 3, repeats: int = 3):
 class _Hot:
     """A forward plan's prepared call for :meth:`Convolution.execute`'s hot path: the tensors' pack
     (:class:`rawconv._cuda.HotArgs`), the :class:`RunInfo`, descriptors and workspace it was made
-    with (it holds while they are the plan's), the stream that workspace belongs to, the C
+    with (it holds while they are the plan's), the stream it runs on (the default stream, whose
+    workspace the plan keeps; None: any stream, for an algo that needs no workspace), the C
     function with its prepared arguments (alpha/beta pointers, descriptors, algo, workspace
     pointer and size), the bias and activation steps when they run in torch (as the checked path
     runs them), and the ``void *`` casts of the last data pointers."""
@@ -336,7 +337,8 @@ class _Hot:
             return None
         p, L = plan.problem, _cudnn.lib()
         h = cls()
-        h.args, h.info, h.descs, h.ws, h.stream = args, info, plan._descs, plan._ws, plan._ws_stream
+        h.args, h.info, h.descs, h.ws = args, info, plan._descs, plan._ws
+        h.stream = None if not info.workspace_bytes else 0   # None: any stream (no workspace to tie it to)
         h.index = plan.device_index
         xd, wd, yd, cd = plan.descriptors(plan.inner.n)
         h.pre = (plan._alpha, xd, wd, cd, info.algo_id, pws, info.workspace_bytes, plan._beta0, yd)
@@ -372,8 +374,8 @@ class _Hot:
             return None
         a, y = bound
         hs = _cuda.handle_state(self.index)
-        if hs.stream != self.stream:
-            return None   # the checked path takes a workspace for this stream
+        if self.stream is not None and hs.stream != self.stream:
+            return None   # another stream: the checked path takes a workspace for this call
         c = self.casts   # (pointers, their casts): read and replaced as one object
         if c[0] != a:
             cast = ffi.cast
@@ -480,8 +482,9 @@ class Convolution(PlanLifetime):
         self._freed = False
         self._rows: dict = {}
         self._info: RunInfo | None = None
-        self._ws = None
-        self._ws_stream = None
+        self._ws = None         # the default stream's workspace (see _workspace)
+        self._pws = ffi.NULL
+        self._pws_stable = False
         self._fused: bool | None = None
         self._hot: _Hot | None = None   # the forward hot path's prepared call (see execute)
         self.notes: list[str] = []
@@ -586,6 +589,7 @@ class Convolution(PlanLifetime):
                         "backward_weights": ("cudnnGetConvolutionBackwardFilterAlgorithm_v7", (h, xd, yd, cd, wd))}[d]
             _cudnn.call(fn, *args, count, ret, perf, detail=self.problem.describe())
         elif mode == "find":
+            _cuda.refuse_in_capture(f"cuDNN's Find (timing every algo) for {self.problem.describe()}")
             t = self._example_tensors()
             n = self.batch_chunk
             ws_bytes = self._find_workspace_bytes(math)
@@ -816,11 +820,23 @@ class Convolution(PlanLifetime):
         return to_layout(torch.nn.functional.pad(x, pad), self.problem.layout)
 
     def _workspace(self, stream: int):
-        ws = self._ws
-        if ws is None or self._ws_stream != stream:
-            ws = _cuda.workspace(self._info.workspace_bytes, self.problem.device)
-            self._ws, self._ws_stream = ws, stream
-        return ws
+        """``(tensor to hold until the launch, void * for cuDNN, stable)`` for a call on ``stream``:
+        none for an algo that needs no workspace; on the device's default stream (never captured)
+        the plan's own, kept for its life (``stable``: a hot-path pack may keep its address); on any
+        other stream (a side stream, a CUDA graph capture, a graph tree's warm-up) this call's, from
+        torch's caching allocator, given back after the launch as torch's own cuDNN calls do, so a
+        captured graph uses only memory its pool owns and two streams never share one."""
+        nbytes = self._info.workspace_bytes
+        if not nbytes:
+            return None, ffi.NULL, True
+        if stream == 0:
+            ws = self._ws
+            if ws is None:
+                ws = self._ws = _cuda.workspace(nbytes, self.problem.device)
+                self._pws = ffi.cast("void *", ws.data_ptr())
+            return ws, self._pws, True
+        ws = _cuda.workspace(nbytes, self.problem.device)
+        return ws, ffi.cast("void *", ws.data_ptr()), False
 
     @_cuda.on_plan_device
     def execute(self, x: torch.Tensor | None = None, w: torch.Tensor | None = None,
@@ -883,10 +899,11 @@ class Convolution(PlanLifetime):
             return (res, self._info) if return_info else res
         info = self._info or self.info
         h = _cuda.handle_for(self.device_index)
-        ws = self._workspace(_cuda.current_stream_of_handle(self.device_index))
+        keep, pws, self._pws_stable = self._workspace(_cuda.current_stream_of_handle(self.device_index))
         run = (self._run_forward if d == "forward" else self._run_backward_data if d == "backward_data"
                else self._run_backward_weights)
-        result = run(h, info, ffi.cast("void *", ws.data_ptr()), x, w, bias, out, grad_y)
+        result = run(h, info, pws, x, w, bias, out, grad_y)
+        del keep   # (a per-call workspace goes back to the allocator after the launch)
         if out is not None:
             _guard.bump((out,))   # written in place, as torch's out= functions do
             result = out
@@ -903,6 +920,12 @@ class Convolution(PlanLifetime):
         kernel, which keeps the plan of its last call with the same arguments."""
         hot = self._hot
         return None if hot is None else hot.run(self, x, w, bias, None)
+
+    def _hot_call(self, a, b, bias):
+        """The operators' hot-path entry in every direction (see
+        :meth:`rawconv.cudnn_graph.GraphConvolution._hot_call`): the forward's; None otherwise
+        (the legacy backward calls take their checked path)."""
+        return self._hot_forward(a, b, bias) if self.direction == "forward" else None
 
     def _chunks(self):
         """``(start, size)`` of each batch chunk (int32 element limit) and its descriptors."""
@@ -963,7 +986,7 @@ class Convolution(PlanLifetime):
                 _ACT_FNS[self.activation](y)
         hot = self._hot
         if (hot is None or not hot.current(self)) and whole and x is x0 and w is w0 and bt is bias \
-                and (out is None or y is out) and y.stride() == self._ys:
+                and (out is None or y is out) and y.stride() == self._ys and self._pws_stable:
             # every tensor went to cuDNN as the caller passed it, y as the checked path makes it
             self._hot = _Hot.of(self, info, pws, x, w, bias, y)
         return y
@@ -1091,6 +1114,7 @@ class Convolution(PlanLifetime):
         from . import _progress, tuning
 
         self._check_live()
+        _cuda.refuse_in_capture(f"the algo search of {self.problem.describe()}")
         if use_cache is not None and not isinstance(use_cache, bool):
             raise ArgumentTypeError(f"use_cache must be True, False or None, got {use_cache!r}")
         _progress.enabled(progress)   # validates

@@ -310,93 +310,93 @@ class _Graph:
         return self.graph
 
 
-_STREAMS_KEPT = 8                 # per plan: the workspaces / channels_last buffers of streams past the first
 _stream_lock = threading.Lock()   # making them (the lookups of a made one take no lock)
+_VPS_KEPT = 64                    # variant packs kept per finalized plan (by data pointers)
 
 
 class _Built:
     """A finalized execution plan and what executing it needs: a workspace and the variant packs
-    (by data pointers) that name it, per CUDA stream (kernels of two streams may run at once, so
-    they never share one): ``workspace`` / ``vps`` of the first stream it ran on (``ws_stream``),
-    ``streams`` {stream: (workspace, vps)} for the others (at most ``_STREAMS_KEPT``)."""
+    (by data pointers, the workspace's included) that name it.
 
-    __slots__ = ("config", "plan", "workspace_bytes", "workspace", "vps", "ws_stream", "streams", "read_back",
-                 "finalized_at")
+    Workspaces follow torch's own cuDNN calls, so that a plan is safe under CUDA graphs
+    (``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``): on the device's default
+    stream (never captured) the plan keeps one workspace for its life (``workspace``); on any other
+    stream each call takes its workspace from torch's caching allocator and gives it back after
+    the launch (stream-ordered, as ``at::native`` does). A capture then records only memory its
+    graph's pool owns, nothing a plan keeps is allocated inside a capture or a graph tree's
+    warm-up, and two streams never share a workspace. A plan needing no workspace allocates
+    none."""
+
+    __slots__ = ("config", "plan", "workspace_bytes", "workspace", "ws_ptr", "vps", "read_back", "finalized_at")
 
     def __init__(self, config: EngineConfig, plan: B.Descriptor, workspace_bytes: int, read_back: dict):
         self.config = config
         self.plan = plan
         self.workspace_bytes = workspace_bytes
-        self.workspace = None
+        self.workspace = None   # the default stream's (made on its first call there)
+        self.ws_ptr = 0
         self.vps: dict = {}
-        self.ws_stream = None
-        self.streams: dict | None = None
         self.finalized_at = time.perf_counter()  # when cudnnBackendFinalize returned (perf_counter s)
         self.read_back = read_back
 
-    def on_stream(self, stream: int, device: str):
-        """``(workspace, variant packs)`` for ``stream`` (made on first use, while that stream is
-        current: torch's caching allocator reuses a freed block in that stream's order)."""
+    def default_workspace(self, device) -> int:
+        """The default stream's workspace address (made on first use)."""
         with _stream_lock:
-            if self.ws_stream is None:
+            if self.workspace is None:
                 self.workspace = _cuda.workspace(self.workspace_bytes, device)
-                self.ws_stream = stream   # (after the workspace: _run reads them without the lock)
-            if stream == self.ws_stream:
-                return self.workspace, self.vps
-            if self.streams is None:
-                self.streams = {}
-            e = self.streams.get(stream)
-            if e is None:
-                if len(self.streams) >= _STREAMS_KEPT:   # a caller holding one keeps it alive until its launch
-                    self.streams.pop(next(iter(self.streams)))
-                e = self.streams[stream] = (_cuda.workspace(self.workspace_bytes, device), {})
-            return e
+                self.ws_ptr = self.workspace.data_ptr()
+            return self.ws_ptr
 
 
 class _GraphHot:
-    """A forward plan's prepared argument pack for :meth:`GraphConvolution.execute`'s hot path: the
-    finalized plan it ran, the tensors' pack (:class:`rawconv._cuda.HotArgs`: each tensor's shape
-    and strides as the caller passed it, used as it was: no copy, no unsqueeze; dtype, device,
-    y's shape and strides, 16-byte alignment, the byte extents that reject an ``out`` overlapping
-    an input) and the order of the data pointers in the variant pack."""
+    """A plan's prepared argument pack for :meth:`GraphConvolution.execute`'s hot path, in every
+    direction: the finalized plan it ran, the tensors' pack (:class:`rawconv._cuda.HotArgs` over
+    the direction's two inputs, the bias and the output: forward ``(x, w, bias, y)``, backward
+    data ``(grad_y, w, -, dx)``, backward weights ``(x, grad_y, -, dw)``; each tensor's shape and
+    strides as the caller passed it, used as it was: no copy, no unsqueeze; dtype, device, the
+    output's shape and strides, 16-byte alignment, the byte extents that reject an ``out``
+    overlapping an input) and the order of the data pointers in the variant pack."""
 
     __slots__ = ("built", "args", "order")
 
+    # (inputs a, b, bias, out) -> the graph's roles, per direction (see _ROLES)
+    _ORDER = {"forward": (0, 1, 3), "backward_data": (3, 1, 0), "backward_weights": (0, 3, 1)}
+
     @classmethod
-    def of(cls, plan: "GraphConvolution", built: "_Built", t: dict, x, w, bias, out) -> "_GraphHot | None":
-        """The pack of a checked forward call that bound ``t``, or None when a tensor was not used as
-        it is (copied, unsqueezed, a construction tensor) or is a subclass, or the graph has roles
-        other than x, w, y and b, or the problem is unbatched (the checked path returns y without
-        its batch dim even for an x given with one)."""
+    def of(cls, plan: "GraphConvolution", built: "_Built", t: dict, a, b, bias, out) -> "_GraphHot | None":
+        """The pack of a checked call that bound ``t`` from inputs ``a``, ``b`` (forward: x, w;
+        backward data: grad_y, w; backward weights: x, grad_y), ``bias`` and ``out``, or None when
+        a tensor was not used as it is (copied, unsqueezed, a construction tensor) or is a
+        subclass, or the graph has other roles (a residual), or the problem is unbatched (the
+        checked path returns y without its batch dim even for an x given with one)."""
+        d = plan.direction
         if plan.problem.unbatched:
             return None
         roles = tuple(plan._graph.roles)
-        if roles not in (("x", "w", "y"), ("x", "w", "y", "b")):
+        if roles != _ROLES[d] and not (d == "forward" and roles == ("x", "w", "y", "b")):
             return None
-        x = plan._x if x is None else x   # as _bind resolves them
-        w = plan._w if w is None else w
-        bias = plan._b if bias is None else bias
-        if x is None or w is None or t["x"] is not x or t["w"] is not w or (bias is None) != ("b" not in t) \
-                or (bias is not None and t["b"] is not bias) or (out is not None and t["y"] is not out):
+        ra, rb = {"forward": ("x", "w"), "backward_data": ("dy", "w"), "backward_weights": ("x", "dy")}[d]
+        out_role = _OUT_ROLE[d]
+        if a is None or b is None or t[ra] is not a or t[rb] is not b or (bias is None) != ("b" not in t) \
+                or (bias is not None and t["b"] is not bias) or (out is not None and t[out_role] is not out):
             return None
-        args = _cuda.HotArgs.of(x, w, bias, t["y"], plan.device_index, ALIGNMENT)
+        args = _cuda.HotArgs.of(a, b, bias, t[out_role], plan.device_index, ALIGNMENT)
         if args is None:
             return None
         h = cls()
         h.built, h.args = built, args
-        h.order = (0, 1, 3) if bias is None else (0, 1, 3, 2)   # (x, w, b, y) -> the graph's roles
+        h.order = cls._ORDER[d] if bias is None else (0, 1, 3, 2)   # (x, w, b, y) -> (x, w, y, b)
         return h
 
-    def run(self, plan: "GraphConvolution", x, w, bias, out):
+    def run(self, plan: "GraphConvolution", a, b, bias, out):
         """Run when the tensors have exactly the pack's metadata (:meth:`rawconv._cuda.HotArgs.bind`):
-        ``cudnnBackendExecute`` on the variant pack of their pointers; returns y (or ``out``), else
-        None (the caller takes the checked path)."""
-        bound = self.args.bind(plan._x if x is None else x, plan._w if w is None else w,
-                               plan._b if bias is None else bias, out)
+        ``cudnnBackendExecute`` on the variant pack of their pointers; returns the output (or
+        ``out``), else None (the caller takes the checked path)."""
+        bound = self.args.bind(a, b, bias, out)
         if bound is None:
             return None
-        a, y = bound
-        plan._run(self.built, tuple([a[i] for i in self.order]))
+        p, y = bound
+        plan._run(self.built, tuple([p[i] for i in self.order]))
         if out is not None:
             _guard.bump((out,))   # written in place, as torch's out= functions do
         return y
@@ -464,6 +464,7 @@ class GraphConvolution(PlanLifetime):
         self.activation = _check_activation(activation, direction, problem.has_bias and direction == "forward")
         self.allow_tf32 = allow_tf32
         self.device_index = _device_index(problem)
+        self._dev = torch.device("cuda", self.device_index)
         # zero-sized problems (shared/cases C1) never reach cuDNN
         self._graph = None if problem.is_empty else _Graph(problem, direction, self.activation, problem.layout)
         self._configs: dict[str, EngineConfig] = {}    # name -> listed/known config
@@ -477,9 +478,9 @@ class GraphConvolution(PlanLifetime):
         self._lock = threading.RLock()
         self._cl: GraphConvolution | None = None    # the channels_last graph's plan (NCHW plans)
         self._via: GraphConvolution | None = None   # _cl when an "nhwc:" config is selected
-        self._bufs: dict | None = None               # channels_last buffers of "nhwc:" configs
+        self._bufs: dict | None = None               # the default stream's channels_last buffers ("nhwc:")
         self._want: dict = {}
-        self._hot: _GraphHot | None = None           # the forward hot path's argument pack (see execute)
+        self._hot: _GraphHot | None = None           # the hot path's argument pack (see execute)
 
     # ------------------------------------------------------------------ graph and engines
     def _graph_desc(self) -> B.Descriptor:
@@ -822,30 +823,42 @@ class GraphConvolution(PlanLifetime):
         return t
 
     def _run(self, b: _Built, ptrs: tuple) -> None:
+        """``cudnnBackendExecute`` of ``b`` on the data pointers ``ptrs`` (the graph's roles in
+        order), on torch's current stream, with the workspace :class:`_Built` says."""
         hs = _cuda.handle_state(self.device_index)
-        if hs.stream == b.ws_stream:
-            ws, vps = b.workspace, b.vps
-        else:   # another stream, or the first call: that stream's own workspace
-            ws, vps = b.on_stream(hs.stream, f"cuda:{self.device_index}")
-        vp = vps.get(ptrs)
+        keep = None
+        if not b.workspace_bytes:
+            wp = 0
+        elif hs.stream == 0:   # the default stream (never captured): the plan's own workspace
+            wp = b.ws_ptr or b.default_workspace(self._dev)
+        else:   # a side or capture stream: this call's, from torch's caching allocator
+            keep = _cuda.workspace(b.workspace_bytes, self._dev)
+            wp = keep.data_ptr()
+        vps = b.vps
+        key = (ptrs, wp)
+        vp = vps.get(key)
         if vp is None:
-            if len(vps) >= 64:
+            if len(vps) >= _VPS_KEPT:
                 vps.clear()
-            vp = vps[ptrs] = B.variant_pack(self._graph.uids, ptrs, ws.data_ptr())
-        L = _cudnn.lib()
-        status = L.cudnnBackendExecute(hs.ptr, b.plan.ptr, vp.ptr)   # (ws, held here, outlives the launch)
+            vp = vps[key] = B.variant_pack(self._graph.uids, ptrs, wp)
+        status = _cudnn.lib().cudnnBackendExecute(hs.ptr, b.plan.ptr, vp.ptr)
+        del keep   # back to the allocator after the launch: reused only by later work on this stream
         if status:
             raise _cudnn.error(status, "cudnnBackendExecute", f"{b.config.name} on {self._describe()}")
 
     @_cuda.on_plan_device
     def _hot_forward(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None):
-        """The forward hot path alone (see :meth:`execute`): y when the tensors fit the prepared
-        pack exactly, else None (the caller then takes :meth:`execute`). For the operator's CUDA
-        kernel, which keeps the plan of its last call with the same arguments."""
+        """The hot path alone (see :meth:`execute`), in any direction: the output when the tensors
+        fit the prepared pack exactly, else None (the caller then takes :meth:`execute`). ``x``,
+        ``w``: the direction's two inputs (forward x, w; backward data grad_y, w; backward weights
+        x, grad_y); ``bias``: the forward's bias or None. For the operators' CUDA kernels, which
+        keep the plan of their last call with the same arguments."""
         hot = self._hot
         if hot is not None and hot.built is self._selected and self._via is None and not self._freed:
             return hot.run(self, x, w, bias, None)
         return None
+
+    _hot_call = _hot_forward   # (every direction)
 
     @_cuda.on_plan_device
     def execute(self, x: torch.Tensor | None = None, w: torch.Tensor | None = None,
@@ -865,9 +878,16 @@ class GraphConvolution(PlanLifetime):
         (``cudnnTransformTensor``). Wraps ``cudnnBackendExecute``.
         """
         hot = self._hot
-        if hot is not None and grad_y is None and hot.built is self._selected and self._via is None \
-                and not self._freed:
-            y = hot.run(self, x, w, bias, out)
+        if hot is not None and hot.built is self._selected and self._via is None and not self._freed:
+            d = self.direction
+            if d == "forward":
+                y = None if grad_y is not None else hot.run(self, self._x if x is None else x,
+                                                             self._w if w is None else w,
+                                                             self._b if bias is None else bias, out)
+            elif d == "backward_data":
+                y = None if x is not None or bias is not None or w is None else hot.run(self, grad_y, w, None, out)
+            else:
+                y = None if w is not None or bias is not None or x is None else hot.run(self, x, grad_y, None, out)
             if y is not None:
                 return y
         self._check_live()
@@ -884,8 +904,15 @@ class GraphConvolution(PlanLifetime):
         else:
             b = self._selected or self._select_default()
             self._run(b, tuple(t[r].data_ptr() for r in self._graph.roles))
-            if self.direction == "forward" and (hot is None or hot.built is not b):
-                self._hot = _GraphHot.of(self, b, t, x, w, bias, out)
+            if hot is None or hot.built is not b:
+                d = self.direction
+                if d == "forward":
+                    self._hot = _GraphHot.of(self, b, t, self._x if x is None else x, self._w if w is None else w,
+                                             self._b if bias is None else bias, out)
+                elif d == "backward_data":
+                    self._hot = _GraphHot.of(self, b, t, grad_y, w, None, out) if x is None else None
+                else:
+                    self._hot = _GraphHot.of(self, b, t, x, grad_y, None, out) if w is None else None
         if out is not None:
             _guard.bump((out,))   # written in place, as torch's out= functions do
             return out
@@ -961,40 +988,39 @@ class GraphConvolution(PlanLifetime):
 
     def _relayout_buffers(self, stream: int) -> dict:
         """role -> (channels_last buffer, its void *, descriptor of this plan's layout, descriptor
-        of channels_last), made once per plan and CUDA stream (two streams' calls may run at once:
-        each has buffers of its own; at most ``_STREAMS_KEPT`` streams kept; 4-D or 5-D
-        descriptors, 1-D problems lifted)."""
-        by_stream = self._bufs
-        bufs = None if by_stream is None else by_stream.get(stream)
+        of channels_last). On the device's default stream (never captured) made once per plan and
+        kept; on any other stream made for this call from torch's caching allocator and given
+        back after it (as :class:`_Built`'s workspaces: capture-safe, never shared by two
+        streams). 4-D or 5-D descriptors, 1-D problems lifted."""
+        if stream != 0:
+            return self._make_relayout_buffers()
+        bufs = self._bufs
         if bufs is not None:
             return bufs
         with _stream_lock:
             if self._bufs is None:
-                self._bufs = {}
-            bufs = self._bufs.get(stream)
-            if bufs is None:
-                if len(self._bufs) >= _STREAMS_KEPT:
-                    self._bufs.pop(next(iter(self._bufs)))
-                bufs = self._bufs[stream] = self._make_relayout_buffers()
-            return bufs
+                self._bufs = self._make_relayout_buffers()
+            return self._bufs
 
     def _make_relayout_buffers(self) -> dict:
         p = self.problem
         ffi = _cudnn.ffi
-        if getattr(self, "_one", None) is None:
+        descs = self.__dict__.get("_relayout_descs")
+        if descs is None:   # per plan: the descriptors (no device memory), made once
             one_t = "double *" if p.dtype == "float64" else "float *"
             self._one, self._zero = ffi.new(one_t, 1.0), ffi.new(one_t, 0.0)
-        shapes = {"x": p.x_shape, "dx": p.x_shape, "y": p.y_shape, "dy": p.y_shape, "w": p.w_shape,
-                  "dw": p.w_shape}
+            shapes = {"x": p.x_shape, "dx": p.x_shape, "y": p.y_shape, "dy": p.y_shape, "w": p.w_shape,
+                      "dw": p.w_shape}
+            descs = {}
+            for role in _ROLES[self.direction]:
+                g = _lift(shapes[role])
+                descs[role] = (shapes[role], _cudnn.tensor_desc(p.dtype, g, dense_strides(g, p.layout)),
+                               _cudnn.tensor_desc(p.dtype, g, dense_strides(g, "nhwc")))
+            self._relayout_descs = descs
         bufs = {}
-        for role in _ROLES[self.direction]:
-            shape = shapes[role]
-            buf = torch.empty_strided(shape, dense_strides(shape, "nhwc"), dtype=p.torch_dtype,
-                                      device=f"cuda:{self.device_index}")
-            g = _lift(shape)
-            bufs[role] = (buf, ffi.cast("void *", buf.data_ptr()),
-                          _cudnn.tensor_desc(p.dtype, g, dense_strides(g, p.layout)),
-                          _cudnn.tensor_desc(p.dtype, g, dense_strides(g, "nhwc")))
+        for role, (shape, own, cl) in descs.items():
+            buf = torch.empty_strided(shape, dense_strides(shape, "nhwc"), dtype=p.torch_dtype, device=self._dev)
+            bufs[role] = (buf, ffi.cast("void *", buf.data_ptr()), own, cl)
         return bufs
 
     @property
@@ -1175,6 +1201,7 @@ class GraphConvolution(PlanLifetime):
             rows = self._from_cache(store, key)
             if rows is not None:
                 return rows
+        _cuda.refuse_in_capture(f"the engine-config search of {self._describe()}")
         t_start = time.perf_counter()
         tensors = self._example(seed)
         ref = ref_abs = None
@@ -1554,6 +1581,23 @@ def backward_filter(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[int
 
 
 backward_weights = backward_filter   # rawconv's word (backward_filter is cuDNN's)
+
+
+def _grad_plan(direction: str, a, b, shape, stride, padding, dilation, groups, engine, allow_tf32: bool = False,
+               math: str | None = None) -> "GraphConvolution":
+    """The cached plan of a backward call, its arguments checked (as :func:`backward_data` /
+    :func:`backward_filter` check them): ``direction`` ``"backward_data"`` (``a`` = grad_y, ``b``
+    = w, ``shape`` = x_shape; the plan takes grad_y's layout) or ``"backward_weights"`` (``a`` =
+    x, ``b`` = grad_y, ``shape`` = w_shape; x's layout). For the operators' CUDA kernels."""
+    if direction == "backward_data":
+        p = _problem(shape_only(shape, a, "x_shape"), b, None, stride, padding, dilation, groups)
+        if layout_of(a if a.dim() == p.ndim + 2 else a.unsqueeze(0)) == "nhwc":
+            p = p.with_(layout="nhwc")
+        _check_tensor(p, a, "grad_y", p.y_shape)
+    else:
+        p = _problem(a, shape_only(shape, a, "w_shape"), None, stride, padding, dilation, groups)
+        _check_tensor(p, b, "grad_y", p.y_shape)
+    return _plan(p, direction, None, _tf32(allow_tf32, math), engine)
 
 
 def _check_tensor(p: ConvProblem, t, name, shape):

@@ -1128,50 +1128,23 @@ def test_prefetch_leaves_half_the_workers_free_and_never_compiles_a_config_twice
     assert S.prefetch(plan, n=50) == [], "built already"
 
 
-def test_each_cuda_stream_gets_its_own_workspace_and_relayout_buffers(monkeypatch):
-    """Kernels of two CUDA streams may run at once: a graph plan's workspace (and the
-    channels_last buffers of an "nhwc:" config) must not be shared between streams, as one
-    buffer per plan was. The first stream keeps b.workspace / b.vps; another gets its own pair;
-    at most _STREAMS_KEPT other streams are kept (a caller holds its pair until its launch).
-    (CPU stand-ins for the CUDA buffers: the bookkeeping is what is tested.)"""
-    made = []
-
-    def fake_workspace(nbytes, device):
-        made.append(nbytes)
-        return torch.empty(max(nbytes, 1), dtype=torch.uint8)
-    monkeypatch.setattr(G._cuda, "workspace", fake_workspace)
-    b = G._Built(G.EngineConfig(3), None, 256, {})
-    ws1, vps1 = b.on_stream(111, "cuda:0")
-    assert ws1 is b.workspace and vps1 is b.vps and b.ws_stream == 111
-    assert b.on_stream(111, "cuda:0") == (ws1, vps1) and len(made) == 1
-    ws2, vps2 = b.on_stream(222, "cuda:0")
-    assert ws2 is not ws1 and vps2 is not vps1 and ws2.data_ptr() != ws1.data_ptr()
-    assert b.on_stream(222, "cuda:0")[0] is ws2 and len(made) == 2
-    for s in range(G._STREAMS_KEPT + 3):
-        b.on_stream(1000 + s, "cuda:0")
-    assert len(b.streams) == G._STREAMS_KEPT and 222 not in b.streams
-    assert b.on_stream(111, "cuda:0")[0] is ws1, "the first stream's pair stays"
-
-    plan = G.GraphConvolution.__new__(G.GraphConvolution)
-    plan._bufs = None
-    monkeypatch.setattr(G.GraphConvolution, "_make_relayout_buffers", lambda self: {"x": object()})
-    a = plan._relayout_buffers(111)
-    assert plan._relayout_buffers(111) is a and plan._relayout_buffers(222) is not a
-    for s in range(G._STREAMS_KEPT + 2):
-        plan._relayout_buffers(1000 + s)
-    assert len(plan._bufs) == G._STREAMS_KEPT
-
-
-def test_run_launches_each_stream_with_its_own_workspace_in_the_variant_pack(monkeypatch):
-    """GraphConvolution._run itself (cuDNN and the CUDA handle stubbed): the variant pack a call
-    executes names the workspace of the stream current for it, packs are kept per stream and per
-    data pointers, and a failing status raises the cuDNN error."""
+def test_workspaces_are_kept_on_the_default_stream_only_and_per_call_elsewhere(monkeypatch):
+    """Capture safety (CUDA graphs, reduce-overhead's graph trees): a graph plan keeps a workspace
+    (and an "nhwc:" config's channels_last buffers) only for the device's default stream, which is
+    never captured; on any other stream (a side stream, a capture, a graph tree's warm-up) each call
+    takes its own from the allocator and gives it back after the launch, so nothing a plan keeps is
+    allocated inside a capture, and two streams never share one. A plan that needs no workspace
+    allocates none. (cuDNN and the CUDA handle stubbed; CPU stand-ins for the CUDA buffers: the
+    bookkeeping and the variant packs' addresses are what is tested.)"""
     import types
 
     made, packs, launched = [], [], []
-    monkeypatch.setattr(G._cuda, "workspace", lambda n, dev: made.append(torch.empty(max(n, 1), dtype=torch.uint8))
-                        or made[-1])
-    state = types.SimpleNamespace(ptr="handle", stream=111)
+
+    def fake_workspace(nbytes, device):
+        made.append(torch.empty(max(nbytes, 1), dtype=torch.uint8))
+        return made[-1]
+    monkeypatch.setattr(G._cuda, "workspace", fake_workspace)
+    state = types.SimpleNamespace(ptr="handle", stream=0)
     monkeypatch.setattr(G._cuda, "handle_state", lambda idx: state)
 
     def variant_pack(uids, ptrs, ws_ptr):
@@ -1182,23 +1155,42 @@ def test_run_launches_each_stream_with_its_own_workspace_in_the_variant_pack(mon
 
     class Lib:
         def cudnnBackendExecute(self, h, plan, vp):
-            launched.append((h, plan, vp))
+            launched.append((h, plan, vp, list(made)))
             return status[0]
     monkeypatch.setattr(G._cudnn, "lib", lambda: Lib())
     plan = G.GraphConvolution.__new__(G.GraphConvolution)
-    plan.device_index = 0
+    plan.device_index, plan._dev = 0, torch.device("cpu")
     plan._graph = types.SimpleNamespace(uids=(1, 2, 3))
     b = G._Built(G.EngineConfig(3), types.SimpleNamespace(ptr="plan"), 64, {})
     plan._run(b, (10, 20, 30))
     plan._run(b, (10, 20, 30))
-    assert len(packs) == 1 and launched == [("handle", "plan", 1)] * 2
-    assert packs[0][1] == made[0].data_ptr() and b.ws_stream == 111
-    state.stream = 222   # another stream: its own workspace, its own pack for the same pointers
+    assert len(made) == 1 and b.workspace is made[0], "the default stream: one workspace for the plan's life"
+    assert len(packs) == 1 and packs[0] == ((10, 20, 30), made[0].data_ptr())
+    assert [v[:3] for v in launched] == [("handle", "plan", 1)] * 2
+    state.stream = 222   # a side or capture stream: a workspace per call, none kept
     plan._run(b, (10, 20, 30))
-    assert len(made) == 2 and len(packs) == 2 and packs[1][1] == made[1].data_ptr() != packs[0][1]
-    state.stream = 111
     plan._run(b, (10, 20, 30))
-    assert len(packs) == 2 and launched[-1][2] == 1, "back on the first stream: its pack again"
+    assert len(made) == 3 and b.workspace is made[0], "per call on another stream, the kept one untouched"
+    assert launched[-1][3][-1] is made[2], "the call's own workspace is alive at its launch"
+    assert all(ws == made[0].data_ptr() or ws in (made[1].data_ptr(), made[2].data_ptr()) for _, ws in packs)
+    assert packs[-1][1] == made[2].data_ptr() or (packs[-1][1] == made[1].data_ptr() == made[2].data_ptr())
+    state.stream = 0
+    plan._run(b, (10, 20, 30))
+    assert launched[-1][2] == 1 and len(made) == 3, "back on the default stream: its workspace and pack again"
+    none = G._Built(G.EngineConfig(4), types.SimpleNamespace(ptr="plan0"), 0, {})
+    for stream in (0, 333):
+        state.stream = stream
+        plan._run(none, (10, 20, 30))
+    assert len(made) == 3 and none.workspace is None and packs[-1] == ((10, 20, 30), 0), "no workspace: none made"
+
+    p2 = G.GraphConvolution.__new__(G.GraphConvolution)
+    p2._bufs = None
+    monkeypatch.setattr(G.GraphConvolution, "_make_relayout_buffers", lambda self: {"x": object()})
+    a = p2._relayout_buffers(0)
+    assert p2._relayout_buffers(0) is a, "the default stream's buffers are kept"
+    assert p2._relayout_buffers(111) is not a and p2._relayout_buffers(111) is not p2._relayout_buffers(111)
+    assert p2._bufs is a
+    state.stream = 0
     plan._describe = lambda: "stub"
     status[0] = 3   # CUDNN_STATUS_BAD_PARAM
     with pytest.raises(LibraryError, match="cudnnBackendExecute"):

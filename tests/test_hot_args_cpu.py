@@ -123,7 +123,7 @@ def _stub_plan(unbatched: bool):
     p = ConvProblem(n=1, c=2, k=3, in_spatial=(4, 4), kernel=(3, 3), unbatched=unbatched)
     d = object()
     return types.SimpleNamespace(
-        problem=p, device_index=0, _descs={}, _ws=object(), _ws_stream=0, inner=types.SimpleNamespace(n=1),
+        problem=p, direction="forward", device_index=0, _descs={}, _ws=object(), inner=types.SimpleNamespace(n=1),
         descriptors=lambda n: (d, d, d, d), _alpha=None, _beta0=None, activation=None,
         _graph=types.SimpleNamespace(roles=("x", "w", "y")), _x=None, _w=None, _b=None)
 
