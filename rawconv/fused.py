@@ -39,7 +39,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from . import onednn
+from . import _autocast, onednn
 from ._grad import functorch_active as _functorch, has_tangent as _has_tangent
 from ._plans import PlanCache
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
@@ -784,6 +784,11 @@ try:
             torch.ops.rawconv.conv_bias_act.default, _conv_bias_act_op)), "Autograd", with_keyset=True)
 except Exception:  # noqa: BLE001  (a torch without this private helper: torch's own kernel stays)
     pass
+
+# autocast: the inputs cast as torch casts a convolution's (rawconv._autocast); the in-place residual
+# operator has none (its residual keeps its dtype): the modules call the out-of-place one under autocast
+_autocast_lib = torch.library.Library("rawconv", "IMPL")
+_autocast.register(_autocast_lib, "conv_bias_act")
 
 
 def conv_bias_act(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,

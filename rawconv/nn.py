@@ -52,6 +52,8 @@ from .errors import ArgumentError, ArgumentTypeError, InternalError, NotSupporte
 from .options import PRECISIONS
 from .problem import ConvProblem, shape_only, tuple_arg
 
+_autocasting = torch._C._is_any_autocast_enabled
+
 __all__ = ["conv", "conv_transpose", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
            "ConvTranspose3d", "ConvBiasAct1d", "ConvBiasAct2d", "ConvBiasAct3d", "convert", "describe",
            "LayerReport", "ConvertReport", "print_table", "BACKENDS", "pinned_choices", "pin_choices",
@@ -580,7 +582,8 @@ class _ConvBiasAct(_RawconvConv):
             _record(self, "fused", x=x, padding=padding, residual=residual)
         if not isinstance(x, torch.Tensor):
             raise ArgumentTypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-        if type(x) is torch.Tensor and not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and (
+        if type(x) is torch.Tensor and not torch.compiler.is_compiling() and not _autocasting() \
+                and not (torch.is_grad_enabled() and (
                 x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)
                 or (residual is not None and residual.requires_grad))) \
                 and not _functorch() and not _has_tangent(x, residual):
@@ -598,7 +601,7 @@ class _ConvBiasAct(_RawconvConv):
                                      self.activation, self.backend, choice, self.precision,
                                      self.__dict__.get("residual_inplace", False), plans)
         if residual is not None and self.__dict__.get("residual_inplace", False) and _fused.RESIDUAL_OP_GUARDED \
-                and isinstance(x, torch.Tensor) \
+                and isinstance(x, torch.Tensor) and not _autocasting() \
                 and x.device.type == "cpu" and not (torch.is_grad_enabled() and (
                     x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)
                     or residual.requires_grad)):
