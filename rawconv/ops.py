@@ -82,7 +82,7 @@ from typing import Any, Sequence
 
 import torch
 
-from . import _guard, onednn
+from . import _autocast, _guard, onednn
 from ._plans import PlanCache, arg_key
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from .options import PRECISIONS
@@ -302,6 +302,34 @@ _GRAPH_MATH = {"strict": None, "tf32": "tensor_op", "bf16": "tensor_op_allow_con
                "f16": "tensor_op_allow_conversion", "any": "default"}
 
 
+def _api(backend: str, choice: str) -> str:
+    """Which cuDNN API a CUDA kernel runs: ``"graph"`` for backend ``"cudnn_graph"``, for a graph
+    engine config's name (``"eng28{k2=3}"``, ``"nhwc:eng72"``) and for ``"auto"`` with no choice
+    (the graph API first, as torch's own convolutions; ``"auto"`` falls back to the legacy API
+    when cuDNN offers no engine config for the graph); ``"legacy"`` for backend ``"cudnn"`` and
+    for a legacy algorithm's name (``"IMPLICIT_PRECOMP_GEMM@fma"``, ``"@tensor_op"``,
+    ``"fastest"`` = cuDNN's Find)."""
+    if backend == "cudnn_graph":
+        return "graph"
+    from . import cudnn
+
+    if cudnn._is_graph_choice(choice):
+        return "graph"
+    return "graph" if backend == "auto" and not choice else "legacy"
+
+
+def _graph_default(plan, backend: str, choice: str):
+    """``plan`` with its default engine config finalized, or None for backend ``"auto"`` with no
+    choice when cuDNN offers none for this graph (the caller then runs the legacy API)."""
+    if backend != "auto" or choice or plan.problem.is_empty:
+        return plan
+    try:
+        plan._current()
+    except NotSupportedError:
+        return None
+    return plan
+
+
 def _forward_cuda(x, w, bias, stride, pad_before, pad_after, dilation, groups, backend, choice, precision,
                   bwd_data_choice, bwd_weights_choice):
     # y comes out in x's memory format from both APIs (their plans take ConvProblem.layout, the
@@ -323,19 +351,18 @@ def _forward_cuda(x, w, bias, stride, pad_before, pad_after, dilation, groups, b
     _check_strings(backend, choice, precision, "cuda", bwd_data_choice, bwd_weights_choice)
     padding = _padding(pad_before, pad_after)
     with torch.no_grad():   # the function forms route tensors that need grad back here
-        if backend == "cudnn_graph":
+        plan = None
+        if _api(backend, choice) == "graph":
             from . import cudnn_graph
 
-            plan = cudnn_graph._forward_plan(x, w, bias, tuple(stride), padding, tuple(dilation), groups,
-                                             choice or None, None, False, _GRAPH_MATH[precision])
-        else:
+            plan = _graph_default(cudnn_graph._forward_plan(x, w, bias, tuple(stride), padding, tuple(dilation),
+                                                            groups, choice or None, None, False,
+                                                            _GRAPH_MATH[precision]), backend, choice)
+        if plan is None:
             from . import cudnn
 
             c, m = _legacy_choice(choice)
-            algo, math, engine = cudnn._normalize("forward", None, c, m, precision, None)
-            if engine is not None:   # a graph engine's name: rawconv.cudnn.forward runs it on the graph API
-                return cudnn.forward(x, w, bias, tuple(stride), padding, tuple(dilation), groups, choice=c, math=m,
-                                     precision=precision)
+            algo, math, _engine = cudnn._normalize("forward", None, c, m, precision, None)
             plan = cudnn._forward_plan(x, w, bias, tuple(stride), padding, tuple(dilation), groups, algo, math,
                                        False, None, None)
         y = plan.execute(x, w, bias)
@@ -344,11 +371,22 @@ def _forward_cuda(x, w, bias, stride, pad_before, pad_after, dilation, groups, b
         return y
 
 
-_cuda_last = PlanCache(512)   # as _cpu_last, for cuDNN plans (graph and legacy; the backend is in the key)
+_cuda_last = PlanCache(512)   # as _cpu_last, for cuDNN plans of every direction (graph and legacy; the
+# direction and backend are in the key)
 
 
 def _backward_data_cuda(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, backend, choice,
                         precision):
+    try:   # the fast path, as the forward's
+        akey = ("d", *x_shape, None, *stride, None, *pad_before, None, *pad_after, None, *dilation, groups, backend,
+                choice, precision, grad_y.get_device(), _get_ident())
+        plan = _cuda_last.get(akey)
+    except Exception:   # noqa: BLE001  (the checked path says what is wrong)
+        akey = plan = None
+    if plan is not None:
+        dx = plan._hot_call(grad_y, w, None)
+        if dx is not None:
+            return dx
     _check_strings(backend, choice, precision, "cuda")
     padding = _padding(pad_before, pad_after)
     x_shape = tuple(int(s) for s in x_shape)
@@ -356,11 +394,15 @@ def _backward_data_cuda(grad_y, w, x_shape, stride, pad_before, pad_after, dilat
     gy = _batched(grad_y, unbatched)
     xs = (1,) + x_shape if unbatched else x_shape
     with torch.no_grad():
-        if backend == "cudnn_graph":
+        plan = None
+        if _api(backend, choice) == "graph":
             from . import cudnn_graph
 
-            dx = cudnn_graph.backward_data(gy, w, xs, tuple(stride), padding, tuple(dilation), groups,
-                                           engine=choice or None, math=_GRAPH_MATH[precision])
+            plan = _graph_default(cudnn_graph._grad_plan("backward_data", gy, w, xs, tuple(stride), padding,
+                                                         tuple(dilation), groups, choice or None, False,
+                                                         _GRAPH_MATH[precision]), backend, choice)
+        if plan is not None:
+            dx = plan.execute(grad_y=gy, w=w)
         else:
             from . import cudnn
 
@@ -369,33 +411,54 @@ def _backward_data_cuda(grad_y, w, x_shape, stride, pad_before, pad_after, dilat
                                      math=math, precision=precision)
     if onednn._ambiguous(tuple(gy.shape)):   # grad_y's strides cannot tell: the layout is w's (the fake's rule)
         dx = _enforce_layout(dx, onednn._w_layout(w), False)
+    elif plan is not None and akey is not None and not unbatched:
+        _cuda_last.put(akey, plan)   # the graph plan's hot path returns what this path returned
     return dx.squeeze(0) if unbatched else dx
+
+
+def _bias_grad_of(gy: torch.Tensor) -> torch.Tensor:
+    """db: grad_y (batched) summed over batch and space, accumulated in float32 (float64 for float64)."""
+    return gy.sum([0] + list(range(2, gy.dim())), dtype=torch.float64 if gy.dtype == torch.float64
+                  else torch.float32).to(gy.dtype)
 
 
 def _backward_weights_cuda(x, grad_y, w_shape, stride, pad_before, pad_after, dilation, groups, bias, backend,
                            choice, precision):
+    try:   # the fast path, as the forward's
+        akey = ("w", *w_shape, None, *stride, None, *pad_before, None, *pad_after, None, *dilation, groups, bias,
+                backend, choice, precision, x.get_device(), _get_ident())
+        plan = _cuda_last.get(akey)
+    except Exception:   # noqa: BLE001  (the checked path says what is wrong)
+        akey = plan = None
+    if plan is not None:
+        dw = plan._hot_call(x, grad_y, None)
+        if dw is not None:
+            return dw, (_bias_grad_of(grad_y) if bias else dw.new_empty(0))
     _check_strings(backend, choice, precision, "cuda")
     p = _backward_weights_problem(x, grad_y, w_shape, stride, pad_before, pad_after, dilation, groups, bias)
     padding = _padding(pad_before, pad_after)
     xb, gy = _batched(x, p.unbatched), _batched(grad_y, p.unbatched)
     with torch.no_grad():
-        if backend == "cudnn_graph":
+        plan = None
+        if _api(backend, choice) == "graph":
             from . import cudnn_graph
 
-            dw = cudnn_graph.backward_weights(xb, gy, p.w_shape, tuple(stride), padding, tuple(dilation), groups,
-                                              engine=choice or None, math=_GRAPH_MATH[precision])
+            plan = _graph_default(cudnn_graph._grad_plan("backward_weights", xb, gy, p.w_shape, tuple(stride),
+                                                         padding, tuple(dilation), groups, choice or None, False,
+                                                         _GRAPH_MATH[precision]), backend, choice)
+        if plan is not None:
+            dw = plan.execute(xb, grad_y=gy)
         else:
             from . import cudnn
 
             c, math = _legacy_choice(choice)
             dw = cudnn.backward_weights(xb, gy, p.w_shape, tuple(stride), padding, tuple(dilation), groups,
                                         choice=c, math=math, precision=precision, w_layout=p.layout)
+        raw = dw
         dw = _enforce_layout(dw, p.layout, False)
-        if bias:
-            db = gy.sum([0] + list(range(2, gy.dim())), dtype=torch.float64 if gy.dtype == torch.float64
-                        else torch.float32).to(gy.dtype)
-        else:
-            db = torch.empty(0, dtype=x.dtype, device=x.device)
+        db = _bias_grad_of(gy) if bias else torch.empty(0, dtype=x.dtype, device=x.device)
+    if plan is not None and akey is not None and dw is raw and not p.unbatched:
+        _cuda_last.put(akey, plan)   # the graph plan's hot path returns what this path returned
     return dw, db
 
 
@@ -776,6 +839,8 @@ def _backward_weights_autograd(keyset, x, grad_y, *args):
 _lib.impl("conv_forward", _forward_autograd, "Autograd", with_keyset=True)
 _lib.impl("conv_backward_data", _backward_data_autograd, "Autograd", with_keyset=True)
 _lib.impl("conv_backward_weights", _backward_weights_autograd, "Autograd", with_keyset=True)
+for _name in ("conv_forward", "conv_backward_data", "conv_backward_weights"):   # torch's rule for convolutions
+    _autocast.register(_lib, _name)
 
 
 # ---------------------------------------------------------------------------- the friendly API
@@ -836,13 +901,16 @@ _functorch = getattr(torch._C, "_are_functorch_transforms_active", lambda: False
 _tracing = torch._C._get_tracing_state
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _compiling = torch.compiler.is_compiling
+_autocasting = torch._C._is_any_autocast_enabled
 
 
 def _plain(x, w, bias) -> bool:
     """True when calling the kernel (or the autograd Function) directly is exactly what the operator
-    would do: no dispatch or function mode, no functorch transform, no tracer, plain tensors."""
+    would do: no dispatch or function mode, no functorch transform, no tracer, no autocast (whose
+    kernel casts the inputs), plain tensors."""
     return (type(x) in _PLAIN and type(w) in _PLAIN and (bias is None or type(bias) in _PLAIN)
-            and not _dispatch_modes() and not _function_mode() and not _functorch() and _tracing() is None)
+            and not _dispatch_modes() and not _function_mode() and not _functorch() and _tracing() is None
+            and not _autocasting())
 
 
 def _prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice, precision, backward_choice):
