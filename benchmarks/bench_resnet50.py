@@ -39,8 +39,8 @@ if __package__ in (None, ""):
 import rawconv.nn as rnn  # noqa: E402
 from rawconv.bench import time_cuda_queued  # noqa: E402
 
-VARIANTS_CUDA = ("eager", "fx_bn_fold", "compile", "compile_freezing", "rawconv", "rawconv_cudagraph",
-                 "rawconv_compile", "rawconv_compile_cudagraph")
+VARIANTS_CUDA = ("eager", "fx_bn_fold", "compile", "compile_freezing", "compile_reduce_overhead", "rawconv",
+                 "rawconv_cudagraph", "rawconv_compile", "rawconv_compile_cudagraph", "rawconv_reduce_overhead")
 VARIANTS_CPU = ("eager", "channels_last", "compile", "compile_freezing", "rawconv", "rawconv_channels_last",
                 "rawconv_compile")
 EXTRA_VARIANTS = ("rawconv_default",)   # asked for by name only (--variants)
@@ -233,6 +233,19 @@ def make_variants(model, x, args, log) -> dict:
     if "compile_freezing" in want:
         timed_build("compile_freezing", lambda: compiled(copy.deepcopy(model), x, "torch._inductor.config.freezing = True",
                                                          freezing=True)[:2])
+
+    def reduce_overhead(m, example, note):
+        # CUDA graph trees: the output of one replay is overwritten by the next, so each call's
+        # result is cloned (as a caller keeping it must), which the wall time then includes alike
+        cm = torch.compile(m, mode="reduce-overhead")
+        with torch.no_grad():
+            for _ in range(3):
+                cm(example)
+        return nograd(lambda: cm(example).clone()), note
+
+    if "compile_reduce_overhead" in want and dev == "cuda":
+        timed_build("compile_reduce_overhead", lambda: reduce_overhead(
+            copy.deepcopy(model), x, "torch.compile(mode='reduce-overhead'): CUDA graph trees, output cloned"))
     rawconv_wanted = [v for v in want if v.startswith("rawconv")]
     if rawconv_wanted:
         xc = x.to(memory_format=torch.channels_last)
@@ -303,6 +316,9 @@ def make_variants(model, x, args, log) -> dict:
                     replay, static_out = cuda_graph(made["cm"], x)
                     return (lambda: (replay(), static_out)[1]), "compiled converted model, torch.cuda.graph replay"
                 timed_build("rawconv_compile_cudagraph", comp_graph)
+        if "rawconv_reduce_overhead" in want and dev == "cuda":
+            timed_build("rawconv_reduce_overhead", lambda: reduce_overhead(
+                rm, x, note + "; torch.compile(mode='reduce-overhead') of the converted model, output cloned"))
     return out
 
 
@@ -519,13 +535,39 @@ def _cpu_name() -> str:
     return _cpu_model()
 
 
+def _ok_mark(r) -> str:
+    return "-" if r.get("ok") is None else ("ok" if r["ok"] else "WRONG")
+
+
+def headline(result: dict) -> str:
+    """The best correct rawconv row against the best correct torch row (GPU time on CUDA, and wall
+    time: what a user waits for). A row outside the tolerance, or unchecked, is never a headline."""
+    rows = [r for r in result["rows"] if r.get("ok") and (r.get("gpu_ms") or r.get("wall_ms"))]
+    lines = []
+    for key, word in (("gpu_ms", "GPU time"), ("wall_ms", "wall time")):
+        have = [r for r in rows if r.get(key)]
+        raw = [r for r in have if r["variant"].startswith("rawconv")]
+        peer = [r for r in have if not r["variant"].startswith("rawconv")]
+        if not raw or not peer:
+            continue
+        br = min(raw, key=lambda r: r[key])
+        bp = min(peer, key=lambda r: r[key])
+        lines.append(f"headline ({word}, correct rows only): rawconv {br['variant']} {br[key]:.3f} ms vs torch "
+                     f"{bp['variant']} {bp[key]:.3f} ms: {bp[key] / br[key]:.3f}x")
+    wrong = [r["variant"] for r in result["rows"] if r.get("ok") is False]
+    if wrong:
+        lines.append("WRONG (outside the tolerance, left out of every headline): " + ", ".join(wrong))
+    return "\n".join(lines)
+
+
 def table(result: dict) -> str:
-    """The rows as a table, with ratios against torch.compile+freezing and against eager (>1: faster)."""
+    """The rows as a table, with ratios against torch.compile+freezing and against eager (>1: faster);
+    ``ok``: the output within the dtype's tolerance of eager (WRONG rows are never a headline)."""
     rows = result["rows"]
     key = "gpu_ms" if result["meta"]["device"] == "cuda" else "wall_ms"
     by = {r["variant"]: r[key] for r in rows}
     freeze, eager = by.get("compile_freezing"), by.get("eager")
-    lines = [f"{'variant':<22} {'GPU ms':>9} {'wall ms':>9} {'vs freezing':>12} {'vs eager':>9} "
+    lines = [f"{'variant':<26} {'ok':>5} {'GPU ms':>9} {'wall ms':>9} {'vs freezing':>12} {'vs eager':>9} "
              f"{'err vs eager':>13} {'err vs f64':>11}  note"]
     for r in rows:
         t = r[key]
@@ -534,7 +576,7 @@ def table(result: dict) -> str:
         ratio_e = eager / t if (t and eager) else None
         x_f = f"{ratio_f:.2f}x" if ratio_f is not None else "-"
         x_e = f"{ratio_e:.2f}x" if ratio_e is not None else "-"
-        lines.append(f"{r['variant']:<22} {f(r['gpu_ms'], '9.3f')} {f(r['wall_ms'], '9.3f')} "
+        lines.append(f"{r['variant']:<26} {_ok_mark(r):>5} {f(r['gpu_ms'], '9.3f')} {f(r['wall_ms'], '9.3f')} "
                      f"{x_f:>12} {x_e:>9} {f(r['err_vs_eager'], '13.2e')} "
                      f"{f(r['err_vs_f64'], '11.2e')}  {r['note']}")
     if result["meta"]["device"] == "cuda":
@@ -548,6 +590,121 @@ def table(result: dict) -> str:
     if "convert_cold_s" in m:
         lines.append(f"rawconv convert(fuse=True, autotune=x): cold {m['convert_cold_s']:.2f} s "
                      f"(search {m['autotune_cold_s']:.2f} s), warm {m['convert_warm_s']:.2f} s")
+    h = headline(result)
+    if h:
+        lines.append(h)
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- training
+def _grads(model) -> list:
+    return [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+
+
+def train_table(args, log=print) -> dict:
+    """One training step (forward, cross-entropy, backward, SGD) of ResNet-50 in train mode: torch
+    (CUDA: cudnn.benchmark) against rawconv.nn.convert(model) (every conv on rawconv's operators,
+    BatchNorm as torch's), per precision mode, in one process, the two taking turns. Per row: the
+    step's wall time (back-to-back steps, one synchronize) and, on CUDA, its GPU time (steps queued
+    behind a busy GPU); the first step's loss and every gradient against torch's from the same
+    weights and batch (max relative error over the parameters; ``ok`` within the mode's tolerance)."""
+    dev = args.device
+    if dev == "cpu" and args.threads:
+        torch.set_num_threads(args.threads)
+    model, source = build_resnet50(args.base_width)
+    model = model.train().to(dev)
+    batch = args.train_batch or (32 if dev == "cuda" else 8)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(batch, 3, args.size, args.size, generator=g).to(dev)
+    tgt = torch.randint(0, 1000, (batch,), generator=g).to(dev)
+    fmt = torch.channels_last
+    model = model.to(memory_format=fmt)
+    x = x.contiguous(memory_format=fmt)
+    if dev == "cuda":
+        torch.backends.cudnn.benchmark = True
+        cases = [("fp32 (TF32 off)", None, False, "strict", 1e-3), ("fp32 TF32", None, True, "tf32", 5e-2),
+                 ("autocast fp16", torch.float16, True, "strict", 5e-2)]
+    else:
+        cases = [("fp32", None, False, "strict", 1e-3)]
+        try:
+            from rawconv import onednn
+            if onednn.capabilities().offered("forward", "bfloat16"):
+                cases.append(("autocast bf16", torch.bfloat16, False, "strict", 1e-1))
+        except Exception:   # noqa: BLE001
+            pass
+    log(f"ResNet-50 training step ({source}), {dev}, batch {batch}, {args.size}x{args.size}, channels_last, "
+        f"threads {torch.get_num_threads()}, torch {torch.__version__}")
+    lossf = nn.CrossEntropyLoss()
+    rows = []
+    for label, amp, tf32, precision, tol in cases:
+        if dev == "cuda":
+            torch.backends.cudnn.allow_tf32 = tf32
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+        tm = copy.deepcopy(model)
+        rm = rnn.convert(copy.deepcopy(model), precision=precision)
+
+        def stepper(m):
+            opt = torch.optim.SGD(m.parameters(), lr=1e-4, momentum=0.9)
+
+            def step():
+                opt.zero_grad(set_to_none=True)
+                with torch.autocast(dev, dtype=amp or torch.float32, enabled=amp is not None):
+                    loss = lossf(m(x), tgt)
+                loss.backward()
+                opt.step()
+                return loss
+            return step
+        # correctness: the first step from the same weights (before any update)
+        check = {}
+        for name, m in (("torch", copy.deepcopy(model)), ("rawconv", rnn.convert(copy.deepcopy(model),
+                                                                                 precision=precision))):
+            with torch.autocast(dev, dtype=amp or torch.float32, enabled=amp is not None):
+                loss = lossf(m(x), tgt)
+            loss.backward()
+            check[name] = (loss.detach().float(), _grads(m))
+        lerr = (abs(check["rawconv"][0] - check["torch"][0]) / abs(check["torch"][0])).item()
+        gerr = max(rel_err(b, a) for a, b in zip(check["torch"][1], check["rawconv"][1]))
+        steps = {"torch": stepper(tm), "rawconv": stepper(rm)}
+        for f in steps.values():
+            for _ in range(3):
+                f()
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        walls = {k: [] for k in steps}
+        for _ in range(args.train_rounds):
+            for k, f in steps.items():
+                walls[k].append(wall_ms(f, dev, args.train_steps))
+        gpu = {}
+        if dev == "cuda":
+            for k, f in steps.items():
+                gpu[k] = time_cuda_queued(f, iterations=1, warmup=1, repeats=7).median_ms
+        row = {"mode": label, "torch_wall_ms": min(walls["torch"]), "rawconv_wall_ms": min(walls["rawconv"]),
+               "torch_gpu_ms": gpu.get("torch"), "rawconv_gpu_ms": gpu.get("rawconv"), "loss_err": lerr,
+               "grad_err": gerr, "ok": lerr <= tol and gerr <= 10 * tol, "tolerance": tol}
+        rows.append(row)
+        log(f"  {label}: wall torch {row['torch_wall_ms']:.2f} ms, rawconv {row['rawconv_wall_ms']:.2f} ms; "
+            f"loss err {lerr:.1e}, grad err {gerr:.1e}")
+    if dev == "cuda":
+        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cuda.matmul.allow_tf32 = False
+    return {"rows": rows, "meta": {"device": dev, "batch": batch, "model": source, "torch": torch.__version__,
+                                   "threads": torch.get_num_threads()}}
+
+
+def train_text(result: dict) -> str:
+    lines = [f"{'training step':<18} {'ok':>5} {'torch wall':>11} {'rawconv wall':>13} {'wall ratio':>11} "
+             f"{'torch GPU':>10} {'rawconv GPU':>12} {'GPU ratio':>10} {'loss err':>9} {'grad err':>9}"]
+    for r in result["rows"]:
+        wr = r["torch_wall_ms"] / r["rawconv_wall_ms"]
+        gr = (r["torch_gpu_ms"] / r["rawconv_gpu_ms"]) if r["torch_gpu_ms"] else None
+        f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+        lines.append(f"{r['mode']:<18} {'ok' if r['ok'] else 'WRONG':>5} {r['torch_wall_ms']:>11.2f} "
+                     f"{r['rawconv_wall_ms']:>13.2f} {wr:>10.3f}x {f(r['torch_gpu_ms']):>10} "
+                     f"{f(r['rawconv_gpu_ms']):>12} {('-' if gr is None else f'{gr:.3f}x'):>10} "
+                     f"{r['loss_err']:>9.1e} {r['grad_err']:>9.1e}")
+    lines.append("ms per step; ratio = torch / rawconv (>1: rawconv faster); wall: back-to-back steps, one "
+                 "synchronize; GPU: steps queued behind a busy GPU; errors: the first step's loss and gradients "
+                 "against torch's (max relative error over the parameters)")
     return "\n".join(lines)
 
 
@@ -576,6 +733,10 @@ def parse(argv=None):
                          "oneDNN's verbose mode (torch's oneDNN and rawconv's): oneDNN's own ms per batch by "
                          "implementation, and per convolution and reorder across the variants")
     ap.add_argument("--tuned", action="store_true", help="print each distinct problem's autotune seconds and choice")
+    ap.add_argument("--train", action="store_true", help="the training table instead (see train_table)")
+    ap.add_argument("--train-batch", type=int, default=None, help="training batch (default 32 CUDA, 8 CPU)")
+    ap.add_argument("--train-steps", type=int, default=5, help="steps per wall-time loop")
+    ap.add_argument("--train-rounds", type=int, default=3, help="rounds, torch and rawconv taking turns")
     ap.add_argument("--search-log", action="store_true", help="log the cuDNN search's phases (rawconv.search, debug)")
     ap.add_argument("--mallopt", action="store_true",
                     help="CPU: glibc keeps freed large blocks for reuse (mallopt M_MMAP_THRESHOLD and "
@@ -604,8 +765,12 @@ def main(argv=None) -> dict:
         logging.getLogger("rawconv.search").setLevel(logging.DEBUG)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        result = run(args)
-    print(table(result))
+        if args.train:
+            result = train_table(args)
+            print(train_text(result))
+        else:
+            result = run(args)
+            print(table(result))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1, default=str)

@@ -1,0 +1,392 @@
+"""Execution modes of a converted ResNet-50 on the GPU: CUDA-graph capture and replay, reduce-overhead,
+autocast and a training step, each checked against eager; plus where a training step's host time goes.
+
+    python benchmarks/diag_modes_cuda.py capture [--batch 8]     # the capture matrix
+    python benchmarks/diag_modes_cuda.py train [--batch 16]      # training: step times, host profile, kernels
+    python benchmarks/diag_modes_cuda.py host                    # per-call host cost, and its parts
+
+capture: for convert(fuse=False), convert(fuse=True), convert(fuse=True, autotune=x) (and the graph backend
+unfused): eager output, then a CUDA graph (warm-up on a side stream) replayed (1) at once, (2) after
+allocating and filling 4 x 256 MiB of other tensors, (3) after eager calls in between, (4) beside a second
+graph of the same model, and (5) torch.compile(mode="reduce-overhead"), each as max relative error against
+the eager output of the same model (the same kernels: expect ~0).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import cProfile
+import io
+import os
+import pstats
+import sys
+import time
+import traceback
+
+import torch
+
+if __package__ in (None, ""):
+    sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))   # after PYTHONPATH
+
+import rawconv  # noqa: E402
+import rawconv.nn as rnn  # noqa: E402
+from bench_resnet50 import build_resnet50, rel_err  # noqa: E402
+
+
+def churn():
+    """Allocate and fill 4 x 256 MiB (then free): memory a graph does not own gets overwritten."""
+    junk = [torch.full((64 << 20,), 1e4 * (i + 1), device="cuda") for i in range(4)]
+    torch.cuda.synchronize()
+    del junk
+
+
+def capture(model, x):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.no_grad():
+        for _ in range(3):
+            model(x)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g), torch.no_grad():
+        out = model(x)
+    return g, out
+
+
+def capture_case(name, model, x, log, reduce_overhead=True):
+    with torch.no_grad():
+        ref = model(x).clone()
+    res = {}
+    try:
+        g, out = capture(model, x)
+        g.replay()
+        torch.cuda.synchronize()
+        res["replay"] = rel_err(out, ref)
+        churn()
+        g.replay()
+        torch.cuda.synchronize()
+        res["after_churn"] = rel_err(out, ref)
+        with torch.no_grad():
+            for _ in range(2):
+                model(x)
+        churn()
+        g.replay()
+        torch.cuda.synchronize()
+        res["after_eager"] = rel_err(out, ref)
+        g2, out2 = capture(model, x)
+        churn()
+        g.replay()
+        g2.replay()
+        torch.cuda.synchronize()
+        res["two_graphs"] = max(rel_err(out, ref), rel_err(out2, ref))
+        x2 = torch.randn_like(x)
+        x.copy_(x2)   # new input into the static tensor
+        with torch.no_grad():
+            ref2 = model(x).clone()
+        g.replay()
+        torch.cuda.synchronize()
+        res["new_input"] = rel_err(out, ref2)
+        del g, g2
+    except Exception as exc:  # noqa: BLE001
+        res["capture_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        traceback.print_exc()
+    try:
+        if not reduce_overhead:
+            raise NotImplementedError("not run")
+        torch._dynamo.reset()
+        cm = torch.compile(model, mode="reduce-overhead")
+        with torch.no_grad():
+            for _ in range(3):
+                y = cm(x)
+            churn()
+            y = cm(x).clone()
+            torch.cuda.synchronize()
+        with torch.no_grad():
+            ref3 = model(x)
+        res["reduce_overhead"] = rel_err(y, ref3)
+    except Exception as exc:  # noqa: BLE001
+        res["reduce_overhead_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    log(f"{name:28s} " + "  ".join(f"{k}={v:.2e}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items()))
+    return res
+
+
+def run_capture(args, log):
+    base, src = build_resnet50()
+    base = base.cuda().half().to(memory_format=torch.channels_last)
+    x = torch.randn(args.batch, 3, 224, 224, device="cuda", dtype=torch.half).contiguous(
+        memory_format=torch.channels_last)
+    log(f"model: {src}, batch {args.batch}, fp16 channels_last; rawconv from {rawconv.__file__}")
+    cases = [("unfused", dict(fuse=False)), ("unfused_autotune", dict(fuse=False, autotune=x, autotune_budget_s=0.3)),
+             ("fused", dict(fuse=True)), ("fused_autotune", dict(fuse=True, autotune=x, autotune_budget_s=0.3))]
+    if args.only:
+        cases = [c for c in cases if c[0] in args.only.split(",")]
+    for name, kw in cases:
+        t0 = time.perf_counter()
+        try:
+            m = rnn.convert(copy.deepcopy(base), **kw)
+        except Exception as exc:  # noqa: BLE001
+            log(f"{name}: convert failed {type(exc).__name__}: {exc}")
+            continue
+        capture_case(name, m, x.clone(), log, name in args.ro.split(","))
+        log(f"   ({time.perf_counter() - t0:.1f} s)")
+
+
+def _plan_of(m, x, residual):
+    """What a fused module's call runs (the cached plan of rawconv.fused), as text."""
+    import rawconv.fused as F
+    w = m._buffers.get(F.FROZEN_WEIGHT, m.weight)
+    b = m._buffers.get(F.FROZEN_BIAS, m.bias)
+    stride, pads, dilation = m._op_args()
+    nd = w.dim() - 2
+    try:
+        plan = F.plan_for(x, w, b, residual, stride, F._pad_arg(pads, nd), dilation, m.groups,
+                          activation=m.activation, backend=m.backend, choice=m.choice, precision=m.precision)
+    except Exception as exc:  # noqa: BLE001
+        return f"plan_for failed: {exc}"
+    if isinstance(plan, F._CudaFallback):
+        return "CudaFallback (legacy)"
+    try:
+        b = plan._current()
+        ec = b.config
+        return (f"{type(plan).__name__} {ec.name} ws={b.workspace_bytes} num={ec.numerical_notes} "
+                f"beh={ec.behavior_notes}")
+    except Exception as exc:  # noqa: BLE001
+        return f"{type(plan).__name__} ?: {exc}"
+
+
+def run_layers(args, log):
+    """Per fused layer: eager twice (determinism), a capture of that layer alone replayed, against eager."""
+    base, src = build_resnet50()
+    base = base.cuda().half().to(memory_format=torch.channels_last)
+    x = torch.randn(args.batch, 3, 224, 224, device="cuda", dtype=torch.half).contiguous(
+        memory_format=torch.channels_last)
+    m = rnn.convert(copy.deepcopy(base), fuse=True)
+    with torch.no_grad():
+        yt = base(x)
+        y1 = m(x).clone()
+        y2 = m(x).clone()
+    log(f"whole model: eager vs eager {rel_err(y2, y1):.2e}, eager vs torch {rel_err(y1, yt):.2e}")
+    calls = []
+
+    def hook(mod, inp, out):
+        calls.append((mod, tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in inp), out.clone()))
+    hs = [mod.register_forward_hook(hook) for mod in m.modules() if isinstance(mod, rnn._ConvBiasAct)]
+    with torch.no_grad():
+        m(x)
+    for h in hs:
+        h.remove()
+    names = {mod: n for n, mod in m.named_modules()}
+    bad = 0
+    for mod, inp, out in calls:
+        with torch.no_grad():
+            e1 = mod(*inp)
+            e2 = mod(*inp)
+        static = [t.clone() for t in inp]
+        try:
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s), torch.no_grad():
+                for _ in range(2):
+                    mod(*static)
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g), torch.no_grad():
+                o = mod(*static)
+            g.replay()
+            torch.cuda.synchronize()
+            r1 = rel_err(o, e1)
+            churn()
+            g.replay()
+            torch.cuda.synchronize()
+            r2 = rel_err(o, e1)
+        except Exception as exc:  # noqa: BLE001
+            r1 = r2 = float("nan")
+            log(f"  capture failed: {exc}")
+        ee = rel_err(e2, e1)
+        flag = "BAD" if max(r1, r2) > 1e-3 or ee > 1e-3 else "ok "
+        bad += flag == "BAD"
+        desc = _plan_of(mod, inp[0], inp[1] if len(inp) > 1 else None)
+        log(f"{flag} {names.get(mod, '?'):28s} eager/eager {ee:.1e} replay {r1:.1e} churn {r2:.1e} "
+            f"res={len(inp) > 1} {desc}")
+    log(f"{bad} of {len(calls)} layers differ")
+
+
+def run_train(args, log):
+    torch.backends.cudnn.benchmark = True
+    base, src = build_resnet50()
+    base = base.cuda().train().to(memory_format=torch.channels_last)
+    x = torch.randn(args.batch, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
+    tgt = torch.randint(0, 1000, (args.batch,), device="cuda")
+    log(f"training step, batch {args.batch}, channels_last; rawconv from {rawconv.__file__}")
+    lossf = torch.nn.CrossEntropyLoss()
+
+    def stepper(model, amp):
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+                loss = lossf(model(x), tgt)
+            loss.backward()
+            opt.step()
+            return loss
+        return step
+
+    cases = [("fp32 strict", False, False, "strict"), ("fp32 tf32", False, True, "tf32"),
+             ("autocast fp16", True, True, "strict")]
+    for label, amp, tf32, precision in cases:
+        torch.backends.cudnn.allow_tf32 = tf32
+        tm = copy.deepcopy(base)
+        rm = rnn.convert(copy.deepcopy(base), precision=precision)
+        steps = {"torch": stepper(tm, amp), "rawconv": stepper(rm, amp)}
+        losses = {}
+        for k, f in steps.items():
+            for _ in range(3):
+                losses[k] = f().item()
+        torch.cuda.synchronize()
+        times = {}
+        for _ in range(2):
+            for k, f in steps.items():
+                t0 = time.perf_counter()
+                for _ in range(args.steps):
+                    f()
+                torch.cuda.synchronize()
+                times.setdefault(k, []).append((time.perf_counter() - t0) / args.steps * 1e3)
+        log(f"{label:14s} step wall torch {min(times['torch']):7.2f} ms  rawconv {min(times['rawconv']):7.2f} ms  "
+            f"ratio torch/rawconv {min(times['torch']) / min(times['rawconv']):.3f}  loss {losses}")
+        if label == "fp32 strict" or args.profile_amp:
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(2):
+                steps["rawconv"]()
+            torch.cuda.synchronize()
+            pr.disable()
+            sio = io.StringIO()
+            pstats.Stats(pr, stream=sio).sort_stats("tottime").print_stats(25)
+            log(f"--- cProfile (2 rawconv steps, {label}) by tottime ---\n" + sio.getvalue()[:5000])
+            from torch.profiler import ProfilerActivity, profile
+            for k, f in steps.items():
+                with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+                    f()
+                    torch.cuda.synchronize()
+                log(f"--- kernels {k} {label} ---\n" + prof.key_averages().table(
+                    sort_by="cuda_time_total", row_limit=14, max_name_column_width=110))
+    torch.backends.cudnn.allow_tf32 = True
+
+
+def run_host(args, log):
+    import torch.nn.functional as F
+
+    import rawconv.ops  # noqa: F401
+
+    x = torch.randn(1, 8, 8, 8, device="cuda").contiguous(memory_format=torch.channels_last)
+    w = torch.randn(8, 8, 3, 3, device="cuda").contiguous(memory_format=torch.channels_last)
+    op = torch.ops.rawconv.conv_forward
+    rows = {
+        "F.conv2d": lambda: F.conv2d(x, w, padding=1),
+        "op legacy": lambda: op(x, w, None, [1, 1], [1, 1], [1, 1], [1, 1], 1, "cudnn", "", "strict", "", ""),
+        "op graph": lambda: op(x, w, None, [1, 1], [1, 1], [1, 1], [1, 1], 1, "cudnn_graph", "", "strict", "", ""),
+        "ops.conv legacy": lambda: rawconv.ops.conv(x, w, padding=1),
+        "ops.conv graph": lambda: rawconv.ops.conv(x, w, padding=1, backend="cudnn_graph"),
+        "torch.empty_strided": lambda: torch.empty_strided((1, 8, 8, 8), (512, 1, 64, 8), device="cuda"),
+    }
+    m = rnn.Conv2d(8, 8, 3, padding=1, bias=False).cuda().to(memory_format=torch.channels_last)
+    rows["nn.Conv2d module"] = lambda: m(x)
+    tm = torch.nn.Conv2d(8, 8, 3, padding=1, bias=False).cuda().to(memory_format=torch.channels_last)
+    rows["torch nn.Conv2d"] = lambda: tm(x)
+    for k, f in rows.items():
+        for _ in range(50):
+            f()
+    torch.cuda.synchronize()
+    res = {k: [] for k in rows}
+    for _ in range(5):
+        for k, f in rows.items():
+            torch.cuda._sleep(int(1e8))
+            t0 = time.perf_counter()
+            for _ in range(200):
+                f()
+            res[k].append((time.perf_counter() - t0) / 200 * 1e6)
+            torch.cuda.synchronize()
+    base = min(res["F.conv2d"])
+    for k, v in res.items():
+        log(f"{k:22s} host {min(v):7.2f} us  ({min(v) / base:5.2f}x F.conv2d)")
+    # the parts of one graph-operator call, each timed alone (per call, best of 10 loops of 200)
+    from rawconv import _cuda, _cudnn, ops
+    args = ([1, 1], [1, 1], [1, 1], [1, 1], 1, "cudnn_graph", "", "strict", "", "")
+    for _ in range(5):
+        op(x, w, None, *args)
+    plan = [p for p in ops._cuda_last._plans.values() if type(p).__name__ == "GraphConvolution"][0]
+    hot = plan._hot
+    b = hot.built
+    hs = _cuda.handle_state(0)
+    ptrs = hot.args.bind(x, w, None, None)[0]
+    vp = next(iter(b.vps.values()))
+    L = _cudnn.lib()
+    lib = torch.library.Library("rawconv_diag", "DEF")
+    lib.define("noop(Tensor x, Tensor w, Tensor? bias, int[] stride, int[] pb, int[] pa, int[] dil, int groups, "
+               "str backend, str choice, str precision, str bd, str bw) -> Tensor")
+    lib.define("noop1(Tensor x, Tensor w, Tensor? bias, str conf) -> Tensor")
+    lib.define("noop0(Tensor x, Tensor w, Tensor? bias) -> Tensor")
+    lib.impl("noop", lambda x, w, b, *a: x, "CUDA")
+    lib.impl("noop1", lambda x, w, b, c: x, "CUDA")
+    lib.impl("noop0", lambda x, w, b: x, "CUDA")
+    parts = {
+        "cudnnBackendExecute alone": lambda: L.cudnnBackendExecute(hs.ptr, b.plan.ptr, vp.ptr),
+        "handle_state": lambda: _cuda.handle_state(0),
+        "HotArgs.bind (+empty_strided)": lambda: hot.args.bind(x, w, None, None),
+        "plan._run": lambda: plan._run(b, ptrs),
+        "plan._hot_forward": lambda: plan._hot_forward(x, w, None),
+        "ops._forward_cuda (kernel)": lambda: ops._forward_cuda(x, w, None, *args),
+        "op (dispatcher+kernel)": lambda: op(x, w, None, *args),
+        "noop op, full schema": lambda: torch.ops.rawconv_diag.noop(x, w, None, *args),
+        "noop op, one str": lambda: torch.ops.rawconv_diag.noop1(x, w, None, "s1,1 p1,1 d1,1 g1 cudnn_graph"),
+        "noop op, tensors only": lambda: torch.ops.rawconv_diag.noop0(x, w, None),
+        "F.conv2d": lambda: F.conv2d(x, w, padding=1),
+    }
+    for k, f in parts.items():
+        best = float("inf")
+        for _ in range(10):   # 200 calls stay under the launch queue's depth behind the GPU sleep
+            torch.cuda._sleep(int(1e8))
+            t0 = time.perf_counter()
+            for _ in range(200):
+                f()
+            best = min(best, (time.perf_counter() - t0) / 200 * 1e6)
+            torch.cuda.synchronize()
+        log(f"part {k:32s} {best:7.2f} us")
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(2000):
+        rows["op graph"]()
+    pr.disable()
+    torch.cuda.synchronize()
+    sio = io.StringIO()
+    pstats.Stats(pr, stream=sio).sort_stats("tottime").print_stats(20)
+    log("--- cProfile op graph x2000 ---\n" + sio.getvalue()[:4000])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", choices=("capture", "train", "host", "layers"))
+    ap.add_argument("--batch", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--only", default="")
+    ap.add_argument("--ro", default="unfused,fused", help="cases also run under reduce-overhead")
+    ap.add_argument("--precision", default="strict")
+    ap.add_argument("--profile-amp", action="store_true")
+    args = ap.parse_args()
+    log = lambda s: print(s, flush=True)  # noqa: E731
+    if args.what == "capture":
+        args.batch = args.batch or 8
+        run_capture(args, log)
+    elif args.what == "train":
+        args.batch = args.batch or 16
+        run_train(args, log)
+    elif args.what == "layers":
+        args.batch = args.batch or 8
+        run_layers(args, log)
+    else:
+        run_host(args, log)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,288 @@
+"""Converted models in the modes PyTorch runs them (issue 22): CUDA-graph capture and replay (after
+allocation churn, with eager calls in between, two graphs of one model, new input), reduce-overhead
+(CUDA graph trees), autocast and training against torch, on a small ResNet-like model (residual
+blocks, downsample branch, BatchNorm folded): fused and unfused, the graph API, the legacy API, and
+the fused legacy fallback. Needs a CUDA GPU."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import rawconv.nn as rnn
+from rawconv import cudnn_graph as G
+from rawconv import fused as _fused
+from rawconv.errors import NotSupportedError
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+
+class Block(nn.Module):
+    def __init__(self, cin, planes, stride=1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, planes, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = nn.Conv2d(planes, planes * 4, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(planes * 4)
+        self.relu = nn.ReLU(inplace=True)
+        self.down = None
+        if stride != 1 or cin != planes * 4:
+            self.down = nn.Sequential(nn.Conv2d(cin, planes * 4, 1, stride=stride, bias=False),
+                                      nn.BatchNorm2d(planes * 4))
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        idt = x if self.down is None else self.down(x)
+        return self.relu(out + idt)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, stride=2, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(16)
+        self.relu = nn.ReLU(inplace=True)
+        self.b1 = Block(16, 8)
+        self.b2 = Block(32, 8)
+        self.b3 = Block(32, 16, stride=2)
+        self.fc = nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = self.relu(self.bn(self.stem(x)))
+        x = self.b3(self.b2(self.b1(x)))
+        return self.fc(x.mean((2, 3)))
+
+
+def _net(dtype=torch.float16, seed=0):
+    torch.manual_seed(seed)
+    m = Net()
+    g = torch.Generator().manual_seed(seed + 1)
+    for mod in m.modules():
+        if isinstance(mod, nn.BatchNorm2d):
+            mod.running_mean.copy_(torch.rand(mod.num_features, generator=g) * 0.2 - 0.1)
+            mod.running_var.copy_(torch.rand(mod.num_features, generator=g) * 0.5 + 0.75)
+    return m.eval().cuda().to(dtype).to(memory_format=torch.channels_last)
+
+
+def _x(dtype=torch.float16, n=4, seed=3):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(n, 3, 32, 32, device="cuda", dtype=dtype, generator=g).contiguous(
+        memory_format=torch.channels_last)
+
+
+def _rel(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+def _churn():
+    """Allocate and fill 4 x 64 MiB and free them: memory a captured graph does not own gets overwritten."""
+    junk = [torch.full((16 << 20,), 1e4 * (i + 1), device="cuda") for i in range(4)]
+    torch.cuda.synchronize()
+    del junk
+
+
+def _capture(model, x):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.no_grad():
+        for _ in range(3):
+            model(x)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g), torch.no_grad():
+        out = model(x)
+    return g, out
+
+
+def _converted(kind):
+    base = _net()
+    if kind == "unfused":
+        return base, rnn.convert(copy.deepcopy(base))
+    if kind == "unfused_legacy":
+        return base, rnn.convert(copy.deepcopy(base), backend="cudnn", choice="IMPLICIT_PRECOMP_GEMM@tensor_op")
+    if kind == "fused":
+        return base, rnn.convert(copy.deepcopy(base), fuse=True)
+    raise AssertionError(kind)
+
+
+def _check_replays(base, model, x, tol):
+    """Capture ``model(x)``; every replay equals eager (the same kernels: exact or within ``tol``),
+    after churn, with eager calls between, beside a second graph of the same model, on new input."""
+    with torch.no_grad():
+        ref = model(x).clone()
+        torch_ref = base(x)
+    assert _rel(ref, torch_ref) < 2e-2, "eager converted model vs torch"
+    g, out = _capture(model, x)
+    g.replay()
+    torch.cuda.synchronize()
+    assert _rel(out, ref) <= tol
+    _churn()
+    g.replay()
+    torch.cuda.synchronize()
+    assert _rel(out, ref) <= tol, "replay after allocation churn"
+    with torch.no_grad():
+        for _ in range(2):
+            model(x)
+    _churn()
+    g.replay()
+    torch.cuda.synchronize()
+    assert _rel(out, ref) <= tol, "replay after eager calls"
+    g2, out2 = _capture(model, x)
+    _churn()
+    g.replay()
+    g2.replay()
+    torch.cuda.synchronize()
+    assert _rel(out, ref) <= tol and _rel(out2, ref) <= tol, "two graphs of one model"
+    x.copy_(_x(seed=11))
+    with torch.no_grad():
+        ref2 = model(x).clone()
+    g.replay()
+    torch.cuda.synchronize()
+    assert _rel(out, ref2) <= tol, "new input"
+    assert _rel(out, ref) > 1e-2, "the new input changed the output (the test can fail)"
+
+
+@pytest.mark.parametrize("kind", ["unfused", "unfused_legacy", "fused"])
+def test_cuda_graph_replays_a_converted_model_exactly(kind):
+    base, model = _converted(kind)
+    _check_replays(base, model, _x(), 1e-3)
+
+
+def test_cuda_graph_replays_the_fused_legacy_fallback(monkeypatch):
+    """Where cuDNN offers no fused graph, the fused modules run the legacy API with the residual added
+    in torch (rawconv.fused._CudaFallback): that path captures too."""
+    _fused.clear_cache()
+
+    def no_graph(self):
+        raise NotSupportedError("forced by the test: no engine config")
+    monkeypatch.setattr(G.GraphConvolution, "_current", no_graph)
+    base = _net()
+    with pytest.warns(RuntimeWarning, match="legacy"):
+        model = rnn.convert(copy.deepcopy(base), fuse=True)
+        with torch.no_grad():
+            model(_x())
+    assert any(isinstance(p, _fused._CudaFallback) for p in _fused._gpu_plans._plans.values())
+    _check_replays(base, model, _x(), 1e-3)
+    _fused.clear_cache()
+
+
+@pytest.mark.parametrize("kind", ["unfused", "fused"])
+def test_reduce_overhead_runs_a_converted_model(kind):
+    """torch.compile(mode="reduce-overhead") (CUDA graph trees): no tensor a plan keeps may be left
+    in the graph pool (torch refuses such a model), and every replay equals eager."""
+    base, model = _converted(kind)
+    x = _x()
+    torch._dynamo.reset()
+    cm = torch.compile(model, mode="reduce-overhead")
+    with torch.no_grad():
+        ref = model(x).clone()
+        for _ in range(3):
+            y = cm(x)
+        _churn()
+        y = cm(x).clone()
+        y2 = cm(_x(seed=11)).clone()
+        ref2 = model(_x(seed=11))
+    assert _rel(y, ref) < 2e-3 and _rel(y2, ref2) < 2e-3
+    torch._dynamo.reset()
+
+
+def test_a_capture_refuses_a_search_it_cannot_run():
+    """A choice that searches on first use ("fastest": cuDNN's Find) inside a capture raises a clear
+    error naming the fix (a warm-up call), instead of breaking the capture."""
+    x = _x(torch.float32)
+    w = torch.randn(8, 3, 3, 3, device="cuda").contiguous(memory_format=torch.channels_last)
+    import rawconv.ops as ops
+
+    ops.clear_cache()
+    from rawconv import cudnn
+
+    cudnn.clear_cache()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    with pytest.raises(Exception, match="warm-up|before capturing"):
+        with torch.cuda.graph(g, stream=s):
+            ops.conv(x, w, padding=1, backend="cudnn", choice="fastest")
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_autocast_runs_convolutions_in_the_autocast_dtype(dtype):
+    """Under torch.autocast("cuda", dtype) a converted model's convolutions take and give ``dtype``
+    (as torch's), forward and backward; loss and gradients agree with torch's autocast within the
+    dtype's tolerance and differ from the float32 ones as torch's do."""
+    torch.manual_seed(0)
+    base = Net().cuda().train().to(memory_format=torch.channels_last)
+    model = rnn.convert(copy.deepcopy(base))
+    x = _x(torch.float32)
+    tgt = torch.randint(0, 10, (x.shape[0],), device="cuda")
+    seen = []
+    hook = model.stem.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+
+    def grads(m, amp):
+        m.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=dtype, enabled=amp):
+            loss = nn.functional.cross_entropy(m(x), tgt)
+        loss.backward()
+        return loss.detach().float(), [p.grad.detach().clone() for p in m.parameters()]
+    lt, gt = grads(base, True)
+    lr, gr = grads(model, True)
+    lr32, gr32 = grads(model, False)
+    hook.remove()
+    assert seen[0] == dtype and seen[-1] == torch.float32
+    tol = 3e-2 if dtype == torch.float16 else 1e-1
+    assert abs(lt - lr) / abs(lt) < tol
+    conv_grads = [(a, b, c) for (n, _), a, b, c in zip(base.named_parameters(), gt, gr, gr32) if "conv" in n or
+                  "stem" in n]
+    assert conv_grads
+    worst = max(_rel(b, a) for a, b, _ in conv_grads)
+    assert worst < 5 * tol, worst
+    assert max(_rel(b, c) for _, b, c in conv_grads) > 1e-4, "autocast changed the gradients (not float32)"
+
+
+def test_autocast_fused_inference_model():
+    base = _net(torch.float32)
+    model = rnn.convert(copy.deepcopy(base), fuse=True)
+    x = _x(torch.float32)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
+        y = model(x)
+        yt = base(x)
+    assert y.dtype == yt.dtype
+    assert _rel(y, yt) < 2e-2
+
+
+@pytest.mark.parametrize("precision", ["strict", "tf32"])
+def test_training_step_matches_torch(precision):
+    """A converted model trains as torch's: loss and every gradient after a few SGD steps within
+    float32 (strict) or TF32 tolerance of torch with TF32 off / on."""
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    try:
+        torch.manual_seed(0)
+        base = Net().cuda().train().to(memory_format=torch.channels_last)
+        model = rnn.convert(copy.deepcopy(base), precision=precision)
+        x = _x(torch.float32, n=8)
+        tgt = torch.randint(0, 10, (8,), device="cuda")
+        opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (base, model)]
+        for _ in range(3):
+            losses = []
+            for m, o in zip((base, model), opts):
+                o.zero_grad()
+                loss = nn.functional.cross_entropy(m(x), tgt)
+                loss.backward()
+                o.step()
+                losses.append(loss.item())
+        tol = 1e-4 if precision == "strict" else 2e-2
+        assert abs(losses[0] - losses[1]) / abs(losses[0]) < tol
+        for (n, a), b in zip(base.named_parameters(), model.parameters()):
+            assert _rel(b.grad, a.grad) < (1e-3 if precision == "strict" else 5e-2), n
+    finally:
+        torch.backends.cudnn.allow_tf32 = True
