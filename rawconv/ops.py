@@ -348,6 +348,16 @@ def _forward_cuda(x, w, bias, stride, pad_before, pad_after, dilation, groups, b
         y = plan._hot_forward(x, w, bias)
         if y is not None:
             return y
+    y, plan = _forward_cuda_checked(x, w, bias, stride, pad_before, pad_after, dilation, groups, backend, choice,
+                                    precision, bwd_data_choice, bwd_weights_choice)
+    if akey is not None:
+        _cuda_last.put(akey, plan)
+    return y
+
+
+def _forward_cuda_checked(x, w, bias, stride, pad_before, pad_after, dilation, groups, backend, choice, precision,
+                          bwd_data_choice, bwd_weights_choice):
+    """The CUDA forward's checked path: (y, the plan that ran it)."""
     _check_strings(backend, choice, precision, "cuda", bwd_data_choice, bwd_weights_choice)
     padding = _padding(pad_before, pad_after)
     with torch.no_grad():   # the function forms route tensors that need grad back here
@@ -365,10 +375,7 @@ def _forward_cuda(x, w, bias, stride, pad_before, pad_after, dilation, groups, b
             algo, math, _engine = cudnn._normalize("forward", None, c, m, precision, None)
             plan = cudnn._forward_plan(x, w, bias, tuple(stride), padding, tuple(dilation), groups, algo, math,
                                        False, None, None)
-        y = plan.execute(x, w, bias)
-        if akey is not None:
-            _cuda_last.put(akey, plan)
-        return y
+        return plan.execute(x, w, bias), plan
 
 
 _cuda_last = PlanCache(512)   # as _cpu_last, for cuDNN plans of every direction (graph and legacy; the
@@ -962,7 +969,7 @@ def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, str
             key = entry = None
         if entry is None:
             entry = [_prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice, precision,
-                                   backward_choice), None]
+                                   backward_choice), None, None]
             if key is not None:
                 _conv_cache.put(key, entry)
         args = entry[0]
@@ -981,7 +988,13 @@ def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, str
             if x.is_cuda:
                 if _needs(x, w, bias):
                     return RawconvConvForward.apply(_CUDA_KEYSET, x, w, bias, _Conf(args))
-                return _forward_cuda(x, w, bias, *args)
+                plan = entry[2]   # the CUDA plan of the last call with these arguments (its hot pack checks the tensors)
+                if plan is not None:
+                    y = plan._hot_forward(x, w, bias)
+                    if y is not None:
+                        return y
+                y, entry[2] = _forward_cuda_checked(x, w, bias, *args)
+                return y
         elif not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or \
                 (bias is not None and not isinstance(bias, torch.Tensor)):
             _prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice, precision, backward_choice)
