@@ -211,6 +211,111 @@ def run_layers(args, log):
     log(f"{bad} of {len(calls)} layers differ")
 
 
+def run_inmodel(args, log):
+    """The whole fused model captured; every fused module's input and output cloned (hooks) in eager
+    and in the capture; after a replay, the first module whose replayed input or output differs."""
+    base, src = build_resnet50()
+    base = base.cuda().half().to(memory_format=torch.channels_last)
+    x = torch.randn(args.batch, 3, 224, 224, device="cuda", dtype=torch.half).contiguous(
+        memory_format=torch.channels_last)
+    m = rnn.convert(copy.deepcopy(base), fuse=True)
+    names = {mod: n for n, mod in m.named_modules()}
+    rec = []
+
+    def hook(mod, inp, out):
+        rec.append((names[mod], [t.clone() for t in inp if isinstance(t, torch.Tensor)], out.clone()))
+    mods = [mod for mod in m.modules() if isinstance(mod, rnn._ConvBiasAct)]
+    hs = [mod.register_forward_hook(hook) for mod in mods]
+    with torch.no_grad():
+        m(x)
+    eager = list(rec)
+    rec.clear()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.no_grad():
+        for _ in range(3):
+            m(x)
+    torch.cuda.current_stream().wait_stream(s)
+    rec.clear()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g), torch.no_grad():
+        out = m(x)
+    captured = list(rec)
+    for h in hs:
+        h.remove()
+    g.replay()
+    torch.cuda.synchronize()
+    shown = 0
+    for (n, ie, oe), (_, ic, oc) in zip(eager, captured):
+        ei = max(rel_err(a, b) for a, b in zip(ic, ie))
+        eo = rel_err(oc, oe)
+        strides = [tuple(t.stride()) for t in ic]
+        if ei > 1e-3 or eo > 1e-3 or shown < 3:
+            log(f"{n:28s} input err {ei:.1e} output err {eo:.1e} strides {strides} vs eager "
+                f"{[tuple(t.stride()) for t in ie]}")
+            shown += 1
+        if shown > 12:
+            break
+    with torch.no_grad():
+        log(f"model output err {rel_err(out, m(x)):.2e}")
+
+
+def run_bisect(args, log):
+    """The fused model's whole capture under variations, each against eager: what makes it right?"""
+    import gc
+
+    import rawconv.cudnn_graph as G
+    import rawconv.fused as F
+    base, src = build_resnet50()
+    base = base.cuda().half().to(memory_format=torch.channels_last)
+    x = torch.randn(args.batch, 3, 224, 224, device="cuda", dtype=torch.half).contiguous(
+        memory_format=torch.channels_last)
+
+    def once(label, setup=lambda m: None, teardown=lambda m: None):
+        F.clear_cache()
+        m = rnn.convert(copy.deepcopy(base), fuse=True)
+        setup(m)
+        with torch.no_grad():
+            ref = m(x).clone()
+        g, out = capture(m, x)
+        g.replay()
+        torch.cuda.synchronize()
+        e1 = rel_err(out, ref)
+        with torch.no_grad():
+            m(x)
+        g.replay()
+        torch.cuda.synchronize()
+        log(f"{label:44s} replay {e1:.1e}  after eager {rel_err(out, ref):.1e}")
+        teardown(m)
+
+    once("baseline")
+    gc.disable()
+    once("gc disabled")
+    gc.enable()
+    old = G._VPS_KEPT
+    G._VPS_KEPT = 10 ** 9
+    once("variant packs never dropped")
+    G._VPS_KEPT = old
+    hooks = []
+    keep = []
+    once("no-op forward hooks", lambda m: hooks.extend(mod.register_forward_hook(lambda *a: None)
+                                                       for mod in m.modules() if isinstance(mod, rnn._ConvBiasAct)))
+    for h in hooks:
+        h.remove()
+    hooks.clear()
+    once("hooks keeping inputs alive", lambda m: hooks.extend(
+        mod.register_forward_hook(lambda md, i, o: keep.append(i)) for mod in m.modules()
+        if isinstance(mod, rnn._ConvBiasAct)))
+    for h in hooks:
+        h.remove()
+    keep.clear()
+    once("residual_inplace off", lambda m: [mod.__dict__.pop("residual_inplace", None) for mod in m.modules()])
+    real = rnn._autocasting
+    rnn._autocasting = lambda: True   # the modules then call the operator (the dispatcher), not the kernel
+    once("through the operator, not the direct kernel")
+    rnn._autocasting = real
+
+
 def run_train(args, log):
     torch.backends.cudnn.benchmark = True
     base, src = build_resnet50()
@@ -319,7 +424,8 @@ def run_host(args, log):
     hot = plan._hot
     b = hot.built
     hs = _cuda.handle_state(0)
-    ptrs = hot.args.bind(x, w, None, None)[0]
+    a4 = hot.args.bind(x, w, None, None)[0]
+    ptrs = tuple(a4[i] for i in hot.order)
     vp = next(iter(b.vps.values()))
     L = _cudnn.lib()
     lib = torch.library.Library("rawconv_diag", "DEF")
@@ -353,6 +459,34 @@ def run_host(args, log):
             best = min(best, (time.perf_counter() - t0) / 200 * 1e6)
             torch.cuda.synchronize()
         log(f"part {k:32s} {best:7.2f} us")
+    # cudnnBackendExecute's host time per engine config of this problem, and the kernels each launches
+    from torch.profiler import ProfilerActivity, profile
+    log(f"selected: {plan.selected_name}")
+    for ec in plan.engines(("instant", "b", "fallback"), limit=None, finalize=True)[:12]:
+        if not ec.finalizes:
+            continue
+        bb = plan.build(ec)
+        yy = torch.empty_strided((1, 8, 8, 8), (512, 1, 64, 8), device="cuda")
+        pp = (x.data_ptr(), w.data_ptr(), yy.data_ptr())
+        plan._run(bb, pp)
+        vv = next(iter(bb.vps.values()))
+        best = float("inf")
+        for _ in range(10):
+            torch.cuda._sleep(int(1e8))
+            t0 = time.perf_counter()
+            for _ in range(200):
+                L.cudnnBackendExecute(hs.ptr, bb.plan.ptr, vv.ptr)
+            best = min(best, (time.perf_counter() - t0) / 200 * 1e6)
+            torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            L.cudnnBackendExecute(hs.ptr, bb.plan.ptr, vv.ptr)
+            torch.cuda.synchronize()
+        kernels = [e.name[:60] for e in prof.events() if e.device_type.name == "CUDA"]
+        log(f"config {ec.name:40s} beh={ec.behavior_notes} execute {best:6.2f} us, kernels {kernels}")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        F.conv2d(x, w, padding=1)
+        torch.cuda.synchronize()
+    log(f"F.conv2d kernels {[e.name[:60] for e in prof.events() if e.device_type.name == 'CUDA']}")
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(2000):
@@ -366,7 +500,7 @@ def run_host(args, log):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=("capture", "train", "host", "layers"))
+    ap.add_argument("what", choices=("capture", "train", "host", "layers", "inmodel", "bisect"))
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--only", default="")
@@ -381,6 +515,12 @@ def main():
     elif args.what == "train":
         args.batch = args.batch or 16
         run_train(args, log)
+    elif args.what == "bisect":
+        args.batch = args.batch or 8
+        run_bisect(args, log)
+    elif args.what == "inmodel":
+        args.batch = args.batch or 8
+        run_inmodel(args, log)
     elif args.what == "layers":
         args.batch = args.batch or 8
         run_layers(args, log)
