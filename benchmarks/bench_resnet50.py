@@ -601,13 +601,23 @@ def _grads(model) -> list:
     return [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
 
 
+def _grad_err(ref: list, got: list) -> float:
+    """The worst parameter's normwise relative error ||got - ref|| / ||ref||."""
+    return max(((b.double() - a.double()).norm() / a.double().norm().clamp_min(1e-30)).item()
+               for a, b in zip(ref, got))
+
+
 def train_table(args, log=print) -> dict:
     """One training step (forward, cross-entropy, backward, SGD) of ResNet-50 in train mode: torch
     (CUDA: cudnn.benchmark) against rawconv.nn.convert(model) (every conv on rawconv's operators,
     BatchNorm as torch's), per precision mode, in one process, the two taking turns. Per row: the
     step's wall time (back-to-back steps, one synchronize) and, on CUDA, its GPU time (steps queued
     behind a busy GPU); the first step's loss and every gradient against torch's from the same
-    weights and batch (max relative error over the parameters; ``ok`` within the mode's tolerance)."""
+    weights and batch (the worst parameter's normwise relative error), beside torch's own spread: the
+    same error between torch on channels_last and torch on NCHW (the same model, only cuDNN's kernels
+    differ; in a 50-layer network with BatchNorm in training mode such differences grow to ~1e-2).
+    ``ok``: the loss within the mode's tolerance and the gradients within twice torch's spread (or
+    the mode's tolerance, if larger)."""
     dev = args.device
     if dev == "cpu" and args.threads:
         torch.set_num_threads(args.threads)
@@ -657,13 +667,16 @@ def train_table(args, log=print) -> dict:
         # correctness: the first step from the same weights (before any update)
         check = {}
         for name, m in (("torch", copy.deepcopy(model)), ("rawconv", rnn.convert(copy.deepcopy(model),
-                                                                                 precision=precision))):
+                                                                                 precision=precision)),
+                        ("torch_nchw", copy.deepcopy(model).to(memory_format=torch.contiguous_format))):
+            xin = x.contiguous() if name == "torch_nchw" else x
             with torch.autocast(dev, dtype=amp or torch.float32, enabled=amp is not None):
-                loss = lossf(m(x), tgt)
+                loss = lossf(m(xin), tgt)
             loss.backward()
             check[name] = (loss.detach().float(), _grads(m))
         lerr = (abs(check["rawconv"][0] - check["torch"][0]) / abs(check["torch"][0])).item()
-        gerr = max(rel_err(b, a) for a, b in zip(check["torch"][1], check["rawconv"][1]))
+        gerr = _grad_err(check["torch"][1], check["rawconv"][1])
+        spread = _grad_err(check["torch"][1], check["torch_nchw"][1])
         steps = {"torch": stepper(tm), "rawconv": stepper(rm)}
         for f in steps.values():
             for _ in range(3):
@@ -680,10 +693,11 @@ def train_table(args, log=print) -> dict:
                 gpu[k] = time_cuda_queued(f, iterations=1, warmup=1, repeats=7).median_ms
         row = {"mode": label, "torch_wall_ms": min(walls["torch"]), "rawconv_wall_ms": min(walls["rawconv"]),
                "torch_gpu_ms": gpu.get("torch"), "rawconv_gpu_ms": gpu.get("rawconv"), "loss_err": lerr,
-               "grad_err": gerr, "ok": lerr <= tol and gerr <= 10 * tol, "tolerance": tol}
+               "grad_err": gerr, "torch_spread": spread, "ok": lerr <= tol and gerr <= max(2 * spread, tol),
+               "tolerance": tol}
         rows.append(row)
         log(f"  {label}: wall torch {row['torch_wall_ms']:.2f} ms, rawconv {row['rawconv_wall_ms']:.2f} ms; "
-            f"loss err {lerr:.1e}, grad err {gerr:.1e}")
+            f"loss err {lerr:.1e}, grad err {gerr:.1e} (torch's own spread {spread:.1e})")
     if dev == "cuda":
         torch.backends.cudnn.allow_tf32 = True
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -693,7 +707,8 @@ def train_table(args, log=print) -> dict:
 
 def train_text(result: dict) -> str:
     lines = [f"{'training step':<18} {'ok':>5} {'torch wall':>11} {'rawconv wall':>13} {'wall ratio':>11} "
-             f"{'torch GPU':>10} {'rawconv GPU':>12} {'GPU ratio':>10} {'loss err':>9} {'grad err':>9}"]
+             f"{'torch GPU':>10} {'rawconv GPU':>12} {'GPU ratio':>10} {'loss err':>9} {'grad err':>9} "
+             f"{'torch spread':>12}"]
     for r in result["rows"]:
         wr = r["torch_wall_ms"] / r["rawconv_wall_ms"]
         gr = (r["torch_gpu_ms"] / r["rawconv_gpu_ms"]) if r["torch_gpu_ms"] else None
@@ -701,10 +716,11 @@ def train_text(result: dict) -> str:
         lines.append(f"{r['mode']:<18} {'ok' if r['ok'] else 'WRONG':>5} {r['torch_wall_ms']:>11.2f} "
                      f"{r['rawconv_wall_ms']:>13.2f} {wr:>10.3f}x {f(r['torch_gpu_ms']):>10} "
                      f"{f(r['rawconv_gpu_ms']):>12} {('-' if gr is None else f'{gr:.3f}x'):>10} "
-                     f"{r['loss_err']:>9.1e} {r['grad_err']:>9.1e}")
+                     f"{r['loss_err']:>9.1e} {r['grad_err']:>9.1e} {r['torch_spread']:>12.1e}")
     lines.append("ms per step; ratio = torch / rawconv (>1: rawconv faster); wall: back-to-back steps, one "
                  "synchronize; GPU: steps queued behind a busy GPU; errors: the first step's loss and gradients "
-                 "against torch's (max relative error over the parameters)")
+                 "against torch's (the worst parameter's normwise relative error); torch spread: the same between "
+                 "torch on channels_last and on NCHW (only cuDNN's kernels differ)")
     return "\n".join(lines)
 
 
