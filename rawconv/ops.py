@@ -932,6 +932,37 @@ def _prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice
     return list(args) + [backend, c, precision, bd, bw]
 
 
+def _conv_entry(x, w, bias, entry):
+    """:func:`conv` once its arguments are checked: ``entry`` = [the operators' argument list, the
+    CPU plan of the last call, the CUDA plan of the last call] (the plans filled here). Runs the
+    kernel (or the autograd Function) directly when that is exactly what the operator would do
+    (:func:`_plain`), else the operator. For the modules too, which keep an entry of their own."""
+    args = entry[0]
+    if _plain(x, w, bias):
+        if x.is_cpu:
+            plan = entry[1]
+            if plan is None:
+                plan = entry[1] = _forward_cpu_plan(x, w, bias, *args)
+            if _needs(x, w, bias):   # what the operator's Autograd kernel does, without the dispatcher
+                return RawconvConvForward.apply(plan, x, w, bias, _Conf(args))
+            y = plan._hot_run(x, w, bias, None)
+            if y is not None:
+                return y
+            plan = entry[1] = _forward_cpu_plan(x, w, bias, *args)
+            return plan.execute(x, w, bias)
+        if x.is_cuda:
+            if _needs(x, w, bias):
+                return RawconvConvForward.apply(_CUDA_KEYSET, x, w, bias, _Conf(args))
+            plan = entry[2]   # the CUDA plan of the last call with these arguments (its hot pack checks the tensors)
+            if plan is not None:
+                y = plan._hot_forward(x, w, bias)
+                if y is not None:
+                    return y
+            y, entry[2] = _forward_cuda_checked(x, w, bias, *args)
+            return y
+    return _fwd_call(x, w, bias, *args)
+
+
 def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1, padding: Any = 0,
          dilation: Any = 1, groups: int = 1, *, backend: str = "auto", choice: Any = None, precision: str = "strict",
          backward_choice: Any = None) -> torch.Tensor:
@@ -972,33 +1003,10 @@ def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, str
                                    backward_choice), None, None]
             if key is not None:
                 _conv_cache.put(key, entry)
-        args = entry[0]
-        if _plain(x, w, bias):
-            if x.is_cpu:
-                plan = entry[1]
-                if plan is None:
-                    plan = entry[1] = _forward_cpu_plan(x, w, bias, *args)
-                if _needs(x, w, bias):   # what the operator's Autograd kernel does, without the dispatcher
-                    return RawconvConvForward.apply(plan, x, w, bias, _Conf(args))
-                y = plan._hot_run(x, w, bias, None)
-                if y is not None:
-                    return y
-                plan = entry[1] = _forward_cpu_plan(x, w, bias, *args)
-                return plan.execute(x, w, bias)
-            if x.is_cuda:
-                if _needs(x, w, bias):
-                    return RawconvConvForward.apply(_CUDA_KEYSET, x, w, bias, _Conf(args))
-                plan = entry[2]   # the CUDA plan of the last call with these arguments (its hot pack checks the tensors)
-                if plan is not None:
-                    y = plan._hot_forward(x, w, bias)
-                    if y is not None:
-                        return y
-                y, entry[2] = _forward_cuda_checked(x, w, bias, *args)
-                return y
-        elif not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or \
-                (bias is not None and not isinstance(bias, torch.Tensor)):
+        if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or \
+                (bias is not None and not isinstance(bias, torch.Tensor)):   # the clear error
             _prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice, precision, backward_choice)
-        return _fwd_call(x, w, bias, *args)
+        return _conv_entry(x, w, bias, entry)
     except Exception as exc:
         new = _guard.translate(exc, "rawconv.ops.conv")
         if new is None:
