@@ -579,14 +579,16 @@ class _FrozenState:
     ones otherwise. The module is held weakly; copies and pickles get an unbound state that the
     module's ``__setstate__`` replaces."""
 
-    __slots__ = ("module", "srcs", "vers", "epoch", "plans", "bn", "__weakref__")
+    __slots__ = ("module", "srcs", "tens", "vers", "epoch", "plans", "bn", "snap", "__weakref__")
 
     def __init__(self, module):
-        self.module = weakref.ref(module) if module is not None else (lambda: None)
-        self.srcs: tuple = ()
+        self.module = weakref.ref(module) if module is not None else _no_module
+        self.srcs: tuple = (None, None)
+        self.tens: list = []
         self.vers = None
         self.epoch = -1   # stale until the first snapshot
         self.bn = None
+        self.snap = (None, None)   # the buffers (FROZEN_WEIGHT, FROZEN_BIAS) as last taken
         self.plans = _PlanDict()
         self.plans.state = self
 
@@ -599,40 +601,41 @@ class _FrozenState:
     def mark_stale(self) -> None:
         self.epoch = -1
 
-    def stale(self, m) -> bool:
-        """Whether module ``m``'s snapshot no longer matches its sources (see the class notes)."""
-        if self.epoch != _EPOCH[0]:
-            return True
-        p = m._parameters
+    def fresh(self, w, b) -> bool:
+        """Whether the snapshot was taken from ``w`` / ``b`` (the module's weight and bias now) and
+        the BatchNorm as they are now (see the class notes). The eager hot path's one check."""
         srcs = self.srcs
-        if p.get("weight") is not srcs[0] or p.get("bias") is not srcs[1]:
-            return True
+        if self.epoch != _EPOCH[0] or w is not srcs[0] or b is not srcs[1]:
+            return False
         bn = self.bn
-        if bn is not m.__dict__.get(BN_KEY):
-            return True
         if bn is not None and (bn._buffers.get("running_mean") is not srcs[4]
                                or bn._parameters.get("weight") is not srcs[2]):
-            return True
-        vers = self.vers
-        if vers is None:
-            return True
+            return False
         try:
-            return vers != [t._version for t in srcs if t is not None]
-        except RuntimeError:
-            return True
+            return self.vers == [t._version for t in self.tens]
+        except RuntimeError:   # an inference tensor keeps no version counter
+            return False
 
     def sync(self, w=None, b=None):
-        """The snapshot ``(weight, bias)`` to compute with: the module's buffers, retaken first when
-        stale. ``w``/``b``: the tensors a caller was handed (an operator's kernel under
+        """The snapshot ``(weight, bias)`` to compute with: the module's buffers, taken again first
+        when stale. ``w``/``b``: the tensors a caller was handed (an operator's kernel under
         torch.compile gets the buffers as they were traced): returned as they are when fresh."""
         m = self.module()
         if m is None:
             return w, b
-        if self.stale(m):
+        p = m._parameters
+        if not self.fresh(p.get("weight"), p.get("bias")) or self.bn is not m.__dict__.get(BN_KEY):
             self.take(m)
         elif w is not None:
             return w, b
-        return m._buffers.get(FROZEN_WEIGHT), m._buffers.get(FROZEN_BIAS)
+        return self.snap
+
+    def choice_for(self, x, residual):
+        """The choice a new plan of the module's takes for this call (its autotuned one for the
+        problem, :meth:`rawconv.nn._ConvBiasAct._frozen_choice`), or None."""
+        m = self.module()
+        resolve = getattr(m, "_frozen_choice", None) if m is not None else None
+        return resolve(x, residual) if resolve is not None else None
 
     def take(self, m) -> None:
         """Take module ``m``'s snapshot from its sources now (in place where the buffers fit)."""
@@ -652,7 +655,8 @@ class _FrozenState:
             else:
                 fw, fb = w.detach(), (b.detach() if b is not None else None)
                 srcs = (w, b)
-            vers = _versions([t for t in srcs if t is not None])
+            tens = [t for t in srcs if t is not None]
+            vers = _versions(tens)
             old_w, old_b = m._buffers.get(FROZEN_WEIGHT), m._buffers.get(FROZEN_BIAS)
             new_w = _into(old_w, fw)
             new_b = None if fb is None else _into(old_b, fb)
@@ -669,7 +673,12 @@ class _FrozenState:
         # tensor), so compiled models keep each layer's weights reordered once, and fresh, too
         setattr(new_w, _FROZEN_PLANS, self.plans)
         m.__dict__[_FROZEN_PLANS] = self.plans
-        self.srcs, self.vers, self.bn, self.epoch = srcs, vers, bn, epoch
+        self.srcs, self.tens, self.vers, self.bn, self.snap = srcs, tens, vers, bn, (new_w, new_b)
+        self.epoch = epoch
+
+
+def _no_module():
+    return None
 
 
 def _into(old, new: torch.Tensor) -> torch.Tensor:
@@ -709,6 +718,7 @@ def rebind(module: torch.nn.Module) -> None:
     st.plans.clear()
     module.__dict__[_FROZEN_PLANS] = st.plans
     w = module._buffers.get(FROZEN_WEIGHT)
+    st.snap = (w, module._buffers.get(FROZEN_BIAS))
     if w is not None:
         setattr(w, _FROZEN_PLANS, st.plans)
 
@@ -736,6 +746,10 @@ def _run_frozen(plans: dict, x, w, bias, residual, stride, pad, dilation, groups
     except TypeError:
         key = plan = None
     if plan is None or plan._freed:
+        if choice is None and plans.state is not None:   # the module's choice for this problem (autotuned)
+            choice = plans.state.choice_for(x, residual)
+            if isinstance(choice, str) and choice.isdigit():
+                choice = int(choice)
         generic = plan_for(x, w, bias, residual, stride, pad, dilation, groups, activation=activation,
                            backend="onednn", choice=choice, precision=precision)   # validates everything
         plan = FusedConvolution.for_problem(generic.problem, residual=generic.residual, activation=activation,

@@ -481,27 +481,31 @@ class _RawconvConv:
             return F.pad(x, self._reversed_padding_repeated_twice, mode=self.padding_mode), 0
         return x, self.padding
 
-    def _tuned_for(self, kind: str, x, extra, args: dict):
-        """(choice, backward_choice) for this call: the autotuned pair of its problem (the module's
-        :data:`_TUNED_ATTR` table, filled by :func:`convert`'s ``autotune=``), else the module's own
-        ``choice`` / ``backward_choice`` (the library's default when None). A problem the autotune
-        did not see is searched now when :func:`convert` was given ``autotune_new="search"`` (and
-        nothing is being traced or captured), else it runs that default: a choice is pinned only
-        to the problem it was tuned on."""
-        key = _sig_of(kind, x, self.weight, extra)
+    def _tuned_for(self, kind: str, x, extra, args: dict, w=None):
+        """(choice, backward_choice) for this call: the module's own ``choice`` / ``backward_choice``
+        where set (they apply to every problem), else the autotuned ones of the call's problem (the
+        module's :data:`_TUNED_ATTR` table, filled by :func:`convert`'s ``autotune=``), else None
+        (the library's default). A problem the autotune did not see is searched now when
+        :func:`convert` was given ``autotune_new="search"`` (and nothing is being traced or
+        captured), else it runs the default: an autotuned choice is pinned only to the problem it
+        was tuned on."""
+        choice, bwd = self.choice, self.backward_choice
+        if choice is not None and bwd is not None:
+            return choice, bwd
+        key = _sig_of(kind, x, self.weight if w is None else w, extra)
         if key is not None:
             t = self.__dict__[_TUNED_ATTR].get(key)
             if t is None and self.__dict__.get(_NEW_ATTR) is not None and _can_search_now(x):
                 t = _search_new(self, kind, args, key)
             if t is not None:
-                return t.choice, t.backward_choice
-        return self.choice, self.backward_choice
+                return (t.choice if choice is None else choice), (t.backward_choice if bwd is None else bwd)
+        return choice, bwd
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x, padding = self._padded(x)
         _record(self, "conv", x=x, padding=padding)
         choice, bwd = self.choice, self.backward_choice
-        if self.__dict__.get(_TUNED_ATTR):
+        if self.__dict__.get(_TUNED_ATTR) is not None:
             choice, bwd = self._tuned_for("conv", x, None, {"x": x, "padding": padding})
         return conv(x, self.weight, self.bias, self.stride, padding, self.dilation, self.groups,
                     backend=self.backend, choice=choice, precision=self.precision, backward_choice=bwd)
@@ -522,7 +526,7 @@ class _RawconvConvTranspose(_RawconvConv):
                                               self.dilation)
         _record(self, "transpose", x=x, output_padding=tuple(output_padding))
         choice, bwd = self.choice, self.backward_choice
-        if self.__dict__.get(_TUNED_ATTR):
+        if self.__dict__.get(_TUNED_ATTR) is not None:
             choice, bwd = self._tuned_for("transpose", x, tuple(output_padding),
                                           {"x": x, "output_padding": tuple(output_padding)})
         return conv_transpose(x, self.weight, self.bias, self.stride, self.padding, output_padding, self.groups,
@@ -600,14 +604,6 @@ class _ConvBiasAct(_RawconvConv):
             # training mode, or no snapshot): the convolution, then the BatchNorm module itself, as before fusion
             return self._unfused(x, padding, residual)
         choice, bwd = self.choice, self.backward_choice
-        if d.get(_TUNED_ATTR):
-            choice, bwd = self._tuned_for("fused", x, residual is not None,
-                                          {"x": x, "padding": padding, "residual": residual})
-        if recording and bwd is not None:
-            # pinned backward choices: the convolution operator carries them (the fused one has none)
-            return self._unfused(x, padding, residual, bwd)
-        if isinstance(choice, int) and not isinstance(choice, bool):
-            choice = str(choice)
         plans = None
         if frozen:
             # frozen by convert(fuse=True): the snapshot (BatchNorm folded in), taken again first when
@@ -615,8 +611,20 @@ class _ConvBiasAct(_RawconvConv):
             if compiling:
                 w, b = self._buffers[_fused.FROZEN_WEIGHT], self._buffers[_fused.FROZEN_BIAS]
             else:
-                w, b = st.sync()
+                if not st.fresh(w, b):
+                    st.take(self)
+                w, b = st.snap
                 plans = st.plans
+        if d.get(_TUNED_ATTR) is not None and (plans is None or choice is not None or not x.is_cpu):
+            # (a frozen module's oneDNN plans resolve the autotuned choice once per problem, when the
+            # plan is made: rawconv.fused._run_frozen, through _frozen_choice; no lookup per call)
+            choice, bwd = self._tuned_for("fused", x, residual is not None,
+                                          {"x": x, "padding": padding, "residual": residual}, self.weight)
+        if recording and bwd is not None:
+            # pinned backward choices: the convolution operator carries them (the fused one has none)
+            return self._unfused(x, padding, residual, bwd)
+        if isinstance(choice, int) and not isinstance(choice, bool):
+            choice = str(choice)
         if residual is not None and not self._residual_fits(x, residual, stride, pads, dilation):
             # a residual that only broadcasts (or of another dtype/device): added in torch, as the
             # graph before fusion did
@@ -658,7 +666,7 @@ class _ConvBiasAct(_RawconvConv):
         BatchNorm module itself (batch statistics in training mode, its running statistics
         updated as torch's), the add and the activation in torch."""
         choice, tuned_bwd = self.choice, self.backward_choice
-        if self.__dict__.get(_TUNED_ATTR):
+        if self.__dict__.get(_TUNED_ATTR) is not None:
             choice, tuned_bwd = self._tuned_for("conv", x, None, {"x": x, "padding": padding})
             if tuned_bwd is None:   # the fused problem's backward passes are this convolution's
                 key = _sig_of("fused", x, self.weight, residual is not None)
@@ -672,6 +680,16 @@ class _ConvBiasAct(_RawconvConv):
         if residual is not None:
             y = y + residual
         return torch.relu(y) if self.activation == "relu" else y
+
+    def _frozen_choice(self, x, residual):
+        """The forward choice of a frozen module's new oneDNN plan for this (padded) input: the
+        autotuned one of the problem (searched now with ``autotune_new="search"``), else ``choice``."""
+        if self.__dict__.get(_TUNED_ATTR) is None:
+            return self.choice
+        padding = 0 if self.padding_mode != "zeros" else self.padding
+        choice, _ = self._tuned_for("fused", x, residual is not None,
+                                    {"x": x, "padding": padding, "residual": residual}, self.weight)
+        return str(choice) if isinstance(choice, int) and not isinstance(choice, bool) else choice
 
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)
@@ -1652,6 +1670,9 @@ def _pin_tuned(m, kind: str, args: dict, entry: TunedChoice) -> None:
     if key is not None:
         table[key] = entry
     m._choice_backend = entry.backend
+    st = m.__dict__.get(_fused._FROZEN_STATE)
+    if st is not None:   # a plan made for this problem before took the choice it had then
+        st.plans.clear()
 
 
 def _tune_call(m, kind: str, args: dict, backend: str, budget_s, backward: bool, info: dict, plan=None) -> tuple:
@@ -1662,7 +1683,9 @@ def _tune_call(m, kind: str, args: dict, backend: str, budget_s, backward: bool,
     key = _tune_key(m, kind, args, backend, problem)
     note = ""
     searched = False
-    if key in _TUNED:
+    if m.choice is not None:   # pinned by the module's own choice (every problem): nothing to search
+        choice, note = m.choice, "forward pinned by the module's choice"
+    elif key in _TUNED:
         choice = _TUNED[key]
     else:
         try:
@@ -1672,9 +1695,14 @@ def _tune_call(m, kind: str, args: dict, backend: str, budget_s, backward: bool,
         _TUNED[key] = choice
         searched = True
     bwd, bsearched, dirs = None, False, {}
-    if backward:
+    if backward and m.backward_choice is None:
         bwd, dirs, bsearched, bnote = _tune_backward(m, kind, args, backend, budget_s)
         note = "; ".join(n for n in (note, bnote) if n)
+    elif backward:
+        bwd, note = m.backward_choice, "; ".join(n for n in (note, "backward pinned by the module's "
+                                                                     "backward_choice") if n)
+        d, wt = _pair(bwd)
+        dirs = {("forward" if kind == "transpose" else "backward_data"): d, "backward_weights": wt}
     directions = {_forward_direction(kind): choice, **dirs}
     entry = TunedChoice(problem.describe(), kind, backend, choice, bwd, directions)
     _pin_tuned(m, kind, args, entry)
@@ -1690,6 +1718,8 @@ def _autotune(model, example, report: ConvertReport, budget_s, backward: bool = 
     (:func:`rawconv._search.prefetch`), unless the previous problem came from the tuning cache."""
     t0 = time.perf_counter()
     names = {id(m): n for n, m in _conv_modules(model).items()}
+    for m in _conv_modules(model).values():   # (a model tuned before: its example forward searches nothing)
+        m.__dict__.pop(_NEW_ATTR, None)
     layers = []
     for m, kind, args in _record_calls(model, example):
         backend = _resolve_backend(m.backend, args["x"].device)
@@ -1697,8 +1727,17 @@ def _autotune(model, example, report: ConvertReport, budget_s, backward: bool = 
         layers.append((m, kind, args, backend, problem, _tune_key(m, kind, args, backend, problem)))
     with _rng_kept(model, example):   # the searches' random tensors draw nothing from torch's generators
         _search_layers(model, layers, names, report, budget_s, backward)
-    for m in {id(m): m for m, *_ in layers}.values():
-        m.__dict__[_NEW_ATTR] = {"budget_s": budget_s, "backward": backward} if new == "search" else None
+    if new == "search":   # every convolution module: those the example did not call meet only new problems
+        for m in _conv_modules(model).values():
+            m.__dict__.setdefault(_TUNED_ATTR, {})
+            m.__dict__[_NEW_ATTR] = {"budget_s": budget_s, "backward": backward}
+    else:
+        for m in _conv_modules(model).values():
+            m.__dict__.pop(_NEW_ATTR, None)
+    for _name, m in _fused_modules(model):   # their plans resolved the old table's choices
+        st = m.__dict__.get(_fused._FROZEN_STATE)
+        if st is not None:
+            st.plans.clear()
     report.backward = backward
     report.autotune_new = new
     report.autotune_s = time.perf_counter() - t0
@@ -1789,7 +1828,11 @@ def pin_choices(model: torch.nn.Module, choices: dict, *, backend: str | None = 
         m = mods[n]
         m.choice = c
         m.__dict__.pop(_TUNED_ATTR, None)
+        m.__dict__.pop(_NEW_ATTR, None)
         m._choice_backend = backend or m._device_backend()
+        st = m.__dict__.get(_fused._FROZEN_STATE)
+        if st is not None:   # its plans resolved the old choice
+            st.plans.clear()
 
 
 # ---------------------------------------------------------------------------- describe
@@ -1897,10 +1940,13 @@ def _call_choices(m, kind: str, args: dict):
         return m.choice, m.backward_choice, None, (
             f"not a problem this layer was autotuned for ({'; '.join(e.problem for e in table.values())}): "
             + ("the library's default runs" if m.choice is None else f"its own choice {m.choice!r} runs"))
-    bwd = t.backward_choice
+    choice = t.choice if m.choice is None else m.choice
+    bwd = t.backward_choice if m.backward_choice is None else m.backward_choice
     note = f"autotuned: {', '.join(f'{d} {c}' for d, c in t.directions.items())}" + (
         "" if bwd is not None else "; backward passes not tuned (the libraries' defaults)")
-    return t.choice, bwd, t, note
+    if m.choice is not None:
+        note += f"; the module's own choice {m.choice!r} runs"
+    return choice, bwd, t, note
 
 
 def _rawconv_runs(m, kind, args, backend, choice=None) -> str:
