@@ -25,10 +25,11 @@ the weights, which is only right in eval mode).
 
 Weights: the function form and the operator read the weights on every call (reordered per call
 when the implementation wants another layout), as :mod:`rawconv.ops` does. The modules that
-``rawconv.nn.convert(..., fuse=True)`` makes are **frozen** (:class:`Frozen`): their BN-folded
-weight and bias are snapshotted at convert time (a copy, as torch's freezing makes constants) and
-reordered once per problem; :func:`rawconv.nn.refresh` takes a new snapshot after the parameters
-change.
+``rawconv.nn.convert(..., fuse=True)`` makes are **frozen** (:func:`freeze`): their weight and
+bias, with the BatchNorm they refer to folded in, are snapshotted (a copy, as torch's freezing
+makes constants) and reordered once per problem; the snapshot is taken again at the next call
+whenever what it was taken from changed (:class:`_FrozenState`), and :func:`rawconv.nn.refresh`
+takes a new one at once (after a write through ``.data``, which no version counter sees).
 """
 from __future__ import annotations
 

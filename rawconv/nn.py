@@ -8,7 +8,8 @@
 
     model = rawconv.nn.convert(torchvision_model)                   # every conv swapped, weights kept
     model = rawconv.nn.convert(model.eval(), fuse=True, autotune=x) # BN folded, conv+bias(+add)+ReLU fused,
-                                                                    # each distinct problem tuned once
+                                                                    # each distinct problem tuned once and
+                                                                    # pinned to that problem
     print(rawconv.nn.describe(model, x))                            # per layer: rawconv vs torch
 
 * :class:`Conv1d` / :class:`Conv2d` / :class:`Conv3d` and :class:`ConvTranspose1d` / ``2d`` / ``3d``
@@ -55,7 +56,7 @@ from .problem import ConvProblem, empty_like_layout, shape_only, tuple_arg
 __all__ = ["conv", "conv_transpose", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
            "ConvTranspose3d", "ConvBiasAct1d", "ConvBiasAct2d", "ConvBiasAct3d", "convert", "describe",
            "LayerReport", "ConvertReport", "print_table", "BACKENDS", "pinned_choices", "pin_choices",
-           "refresh"]
+           "refresh", "TunedChoice", "AUTOTUNE_NEW"]
 
 BACKENDS = ("auto", "onednn", "cudnn")
 

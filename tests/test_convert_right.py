@@ -556,3 +556,35 @@ def test_state_dict_route_with_weights_only_load():
     with torch.no_grad():
         assert _rel(dst(x), src(x)) <= 1e-6
         assert _rel(dst(x), plain.double()(x.double())) <= 2e-5
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_autotuned_models_compile_and_a_modules_own_choice_wins(fuse, monkeypatch):
+    """torch.compile(fullgraph=True) of an autotuned model looks the tuned choice up at trace time
+    (static shapes); a choice set on the module (or by pin_choices) applies to every problem."""
+    rnn.clear_tuning()
+    picks = _user_layout_winner(monkeypatch)
+    net = _tuned_model(fuse)
+    x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+    m = rnn.convert(net, fuse=fuse, autotune=x)
+    assert picks
+    compiled = torch.compile(m, fullgraph=True, backend="aot_eager")
+    for xx in (x, torch.randn(3, 3, 8, 8)):
+        with torch.no_grad():
+            assert _rel(compiled(xx), copy.deepcopy(net).double()(xx.double())) <= 2e-5
+    name = next(n for n, c in rnn.pinned_choices(m).items() if c["tuned"])
+    rnn.pin_choices(m, {name: "ref:any@any"})
+    assert rnn.pinned_choices(m)[name]["tuned"] == [] and rnn.pinned_choices(m)[name]["choice"] == "ref:any@any"
+    seen = _spy_plans(monkeypatch)
+    rops.clear_cache()
+    onednn.clear_cache()
+    fu.clear_cache()
+    for _n, f in rnn._fused_modules(m):
+        fu.frozen_state(f).plans.clear()
+    with torch.no_grad():
+        assert _rel(m(x), copy.deepcopy(net).double()(x.double())) <= 2e-5
+    if not fuse:   # the plain modules ask the operators' plan cache (the fused ones their own plans)
+        assert any(c.startswith("ref:any") for _d, c, _i in seen)
+    else:
+        f = m.get_submodule(name)
+        assert all(p.selected.name == "ref:any" for p in fu.frozen_state(f).plans.values())
