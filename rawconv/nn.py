@@ -1597,7 +1597,8 @@ def _grad_problems(m, kind: str, args: dict, backend: str) -> dict:
         fwd = ConvProblem.from_torch(gy, w, None, s, pads, d, m.groups)
         wts = _ops._backward_weights_problem(gy, xb, tuple(w.shape), s, [a for a, _ in pads], [b for _, b in pads],
                                              d, m.groups, False)
-        return {"forward": (fwd, onednn._w_layout(w)), "backward_weights": (wts, wts.layout)}
+        # (cuDNN's legacy plans describe the filter in the data's layout: rawconv.cudnn._w_layout)
+        return {"forward": (fwd, fwd.layout if cuda else onednn._w_layout(w)), "backward_weights": (wts, wts.layout)}
     p = ConvProblem.from_torch(xb, w, None, m.stride, _norm_padding(args["padding"]), m.dilation, m.groups)
     pads = tuple(zip(p.pad_before, p.pad_after))
     gy = empty_like_layout(p.y_shape, lay, xb.dtype, xb.device)
@@ -1610,7 +1611,8 @@ def _grad_problems(m, kind: str, args: dict, backend: str) -> dict:
         data = onednn._backward_problem(gy, w, tuple(xb.shape), p.stride, pads, p.dilation, p.groups, False)
         wts = _ops._backward_weights_problem(xb, gy, tuple(w.shape), p.stride, p.pad_before, p.pad_after,
                                              p.dilation, p.groups, m.bias is not None)
-    return {"backward_data": (data, onednn._w_layout(w)), "backward_weights": (wts, wts.layout)}
+    return {"backward_data": (data, data.layout if cuda else onednn._w_layout(w)),
+            "backward_weights": (wts, wts.layout)}
 
 
 def _search_direction(direction: str, problem: ConvProblem, w_layout: str, backend: str, precision: str,
