@@ -1364,8 +1364,9 @@ def _search_new(m, kind: str, args: dict, key):
         w, b = st.sync()
         if w is not None:
             args = dict(args, w=w, b=b)
-    try:
-        with torch.no_grad():
+    x = args["x"]
+    try:   # (the search's random tensors draw nothing from torch's generators: the caller's stream goes on)
+        with torch.no_grad(), torch.random.fork_rng(devices=[x.device] if x.is_cuda else []):
             entry = _tune_call(m, kind, args, backend, opts["budget_s"], opts["backward"], {})
     except NotSupportedError:
         return None
@@ -1721,8 +1722,9 @@ def _autotune(model, example, report: ConvertReport, budget_s, backward: bool = 
     (:func:`rawconv._search.prefetch`), unless the previous problem came from the tuning cache."""
     t0 = time.perf_counter()
     names = {id(m): n for n, m in _conv_modules(model).items()}
-    for m in _conv_modules(model).values():   # (a model tuned before: its example forward searches nothing)
-        m.__dict__.pop(_NEW_ATTR, None)
+    for m in _conv_modules(model).values():   # a model tuned before: its example forward searches nothing,
+        m.__dict__.pop(_NEW_ATTR, None)       # and its old tables go (this convert's problems only)
+        m.__dict__.pop(_TUNED_ATTR, None)
     layers = []
     for m, kind, args in _record_calls(model, example):
         backend = _resolve_backend(m.backend, args["x"].device)
@@ -1766,8 +1768,6 @@ def _search_layers(model, layers: list, names: dict, report: ConvertReport, budg
                     plans.pop(key, None)
             return
 
-    for m in {id(m): m for m, *_ in layers}.values():   # a new table per convert: its own problems only
-        m.__dict__[_TUNED_ATTR] = {}
     for i, (m, kind, args, backend, problem, key) in enumerate(layers):
         t1 = time.perf_counter()
         info: dict = {}

@@ -588,3 +588,15 @@ def test_autotuned_models_compile_and_a_modules_own_choice_wins(fuse, monkeypatc
     else:
         f = m.get_submodule(name)
         assert all(p.selected.name == "ref:any" for p in fu.frozen_state(f).plans.values())
+
+
+def test_a_search_at_a_new_problems_first_call_leaves_torchs_generator_alone(monkeypatch):
+    rnn.clear_tuning()
+    net = _tuned_model(False)
+    m = rnn.convert(net, autotune=torch.randn(2, 3, 8, 8), autotune_new="search", autotune_budget_s=0.05)
+    x = torch.randn(3, 3, 8, 8)
+    state = torch.random.get_rng_state()
+    with torch.no_grad():
+        m(x)   # searches each layer's new problem (random example tensors)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert all(len(p["tuned"]) == 2 for p in rnn.pinned_choices(m).values())
