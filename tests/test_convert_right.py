@@ -600,3 +600,26 @@ def test_a_search_at_a_new_problems_first_call_leaves_torchs_generator_alone(mon
         m(x)   # searches each layer's new problem (random example tensors)
     assert torch.equal(torch.random.get_rng_state(), state)
     assert all(len(p["tuned"]) == 2 for p in rnn.pinned_choices(m).values())
+
+
+def test_a_fused_model_trains_on_its_pinned_backward_choices(monkeypatch):
+    """convert(fuse=True, autotune=x, autotune_backward=True): the fused modules' backward passes
+    (their autograd path: the convolution, then the BatchNorm module) run the pinned choices."""
+    rnn.clear_tuning()
+    factory, shape = FACTORIES["residual"]
+    x = torch.randn(*shape)
+    m = rnn.convert(factory(), fuse=True, autotune=x, autotune_backward=True, autotune_budget_s=0.05)
+    rep = m.rawconv_report
+    assert rep.backward and all(t["backward_choice"] for t in rep.tuned)
+    rops.clear_cache()
+    onednn.clear_cache()
+    seen = _spy_plans(monkeypatch)
+    m.train()
+    xg = x.clone().requires_grad_()
+    m(xg).square().sum().backward()
+    want = {(d, c) for t in rep.tuned for d, c in t["directions"].items() if d != "forward"}
+    assert want <= {(d, c) for d, c, _i in seen}
+    t64 = _twin(m, factory).train()
+    x64 = x.double().requires_grad_()
+    t64(x64).square().sum().backward()
+    assert _rel(xg.grad, x64.grad) <= 1e-4
