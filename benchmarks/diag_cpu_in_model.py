@@ -198,7 +198,8 @@ def main(argv=None):
     rm = rnn.convert(model, fuse=True, autotune=xc)
     log(f"convert(fuse=True, autotune=x): {time.perf_counter() - t0:.1f} s")
     mods = fused_modules(rm)
-    tuned = {id(m): m.choice for _, m in mods}
+    pinned = rnn.pinned_choices(rm)   # the autotune's pick per layer (pinned to its problem)
+    tuned = {id(m): pinned[name]["choice"] for name, m in mods}
     got = capture_args(rm, mods, xc)
     plans, cands, problems = {}, {}, {}
     for name, m in mods:

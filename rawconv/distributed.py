@@ -300,8 +300,10 @@ def convert(model: torch.nn.Module, example_input: Any, *, group=None, src: int 
     ``strategy="one"``: rank ``src`` (a rank of ``group``) searches every distinct problem, then
     broadcasts the results; ``"split"``: the distinct problems are dealt out to the ranks (largest
     first, to the least loaded rank), each searches its share, the results are gathered. Either
-    way every rank pins the same choice on every layer (``m.choice``; the backend's default where
-    nothing could be timed, with the reason in the report) and remembers it in
+    way every rank pins the same forward choice on every layer, to the problem it was searched
+    for (as :func:`rawconv.nn.convert` does: :func:`rawconv.nn.pinned_choices`; another problem
+    runs the default; the backend's default where nothing could be timed, with the reason in the
+    report; the backward passes are not searched here) and remembers it in
     :mod:`rawconv.nn`'s process memo (a later ``rawconv.nn.convert(autotune=...)`` of the same
     problems searches nothing and pins the same). The searches are :func:`rawconv.nn.convert`'s
     (oneDNN: every implementation timed; cuDNN: the graph API's autotune).
@@ -413,11 +415,16 @@ def convert(model: torch.nn.Module, example_input: Any, *, group=None, src: int 
                          "note": res["note"]})
         for i in distinct[k]:
             lay = layers[i]
-            lay.module.choice = res["choice"]
-            lay.module._choice_backend = lay.backend
+            # pinned to this problem (another problem runs the default), forward only: the shared
+            # search covers the forward passes
+            direction = _nn._forward_direction(lay.kind)
+            _nn._pin_tuned(lay.module, lay.kind, lay.args, _nn.TunedChoice(
+                _nn._problem_of(lay.module, lay.kind, lay.args).describe(), lay.kind, lay.backend, res["choice"],
+                None, {direction: res["choice"]}))
             _nn._TUNED[lay.local_key] = res["choice"]
             report.tuned.append({"name": lay.name, "kind": lay.kind, "problem": _describe_key(k),
-                                 "backend": lay.backend, "choice": res["choice"],
+                                 "backend": lay.backend, "choice": res["choice"], "backward_choice": None,
+                                 "directions": {direction: res["choice"]}, "backward_searched": False,
                                  "searched": res["searched"] and res["rank"] == rank and i == distinct[k][0],
                                  "seconds": res["seconds"] if res["rank"] == rank and i == distinct[k][0] else 0.0,
                                  "key": lay.local_key, "note": res["note"], "tuned_by": res["rank"]})

@@ -25,16 +25,18 @@ the weights, which is only right in eval mode).
 
 Weights: the function form and the operator read the weights on every call (reordered per call
 when the implementation wants another layout), as :mod:`rawconv.ops` does. The modules that
-``rawconv.nn.convert(..., fuse=True)`` makes are **frozen** (:class:`Frozen`): their BN-folded
-weight and bias are snapshotted at convert time (a copy, as torch's freezing makes constants) and
-reordered once per problem; :func:`rawconv.nn.refresh` takes a new snapshot after the parameters
-change.
+``rawconv.nn.convert(..., fuse=True)`` makes are **frozen** (:func:`freeze`): their weight and
+bias, with the BatchNorm they refer to folded in, are snapshotted (a copy, as torch's freezing
+makes constants) and reordered once per problem; the snapshot is taken again at the next call
+whenever what it was taken from changed (:class:`_FrozenState`), and :func:`rawconv.nn.refresh`
+takes a new one at once (after a write through ``.data``, which no version counter sees).
 """
 from __future__ import annotations
 
 import dataclasses
 import threading
 import warnings
+import weakref
 from typing import Any, Optional, Sequence
 
 import torch
@@ -495,12 +497,35 @@ class _CudaFallback:
 # ---------------------------------------------------------------------------- frozen modules
 FROZEN_WEIGHT, FROZEN_BIAS = "_rawconv_frozen_weight", "_rawconv_frozen_bias"   # the modules' buffer names
 _FROZEN_PLANS = "_rawconv_frozen_plans"
+_FROZEN_STATE = "_rawconv_frozen_state"   # module.__dict__: its _FrozenState
+BN_KEY = "_rawconv_bn"   # module.__dict__: the BatchNorm folded into the snapshot (convert(fuse=True)), or absent
 _FROZEN_MAX = 64   # plans per frozen module (one per input shape and layout); more: the oldest go
+
+# bumped after every optimizer step in the process (torch.optim's global step hook, registered at the
+# first freeze): fused optimizers (Adam(fused=True), fused SGD) update parameters without moving their
+# version counters, so a step is itself a sign that frozen snapshots may be stale
+_EPOCH = [0]
+_HOOK: list = []
+
+
+def _bump_epoch(*_args, **_kwargs) -> None:
+    _EPOCH[0] += 1
+
+
+def _watch_optimizers() -> None:
+    if not _HOOK:
+        try:
+            _HOOK.append(torch.optim.optimizer.register_optimizer_step_post_hook(_bump_epoch))
+        except Exception:  # noqa: BLE001  (a torch without the global hook: version counters only)
+            _HOOK.append(None)
 
 
 class _PlanDict(dict):
     """A frozen module's oneDNN plans (problem -> :class:`FusedConvolution` holding the snapshot
-    reordered). Copies and pickles of the module start with none (plans hold C objects)."""
+    reordered), and its :class:`_FrozenState` (``state``). Copies and pickles of the module start
+    with none (plans hold C objects)."""
+
+    state = None
 
     def __deepcopy__(self, memo):
         return _PlanDict()
@@ -509,31 +534,204 @@ class _PlanDict(dict):
         return (_PlanDict, ())
 
 
+def _unbound_state():
+    return _FrozenState(None)
+
+
+def _fold(w: torch.Tensor, b, bn) -> tuple:
+    """(weight, bias) of conv ``w``/``b`` followed by eval-mode BatchNorm ``bn``, computed in float64
+    from the tensors as they are now and rounded once to w's dtype (w's memory format)."""
+    from torch.nn.utils.fusion import fuse_conv_bn_weights
+
+    def d(t):
+        return t.detach().to(torch.float64) if t is not None else None
+
+    fw, fb = fuse_conv_bn_weights(d(w), d(b), d(bn.running_mean), d(bn.running_var), bn.eps, d(bn.weight),
+                                  d(bn.bias))
+    out_w = torch.empty_like(w, memory_format=torch.preserve_format)
+    out_w.copy_(fw.detach())
+    return out_w, fb.detach().to(w.dtype)
+
+
+def _versions(ts) -> list | None:
+    try:
+        return [t._version for t in ts]
+    except RuntimeError:   # an inference tensor keeps no version counter: every call takes a new snapshot
+        return None
+
+
+class _FrozenState:
+    """What a frozen module's snapshot was taken from, to take a new one when any of it changed.
+
+    The sources: the module's ``weight`` and ``bias`` parameters and, when a BatchNorm is folded
+    in (``module.__dict__[BN_KEY]``), its weight, bias, running statistics and batch count. The
+    snapshot is stale when a source is another object than the one snapshotted (a parameter
+    replaced: ``m.weight = Parameter(...)``, ``load_state_dict(assign=True)``, a BatchNorm moved
+    alone), when any source's version counter moved (every in-place write through autograd's
+    view of the tensor: ``load_state_dict``, optimizer steps, ``mul_``, a BatchNorm's training
+    forward counting its batches), after any optimizer step in the process (fused optimizers move
+    no version counter), after the module's ``_apply`` (``.to()``, ``.half()``, ``.cuda()``) and
+    after a forward that recorded autograd through the parameters (an update through ``.data``
+    usually follows one). Writes through ``.data`` alone, with no optimizer step and no training
+    forward, are the one change it cannot see (nor can autograd): :func:`rawconv.nn.refresh`.
+
+    :meth:`sync` takes a new snapshot when stale: the same buffer tensors written in place when
+    shape, dtype and device still fit (compiled graphs and the plans keep working on them), new
+    ones otherwise. The module is held weakly; copies and pickles get an unbound state that the
+    module's ``__setstate__`` replaces."""
+
+    __slots__ = ("module", "srcs", "tens", "vers", "epoch", "plans", "bn", "snap", "__weakref__")
+
+    def __init__(self, module):
+        self.module = weakref.ref(module) if module is not None else _no_module
+        self.srcs: tuple = (None, None)
+        self.tens: list = []
+        self.vers = None
+        self.epoch = -1   # stale until the first snapshot
+        self.bn = None
+        self.snap = (None, None)   # the buffers (FROZEN_WEIGHT, FROZEN_BIAS) as last taken
+        self.plans = _PlanDict()
+        self.plans.state = self
+
+    def __deepcopy__(self, memo):
+        return _FrozenState(None)
+
+    def __reduce__(self):
+        return (_unbound_state, ())
+
+    def mark_stale(self) -> None:
+        self.epoch = -1
+
+    def fresh(self, w, b) -> bool:
+        """Whether the snapshot was taken from ``w`` / ``b`` (the module's weight and bias now) and
+        the BatchNorm as they are now (see the class notes). The eager hot path's one check."""
+        srcs = self.srcs
+        if self.epoch != _EPOCH[0] or w is not srcs[0] or b is not srcs[1]:
+            return False
+        bn = self.bn
+        if bn is not None and (bn._buffers.get("running_mean") is not srcs[4]
+                               or bn._parameters.get("weight") is not srcs[2]):
+            return False
+        try:
+            return self.vers == [t._version for t in self.tens]
+        except RuntimeError:   # an inference tensor keeps no version counter
+            return False
+
+    def sync(self, w=None, b=None):
+        """The snapshot ``(weight, bias)`` to compute with: the module's buffers, taken again first
+        when stale. ``w``/``b``: the tensors a caller was handed (an operator's kernel under
+        torch.compile gets the buffers as they were traced): returned as they are when fresh."""
+        m = self.module()
+        if m is None:
+            return w, b
+        p = m._parameters
+        if not self.fresh(p.get("weight"), p.get("bias")) or self.bn is not m.__dict__.get(BN_KEY):
+            self.take(m)
+        elif w is not None:
+            return w, b
+        return self.snap
+
+    def choice_for(self, x, residual):
+        """The choice a new plan of the module's takes for this call (its autotuned one for the
+        problem, :meth:`rawconv.nn._ConvBiasAct._frozen_choice`), or None."""
+        m = self.module()
+        resolve = getattr(m, "_frozen_choice", None) if m is not None else None
+        return resolve(x, residual) if resolve is not None else None
+
+    def take(self, m) -> None:
+        """Take module ``m``'s snapshot from its sources now (in place where the buffers fit)."""
+        p = m._parameters
+        w, b = p.get("weight"), p.get("bias")
+        if w is None:   # the weight is no longer a parameter (a parametrization): the module reads it live
+            return
+        bn = m.__dict__.get(BN_KEY)
+        _watch_optimizers()
+        epoch = _EPOCH[0]
+        with torch.no_grad():
+            if bn is not None:
+                fw, fb = _fold(w, b, bn)
+                srcs = (w, b, bn._parameters.get("weight"), bn._parameters.get("bias"),
+                        bn._buffers.get("running_mean"), bn._buffers.get("running_var"),
+                        bn._buffers.get("num_batches_tracked"))
+            else:
+                fw, fb = w.detach(), (b.detach() if b is not None else None)
+                srcs = (w, b)
+            tens = [t for t in srcs if t is not None]
+            vers = _versions(tens)
+            old_w, old_b = m._buffers.get(FROZEN_WEIGHT), m._buffers.get(FROZEN_BIAS)
+            new_w = _into(old_w, fw)
+            new_b = None if fb is None else _into(old_b, fb)
+        replaced = new_w is not old_w or new_b is not old_b
+        for name, t in ((FROZEN_WEIGHT, new_w), (FROZEN_BIAS, new_b)):
+            if name in m._buffers:
+                m._buffers[name] = t
+            else:
+                m.register_buffer(name, t, persistent=False)
+        if replaced:
+            self.plans.clear()
+        # the snapshot carries its plans (and this state): the operator's kernel finds them on the
+        # weight it is given (under torch.compile the module's buffer reaches the kernel as the same
+        # tensor), so compiled models keep each layer's weights reordered once, and fresh, too
+        setattr(new_w, _FROZEN_PLANS, self.plans)
+        m.__dict__[_FROZEN_PLANS] = self.plans
+        self.srcs, self.tens, self.vers, self.bn, self.snap = srcs, tens, vers, bn, (new_w, new_b)
+        self.epoch = epoch
+
+
+def _no_module():
+    return None
+
+
+def _into(old, new: torch.Tensor) -> torch.Tensor:
+    """``new``'s values in ``old`` (written in place) when shape, dtype, device and layout fit, else a
+    copy of ``new`` (its memory format kept)."""
+    if old is not None and old.shape == new.shape and old.dtype == new.dtype and old.device == new.device \
+            and old.stride() == new.stride() and not old.is_inference():
+        old.copy_(new)
+        return old
+    return new.detach().clone(memory_format=torch.preserve_format)
+
+
 def freeze(module: torch.nn.Module) -> None:
-    """Snapshot a fused module's weight and bias (a copy each, as non-persistent buffers
-    :data:`FROZEN_WEIGHT` / :data:`FROZEN_BIAS`: they follow ``.to()``/``.cuda()``/``.half()``
-    and stay out of ``state_dict``) and drop its plans; see :func:`rawconv.nn.refresh`.
-    Called by :func:`rawconv.nn.convert` (``fuse=True``) and :func:`rawconv.nn.refresh`."""
-    with torch.no_grad():
-        w = module.weight.detach().clone(memory_format=torch.preserve_format)
-        b = None if module.bias is None else module.bias.detach().clone()
-    for name, t in ((FROZEN_WEIGHT, w), (FROZEN_BIAS, b)):
-        if name in module._buffers:
-            module._buffers[name] = t
-        else:
-            module.register_buffer(name, t, persistent=False)
-    plans = _PlanDict()
-    module.__dict__[_FROZEN_PLANS] = plans
-    # the snapshot carries its plans: the operator's kernel finds them on the weight it is given
-    # (under torch.compile the module's buffer reaches the kernel as the same tensor), so compiled
-    # models keep each layer's weights reordered once too. A copy of the tensor (.to(), .half())
-    # has no such attribute and takes the unfrozen path.
-    setattr(w, _FROZEN_PLANS, plans)
+    """Snapshot a fused module's weight and bias, with its BatchNorm (``module.__dict__[BN_KEY]``)
+    folded in, as non-persistent buffers :data:`FROZEN_WEIGHT` / :data:`FROZEN_BIAS` (out of
+    ``state_dict``), and keep the snapshot fresh from then on: the module takes a new one at its
+    next call whenever a source changed (:class:`_FrozenState` says how that is seen).
+    Called by :func:`rawconv.nn.convert` (``fuse=True``) and :func:`rawconv.nn.refresh` (which
+    takes a new snapshot now, whatever changed)."""
+    st = module.__dict__.get(_FROZEN_STATE)
+    if st is None or st.module() is not module:
+        st = _FrozenState(module)
+        module.__dict__[_FROZEN_STATE] = st
+    st.take(module)
+
+
+def rebind(module: torch.nn.Module) -> None:
+    """After a copy, an unpickle or ``_apply`` (``.to()``): a state bound to ``module`` (a copy's
+    was unbound) and stale, attached to the current snapshot buffer (``.to()`` made new ones)."""
+    if FROZEN_WEIGHT not in module._buffers:
+        return
+    st = module.__dict__.get(_FROZEN_STATE)
+    if st is None or st.module() is not module:
+        st = _FrozenState(module)
+        module.__dict__[_FROZEN_STATE] = st
+    st.mark_stale()
+    st.plans.clear()
+    module.__dict__[_FROZEN_PLANS] = st.plans
+    w = module._buffers.get(FROZEN_WEIGHT)
+    st.snap = (w, module._buffers.get(FROZEN_BIAS))
+    if w is not None:
+        setattr(w, _FROZEN_PLANS, st.plans)
 
 
 def frozen(module: torch.nn.Module) -> bool:
     """Whether ``module`` holds a weight snapshot (:func:`freeze`)."""
     return FROZEN_WEIGHT in module._buffers
+
+
+def frozen_state(module: torch.nn.Module):
+    """``module``'s :class:`_FrozenState`, or None."""
+    return module.__dict__.get(_FROZEN_STATE)
 
 
 def _run_frozen(plans: dict, x, w, bias, residual, stride, pad, dilation, groups, activation, choice, precision,
@@ -549,6 +747,10 @@ def _run_frozen(plans: dict, x, w, bias, residual, stride, pad, dilation, groups
     except TypeError:
         key = plan = None
     if plan is None or plan._freed:
+        if choice is None and plans.state is not None:   # the module's choice for this problem (autotuned)
+            choice = plans.state.choice_for(x, residual)
+            if isinstance(choice, str) and choice.isdigit():
+                choice = int(choice)
         generic = plan_for(x, w, bias, residual, stride, pad, dilation, groups, activation=activation,
                            backend="onednn", choice=choice, precision=precision)   # validates everything
         plan = FusedConvolution.for_problem(generic.problem, residual=generic.residual, activation=activation,
@@ -562,7 +764,8 @@ def _run_frozen(plans: dict, x, w, bias, residual, stride, pad, dilation, groups
         version = w._version   # a snapshot changed in place (the buffer's .copy_()/.mul_()) is reordered again
     except RuntimeError:   # an inference tensor keeps no version counter
         version = None
-    if plan._snap is None or plan._snap[0] is not w or plan.__dict__.get("_frozen_version") != version:
+    if plan._snap is None or plan._snap[0] is not w or plan.__dict__.get("_frozen_version") != version \
+            or version is None:
         plan._snapshot(w, copy=False)
         plan._frozen_version = version
     return plan.run(x, None, bias, residual, inplace=residual_inplace)
@@ -641,7 +844,17 @@ def _op_kernel(x, w, bias, residual, stride, padding, dilation, groups, activati
 
 def frozen_plans_of(w: torch.Tensor):
     """The plans a frozen module's weight snapshot carries (see :func:`freeze`), or None."""
-    return w.__dict__.get(_FROZEN_PLANS) if w.is_cpu and not w.requires_grad else None
+    return w.__dict__.get(_FROZEN_PLANS) if not w.requires_grad else None
+
+
+def _synced(w, bias):
+    """(w, bias, plans) for the operators' kernels: a frozen module's snapshot (reached here as the
+    traced buffer under torch.compile) retaken first when its sources changed (:class:`_FrozenState`)."""
+    plans = frozen_plans_of(w)
+    if plans is not None and plans.state is not None:
+        w, bias = plans.state.sync(w, bias)
+        plans = frozen_plans_of(w)
+    return w, bias, plans
 
 
 @torch.library.custom_op("rawconv::conv_bias_act", mutates_args=())
@@ -649,8 +862,9 @@ def _conv_bias_act_op(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Ten
                       stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int,
                       activation: str, backend: str, choice: Optional[str], precision: str) -> torch.Tensor:
     """``act(conv(x, w) + bias + residual)`` on oneDNN (CPU) or a cuDNN graph (CUDA)."""
+    w, bias, plans = _synced(w, bias)
     return _op_kernel(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision,
-                      frozen_plans=frozen_plans_of(w))
+                      frozen_plans=plans)
 
 
 @torch.library.custom_op("rawconv::conv_bias_act_residual_", mutates_args=("residual",))
@@ -666,8 +880,9 @@ def _conv_bias_act_residual_op(x: torch.Tensor, w: torch.Tensor, bias: Optional[
     autograd: the modules call the out-of-place ``rawconv::conv_bias_act`` when a gradient is
     needed; with grad mode on and an argument that requires grad it raises
     :class:`NotSupportedError` (the overwritten residual would carry no gradient, or a wrong one)."""
+    w, bias, plans = _synced(w, bias)
     y = _op_kernel(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision,
-                   residual_inplace=True, frozen_plans=frozen_plans_of(w))
+                   residual_inplace=True, frozen_plans=plans)
     if y is not residual:
         with torch.no_grad():
             residual.copy_(y)

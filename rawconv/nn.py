@@ -8,7 +8,8 @@
 
     model = rawconv.nn.convert(torchvision_model)                   # every conv swapped, weights kept
     model = rawconv.nn.convert(model.eval(), fuse=True, autotune=x) # BN folded, conv+bias(+add)+ReLU fused,
-                                                                    # each distinct problem tuned once
+                                                                    # each distinct problem tuned once and
+                                                                    # pinned to that problem
     print(rawconv.nn.describe(model, x))                            # per layer: rawconv vs torch
 
 * :class:`Conv1d` / :class:`Conv2d` / :class:`Conv3d` and :class:`ConvTranspose1d` / ``2d`` / ``3d``
@@ -50,14 +51,14 @@ from . import onednn
 from ._grad import functorch_active as _functorch, has_tangent as _has_tangent
 from .errors import ArgumentError, ArgumentTypeError, InternalError, NotSupportedError, RawconvError
 from .options import PRECISIONS
-from .problem import ConvProblem, shape_only, tuple_arg
+from .problem import ConvProblem, empty_like_layout, shape_only, tuple_arg
 
 _autocasting = torch._C._is_any_autocast_enabled
 
 __all__ = ["conv", "conv_transpose", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
            "ConvTranspose3d", "ConvBiasAct1d", "ConvBiasAct2d", "ConvBiasAct3d", "convert", "describe",
            "LayerReport", "ConvertReport", "print_table", "BACKENDS", "pinned_choices", "pin_choices",
-           "refresh"]
+           "refresh", "TunedChoice", "AUTOTUNE_NEW"]
 
 BACKENDS = ("auto", "onednn", "cudnn")
 
@@ -465,12 +466,16 @@ class _RawconvConv:
         if self.backend != "auto" and self.backend != want:
             self.backend = want
         if self._choice_backend != want:
-            if self.choice is not None or self.backward_choice is not None:
-                warnings.warn(f"{type(self).__name__}: moved to {dev}; the {self._choice_backend} choice "
-                              f"{self.choice!r} (backward {self.backward_choice!r}) was dropped (the {want} "
-                              "default runs: set .choice or use rawconv.nn.convert(..., autotune=x))",
-                              RuntimeWarning, stacklevel=_guard.stacklevel())
+            tuned = self.__dict__.get(_TUNED_ATTR)
+            if self.choice is not None or self.backward_choice is not None or tuned:
+                what = f"choice {self.choice!r} (backward {self.backward_choice!r})"
+                if tuned:
+                    what += f" and the autotuned choices of {len(tuned)} problem(s)"
+                warnings.warn(f"{type(self).__name__}: moved to {dev}; the {self._choice_backend} {what} "
+                              f"were dropped (the {want} default runs: set .choice or use "
+                              "rawconv.nn.convert(..., autotune=x))", RuntimeWarning, stacklevel=_guard.stacklevel())
             self.choice = self.backward_choice = None
+            self.__dict__.pop(_TUNED_ATTR, None)
             self._choice_backend = want
 
     def _padded(self, x):
@@ -479,12 +484,34 @@ class _RawconvConv:
             return F.pad(x, self._reversed_padding_repeated_twice, mode=self.padding_mode), 0
         return x, self.padding
 
+    def _tuned_for(self, kind: str, x, extra, args: dict, w=None):
+        """(choice, backward_choice) for this call: the module's own ``choice`` / ``backward_choice``
+        where set (they apply to every problem), else the autotuned ones of the call's problem (the
+        module's :data:`_TUNED_ATTR` table, filled by :func:`convert`'s ``autotune=``), else None
+        (the library's default). A problem the autotune did not see is searched now when
+        :func:`convert` was given ``autotune_new="search"`` (and nothing is being traced or
+        captured), else it runs the default: an autotuned choice is pinned only to the problem it
+        was tuned on."""
+        choice, bwd = self.choice, self.backward_choice
+        if choice is not None and bwd is not None:
+            return choice, bwd
+        key = _sig_of(kind, x, self.weight if w is None else w, extra)
+        if key is not None:
+            t = self.__dict__[_TUNED_ATTR].get(key)
+            if t is None and self.__dict__.get(_NEW_ATTR) is not None and _can_search_now(x):
+                t = _search_new(self, kind, args, key)
+            if t is not None:
+                return (t.choice if choice is None else choice), (t.backward_choice if bwd is None else bwd)
+        return choice, bwd
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x, padding = self._padded(x)
         _record(self, "conv", x=x, padding=padding)
+        choice, bwd = self.choice, self.backward_choice
+        if self.__dict__.get(_TUNED_ATTR) is not None:
+            choice, bwd = self._tuned_for("conv", x, None, {"x": x, "padding": padding})
         return conv(x, self.weight, self.bias, self.stride, padding, self.dilation, self.groups,
-                    backend=self.backend, choice=self.choice, precision=self.precision,
-                    backward_choice=self.backward_choice)
+                    backend=self.backend, choice=choice, precision=self.precision, backward_choice=bwd)
 
     def extra_repr(self) -> str:
         return (super().extra_repr() + f", backend={self.backend!r}, choice={self.choice!r}, "
@@ -501,9 +528,13 @@ class _RawconvConvTranspose(_RawconvConv):
         output_padding = self._output_padding(x, output_size, self.stride, self.padding, self.kernel_size, nd,
                                               self.dilation)
         _record(self, "transpose", x=x, output_padding=tuple(output_padding))
+        choice, bwd = self.choice, self.backward_choice
+        if self.__dict__.get(_TUNED_ATTR) is not None:
+            choice, bwd = self._tuned_for("transpose", x, tuple(output_padding),
+                                          {"x": x, "output_padding": tuple(output_padding)})
         return conv_transpose(x, self.weight, self.bias, self.stride, self.padding, output_padding, self.groups,
-                              self.dilation, backend=self.backend, choice=self.choice, precision=self.precision,
-                              backward_choice=self.backward_choice)
+                              self.dilation, backend=self.backend, choice=choice, precision=self.precision,
+                              backward_choice=bwd)
 
 
 def _module(base, mixin, doc: str):
@@ -562,15 +593,41 @@ class _ConvBiasAct(_RawconvConv):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         x, padding = self._padded(x)
         stride, pads, dilation = self._op_args()
-        choice = self.choice
+        w, b, d = self.weight, self.bias, self.__dict__
+        bn = d.get(_fused.BN_KEY)
+        st = d.get(_fused._FROZEN_STATE)
+        recording = torch.is_grad_enabled() and (w.requires_grad or (b is not None and b.requires_grad) or (
+            bn is not None and any(t is not None and t.requires_grad for t in (bn.weight, bn.bias))))
+        compiling = torch.compiler.is_compiling()
+        if recording and st is not None and not compiling:
+            st.mark_stale()   # an update of the parameters usually follows a forward that records autograd
+        frozen = st is not None and not recording and isinstance(w, torch.nn.Parameter)
+        if bn is not None and (not frozen or bn.training):
+            # a BatchNorm that cannot be folded now (autograd recording through it, batch statistics in
+            # training mode, or no snapshot): the convolution, then the BatchNorm module itself, as before fusion
+            return self._unfused(x, padding, residual)
+        choice, bwd = self.choice, self.backward_choice
+        plans = None
+        if frozen:
+            # frozen by convert(fuse=True): the snapshot (BatchNorm folded in), taken again first when
+            # its sources changed; under torch.compile the operator's kernel does that check
+            if compiling:
+                w, b = self._buffers[_fused.FROZEN_WEIGHT], self._buffers[_fused.FROZEN_BIAS]
+            else:
+                if not st.fresh(w, b):
+                    st.take(self)
+                w, b = st.snap
+                plans = st.plans
+        if d.get(_TUNED_ATTR) is not None and (plans is None or choice is not None or not x.is_cpu):
+            # (a frozen module's oneDNN plans resolve the autotuned choice once per problem, when the
+            # plan is made: rawconv.fused._run_frozen, through _frozen_choice; no lookup per call)
+            choice, bwd = self._tuned_for("fused", x, residual is not None,
+                                          {"x": x, "padding": padding, "residual": residual}, self.weight)
+        if recording and bwd is not None:
+            # pinned backward choices: the convolution operator carries them (the fused one has none)
+            return self._unfused(x, padding, residual, bwd)
         if isinstance(choice, int) and not isinstance(choice, bool):
             choice = str(choice)
-        w, b, plans = self.weight, self.bias, None
-        if _fused.FROZEN_WEIGHT in self._buffers and not (torch.is_grad_enabled() and (
-                w.requires_grad or (b is not None and b.requires_grad))):
-            # frozen by convert(fuse=True): the snapshot, unless autograd records through the parameters
-            w, b = self._buffers[_fused.FROZEN_WEIGHT], self._buffers[_fused.FROZEN_BIAS]
-            plans = True   # looked up on the eager path below (dynamo does not trace a tensor's __dict__)
         if residual is not None and not self._residual_fits(x, residual, stride, pads, dilation):
             # a residual that only broadcasts (or of another dtype/device): added in torch, as the
             # graph before fusion did
@@ -579,28 +636,20 @@ class _ConvBiasAct(_RawconvConv):
             y = y + residual
             return torch.relu(y) if self.activation == "relu" else y
         if _RECORDING:
-            _record(self, "fused", x=x, padding=padding, residual=residual)
+            _record(self, "fused", x=x, padding=padding, residual=residual, w=w, b=b)
         if not isinstance(x, torch.Tensor):
             raise ArgumentTypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-        if type(x) is torch.Tensor and not torch.compiler.is_compiling() and not _autocasting() \
-                and not (torch.is_grad_enabled() and (
+        if type(x) is torch.Tensor and not compiling and not _autocasting() and not (torch.is_grad_enabled() and (
                 x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)
                 or (residual is not None and residual.requires_grad))) \
                 and not _functorch() and not _has_tangent(x, residual):
             # (a torch.func transform's batched tensors have no data pointer; a forward-mode tangent
             # would be dropped: both go through the operator, which runs or refuses them)
             # eager inference: the operator's kernel directly (the dispatcher's round trip costs host time)
-            if plans is True:
-                plans = _fused.frozen_plans_of(w)
-                if plans is None and w.is_cpu:
-                    # a snapshot moved by .to()/.half() (a new tensor): it carries the module's plans from now on
-                    plans = self.__dict__.get(_fused._FROZEN_PLANS)
-                    if plans is not None:
-                        setattr(w, _fused._FROZEN_PLANS, plans)
             return _fused._op_kernel(x, w, b, residual, stride, pads, dilation, self.groups,
                                      self.activation, self.backend, choice, self.precision,
-                                     self.__dict__.get("residual_inplace", False), plans)
-        if residual is not None and self.__dict__.get("residual_inplace", False) and _fused.RESIDUAL_OP_GUARDED \
+                                     d.get("residual_inplace", False), plans)
+        if residual is not None and d.get("residual_inplace", False) and _fused.RESIDUAL_OP_GUARDED \
                 and isinstance(x, torch.Tensor) and not _autocasting() \
                 and x.device.type == "cpu" and not (torch.is_grad_enabled() and (
                     x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)
@@ -614,6 +663,46 @@ class _ConvBiasAct(_RawconvConv):
         return torch.ops.rawconv.conv_bias_act(x, w, b, residual, stride, pads, dilation,
                                                self.groups, self.activation, self.backend, choice, self.precision)
 
+    def _unfused(self, x, padding, residual, bwd=None):
+        """``act(bn(conv(x)) + residual)`` as separate calls: the convolution on rawconv's operator
+        (differentiable; ``bwd``: the backward choices, else those autotuned for this problem), the
+        BatchNorm module itself (batch statistics in training mode, its running statistics
+        updated as torch's), the add and the activation in torch."""
+        choice, tuned_bwd = self.choice, self.backward_choice
+        if self.__dict__.get(_TUNED_ATTR) is not None:
+            choice, tuned_bwd = self._tuned_for("conv", x, None, {"x": x, "padding": padding})
+            if tuned_bwd is None:   # the fused problem's backward passes are this convolution's
+                key = _sig_of("fused", x, self.weight, residual is not None)
+                t = self.__dict__[_TUNED_ATTR].get(key) if key is not None else None
+                tuned_bwd = t.backward_choice if t is not None else None
+        y = conv(x, self.weight, self.bias, self.stride, padding, self.dilation, self.groups, backend=self.backend,
+                 choice=choice, precision=self.precision, backward_choice=bwd if bwd is not None else tuned_bwd)
+        bn = self.__dict__.get(_fused.BN_KEY)
+        if bn is not None:
+            y = bn(y)
+        if residual is not None:
+            y = y + residual
+        return torch.relu(y) if self.activation == "relu" else y
+
+    def _frozen_choice(self, x, residual):
+        """The forward choice of a frozen module's new oneDNN plan for this (padded) input: the
+        autotuned one of the problem (searched now with ``autotune_new="search"``), else ``choice``."""
+        if self.__dict__.get(_TUNED_ATTR) is None:
+            return self.choice
+        padding = 0 if self.padding_mode != "zeros" else self.padding
+        choice, _ = self._tuned_for("fused", x, residual is not None,
+                                    {"x": x, "padding": padding, "residual": residual}, self.weight)
+        return str(choice) if isinstance(choice, int) and not isinstance(choice, bool) else choice
+
+    def _apply(self, fn, *args, **kwargs):
+        out = super()._apply(fn, *args, **kwargs)
+        _fused.rebind(self)   # .to()/.half(): new snapshot buffers, taken again from the converted sources
+        return out
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        _fused.rebind(self)   # a copy or an unpickled module: its own state, the snapshot taken again
+
     def _residual_fits(self, x, r, stride, pads, dilation) -> bool:
         if not isinstance(r, torch.Tensor) or not isinstance(x, torch.Tensor) or r.dtype != x.dtype \
                 or r.device != x.device:
@@ -626,18 +715,25 @@ class _ConvBiasAct(_RawconvConv):
     @classmethod
     def from_conv(cls, conv: torch.nn.Module, *, activation: str = "relu", bn: torch.nn.Module | None = None,
                   backend: str | None = None, choice: Any = None, precision: str | None = None):
-        """A fused module from a ``torch.nn.Conv{1,2,3}d`` (its parameters, shared; with ``bn``, a
-        BatchNorm in eval mode folded into new weight and bias). Backend/choice/precision default to
-        the conv's when it is a rawconv module."""
+        """A fused module from a ``torch.nn.Conv{1,2,3}d`` (its parameters, shared, and never
+        changed). ``bn``: a BatchNorm with running statistics that follows the convolution; the
+        module then computes ``act(bn(conv(x)) + residual)``: with the BatchNorm folded into the
+        weight snapshot once frozen (:func:`rawconv.fused.freeze`, as :func:`convert` does; the
+        fold is taken again from the conv's and the BatchNorm's tensors whenever they change), else,
+        and whenever the BatchNorm is in training mode or autograd records, as the convolution
+        followed by the BatchNorm module itself. The BatchNorm stays where it is (its state_dict
+        entries too): the module only refers to it. Backend/choice/precision default to the
+        conv's when it is a rawconv module."""
         if bn is not None:
-            conv = _fold_bn(conv, bn)
+            _check_bn(conv, bn)
         new = cls.__new__(cls)
         torch.nn.Module.__init__(new)
-        new.__dict__.update({k: v for k, v in conv.__dict__.items() if k not in ("_parameters", "_buffers",
-                                                                                  "_modules")})
+        new.__dict__.update({k: v for k, v in conv.__dict__.items() if k not in _NOT_COPIED})
         new._parameters = dict(conv._parameters)
-        new._buffers = dict(conv._buffers)
+        new._buffers = {k: v for k, v in conv._buffers.items() if k not in (_fused.FROZEN_WEIGHT, _fused.FROZEN_BIAS)}
         new._modules = dict(conv._modules)
+        if bn is not None:
+            new.__dict__[_fused.BN_KEY] = bn
         old = conv if isinstance(conv, _RawconvConv) else None
         new._rawconv_init(backend if backend is not None else (old.backend if old else "auto"),
                           choice if choice is not None else (old.choice if old else None),
@@ -689,7 +785,12 @@ class ConvertReport:
     per conv layer: name, kind, problem, backend, choice, searched, seconds, note; for a searched one
     also the winner's ``median_ms`` / ``min_ms`` (GPU or wall ms per call) and, on cuDNN, ``plan_s``
     (seconds to set up the plan: graph, heuristics) and ``search_s`` (the autotune's own seconds)),
-    ``autotune_s`` (wall seconds of the search)."""
+    ``autotune_s`` (wall seconds of the search), ``backward`` (whether the backward passes were
+    searched too: ``autotune_backward``), ``autotune_new`` (what a problem the example did not
+    show runs: ``"default"`` or ``"search"``). Each ``tuned`` entry (one per layer and distinct
+    problem) also holds ``backward_choice`` (the pair pinned for its backward passes, None: the
+    libraries' defaults), ``directions`` (every pinned choice by library direction) and
+    ``backward_searched``."""
 
     swapped: list = field(default_factory=list)
     folded: list = field(default_factory=list)
@@ -698,6 +799,8 @@ class ConvertReport:
     trace_error: str = ""
     tuned: list = field(default_factory=list)
     autotune_s: float = 0.0
+    backward: bool = False
+    autotune_new: str = "default"
 
     def __str__(self) -> str:
         n = len(self.tuned)
@@ -710,6 +813,15 @@ class ConvertReport:
         if n:
             lines.append(f"  autotune: {n} layers, {distinct} distinct problems, {searched} searched, "
                          f"{self.autotune_s:.2f} s")
+            if self.backward:
+                bs = sum(1 for t in self.tuned if t.get("backward_searched"))
+                lines.append(f"  backward passes (data, weights) pinned per problem too; {bs} layers searched new "
+                             "backward problems")
+            else:
+                lines.append("  backward passes not searched (autotune_backward=False): the libraries' defaults")
+            lines.append("  other problems (batch size, layout, dtype, size) than the example's: "
+                         + ("searched at their first call" if self.autotune_new == "search"
+                            else "the libraries' defaults (autotune_new='search' searches them)"))
         return "\n".join(lines)
 
 
@@ -735,33 +847,35 @@ def _choice_for(choice, name: str):
     return choice
 
 
-def _fold_bn(conv: torch.nn.Module, bn: torch.nn.Module) -> torch.nn.Module:
-    """Fold an eval-mode BatchNorm into ``conv`` (new weight and bias Parameters; in place)."""
-    from torch.nn.utils.fusion import fuse_conv_bn_weights
+# what a fused module does not take over from the conv it is made from (its own state, its tables)
+_NOT_COPIED = ("_parameters", "_buffers", "_modules", "_rawconv_tuned", "_rawconv_autotune_new",
+               _fused._FROZEN_STATE, _fused._FROZEN_PLANS, _fused.BN_KEY, "residual_inplace")
 
+
+def _check_bn(conv: torch.nn.Module, bn: torch.nn.Module) -> None:
+    """Raise ArgumentError unless ``bn`` can be folded after ``conv`` (a BatchNorm of the conv's
+    spatial rank over its output channels, with running statistics)."""
+    nd = conv.weight.dim() - 2
+    if type(bn) not in _BATCHNORMS or _BATCHNORMS.index(type(bn)) != nd - 1:
+        raise ArgumentError(f"bn must be a torch.nn.BatchNorm{nd}d after a {nd}-d convolution, got {type(bn).__name__}")
     if bn.running_mean is None or bn.running_var is None:
         raise ArgumentError(f"{type(bn).__name__} without running statistics cannot be folded")
-    transposed = isinstance(conv, _TORCH_TRANSPOSED)
-    d = lambda t: t.detach().double() if t is not None else None   # noqa: E731  (fold in float64)
-    w, b = fuse_conv_bn_weights(d(conv.weight), d(conv.bias), d(bn.running_mean), d(bn.running_var), bn.eps,
-                                d(bn.weight), d(bn.bias), transpose=transposed)
-    old_w = conv.weight
-    w = w.detach().to(old_w.dtype)
-    if _is_cl(old_w):   # keep the weights' memory format (NHWC plans take NHWC weights as they are)
-        w = w.contiguous(memory_format=torch.channels_last if w.dim() == 4 else torch.channels_last_3d)
-    conv.weight = torch.nn.Parameter(w, requires_grad=old_w.requires_grad)
-    conv.bias = torch.nn.Parameter(b.detach().to(old_w.dtype), requires_grad=old_w.requires_grad)
-    return conv
+    if bn.num_features != conv.out_channels:
+        raise ArgumentError(f"{type(bn).__name__}({bn.num_features}) does not match the convolution's "
+                            f"{conv.out_channels} output channels")
+
+
+def _foldable_bn(conv, bn) -> bool:
+    try:
+        _check_bn(conv, bn)
+    except ArgumentError:
+        return False
+    return not bn.training
 
 
 def _fusable_conv(m) -> bool:
     """A forward conv whose forward is torch's or rawconv's (not a user subclass, not fused yet)."""
     return type(m) in _TORCH_CONVS or type(m) in (Conv1d, Conv2d, Conv3d)
-
-
-def _foldable_conv(m) -> bool:
-    return _fusable_conv(m) or type(m) in _TORCH_TRANSPOSED or type(m) in (ConvTranspose1d, ConvTranspose2d,
-                                                                           ConvTranspose3d)
 
 
 _RELU_FUNCS = (torch.relu, torch.relu_, F.relu, getattr(torch.nn.functional, "relu_", F.relu))
@@ -830,31 +944,35 @@ def _fuse_fx(model, report: ConvertReport, backend, choice, precision):
     for n in graph.nodes:
         if n.op == "call_module":
             calls[n.target] = calls.get(n.target, 0) + 1
-    # BatchNorm folding
+
+    def fusable(n) -> bool:   # a conv node that the second pass makes one fused module
+        m = modules.get(n.target) if n.op == "call_module" else None
+        return (m is not None and _fusable_conv(m) and m.weight.dim() - 2 in _FUSED and calls[n.target] == 1
+                and len(n.args) == 1 and not n.kwargs)
+
+    # BatchNorm after a conv that will be fused: its node goes, the module stays (its state_dict
+    # entries too) and the fused module folds it into its weight snapshot when frozen
+    bns: dict = {}
     for node in list(graph.nodes):
-        if node.op != "call_module" or type(modules.get(node.target)) not in _BATCHNORMS or len(node.args) != 1:
+        if node.op != "call_module" or type(modules.get(node.target)) not in _BATCHNORMS or len(node.args) != 1 \
+                or node.kwargs:
             continue
         src = node.args[0]
-        if not (isinstance(src, fx.Node) and src.op == "call_module" and _foldable_conv(modules.get(src.target))
-                and len(src.users) == 1 and calls[src.target] == 1 and calls[node.target] == 1):
+        if not (isinstance(src, fx.Node) and fusable(src) and len(src.users) == 1 and calls[node.target] == 1):
             continue
         bn = modules[node.target]
-        if bn.training or bn.running_mean is None:
+        if not _foldable_bn(modules[src.target], bn):
             continue
-        _fold_bn(modules[src.target], bn)
+        bns[src.target] = (node.target, bn)
         node.replace_all_uses_with(src)
         graph.erase_node(node)
         report.folded.append((src.target, node.target))
     # conv [+ residual] [relu] -> one module
     erased = set()
     for node in list(graph.nodes):
-        if node in erased or node.op != "call_module" or not _fusable_conv(modules.get(node.target)):
-            continue
-        if calls[node.target] != 1 or len(node.args) != 1 or node.kwargs:
+        if node in erased or not fusable(node):
             continue
         conv_m = modules[node.target]
-        if conv_m.weight.dim() - 2 not in _FUSED:
-            continue
         last, residual, act, kind, add_node = node, None, "none", [], None
         users = list(node.users)
         if len(users) == 1:
@@ -868,7 +986,8 @@ def _fuse_fx(model, report: ConvertReport, backend, choice, precision):
             kind.append("relu")
         name = node.target
         fused = _FUSED[conv_m.weight.dim() - 2].from_conv(
-            conv_m, activation=act, backend=backend, choice=_choice_for(choice, name), precision=precision)
+            conv_m, activation=act, bn=bns.get(name, (None, None))[1], backend=backend,
+            choice=_choice_for(choice, name), precision=precision)
         _set_submodule(gm, name, fused)
         modules[name] = fused
         with graph.inserting_before(last):
@@ -883,7 +1002,9 @@ def _fuse_fx(model, report: ConvertReport, backend, choice, precision):
     _mark_inplace_residuals(graph, modules)
     graph.lint()
     gm.recompile()
-    gm.delete_all_unused_submodules()   # the folded BatchNorms, ReLUs no longer called
+    gm.delete_all_unused_submodules()   # ReLUs no longer called
+    for bn_name, bn in bns.values():   # the folded BatchNorms stay, where they were: state_dict as the model's
+        gm.add_submodule(bn_name, bn)
     return gm
 
 
@@ -921,38 +1042,121 @@ def _mark_inplace_residuals(graph, modules) -> None:
             m.residual_inplace = True
 
 
+_HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
+               "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks",
+               "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
+
+
+class _FusedSequential(torch.nn.Sequential):
+    """An ``nn.Sequential`` whose Conv -> BatchNorm -> ReLU runs are computed by fused modules when
+    the Sequential itself is called (what :func:`convert` does where torch.fx cannot trace the
+    model). Its children are not touched: a child called on its own (``self.seq[0](x)``) or from
+    elsewhere (a shared module) computes as before, and the fused path reads the children's own
+    parameters and BatchNorm. When the children are no longer those fused (replaced, inserted,
+    removed, parametrized) or one of a run carries hooks, the Sequential runs as torch's."""
+
+    def forward(self, input):
+        plan = self.__dict__.get("_rawconv_plan")
+        if plan is None:
+            return super().forward(input)
+        members, types, steps, watched = plan
+        mods = tuple(self._modules.values())
+        if mods != members or tuple(map(type, mods)) != types or any(
+                getattr(m, h) for m in watched for h in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+                                                         "_backward_pre_hooks")):
+            return super().forward(input)
+        for step in steps:
+            input = step(input)
+        return input
+
+    def _apply(self, fn, *args, **kwargs):
+        out = super()._apply(fn, *args, **kwargs)
+        for h in self.fused_modules():
+            _fused.rebind(h)   # the children's tensors moved: the fused modules' snapshots are taken again
+        return out
+
+    def fused_modules(self) -> list:
+        """The fused modules of this Sequential's runs (not registered as its children)."""
+        plan = self.__dict__.get("_rawconv_plan")
+        return [st for st in plan[2] if isinstance(st, _ConvBiasAct) and st.__dict__.get("_rawconv_helper")] \
+            if plan else []
+
+
 def _fuse_sequential(model, report: ConvertReport, backend, choice, precision) -> None:
-    """Module-level fusion where torch.fx cannot trace: inside each nn.Sequential, Conv ->
-    BatchNorm -> ReLU runs (BatchNorm folded, ReLU fused; both replaced by nn.Identity)."""
+    """Module-level fusion where torch.fx cannot trace: each ``nn.Sequential`` with Conv ->
+    BatchNorm -> ReLU runs becomes a :class:`_FusedSequential` (its class swapped in place; its
+    children, and so the state_dict, unchanged) that computes each run as one fused module when the
+    Sequential is called as a whole. The convolutions of those runs are swapped to rawconv's."""
     for seq_name, seq in list(model.named_modules()):
-        if not isinstance(seq, torch.nn.Sequential):
+        if type(seq) is not torch.nn.Sequential:
             continue
         keys = list(seq._modules)
+        steps, watched, found = [], [], False
         i = 0
         while i < len(keys):
             m = seq._modules[keys[i]]
             full = f"{seq_name}.{keys[i]}" if seq_name else keys[i]
             if _fusable_conv(m) and m.weight.dim() - 2 in _FUSED:
-                j = i + 1
-                if j < len(keys) and type(seq._modules[keys[j]]) in _BATCHNORMS and not seq._modules[keys[j]].training:
-                    _fold_bn(m, seq._modules[keys[j]])
+                if type(m) in _SWAP:
+                    m = seq._modules[keys[i]] = _swap_module(m, backend, _choice_for(choice, full), precision)
+                j, bn, act = i + 1, None, "none"
+                if j < len(keys) and type(seq._modules[keys[j]]) in _BATCHNORMS and \
+                        _foldable_bn(m, seq._modules[keys[j]]):
+                    bn = seq._modules[keys[j]]
                     report.folded.append((full, f"{seq_name}.{keys[j]}" if seq_name else keys[j]))
-                    seq._modules[keys[j]] = torch.nn.Identity()
                     j += 1
-                act = "none"
                 if j < len(keys) and type(seq._modules[keys[j]]) is torch.nn.ReLU:
                     act = "relu"
-                    seq._modules[keys[j]] = torch.nn.Identity()
-                seq._modules[keys[i]] = _FUSED[m.weight.dim() - 2].from_conv(
-                    m, activation=act, backend=backend, choice=_choice_for(choice, full), precision=precision)
+                    j += 1
+                helper = _FUSED[m.weight.dim() - 2].from_conv(m, activation=act, bn=bn, backend=backend,
+                                                              choice=_choice_for(choice, full), precision=precision)
+                helper._parameters = m._parameters   # the conv's own dict: a parameter replaced there is seen
+                for h in _HOOK_DICTS:
+                    if h in helper.__dict__:
+                        helper.__dict__[h] = type(helper.__dict__[h])()
+                helper.__dict__["_rawconv_helper"] = full + "(fused)"
+                steps.append(helper)
+                watched += [seq._modules[k] for k in keys[i:j]]
                 report.fused[full] = "relu" if act == "relu" else "bias"
+                found = True
                 i = j
+                continue
+            steps.append(m)
             i += 1
+        if found:
+            mods = tuple(seq._modules.values())
+            seq.__class__ = _FusedSequential
+            seq.__dict__["_rawconv_plan"] = (mods, tuple(map(type, mods)), steps, watched)
+
+
+def _fused_modules(model) -> list:
+    """(name, module) of every fused module of ``model``: its ConvBiasAct modules and the fused
+    modules of its :class:`_FusedSequential` runs (named after their conv, ``"(fused)"`` added)."""
+    out = []
+    for name, m in model.named_modules():
+        if isinstance(m, _ConvBiasAct):
+            out.append((name, m))
+        if isinstance(m, _FusedSequential):
+            out += [(h.__dict__["_rawconv_helper"], h) for h in m.fused_modules()]
+    return out
+
+
+def _conv_modules(model) -> dict:
+    """{name: module} of every rawconv convolution module of ``model``, the fused modules of its
+    :class:`_FusedSequential` runs included."""
+    out = {}
+    for name, m in model.named_modules():
+        if isinstance(m, _RawconvConv):
+            out[name] = m
+        if isinstance(m, _FusedSequential):
+            out.update((h.__dict__["_rawconv_helper"], h) for h in m.fused_modules())
+    return out
 
 
 def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "auto", choice: Any = None,
             precision: str = "strict", autotune: Any = None, fuse: bool = False, example_input: Any = None,
-            autotune_budget_s: float | None = None) -> torch.nn.Module:
+            autotune_budget_s: float | None = None, autotune_backward: bool | None = None,
+            autotune_new: str = "default") -> torch.nn.Module:
     """Run every convolution of ``model`` on rawconv, keeping its weights.
 
     Every ``torch.nn.Conv1d/2d/3d`` and ``ConvTranspose1d/2d/3d`` (exact classes; subclasses with
@@ -962,24 +1166,43 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
     every layer, a dict {module name: choice} or a callable(name) -> choice.
 
     ``fuse=True`` (inference: the model must be in eval mode): with torch.fx
-    (``symbolic_trace``) every BatchNorm that directly follows a convolution is folded into its
-    weight and bias, and each forward convolution becomes one :class:`ConvBiasAct2d` (1d/3d)
-    call together with what follows it: a residual ``add`` (``out + identity``: the other operand
-    is passed as the residual) and/or a ``relu``. The result is then a ``torch.fx.GraphModule``.
-    The model may already be converted (rawconv's conv modules are fx leaf modules: traced as
-    calls, then folded and fused like torch's).
-    When tracing fails (data-dependent control flow...) a warning says so and only Conv ->
-    BatchNorm -> ReLU sequences inside ``nn.Sequential`` are fused (module-level).
+    (``symbolic_trace``) each forward convolution becomes one :class:`ConvBiasAct2d` (1d/3d)
+    call together with what follows it: a BatchNorm with running statistics, a residual ``add``
+    (``out + identity``: the other operand is passed as the residual) and/or a ``relu``. The
+    result is then a ``torch.fx.GraphModule``. Nothing of the model's state changes: the
+    parameters stay the convolutions' own, each folded BatchNorm stays where it was (only its
+    call goes), so ``state_dict`` keys and values are the original model's and
+    ``load_state_dict`` of the original's checkpoint works. The fused modules are **frozen**:
+    a weight snapshot with the BatchNorm folded in (float64, rounded once to the weights'
+    dtype), reordered once per problem; each call first checks that the snapshot still matches
+    the parameters and BatchNorm it was taken from (the objects, their version counters,
+    optimizer steps, ``.to()``; see :func:`refresh`) and takes a new one when not. With autograd
+    recording, or a BatchNorm in training mode, a fused module runs the convolution, then the
+    BatchNorm module itself, the add and the ReLU (train the converted model as the original).
+    The model may already be converted (rawconv's conv modules are fx leaf modules).
+    When tracing fails (data-dependent control flow...) a warning says so and each
+    ``nn.Sequential`` with Conv -> BatchNorm -> ReLU runs computes each run as one fused module
+    when the Sequential itself is called (its children are untouched: called alone, or shared,
+    they compute as before; :class:`_FusedSequential`).
 
     ``autotune``: an example input (a tensor, or a tuple of arguments), or True to use
-    ``example_input``: the model runs once on it, every convolution call is recorded, each
-    distinct problem (shape, layout, dtype, fusion) is searched ONCE (oneDNN: every
+    ``example_input``: the model runs once on it (no grad), every convolution call is recorded,
+    and each distinct problem (shape, strides, dtype, fusion) is searched ONCE (oneDNN: every
     implementation timed; cuDNN: :meth:`rawconv.cudnn_graph.GraphConvolution.autotune` with
     ``autotune_budget_s`` per problem, default 0.6 s, the best 8 re-timed in 10 groups, tuning
-    cache first, the next problem's first runtime compilations started in the background) and
-    the winner is pinned as ``choice`` on every layer with that problem. Winners are remembered
-    for the process (a second convert of the same problems searches nothing). Backward passes keep the backend's
-    default choices. ``model.rawconv_report`` (:class:`ConvertReport`) says what was done.
+    cache first, the next problem's first runtime compilations started in the background; the
+    legacy API's algorithms when no graph config runs it). ``autotune_backward``: also search
+    the two backward passes of each problem (backward data and backward weights, on the layout
+    the gradients have: the input's), each distinct backward problem once; default (None): when
+    the model is in training mode and a parameter requires grad (a model about to be trained),
+    not for a model in eval mode (inference; ``fuse=True`` models). The winners are pinned **to
+    the problem they were tuned on** (per layer, :func:`pinned_choices`): a call of another
+    problem (another batch size, layout, dtype, size) runs the library's default choice, or,
+    with ``autotune_new="search"``, is searched at its first call (as torch's
+    ``cudnn.benchmark``; not while torch.compile, a CUDA graph capture or a tracer runs: the
+    default then) and pinned too. Winners are remembered for the process (a second convert of
+    the same problems searches nothing). ``model.rawconv_report`` (:class:`ConvertReport`) says
+    what was done; :func:`describe` says, per layer and call, what runs and why.
 
     Raises :class:`ArgumentError` / :class:`ArgumentTypeError` for bad arguments (a training-mode
     model with ``fuse=True``; ``autotune=True`` without ``example_input``).
@@ -991,6 +1214,10 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
     for nm, v in (("inplace", inplace), ("fuse", fuse)):
         if not isinstance(v, bool):
             raise ArgumentTypeError(f"{nm} must be True or False, got {v!r}")
+    if autotune_backward is not None and not isinstance(autotune_backward, bool):
+        raise ArgumentTypeError(f"autotune_backward must be True, False or None, got {autotune_backward!r}")
+    if autotune_new not in AUTOTUNE_NEW:
+        raise ArgumentError(f"autotune_new must be one of {list(AUTOTUNE_NEW)}, got {autotune_new!r}")
     if autotune is True:
         if example_input is None:
             raise ArgumentError("autotune=True needs example_input (or pass the example as autotune=x)")
@@ -1003,22 +1230,25 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
     if fuse and model.training:
         raise ArgumentError("fuse=True folds BatchNorm with its running statistics, which is only right for "
                             "inference: call model.eval() first (or convert(..., fuse=False) for training)")
+    if autotune_backward is None:
+        autotune_backward = model.training and any(p.requires_grad for p in model.parameters())
     if not inplace:
         model = copy.deepcopy(model)
     report = ConvertReport()
+    traced = False
     if fuse:
         try:
             model = _fuse_fx(model, report, backend, choice, precision)
-            report.traced = True
+            report.traced = traced = True
         except Exception as exc:   # noqa: BLE001  (torch.fx raises many types for untraceable code)
             report.traced = False
             report.trace_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             warnings.warn(f"rawconv.nn.convert(fuse=True): torch.fx could not trace {type(model).__name__} "
-                          f"({report.trace_error}); fused at module level only (Conv -> BatchNorm -> ReLU inside "
-                          "nn.Sequential); residual adds stay in torch", RuntimeWarning, stacklevel=_guard.stacklevel())
+                          f"({report.trace_error}); fused at module level only (Conv -> BatchNorm -> ReLU runs of "
+                          "each nn.Sequential, when the Sequential is called as a whole); residual adds stay in "
+                          "torch", RuntimeWarning, stacklevel=_guard.stacklevel())
             report.folded.clear()
             report.fused.clear()
-            _fuse_sequential(model, report, backend, choice, precision)
     for name, m in list(model.named_modules()):
         if type(m) in _SWAP:
             new = _swap_module(m, backend, _choice_for(choice, name), precision)
@@ -1029,31 +1259,42 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
             report.swapped.append(name)
         elif isinstance(m, _RawconvConv):
             report.swapped.append(name)
-    if autotune is not None:
-        _autotune(model, autotune, report, autotune_budget_s)
+    if fuse and not traced:
+        _fuse_sequential(model, report, backend, choice, precision)
     if fuse:
-        for m in model.modules():
-            if isinstance(m, _ConvBiasAct):
-                _fused.freeze(m)
+        for _name, m in _fused_modules(model):
+            _fused.freeze(m)
+    if autotune is not None:
+        _autotune(model, autotune, report, autotune_budget_s, autotune_backward, autotune_new)
     model.rawconv_report = report
     return model
 
 
-def refresh(model: torch.nn.Module) -> torch.nn.Module:
-    """Take new weight snapshots of the frozen modules in ``model`` (returned, for chaining).
+AUTOTUNE_NEW = ("default", "search")
 
-    :func:`convert` with ``fuse=True`` **freezes** the fused modules it makes: their (BN-folded)
-    weight and bias are copied at convert time, as torch's freezing makes constants, and
+
+def refresh(model: torch.nn.Module) -> torch.nn.Module:
+    """Take new weight snapshots of the frozen modules in ``model`` now (returned, for chaining).
+
+    :func:`convert` with ``fuse=True`` **freezes** the fused modules it makes: their weight and
+    bias, with the BatchNorm folded in, are copied (as torch's freezing makes constants) and
     reordered into the implementation's layout once. A frozen module computes with that copy
     whenever autograd does not record through its parameters (``torch.no_grad()``, inference
-    mode, parameters with ``requires_grad=False``); with autograd recording (training) it reads
-    its parameters on every call. So after changing a converted model's parameters (loading a
-    state_dict, an update, pruning), call ``refresh(model)`` before inference, or the outputs
-    stay those of the old weights. Modules that are not frozen are left alone. Raises
+    mode) and takes a new one by itself at its next call when what it was taken from changed:
+    another parameter object (``m.weight = Parameter(...)``, ``load_state_dict(assign=True)``),
+    an in-place write seen by the tensor's version counter (``load_state_dict``, optimizer steps,
+    ``mul_``, a BatchNorm's training forward), any optimizer step in the process (fused
+    optimizers move no version counter), ``.to()`` / ``.half()`` / ``.cuda()`` of the model, or a
+    forward that recorded autograd through the parameters. What it cannot see: writes through
+    ``.data`` (or a numpy view, or the storage) with no optimizer step and no training forward
+    around them, and replays of a captured CUDA graph (no Python runs there): call ``refresh``
+    after those. ``refresh`` writes the new snapshot into the same buffers when they fit, so a
+    compiled or captured model computes with it too. A weight computed by a parametrization or
+    ``spectral_norm`` is not a parameter: such a module reads it on every call (unfrozen). Raises
     :class:`ArgumentTypeError` when ``model`` is not a ``torch.nn.Module``."""
     if not isinstance(model, torch.nn.Module):
         raise ArgumentTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    for m in model.modules():
+    for _name, m in _fused_modules(model):
         if _fused.frozen(m):
             _fused.freeze(m)
     return model
@@ -1061,6 +1302,33 @@ def refresh(model: torch.nn.Module) -> torch.nn.Module:
 
 # ---------------------------------------------------------------------------- autotune
 _TUNED: dict = {}   # process-wide: tuning key -> winning choice
+_TUNED_ATTR = "_rawconv_tuned"   # module.__dict__: {call signature: TunedChoice}
+_NEW_ATTR = "_rawconv_autotune_new"   # module.__dict__: how to search a new problem (autotune_new="search")
+
+
+@dataclass(frozen=True)
+class TunedChoice:
+    """What :func:`convert`'s autotune pinned for one problem of one layer.
+
+    ``problem``: the layer's call (:meth:`ConvProblem.describe`; for a transposed layer the
+    matching convolution's); ``kind``: ``"conv"``, ``"fused"`` or ``"transpose"``; ``backend``;
+    ``choice``: the layer's forward (None: the library's default); ``backward_choice``: ``(grad
+    input choice, grad weight choice)`` as the modules take it, or None when the backward passes
+    were not searched (the library's defaults run); ``directions``: the same choices by the
+    library's direction (``{"forward": .., "backward_data": .., "backward_weights": ..}``; a
+    transposed layer's forward is the convolution's backward data and its input gradient a
+    forward)."""
+
+    problem: str
+    kind: str
+    backend: str
+    choice: Any
+    backward_choice: Any
+    directions: dict
+
+    def as_dict(self) -> dict:
+        return {"problem": self.problem, "kind": self.kind, "backend": self.backend, "choice": self.choice,
+                "backward_choice": self.backward_choice, "directions": dict(self.directions)}
 
 
 def clear_tuning() -> None:
@@ -1068,8 +1336,63 @@ def clear_tuning() -> None:
     _TUNED.clear()
 
 
+def _sig_of(kind: str, x, w, extra):
+    """The key of a module call's problem in the module's tuned table: what, besides the module's
+    own configuration, decides the problem (x's shape, strides and dtype, w's strides, the fused
+    residual / the transposed output padding). None when x's sizes are symbolic (torch.compile's
+    dynamic shapes: the default choices run there)."""
+    shape = x.shape
+    if torch.compiler.is_compiling() and not all(type(v) is int for v in shape):
+        return None
+    return (kind, shape, x.stride(), x.dtype, w.stride(), extra)
+
+
+def _can_search_now(x) -> bool:
+    """Whether a new problem may be searched inside this call (autotune_new="search")."""
+    if type(x) is not torch.Tensor or torch.compiler.is_compiling() or torch.jit.is_tracing() or _functorch():
+        return False
+    if x.is_cuda and torch.cuda.is_current_stream_capturing():
+        return False
+    return True
+
+
+def _search_new(m, kind: str, args: dict, key):
+    """Search module ``m``'s new problem now (autotune_new="search") and pin it. Errors other
+    than "not supported" propagate; None when nothing could be searched (the default runs)."""
+    opts = m.__dict__[_NEW_ATTR]
+    backend = _resolve_backend(m.backend, args["x"].device)
+    st = m.__dict__.get(_fused._FROZEN_STATE)
+    if kind == "fused" and st is not None:   # what the call computes with: the snapshot (BatchNorm folded in)
+        w, b = st.sync()
+        if w is not None:
+            args = dict(args, w=w, b=b)
+    x = args["x"]
+    try:   # (the search's random tensors draw nothing from torch's generators: the caller's stream goes on)
+        with torch.no_grad(), torch.random.fork_rng(devices=[x.device] if x.is_cuda else []):
+            entry = _tune_call(m, kind, args, backend, opts["budget_s"], opts["backward"], {})
+    except NotSupportedError:
+        return None
+    return entry[0]
+
+
 def _as_args(example) -> tuple:
     return tuple(example) if isinstance(example, (tuple, list)) else (example,)
+
+
+def _devices_of(model, example, extra=()) -> list:
+    """The CUDA devices in use by ``model``'s tensors and the example's (for torch.random.fork_rng)."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return []
+    ts = list(model.parameters()) + list(model.buffers()) + list(extra) + \
+        [a for a in _as_args(example) if isinstance(a, torch.Tensor)]
+    return sorted({t.get_device() for t in ts if t.is_cuda})
+
+
+@contextlib.contextmanager
+def _rng_kept(model, example):
+    """torch's random number generators (CPU and the CUDA devices in use) as they were after the block."""
+    with torch.random.fork_rng(devices=_devices_of(model, example)):
+        yield
 
 
 @contextlib.contextmanager
@@ -1082,11 +1405,7 @@ def _state_kept(model, example):
         for name, b in mod._buffers.items():
             if isinstance(b, torch.Tensor):
                 saved.append((mod, name, b, b.detach().clone()))
-    devices = []
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        ts = list(model.parameters()) + [e[2] for e in saved] + \
-            [a for a in _as_args(example) if isinstance(a, torch.Tensor)]
-        devices = sorted({t.get_device() for t in ts if t.is_cuda})
+    devices = _devices_of(model, example, [e[2] for e in saved])
     try:
         with torch.random.fork_rng(devices=devices):
             yield
@@ -1104,6 +1423,7 @@ def _state_kept(model, example):
 
 
 def _record_calls(model, example) -> list:
+    """(module, kind, args) of every distinct call (module and problem) of ``model`` on ``example``."""
     with _recording() as calls, torch.no_grad(), _state_kept(model, example):
         try:
             model(*_as_args(example))
@@ -1121,10 +1441,31 @@ def _record_calls(model, example) -> list:
             raise new from exc
     seen, out = set(), []
     for m, kind, args in calls:
-        if id(m) not in seen:
-            seen.add(id(m))
+        k = (id(m), _call_key(m, kind, args))
+        if k not in seen:
+            seen.add(k)
             out.append((m, kind, args))
     return out
+
+
+def _call_key(m, kind: str, args: dict):
+    """The key of a recorded call in the module's tuned table (what its forward looks up)."""
+    extra = None
+    if kind == "fused":
+        extra = args.get("residual") is not None
+    elif kind == "transpose":
+        extra = tuple(args["output_padding"])
+    return _sig_of(kind, args["x"], m.weight, extra)
+
+
+def _call_wb(m, args: dict):
+    """(w, b) a recorded call computed with: a fused call's own (a frozen snapshot, BatchNorm folded
+    in), else the module's parameters (detached)."""
+    if "w" in args:
+        w, b = args["w"], args["b"]
+    else:
+        w, b = m.weight, m.bias
+    return w.detach(), (b.detach() if b is not None else None)
 
 
 def _problem_of(m, kind: str, args: dict) -> ConvProblem:
@@ -1137,18 +1478,20 @@ def _problem_of(m, kind: str, args: dict) -> ConvProblem:
         if _is_cl(xb):
             fake = fake.contiguous(memory_format=torch.channels_last if xb.dim() == 4 else torch.channels_last_3d)
         return ConvProblem.from_torch(fake, m.weight, None, s, p, d, m.groups)
-    return ConvProblem.from_torch(x, m.weight, m.bias, m.stride, _norm_padding(args["padding"]), m.dilation, m.groups)
+    w, b = _call_wb(m, args)
+    return ConvProblem.from_torch(x, w, b, m.stride, _norm_padding(args["padding"]), m.dilation, m.groups)
+
+
+def _device_name(backend: str, x) -> str:
+    return torch.cuda.get_device_name(x.device) if backend == "cudnn" else ""
 
 
 def _tune_key(m, kind, args, backend, problem) -> tuple:
-    dev = ""
-    if backend == "cudnn":
-        dev = torch.cuda.get_device_name(args["x"].device)
     extra = ()
     if kind == "fused":
         extra = (m.activation, args.get("residual") is not None)
     wl = onednn._w_layout(m.weight)
-    return (kind, problem, extra, m.precision, backend, dev, wl)
+    return (kind, problem, extra, m.precision, backend, _device_name(backend, args["x"]), wl)
 
 
 # convert's cuDNN search per distinct problem (seconds; ResNet-50 has 24, fusion kinds included) and
@@ -1161,7 +1504,7 @@ def _graph_plan(m, kind: str, args: dict):
     from . import cudnn_graph as G
 
     x = args["x"]
-    w, b = m.weight.detach(), (m.bias.detach() if m.bias is not None else None)
+    w, b = _call_wb(m, args)
     allow_tf32 = m.precision != "strict"
     if kind == "conv":
         return G.GraphConvolution(x, w, b, m.stride, _norm_padding(args["padding"]), m.dilation, m.groups,
@@ -1175,12 +1518,12 @@ def _graph_plan(m, kind: str, args: dict):
 
 def _tune_one(m, kind: str, args: dict, backend: str, budget_s: float | None, *, info: dict | None = None,
               use_cache: bool = True, plan=None) -> str:
-    """The winning candidate's name for layer ``m``'s recorded call. ``info`` (a dict) receives the
-    winner's ``median_ms`` / ``min_ms``; ``use_cache=False``: cuDNN searches afresh (no tuning
-    cache hit, no seeds from it). ``plan``: cuDNN, the plan :func:`_graph_plan` made (whose
-    compilations may have started)."""
+    """The winning forward candidate's name for layer ``m``'s recorded call. ``info`` (a dict)
+    receives the winner's ``median_ms`` / ``min_ms``; ``use_cache=False``: cuDNN searches afresh
+    (no tuning cache hit, no seeds from it). ``plan``: cuDNN, the plan :func:`_graph_plan` made
+    (whose compilations may have started)."""
     x = args["x"]
-    w, b = m.weight.detach(), (m.bias.detach() if m.bias is not None else None)
+    w, b = _call_wb(m, args)
     prec = m.precision
     if backend == "onednn":
         opts = dict(iterations=3, warmup=1, budget_s=min(budget_s, 1.0) if budget_s else 0.25)   # per implementation
@@ -1196,11 +1539,13 @@ def _tune_one(m, kind: str, args: dict, backend: str, budget_s: float | None, *,
             plan = onednn.Convolution.from_problem(problem, direction="backward_data", fpmath=prec,
                                                    w_layout=onednn._w_layout(w), prepack=False)
             plan._w = w
-        rows = plan.autotune(**opts)
+        try:
+            rows = plan.autotune(**opts)
+        finally:
+            plan.free()
         best = rows[0].impl
         if info is not None:
             info.update(median_ms=getattr(rows[0], "median_ms", None), min_ms=getattr(rows[0], "min_ms", None))
-        plan.free()
         return f"{best.name}@{best.layouts}"
 
     budget = budget_s or GRAPH_BUDGET_S
@@ -1233,20 +1578,181 @@ def _tune_one(m, kind: str, args: dict, backend: str, budget_s: float | None, *,
     return plan.selected_name
 
 
-def _autotune(model, example, report: ConvertReport, budget_s) -> None:
-    """Search each distinct problem of ``model``'s convolutions once and pin the winners. On cuDNN,
-    while one problem is searched, the next one's first runtime compilations (cuDNN's top
-    heuristic configs, which a fused graph mostly consists of) run in background threads
-    (:func:`rawconv._search.prefetch`), unless the previous problem came from the tuning cache."""
-    from . import _search
+def _grad_problems(m, kind: str, args: dict, backend: str) -> dict:
+    """``{direction: (problem, weights layout)}`` of the two library calls that layer ``m``'s
+    backward runs for this recorded call, as rawconv's operators build them: the gradients in
+    x's memory format (:func:`rawconv.ops._grad_like`). A convolution (plain or fused: the
+    backward of a fused module's autograd path, the convolution with its own bias):
+    ``backward_data`` and ``backward_weights``. A transposed layer (the convolution's backward
+    data): ``forward`` (its input's gradient) and ``backward_weights``."""
+    from . import ops as _ops
 
+    x = args["x"]
+    w = m.weight.detach()
+    nd = w.dim() - 2
+    xb = x.unsqueeze(0) if x.dim() == nd + 1 else x
+    lay = _ops._layout(xb)
+    cuda = backend == "cudnn"
+    if kind == "transpose":
+        _y, core, s, pads, d = _transpose_shape(xb, w, m.stride, m.padding, args["output_padding"], m.dilation,
+                                                m.groups)
+        gy = empty_like_layout(core, lay, xb.dtype, xb.device)   # the layer's output gradient
+        fwd = ConvProblem.from_torch(gy, w, None, s, pads, d, m.groups)
+        wts = _ops._backward_weights_problem(gy, xb, tuple(w.shape), s, [a for a, _ in pads], [b for _, b in pads],
+                                             d, m.groups, False)
+        # (cuDNN's legacy plans describe the filter in the data's layout: rawconv.cudnn._w_layout)
+        return {"forward": (fwd, fwd.layout if cuda else onednn._w_layout(w)), "backward_weights": (wts, wts.layout)}
+    p = ConvProblem.from_torch(xb, w, None, m.stride, _norm_padding(args["padding"]), m.dilation, m.groups)
+    pads = tuple(zip(p.pad_before, p.pad_after))
+    gy = empty_like_layout(p.y_shape, lay, xb.dtype, xb.device)
+    if cuda:
+        from . import cudnn
+
+        data = cudnn._grad_problem(gy, w, tuple(xb.shape), p.stride, pads, p.dilation, p.groups, "backward_data")
+        wts = cudnn._grad_problem(gy, xb, tuple(w.shape), p.stride, pads, p.dilation, p.groups, "backward_weights")
+    else:
+        data = onednn._backward_problem(gy, w, tuple(xb.shape), p.stride, pads, p.dilation, p.groups, False)
+        wts = _ops._backward_weights_problem(xb, gy, tuple(w.shape), p.stride, p.pad_before, p.pad_after,
+                                             p.dilation, p.groups, m.bias is not None)
+    return {"backward_data": (data, data.layout if cuda else onednn._w_layout(w)),
+            "backward_weights": (wts, wts.layout)}
+
+
+def _search_direction(direction: str, problem: ConvProblem, w_layout: str, backend: str, precision: str,
+                      budget_s: float | None) -> str:
+    """The winning candidate's name for ``problem`` in library direction ``direction`` (oneDNN:
+    every implementation timed and checked; cuDNN: the graph API's autotune, else the legacy
+    API's algorithms). Raises NotSupportedError when nothing could be timed."""
+    if backend == "onednn":
+        plan = onednn.Convolution.from_problem(problem, direction=direction, fpmath=precision, w_layout=w_layout,
+                                               prepack=False)
+        try:
+            rows = plan.autotune(iterations=3, warmup=1, budget_s=min(budget_s, 1.0) if budget_s else 0.25)
+        finally:
+            plan.free()
+        return f"{rows[0].impl.name}@{rows[0].impl.layouts}"
+    from . import cudnn, cudnn_graph as G
+
+    try:
+        plan = G.GraphConvolution.from_problem(problem, direction=direction, allow_tf32=precision != "strict")
+        plan.autotune(budget_s=budget_s or GRAPH_BUDGET_S, patience=60, final_iterations=10)
+        return plan.selected_name
+    except NotSupportedError:
+        legacy = cudnn.Convolution.from_problem(problem, direction=direction, precision=precision, w_layout=w_layout)
+        return legacy.autotune()[0].algorithm.choice
+
+
+def _tune_backward(m, kind: str, args: dict, backend: str, budget_s) -> tuple:
+    """(backward_choice pair or None, {direction: choice}, searched?, note) for a recorded call:
+    each distinct backward problem searched once per process (:data:`_TUNED`)."""
+    out, searched, notes = {}, False, []
+    for direction, (p, wl) in _grad_problems(m, kind, args, backend).items():
+        key = (direction, p, m.precision, backend, _device_name(backend, args["x"]), wl)
+        if key in _TUNED:
+            c = _TUNED[key]
+        else:
+            try:
+                c = _search_direction(direction, p, wl, backend, m.precision, budget_s)
+            except NotSupportedError as exc:   # nothing could be timed: the library's default runs it
+                c = None
+                notes.append(f"{direction} not tuned: {exc}")
+            _TUNED[key] = c
+            searched = True
+        out[direction] = c
+    pair = (out["forward"] if kind == "transpose" else out["backward_data"], out["backward_weights"])
+    return (None if pair == (None, None) else pair), out, searched, "; ".join(notes)
+
+
+def _forward_direction(kind: str) -> str:
+    return "backward_data" if kind == "transpose" else "forward"
+
+
+def _pin_tuned(m, kind: str, args: dict, entry: TunedChoice) -> None:
+    """Pin ``entry`` to the problem of layer ``m``'s recorded call (its tuned table)."""
+    table = m.__dict__.get(_TUNED_ATTR)
+    if table is None:
+        table = m.__dict__[_TUNED_ATTR] = {}
+    key = _call_key(m, kind, args)
+    if key is not None:
+        table[key] = entry
+    m._choice_backend = entry.backend
+    st = m.__dict__.get(_fused._FROZEN_STATE)
+    if st is not None:   # a plan made for this problem before took the choice it had then
+        st.plans.clear()
+
+
+def _tune_call(m, kind: str, args: dict, backend: str, budget_s, backward: bool, info: dict, plan=None) -> tuple:
+    """(TunedChoice, forward searched?, backward searched?, note) for one recorded call: the forward
+    from the process memo or :func:`_tune_one`, the backward passes (``backward``) by
+    :func:`_tune_backward`."""
+    problem = _problem_of(m, kind, args)
+    key = _tune_key(m, kind, args, backend, problem)
+    note = ""
+    searched = False
+    if m.choice is not None:   # pinned by the module's own choice (every problem): nothing to search
+        choice, note = m.choice, "forward pinned by the module's choice"
+    elif key in _TUNED:
+        choice = _TUNED[key]
+    else:
+        try:
+            choice = _tune_one(m, kind, args, backend, budget_s, info=info, plan=plan)
+        except NotSupportedError as exc:   # nothing could be timed: the backend's default stays
+            choice, note = None, f"not tuned: {exc}"
+        _TUNED[key] = choice
+        searched = True
+    bwd, bsearched, dirs = None, False, {}
+    if backward and m.backward_choice is None:
+        bwd, dirs, bsearched, bnote = _tune_backward(m, kind, args, backend, budget_s)
+        note = "; ".join(n for n in (note, bnote) if n)
+    elif backward:
+        bwd, note = m.backward_choice, "; ".join(n for n in (note, "backward pinned by the module's "
+                                                                     "backward_choice") if n)
+        d, wt = _pair(bwd)
+        dirs = {("forward" if kind == "transpose" else "backward_data"): d, "backward_weights": wt}
+    directions = {_forward_direction(kind): choice, **dirs}
+    entry = TunedChoice(problem.describe(), kind, backend, choice, bwd, directions)
+    _pin_tuned(m, kind, args, entry)
+    return entry, searched, bsearched, note
+
+
+def _autotune(model, example, report: ConvertReport, budget_s, backward: bool = False,
+              new: str = "default") -> None:
+    """Search each distinct problem of ``model``'s convolutions once (and, with ``backward``, each
+    distinct backward problem) and pin the winners to their problems. On cuDNN, while one
+    problem is searched, the next one's first runtime compilations (cuDNN's top heuristic
+    configs, which a fused graph mostly consists of) run in background threads
+    (:func:`rawconv._search.prefetch`), unless the previous problem came from the tuning cache."""
     t0 = time.perf_counter()
-    names = {id(m): n for n, m in model.named_modules()}
+    names = {id(m): n for n, m in _conv_modules(model).items()}
+    for m in _conv_modules(model).values():   # a model tuned before: its example forward searches nothing,
+        m.__dict__.pop(_NEW_ATTR, None)       # and its old tables go (this convert's problems only)
+        m.__dict__.pop(_TUNED_ATTR, None)
     layers = []
     for m, kind, args in _record_calls(model, example):
         backend = _resolve_backend(m.backend, args["x"].device)
         problem = _problem_of(m, kind, args)
         layers.append((m, kind, args, backend, problem, _tune_key(m, kind, args, backend, problem)))
+    with _rng_kept(model, example):   # the searches' random tensors draw nothing from torch's generators
+        _search_layers(model, layers, names, report, budget_s, backward)
+    if new == "search":   # every convolution module: those the example did not call meet only new problems
+        for m in _conv_modules(model).values():
+            m.__dict__.setdefault(_TUNED_ATTR, {})
+            m.__dict__[_NEW_ATTR] = {"budget_s": budget_s, "backward": backward}
+    else:
+        for m in _conv_modules(model).values():
+            m.__dict__.pop(_NEW_ATTR, None)
+    for _name, m in _fused_modules(model):   # their plans resolved the old table's choices
+        st = m.__dict__.get(_fused._FROZEN_STATE)
+        if st is not None:
+            st.plans.clear()
+    report.backward = backward
+    report.autotune_new = new
+    report.autotune_s = time.perf_counter() - t0
+
+
+def _search_layers(model, layers: list, names: dict, report: ConvertReport, budget_s, backward: bool) -> None:
+    from . import _search
+
     plans: dict = {}   # key -> the cuDNN plan made ahead, its compilations started
     last_from_cache = False
 
@@ -1265,49 +1771,49 @@ def _autotune(model, example, report: ConvertReport, budget_s) -> None:
             return
 
     for i, (m, kind, args, backend, problem, key) in enumerate(layers):
-        searched = False
         t1 = time.perf_counter()
-        note = ""
         info: dict = {}
-        if key in _TUNED:
-            choice = _TUNED[key]
-        else:
-            if backend == "cudnn" and not last_from_cache:
-                ahead(i)
-            try:
-                choice = _tune_one(m, kind, args, backend, budget_s, info=info, plan=plans.pop(key, None))
-            except NotSupportedError as exc:   # nothing could be timed: the backend's default stays
-                choice, note = None, f"not tuned: {exc}"
+        if key not in _TUNED and backend == "cudnn" and not last_from_cache:
+            ahead(i)
+        entry, searched, bsearched, note = _tune_call(m, kind, args, backend, budget_s, backward, info,
+                                                      plan=plans.pop(key, None))
+        if searched:
             last_from_cache = info.get("from_cache", False)
-            _TUNED[key] = choice
-            searched = True
-        m.choice = choice
-        m._choice_backend = backend
-        report.tuned.append({"name": names.get(id(m), "?"), "kind": kind, "problem": problem.describe(),
-                             "backend": backend, "choice": choice, "searched": searched,
-                             "seconds": time.perf_counter() - t1, "key": key, "note": note, **info})
-    report.autotune_s = time.perf_counter() - t0
+        report.tuned.append({"name": names.get(id(m), "?"), "kind": kind, "problem": entry.problem,
+                             "backend": backend, "choice": entry.choice, "backward_choice": entry.backward_choice,
+                             "directions": dict(entry.directions), "searched": searched,
+                             "backward_searched": bsearched, "seconds": time.perf_counter() - t1, "key": key,
+                             "note": note, **info})
 
 
 def pinned_choices(model: torch.nn.Module) -> dict:
     """What every rawconv convolution module of ``model`` is pinned to: ``{module name: {"module":
     class name, "backend": the backend its weights' device runs ("onednn" / "cudnn"), "choice",
-    "backward_choice", "precision"}}`` in ``named_modules`` order (None: the backend's default
-    choice). What :func:`convert` (``autotune=``) and :func:`rawconv.distributed.convert` pinned."""
+    "backward_choice", "precision", "tuned"}}`` in ``named_modules`` order (the fused modules of
+    a :class:`_FusedSequential` included, named after their conv with ``"(fused)"``).
+    ``"tuned"``: what :func:`convert`'s autotune pinned, one :meth:`TunedChoice.as_dict` per
+    problem (a call of another problem runs the default); ``"choice"`` / ``"backward_choice"``: the
+    module's own (set by ``choice=`` or :func:`pin_choices`: every problem) when set, else those
+    autotuned for its first problem (None: the library's default). What :func:`convert`
+    (``autotune=``) and :func:`rawconv.distributed.convert` pinned."""
     if not isinstance(model, torch.nn.Module):
         raise ArgumentTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     out = {}
-    for name, m in model.named_modules():
-        if isinstance(m, _RawconvConv):
-            out[name] = {"module": type(m).__name__, "backend": m._device_backend(), "choice": m.choice,
-                         "backward_choice": m.backward_choice, "precision": m.precision}
+    for name, m in _conv_modules(model).items():
+        tuned = [t.as_dict() for t in (m.__dict__.get(_TUNED_ATTR) or {}).values()]
+        first = tuned[0] if tuned else {}
+        out[name] = {"module": type(m).__name__, "backend": m._device_backend(),
+                     "choice": m.choice if m.choice is not None else first.get("choice"),
+                     "backward_choice": m.backward_choice if m.backward_choice is not None
+                     else first.get("backward_choice"), "precision": m.precision, "tuned": tuned}
     return out
 
 
 def pin_choices(model: torch.nn.Module, choices: dict, *, backend: str | None = None) -> None:
     """Pin ``choices`` (``{module name: choice}``; a choice is what ``choice=`` takes, None for the
-    backend's default) on the rawconv convolution modules of ``model`` named there; the choices
-    belong to ``backend`` (``"onednn"`` / ``"cudnn"``; default: each module's device's), so a later
+    backend's default) on the rawconv convolution modules of ``model`` named there, for every
+    problem (what an autotune pinned on those modules is dropped); the choices belong to
+    ``backend`` (``"onednn"`` / ``"cudnn"``; default: each module's device's), so a later
     ``.to()`` to the other device drops them as usual. Nothing is checked against the library
     here: a choice it does not offer raises :class:`NotSupportedError` at the module's first call.
     Raises :class:`ArgumentError` naming a name that is not a rawconv convolution module of
@@ -1318,15 +1824,20 @@ def pin_choices(model: torch.nn.Module, choices: dict, *, backend: str | None = 
         raise ArgumentTypeError(f"choices must be a dict {{module name: choice}}, got {type(choices).__name__}")
     if backend is not None and backend not in ("onednn", "cudnn"):
         raise ArgumentError(f"backend must be 'onednn', 'cudnn' or None, got {backend!r}")
-    mods = dict(model.named_modules())
-    bad = [n for n in choices if not isinstance(mods.get(n), _RawconvConv)]
+    mods = _conv_modules(model)
+    bad = [n for n in choices if n not in mods]
     if bad:
         raise ArgumentError(f"not rawconv convolution modules of this model: {bad} (rawconv.nn.convert swaps "
-                            f"torch's; these are: {[n for n, m in mods.items() if isinstance(m, _RawconvConv)]})")
+                            f"torch's; these are: {list(mods)})")
     for n, c in choices.items():
         m = mods[n]
         m.choice = c
+        m.__dict__.pop(_TUNED_ATTR, None)
+        m.__dict__.pop(_NEW_ATTR, None)
         m._choice_backend = backend or m._device_backend()
+        st = m.__dict__.get(_fused._FROZEN_STATE)
+        if st is not None:   # its plans resolved the old choice
+            st.plans.clear()
 
 
 # ---------------------------------------------------------------------------- describe
@@ -1411,6 +1922,11 @@ def _torch_equivalent(m, x, residual=None, *, w=None, b=None, output_size=None):
     else:
         y = f(x, w, b, m.stride, m.padding, m.dilation, m.groups)
     if isinstance(m, _ConvBiasAct):
+        bn = m.__dict__.get(_fused.BN_KEY)
+        if bn is not None:   # eval mode: the running statistics (what the fold computes)
+            def c(t):
+                return t.detach().to(y.dtype) if t is not None else None
+            y = F.batch_norm(y, c(bn.running_mean), c(bn.running_var), c(bn.weight), c(bn.bias), False, 0.0, bn.eps)
         if residual is not None:
             y = y + residual
         if m.activation == "relu":
@@ -1418,22 +1934,43 @@ def _torch_equivalent(m, x, residual=None, *, w=None, b=None, output_size=None):
     return y
 
 
-def _rawconv_runs(m, kind, args, backend) -> str:
-    """A label of the candidate rawconv runs for this call (asks the library)."""
+def _call_choices(m, kind: str, args: dict):
+    """(choice, backward_choice, TunedChoice or None, note) of a recorded call: what it ran and why."""
+    table = m.__dict__.get(_TUNED_ATTR)
+    if not table:
+        return m.choice, m.backward_choice, None, ""
+    key = _call_key(m, kind, args)
+    t = table.get(key) if key is not None else None
+    if t is None:
+        return m.choice, m.backward_choice, None, (
+            f"not a problem this layer was autotuned for ({'; '.join(e.problem for e in table.values())}): "
+            + ("the library's default runs" if m.choice is None else f"its own choice {m.choice!r} runs"))
+    choice = t.choice if m.choice is None else m.choice
+    bwd = t.backward_choice if m.backward_choice is None else m.backward_choice
+    note = f"autotuned: {', '.join(f'{d} {c}' for d, c in t.directions.items())}" + (
+        "" if bwd is not None else "; backward passes not tuned (the libraries' defaults)")
+    if m.choice is not None:
+        note += f"; the module's own choice {m.choice!r} runs"
+    return choice, bwd, t, note
+
+
+def _rawconv_runs(m, kind, args, backend, choice=None) -> str:
+    """A label of the candidate rawconv runs for this call (asks the library); ``choice``: the
+    forward choice the call ran with (:func:`_call_choices`)."""
     x = args["x"]
-    w, b = m.weight.detach(), (m.bias.detach() if m.bias is not None else None)
+    w, b = _call_wb(m, args)
     try:
         if backend == "onednn":
             if kind == "fused":
                 plan = _fused.plan_for(x, w, b, args.get("residual"), m.stride, _norm_padding(args["padding"]),
                                        m.dilation, m.groups, activation=m.activation, backend="onednn",
-                                       choice=m.choice, precision=m.precision)
+                                       choice=choice, precision=m.precision)
             elif kind == "conv":
                 plan = onednn.Convolution(x, w, b, m.stride, _norm_padding(args["padding"]), m.dilation, m.groups,
-                                          impl=m.choice, fpmath=m.precision, prepack=False)
+                                          impl=choice, fpmath=m.precision, prepack=False)
             else:
                 plan = onednn.Convolution.from_problem(_problem_of(m, kind, args), direction="backward_data",
-                                                       impl=m.choice, fpmath=m.precision,
+                                                       impl=choice, fpmath=m.precision,
                                                        w_layout=onednn._w_layout(w), prepack=False)
             s = plan.selected
             packed = plan.prepack or (kind == "fused" and _fused.frozen(m))
@@ -1444,22 +1981,22 @@ def _rawconv_runs(m, kind, args, backend) -> str:
             return label
         if kind == "fused":
             plan = _fused.plan_for(x, w, b, args.get("residual"), m.stride, _norm_padding(args["padding"]), m.dilation,
-                                   m.groups, activation=m.activation, backend="cudnn", choice=m.choice,
+                                   m.groups, activation=m.activation, backend="cudnn", choice=choice,
                                    precision=m.precision)
             return f"graph {plan.selected_name} (conv+bias{'+add' if args.get('residual') is not None else ''}" \
                    f"{'+relu' if m.activation == 'relu' else ''})"
         from . import cudnn
 
-        if isinstance(m.choice, str) and m.choice.startswith(("eng", "nhwc:eng")):
-            return f"graph {m.choice}"
+        if isinstance(choice, str) and choice.startswith(("eng", "nhwc:eng")):
+            return f"graph {choice}"
         if kind == "conv":
             _, info = cudnn.forward(x, w, b, m.stride, _norm_padding(args["padding"]), m.dilation, m.groups,
-                                    choice=m.choice, precision=m.precision, return_info=True)
+                                    choice=choice, precision=m.precision, return_info=True)
         else:
             p = _problem_of(m, kind, args)
             xb = x.unsqueeze(0) if x.dim() == w.dim() - 1 else x
-            _, info = cudnn.backward_data(xb, w, p.x_shape, p.stride, p.pad_before, p.dilation, p.groups, choice=m.choice, precision=m.precision,
-                                          return_info=True)
+            _, info = cudnn.backward_data(xb, w, p.x_shape, p.stride, p.pad_before, p.dilation, p.groups,
+                                          choice=choice, precision=m.precision, return_info=True)
         return f"legacy {info.algo}@{info.math}"
     except (NotSupportedError, ArgumentError) as exc:
         return f"(not available: {exc})"
@@ -1564,7 +2101,9 @@ def describe(model: torch.nn.Module, example_input: Any, *, iterations: int = 10
     names = {}
     calls: list = []
     hooks = []
-    for name, m in model.named_modules():
+    mods = [(n, m) for n, m in model.named_modules() if isinstance(m, convs)]
+    mods += [(n, m) for n, m in _conv_modules(model).items() if m.__dict__.get("_rawconv_helper")]
+    for name, m in mods:
         if isinstance(m, convs):
             names[id(m)] = name
 
@@ -1592,7 +2131,8 @@ def describe(model: torch.nn.Module, example_input: Any, *, iterations: int = 10
         if rec:
             _, kind, cargs = rec[0]
             problem = _problem_of(rm, kind, cargs).describe()
-            runs = _rawconv_runs(rm, kind, cargs, backend)
+            choice, _bwd, _t, note = _call_choices(rm, kind, cargs)
+            runs = _rawconv_runs(rm, kind, cargs, backend, choice)
         else:
             problem, runs, note = "?", "?", "the call ran outside rawconv's fused path (broadcast residual)"
 

@@ -1099,8 +1099,20 @@ def conv_transpose(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None =
     pair. Returns y (N, C_out, *out) in x's memory format. Traced by ``torch.compile`` (the
     operators' fake kernels). Raises :class:`~rawconv.errors.ArgumentError` /
     :class:`~rawconv.errors.ArgumentTypeError` before any library call for bad input,
-    :class:`~rawconv.errors.NotSupportedError` for a choice the library does not offer.
+    :class:`~rawconv.errors.NotSupportedError` for a choice the library does not offer, and under
+    ``torch.jit.trace`` (see below).
+
+    ``torch.jit.trace`` cannot record it: the operator takes the output's shape as a ``SymInt[]``
+    argument, which the tracer receives as traced sizes and does not handle (torch's own
+    assertion fails inside it); :class:`~rawconv.errors.NotSupportedError` says so before any
+    call. ``torch.compile`` and ``torch.export`` trace it (the operators' fake kernels).
     """
+    if _tracing() is not None:
+        raise NotSupportedError("torch.jit.trace cannot record rawconv's transposed convolution "
+                                "(rawconv.ops.conv_transpose, rawconv.nn.ConvTranspose1d/2d/3d): its operator "
+                                "rawconv::conv_backward_data takes the output shape as a SymInt[] argument, which "
+                                "TorchScript's tracer does not handle; use torch.compile or torch.export, which "
+                                "trace it, or keep torch's ConvTranspose modules in a model you jit.trace")
     if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
         raise ArgumentTypeError(f"x and w must be torch.Tensor, got {type(x).__name__} and {type(w).__name__}")
     if bias is not None and not isinstance(bias, torch.Tensor):

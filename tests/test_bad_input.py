@@ -284,6 +284,14 @@ ROWS = [
      ["eval"], True),
     ("nn.convert autotune without example", lambda: rnn.convert(torch.nn.Conv2d(3, 4, 3), autotune=True),
      ArgumentError, ["example_input"], True),
+    ("nn.convert autotune_backward str", lambda: rnn.convert(torch.nn.Conv2d(3, 4, 3), autotune_backward="yes"),
+     ArgumentTypeError, ["autotune_backward"], True),
+    ("nn.convert autotune_new", lambda: rnn.convert(torch.nn.Conv2d(3, 4, 3), autotune_new="always"),
+     ArgumentError, ["autotune_new", "search"], True),
+    ("nn.ConvBiasAct2d.from_conv bn of another rank", lambda: rnn.ConvBiasAct2d.from_conv(
+        torch.nn.Conv2d(3, 4, 3), bn=torch.nn.BatchNorm1d(4)), ArgumentError, ["BatchNorm2d"], True),
+    ("nn.ConvBiasAct2d.from_conv bn channels", lambda: rnn.ConvBiasAct2d.from_conv(
+        torch.nn.Conv2d(3, 4, 3), bn=torch.nn.BatchNorm2d(5)), ArgumentError, ["output channels"], True),
     ("nn.refresh not a module", lambda: rnn.refresh(3), ArgumentTypeError, ["torch.nn.Module"], True),
     ("fused activation", lambda: fu.conv_bias_act(x(), w(), torch.randn(4), activation="gelu"), ArgumentError,
      ["activation"], True),

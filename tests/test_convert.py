@@ -100,7 +100,11 @@ def test_converted_model_matches_the_original_in_float64(fuse, layout):
         assert isinstance(m.up, nn.ConvTranspose2d)
     else:
         assert rep.traced is True
-        assert len(rep.folded) == 11   # 10 after convs + bn_up after the ConvTranspose
+        assert len(rep.folded) == 10   # after the forward convs (bn_up, after the ConvTranspose, stays a call)
+        # nothing of the model's state changed: the BatchNorms stay (folded into the snapshots only)
+        assert sorted(m.state_dict()) == sorted(net.state_dict())
+        called = {n.target for n in m.graph.nodes if n.op == "call_module"}
+        assert {n for n in called if isinstance(m.get_submodule(n), nn.BatchNorm2d)} == {"bn_up"}
         assert rep.fused["stem.0"] == "relu"
         assert rep.fused["blocks.0.c1"] == "relu"
         assert rep.fused["blocks.0.c2"] == "add+relu"
@@ -110,7 +114,6 @@ def test_converted_model_matches_the_original_in_float64(fuse, layout):
         assert "up" not in rep.fused and type(m.get_submodule("up")) is rnn.ConvTranspose2d
         c2 = m.get_submodule("blocks.0.c2")
         assert type(c2) is rnn.ConvBiasAct2d and c2.activation == "relu"
-        assert not any(isinstance(mod, nn.BatchNorm2d) for mod in m.modules())
 
 
 def test_fuse_on_a_model_already_converted_folds_and_fuses():
@@ -128,9 +131,10 @@ def test_fuse_on_a_model_already_converted_folds_and_fuses():
         m = rnn.convert(once.eval(), fuse=True)
     rep = m.rawconv_report
     assert rep.traced is True and len(rep.swapped) == 12
-    assert len(rep.folded) == 11 and rep.fused["stem.0"] == "relu" and rep.fused["blocks.0.c2"] == "add+relu"
+    assert len(rep.folded) == 10 and rep.fused["stem.0"] == "relu" and rep.fused["blocks.0.c2"] == "add+relu"
     assert type(m.get_submodule("blocks.0.c1")) is rnn.ConvBiasAct2d
-    assert not any(isinstance(mod, nn.BatchNorm2d) for mod in m.modules())
+    assert [n.target for n in m.graph.nodes if n.op == "call_module"
+            and isinstance(m.get_submodule(n.target), nn.BatchNorm2d)] == ["bn_up"]   # the others folded
     with torch.no_grad():
         _close(m(x), ref)
         _close(once(x), ref)                                 # the first conversion is untouched
@@ -187,7 +191,10 @@ def test_untraceable_models_fall_back_to_module_level_fusion_and_say_so():
     rep = m.rawconv_report
     assert rep.traced is False and rep.trace_error
     assert rep.fused == {"a.0": "relu"} and rep.folded == [("a.0", "a.1")]
-    assert type(m.a[0]) is rnn.ConvBiasAct2d and type(m.a[1]) is nn.Identity and type(m.b) is rnn.Conv2d
+    # the Sequential computes its run fused; its children stay (state_dict as the model's)
+    assert isinstance(m.a, rnn._FusedSequential) and [type(c) for c in m.a] == [rnn.Conv2d, nn.BatchNorm2d, nn.ReLU]
+    assert type(m.b) is rnn.Conv2d and sorted(m.state_dict()) == sorted(net.state_dict())
+    assert [type(h) for h in m.a.fused_modules()] == [rnn.ConvBiasAct2d]
     with torch.no_grad():
         _close(m(x), ref)
     assert "module-level fusion only" in str(rep)
@@ -236,11 +243,14 @@ def test_autotune_searches_each_distinct_problem_once_and_is_warm_the_second_tim
     keys = [t["key"] for t in tuned]
     searched = [t for t in tuned if t["searched"]]
     assert len(searched) == len(set(keys)) < len(keys)   # blocks repeat problems
+    pinned = rnn.pinned_choices(m)
     for t in tuned:
         assert t["backend"] == "onednn" and "@" in t["choice"]
-        name, _, layouts = t["choice"].partition("@")
+        assert t["backward_choice"] is None and not t["backward_searched"]   # an eval model: forward only
         mod = m.get_submodule(t["name"])
-        assert mod.choice == t["choice"]
+        assert mod.choice is None   # the winner is pinned to its problem, not to every call of the layer
+        assert [e["choice"] for e in pinned[t["name"]]["tuned"]] == [t["choice"]]
+        assert pinned[t["name"]]["tuned"][0]["problem"] == t["problem"]
     with torch.no_grad():
         _close(m(x), ref)
     m2 = rnn.convert(net, fuse=True, autotune=x)

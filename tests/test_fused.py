@@ -459,11 +459,11 @@ def test_a_moved_snapshot_gets_the_modules_plans_in_eager_inference():
     cm._apply(lambda t: t.clone())   # new tensors, as .to() / .half() / .cuda() make
     c1 = dict(cm.named_modules())["c1"]
     snap = c1._buffers[fu.FROZEN_WEIGHT]
-    assert fu.frozen_plans_of(snap) is None
+    plans = fu.frozen_plans_of(snap)   # the module's own (emptied: the snapshot is taken again)
+    assert plans is not None and plans is c1.__dict__[fu._FROZEN_PLANS] and len(plans) == 0
     with torch.no_grad():
         _close(cm(x), m(x), rel=1e-4)
-    plans = fu.frozen_plans_of(snap)
-    assert plans is not None and plans is c1.__dict__[fu._FROZEN_PLANS] and len(plans) == 1
+    assert fu.frozen_plans_of(snap) is plans and len(plans) == 1   # retaken in place: the same buffer
 
 
 def test_a_snapshot_changed_in_place_is_reordered_again():
