@@ -237,6 +237,15 @@ def _ops_module():
 
 
 USE_OPS = True   # route through rawconv.ops (torch.library operators) when that module exists
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_OPS: list = [None]   # rawconv.ops, once loaded (the modules' per-call path)
+
+
+def _load_ops():
+    from . import ops
+
+    _OPS[0] = ops
+    return ops
 
 
 def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
@@ -505,13 +514,44 @@ class _RawconvConv:
         return choice, bwd
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d = self.__dict__
+        if self.padding_mode == "zeros" and not _RECORDING and d.get(_TUNED_ATTR) is None \
+                and type(x) in _PLAIN_TENSORS and USE_OPS:
+            # the module's own argument pack: validated once per configuration (stride, padding,
+            # dilation, groups, backend, choice, precision, backward choice, the weight's shape and
+            # the input's device type), then rawconv.ops runs it as rawconv.ops.conv does
+            w = self.weight
+            key = (self.stride, self.padding, self.dilation, self.groups, self.backend, self.choice, self.precision,
+                   self.backward_choice, w.shape, x.device.type)
+            e = d.get("_rawconv_entry")
+            if e is None or e[0] != key:
+                e = d["_rawconv_entry"] = (key, self._entry(x, w))
+            try:
+                return (_OPS[0] or _load_ops())._conv_entry(x, w, self.bias, e[1])
+            except Exception as exc:
+                new = _guard.translate(exc, f"rawconv.nn.{type(self).__name__}.forward")
+                if new is None:
+                    raise
+                raise new from exc
         x, padding = self._padded(x)
         _record(self, "conv", x=x, padding=padding)
         choice, bwd = self.choice, self.backward_choice
-        if self.__dict__.get(_TUNED_ATTR) is not None:
+        if d.get(_TUNED_ATTR) is not None:
             choice, bwd = self._tuned_for("conv", x, None, {"x": x, "padding": padding})
         return conv(x, self.weight, self.bias, self.stride, padding, self.dilation, self.groups,
                     backend=self.backend, choice=choice, precision=self.precision, backward_choice=bwd)
+
+    def _entry(self, x, w) -> list:
+        """The argument pack of :func:`rawconv.ops._conv_entry` for this module's configuration,
+        checked as :func:`conv` checks its arguments (raises its errors)."""
+        choice = _check_choice(self.choice, "choice")
+        bwd = _check_choice(self.backward_choice, "backward_choice", pair=True)
+        precision = _check_precision(self.precision)
+        _check_backend(self.backend)
+        _resolve_backend(self.backend, x.device)
+        args = _load_ops()._prepare_conv(x, w, self.bias, self.stride, _norm_padding(self.padding), self.dilation,
+                                           self.groups, self.backend, choice, precision, bwd)
+        return [args, None, None]
 
     def extra_repr(self) -> str:
         return (super().extra_repr() + f", backend={self.backend!r}, choice={self.choice!r}, "

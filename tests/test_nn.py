@@ -392,3 +392,43 @@ def test_cuda_transposed_matches_float64():
                                      m.weight.cpu(), m.bias.cpu(), gy.cpu())
     for got, want in ((y, y64), (x.grad, gx64), (m.weight.grad, gw64), (m.bias.grad, gb64)):
         _close(got.cpu(), want)
+
+
+def test_module_argument_pack_follows_attribute_changes():
+    """A module keeps its checked argument pack per configuration: changing stride, padding,
+    dilation, the weight (in place or replaced by another shape), choice or precision after calls
+    gives the new configuration's result or its clear error, never the old pack's."""
+    import torch.nn.functional as F
+
+    from rawconv.errors import ArgumentError, ArgumentTypeError
+
+    torch.manual_seed(0)
+    m = rnn.Conv2d(4, 6, 3, padding=1)
+    x = torch.randn(2, 4, 9, 9)
+
+    def check():
+        want = F.conv2d(x.double(), m.weight.double(), m.bias.double(), m.stride, m.padding, m.dilation, m.groups)
+        torch.testing.assert_close(m(x).double(), want, rtol=1e-4, atol=1e-4)
+    for _ in range(2):
+        check()
+    m.stride = (2, 2)
+    check()
+    m.padding = (0, 1)
+    check()
+    m.dilation = (2, 1)
+    check()
+    with torch.no_grad():
+        m.weight.mul_(-2)
+    check()
+    m.weight = torch.nn.Parameter(torch.randn(6, 4, 1, 1))
+    m.kernel_size = (1, 1)
+    check()
+    m.choice = 3
+    with pytest.raises(ArgumentTypeError, match="position"):
+        m(x)
+    m.choice = None
+    m.precision = "bogus"
+    with pytest.raises(ArgumentError, match="precision"):
+        m(x)
+    m.precision = "strict"
+    check()
