@@ -496,8 +496,14 @@ class _RawconvConvTranspose(_RawconvConv):
         if self.padding_mode != "zeros":
             raise ArgumentError(f"only 'zeros' padding mode is supported for {type(self).__name__}")
         nd = len(self.kernel_size)
-        output_padding = self._output_padding(x, output_size, self.stride, self.padding, self.kernel_size, nd,
-                                              self.dilation)
+        try:   # torch's own computation of output_padding from output_size, with torch's errors
+            output_padding = self._output_padding(x, output_size, self.stride, self.padding, self.kernel_size, nd,
+                                                  self.dilation)
+        except ValueError as exc:   # an output_size no output_padding reaches, or of the wrong length
+            raise ArgumentError(f"{type(self).__name__}: {exc}") from None
+        except TypeError as exc:    # not a sequence of ints
+            raise ArgumentTypeError(f"{type(self).__name__}: output_size must be a sequence of ints or None: "
+                                    f"{exc}") from None
         _record(self, "transpose", x=x, output_padding=tuple(output_padding))
         return conv_transpose(x, self.weight, self.bias, self.stride, self.padding, output_padding, self.groups,
                               self.dilation, backend=self.backend, choice=self.choice, precision=self.precision,
