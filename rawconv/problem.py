@@ -156,7 +156,9 @@ def suggests_channels_last(t: torch.Tensor) -> bool:
     c10's ``is_channels_last_strides_2d/3d`` on ``t``'s sizes and strides, which resolves the
     ambiguous cases as torch does (a tensor whose strides fit both formats, e.g. one channel or
     ``N x 1 x 1 x 1``, is NCHW; a zero channel stride or an empty dim is NCHW). False for other
-    ranks (torch has no channels-last format for 3-D tensors)."""
+    ranks (torch has no channels-last format for 3-D tensors). Raises :class:`ArgumentTypeError`
+    for a non-tensor."""
+    _tensors(t)
     nd = t.dim()
     if nd not in (4, 5):
         return False
@@ -175,6 +177,12 @@ def suggests_channels_last(t: torch.Tensor) -> bool:
     return True
 
 
+def _tensors(*ts) -> None:
+    for t in ts:
+        if not isinstance(t, torch.Tensor):
+            raise ArgumentTypeError(f"expected a torch.Tensor, got {type(t).__name__}")
+
+
 def _suggests(t: torch.Tensor) -> bool:
     """:func:`suggests_channels_last` with 1-D convolution tensors (N, C, L) seen as torch sees them
     there: viewed as (N, C, 1, L)."""
@@ -189,7 +197,9 @@ def conv_layout(x: torch.Tensor, w: torch.Tensor) -> str:
     (:func:`suggests_channels_last`); never for float64 (both disable NHWC for double); for a 1-D
     convolution torch makes x contiguous and views w as (K, C/g, 1, k), so w alone decides.
     ``x`` batched (N, C, *spatial); zero-stride stand-ins (:func:`shape_only`) suggest nothing.
-    torch's autograd on the CPU gives dx and dw this layout too."""
+    torch's autograd on the CPU gives dx and dw this layout too. Raises :class:`ArgumentTypeError`
+    for a non-tensor."""
+    _tensors(x, w)
     if x.dtype == torch.float64 or w.dtype == torch.float64:
         return "nchw"
     if w.dim() == 3:
@@ -200,7 +210,8 @@ def conv_layout(x: torch.Tensor, w: torch.Tensor) -> str:
 def backward_data_layout(grad_y: torch.Tensor, w: torch.Tensor) -> str:
     """The memory format of dx from ``grad_y`` (batched) and ``w``: channels last when either
     suggests it (torch's ``cudnn_convolution_backward_input`` rule; a 1-D grad_y counts as
-    (N, K, 1, L)); ``"nchw"`` for float64."""
+    (N, K, 1, L)); ``"nchw"`` for float64. Raises :class:`ArgumentTypeError` for a non-tensor."""
+    _tensors(grad_y, w)
     if grad_y.dtype == torch.float64 or w.dtype == torch.float64:
         return "nchw"
     return "nhwc" if _suggests(grad_y) or _suggests(w) else "nchw"
@@ -209,7 +220,9 @@ def backward_data_layout(grad_y: torch.Tensor, w: torch.Tensor) -> str:
 def backward_weights_layout(x: torch.Tensor, grad_y: torch.Tensor) -> str:
     """The memory format of dw from ``x`` and ``grad_y`` (both batched): channels last when either
     suggests it (torch's ``cudnn_convolution_backward_weight`` rule); for a 1-D convolution
-    grad_y alone decides (torch makes x contiguous there); ``"nchw"`` for float64."""
+    grad_y alone decides (torch makes x contiguous there); ``"nchw"`` for float64. Raises
+    :class:`ArgumentTypeError` for a non-tensor."""
+    _tensors(x, grad_y)
     if x.dtype == torch.float64 or grad_y.dtype == torch.float64:
         return "nchw"
     if grad_y.dim() == 3:
@@ -919,4 +932,5 @@ _tuple = tuple_arg
 from . import _guard  # noqa: E402
 
 _guard.guard_module(globals(), "ConvProblem.from_torch", "ConvProblem.from_benchdnn", "ConvProblem.to_benchdnn",
-                    "ConvProblem.make_inputs", "ConvProblem.reference", "ConvProblem.with_", "random_tensor")
+                    "ConvProblem.make_inputs", "ConvProblem.reference", "ConvProblem.with_", "random_tensor",
+                    "suggests_channels_last", "conv_layout", "backward_data_layout", "backward_weights_layout")
