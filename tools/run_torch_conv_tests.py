@@ -59,6 +59,9 @@ FUNCTIONS = ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d
 # Why a test is expected to fail with rawconv in torch's place (what the report prints beside it).
 # Keyed by a substring of the test id; the first match wins.
 KNOWN = {
+    "test_grad_conv": "float32 rounding: the test compares rawconv's gradient with torch.nn.grad's, two float32 "
+                      "results, at assertEqual's default tolerance (rtol 1.3e-6, atol 1e-5); against float64 "
+                      "rawconv's was the closer of the two where this failed (4.8e-6 vs torch's 8.2e-6 relative)",
     "complex": "complex dtypes: rawconv handles float32, float16, bfloat16 (and float64 on cuDNN) only",
     "test_conv_empty_channel": "C=0 input: rawconv returns y = bias over (N, K, *out) (the reduction over no "
                                "channels is 0), so d bias = sum(grad_y); torch returns an empty (N, 0, *out) "
