@@ -279,9 +279,12 @@ def _backward_data_layout(grad_y, problem: ConvProblem, w: torch.Tensor) -> str:
     """The layout of a backward-data problem (dx's): torch's rule, channels last when grad_y or w is
     (:func:`rawconv.problem.backward_data_layout`). ``grad_y``: the batched tensor, or a layout
     name (``"nchw"``/``"nhwc"``) for a dense grad_y of the problem's y shape in it
-    (:func:`implementations` passes the forward's)."""
+    (:func:`implementations` passes the forward's). A y shape whose strides cannot tell NCHW from
+    NHWC (:func:`_ambiguous`) counts as NCHW there: what ``to_layout`` and torch's
+    ``.contiguous(memory_format=...)`` leave such a contiguous grad_y as."""
     if isinstance(grad_y, str):
-        grad_y = torch.empty_strided(problem.y_shape, dense_strides(problem.y_shape, grad_y),
+        lay = "nchw" if _ambiguous(problem.y_shape) else grad_y
+        grad_y = torch.empty_strided(problem.y_shape, dense_strides(problem.y_shape, lay),
                                      dtype=problem.torch_dtype, device="meta")
     return backward_data_layout(grad_y, w)
 
