@@ -527,10 +527,12 @@ def _run_below_autograd(op, cpu_kernel, cuda_kernel, keyset, args):
         return op.redispatch(keyset & _AFTER_AUTOGRAD, *args)
 
 
-def _grad_like(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, unbatched: bool) -> torch.Tensor:
-    """``g`` dense in the forward's output layout (:func:`rawconv.problem.conv_layout` of x and w:
-    incoming gradients may be expanded or oddly strided); dx and dw then come out in it, as torch's."""
-    if conv_layout(_batched(x, unbatched), w) == "nhwc":
+def _grad_like(g: torch.Tensor, x: torch.Tensor, unbatched: bool, w: torch.Tensor | None = None) -> torch.Tensor:
+    """``g`` dense in the forward's output layout (incoming gradients may be expanded or oddly
+    strided): with ``w``, torch's (:func:`rawconv.problem.conv_layout` of x and w; dx and dw then
+    come out in it, as torch's); without, x's (rawconv.fused's operator, whose y is in x's)."""
+    xb = _batched(x, unbatched)
+    if (conv_layout(xb, w) if w is not None else _layout(xb)) == "nhwc":
         if g.dim() == 4:
             return g.contiguous(memory_format=torch.channels_last)
         if g.dim() == 5:
@@ -592,7 +594,7 @@ class RawconvConvForward(torch.autograd.Function):
         x, w = ctx.saved_tensors
         (stride, pb, pa, dil, groups, backend, _choice, precision, bdc, bwc), has_bias = ctx.conf
         _, nx, nw, nb = ctx.needs_input_grad[:4]
-        gy = _grad_like(gy, x, w, x.dim() == w.dim() - 1)
+        gy = _grad_like(gy, x, x.dim() == w.dim() - 1, w=w)
         gx = gw = gb = None
         if nx:
             gx = _bwd_data_call(gy, w, list(x.shape), stride, pb, pa, dil, groups, backend, bdc, precision)
@@ -640,7 +642,7 @@ class RawconvConvBackwardData(torch.autograd.Function):
         _, ngy, nw = ctx.needs_input_grad[:3]
         unbatched = len(x_shape) == w.dim() - 1
         # as a transposed convolution of grad_y: torch gives both gradients its forward's layout
-        g = _grad_like(g, grad_y, w, unbatched)
+        g = _grad_like(g, grad_y, unbatched, w=w)
         ggy = gw = None
         if ngy:
             ggy = _fwd_call(g, w, None, stride, pb, pa, dil, groups, backend, "", precision, "", "")
@@ -979,7 +981,7 @@ class RawconvConvTranspose(torch.autograd.Function):
     def backward(ctx, gy):
         x, w = ctx.saved_tensors
         (_core, stride, pb, pa, dil, groups, backend, _choice, precision), fwd_choice, wts_choice = ctx.conf
-        gy = _grad_like(gy, x, w, x.dim() == w.dim() - 1)
+        gy = _grad_like(gy, x, x.dim() == w.dim() - 1, w=w)
         gx = gw = None
         if ctx.needs_input_grad[0]:
             gx = _fwd_call(gy, w, None, stride, pb, pa, dil, groups, backend, fwd_choice, precision, "", "")
