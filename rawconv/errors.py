@@ -1,7 +1,9 @@
 """Exceptions raised by rawconv.
 
 Every error rawconv raises derives from :class:`RawconvError`. Bad arguments also derive from
-:class:`ValueError` / :class:`TypeError`, so ordinary ``except ValueError`` code keeps working.
+:class:`ValueError` / :class:`TypeError`, so ordinary ``except ValueError`` code keeps working;
+:class:`ArgumentError` is also a :class:`RuntimeError`, the class torch's convolutions raise for
+bad shapes, strides and dtypes, so code written for torch (``except RuntimeError``) catches it too.
 """
 from __future__ import annotations
 
@@ -10,8 +12,13 @@ class RawconvError(Exception):
     """Base class of every rawconv error."""
 
 
-class ArgumentError(RawconvError, ValueError):
-    """An argument is wrong (shape, dtype, device, groups, padding...). Raised before any C call."""
+class ArgumentError(RawconvError, ValueError, RuntimeError):
+    """An argument is wrong (shape, dtype, device, groups, padding...). Raised before any C call.
+
+    Both a :class:`ValueError` and a :class:`RuntimeError`: torch's convolutions raise
+    ``RuntimeError`` for what rawconv checks here (an input smaller than the kernel, a channel
+    count the weight does not expect, mixed dtypes) and ``ValueError`` for some module arguments
+    (``output_size``), so ``except`` clauses written for either keep working."""
 
 
 class ArgumentTypeError(RawconvError, TypeError):

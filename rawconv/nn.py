@@ -516,7 +516,7 @@ class _RawconvConv:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         d = self.__dict__
         if self.padding_mode == "zeros" and not _RECORDING and d.get(_TUNED_ATTR) is None \
-                and type(x) in _PLAIN_TENSORS and USE_OPS:
+                and type(x) in _PLAIN_TENSORS and USE_OPS and not torch.compiler.is_compiling():
             # the module's own argument pack: validated once per configuration (stride, padding,
             # dilation, groups, backend, choice, precision, backward choice, the weight's shape and
             # the input's device type), then rawconv.ops runs it as rawconv.ops.conv does
@@ -565,8 +565,14 @@ class _RawconvConvTranspose(_RawconvConv):
         if self.padding_mode != "zeros":
             raise ArgumentError(f"only 'zeros' padding mode is supported for {type(self).__name__}")
         nd = len(self.kernel_size)
-        output_padding = self._output_padding(x, output_size, self.stride, self.padding, self.kernel_size, nd,
-                                              self.dilation)
+        try:   # torch's own computation of output_padding from output_size, with torch's errors
+            output_padding = self._output_padding(x, output_size, self.stride, self.padding, self.kernel_size, nd,
+                                                  self.dilation)
+        except ValueError as exc:   # an output_size no output_padding reaches, or of the wrong length
+            raise ArgumentError(f"{type(self).__name__}: {exc}") from None
+        except TypeError as exc:    # not a sequence of ints
+            raise ArgumentTypeError(f"{type(self).__name__}: output_size must be a sequence of ints or None: "
+                                    f"{exc}") from None
         _record(self, "transpose", x=x, output_padding=tuple(output_padding))
         choice, bwd = self.choice, self.backward_choice
         if self.__dict__.get(_TUNED_ATTR) is not None:

@@ -40,6 +40,7 @@ from ._backend import Candidate
 from ._plans import PlanCache, PlanLifetime, arg_key
 from .results import Result, ResultTable
 from .problem import ConvProblem, _int, check_tensor, empty_like_layout, layout_of, shape_arg, to_layout, dense_strides, strides_match, shape_only
+from .problem import backward_data_layout
 
 log = logging.getLogger("rawconv.onednn")
 
@@ -274,12 +275,18 @@ def _ambiguous(shape: Sequence[int]) -> bool:
     return all(s == 1 or u == v for s, u, v in zip(shape, a, b))
 
 
-def _backward_data_layout(layout: str, problem: ConvProblem, w: torch.Tensor) -> str:
-    """The layout of a backward-data problem: grad_y's (``layout``), but w's when grad_y's shape
-    cannot tell (see :func:`_ambiguous`). :func:`implementations` applies the same rule to x's."""
-    if _ambiguous(problem.y_shape):
-        return _w_layout(w)
-    return "nhwc" if layout == "nhwc" else "nchw"
+def _backward_data_layout(grad_y, problem: ConvProblem, w: torch.Tensor) -> str:
+    """The layout of a backward-data problem (dx's): torch's rule, channels last when grad_y or w is
+    (:func:`rawconv.problem.backward_data_layout`). ``grad_y``: the batched tensor, or a layout
+    name (``"nchw"``/``"nhwc"``) for a dense grad_y of the problem's y shape in it
+    (:func:`implementations` passes the forward's). A y shape whose strides cannot tell NCHW from
+    NHWC (:func:`_ambiguous`) counts as NCHW there: what ``to_layout`` and torch's
+    ``.contiguous(memory_format=...)`` leave such a contiguous grad_y as."""
+    if isinstance(grad_y, str):
+        lay = "nchw" if _ambiguous(problem.y_shape) else grad_y
+        grad_y = torch.empty_strided(problem.y_shape, dense_strides(problem.y_shape, lay),
+                                     dtype=problem.torch_dtype, device="meta")
+    return backward_data_layout(grad_y, w)
 
 
 # ---------------------------------------------------------------------------- one built implementation
@@ -731,13 +738,22 @@ class Convolution(PlanLifetime):
         shapes = {"x": p.x_shape, "dx": p.x_shape, "y": p.y_shape, "dy": p.y_shape, "w": p.w_shape, "b": (p.k,)}
         self._fast = {r: (torch.Size(shapes[r]), tuple(self._user_strides[r]), p.torch_dtype) for r in shapes}
 
-    def _mds(self):
+    def _described(self) -> ConvProblem:
+        """The problem as oneDNN is told it: this one, except that a convolution over zero input
+        channels (which oneDNN refuses: ``dnnl_invalid_arguments``) is described with one channel
+        per group. Such a problem is empty (no element of x), so no primitive ever runs: every
+        call returns torch's result (y = bias or zeros, dx empty, dw zeros) without a library call."""
         p = self.problem
+        return p if p.c else p.with_(c=p.groups)
+
+    def _mds(self):
         if self.user_md:
             return
         self._strides()
+        p = self._described()
         wmd, _ = _weights_md(p, self.w_layout)
-        xmd = _dnnl.md_strides(p.x_shape, p.dtype, self._user_strides["x"])
+        xmd = _dnnl.md_strides(p.x_shape, p.dtype, dense_strides(p.x_shape, p.layout) if p is not self.problem
+                               else self._user_strides["x"])
         ymd = _dnnl.md_strides(p.y_shape, p.dtype, self._user_strides["y"])
         bmd = _dnnl.md_strides([p.k], p.dtype, [1]) if p.has_bias else ffi.NULL
         self.user_md = {"x": xmd, "y": ymd, "dx": xmd, "dy": ymd, "w": wmd, "dw": wmd, "b": bmd, "db": bmd}
@@ -746,7 +762,7 @@ class Convolution(PlanLifetime):
         """The first primitive descriptor (an iterator over implementations) for ``layouts``
         ``"any"`` (all tensors ``format_tag any``) or ``"user"`` (src/dst as the tensors are)."""
         L = _dnnl.lib()
-        p = self.problem
+        p = self._described()
         self._mds()
         if layouts == "any":
             xmd = _dnnl.md_tag(p.x_shape, p.dtype, "any")
@@ -1017,7 +1033,7 @@ class Convolution(PlanLifetime):
                 grad_y: torch.Tensor | None = None) -> torch.Tensor:
         """Run the selected implementation and return the result.
 
-        forward: ``execute(x, w=None, bias=None, out=None)`` -> y (N, K, *out), in x's layout.
+        forward: ``execute(x, w=None, bias=None, out=None)`` -> y (N, K, *out), in the problem's layout.
         backward_data: ``execute(grad_y=dy, w=w, out=None)`` -> dx. backward_weights:
         ``execute(x, grad_y=dy)`` -> dw, or ``(dw, db)`` when the plan has a bias. ``None`` for
         x/bias uses the tensors given at construction; ``None`` for w the weight snapshot with
@@ -1656,7 +1672,7 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
     pair per spatial dim. ``impl``: None (oneDNN's first choice), an int position in
     :func:`implementations`, or a name such as ``"x64:gemm:jit"`` (names carry the ISA they need,
     e.g. ``"brgconv:avx512_core"`` only on AVX-512 CPUs: see :func:`implementations`). ``fpmath``: "strict",
-    "bf16", "f16", "tf32", "any" (oneDNN fpmath mode). Returns y (N, K, *out) in x's memory format.
+    "bf16", "f16", "tf32", "any" (oneDNN fpmath mode). Returns y (N, K, *out) in torch's memory format (channels_last when x or w is).
 
     Raises :class:`ArgumentError` / :class:`ArgumentTypeError` for bad input (before any C call),
     :class:`NotSupportedError` when the forced implementation is not offered (naming those that
@@ -1765,10 +1781,12 @@ def implementations(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None 
     ``"known bad"`` (not run unless ``allow_known_bad=True``) or ``"failed"``, with ``detail``.
     This process survives whatever the library does there.
 
-    The memory layout is x's. For ``"backward_data"`` it is the layout :func:`backward_data`
-    takes for a grad_y in x's layout: x's, except when the output's shape cannot tell NCHW from
-    NHWC (one output channel, or a 1x1 output with batch 1): then w's. The positions and the
-    :class:`Implementation` objects of this list select the same implementations there.
+    The memory layout is the forward's (torch's rule: channels last when x or w is, see
+    :func:`rawconv.problem.conv_layout`). For ``"backward_data"`` it is the layout
+    :func:`backward_data` takes for a grad_y in that layout (channels last when grad_y or w is;
+    a grad_y whose shape cannot tell NCHW from NHWC, one output channel or a 1x1 output with
+    batch 1, counts as NCHW, as in torch). The positions and the :class:`Implementation` objects
+    of this list select the same implementations there.
     """
     from ._backend import canonical_direction
 
@@ -1907,7 +1925,7 @@ def _backward_problem(grad_y, w, x_shape, stride, padding, dilation, groups, has
     problem = ConvProblem.from_torch(fake_x, w, None, stride, padding, dilation, groups)
     _check_device(problem)
     gy = grad_y.unsqueeze(0) if problem.unbatched and grad_y.dim() == problem.ndim + 1 else grad_y
-    lay = _backward_data_layout(layout_of(gy), problem, w)
+    lay = _backward_data_layout(gy, problem, w)
     if lay != problem.layout:
         problem = problem.with_(layout=lay)
     _check_grad(problem, grad_y, "grad_y", problem.y_shape)

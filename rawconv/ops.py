@@ -42,11 +42,14 @@ Arguments, shared by all three:
 
 Results:
 
-* ``conv_forward``: y (N, K, *out) in x's memory format (channels_last in, channels_last out; an
-  unbatched x gives an unbatched y), as rawconv's function forms return it.
-* ``conv_backward_data``: dx of ``x_shape`` in grad_y's memory format (w's when grad_y's shape
-  cannot tell NCHW from NHWC: one output channel, or batch 1 with a 1x1 output).
-* ``conv_backward_weights``: ``(dw, db)``: dw of ``w_shape`` in x's memory format; db of shape
+* ``conv_forward``: y (N, K, *out) in torch's memory format for it: channels_last when x **or** w
+  is (:func:`rawconv.problem.conv_layout`, torch's ``mkldnn_conv_use_channels_last`` /
+  ``cudnn_conv_suggest_memory_format``; never for float64; a 1-D convolution follows w alone); an
+  x in another format is copied into it. An unbatched x gives an unbatched y.
+* ``conv_backward_data``: dx of ``x_shape``, channels_last when grad_y or w is (torch's cuDNN
+  backward-data rule; a grad_y whose shape cannot tell NCHW from NHWC counts as NCHW, as in torch).
+* ``conv_backward_weights``: ``(dw, db)``: dw of ``w_shape``, channels_last when x or grad_y is
+  (torch's cuDNN backward-weights rule; for 1-D grad_y alone decides); db of shape
   (K,) (grad_y summed over batch and space) when ``bias`` is True, else **an empty tensor of
   shape (0,)** (a schema's output count is fixed; an empty tensor costs nothing and tells the
   caller there is no bias gradient).
@@ -86,8 +89,9 @@ from . import _autocast, _guard, onednn
 from ._plans import PlanCache, arg_key
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from .options import PRECISIONS
-from .problem import (ConvProblem, dense_strides, empty_like_layout, int_arg, layout_of, resolve_padding,
-                      shape_arg, shape_only, strides_match, to_layout, transposed_shapes, tuple_arg)
+from .problem import (ConvProblem, backward_data_layout, backward_weights_layout, conv_layout, dense_strides,
+                      empty_like_layout, int_arg, layout_of, resolve_padding, shape_arg, shape_only, strides_match,
+                      to_layout, transposed_shapes, tuple_arg)
 
 __all__ = ["conv", "conv_transpose", "conv_backward_data", "conv_backward_weights", "selected", "BACKENDS",
            "clear_cache"]
@@ -146,11 +150,9 @@ def _layout(t: torch.Tensor) -> str:
     return "nhwc" if layout_of(t) == "nhwc" else "nchw"
 
 
-def _dx_layout(y_shape, grad_y_batched: torch.Tensor, w: torch.Tensor) -> str:
-    """dx's layout: grad_y's, but w's when grad_y's shape cannot tell (rawconv.onednn's rule)."""
-    if onednn._ambiguous(y_shape):
-        return onednn._w_layout(w)
-    return _layout(grad_y_batched)
+def _dx_layout(grad_y_batched: torch.Tensor, w: torch.Tensor) -> str:
+    """dx's layout: channels last when grad_y or w is (torch's rule, :func:`rawconv.problem.backward_data_layout`)."""
+    return backward_data_layout(grad_y_batched, w)
 
 
 def _enforce_layout(t: torch.Tensor, layout: str, unbatched: bool) -> torch.Tensor:
@@ -261,7 +263,9 @@ def _backward_weights_problem(x, grad_y, w_shape, stride, pad_before, pad_after,
     from .problem import check_tensor
 
     check_tensor(problem, grad_y, "grad_y", problem.y_shape)
-    return problem
+    # dw (and the library's x and grad_y) in torch's layout for dw: channels last when x or grad_y is
+    lay = backward_weights_layout(_batched(x, problem.unbatched), _batched(grad_y, problem.unbatched))
+    return problem if lay == problem.layout else problem.with_(layout=lay)
 
 
 def _backward_weights_cpu(x, grad_y, w_shape, stride, pad_before, pad_after, dilation, groups, bias, backend,
@@ -278,7 +282,7 @@ def _backward_weights_cpu(x, grad_y, w_shape, stride, pad_before, pad_after, dil
             raise ArgumentTypeError(f"bias must be True or False, got {bias!r}")
         problem = _backward_weights_problem(x, grad_y, w_shape, stride, pad_before, pad_after, dilation, groups, bias)
         onednn._check_device(problem)
-        # dw comes out in x's memory format (as the forward's y does)
+        # dw comes out in the problem's layout (torch's rule: x or grad_y channels last)
         plan = onednn._plan(problem, "backward_weights", "direct", precision, problem.layout, _onednn_choice(choice))
         plan.selected   # noqa: B018
         if key is not None:
@@ -332,8 +336,8 @@ def _graph_default(plan, backend: str, choice: str):
 
 def _forward_cuda(x, w, bias, stride, pad_before, pad_after, dilation, groups, backend, choice, precision,
                   bwd_data_choice, bwd_weights_choice):
-    # y comes out in x's memory format from both APIs (their plans take ConvProblem.layout, the
-    # rule the fake kernel follows): no check needed here.
+    # y comes out in ConvProblem.layout from both APIs (torch's rule, rawconv.problem.conv_layout,
+    # which the fake kernel follows): no check needed here.
     # The fast path, as on the CPU: the plan of the last call with these (non-tensor) arguments,
     # backend, bias presence, device and thread, when the tensors fit its prepared call exactly
     # (checked per call by the plan's hot path: cudnn_graph's or the legacy cudnn's); else the
@@ -416,9 +420,9 @@ def _backward_data_cuda(grad_y, w, x_shape, stride, pad_before, pad_after, dilat
             c, math = _legacy_choice(choice)
             dx = cudnn.backward_data(gy, w, xs, tuple(stride), padding, tuple(dilation), groups, choice=c,
                                      math=math, precision=precision)
-    if onednn._ambiguous(tuple(gy.shape)):   # grad_y's strides cannot tell: the layout is w's (the fake's rule)
-        dx = _enforce_layout(dx, onednn._w_layout(w), False)
-    elif plan is not None and akey is not None and not unbatched:
+    raw = dx
+    dx = _enforce_layout(dx, _dx_layout(gy, w), False)   # torch's layout, the fake's rule
+    if dx is raw and plan is not None and akey is not None and not unbatched:
         _cuda_last.put(akey, plan)   # the graph plan's hot path returns what this path returned
     return dx.squeeze(0) if unbatched else dx
 
@@ -511,7 +515,7 @@ def _forward_fake(x, w, bias, stride, pad_before, pad_after, dilation, groups, b
         s, pb, pa, d, _ = _fake_args(stride, pad_before, pad_after, dilation, groups, nd)
         xb = _batched(x, unbatched)
         y_shape = (xb.shape[0], w.shape[0]) + _out_spatial(xb.shape[2:], w.shape[2:], s, pb, pa, d)
-        layout = _layout(xb)
+        layout = conv_layout(xb, w)
     y = empty_like_layout(y_shape, layout, x.dtype, x.device)
     return y.squeeze(0) if unbatched else y
 
@@ -530,13 +534,12 @@ def _backward_data_fake(grad_y, w, x_shape, stride, pad_before, pad_after, dilat
                                          dilation, groups, False)
             layout = p.layout
         else:
-            p = ConvProblem.from_torch(shape_only(xs, grad_y, "x_shape"), w, None, stride, _padding(pad_before, pad_after),
-                                       dilation, groups)
-            layout = _dx_layout(p.y_shape, gy, w)
+            ConvProblem.from_torch(shape_only(xs, grad_y, "x_shape"), w, None, stride, _padding(pad_before, pad_after),
+                                   dilation, groups)   # the checks
+            layout = _dx_layout(gy, w)
     else:
-        s, pb, pa, d, _ = _fake_args(stride, pad_before, pad_after, dilation, groups, nd)
-        y_shape = (xs[0], w.shape[0]) + _out_spatial(xs[2:], w.shape[2:], s, pb, pa, d)
-        layout = _dx_layout(y_shape, gy, w) if _concrete(y_shape) else _layout(gy)
+        _fake_args(stride, pad_before, pad_after, dilation, groups, nd)   # the checks
+        layout = _dx_layout(gy, w)
     dx = empty_like_layout(xs, layout, grad_y.dtype, grad_y.device)
     return dx.squeeze(0) if unbatched else dx
 
@@ -550,7 +553,8 @@ def _backward_weights_fake(x, grad_y, w_shape, stride, pad_before, pad_after, di
         p = _backward_weights_problem(x, grad_y, w_shape, stride, pad_before, pad_after, dilation, groups, bias)
         layout = p.layout
     else:
-        layout = _layout(_batched(x, x.dim() == nd + 1))
+        unbatched = x.dim() == nd + 1
+        layout = backward_weights_layout(_batched(x, unbatched), _batched(grad_y, unbatched))
     dw = empty_like_layout(tuple(w_shape), layout, x.dtype, x.device)
     db = x.new_empty((w_shape[0],) if bias else (0,))
     return dw, db
@@ -594,9 +598,12 @@ def _run_below_autograd(op, cpu_kernel, cuda_kernel, keyset, args):
         return op.redispatch(keyset & _AFTER_AUTOGRAD, *args)
 
 
-def _grad_like(g: torch.Tensor, x: torch.Tensor, unbatched: bool) -> torch.Tensor:
-    """``g`` dense in x's memory format (incoming gradients may be expanded or oddly strided)."""
-    if _layout(_batched(x, unbatched)) == "nhwc":
+def _grad_like(g: torch.Tensor, x: torch.Tensor, unbatched: bool, w: torch.Tensor | None = None) -> torch.Tensor:
+    """``g`` dense in the forward's output layout (incoming gradients may be expanded or oddly
+    strided): with ``w``, torch's (:func:`rawconv.problem.conv_layout` of x and w; dx and dw then
+    come out in it, as torch's); without, x's (rawconv.fused's operator, whose y is in x's)."""
+    xb = _batched(x, unbatched)
+    if (conv_layout(xb, w) if w is not None else _layout(xb)) == "nhwc":
         if g.dim() == 4:
             return g.contiguous(memory_format=torch.channels_last)
         if g.dim() == 5:
@@ -658,7 +665,7 @@ class RawconvConvForward(torch.autograd.Function):
         x, w = ctx.saved_tensors
         (stride, pb, pa, dil, groups, backend, _choice, precision, bdc, bwc), has_bias = ctx.conf
         _, nx, nw, nb = ctx.needs_input_grad[:4]
-        gy = _grad_like(gy, x, x.dim() == w.dim() - 1)
+        gy = _grad_like(gy, x, x.dim() == w.dim() - 1, w=w)
         gx = gw = gb = None
         if nx:
             gx = _bwd_data_call(gy, w, list(x.shape), stride, pb, pa, dil, groups, backend, bdc, precision)
@@ -702,14 +709,19 @@ class RawconvConvBackwardData(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         grad_y, w = ctx.saved_tensors
-        _x_shape, stride, pb, pa, dil, groups, backend, _choice, precision = ctx.conf
+        x_shape, stride, pb, pa, dil, groups, backend, _choice, precision = ctx.conf
         _, ngy, nw = ctx.needs_input_grad[:3]
+        unbatched = len(x_shape) == w.dim() - 1
+        # as a transposed convolution of grad_y: torch gives both gradients its forward's layout
+        g = _grad_like(g, grad_y, unbatched, w=w)
         ggy = gw = None
         if ngy:
             ggy = _fwd_call(g, w, None, stride, pb, pa, dil, groups, backend, "", precision, "", "")
         if nw:
             gw = _bwd_weights_call(g, grad_y, list(w.shape), stride, pb, pa, dil, groups, False, backend, "",
                                  precision)[0]
+            if w.dim() == 3:   # 1-D: backward weights follows its grad_y (here grad_y's x), torch w's layout
+                gw = _enforce_layout(gw, conv_layout(_batched(grad_y, unbatched), w), False)
         return None, ggy, gw, None
 
     @staticmethod
@@ -976,7 +988,8 @@ def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, str
     (:class:`rawconv.onednn.Implementation`, cuDNN ``Algorithm`` / ``EngineConfig``).
     ``precision``: ``"strict"``, ``"tf32"``, ``"bf16"``, ``"f16"``, ``"any"``.
     ``backward_choice``: what the backward passes run: None (each library's first choice), one
-    name for both, or a ``(data, weights)`` pair. Returns y (N, K, *out) in x's memory format.
+    name for both, or a ``(data, weights)`` pair. Returns y (N, K, *out) in torch's memory format for it
+    (channels_last when x or w is; see the module notes); x may have zero channels (y is then the bias).
 
     Raises :class:`~rawconv.errors.ArgumentError` / :class:`~rawconv.errors.ArgumentTypeError`
     for bad input before any library call, :class:`~rawconv.errors.NotSupportedError` for a
@@ -1024,7 +1037,8 @@ def conv_backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[
 
     ``grad_y``: (N, K, *out); ``w``: (K, C/groups, *kernel); ``x_shape``: the forward input's shape
     (N, C, *spatial) or unbatched (C, *spatial). Other arguments as :func:`conv` (``choice`` names a
-    backward-data candidate). Returns dx of ``x_shape`` in grad_y's memory format. Raises as :func:`conv`.
+    backward-data candidate). Returns dx of ``x_shape``, channels_last when grad_y or w is (see the
+    module notes). Raises as :func:`conv`.
     """
     if not isinstance(grad_y, torch.Tensor) or not isinstance(w, torch.Tensor):
         raise ArgumentTypeError("grad_y and w must be torch.Tensor")
@@ -1057,13 +1071,15 @@ class RawconvConvTranspose(torch.autograd.Function):
     def backward(ctx, gy):
         x, w = ctx.saved_tensors
         (_core, stride, pb, pa, dil, groups, backend, _choice, precision), fwd_choice, wts_choice = ctx.conf
-        gy = _grad_like(gy, x, x.dim() == w.dim() - 1)
+        gy = _grad_like(gy, x, x.dim() == w.dim() - 1, w=w)
         gx = gw = None
         if ctx.needs_input_grad[0]:
             gx = _fwd_call(gy, w, None, stride, pb, pa, dil, groups, backend, fwd_choice, precision, "", "")
         if ctx.needs_input_grad[1]:
             gw = _bwd_weights_call(gy, x, list(w.shape), stride, pb, pa, dil, groups, False, backend, wts_choice,
                                  precision)[0]
+            if w.dim() == 3:   # 1-D: dw in the forward's layout, as torch's (backward weights follows x there)
+                gw = _enforce_layout(gw, conv_layout(_batched(x, x.dim() == 2), w), False)
         return gx, gw, None
 
 
@@ -1096,7 +1112,7 @@ def conv_transpose(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None =
     (C_out,) or None; ``output_padding`` < max(stride, dilation) per dim, as torch. ``choice``: a
     backward-data candidate; ``backward_choice``: what the gradients run: None (the library's first
     choices), one name for both, or a ``(forward choice for dx, backward-weights choice for dw)``
-    pair. Returns y (N, C_out, *out) in x's memory format. Traced by ``torch.compile`` (the
+    pair. Returns y (N, C_out, *out) in torch's memory format (channels_last when x or w is). Traced by ``torch.compile`` (the
     operators' fake kernels). Raises :class:`~rawconv.errors.ArgumentError` /
     :class:`~rawconv.errors.ArgumentTypeError` before any library call for bad input,
     :class:`~rawconv.errors.NotSupportedError` for a choice the library does not offer, and under
@@ -1141,8 +1157,10 @@ def conv_transpose(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None =
         y = _backward_data_cpu(x, w, *args)   # the kernel the dispatcher would call (less host time)
     else:
         y = _bwd_data_call(x, w, *args)
+    lay = conv_layout(xb, w)   # torch's memory format (x or w channels last; for 1-D, w alone)
     if core == y_shape and bias is None:
-        return y
+        if w.dim() != 3 or layout_of(_batched(y, unbatched)) == lay:   # 1-D: backward data followed x too
+            return y
     if core != y_shape:   # output padding past stride - 1 that no kernel tap reaches: zeros
         pad = []
         for o, k in reversed(list(zip(y_shape[2:], core[2:]))):
@@ -1150,7 +1168,8 @@ def conv_transpose(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None =
         y = torch.nn.functional.pad(y, pad)
     if bias is not None:
         y = y + bias.view(*([-1] if unbatched else [1, -1]), *([1] * nd))
-    return y.contiguous() if unbatched else to_layout(y, _layout(xb))   # x's memory format, as torch's
+    y = to_layout(_batched(y, unbatched), lay)
+    return y.squeeze(0) if unbatched else y
 
 
 def conv_backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[int], stride: Any = 1,
@@ -1160,7 +1179,7 @@ def conv_backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequen
     (differentiable).
 
     ``x``: (N, C, *spatial) or unbatched; ``grad_y``: (N, K, *out); ``w_shape``: (K, C/groups,
-    *kernel). Returns dw (in x's memory format), or ``(dw, db)`` with ``bias=True`` (db: (K,)).
+    *kernel). Returns dw (channels_last when x or grad_y is), or ``(dw, db)`` with ``bias=True`` (db: (K,)).
     Other arguments as :func:`conv` (``choice`` names a backward-weights candidate). Raises as :func:`conv`.
     """
     if not isinstance(x, torch.Tensor) or not isinstance(grad_y, torch.Tensor):
@@ -1256,7 +1275,7 @@ def _onednn_function(direction: str, a, b, c, stride, padding, dilation, groups,
         return onednn._plan(p, "backward_weights", "direct", fpmath, "nchw", None)
     res = conv_backward_weights(a, b, c, stride, padding, dilation, groups, bias=bias, backend="onednn",
                                 choice=_onednn_impl_choice(plan_fn, impl), precision=fpmath)
-    # rawconv.onednn.backward_weights returns a contiguous dw (the operator gives x's memory format)
+    # rawconv.onednn.backward_weights returns a contiguous dw (the operator gives torch's layout)
     return (res[0].contiguous(), res[1]) if bias else res.contiguous()
 
 

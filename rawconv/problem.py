@@ -79,7 +79,8 @@ def tuple_arg(value: Any, n: int, name: str, minimum: int) -> tuple[int, ...]:
     else:
         raise ArgumentTypeError(f"{name} must be an int or a tuple of {n} ints, got {type(value).__name__}")
     if any(v < minimum for v in out):
-        raise ArgumentError(f"{name} must be >= {minimum} in every dim, got {out}")
+        lead = "non-positive stride is not supported: " if name == "stride" and minimum == 1 else ""   # torch's words
+        raise ArgumentError(f"{lead}{name} must be >= {minimum} in every dim, got {out}")
     if any(v > MAX_DIM for v in out):
         raise ArgumentError(f"{name} must be < 2**31 in every dim, got {out}")
     return out
@@ -148,6 +149,85 @@ def layout_of(t: torch.Tensor) -> str:
     if ok and c >= 1:
         return "nhwc"
     return "strided"
+
+
+def suggests_channels_last(t: torch.Tensor) -> bool:
+    """torch's ``suggest_memory_format(t)`` is ``channels_last`` (4-D) / ``channels_last_3d`` (5-D):
+    c10's ``is_channels_last_strides_2d/3d`` on ``t``'s sizes and strides, which resolves the
+    ambiguous cases as torch does (a tensor whose strides fit both formats, e.g. one channel or
+    ``N x 1 x 1 x 1``, is NCHW; a zero channel stride or an empty dim is NCHW). False for other
+    ranks (torch has no channels-last format for 3-D tensors). Raises :class:`ArgumentTypeError`
+    for a non-tensor."""
+    _tensors(t)
+    nd = t.dim()
+    if nd not in (4, 5):
+        return False
+    sizes, strides = t.shape, t.stride()
+    if strides[1] == 0:
+        return False
+    low = 0
+    for d in ((1, 3, 2, 0) if nd == 4 else (1, 4, 3, 2, 0)):
+        if sizes[d] == 0 or strides[d] < low:
+            return False
+        if d == 0 and low == strides[1]:   # N111 / N11W-like: torch falls back to NCHW
+            return False
+        low = strides[d]
+        if sizes[d] > 1:
+            low *= sizes[d]
+    return True
+
+
+def _tensors(*ts) -> None:
+    for t in ts:
+        if not isinstance(t, torch.Tensor):
+            raise ArgumentTypeError(f"expected a torch.Tensor, got {type(t).__name__}")
+
+
+def _suggests(t: torch.Tensor) -> bool:
+    """:func:`suggests_channels_last` with 1-D convolution tensors (N, C, L) seen as torch sees them
+    there: viewed as (N, C, 1, L)."""
+    return suggests_channels_last(t.unsqueeze(2) if t.dim() == 3 else t)
+
+
+def conv_layout(x: torch.Tensor, w: torch.Tensor) -> str:
+    """The memory format torch gives a convolution's output y, as rawconv follows it: ``"nhwc"``
+    (channels_last / channels_last_3d / NWC for 1-D) or ``"nchw"``. torch's rule
+    (``mkldnn_conv_use_channels_last`` on the CPU, ``cudnn_conv_suggest_memory_format`` on CUDA,
+    ``aten/src/ATen/native/ConvUtils.h``): channels last when x **or** w suggests it
+    (:func:`suggests_channels_last`); never for float64 (both disable NHWC for double); for a 1-D
+    convolution torch makes x contiguous and views w as (K, C/g, 1, k), so w alone decides.
+    ``x`` batched (N, C, *spatial); zero-stride stand-ins (:func:`shape_only`) suggest nothing.
+    torch's autograd on the CPU gives dx and dw this layout too. Raises :class:`ArgumentTypeError`
+    for a non-tensor."""
+    _tensors(x, w)
+    if x.dtype == torch.float64 or w.dtype == torch.float64:
+        return "nchw"
+    if w.dim() == 3:
+        return "nhwc" if _suggests(w) else "nchw"
+    return "nhwc" if suggests_channels_last(x) or suggests_channels_last(w) else "nchw"
+
+
+def backward_data_layout(grad_y: torch.Tensor, w: torch.Tensor) -> str:
+    """The memory format of dx from ``grad_y`` (batched) and ``w``: channels last when either
+    suggests it (torch's ``cudnn_convolution_backward_input`` rule; a 1-D grad_y counts as
+    (N, K, 1, L)); ``"nchw"`` for float64. Raises :class:`ArgumentTypeError` for a non-tensor."""
+    _tensors(grad_y, w)
+    if grad_y.dtype == torch.float64 or w.dtype == torch.float64:
+        return "nchw"
+    return "nhwc" if _suggests(grad_y) or _suggests(w) else "nchw"
+
+
+def backward_weights_layout(x: torch.Tensor, grad_y: torch.Tensor) -> str:
+    """The memory format of dw from ``x`` and ``grad_y`` (both batched): channels last when either
+    suggests it (torch's ``cudnn_convolution_backward_weight`` rule); for a 1-D convolution
+    grad_y alone decides (torch makes x contiguous there); ``"nchw"`` for float64. Raises
+    :class:`ArgumentTypeError` for a non-tensor."""
+    _tensors(x, grad_y)
+    if x.dtype == torch.float64 or grad_y.dtype == torch.float64:
+        return "nchw"
+    if grad_y.dim() == 3:
+        return "nhwc" if _suggests(grad_y) else "nchw"
+    return "nhwc" if suggests_channels_last(x) or suggests_channels_last(grad_y) else "nchw"
 
 
 def dense_strides(shape: Sequence[int], layout: str) -> list[int]:
@@ -239,9 +319,12 @@ class ConvProblem:
 
     Shapes are batched: an unbatched torch input is recorded with ``unbatched=True`` and ``n=1``.
     ``dilation`` is torch's (1 = none). ``pad_before``/``pad_after`` are per spatial dim.
-    ``layout`` is the memory format of x and y: ``"nchw"`` (torch contiguous) or ``"nhwc"``
-    (channels_last / channels_last_3d / NWC for 1-D). ``dtype`` is a name: ``"float32"``,
-    ``"float16"``, ``"bfloat16"`` or ``"float64"``.
+    ``layout`` is the memory format the convolution runs in, that of y (and of an x in it; an x in
+    another format is copied into it): ``"nchw"`` (torch contiguous) or ``"nhwc"``
+    (channels_last / channels_last_3d / NWC for 1-D); :meth:`from_torch` sets it by torch's rule
+    (:func:`conv_layout`: channels last when x or w is). ``dtype`` is a name: ``"float32"``,
+    ``"float16"``, ``"bfloat16"`` or ``"float64"``. ``c`` may be 0 (a convolution over no input
+    channels: y is the bias, or zeros); ``k`` may not (as in torch).
     """
 
     n: int
@@ -310,13 +393,16 @@ class ConvProblem:
         if self.c % self.groups or self.k % self.groups:
             raise ArgumentError(
                 f"groups={self.groups} must divide both input channels ({self.c}) and output channels ({self.k})")
-        if self.c == 0 or self.k == 0:
-            raise ArgumentError(f"channels must be positive, got C={self.c}, K={self.k}")
-        for i, (size, pb, pa, ek) in enumerate(zip(self.in_spatial, self.pad_before, self.pad_after,
-                                                   self.effective_kernel)):
-            if size + pb + pa < ek:
+        if self.k == 0:   # torch refuses K=0 too; C=0 is a convolution over no channels: y = bias (zeros)
+            raise ArgumentError(f"Given groups={self.groups}, expected weight to be at least 1 at dimension 0 "
+                                f"(output channels K), got K=0")
+        padded = [size + pb + pa for size, pb, pa in zip(self.in_spatial, self.pad_before, self.pad_after)]
+        for i, (size, ek) in enumerate(zip(padded, self.effective_kernel)):
+            if size < ek:   # torch's words first (code written for torch matches them), then which dim
                 raise ArgumentError(
-                    f"spatial dim {i}: padded input size {size + pb + pa} is smaller than the dilated "
+                    f"Calculated padded input size per channel: ({' x '.join(map(str, padded))}). Kernel size: "
+                    f"({' x '.join(map(str, self.effective_kernel))}). Kernel size can't be greater than actual "
+                    f"input size: spatial dim {i}: padded input size {size} is smaller than the dilated "
                     f"kernel size {ek} (kernel {self.kernel[i]}, dilation {self.dilation[i]})")
         for nm, shape in (("input", self.x_shape), ("weight", self.w_shape), ("output", self.y_shape)):
             if math.prod(shape) > MAX_ELEMENTS:
@@ -418,8 +504,10 @@ class ConvProblem:
         unbatched = x.dim() == nd + 1
         if x.dim() not in (nd + 1, nd + 2):
             raise ArgumentError(
-                f"for a {nd}-D convolution ({wn} {tuple(w.shape)}) {'the input' if xn == 'x' else xn} must be "
-                f"{nd + 2}-D (N, C, *spatial) or {nd + 1}-D unbatched, got shape {tuple(x.shape)}")
+                f"Expected {nd + 1}D (unbatched) or {nd + 2}D (batched) input to conv{nd}d, but got input of size: "
+                f"{list(x.shape)}: for a {nd}-D convolution ({wn} {tuple(w.shape)}) "
+                f"{'the input' if xn == 'x' else xn} must be {nd + 2}-D (N, C, *spatial) or {nd + 1}-D unbatched, "
+                f"got shape {tuple(x.shape)}")
         for t, nm in ((x, "x"), (w, "w")) + (((bias, "bias"),) if bias is not None else ()):
             if not isinstance(t, torch.Tensor):
                 raise ArgumentTypeError(f"{nm} must be a torch.Tensor, got {type(t).__name__}")
@@ -446,8 +534,10 @@ class ConvProblem:
             raise ArgumentError(f"groups={groups} does not divide the output channels K={k} ({wn} {tuple(w.shape)})")
         if w.shape[1] * groups != c:
             raise ArgumentError(
-                f"{wn} {tuple(w.shape)} expects {w.shape[1] * groups} input channels "
-                f"({wn}[1] * groups = {w.shape[1]} * {groups}), but {xn} has C={c} (shape {tuple(x.shape)})")
+                f"Given groups={groups}, weight of size {list(w.shape)}, expected input{list(x.shape)} to have "
+                f"{w.shape[1] * groups} channels, but got {c} channels instead: {wn} {tuple(w.shape)} expects "
+                f"{w.shape[1] * groups} input channels ({wn}[1] * groups = {w.shape[1]} * {groups}), but {xn} has "
+                f"C={c} (shape {tuple(x.shape)})")
         if bias is not None and tuple(bias.shape) != (k,):
             raise ArgumentError(f"bias must have shape ({k},), got {tuple(bias.shape)}")
         kernel = tuple(w.shape[2:])
@@ -456,9 +546,7 @@ class ConvProblem:
         s = tuple_arg(stride, nd, "stride", 1)
         d = tuple_arg(dilation, nd, "dilation", 1)
         pb, pa = resolve_padding(padding, nd, kernel, d, s)
-        layout = layout_of(x if not unbatched else x.unsqueeze(0))
-        if layout == "strided":
-            layout = "nchw"  # handled by strides; outputs come out contiguous
+        layout = conv_layout(x if not unbatched else x.unsqueeze(0), w)   # torch's rule for y's memory format
         return cls(n=xs[0], c=c, k=k, in_spatial=xs[2:], kernel=kernel, stride=s, dilation=d,
                    pad_before=pb, pad_after=pa, groups=groups, dtype=dtype, layout=layout,
                    device=str(x.device), has_bias=bias is not None, unbatched=unbatched, name=name)
@@ -844,4 +932,5 @@ _tuple = tuple_arg
 from . import _guard  # noqa: E402
 
 _guard.guard_module(globals(), "ConvProblem.from_torch", "ConvProblem.from_benchdnn", "ConvProblem.to_benchdnn",
-                    "ConvProblem.make_inputs", "ConvProblem.reference", "ConvProblem.with_", "random_tensor")
+                    "ConvProblem.make_inputs", "ConvProblem.reference", "ConvProblem.with_", "random_tensor",
+                    "suggests_channels_last", "conv_layout", "backward_data_layout", "backward_weights_layout")

@@ -303,7 +303,7 @@ def _cli(argv):
     ["list", "--input", "1x3x5x5", "--weight", "3x3x3x3", "--groups", "0"],
     ["list", "--input", "1x3x5x5x", "--weight", "3x3x3x3"],
     ["list", "--input", "1x3x5x5"],
-    ["list", "--input", "1x0x5x5", "--weight", "3x0x3x3"],
+    ["list", "--input", "1x3x5x5", "--weight", "0x3x3x3"],   # K=0 (C=0 is a problem now: y is the bias, as in torch)
     ["list", "--input", "1x3x5x5", "--weight", "3x3x3x3", "--device", "meta"],
     ["list", "resnet50", "--batch", "-1", "--layers", "0"],
     ["list", "resnet50", "--layers", "nope"],
