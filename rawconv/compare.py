@@ -372,7 +372,8 @@ def _torch_rows(problem, x, w, b, ref, ref_abs, timer, *, direction="forward", d
 
 
 # --------------------------------------------------------------------------- backend rows
-_ROLE = {"x": "src", "w": "weights", "b": "bias", "y": "dst"}
+_ROLE = {"x": "src", "w": "weights", "b": "bias", "y": "dst", "dy": "diff_dst", "dx": "diff_src",
+         "dw": "diff_weights", "db": "diff_bias"}
 #: include_ref="auto": oneDNN's reference implementations (ref:any) run only when
 #: :func:`rawconv.onednn.reference_seconds` estimates one call at most this many seconds
 REF_MAX_SECONDS = 1.0
@@ -482,8 +483,8 @@ def _onednn_rows(problem, x, w, b, ref, ref_abs, timer, *, fpmath="strict", prep
         for weights in handlings:
             reorders = ",".join(_ROLE.get(r, r) + ("(once)" if r == "w" and weights == "prepacked" else "")
                                 for r in impl.reorders) or "none"
-            detail = (f"{impl.layouts}; src {impl.formats.get('x')} weights {impl.formats.get('w')} "
-                      f"dst {impl.formats.get('y')}; reorders {reorders}")
+            detail = (f"{impl.layouts}; " + " ".join(f"{_ROLE.get(k, k)} {v}" for k, v in impl.formats.items())
+                      + f"; reorders {reorders}")
             if weights == "as given":
                 detail += "; weights used as given (no reorder to save)"
             extra = dict(base, layouts=impl.layouts, formats=impl.formats, reorders=list(impl.reorders),
