@@ -596,8 +596,20 @@ def cmd_replay(args) -> int:
     if args.csv:
         table.to_csv(args.csv)
     s = cmp.replay_summary(table, hint=_LOAD_HINT)
-    for line in s["drift_withheld"]:
-        _warn(console, f"no drift for {line}")
+    withheld_rows = [r for r in table if r.extra.get("drift_withheld")]
+    if len(withheld_rows) <= 3:
+        for line in s["drift_withheld"]:
+            _warn(console, f"no drift for {line}")
+    else:   # one line per reason, naming the records
+        import re
+
+        by_why: dict = {}
+        for r in withheld_rows:   # reasons alike but for a median/min figure count as one
+            why = re.sub(r"median/min [\d.]+", "median/min wide", r.extra["drift_withheld"])
+            by_why.setdefault(why, []).append(r.problem_name)
+        for why, names in by_why.items():
+            shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+            _warn(console, f"no drift for {len(names)} record(s) ({shown}): {why}")
     for line in s["timing_warnings"]:
         _warn(console, line)
     gd = s["geomean_drift"]

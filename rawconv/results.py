@@ -785,9 +785,10 @@ def _plot_bars(table, groups, ax, reference_ms, log, title, figsize):
             head = table.title if not name or name in table.title else f"{name} ({table.title})"
         _bars_panel(a, rs, head, reference_ms, log)
     banner = _unreliable_banner(table.reliability())
-    if title or banner:
-        fig.suptitle("\n".join(t for t in (title, _wrap_banner(banner)) if t), color="#b00000" if banner else None,
-                     fontsize=9 if banner else None, x=0.01 if banner else 0.5, ha="left" if banner else "center")
+    head = title or (table.title if len(groups) > 1 else "")   # one panel: its title names the table already
+    if head or banner:
+        fig.suptitle("\n".join(t for t in (head, _wrap_banner(banner)) if t), color="#b00000" if banner else None,
+                     fontsize=9, x=0.01, ha="left")
     fig.tight_layout()
     return fig
 

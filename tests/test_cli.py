@@ -166,7 +166,7 @@ def test_a_dtype_onednn_cannot_run_here_is_refused_up_front(tmp_path, dtype):
 
 def test_bf16_where_onednn_has_none_is_not_supported_through_the_api():
     # the Python API still runs it and says, row by row, what the library does not offer
-    from rawconv import ConvProblem, compare
+    from rawconv import compare
 
     code = ("import json, sys; from rawconv import ConvProblem, compare; "
             "p = ConvProblem.from_benchdnn('mb1ic8ih10oc8oh10kh3ph1', dtype='bfloat16'); "

@@ -145,7 +145,7 @@ def test_a_busy_run_is_flagged_in_csv_json_html_plots_and_pandas():
 def test_a_record_from_a_busy_run_says_so_and_replay_withholds_drift(tmp_path):
     """--record stored the noisy median (24 ms where 0.3 ms is normal) and a later quiet replay reported
     -81.7% "drift": the record now says its time is not to be trusted, and replay warns instead."""
-    from rawconv import cli, tuning
+    from rawconv import tuning
 
     p = ConvProblem.from_benchdnn("mb1ic8ih10oc8oh10kh3ph1").with_(name="p")
     rows = _busy_rows()
@@ -291,3 +291,49 @@ def test_no_text_progress_bar_in_a_notebook_without_ipywidgets(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "ipywidgets"
                         else real(name, *a))
     assert _progress.enabled(None) is True
+
+
+# ---------------------------------------------------------------------------- on a GPU (the lead runs these)
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", ["forward", "backward_data", "backward_weights"])
+def test_compare_on_cuda_covers_every_direction(direction):
+    p = ConvProblem.from_benchdnn("mb4ic16ih12oc24oh12kh3ph1").with_(device="cuda")
+    rows = compare.compare_problem(p, iterations=2, warmup=1, include_ref=False, direction=direction, engines=3)
+    assert {r.direction for r in rows} == {direction}
+    torch_rows = {r.name: r for r in rows if r.backend == "torch"}
+    assert set(torch_rows) == {"default", "cudnn.benchmark=True", "cudnn disabled"}
+    assert all(r.status == "ok" for r in torch_rows.values()), [(r.name, r.error) for r in torch_rows.values()]
+    assert "cuDNN" in torch_rows["default"].library
+    legacy = [r for r in rows if r.backend == "cudnn" and r.ran]
+    graph = [r for r in rows if r.backend == "cudnn-graph" and r.ran]
+    assert legacy and graph, [(r.backend, r.name, r.status, r.error) for r in rows]
+    assert all(r.status == "ok" for r in legacy + graph), [(r.name, r.max_rel) for r in legacy + graph if not r.ok]
+    assert all(r.library.startswith("cuDNN 9.") for r in legacy + graph)
+    s = compare.summary(rows)
+    assert s["geomean_torch_over_best"] is not None and s["directions"] == [direction]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", ["backward_data", "backward_weights"])
+def test_torch_choice_on_cuda_reports_the_backward_directions(direction):
+    import rawconv
+
+    x = torch.randn(4, 32, 28, 28, device="cuda").to(memory_format=torch.channels_last)
+    w = torch.randn(32, 32, 3, 3, device="cuda").to(memory_format=torch.channels_last)
+    c = rawconv.torch_choice(x, w, padding=1, direction=direction, limit=8)
+    assert c.direction == direction and c.backend == "Cudnn" and c.kernels, c
+    assert c.candidates and any(not k.error for k in c.candidates), c.candidates
+    assert c.match, c   # looked for: same kernels, main kernel, or "none"
+
+
+def test_row_labels_follow_the_loaded_onednn(monkeypatch):
+    """With RAWCONV_DNNL_LIBRARY pointing at another oneDNN 3.x build the same comparison runs on it:
+    every label comes from the loaded library's dnnl_version(), none is written in."""
+    monkeypatch.setattr(onednn, "_version", lambda: "3.13.0")
+    libs = compare.libraries()
+    assert libs["onednn"] == "oneDNN 3.13.0"
+    p = ConvProblem.from_benchdnn("mb1ic4ih6oc4oh6kh3ph1")
+    rows = compare.compare_problem(p, iterations=1, warmup=0, budget_s=0.02, include_ref=False, libs=libs,
+                                   backends=("onednn",))
+    assert rows and all(r.library == "oneDNN 3.13.0" for r in rows)
+    assert "rawconv's oneDNN 3.13.0" in compare.versions_line(libs, [p])
