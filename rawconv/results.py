@@ -623,17 +623,28 @@ _HTML_COLS = (  # (header, getter, numeric)
     ("median ms", lambda r: _fmt_ms(r.median_ms), True),
     ("min ms", lambda r: _fmt_ms(r.min_ms), True),
     ("med/min", lambda r: f"{r.spread:.2f}" if _finite(r.spread) else "-", True),
-    ("timing", lambda r: ("&#9888; " + "; ".join(r.timing_flags)) if r.ran and r.timing_flags else "", False),
+    ("timing", lambda r: _timing_cell(r), False),
     ("max rel err", lambda r: f"{r.max_rel:.1e}" if _finite(r.max_rel) else "-", True),
     ("workspace", lambda r: _fmt_bytes(r.workspace_bytes), True),
     ("GFLOP/s", lambda r: f"{r.gflops:.1f}" if _finite(r.gflops) else "-", True),
     # replayed tuning records (rawconv.compare.replay): what was recorded, and the drift since
     ("recorded ms", lambda r: _fmt_ms(r.extra.get("recorded_median_ms")), True),
-    ("drift", lambda r: f"{100 * r.extra['drift']:+.1f}%" if _finite(r.extra.get("drift")) else "-", True),
+    ("drift", lambda r: f"{100 * r.extra['drift']:+.1f}%" if _finite(r.extra.get("drift"))
+     else "withheld" if r.extra.get("drift_withheld") else "-", True),
     ("recorded rel err", lambda r: f"{r.extra['recorded_max_rel']:.1e}" if _finite(r.extra.get("recorded_max_rel"))
      else "-", True),
     ("detail", lambda r: (r.detail if r.group in ("ok", "wrong", "listed") else (r.message or r.detail)), False),
 )
+
+
+def _timing_cell(r: Result) -> str:
+    """A short mark for a row whose time is not to be trusted (HTML; the full reason as a tooltip)."""
+    if not (r.ran and r.timing_flags):
+        return ""
+    from html import escape
+
+    short = "; ".join("busy" if f.startswith("machine") else f for f in r.timing_flags)
+    return f'<span title="{escape("; ".join(r.timing_flags), quote=True)}">&#9888; {escape(short)}</span>'
 
 
 def _html_table(table: ResultTable) -> str:
@@ -696,7 +707,7 @@ def _html_table(table: ResultTable) -> str:
                 if h == "detail":
                     cstyle += "max-width:42em;white-space:normal;"
                 elif h == "library":
-                    cstyle += "max-width:9em;white-space:normal;"
+                    cstyle += "min-width:7em;max-width:13em;white-space:normal;"
                 else:
                     cstyle += "white-space:nowrap;"
                 cells.append(f'<td style="{cstyle}">{text}</td>')
@@ -715,7 +726,7 @@ def _html_table(table: ResultTable) -> str:
                       "for reference</span>")
     if any(r.ran and r.timing_flags for r in rows):
         legend.append(f'<span style="background:{_WARN_BG};padding:0 4px">&#9888; time not to be trusted '
-                      "(timing column says why)</span>")
+                      "(busy: the machine was oversubscribed while it was timed; med/min: wide spread)</span>")
     if legend:
         out.append('<div style="font-size:0.8em;margin-top:3px">' + " &nbsp; ".join(legend) + "</div>")
     out.append("</div>")

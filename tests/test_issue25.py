@@ -137,9 +137,11 @@ def test_a_busy_run_is_flagged_in_csv_json_html_plots_and_pandas():
         texts = [tx.get_text() for a in fig.axes for tx in a.texts]
         assert any("!" in x for x in texts), (kind, texts)
     assert t.to_pandas().attrs["timing"]["trustworthy"] is False
-    quiet = ResultTable([_torch(0.3), _row("[0] jit:avx2", 0.2, weights="per call", index=0)])
-    assert "UNRELIABLE" not in quiet._repr_html_() and "run_timings_trustworthy" not in quiet.to_csv() \
-        or quiet.reliability()["trustworthy"] in (True, None)
+    calm = dict(BUSY, other_cpus=0.0, waited=0.0, loadavg=0.2, oversubscribed=False)
+    quiet = ResultTable([_torch(0.3, machine=calm), _row("[0] jit:avx2", 0.2, weights="per call", index=0,
+                                                          machine=calm)])
+    assert quiet.reliability()["trustworthy"] is True and "UNRELIABLE" not in quiet._repr_html_()
+    assert {r["run_timings_trustworthy"] for r in csv.DictReader(io.StringIO(quiet.to_csv()))} == {"True"}
 
 
 def test_a_record_from_a_busy_run_says_so_and_replay_withholds_drift(tmp_path):
@@ -165,6 +167,7 @@ def test_a_record_from_a_busy_run_says_so_and_replay_withholds_drift(tmp_path):
     assert "quiet machine" in again[0].extra["drift_withheld"]
     s = compare.replay_summary(again)
     assert s["geomean_drift"] is None and len(s["drift_withheld"]) == 1
+    assert "withheld" in again._repr_html_()
     # a trusted record still reports its drift
     trusted = compare.replay([loaded.with_(timing=dict(loaded.timing, trustworthy=True, row_flags=[]))],
                              iterations=1, warmup=0, budget_s=0.02, progress=False)
