@@ -21,7 +21,7 @@ import torch
 from .errors import (AllocationError, ArgumentError, ArgumentTypeError, DeviceNotAvailableError, FileAccessError,
                      InternalError, RawconvError)
 
-__all__ = ["public", "public_methods", "translate", "check_out", "check_no_overlap", "extent", "bump"]
+__all__ = ["public", "public_methods", "translate", "bad_call", "check_out", "check_no_overlap", "extent", "bump"]
 
 # words of torch's (and the C++ runtime's) allocation failures, in RuntimeError messages
 _ALLOC_WORDS = ("can't allocate memory", "out of memory", "not enough memory", "cannot allocate memory",
@@ -68,6 +68,25 @@ def translate(exc: BaseException, where: str) -> RawconvError | None:
                          "arguments look right, please report it with this traceback)")
 
 
+def bad_call(fn, args, kwargs, exc: BaseException, where: str) -> ArgumentTypeError | None:
+    """For a ``TypeError`` raised by calling ``fn(*args, **kwargs)``: an
+    :class:`~rawconv.errors.ArgumentTypeError` (a ``TypeError``) when the arguments do not fit
+    ``fn``'s signature (an unknown keyword, a missing or surplus argument: the caller's mistake,
+    which Python reports before ``fn`` runs), else None (a ``TypeError`` raised inside ``fn``
+    stays an internal error). Costs nothing until something raised."""
+    if not isinstance(exc, TypeError) or isinstance(exc, RawconvError):
+        return None
+    import inspect
+
+    try:
+        inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError as bind_exc:
+        return ArgumentTypeError(f"{where}: {bind_exc}")
+    except ValueError:   # no signature to check against (a builtin)
+        return None
+    return None
+
+
 def public(fn=None, *, where: str | None = None):
     """Decorator: ``fn`` raises only rawconv's exception classes (see :func:`translate`). The
     wrapper costs one Python call frame; the original is ``wrapper.__wrapped__``."""
@@ -82,7 +101,7 @@ def public(fn=None, *, where: str | None = None):
         except RawconvError:
             raise
         except Exception as exc:
-            new = translate(exc, name)
+            new = bad_call(fn, args, kwargs, exc, name) or translate(exc, name)
             if new is None:
                 raise
             raise new from exc

@@ -1,9 +1,13 @@
 """Progress bars for long work (``compare`` sweeps, autotune searches), with tqdm.
 
 ``progress`` arguments across rawconv take ``None`` (the default: a bar when someone can see it:
-stderr is a terminal, or the code runs in a Jupyter kernel), ``True`` (always) or ``False``
-(never). In a Jupyter kernel the bar is tqdm's notebook widget when ipywidgets is installed,
-else tqdm's text bar (on stderr). ``$RAWCONV_PROGRESS=0`` turns every automatic bar off.
+stderr is a terminal, or the code runs in a Jupyter kernel that can show tqdm's notebook widget),
+``True`` (always) or ``False`` (never). In a Jupyter kernel the bar is tqdm's notebook widget
+(``tqdm.notebook``, which needs ipywidgets): without ipywidgets there is no automatic bar there,
+because tqdm's text bar on stderr is kept redraw by redraw in the cell's output (a pink block of
+bars in the notebook's HTML export). ``progress=True`` in a kernel without ipywidgets still gets
+that text bar, at most one redraw a second. Not a terminal and not a notebook (a pipe, a file, a
+CI log): no automatic bar. ``$RAWCONV_PROGRESS=0`` turns every automatic bar off.
 
 The innermost active bar is kept in a context variable so that code deep inside the work (one
 candidate's measurement, one search trial) can name what it is doing with :func:`note` without
@@ -48,15 +52,20 @@ def enabled(progress) -> bool:
     if os.environ.get("RAWCONV_PROGRESS", "").strip().lower() in ("0", "false", "no", "off"):
         return False
     if in_notebook():
-        return True
+        return _has_widgets()
     try:
         return sys.stderr is not None and sys.stderr.isatty()
     except (AttributeError, ValueError):
         return False
 
 
+def _has_widgets() -> bool:
+    """ipywidgets is importable (tqdm's notebook widget needs it)."""
+    return importlib.util.find_spec("ipywidgets") is not None
+
+
 def _tqdm_class():
-    if in_notebook() and importlib.util.find_spec("ipywidgets") is not None:
+    if in_notebook() and _has_widgets():
         from tqdm.notebook import tqdm
 
         return tqdm

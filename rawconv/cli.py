@@ -14,6 +14,7 @@ feeding matplotlib's sample photo through its first layer. ``compare``'s exit st
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -127,7 +128,6 @@ def _problems(args) -> list:
 
 # --------------------------------------------------------------------------- tables that fit
 MIN_WIDTH = 60      # --width below this is refused: the essential columns need about 60 characters
-PIPE_WIDTH = 220    # width when neither stdout nor stderr is a terminal and COLUMNS is unset
 
 
 def _finite(v) -> bool:
@@ -162,16 +162,29 @@ class Column:
         self.name = " ".join(header.split()).replace("/ ", "/")
 
     def natural(self) -> int:
-        return max([len(x) for x in self.header.split("\n")] + [len(c) for c in self.cells] + [1])
+        return max([len(x) for t in [self.header] + self.cells for x in t.split("\n")] + [1])
 
     def narrowest(self) -> int:
-        """Widest word: the column can wrap down to this without splitting one."""
-        words = [w for t in self.cells + self.header.split("\n") for w in t.split()]
+        """Widest part of a word: the column can wrap down to this without splitting a name
+        anywhere but after one of its separators (``.``, ``_``, ``:``, ``@``, ``/``, ``,``:
+        ``layer3.0.`` / ``downsample.0``, never ``layer3.0.dow`` / ``nsample.0``)."""
+        words = [p for t in self.cells + self.header.split("\n") for w in t.split() for p in _parts(w)]
         return max([len(w) for w in words] + [1])
+
+
+_SEPARATORS = "/._,:@"
+
+
+def _parts(word: str) -> list[str]:
+    """``word`` cut after each separator (:data:`_SEPARATORS`), the pieces a name may wrap between."""
+    import re
+
+    return [p for p in re.findall(rf"[^{re.escape(_SEPARATORS)}]*[{re.escape(_SEPARATORS)}]?", word) if p]
 
 
 GAP = 2        # characters between columns (rich box.SIMPLE_HEAD, no edge, collapsed padding)
 WRAP_MIN = 8   # a wrappable text column folds words down to this width before a number is cropped
+KEEP_RANK = 3  # a column dropped at this rank or later goes only when wrapping names at spaces is not enough
 
 
 def fit_columns(cols: list[Column], width: int) -> list[tuple[Column, int]]:
@@ -184,22 +197,30 @@ def fit_columns(cols: list[Column], width: int) -> list[tuple[Column, int]]:
     width) pairs in their original order."""
     kept = list(cols)
 
-    def need(cs) -> int:
-        return sum(c.flex_min if c.flex else c.natural() for c in cs) + GAP * (len(cs) - 1)
+    def need(cs, wrapped=False) -> int:
+        return sum(c.flex_min if c.flex else (c.narrowest() if wrapped and c.wrap else c.natural())
+                   for c in cs) + GAP * (len(cs) - 1)
 
     while need(kept) > width:
         droppable = sorted((c for c in kept if c.drop is not None), key=lambda c: c.drop)
         if not droppable:
             break
+        if droppable[0].drop >= KEEP_RANK and need(kept, wrapped=True) <= width:
+            break   # the numbers that matter stay: names wrap at spaces and separators instead
         kept.remove(droppable[0])
     widths = {id(c): c.natural() for c in kept if not c.flex}
     excess = need(kept) - width
     for floor in ("word", "fold"):   # last resorts: wrappable columns wrap at spaces, then fold words
-        for c in kept:
-            if excess > 0 and c.wrap and not c.flex:
-                cut = max(0, min(excess, widths[id(c)] - (c.narrowest() if floor == "word" else WRAP_MIN)))
-                widths[id(c)] -= cut
-                excess -= cut
+        def least(c):
+            return c.narrowest() if floor == "word" else WRAP_MIN
+
+        while excess > 0:   # a character at a time off the widest wrappable column: they shrink evenly
+            cands = [c for c in kept if c.wrap and not c.flex and widths[id(c)] > least(c)]
+            if not cands:
+                break
+            c = max(cands, key=lambda c: widths[id(c)])
+            widths[id(c)] -= 1
+            excess -= 1
     flex = [c for c in kept if c.flex]
     left = width - sum(widths.values()) - GAP * (len(kept) - 1)
     for c in flex:
@@ -215,14 +236,22 @@ def render_table(console, cols: list[Column], title: str | None = None) -> list[
     from rich.text import Text
 
     fitted = fit_columns(cols, console.width)
-    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+    t = Table(title=Text(title) if isinstance(title, str) else title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
               collapse_padding=True, title_style="bold")
     for c, w in fitted:
         wraps = c.flex or c.wrap
         t.add_column(c.header, justify=c.justify, width=w, no_wrap=not wraps, overflow="fold" if wraps else "crop")
     n = len(cols[0].cells) if cols else 0
+
+    def cell(c, w, text):
+        # a name narrower than its column stays whole; a wider one wraps after a separator
+        # (_break_long), and only a part still wider than the column is folded
+        if c.wrap and not c.flex and max(map(len, text.split("\n"))) > w:
+            return "\n".join(_break_long(line, w) for line in text.split("\n"))
+        return text
+
     for i in range(n):
-        t.add_row(*[Text(c.cells[i], style=c.styles[i] or "") for c, _ in fitted])
+        t.add_row(*[Text(cell(c, w, c.cells[i]), style=c.styles[i] or "") for c, w in fitted])
     console.print(t)
     return [c for c, _ in fitted]
 
@@ -240,14 +269,21 @@ def _compare_columns(rows) -> list[Column]:
             row_style.append("bold green")
         else:
             row_style.append(None)
+    from .bench import SPREAD_LIMIT
+
     detail = [(r.detail if r.ran else (r.error or r.detail)) for r in rows]
-    spread_style = [("yellow" if r.unstable else st) for r, st in zip(rows, row_style)]
+    spread_style = [("yellow" if _finite(r.spread) and r.spread > SPREAD_LIMIT else st)
+                    for r, st in zip(rows, row_style)]
+    median_style = [("yellow" if r.ran and r.oversubscribed else st) for r, st in zip(rows, row_style)]
     status_style = [_STATUS_STYLE.get(r.category, "red") or st for r, st in zip(rows, row_style)]
+    library = ([Column("library", [_two_lines(r.library) or "-" for r in rows], wrap=True, styles=row_style)]
+               if any(r.library for r in rows) else [])
     return [
         Column("backend", [r.backend for r in rows], styles=row_style),
+        *library,
         Column("implementation", [r.implementation for r in rows], wrap=True, styles=row_style),
         Column("status", [r.status for r in rows], wrap=True, styles=status_style),
-        Column("median\nms", [_fmt_ms(r.median_ms) for r in rows], justify="right", styles=row_style),
+        Column("median\nms", [_fmt_ms(r.median_ms) for r in rows], justify="right", styles=median_style),
         Column("min\nms", [_fmt_ms(r.min_ms) for r in rows], justify="right", styles=row_style),
         Column("med/\nmin", [_fmt_spread(r.spread) for r in rows], justify="right", drop=5, styles=spread_style),
         Column("max rel\nerr", [_fmt_err(r.max_rel) for r in rows], justify="right", drop=4, styles=row_style),
@@ -256,6 +292,14 @@ def _compare_columns(rows) -> list[Column]:
         Column("GFLOP/s", [_fmt_gflops(r.gflops) for r in rows], justify="right", drop=1, styles=row_style),
         Column("detail", detail, drop=0, flex=True, styles=row_style),
     ]
+
+
+def _two_lines(library: str) -> str:
+    """A row's library label on at most two short lines: ``torch 2.14.1's`` / ``oneDNN 3.12.0``."""
+    if "'s " in library:
+        a, b = library.split("'s ", 1)
+        return f"{a}'s\n{b}"
+    return library
 
 
 def print_rows(console, problem, rows) -> None:
@@ -275,17 +319,52 @@ def print_rows(console, problem, rows) -> None:
 
 def _console(width):
     """A rich console whose tables never split a number: ``--width``, else the terminal's width
-    (``COLUMNS`` when set), else, when stdout is a pipe or file but stderr a terminal (``| tee``,
-    ``| less``), stderr's terminal width, else 220 columns. No automatic highlighting."""
+    (``COLUMNS`` when set), else, when stdout is not a terminal (``| head``, ``> file``), no
+    width at all: every line as long as its content, never wrapped. Output that is not a
+    terminal never carries trailing spaces (:class:`_Unwrapped`). No automatic highlighting."""
     import os
     from rich.console import Console
 
-    if width is None and not sys.stdout.isatty() and not os.environ.get("COLUMNS", "").isdigit():
-        try:
-            width = os.get_terminal_size(sys.stderr.fileno()).columns if sys.stderr.isatty() else PIPE_WIDTH
-        except OSError:
-            width = PIPE_WIDTH
-    return Console(width=width, highlight=False)
+    if not _isatty(sys.stdout):
+        cols = os.environ.get("COLUMNS", "")
+        return _Unwrapped(width=width or (int(cols) if cols.isdigit() else UNWRAPPED_WIDTH), highlight=False,
+                          markup=False)
+    return Console(width=width, highlight=False, markup=False)   # text in [brackets] is text, not a style
+
+
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream is not None and stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+#: the width :class:`_Unwrapped` renders at: wider than any line rawconv prints
+UNWRAPPED_WIDTH = 100_000
+
+
+@functools.lru_cache(maxsize=1)
+def _unwrapped_console_class():
+    from rich.console import Console
+
+    class Unwrapped(Console):
+        """A console for output that is not a terminal: rendered at :data:`UNWRAPPED_WIDTH`
+        columns, each line's trailing spaces removed, so lines keep their content's length."""
+
+        def print(self, *objects, **kw):   # noqa: A003  (rich's name)
+            if self.width >= UNWRAPPED_WIDTH:   # no width asked for: a line as long as its text
+                kw.setdefault("soft_wrap", not any(hasattr(o, "__rich_console__") for o in objects))
+            with self.capture() as cap:
+                super().print(*objects, **kw)
+            text = "\n".join(line.rstrip() for line in cap.get().split("\n"))
+            self.file.write(text)
+            self.file.flush()
+
+    return Unwrapped
+
+
+def _Unwrapped(**kw):  # noqa: N802  (a class, built on first use: rich imports lazily)
+    return _unwrapped_console_class()(**kw)
 
 
 def _warn(console, line: str) -> None:
@@ -332,10 +411,12 @@ def cmd_compare(args) -> int:
 
     nthreads = _threads_arg(args)
     include_ref = False if args.no_ref else (True if args.ref else "auto")
+    prepack = False if args.no_prepack else "both"
+    libs = cmp.libraries()
     meta = {"rawconv": __version__, "threads": nthreads, "usable_cpus": usable_cpus(),
             "threads_default": args.threads is None, "iterations": args.iterations, "warmup": args.warmup,
-            "budget_s": args.budget, "prepack": not args.no_prepack, "ref": include_ref, "ref_limit_s": args.ref_limit,
-            "outputs": outputs}
+            "budget_s": args.budget, "prepack": prepack, "direction": args.direction, "ref": include_ref,
+            "ref_limit_s": args.ref_limit, "outputs": outputs, "libraries": libs}
 
     hint = _LOAD_HINT
 
@@ -345,14 +426,22 @@ def cmd_compare(args) -> int:
         console.print(f"rawconv {__version__}; torch {torch.__version__}; {torch.get_num_threads()} thread{'s' if torch.get_num_threads() != 1 else ''} "
                       f"({usable_cpus()} CPUs usable{'' if args.threads is None else ', --threads'}); "
                       f"oneDNN {on.get('version', '?')} ({on.get('cpu_isa', on.get('error', ''))})")
+        console.print(f"comparing {cmp.versions_line(libs, problems)}: two builds of each library, so a row names "
+                      "the library and version that ran it, and a same-named implementation in both is different "
+                      "code; the comparison says which runs faster here, not why", style="dim")
         if nthreads > usable_cpus():
             _warn(console, f"--threads {nthreads} exceeds the {usable_cpus()} CPUs this process may use: "
                            "OpenMP threads will wait for each other")
         first = problems[0]
         photo_note = (" (the first problem's input is matplotlib's sample photo; weights are random)"
                       if not args.random and first.ndim == 2 and first.c == 3 and not first.is_empty else "")
-        console.print(f"{len(problems)} problem(s){photo_note}; times: median/min of up to {args.iterations} "
+        what = "forward" if args.direction == "forward" else f"{args.direction} (torch: aten.convolution_backward)"
+        console.print(f"{len(problems)} problem(s), {what}{photo_note}; times: median/min of up to {args.iterations} "
                       f"calls after {args.warmup} warm-up, at most {args.budget} s each; error vs float64 reference")
+        if args.direction != "backward_weights":
+            console.print("weights: torch's call reads them on every call; so do rawconv's plain rows"
+                          + ("" if args.no_prepack else ", and rows marked (prepacked) use a copy reordered once "
+                             "(--no-prepack leaves those out)"), style="dim")
         if any(p.device == "cpu" for p in problems):
             meta["machine_before"] = _warn_if_busy(console, nthreads, hint)
             from .onednn import _INLINE_FLOPS
@@ -363,17 +452,18 @@ def cmd_compare(args) -> int:
                               f"on one thread (threads=\"auto\"; see README, Threads)")
 
         def show(p, rows):
-            print_rows(console, p, rows)
+            print_rows(console, f"{p}  [{cmp.versions_line(libs, [p])}]", rows)
             for line in cmp.timing_warnings(rows, hint):
                 _warn(console, line)
 
         all_rows = cmp.compare(problems, photo_first=not args.random, iterations=args.iterations, warmup=args.warmup,
-                               budget_s=args.budget, fpmath=args.fpmath, prepack=not args.no_prepack,
+                               budget_s=args.budget, fpmath=args.fpmath, prepack=prepack, direction=args.direction,
+                               libs=libs,
                                include_ref=include_ref, ref_max_s=args.ref_limit, on_problem=show,
                                progress=False if args.quiet else None, engines=args.engines,
                                allow_known_bad=args.allow_known_bad,
                                isolate={"timeout_s": args.timeout} if args.isolate else None)
-        recs = (cmp.records(all_rows, problems, fpmath=args.fpmath, allow_known_bad=args.allow_known_bad)
+        recs = (cmp.records(all_rows, problems, fpmath=args.fpmath, allow_known_bad=args.allow_known_bad, hint=hint)
                 if args.record else [])
     s = cmp.summary(all_rows, hint=hint)
     code = cmp.exit_code(s)
@@ -384,12 +474,6 @@ def cmd_compare(args) -> int:
     if len(problems) > 1:   # one problem: its warnings were printed under its table
         for line in s["timing_warnings"]:
             _warn(console, line)
-    gm = s["geomean_torch_over_best"]
-    if gm is None:
-        ratio = "no comparable rows (no problem where torch default and a rawconv candidate both ran within tolerance)"
-    else:
-        ratio = (f"{gm:.2f}x over {s['comparable_problems']} problem(s)"
-                 + ("" if s["timings_trustworthy"] else " [UNRELIABLE: see the timing warnings]"))
     # the checked results (within + outside tolerance), then the rows that gave none to check
     others = [f"{len(s['failed'])} failed"]
     if s["not_supported"]:
@@ -398,9 +482,11 @@ def cmd_compare(args) -> int:
         others.append(f"{len(s['skipped'])} skipped")
     console.print(f"summary: {s['problems']} problem(s), {s['results']} results checked against float64: "
                   f"{s['within_tolerance']} within tolerance, {len(s['outside_tolerance'])} outside; not checked: "
-                  + ", ".join(others) + f"; torch default / best rawconv median time, geometric mean: {ratio}"
+                  + ", ".join(others)
                   + "".join(f"; {flag.upper() if flag in ('json', 'csv') else flag}: {path}"
                             for flag, path in outputs.items()))
+    for line in cmp.headline(s):
+        console.print(line, style=None if s["timings_trustworthy"] else "yellow")
     for line in s["outside_tolerance"]:
         console.print(f"  outside tolerance: {line}", style="red")
     for line in s["libraries_not_loaded"]:
@@ -484,16 +570,23 @@ def cmd_replay(args) -> int:
     if rec_threads and rec_threads != {nthreads}:
         _warn(console, f"records timed with {', '.join(map(str, sorted(rec_threads)))} thread(s), replayed with "
                        f"{nthreads} (--threads)")
+    def drift(r):
+        if _finite(r.extra.get("drift")):
+            return f"{100 * r.extra['drift']:+.1f}%"
+        return "withheld" if r.extra.get("drift_withheld") else "-"
+
     cols = [Column("layer", [r.problem_name for r in table], wrap=True),
-            Column("backend", [r.backend for r in table]),
+            Column("backend", [r.backend for r in table], drop=4),
             Column("choice", [r.name for r in table], wrap=True),
             Column("status", [r.status for r in table], wrap=True,
                    styles=[_STATUS_STYLE.get(r.group, "red") or None for r in table]),
-            Column("recorded\nms", [_fmt_ms(r.extra.get("recorded_median_ms")) for r in table], justify="right"),
-            Column("now\nms", [_fmt_ms(r.median_ms) for r in table], justify="right"),
-            Column("now min\nms", [_fmt_ms(r.min_ms) for r in table], justify="right"),
-            Column("drift", [f"{100 * r.extra['drift']:+.1f}%" if _finite(r.extra.get("drift")) else "-"
-                             for r in table], justify="right"),
+            Column("recorded\nms", [_fmt_ms(r.extra.get("recorded_median_ms")) for r in table], justify="right",
+                   styles=["yellow" if r.extra.get("drift_withheld") else None for r in table]),
+            Column("now\nms", [_fmt_ms(r.median_ms) for r in table], justify="right",
+                   styles=["yellow" if r.ran and r.oversubscribed else None for r in table]),
+            Column("now min\nms", [_fmt_ms(r.min_ms) for r in table], justify="right", drop=3),
+            Column("drift", [drift(r) for r in table], justify="right",
+                   styles=["yellow" if r.extra.get("drift_withheld") else None for r in table]),
             Column("recorded\nrel err", [_fmt_err(r.extra.get("recorded_max_rel")) for r in table],
                    justify="right", drop=1),
             Column("now\nrel err", [_fmt_err(r.max_rel) for r in table], justify="right", drop=2),
@@ -503,12 +596,32 @@ def cmd_replay(args) -> int:
     if args.csv:
         table.to_csv(args.csv)
     s = cmp.replay_summary(table, hint=_LOAD_HINT)
+    withheld_rows = [r for r in table if r.extra.get("drift_withheld")]
+    if len(withheld_rows) <= 3:
+        for line in s["drift_withheld"]:
+            _warn(console, f"no drift for {line}")
+    else:   # one line per reason, naming the records
+        import re
+
+        by_why: dict = {}
+        for r in withheld_rows:   # reasons alike but for a median/min figure count as one
+            why = re.sub(r"median/min [\d.]+", "median/min wide", r.extra["drift_withheld"])
+            by_why.setdefault(why, []).append(r.problem_name)
+        for why, names in by_why.items():
+            shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+            _warn(console, f"no drift for {len(names)} record(s) ({shown}): {why}")
     for line in s["timing_warnings"]:
         _warn(console, line)
     gd = s["geomean_drift"]
-    drift = ("no record ran within tolerance" if gd is None else
-             f"{100 * gd:+.1f}% over {s['within_tolerance']} record(s)"
-             + ("" if s["timings_trustworthy"] else " [UNRELIABLE: see the timing warnings]"))
+    withheld = len(s["drift_withheld"])
+    counted = s["within_tolerance"] - withheld
+    if gd is None:
+        drift = (f"none to report: the {withheld} record(s) within tolerance were made on an unreliable run"
+                 if withheld else "no record ran within tolerance")
+    else:
+        drift = (f"{100 * gd:+.1f}% over {counted} record(s)"
+                 + (f" ({withheld} withheld: recorded on an unreliable run)" if withheld else "")
+                 + ("" if s["timings_trustworthy"] else " [UNRELIABLE: see the timing warnings]"))
     console.print(f"summary: {s['records']} record(s): {s['within_tolerance']} within tolerance, "
                   f"{len(s['outside_tolerance'])} outside, {len(s['failed'])} failed or no longer offered; "
                   f"median time now / recorded, geometric mean drift: {drift}", highlight=False)
@@ -548,14 +661,13 @@ def cmd_info(args) -> int:
 
 
 def _break_long(text: str, room: int) -> str:
-    """``text`` with each word longer than ``room`` broken after a ``/`` (paths) or, failing
-    that, a ``.``/``_``/``,``, so that a long path wraps between its parts, not inside a name."""
-    import re
-
+    """``text`` with each word longer than ``room`` broken after a separator (``/`` in paths,
+    ``.``, ``_``, ``,``, ``:``, ``@``: :data:`_SEPARATORS`), so that a long path or name wraps
+    between its parts, not inside one."""
     out = []
     for word in text.split(" "):
         lines, line = [], ""
-        for part in re.findall(r"[^/._,]*[/._,]?", word):
+        for part in _parts(word):
             if line and len(line) + len(part) > room:
                 lines.append(line)
                 line = ""
@@ -604,6 +716,15 @@ def cmd_list(args) -> int:
         if args.isolate and any(status_group(i.status) == "failed" for i in impls):
             failed = 4
     return failed
+
+
+def _direction(text: str) -> str:
+    from ._backend import canonical_direction
+
+    try:
+        return canonical_direction(text)
+    except RawconvError:
+        raise argparse.ArgumentTypeError(f"expected forward, backward_data or backward_weights, got {text!r}") from None
 
 
 def _width(text: str) -> int:
@@ -659,8 +780,9 @@ def build_parser() -> argparse.ArgumentParser:
     def width_arg(p):
         p.add_argument("--width", type=_width, default=None,
                        help=f"table width in columns, at least {MIN_WIDTH} (default: the terminal's, or $COLUMNS; "
-                            f"through a pipe, stderr's terminal, else {PIPE_WIDTH}). Narrow tables leave out columns "
-                            "(detail, GFLOP/s, scratch, max abs err, ...) rather than split a number")
+                            "through a pipe or into a file, none: lines as long as their content). Narrow tables "
+                            "leave out columns (detail, GFLOP/s, scratch, max abs err, ...) rather than split a "
+                            "number")
 
     from .bench import SPREAD_LIMIT
     from .compare import EXIT_CODES, REF_MAX_SECONDS
@@ -700,7 +822,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--quiet", action="store_true", help="no progress bar (there is none when stderr is not a "
                                                          "terminal)")
     c.add_argument("--random", action="store_true", help="random input everywhere (no sample photo)")
-    c.add_argument("--no-prepack", action="store_true", help="reorder oneDNN weights on every call")
+    c.add_argument("--no-prepack", action="store_true",
+                   help="time oneDNN with the weights read and reordered on every call only, as torch's call does "
+                        "(by default an implementation whose weights need a reorder also gets a '(prepacked)' row, "
+                        "timed with a copy reordered once)")
+    c.add_argument("--direction", default="forward", type=_direction,
+                   help="forward (default), backward_data (the input's gradient) or backward_weights (the weight's; "
+                        "backward_filter too): torch runs aten.convolution_backward for that gradient alone, "
+                        "rawconv the library's backward primitives")
     refs = c.add_mutually_exclusive_group()
     refs.add_argument("--no-ref", action="store_true", help="leave out oneDNN's reference (ref:any) implementations")
     refs.add_argument("--ref", action="store_true",
@@ -790,6 +919,8 @@ def _validate(args) -> None:
     if getattr(args, "fpmath", "strict") != "strict" and all(d.startswith("cuda") for d in _devices(args)):
         raise RawconvError(f"--fpmath {args.fpmath} is oneDNN's (CPU) setting; this run has no CPU problem "
                            f"(--device {args.device})")
+    if args.cmd in ("compare", "list") and "cpu" in _devices(args):
+        _check_offered(args)
     if args.cmd in ("compare", "list"):
         import math
 
@@ -800,6 +931,34 @@ def _validate(args) -> None:
             if args.cmd == "compare":       # float64 reference inputs (and |.|), reference, its scale, outputs
                 need += 2 * 8 * (nx + nw) + 2 * 8 * ny + 2 * es * ny
             check_memory(need, f"rawconv {args.cmd} on {p.describe()}")
+
+
+def _check_offered(args) -> None:
+    """Refuse a dtype (for the direction asked) that rawconv's oneDNN offers nothing for on this
+    CPU, before anything runs, in oneDNN's own words (:func:`rawconv.onednn.capabilities`):
+    ``--dtype float64`` (oneDNN has no float64 convolution) and, on CPUs without the
+    instructions, ``float16`` / ``bfloat16``. A dtype with only the reference implementation
+    passes (it runs, slowly)."""
+    import torch
+
+    from . import onednn
+
+    direction = getattr(args, "direction", "forward")
+    where = " (--device cuda runs it on cuDNN)" if torch.cuda.is_available() else ""
+    if args.dtype not in onednn.DTYPES:
+        raise RawconvError(f"--dtype {args.dtype}: rawconv's oneDNN handles {', '.join(onednn.DTYPES)} only "
+                           f"(oneDNN has no {args.dtype} convolution on CPUs){where}")
+    try:
+        caps = onednn.capabilities()
+    except RawconvError:   # oneDNN did not load: compare says so in its rows (exit status 3)
+        return
+    try:
+        row = caps.row(direction, args.dtype)
+    except RawconvError:   # not probed: let the run say
+        return
+    if not row.offered and not row.reference:
+        raise RawconvError(f"--dtype {args.dtype}: {caps.reason(direction, args.dtype)}; rawconv info shows what "
+                           f"this oneDNN offers{where}")
 
 
 def _one_line(exc: BaseException) -> str:

@@ -33,7 +33,7 @@ from .results import Result, ResultTable, _json_safe, status_group
 from .torch_choice import _compare_detail, _trace_detail, conv_backend_name, torch_onednn_trace  # noqa: F401
 
 __all__ = ["Row", "STATUSES", "status_category", "compare_problem", "compare", "real_photo", "inputs_for", "summary", "records", "replay",
-           "exit_code", "EXIT_CODES"]
+           "exit_code", "EXIT_CODES", "grad_output_for", "libraries", "headline", "best_rawconv", "first_choice"]
 
 
 #: The statuses ``compare`` gives a :class:`Row` (each is also its own group in
@@ -78,10 +78,10 @@ class Row(Result):
                  median_ms: float = float("nan"), min_ms: float = float("nan"), runs: int = 0,
                  gflops: float = float("nan"), max_abs: float = float("nan"), max_rel: float = float("nan"),
                  ok: bool | None = None, workspace_bytes: int | None = None, error: str = "",
-                 extra: dict | None = None, status: str = ""):
+                 extra: dict | None = None, status: str = "", direction: str = "forward"):
         if not status:
             status = "failed" if error else "ok" if ok else "wrong" if ok is False else "skipped"
-        Result.__init__(self, backend, implementation, problem, "forward", None, status, median_ms, min_ms, runs,
+        Result.__init__(self, backend, implementation, problem, direction, None, status, median_ms, min_ms, runs,
                         None, workspace_bytes, detail, error, reference=backend == "torch",
                         extra=dict(extra or {}))
         for name, v in (("gflops", gflops), ("max_abs", max_abs), ("max_rel", max_rel)):
@@ -140,16 +140,60 @@ def inputs_for(problem: ConvProblem, *, photo: bool = False, seed: int = 0, devi
     return x, w, b
 
 
+def grad_output_for(problem: ConvProblem, *, seed: int = 0, device: str | None = None) -> torch.Tensor:
+    """The gradient of the output that ``compare`` feeds the backward directions: normal random
+    values (float64 draws, seeded with ``seed + 1``) of ``problem.y_shape`` in the problem's
+    dtype and memory layout."""
+    from .problem import to_layout
+
+    g = torch.Generator().manual_seed(seed + 1)
+    dy = torch.randn(problem.y_shape, generator=g, dtype=torch.float64).to(problem.torch_dtype)
+    return to_layout(dy, problem.layout).to(device or problem.device)
+
+
+def _references(problem: ConvProblem, direction: str, x, w, b, dy):
+    """(float64 result, its error scale) for ``direction``."""
+    if direction == "forward":
+        return problem.reference(x, w, b), abs_reference(problem, x, w, b)
+    from .check import reference
+
+    tensors = {"dy": dy, "w": w} if direction == "backward_data" else {"x": x, "dy": dy}
+    return reference(problem, direction, tensors)
+
+
+def _tolerance(problem: ConvProblem, direction: str, compute: str | None = None) -> dict:
+    """:func:`rawconv.check.tolerance_for`'s keyword arguments for a result of ``direction``."""
+    from .check import tolerance_for
+
+    return tolerance_for(problem, direction, compute=compute).kwargs()
+
+
 # --------------------------------------------------------------------------- torch rows
-def _torch_call(problem: ConvProblem, x, w, b) -> Callable[[], torch.Tensor]:
+def _torch_call(problem: ConvProblem, x, w, b, direction: str = "forward", dy=None) -> Callable[[], torch.Tensor]:
+    """torch's own call for ``direction``: ``F.conv{1,2,3}d`` forward (asymmetric padding as
+    ``F.pad`` first); the backward directions are ``torch.ops.aten.convolution_backward``, what
+    autograd calls for a convolution's gradient, with only the input's (backward_data) or the
+    weight's (backward_weights) output asked for. Returns the result tensor (dx; dw)."""
     conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[problem.ndim]
-    if problem.symmetric:
-        pad = problem.pad_before
-        return lambda: conv(x, w, b, problem.stride, pad, problem.dilation, problem.groups)
     padlist = []
     for bf, af in reversed(list(zip(problem.pad_before, problem.pad_after))):
         padlist += [bf, af]
-    return lambda: conv(F.pad(x, padlist), w, b, problem.stride, 0, problem.dilation, problem.groups)
+    if direction == "forward":
+        if problem.symmetric:
+            pad = problem.pad_before
+            return lambda: conv(x, w, b, problem.stride, pad, problem.dilation, problem.groups)
+        return lambda: conv(F.pad(x, padlist), w, b, problem.stride, 0, problem.dilation, problem.groups)
+    nd = problem.ndim
+    xp = x if problem.symmetric else F.pad(x, padlist)
+    pad = list(problem.pad_before) if problem.symmetric else [0] * nd
+    data = direction == "backward_data"
+    mask = [data, not data, False]
+    op = torch.ops.aten.convolution_backward
+    args = (list(problem.stride), pad, list(problem.dilation), False, [0] * nd, problem.groups, mask)
+    if data and not problem.symmetric:   # the gradient of the padded input, cropped to the input
+        crop = (Ellipsis,) + tuple(slice(bf, bf + n) for bf, n in zip(problem.pad_before, problem.in_spatial))
+        return lambda: op(dy, xp, w, None, *args)[0][crop]
+    return lambda: op(dy, xp, w, None, *args)[0 if data else 1]
 
 
 def torch_backend(problem: ConvProblem, x, w, b) -> str:
@@ -183,7 +227,7 @@ def _error_row(problem_name: str, backend: str, impl: str, exc: BaseException, d
 
 
 def _measure(problem, label_backend, label_impl, detail, fn, ref, ref_abs, timer, *, tol=None,
-             workspace=None, extra=None, slow_s: float | None = None) -> Row:
+             workspace=None, extra=None, slow_s: float | None = None, direction: str = "forward") -> Row:
     extra = dict(extra or {}, problem=problem.describe(), benchdnn=problem.to_benchdnn(strict=False), device=problem.device)
     name = str(problem.name or problem.describe())
     _progress.note(f"{name}: {label_backend} {label_impl}")
@@ -204,10 +248,13 @@ def _measure(problem, label_backend, label_impl, detail, fn, ref, ref_abs, timer
         else:
             stats: TimeStats = timer(fn)
     except (RawconvError, RuntimeError) as exc:
-        return _error_row(name, label_backend, label_impl, exc, detail, workspace_bytes=workspace, extra=extra)
+        return _error_row(name, label_backend, label_impl, exc, detail, workspace_bytes=workspace, extra=extra,
+                          direction=direction)
     if monitor is not None:
         extra["machine"] = monitor.report().as_dict()
-    row = Row(name, label_backend, label_impl, detail, workspace_bytes=workspace, extra=extra)
+    row = Row(name, label_backend, label_impl, detail, workspace_bytes=workspace, extra=extra, direction=direction)
+    if isinstance(y, tuple):   # backward_weights with a bias: (dw, db); dw is checked
+        y = y[0]
     with threads(1):
         # a few elementwise float64 passes: one thread takes milliseconds, while two OpenMP threads
         # on a busy machine wait for each other (a 4 ms scheduler tick per op)
@@ -219,40 +266,104 @@ def _measure(problem, label_backend, label_impl, detail, fn, ref, ref_abs, timer
     return row
 
 
-def _torch_rows(problem, x, w, b, ref, ref_abs, timer) -> list[Row]:
+def libraries() -> dict:
+    """The libraries and versions a comparison involves, as row labels (``compare`` writes them
+    into every row's ``extra["library"]`` and each table's title): ``torch`` ("torch 2.14.1"),
+    ``torch_onednn`` (the oneDNN bundled in torch: "3.12.0", None when torch does not say),
+    ``torch_cudnn`` (the cuDNN torch uses: "9.24.0", None without one), ``onednn`` (rawconv's:
+    "oneDNN 3.2.0", or why it did not load), ``cudnn`` (rawconv's: "cuDNN 9.24.0"; loaded only
+    where torch sees a GPU). Never raises."""
+    out = {"torch": f"torch {torch.__version__.split('+')[0]}", "torch_onednn": None, "torch_cudnn": None}
+    try:
+        from ._info import _torch_part
+
+        v = _torch_part().get("onednn_bundled")
+        out["torch_onednn"] = v.split()[0] if v else None
+    except Exception:  # noqa: BLE001 - a label: never fail the comparison for it
+        pass
+    try:
+        from . import onednn
+
+        out["onednn"] = f"oneDNN {onednn._version()}"
+    except Exception as exc:  # noqa: BLE001
+        out["onednn"] = f"oneDNN (not loaded: {type(exc).__name__})"
+    out["cudnn"] = "cuDNN"
+    if torch.cuda.is_available():
+        try:
+            v = torch.backends.cudnn.version()
+            out["torch_cudnn"] = f"{v // 10000}.{v % 10000 // 100}.{v % 100}" if v else None
+            from . import _cudnn
+
+            out["cudnn"] = f"cuDNN {_cudnn.version()['version']}"
+        except Exception:  # noqa: BLE001
+            pass
+    return out
+
+
+def _torch_library(libs: dict, backend: str) -> str:
+    """The label of what torch ran: its version and, for its oneDNN / cuDNN backends, that
+    library's version (torch's own copy)."""
+    from .torch_choice import CUDNN_BACKENDS, ONEDNN_BACKENDS
+
+    if backend in ONEDNN_BACKENDS and libs.get("torch_onednn"):
+        return f"{libs['torch']}'s oneDNN {libs['torch_onednn']}"
+    if backend in CUDNN_BACKENDS and libs.get("torch_cudnn"):
+        return f"{libs['torch']}'s cuDNN {libs['torch_cudnn']}"
+    return libs["torch"]   # its own code (the row's detail names the backend: Slow2d...)
+
+
+#: what torch's call does with the weights, in each row's ``extra["weights"]``
+TORCH_WEIGHTS = "per call"
+
+
+def _torch_rows(problem, x, w, b, ref, ref_abs, timer, *, direction="forward", dy=None, libs=None) -> list[Row]:
     rows = []
-    call = _torch_call(problem, x, w, b)
+    libs = libs or libraries()
+    call = _torch_call(problem, x, w, b, direction, dy)
+    tolerance = _tolerance(problem, direction)
+    weights = None if direction == "backward_weights" else TORCH_WEIGHTS
     # torch's own reduced precision (bf16 conv) rounds like any other implementation
     if problem.device.startswith("cuda"):
         cudnn = torch.backends.cudnn
         fp32_tf32 = problem.dtype == "float32" and cudnn.allow_tf32
-        tol = {"compute": "tf32"} if fp32_tf32 else None
+        tol = _tolerance(problem, direction, "tf32") if fp32_tf32 else tolerance
+        backend = torch_backend(problem, x, w, b)
+        extra = {"library": _torch_library(libs, backend), "weights": weights}
         # the detail names torch's cuDNN kernel and the rawconv candidate(s) it maps to (rawconv.torch_choice)
         with cudnn.flags(enabled=True, benchmark=False, deterministic=False, allow_tf32=cudnn.allow_tf32):
-            rows.append(_measure(problem, "torch", "default", torch_backend(problem, x, w, b)
-                                 + _compare_detail(problem, x, w, b), call, ref, ref_abs, timer, tol=tol))
+            rows.append(_measure(problem, "torch", "default", backend
+                                 + _compare_detail(problem, x, w, b, direction=direction), call, ref, ref_abs, timer,
+                                 tol=tol, extra=extra, direction=direction))
         with cudnn.flags(enabled=True, benchmark=True, deterministic=False, allow_tf32=cudnn.allow_tf32):
-            rows.append(_measure(problem, "torch", "cudnn.benchmark=True", torch_backend(problem, x, w, b)
-                                 + _compare_detail(problem, x, w, b), call, ref, ref_abs, timer, tol=tol))
+            rows.append(_measure(problem, "torch", "cudnn.benchmark=True", backend
+                                 + _compare_detail(problem, x, w, b, direction=direction), call, ref, ref_abs, timer,
+                                 tol=tol, extra=extra, direction=direction))
         with cudnn.flags(enabled=False):
-            rows.append(_measure(problem, "torch", "cudnn disabled", torch_backend(problem, x, w, b), call,
-                                 ref, ref_abs, timer))
+            off = torch_backend(problem, x, w, b)
+            rows.append(_measure(problem, "torch", "cudnn disabled", off, call, ref, ref_abs, timer, tol=tolerance,
+                                 extra={"library": _torch_library(libs, off), "weights": weights},
+                                 direction=direction))
         return rows
     backend = torch_backend(problem, x, w, b)
+    detail = backend
     if backend == "Mkldnn":
         try:
             call()
-            backend += _trace_detail(torch_onednn_trace(call))
+            detail += _trace_detail(torch_onednn_trace(call))
         except Exception:  # pragma: no cover - the trace is a bonus; never fail the comparison for it
             pass
-    rows.append(_measure(problem, "torch", "default", backend, call, ref, ref_abs, timer))
+    if weights:
+        detail += "; weights per call"
+    rows.append(_measure(problem, "torch", "default", detail, call, ref, ref_abs, timer, tol=tolerance,
+                         extra={"library": _torch_library(libs, backend), "weights": weights}, direction=direction))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch warns about oneDNN TF32 on Intel GPUs when flags are set
         ctx = torch.backends.mkldnn.flags(enabled=False)
         ctx.__enter__()
     try:
-        rows.append(_measure(problem, "torch", "mkldnn disabled", torch_backend(problem, x, w, b), call,
-                             ref, ref_abs, timer))
+        off = torch_backend(problem, x, w, b)
+        rows.append(_measure(problem, "torch", "mkldnn disabled", off, call, ref, ref_abs, timer, tol=tolerance,
+                             extra={"library": _torch_library(libs, off), "weights": weights}, direction=direction))
     finally:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -261,123 +372,182 @@ def _torch_rows(problem, x, w, b, ref, ref_abs, timer) -> list[Row]:
 
 
 # --------------------------------------------------------------------------- backend rows
-_ROLE = {"x": "src", "w": "weights", "b": "bias", "y": "dst"}
+_ROLE = {"x": "src", "w": "weights", "b": "bias", "y": "dst", "dy": "diff_dst", "dx": "diff_src",
+         "dw": "diff_weights", "db": "diff_bias"}
 #: include_ref="auto": oneDNN's reference implementations (ref:any) run only when
 #: :func:`rawconv.onednn.reference_seconds` estimates one call at most this many seconds
 REF_MAX_SECONDS = 1.0
 
 
-def _ref_estimate(problem, layouts: str) -> float:
+def _ref_estimate(problem, layouts: str, direction: str = "forward") -> float:
     """Estimated seconds of one call of the ref:any implementation with ``layouts`` (inf when oneDNN
     cannot say)."""
     from . import onednn
 
     try:
-        return onednn.reference_seconds(problem, "forward", layouts)
+        return onednn.reference_seconds(problem, direction, layouts)
     except RawconvError:
         return float("inf")
 
 
-def _onednn_rows(problem, x, w, b, ref, ref_abs, timer, *, fpmath="strict", prepack=True,
+#: ``prepack`` of :func:`compare_problem`: which weight handlings oneDNN's rows are timed with
+PREPACK_MODES = {False: ("per call",), True: ("prepacked",), "both": ("per call", "prepacked")}
+
+
+def _prepack_modes(prepack) -> tuple:
+    from .errors import ArgumentError
+
+    try:
+        return PREPACK_MODES[prepack]
+    except (KeyError, TypeError):
+        raise ArgumentError(f"prepack must be True, False or 'both', got {prepack!r}") from None
+
+
+def _weights_of(impl, direction: str, mode: str) -> str | None:
+    """What a oneDNN row does with the weights: "per call" (read and reordered on every call),
+    "prepacked" (a snapshot reordered once), "as given" (the implementation takes them in the
+    tensor's own layout: no reorder either way, so the two handlings are one row), None
+    (backward_weights: the weights are not an input)."""
+    if direction == "backward_weights":
+        return None
+    if "w" not in impl.reorders:
+        return "as given"
+    return mode
+
+
+def _onednn_rows(problem, x, w, b, ref, ref_abs, timer, *, fpmath="strict", prepack="both",
                  include_ref=True, slow_s=None, ref_max_s: float = REF_MAX_SECONDS, allow_known_bad=False,
-                 isolate=None, timing=(10, 2, None), **_kw) -> list[Row]:
+                 isolate=None, timing=(10, 2, None), direction="forward", dy=None, libs=None, **_kw) -> list[Row]:
     """Rows for every oneDNN implementation. ``include_ref``: True runs the reference
     implementations (ref:any), False drops them, "auto" runs them when one call is estimated
     (:func:`rawconv.onednn.reference_seconds`) at most ``ref_max_s`` seconds and otherwise lists
-    them as "skipped". Known-bad implementations get a "known bad" row unless
-    ``allow_known_bad``; ``isolate`` runs the candidates in a child process."""
+    them as "skipped". ``prepack``: False times each implementation with the weights read (and
+    reordered) on every call, as torch's call does; True with a snapshot reordered once; "both"
+    gives an implementation whose weights need a reorder one row of each. Known-bad
+    implementations get a "known bad" row unless ``allow_known_bad``; ``isolate`` runs the
+    candidates in a child process."""
     name = str(problem.name or problem.describe())
+    modes = _prepack_modes(prepack)
+    library = (libs or libraries())["onednn"]
     try:
         from . import onednn
 
-        plan = onednn.Convolution(x, w, b, problem.stride, list(zip(problem.pad_before, problem.pad_after)),
-                                  problem.dilation, problem.groups, fpmath=fpmath, prepack=prepack)
+        if direction == "forward":
+            plan = onednn.Convolution(x, w, b, problem.stride, list(zip(problem.pad_before, problem.pad_after)),
+                                      problem.dilation, problem.groups, fpmath=fpmath)
+        else:
+            plan = onednn.Convolution.from_problem(problem, direction=direction, fpmath=fpmath,
+                                                   w_layout=onednn._w_layout(w))
         impls = plan.implementations
+        if "prepacked" in modes and direction != "backward_weights":
+            plan.repack(w)   # a snapshot, reordered once per implementation; calls given w still read w
     except RawconvError as exc:
-        return [_error_row(name, "onednn", "-", exc, f"oneDNN on {problem.describe()}")]
+        return [_error_row(name, "onednn", "-", exc, f"oneDNN on {problem.describe()}", direction=direction,
+                           extra={"library": library})]
     rows = []
     compute = {"bf16": "bfloat16", "f16": "float16", "tf32": "tf32", "any": "bfloat16"}.get(fpmath)
+    tol = _tolerance(problem, direction, compute)
     ref_est: dict = {}   # layouts -> the estimate of that ref:* implementation
+
+    def call(mode):
+        packed = mode == "prepacked"
+        if direction == "forward":
+            return lambda: plan.execute(x, None if packed else w, b)
+        if direction == "backward_data":
+            return (lambda: plan.execute(grad_y=dy)) if packed else (lambda: plan.execute(grad_y=dy, w=w))
+        return lambda: plan.execute(x, grad_y=dy)
+
     for impl in impls:
         label = f"[{impl.index}] {impl.name}"
+        base = {"index": impl.index, "choice": impl.choice, "library": library}
         if impl.name.startswith("ref") and not include_ref:
             continue
         if impl.name.startswith("ref") and include_ref == "auto":
             if impl.layouts not in ref_est:
-                ref_est[impl.layouts] = _ref_estimate(problem, impl.layouts)
+                ref_est[impl.layouts] = _ref_estimate(problem, impl.layouts, direction)
             ref_s = ref_est[impl.layouts]
             if ref_s > ref_max_s:
                 est = "unknown" if not math.isfinite(ref_s) else f"{ref_s:.1f} s"
                 rows.append(Row(name, "onednn", label, f"{impl.layouts}; not run: estimated {est} per call "
                                 f"(--ref runs it)", error=f"not run: estimated {est} per call (--ref runs it)",
-                                status="skipped", workspace_bytes=impl.scratchpad_bytes,
-                                extra={"index": impl.index, "choice": impl.choice,
-                                       "estimated_s": ref_s if math.isfinite(ref_s) else None}))
+                                status="skipped", workspace_bytes=impl.scratchpad_bytes, direction=direction,
+                                extra=dict(base, estimated_s=ref_s if math.isfinite(ref_s) else None)))
                 continue
         if impl.known_bad and not allow_known_bad:
             rows.append(Row(name, "onednn", label,
                             f"{impl.layouts}; not run: known bad ({impl.known_bad}; --allow-known-bad runs it)",
                             error="skipped (known bad)", status="known bad", workspace_bytes=impl.scratchpad_bytes,
-                            extra={"index": impl.index, "choice": impl.choice}))
+                            extra=base, direction=direction))
             continue
-        reorders = ",".join(_ROLE.get(r, r) + ("(once)" if r == "w" and prepack else "")
-                            for r in impl.reorders) or "none"
-        detail = (f"{impl.layouts}; src {impl.formats.get('x')} weights {impl.formats.get('w')} "
-                  f"dst {impl.formats.get('y')}; reorders {reorders}")
-        extra = {"index": impl.index, "choice": impl.choice, "layouts": impl.layouts, "formats": impl.formats,
-                 "reorders": list(impl.reorders), "fpmath": fpmath}
-        if isolate:   # run below, all in one child process; the row keeps its place
-            rows.append((impl, detail, extra))
-            continue
-        try:
-            plan.select(impl.index, allow_known_bad=allow_known_bad)
-        except RawconvError as exc:
-            rows.append(_error_row(name, "onednn", label, exc, impl.layouts))
-            continue
-        rows.append(_measure(problem, "onednn", label, detail,
-                             lambda: plan.execute(x, None if prepack else w, b), ref, ref_abs, timer,
-                             tol={"compute": compute} if compute else None,
-                             workspace=impl.scratchpad_bytes, extra=extra, slow_s=slow_s))
+        handlings = list(dict.fromkeys(_weights_of(impl, direction, m) for m in modes))
+        for weights in handlings:
+            reorders = ",".join(_ROLE.get(r, r) + ("(once)" if r == "w" and weights == "prepacked" else "")
+                                for r in impl.reorders) or "none"
+            detail = (f"{impl.layouts}; " + " ".join(f"{_ROLE.get(k, k)} {v}" for k, v in impl.formats.items())
+                      + f"; reorders {reorders}")
+            if weights == "as given":
+                detail += "; weights used as given (no reorder to save)"
+            extra = dict(base, layouts=impl.layouts, formats=impl.formats, reorders=list(impl.reorders),
+                         fpmath=fpmath, weights=weights)
+            row_label = label + (" (prepacked)" if weights == "prepacked" else "")
+            if isolate:   # run below, all in one child process; the row keeps its place
+                rows.append((impl, row_label, detail, extra))
+                continue
+            try:
+                plan.select(impl.index, allow_known_bad=allow_known_bad)
+            except RawconvError as exc:
+                rows.append(_error_row(name, "onednn", row_label, exc, impl.layouts, direction=direction,
+                                       extra=extra))
+                continue
+            rows.append(_measure(problem, "onednn", row_label, detail, call(weights), ref, ref_abs, timer,
+                                 tol=tol, workspace=impl.scratchpad_bytes, extra=extra, slow_s=slow_s,
+                                 direction=direction))
     plan.free()
     if isolate:
-        _run_isolated(problem, rows, x, w, b, ref, ref_abs, compute, fpmath=fpmath, prepack=prepack,
-                      slow_s=slow_s, allow_known_bad=allow_known_bad, isolate=isolate, timing=timing)
+        _run_isolated(problem, rows, x, w, b, ref, ref_abs, tol, fpmath=fpmath, slow_s=slow_s,
+                      allow_known_bad=allow_known_bad, isolate=isolate, timing=timing, direction=direction, dy=dy)
     return rows
 
 
-def _run_isolated(problem, rows, x, w, b, ref, ref_abs, compute, *, fpmath, prepack, slow_s, allow_known_bad,
-                  isolate, timing) -> None:
-    """Run the (impl, detail, extra) placeholders of ``rows`` in a child process (rawconv._isolate)
-    and put their Rows in place: a crash or hang is that row's error ("crashed: SIGSEGV",
-    "timed out after 60 s"), and the comparison goes on."""
+def _run_isolated(problem, rows, x, w, b, ref, ref_abs, tol, *, fpmath, slow_s, allow_known_bad,
+                  isolate, timing, direction="forward", dy=None) -> None:
+    """Run the (impl, label, detail, extra) placeholders of ``rows`` in a child process
+    (rawconv._isolate), one child run per weight handling, and put their Rows in place: a crash
+    or hang is that row's error ("crashed: SIGSEGV", "timed out after 60 s"), and the comparison
+    goes on."""
     from . import _isolate
 
     iso = _isolate.options(isolate)
-    todo = [i for i, r in enumerate(rows) if isinstance(r, tuple)]
     iterations, warmup, budget_s = timing
-    results = _isolate.run_onednn_candidates(
-        problem, x, w, b, indices=[rows[i][0] for i in todo], fpmath=fpmath, prepack=prepack,
-        allow_known_bad=allow_known_bad, slow_s=slow_s, iterations=iterations, warmup=warmup, budget_s=budget_s,
-        check=False, keep_output=True, timeout_s=iso.timeout_s, env=iso.env, threads=iso.threads)
-    for i, res in zip(todo, results):
-        impl, detail, extra = rows[i]
-        row = Row(str(problem.name or problem.describe()), "onednn", f"[{impl.index}] {impl.name}",
-                  detail + "; isolated", workspace_bytes=impl.scratchpad_bytes,
-                  extra=dict(extra, status=res["status"], problem=problem.describe(),
-                             benchdnn=problem.to_benchdnn(strict=False), device=problem.device))
-        if res["status"] != "ok":   # "crashed: SIGSEGV", "timed out after 60 s", ...: failures
-            st = {"known bad": "skipped (known bad)"}.get(res["status"], res["status"])
-            row.error = st + (f": {res['detail']}" if res["detail"] else "")
-            row.status = res["status"]
-        else:
-            with threads(1):
-                err = compare_to_reference(problem, res["output"], ref, ref_abs,
-                                           **({"compute": compute} if compute else {}))
-            row.median_ms, row.min_ms, row.runs = res["median_ms"], res["min_ms"], res["runs"]
-            row.gflops = problem.flops / (row.median_ms * 1e6) if row.median_ms > 0 else float("nan")
-            row.max_abs, row.max_rel, row.ok = err.max_abs, err.max_rel, err.ok
-            row.status = "ok" if err.ok else "wrong"
-        rows[i] = row
+    for packed in (False, True):
+        todo = [i for i, r in enumerate(rows) if isinstance(r, tuple) and (r[3]["weights"] == "prepacked") == packed]
+        if not todo:
+            continue
+        tensors = ({"x": x, "w": w, "b": b} if direction == "forward" else
+                   {"grad_y": dy, "w": w} if direction == "backward_data" else {"x": x, "grad_y": dy})
+        results = _isolate.run_onednn_candidates(
+            problem, direction=direction, indices=[rows[i][0] for i in todo], fpmath=fpmath, prepack=packed,
+            allow_known_bad=allow_known_bad, slow_s=slow_s, iterations=iterations, warmup=warmup, budget_s=budget_s,
+            check=False, keep_output=True, timeout_s=iso.timeout_s, env=iso.env, threads=iso.threads, **tensors)
+        for i, res in zip(todo, results):
+            impl, label, detail, extra = rows[i]
+            row = Row(str(problem.name or problem.describe()), "onednn", label, detail + "; isolated",
+                      workspace_bytes=impl.scratchpad_bytes, direction=direction,
+                      extra=dict(extra, status=res["status"], problem=problem.describe(),
+                                 benchdnn=problem.to_benchdnn(strict=False), device=problem.device))
+            if res["status"] != "ok":   # "crashed: SIGSEGV", "timed out after 60 s", ...: failures
+                st = {"known bad": "skipped (known bad)"}.get(res["status"], res["status"])
+                row.error = st + (f": {res['detail']}" if res["detail"] else "")
+                row.status = res["status"]
+            else:
+                out = res["output"][0] if isinstance(res["output"], tuple) else res["output"]
+                with threads(1):
+                    err = compare_to_reference(problem, out, ref, ref_abs, **tol)
+                row.median_ms, row.min_ms, row.runs = res["median_ms"], res["min_ms"], res["runs"]
+                row.gflops = problem.flops / (row.median_ms * 1e6) if row.median_ms > 0 else float("nan")
+                row.max_abs, row.max_rel, row.ok = err.max_abs, err.max_rel, err.ok
+                row.status = "ok" if err.ok else "wrong"
+            rows[i] = row
 
 
 def cudnn_tolerance(dtype: str, math_reported: str, algo: str = "") -> dict:
@@ -394,88 +564,120 @@ def cudnn_tolerance(dtype: str, math_reported: str, algo: str = "") -> dict:
     return {"compute": compute, "factor": factor}
 
 
-def _cudnn_rows(problem, x, w, b, ref, ref_abs, timer, engines=None, **_kw) -> list[Row]:
+def _cuda_exec(plan, direction, x, w, b, dy):
+    """The call of a cuDNN plan for ``direction`` (every call reads its tensors as given)."""
+    if direction == "forward":
+        return lambda: plan.execute(x, w, b)
+    if direction == "backward_data":
+        return lambda: plan.execute(grad_y=dy, w=w)
+    return lambda: plan.execute(x, grad_y=dy)
+
+
+def _cudnn_rows(problem, x, w, b, ref, ref_abs, timer, engines=None, *, direction="forward", dy=None, libs=None,
+                **_kw) -> list[Row]:
     name = str(problem.name or problem.describe())
+    library = (libs or libraries())["cudnn"]
     try:
         from . import cudnn
     except Exception as exc:  # pragma: no cover - import errors are bugs, shown as a row
-        return [Row(name, "cudnn", "-", error=f"{type(exc).__name__}: {exc}", status="failed")]
+        return [Row(name, "cudnn", "-", error=f"{type(exc).__name__}: {exc}", status="failed", direction=direction)]
     rows: list[Row] = []
     pad = list(zip(problem.pad_before, problem.pad_after))
+    weights = None if direction == "backward_weights" else "as given"
     try:
-        plan = cudnn.Convolution(x, w, b, problem.stride, pad, problem.dilation, problem.groups)
+        if direction == "forward":
+            plan = cudnn.Convolution(x, w, b, problem.stride, pad, problem.dilation, problem.groups)
+        else:
+            from .problem import layout_of
+
+            plan = cudnn.Convolution.from_problem(problem, direction=direction,
+                                                  w_layout="nhwc" if layout_of(w) == "nhwc" else "nchw")
         algos = plan.algorithms(mode="find", math="all")
     except RawconvError as exc:
-        return [_error_row(name, "cudnn", "-", exc, f"cuDNN on {problem.describe()}")]
+        return [_error_row(name, "cudnn", "-", exc, f"cuDNN on {problem.describe()}", direction=direction,
+                           extra={"library": library})]
+    run = _cuda_exec(plan, direction, x, w, b, dy)
     for a in algos:
         label = f"{a.algo} math={a.math}"
         if not a.ok:
             rows.append(Row(name, "cudnn", label, error=f"not supported here ({a.status})",
-                            status="not supported", workspace_bytes=a.workspace_bytes))
+                            status="not supported", workspace_bytes=a.workspace_bytes, direction=direction,
+                            extra={"library": library}))
             continue
-
-        def run(a=a):
-            return plan.execute(x, w, b)
-
         try:
             info = plan.select(a.algo_id, a.requested_math or a.math)
         except RawconvError as exc:
-            rows.append(_error_row(name, "cudnn", label, exc))
+            rows.append(_error_row(name, "cudnn", label, exc, direction=direction, extra={"library": library}))
             continue
         detail = (f"math set {info.math}, reported {info.math_reported}; "
                   f"{'deterministic' if info.deterministic else 'non-deterministic'}"
                   + ("; fused bias" if info.fused else "") + (f"; {'; '.join(info.notes)}" if info.notes else ""))
-        rows.append(_measure(problem, "cudnn", label, detail, run, ref, ref_abs, timer,
-                             tol=cudnn_tolerance(problem.dtype, info.math_reported, info.algo),
-                             workspace=info.workspace_bytes,
+        tol = cudnn_tolerance(problem.dtype, info.math_reported, info.algo)
+        if direction != "forward":
+            from .check import tolerance_for
+
+            tol = tolerance_for(problem, direction, compute=tol["compute"], algorithm=info.algo).kwargs()
+        rows.append(_measure(problem, "cudnn", label, detail, run, ref, ref_abs, timer, tol=tol,
+                             workspace=info.workspace_bytes, direction=direction,
                              extra={"choice": f"{info.algo}@{info.math}", "algo": info.algo,
                                     "algo_id": info.algo_id, "math": info.math,
                                     "math_reported": info.math_reported, "deterministic": info.deterministic,
-                                    "find_ms": a.time_ms}))
+                                    "find_ms": a.time_ms, "library": library, "weights": weights}))
     plan.free()
     return rows
 
 
-def _cudnn_graph_rows(problem, x, w, b, ref, ref_abs, timer, engines=None, **_kw) -> list[Row]:
+def _cudnn_graph_rows(problem, x, w, b, ref, ref_abs, timer, engines=None, *, direction="forward", dy=None,
+                      libs=None, **_kw) -> list[Row]:
     """Rows for cuDNN graph-API engine configs: ``engines="all"`` (every engine with its default
     knobs, plus the heuristic modes' configs) or an int N (the first N of heuristic modes
     instant, b and fallback); none without ``engines``."""
     if not engines:
         return []
     name = str(problem.name or problem.describe())
+    library = (libs or libraries())["cudnn"]
     try:
         from . import cudnn_graph as G
     except Exception as exc:  # pragma: no cover - an import error is a bug: show it as a row
-        return [Row(name, "cudnn-graph", "-", error=f"{type(exc).__name__}: {exc}", status="failed")]
+        return [Row(name, "cudnn-graph", "-", error=f"{type(exc).__name__}: {exc}", status="failed",
+                    direction=direction)]
     pad = list(zip(problem.pad_before, problem.pad_after))
     rows: list[Row] = []
+    weights = None if direction == "backward_weights" else "as given"
     try:
-        plan = G.GraphConvolution(x, w, b, problem.stride, pad, problem.dilation, problem.groups, allow_tf32=True)
+        if direction == "forward":
+            plan = G.GraphConvolution(x, w, b, problem.stride, pad, problem.dilation, problem.groups,
+                                      allow_tf32=True)
+        else:
+            plan = G.GraphConvolution.from_problem(problem, direction=direction, allow_tf32=True)
         if str(engines) == "all":
             configs = plan.engines("all", limit=1)
         else:
             configs = plan.engines(list(G.HEURISTIC_MODES), limit=None)[: int(engines)]
     except (RawconvError, ValueError) as exc:
-        return [_error_row(name, "cudnn-graph", "-", exc)]
+        return [_error_row(name, "cudnn-graph", "-", exc, direction=direction, extra={"library": library})]
+    run = _cuda_exec(plan, direction, x, w, b, dy)
     for cfg in configs:
         label = cfg.name
         notes = ",".join(cfg.numerical_notes) or "-"
         detail = f"notes {notes}; heuristic {','.join(cfg.heuristics) or '-'}"
         if cfg.finalizes is False:
             rows.append(Row(name, "cudnn-graph", label, detail, error=cfg.error or "does not finalize",
-                            status="not supported"))
+                            status="not supported", direction=direction, extra={"library": library}))
             continue
         try:
             plan.select(cfg)
         except RawconvError as exc:
-            rows.append(_error_row(name, "cudnn-graph", label, exc, detail))
+            rows.append(_error_row(name, "cudnn-graph", label, exc, detail, direction=direction,
+                                   extra={"library": library}))
             continue
-        rows.append(_measure(problem, "cudnn-graph", label, detail, lambda: plan.execute(x, w, b), ref, ref_abs,
-                             timer, tol=G.tolerance_args(problem, cfg.numerical_notes),
-                             workspace=cfg.workspace_bytes,
+        rows.append(_measure(problem, "cudnn-graph", label, detail, run, ref, ref_abs,
+                             timer, tol=G.tolerance_args(problem, cfg.numerical_notes, direction),
+                             workspace=cfg.workspace_bytes, direction=direction,
                              extra={"choice": cfg.name, "engine": cfg.engine, "knobs": list(cfg.knobs),
                                     "numerical_notes": list(cfg.numerical_notes),
-                                    "behavior_notes": list(cfg.behavior_notes)}))
+                                    "behavior_notes": list(cfg.behavior_notes), "library": library,
+                                    "weights": weights}))
     plan.free()
     return rows
 
@@ -483,25 +685,49 @@ def _cudnn_graph_rows(problem, x, w, b, ref, ref_abs, timer, engines=None, **_kw
 # --------------------------------------------------------------------------- driver
 def compare_problem(problem: ConvProblem, *, x=None, w=None, b=None, iterations: int = 10, warmup: int = 2,
                     budget_s: float = 0.5, backends: Iterable[str] = ("torch", "onednn", "cudnn", "cudnn_graph"),
-                    photo: bool = False, fpmath: str = "strict", prepack: bool = True,
+                    photo: bool = False, fpmath: str = "strict", prepack: bool | str = "both",
                     include_ref: bool | str = True, ref_max_s: float = REF_MAX_SECONDS,
-                    engines: str | int | None = None, allow_known_bad: bool = False, isolate=None) -> list[Row]:
+                    engines: str | int | None = None, allow_known_bad: bool = False, isolate=None,
+                    direction: str = "forward", dy=None, libs: dict | None = None) -> list[Row]:
     """Time and check ``problem`` on torch and every rawconv implementation; returns :class:`Row` s.
+
+    ``direction``: "forward" (``F.conv{1,2,3}d``), "backward_data" (the input's gradient) or
+    "backward_weights" (the weight's; "backward_filter" too): torch's rows run
+    ``torch.ops.aten.convolution_backward`` (what autograd calls) for that output alone, rawconv's
+    the library's backward primitives, all on the same gradient of the output (``dy``, default
+    :func:`grad_output_for`) and checked against float64 (:func:`rawconv.check.reference`).
 
     ``iterations``/``warmup``: timed and untimed calls per candidate; ``budget_s``: seconds of
     warm-up and timing per candidate at most (at least one timed call each; a candidate whose
     first call, which also builds it, takes longer is timed by one more call alone). CPU problems
-    run on oneDNN, ``cuda`` problems on cuDNN. ``include_ref``: oneDNN's reference
-    implementations run (True), are dropped (False), or ("auto") run when one call is estimated
-    at most ``ref_max_s`` seconds and are listed as "skipped" otherwise. oneDNN implementations
-    that :mod:`rawconv.known_bad` lists get a "known bad" row unless ``allow_known_bad``;
-    ``isolate`` (True, or ``rawconv._isolate.Isolation``/dict) runs them in a child process
-    where a crash or hang becomes the row's status ("crashed: SIGSEGV", "timed out after N s").
+    run on oneDNN, ``cuda`` problems on cuDNN. ``prepack`` (oneDNN): "both" (default) times each
+    implementation whose weights need a reorder twice, with the weights read and reordered on
+    every call (as torch's call does: the like-for-like row) and with a snapshot reordered once
+    (a second row, labelled "(prepacked)"); False only the first, True only the second.
+    ``include_ref``: oneDNN's reference implementations run (True), are dropped (False), or
+    ("auto") run when one call is estimated at most ``ref_max_s`` seconds and are listed as
+    "skipped" otherwise. oneDNN implementations that :mod:`rawconv.known_bad` lists get a "known
+    bad" row unless ``allow_known_bad``; ``isolate`` (True, or ``rawconv._isolate.Isolation``/dict)
+    runs them in a child process where a crash or hang becomes the row's status ("crashed:
+    SIGSEGV", "timed out after N s"). Every row names the library and version that ran it
+    (``extra["library"]``, :func:`libraries`) and what it did with the weights
+    (``extra["weights"]``: "per call", "prepacked", "as given", None for backward_weights).
+    Raises :class:`~rawconv.errors.ArgumentError` for an unknown direction or ``prepack``.
     """
+    from ._backend import canonical_direction
+
+    direction = canonical_direction(direction)
+    _prepack_modes(prepack)
+    if direction != "forward" and problem.unbatched:
+        problem = problem.with_(unbatched=False)
     if x is None:
         x, w, b = inputs_for(problem, photo=photo)
-    ref = problem.reference(x, w, b)
-    ref_abs = abs_reference(problem, x, w, b)
+    if direction != "forward" and x.dim() == problem.ndim + 1:
+        x = x.unsqueeze(0)
+    if direction != "forward" and dy is None:
+        dy = grad_output_for(problem, device=x.device)
+    libs = libs or libraries()
+    ref, ref_abs = _references(problem, direction, x, w, b, dy)
     on_gpu = problem.device.startswith("cuda")
     if on_gpu:
         # pure GPU time per call (calls queued behind a GPU sleep): host overheads differ by
@@ -512,10 +738,10 @@ def compare_problem(problem: ConvProblem, *, x=None, w=None, b=None, iterations:
     backends = tuple(backends)
     rows: list[Row] = []
     if "torch" in backends:
-        rows += _torch_rows(problem, x, w, b, ref, ref_abs, timer)
+        rows += _torch_rows(problem, x, w, b, ref, ref_abs, timer, direction=direction, dy=dy, libs=libs)
     opts = dict(fpmath=fpmath, prepack=prepack, include_ref=include_ref, slow_s=budget_s, ref_max_s=ref_max_s,
                 allow_known_bad=allow_known_bad, isolate=isolate, timing=(iterations, warmup, budget_s),
-                engines=engines)
+                engines=engines, direction=direction, dy=dy, libs=libs)
     from ._backend import backends as registered
 
     for be in registered("cuda" if on_gpu else "cpu"):   # every registered backend of this device
@@ -527,12 +753,20 @@ def compare_problem(problem: ConvProblem, *, x=None, w=None, b=None, iterations:
 
 def compare(problems: list[ConvProblem], *, photo_first: bool = True, progress: bool | None = None,
             on_problem: Callable[[ConvProblem, list[Row]], None] | None = None, **kw) -> ResultTable:
-    """:func:`compare_problem` over a list; the first 2-D problem with 3 input channels gets the
-    real photo when ``photo_first``. ``on_problem(problem, rows)`` is called after each.
+    """:func:`compare_problem` over a list (``kw``: its keyword arguments, e.g. ``direction``,
+    ``prepack``); the first 2-D problem with 3 input channels gets the real photo when
+    ``photo_first``. ``on_problem(problem, rows)`` is called after each.
     ``progress``: a tqdm bar over the problems naming the current layer and candidate (None:
     when stderr is a terminal or in a Jupyter kernel; see :mod:`rawconv._progress`). Returns a
-    :class:`~rawconv.results.ResultTable` of every row (``.plot()``, ``_repr_html_``, exports)."""
+    :class:`~rawconv.results.ResultTable` of every row (``.plot()``, ``_repr_html_``, exports),
+    whose title names the libraries and versions compared and whose exports carry the run's
+    reliability (:meth:`~rawconv.results.ResultTable.reliability`)."""
+    from ._backend import canonical_direction
+
     problems = list(problems)
+    direction = canonical_direction(kw.get("direction", "forward"))
+    _prepack_modes(kw.get("prepack", "both"))
+    kw.setdefault("libs", libraries())
     out = []
     with _progress.bar(progress, total=len(problems), desc="compare", unit="layer") as bar:
         for i, p in enumerate(problems):
@@ -543,39 +777,57 @@ def compare(problems: list[ConvProblem], *, photo_first: bool = True, progress: 
             if on_problem is not None:
                 with bar.write_mode():
                     on_problem(p, rows)
-    return ResultTable(out, title=f"rawconv compare: {len(problems)} problem(s)")
+    what = "" if direction == "forward" else f" {direction}"
+    return ResultTable(out, title=f"rawconv compare{what}: {len(problems)} problem(s); "
+                                  f"{versions_line(kw['libs'], problems)}")
 
 
-def best_rawconv(rows: list[Row]) -> Row | None:
-    """The fastest rawconv row (oneDNN or cuDNN) with status "ok" among ``rows``."""
-    ok = [r for r in rows if r.backend != "torch" and r.category == "ok" and math.isfinite(r.median_ms)]
+def versions_line(libs: dict, problems=()) -> str:
+    """Which library and version each side runs, in a few words: ``"torch 2.14.1 (its own oneDNN
+    3.12.0) vs rawconv's oneDNN 3.2.0"``."""
+    cuda = any(str(getattr(p, "device", "cpu")).startswith("cuda") for p in problems)
+    cpu = not problems or any(str(getattr(p, "device", "cpu")) == "cpu" for p in problems)
+    sides = []
+    if cpu:
+        own = f" (its own oneDNN {libs['torch_onednn']})" if libs.get("torch_onednn") else ""
+        sides.append(f"{libs['torch']}{own} vs rawconv's {libs.get('onednn')}")
+    if cuda:
+        own = f" (its cuDNN {libs['torch_cudnn']})" if libs.get("torch_cudnn") else ""
+        sides.append(f"{libs['torch']}{own} vs rawconv's {libs.get('cudnn')}")
+    return "; ".join(sides)
+
+
+#: ``best_rawconv``'s weight handlings: "per call" is like for like with torch's call (which reads
+#: its weights on every call); "prepacked" is what a weight snapshot reordered once gives
+WEIGHT_SETS = {"per call": ("per call", "as given", None), "prepacked": ("prepacked", "as given", None),
+               "any": ("per call", "prepacked", "as given", None)}
+
+
+def best_rawconv(rows: list[Row], weights: str = "any") -> Row | None:
+    """The fastest rawconv row (oneDNN or cuDNN) with status "ok" among ``rows``; ``weights``:
+    among the rows that read their weights on every call ("per call", like torch's call; rows
+    whose implementation takes the weights as given count for both), that use a prepacked
+    snapshot ("prepacked"), or all ("any", the default)."""
+    keep = WEIGHT_SETS[weights]
+    ok = [r for r in rows if r.backend != "torch" and r.category == "ok" and math.isfinite(r.median_ms)
+          and r.extra.get("weights") in keep]
     return min(ok, key=lambda r: r.median_ms) if ok else None
 
 
+def first_choice(rows: list[Row]) -> Row | None:
+    """rawconv's oneDNN first choice (position 0 of oneDNN's list, what ``onednn.forward`` runs
+    without ``impl``) with the weights read on every call, when it ran within tolerance: one
+    choice against torch's one choice, no selection on the timings."""
+    return next((r for r in rows if r.backend == "onednn" and r.extra.get("index") == 0 and r.category == "ok"
+                 and math.isfinite(r.median_ms) and r.extra.get("weights") in WEIGHT_SETS["per call"]), None)
+
+
 def machine_report(rows: list[Row]) -> LoadReport | None:
-    """What the machine did while ``rows`` were timed: their :class:`~rawconv.bench.LoadReport` s
-    (``extra["machine"]``) merged, each weighted by its seconds. When the average looks fine but
-    more than a tenth of the timing was oversubscribed, the merge of those rows alone (so a busy
-    minute inside a long run is not averaged away). None when no row has a report."""
-    ms = [r.extra["machine"] for r in rows if isinstance(r.extra.get("machine"), dict)]
-    if not ms:
-        return None
+    """What the machine did while ``rows`` were timed (:func:`rawconv.results.machine_report`:
+    their load reports merged; a busy stretch inside a long run is not averaged away)."""
+    from .results import machine_report as merged
 
-    def merged(part):
-        secs = sum(m["seconds"] for m in part)
-
-        def avg(key):
-            vals = [(m[key], m["seconds"]) for m in part if m.get(key) is not None]
-            return sum(v * t for v, t in vals) / (sum(t for _, t in vals) or 1e-9) if vals else None
-
-        return LoadReport(secs, max(m["cpus"] for m in part), max(m["threads"] for m in part), avg("other_cpus"),
-                          avg("waited"), part[-1].get("loadavg"))
-
-    report = merged(ms)
-    over = [m for m in ms if m.get("oversubscribed")]
-    if not report.oversubscribed and sum(m["seconds"] for m in over) > 0.1 * report.seconds:
-        report = merged(over)
-    return report
+    return merged(rows)
 
 
 def timing_warnings(rows: list[Row], hint: str | None = None) -> list[str]:
@@ -587,27 +839,61 @@ def timing_warnings(rows: list[Row], hint: str | None = None) -> list[str]:
     return tw(machine_report(rows), [r.spread for r in rows if r.ran], hint=hint)
 
 
+def _geomean_or_none(ratios) -> float | None:
+    ratios = [v for v in ratios if v is not None and math.isfinite(v) and v > 0]
+    return geomean(ratios) if ratios else None
+
+
 def summary(rows: list[Row], *, hint: str | None = None) -> dict:
-    """Per problem: torch default time, best rawconv time and their ratio; overall geometric mean
-    of torch default / best rawconv (over problems where both have status "ok": failed, not
-    supported, skipped and wrong rows are left out; None when no problem has both), the rows of
-    each status category, and whether the timings can be trusted (``timing_warnings`` empty;
-    ``hint`` ends the oversubscription warning, see :func:`timing_warnings`)."""
+    """Per problem: torch default time, best rawconv time and their ratio; overall geometric means
+    of torch default / rawconv over the problems where both have status "ok" (failed, not
+    supported, skipped and wrong rows are left out; None when no problem has both):
+
+    * ``geomean_torch_over_best``: like for like with torch's call, which reads its weights on
+      every call: the fastest rawconv row that does too (``weights`` "per call" or "as given"),
+      **best of N**: ``best_of`` gives N per problem (the rawconv rows that ran within
+      tolerance), a selection made on these timings, which favours rawconv by the noise alone;
+    * ``geomean_torch_over_first_choice``: rawconv's oneDNN first choice, weights per call
+      (:func:`first_choice`: one choice each, no selection; None without oneDNN rows);
+    * ``geomean_torch_over_best_prepacked``: the fastest row with a weight snapshot reordered
+      once (which torch's ``F.conv2d`` cannot do), best of N too; None when no row was prepacked.
+
+    Also the rows of each status category, and whether the timings can be trusted
+    (``timing_warnings`` empty; ``hint`` ends the oversubscription warning, see
+    :func:`timing_warnings`)."""
     by_problem: dict[str, list[Row]] = {}
     for r in rows:
         by_problem.setdefault(r.problem, []).append(r)
-    per, ratios = [], []
+    per, ratios, first_ratios, packed_ratios = [], [], [], []
+    any_packed = any(r.extra.get("weights") == "prepacked" for r in rows)
     for name, rs in by_problem.items():
         torch_def = next((r for r in rs if r.backend == "torch" and r.implementation == "default"), None)
-        best = best_rawconv(rs)
-        comparable = torch_def is not None and torch_def.category == "ok" and best is not None and best.median_ms > 0
-        ratio = torch_def.median_ms / best.median_ms if comparable else None
-        if ratio is not None and math.isfinite(ratio) and ratio > 0:
-            ratios.append(ratio)
+        t_ok = torch_def is not None and torch_def.category == "ok" and torch_def.median_ms > 0
+        best = best_rawconv(rs, "per call")
+        first = first_choice(rs)
+        packed = best_rawconv(rs, "prepacked") if any_packed else None
+
+        def ratio_to(r):
+            return torch_def.median_ms / r.median_ms if t_ok and r is not None and r.median_ms > 0 else None
+
+        ratio = ratio_to(best)
+        ratios.append(ratio)
+        first_ratios.append(ratio_to(first))
+        packed_ratios.append(ratio_to(packed))
+        n = sum(r.backend != "torch" and r.category == "ok" and math.isfinite(r.median_ms)
+                and r.extra.get("weights") in WEIGHT_SETS["per call"] for r in rs)
         per.append({"problem": name, "torch_ms": torch_def.median_ms if torch_def and torch_def.ran else None,
                     "torch_status": torch_def.status if torch_def else None,
+                    "torch_library": torch_def.library if torch_def else None,
                     "best": best.implementation if best else None, "best_ms": best.median_ms if best else None,
-                    "ratio": ratio, "unstable": bool(comparable and (torch_def.unstable or best.unstable)),
+                    "best_library": best.library if best else None, "best_of": n,
+                    "ratio": ratio,
+                    "first_choice": first.implementation if first else None,
+                    "first_choice_ms": first.median_ms if first else None, "first_choice_ratio": ratio_to(first),
+                    "best_prepacked": packed.implementation if packed else None,
+                    "best_prepacked_ms": packed.median_ms if packed else None,
+                    "prepacked_ratio": ratio_to(packed),
+                    "unstable": bool(ratio is not None and (torch_def.unstable or best.unstable)),
                     "rawconv_rows": sum(r.backend != "torch" for r in rs),
                     "rawconv_ran": any(r.backend != "torch" and r.ran for r in rs)})
 
@@ -617,7 +903,9 @@ def summary(rows: list[Row], *, hint: str | None = None) -> dict:
     checked = [r for r in rows if r.ran]
     warn = timing_warnings(rows, hint)
     report = machine_report(rows)
+    best_of = [p["best_of"] for p in per if p["ratio"] is not None]
     return {"problems": len(by_problem), "results": len(checked),
+            "directions": sorted({r.direction for r in rows}),
             "within_tolerance": sum(r.category == "ok" for r in rows),
             "outside_tolerance": [label(r) for r in rows if r.category == "wrong"],
             # a library that did not load is reported once, under libraries_not_loaded
@@ -630,11 +918,43 @@ def summary(rows: list[Row], *, hint: str | None = None) -> dict:
                                             if r.extra.get("library_not_loaded")}),
             # rawconv rows there, none ran (a problem whose only candidates --no-ref left out has none)
             "no_rawconv_result": [p["problem"] for p in per if p["rawconv_rows"] and not p["rawconv_ran"]],
-            "comparable_problems": len(ratios),
-            "geomean_torch_over_best": geomean(ratios) if ratios else None,
+            "comparable_problems": sum(v is not None for v in ratios),
+            "geomean_torch_over_best": _geomean_or_none(ratios),
+            "best_of": [min(best_of), max(best_of)] if best_of else None,
+            "geomean_torch_over_first_choice": _geomean_or_none(first_ratios),
+            "first_choice_problems": sum(v is not None for v in first_ratios),
+            "geomean_torch_over_best_prepacked": _geomean_or_none(packed_ratios),
+            "prepacked_problems": sum(v is not None for v in packed_ratios),
+            "libraries": sorted({r.library for r in rows if r.library}),
             "timings_trustworthy": not warn, "timing_warnings": warn,
             "machine": report.as_dict() if report is not None else None,
             "per_problem": per}
+
+
+def headline(s: dict) -> list[str]:
+    """The summary's ratios as lines that say what each side did and mark a best-of-N selection
+    as such (``rawconv compare`` prints them; the README quotes them)."""
+    if s["geomean_torch_over_best"] is None:
+        return ["torch default / rawconv: no comparable rows (no problem where torch default and a rawconv "
+                "candidate both ran within tolerance)"]
+    bo = s.get("best_of") or [0, 0]
+    n = f"{bo[0]}" if bo[0] == bo[1] else f"{bo[0]}-{bo[1]}"
+    mark = "" if s["timings_trustworthy"] else " [UNRELIABLE: see the timing warnings]"
+    dirn = "" if s.get("directions", ["forward"]) == ["forward"] else f" ({', '.join(s['directions'])})"
+    out = [f"torch default / rawconv{dirn}, median time, geometric mean over {s['comparable_problems']} "
+           f"problem(s){mark}:"]
+    like = []
+    if s.get("geomean_torch_over_first_choice") is not None:
+        like.append(f"oneDNN's first choice {s['geomean_torch_over_first_choice']:.2f}x")
+    like.append(f"best of {n} per problem {s['geomean_torch_over_best']:.2f}x (picked on these timings: a "
+                "best-of-N favours rawconv by the noise alone)")
+    both = "weights read on every call by both, as torch's call does" if "backward_weights" not in \
+        s.get("directions", []) else "same inputs on every call"
+    out.append(f"  like for like ({both}): " + "; ".join(like))
+    if s.get("geomean_torch_over_best_prepacked") is not None:
+        out.append(f"  rawconv's weights prepacked (reordered once, which torch's call cannot do): best of {n} "
+                   f"{s['geomean_torch_over_best_prepacked']:.2f}x")
+    return out
 
 
 #: ``rawconv compare`` exit codes, most severe first (the first that applies is returned).
@@ -703,27 +1023,36 @@ _REGISTRY_NAME = {"cudnn-graph": "cudnn_graph"}   # compare's row label -> the b
 
 
 def records(rows: Iterable[Row], problems: Iterable[ConvProblem], *, fpmath: str = "strict",
-            allow_known_bad: bool = False, threads: int | None = None) -> list:
+            allow_known_bad: bool = False, threads: int | None = None, hint: str | None = None) -> list:
     """The :class:`rawconv.tuning.TuningRecord` of the fastest correct rawconv row of each problem
-    (problems where none ran correctly get none): its backend, the problem (``problems`` gives
-    the fields; rows name it), direction ``forward``, the candidate's stable name
+    (problems where none ran correctly get none), among the rows that read their weights on every
+    call as :mod:`rawconv.nn`'s modules and the function forms do (``detail["weights"]`` says
+    which; a run of prepacked rows only records its fastest with ``"prepacked"``, which
+    :func:`replay` honours): its backend, the problem (``problems`` gives
+    the fields; rows name it), the rows' direction, the candidate's stable name
     (``row.choice``: ``"jit:avx2@any"``, ``"IMPLICIT_PRECOMP_GEMM@fma"``, ``"eng72{k24=4}"``),
     the options ``compare`` ran it with (oneDNN: ``fpmath``, weights layout, ``threads``: the
     plan's count, one for a problem under 2**17 FLOPs, else ``threads``, default torch's current
     count; cuDNN: the math type set), the library version and device, its
-    median/min time and error against float64, and the layer's name as ``label``.
+    median/min time and error against float64, the layer's name as ``label``, and ``timing``:
+    whether the run's timings (:func:`rawconv.results.reliability` of ``rows``; ``hint`` ends its
+    oversubscription warning) and this row's own (:attr:`Result.timing_flags`) can be trusted,
+    so that :func:`replay` withholds a drift against a noisy time.
     :func:`rawconv.tuning.replay` (or ``rawconv replay FILE``) runs exactly that choice again."""
     from . import tuning
+    from .results import reliability
 
+    rows = list(rows)
+    run = reliability(rows, hint)
     by_key = {(str(p.name or p.describe()), p.device): p for p in problems}
     groups: dict = {}
     for r in rows:
-        groups.setdefault((r.problem_name, r.extra.get("device", "cpu")), []).append(r)
+        groups.setdefault((r.problem_name, r.extra.get("device", "cpu"), r.direction), []).append(r)
     out = []
     env_cache: dict = {}
-    for (name, device), rs in groups.items():
+    for (name, device, direction), rs in groups.items():
         p = by_key.get((name, device))
-        best = best_rawconv(rs)
+        best = best_rawconv(rs, "per call") or best_rawconv(rs, "prepacked")
         if p is None or best is None:
             continue
         backend = _REGISTRY_NAME.get(best.backend, best.backend)
@@ -736,7 +1065,7 @@ def records(rows: Iterable[Row], problems: Iterable[ConvProblem], *, fpmath: str
                                           threads if plan_threads is None else plan_threads)
             detail = {"impl": best.choice.partition("@")[0], "layouts": ex.get("layouts"), "index": ex.get("index"),
                       "formats": ex.get("formats"), "reorders": ex.get("reorders"),
-                      "scratchpad_bytes": best.workspace_bytes}
+                      "scratchpad_bytes": best.workspace_bytes, "weights": ex.get("weights")}
             env = None
         elif backend == "cudnn":
             from . import cudnn
@@ -754,11 +1083,15 @@ def records(rows: Iterable[Row], problems: Iterable[ConvProblem], *, fpmath: str
             env = env_cache.setdefault((backend, device), cudnn_graph._environment(torch.device(device).index or 0))
         else:   # a backend registered later: its choice and the environment it reports
             options, detail, env = {}, {}, None
-        key = tuning.TuningKey.for_backend(backend, p, "forward", options, environment=env)
+        key = tuning.TuningKey.for_backend(backend, p, direction, options, environment=env)
         err = {"max_abs": best.max_abs, "max_rel": best.max_rel, "ratio": None}
         err = {k: (v if v is None or math.isfinite(v) else None) for k, v in err.items()}
+        flags = best.timing_flags
+        timing = {"trustworthy": bool(run["trustworthy"] is not False and not flags),
+                  "run_trustworthy": run["trustworthy"], "run_warnings": list(run["warnings"]),
+                  "row_flags": flags, "machine": best.extra.get("machine")}
         out.append(tuning.TuningRecord(key, best.choice, _finite_json(detail), p.layout, best.median_ms, best.min_ms,
-                                       err, label=name))
+                                       err, label=name, timing=_finite_json(timing)))
     return out
 
 
@@ -791,7 +1124,9 @@ def replay(recs, *, iterations: int = 10, warmup: int = 2, budget_s: float = 0.5
     :class:`~rawconv.results.ResultTable`, one row per record: ``status`` (``ok``, ``wrong``,
     ``not supported`` when the library no longer offers the choice, ``failed``), times and error
     now, and in ``extra`` what was recorded (``recorded_median_ms``, ``recorded_max_rel``),
-    ``drift`` (median now / recorded - 1), ``machine`` (on CPU: the
+    ``drift`` (median now / recorded - 1; withheld, with ``drift_withheld`` saying why, for a
+    record whose ``timing`` says its time was not to be trusted: :func:`record_untrusted`),
+    ``machine`` (on CPU: the
     :class:`~rawconv.bench.LoadReport` of the timing, as for compare's rows, so
     :func:`timing_warnings` and :func:`replay_summary` apply) and ``environment`` (the
     ``(field, recorded, current)`` triples that differ: library version, device). Environment differences do not stop a
@@ -811,6 +1146,9 @@ def replay(recs, *, iterations: int = 10, warmup: int = 2, budget_s: float = 0.5
             rec_rel = rec.error.get("max_rel") if rec.error is not None else None
             extra = {"recorded_median_ms": rec.median_ms, "recorded_min_ms": rec.min_ms, "recorded_max_rel": rec_rel,
                      "choice": rec.choice, "device": problem.device, "library": f"{k.library} {k.library_version}"}
+            untrusted = record_untrusted(rec)
+            if untrusted:
+                extra["drift_withheld"] = untrusted
             try:
                 with warnings.catch_warnings(record=True):
                     warnings.simplefilter("always", RuntimeWarning)
@@ -826,6 +1164,22 @@ def replay(recs, *, iterations: int = 10, warmup: int = 2, budget_s: float = 0.5
             rows.append(row)
             bar.update()
     return ResultTable(rows, title=f"rawconv replay: {len(recs)} record(s)")
+
+
+def record_untrusted(rec) -> str:
+    """Why ``rec``'s recorded time is not to be trusted ('' when nothing is known against it):
+    it was made on a run whose timings were unreliable, or its own row's were (the record's
+    ``timing``, written by :func:`records`). :func:`replay` reports no drift against it."""
+    t = getattr(rec, "timing", None)
+    if not t or t.get("trustworthy", True):
+        return ""
+    flags = list(t.get("row_flags") or [])
+    if flags:
+        what = f"its time was measured while not to be trusted ({'; '.join(flags)})"
+    else:
+        run = [w.split(":")[0] for w in (t.get("run_warnings") or [])]
+        what = f"it was recorded on a run whose timings were not to be trusted ({'; '.join(run) or 'see the run'})"
+    return f"{what}: record it again on a quiet machine"
 
 
 def replay_summary(rows, *, hint: str | None = None) -> dict:
@@ -846,6 +1200,8 @@ def replay_summary(rows, *, hint: str | None = None) -> dict:
         return f"{r.problem_name}: {r.backend} {r.name}"
 
     return {"records": len(rows), "within_tolerance": sum(r.group == "ok" for r in rows),
+            "drift_withheld": [f"{label(r)}: {r.extra['drift_withheld']}" for r in rows
+                               if r.extra.get("drift_withheld")],
             "outside_tolerance": [label(r) for r in rows if r.group == "wrong"],
             "failed": [f"{label(r)}: {r.status}: {r.message}" for r in rows if r.group in ("failed", "not supported")],
             "geomean_drift": gm - 1.0 if math.isfinite(gm) else None,
@@ -862,10 +1218,14 @@ def _replay_one(plan, rec, problem, name, extra, iterations, warmup, budget_s, s
     from .problem import to_layout
 
     dy = to_layout(dy, problem.layout).to(dev)
+    packed = (rec.detail or {}).get("weights") == "prepacked" and k.direction != "backward_weights"
+    if packed:   # recorded with a weight snapshot reordered once: replayed the same way
+        plan.repack(w)
     if k.direction == "forward":
-        fn, tensors = (lambda: plan.execute(x, w, b)), {"x": x, "w": w, "b": b}
+        fn, tensors = (lambda: plan.execute(x, None if packed else w, b)), {"x": x, "w": w, "b": b}
     elif k.direction == "backward_data":
-        fn, tensors = (lambda: plan.execute(grad_y=dy, w=w)), {"dy": dy, "w": w}
+        fn, tensors = ((lambda: plan.execute(grad_y=dy)) if packed else (lambda: plan.execute(grad_y=dy, w=w)),
+                       {"dy": dy, "w": w})
     else:
         fn, tensors = (lambda: plan.execute(x, grad_y=dy)), {"x": x, "dy": dy}
     if dev.startswith("cuda"):
@@ -890,7 +1250,7 @@ def _replay_one(plan, rec, problem, name, extra, iterations, warmup, budget_s, s
     with threads(1):
         err = compare_to_reference(problem, y[0] if isinstance(y, tuple) else y, ref, ref_abs,
                                    **_record_tolerance(rec, problem))
-    if rec.median_ms:
+    if rec.median_ms and not extra.get("drift_withheld"):
         extra["drift"] = stats.median_ms / rec.median_ms - 1.0
     return Result(k.backend, rec.choice, name, k.direction, None, "ok" if err.ok else "wrong", stats.median_ms,
                   stats.min_ms, stats.runs, err, None,
@@ -901,4 +1261,4 @@ def _replay_one(plan, rec, problem, name, extra, iterations, warmup, budget_s, s
 from . import _guard  # noqa: E402
 
 _guard.guard_module(globals(), "compare_problem", "compare", "real_photo", "inputs_for", "summary", "write_json",
-                    "records", "replay", "replay_summary")
+                    "records", "replay", "replay_summary", "grad_output_for", "libraries", "headline")

@@ -1632,8 +1632,9 @@ def capabilities(refresh: bool = False, device: int | None = None):
     3x3, padding 1). Nothing runs on the GPU.
 
     ``device``: a CUDA device index (default: torch's current device, or 0). Cached per process
-    and device (``refresh=True`` probes again). Without a GPU it raises the library's own error:
-    :class:`~rawconv.errors.LibraryError` (``cudnnCreate``: ``CUDNN_STATUS_NOT_INITIALIZED``), or
+    and device (``refresh=True`` probes again). Raises
+    :class:`~rawconv.errors.DeviceNotAvailableError` when torch sees no such GPU (before
+    ``cudnnCreate``, which would fail with ``CUDNN_STATUS_NOT_INITIALIZED``), and
     :class:`~rawconv.errors.LibraryNotFoundError` when libcudnn cannot be loaded. Wraps
     ``cudnnCreate``, ``cudnnGetConvolution{Forward,BackwardData,BackwardFilter}Algorithm_v7``,
     ``cudnnGetVersion``.
@@ -1657,7 +1658,14 @@ def capabilities(refresh: bool = False, device: int | None = None):
         if caps is not None and not refresh:
             return caps
         _cudnn.lib()
-        _cuda.handle_for(idx)          # no GPU: cuDNN's own error (cudnnCreate) here
+        if not torch.cuda.is_available() or idx >= torch.cuda.device_count():
+            from .errors import DeviceNotAvailableError
+
+            seen = ("no CUDA GPU" if not torch.cuda.is_available()
+                    else f"{torch.cuda.device_count()} CUDA device(s)")
+            raise DeviceNotAvailableError(f"rawconv.cudnn.capabilities: torch sees {seen} here, and cuDNN needs "
+                                          f"one to answer (device {idx}; cudnnCreate would fail)")
+        _cuda.handle_for(idx)
         cc = torch.cuda.get_device_capability(idx)
         platform = f"{torch.cuda.get_device_name(idx)} (compute capability {cc[0]}.{cc[1]})"
         rows = []

@@ -147,15 +147,18 @@ class TimedImplementation(Result):
                 f"  median/min {self.spread:.2f}")
 
 
-def _warn_timings(monitor, rows) -> None:
+def _warn_timings(monitor, rows) -> list[str]:
     """``warnings.warn`` each :func:`rawconv.bench.timing_warnings` line for autotune's timed rows
-    (``monitor`` None: timed in a child process, whose CPU time would read as another process's)."""
+    (``monitor`` None: timed in a child process, whose CPU time would read as another process's);
+    returns the lines (the tuning record keeps them)."""
     import warnings
 
     from .bench import TimingWarning, timing_warnings
 
-    for line in timing_warnings(monitor.report() if monitor is not None else None, [r.spread for r in rows]):
+    lines = timing_warnings(monitor.report() if monitor is not None else None, [r.spread for r in rows])
+    for line in lines:
         warnings.warn(f"Convolution.autotune: {line}", TimingWarning, stacklevel=_guard.stacklevel())
+    return lines
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -1414,14 +1417,14 @@ class Convolution(PlanLifetime):
             if temporary_snap:
                 self._snap = None
                 self._hot = None
-        _warn_timings(monitor, rows)
+        warned = _warn_timings(monitor, rows)
         self._selected = rows[0].impl.index
         for i in list(self._built):
             if i != self._selected:
                 del self._built[i]
         wrong.sort(key=lambda r: r.median_ms)
         out = self._table(rows + wrong + skipped)
-        rec = self._record(key, out[0])
+        rec = self._record(key, out[0], warned)
         store.put(rec)
         self.tuning_record = out.record = rec
         return out
@@ -1515,16 +1518,20 @@ class Convolution(PlanLifetime):
         self.tuning_record = out.record = hit
         return out
 
-    def _record(self, key, row):
-        """The tuning record of autotune's choice ``row``."""
+    def _record(self, key, row, warned=None):
+        """The tuning record of autotune's choice ``row``; ``warned``: the timing warnings of the
+        autotune (its ``timing``: a time measured while they applied is not one to drift against)."""
         from . import tuning
 
         impl = row.impl
         detail = {"impl": impl.name, "layouts": impl.layouts, "index": impl.index,
                   "formats": dict(impl.formats), "reorders": list(impl.reorders),
-                  "scratchpad_bytes": impl.scratchpad_bytes}
+                  "scratchpad_bytes": impl.scratchpad_bytes,
+                  "weights": "prepacked" if self.prepack and self.direction != "backward_weights" else "per call"}
+        timing = None if warned is None else {"trustworthy": not warned, "run_trustworthy": not warned,
+                                              "run_warnings": list(warned), "row_flags": []}
         return tuning.TuningRecord(key, impl.choice, detail, self.problem.layout, row.median_ms, row.min_ms,
-                                   row.accuracy, label=self.problem.name or "")
+                                   row.accuracy, label=self.problem.name or "", timing=timing)
 
     def _example_tensors(self) -> dict:
         """The tensors autotune times on: the construction ones, else seeded random ones of the

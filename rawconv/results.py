@@ -176,11 +176,40 @@ class Result:
         return self.median_ms / self.min_ms
 
     @property
+    def oversubscribed(self) -> bool:
+        """The machine was oversubscribed while this row was timed (other processes' CPUs plus our
+        threads exceeded ours, or our threads waited for a CPU: ``extra["machine"]``, the
+        :class:`~rawconv.bench.LoadReport` of its timing, as ``compare`` and ``replay`` record it)."""
+        m = self.extra.get("machine") if isinstance(self.extra, dict) else None
+        return bool(isinstance(m, dict) and m.get("oversubscribed"))
+
+    @property
     def unstable(self) -> bool:
-        """median / min above :data:`rawconv.bench.SPREAD_LIMIT`."""
+        """Its time is not to be trusted: median / min above :data:`rawconv.bench.SPREAD_LIMIT`,
+        or the machine was :attr:`oversubscribed` while it was timed (threads descheduled for
+        whole scheduler ticks give steady medians many times the quiet time, with median / min
+        near 1). :attr:`timing_flags` says which."""
+        return bool(self.timing_flags)
+
+    @property
+    def timing_flags(self) -> list[str]:
+        """Why this row's time is not to be trusted (empty when nothing is known against it):
+        ``"machine oversubscribed while timed"``, ``"median/min 2.9"``."""
         from .bench import SPREAD_LIMIT
 
-        return _finite(self.spread) and self.spread > SPREAD_LIMIT
+        out = []
+        if self.oversubscribed:
+            out.append("machine oversubscribed while timed")
+        if _finite(self.spread) and self.spread > SPREAD_LIMIT:
+            out.append(f"median/min {self.spread:.1f}")
+        return out
+
+    @property
+    def library(self) -> str:
+        """The library and version that ran this row (``"oneDNN 3.2.0"``; torch's rows: ``"torch
+        2.14.1, its oneDNN 3.12.0"``), where the row says (``extra["library"]``), else ''."""
+        v = self.extra.get("library") if isinstance(self.extra, dict) else None
+        return v if isinstance(v, str) else ""
 
     @property
     def problem_name(self) -> str:
@@ -229,7 +258,8 @@ class Result:
         out = {"problem": self.problem_name, "backend": self.backend, "name": self.name,
                "direction": self.direction, "status": self.status, "group": self.group,
                "median_ms": self.median_ms, "min_ms": self.min_ms, "runs": self.runs, "spread": self.spread,
-               "unstable": self.unstable, "gflops": self.gflops, "max_abs": self.max_abs, "max_rel": self.max_rel,
+               "unstable": self.unstable, "oversubscribed": self.oversubscribed,
+               "timing_flags": "; ".join(self.timing_flags), "library": self.library, "gflops": self.gflops, "max_abs": self.max_abs, "max_rel": self.max_rel,
                "err_ratio": acc.ratio if acc is not None else None,
                "workspace_bytes": self.workspace_bytes, "detail": self.detail, "message": self.message,
                "phase": self.phase, "seconds": self.seconds, "reference": self.reference, "choice": self.choice}
@@ -283,6 +313,60 @@ def as_result(row) -> "Result":
                   " ".join(getattr(row, "notes", ())), getattr(row, "detail", "") or getattr(row, "error", "") or "")
 
 
+def machine_report(rows):
+    """What the machine did while ``rows`` were timed: their :class:`~rawconv.bench.LoadReport` s
+    (``extra["machine"]``) merged, each weighted by its seconds. When the average looks fine but
+    more than a tenth of the timing was oversubscribed, the merge of those rows alone (so a busy
+    minute inside a long run is not averaged away). None when no row has a report."""
+    from .bench import LoadReport
+
+    ms = [r.extra["machine"] for r in map(as_result, rows)
+          if isinstance(r.extra, dict) and isinstance(r.extra.get("machine"), dict)]
+    if not ms:
+        return None
+
+    def merged(part):
+        secs = sum(m["seconds"] for m in part)
+
+        def avg(key):
+            vals = [(m[key], m["seconds"]) for m in part if m.get(key) is not None]
+            return sum(v * t for v, t in vals) / (sum(t for _, t in vals) or 1e-9) if vals else None
+
+        return LoadReport(secs, max(m["cpus"] for m in part), max(m["threads"] for m in part), avg("other_cpus"),
+                          avg("waited"), part[-1].get("loadavg"))
+
+    report = merged(ms)
+    over = [m for m in ms if m.get("oversubscribed")]
+    if not report.oversubscribed and sum(m["seconds"] for m in over) > 0.1 * report.seconds:
+        report = merged(over)
+    return report
+
+
+def reliability(rows, hint: str | None = None) -> dict:
+    """Whether the timings of ``rows`` (one run) can be trusted, for every output to carry:
+    ``{"trustworthy": bool or None, "warnings": [lines], "machine": LoadReport.as_dict() or None,
+    "unreliable_rows": n, "timed_rows": n}``. Not trustworthy when the machine was oversubscribed
+    while they were timed (:func:`machine_report`) or some median/min spreads are wide
+    (:func:`rawconv.bench.timing_warnings`, whose ``hint`` ends the first line); None when no
+    row was timed (a listing)."""
+    from .bench import timing_warnings
+
+    rows = [as_result(r) for r in rows]
+    timed = [r for r in rows if r.ran and _finite(r.median_ms)]
+    report = machine_report(rows)
+    warn = timing_warnings(report, [r.spread for r in rows if r.ran], hint=hint)
+    return {"trustworthy": (not warn) if timed else None, "warnings": warn,
+            "machine": report.as_dict() if report is not None else None,
+            "unreliable_rows": sum(r.unstable for r in timed), "timed_rows": len(timed)}
+
+
+def _unreliable_banner(rel: dict) -> str:
+    """One line for a run whose timings are not to be trusted ('' when they are, or unknown)."""
+    if rel.get("trustworthy") is not False:
+        return ""
+    return "UNRELIABLE timings: " + "; ".join(rel["warnings"])
+
+
 class ResultTable(list):
     """A list of rows with a readable ``repr`` and exports: :class:`Result` rows (autotune, compare)
     or a listing's candidates (oneDNN ``Implementation``, cuDNN ``Algorithm``, ``EngineConfig``:
@@ -322,17 +406,33 @@ class ResultTable(list):
     def to_dicts(self) -> list[dict]:
         return [as_result(r).as_dict() for r in self]
 
+    def reliability(self, hint: str | None = None) -> dict:
+        """Whether this table's timings can be trusted (:func:`reliability`: ``trustworthy``,
+        ``warnings``, ``machine``...). The JSON and CSV exports, the HTML view and the plots
+        carry it."""
+        return reliability(self, hint)
+
     def to_json(self, path: str | None = None, **meta) -> str:
-        """The rows (and ``meta``) as JSON text; written to ``path`` when given."""
-        text = json.dumps({"title": self.title, **meta, "rows": self.to_dicts()}, indent=1, default=str)
+        """The rows (and ``meta``) as JSON text, with ``timing``: :meth:`reliability` (whether the
+        run's timings can be trusted, and why not); written to ``path`` when given."""
+        text = json.dumps(_json_safe({"title": self.title, **meta, "timing": self.reliability(),
+                                      "rows": self.to_dicts()}), indent=1, default=str)
         if path is not None:
             with open(path, "w") as f:
                 f.write(text)
         return text
 
     def to_csv(self, path: str | None = None) -> str:
-        """The rows as CSV text (one column per field of :meth:`Result.as_dict`); written to ``path``."""
+        """The rows as CSV text (one column per field of :meth:`Result.as_dict`: per row
+        ``unstable`` / ``oversubscribed`` / ``timing_flags``, ``library``), plus, when rows were
+        timed, the run's reliability on every row (``run_timings_trustworthy``,
+        ``run_timing_warnings``: :meth:`reliability`); written to ``path``."""
         rows = self.to_dicts()
+        rel = self.reliability()
+        if rel["trustworthy"] is not None:
+            for d in rows:
+                d["run_timings_trustworthy"] = rel["trustworthy"]
+                d["run_timing_warnings"] = " | ".join(rel["warnings"])
         cols: list[str] = []
         for d in rows:
             cols += [k for k in d if k not in cols and not isinstance(d[k], (dict, list))]
@@ -353,8 +453,10 @@ class ResultTable(list):
             import pandas as pd
         except ImportError as exc:  # pragma: no cover - pandas is installed in the test venv
             raise ImportError("ResultTable.to_pandas needs pandas (pip install pandas)") from exc
-        return pd.DataFrame([{k: v for k, v in d.items() if not isinstance(v, (dict, list))}
-                             for d in self.to_dicts()])
+        df = pd.DataFrame([{k: v for k, v in d.items() if not isinstance(v, (dict, list))}
+                           for d in self.to_dicts()])
+        df.attrs["timing"] = self.reliability()   # the run's reliability travels with the frame
+        return df
 
 
     def __getitem__(self, i):
@@ -389,6 +491,11 @@ class ResultTable(list):
         lines += [fmt.format(*row).rstrip() for row in cells]
         if any(r.reference for r in rows):
             lines.append("(* torch's own choice, for reference)")
+        if any(r.ran and r.timing_flags for r in rows):
+            lines.append("(! time not to be trusted: machine oversubscribed while timed, or median/min wide)")
+        banner = _unreliable_banner(self.reliability())
+        if banner:
+            lines.append(banner)
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -476,7 +583,7 @@ def _cell(r, col: str) -> str:
     if col == "status":
         return r.status
     if col == "median ms":
-        return f"{r.median_ms:.4f}" if _finite(r.median_ms) else "-"
+        return (f"{r.median_ms:.4f}" + (" !" if r.ran and r.timing_flags else "")) if _finite(r.median_ms) else "-"
     if col == "min ms":
         return f"{r.min_ms:.4f}" if _finite(r.min_ms) else "-"
     if col == "rel err":
@@ -505,25 +612,39 @@ _GREEN_BG = "rgba(46,160,67,0.25)"
 _RED_BG = "rgba(229,72,77,0.22)"
 _REF_BG = "rgba(128,128,128,0.14)"
 _RED_TEXT = "#e5484d"
+_WARN_BG = "rgba(245,166,35,0.30)"
 _RULE = "1px solid rgba(128,128,128,0.45)"
 
 _HTML_COLS = (  # (header, getter, numeric)
     ("backend", lambda r: r.backend, False),
+    ("library", lambda r: r.library, False),
     ("candidate", lambda r: r.name, False),
     ("status", lambda r: r.status, False),
     ("median ms", lambda r: _fmt_ms(r.median_ms), True),
     ("min ms", lambda r: _fmt_ms(r.min_ms), True),
     ("med/min", lambda r: f"{r.spread:.2f}" if _finite(r.spread) else "-", True),
+    ("timing", lambda r: _timing_cell(r), False),
     ("max rel err", lambda r: f"{r.max_rel:.1e}" if _finite(r.max_rel) else "-", True),
     ("workspace", lambda r: _fmt_bytes(r.workspace_bytes), True),
     ("GFLOP/s", lambda r: f"{r.gflops:.1f}" if _finite(r.gflops) else "-", True),
     # replayed tuning records (rawconv.compare.replay): what was recorded, and the drift since
     ("recorded ms", lambda r: _fmt_ms(r.extra.get("recorded_median_ms")), True),
-    ("drift", lambda r: f"{100 * r.extra['drift']:+.1f}%" if _finite(r.extra.get("drift")) else "-", True),
+    ("drift", lambda r: f"{100 * r.extra['drift']:+.1f}%" if _finite(r.extra.get("drift"))
+     else "withheld" if r.extra.get("drift_withheld") else "-", True),
     ("recorded rel err", lambda r: f"{r.extra['recorded_max_rel']:.1e}" if _finite(r.extra.get("recorded_max_rel"))
      else "-", True),
     ("detail", lambda r: (r.detail if r.group in ("ok", "wrong", "listed") else (r.message or r.detail)), False),
 )
+
+
+def _timing_cell(r: Result) -> str:
+    """A short mark for a row whose time is not to be trusted (HTML; the full reason as a tooltip)."""
+    if not (r.ran and r.timing_flags):
+        return ""
+    from html import escape
+
+    short = "; ".join("busy" if f.startswith("machine") else f for f in r.timing_flags)
+    return f'<span title="{escape("; ".join(r.timing_flags), quote=True)}">&#9888; {escape(short)}</span>'
 
 
 def _html_table(table: ResultTable) -> str:
@@ -539,9 +660,12 @@ def _html_table(table: ResultTable) -> str:
     out = ['<div class="rawconv-results" style="overflow-x:auto">',
            '<table style="border-collapse:collapse;font-size:0.9em;font-variant-numeric:tabular-nums;'
            'margin:0;width:auto">']
-    if table.title:
+    banner = _unreliable_banner(table.reliability())
+    if table.title or banner:
         out.append(f'<caption style="text-align:left;font-weight:bold;padding:4px 0;caption-side:top">'
-                   f'{escape(table.title)}</caption>')
+                   f'{escape(table.title)}'
+                   + (f'<div style="background:{_WARN_BG};font-weight:normal;padding:2px 6px;margin-top:2px">'
+                      f'&#9888; {escape(banner)}</div>' if banner else "") + '</caption>')
     out.append("<thead><tr>" + "".join(
         f'<th style="{td.format(align="right" if num else "left")}border-bottom:{_RULE};font-weight:bold;'
         'white-space:nowrap">'
@@ -569,7 +693,7 @@ def _html_table(table: ResultTable) -> str:
             seen.update({mark} if mark else set())
             cells = []
             for h, get, num in cols:
-                text = escape(str(get(r)))
+                text = str(get(r)) if h == "timing" else escape(str(get(r)))
                 cstyle = td.format(align="right" if num else "left")
                 if h == "candidate":
                     if r.reference:
@@ -578,8 +702,12 @@ def _html_table(table: ResultTable) -> str:
                         text = f"&#9733; {text}"
                 if h == "status" and r.group in ("wrong", "failed"):
                     cstyle += f"color:{_RED_TEXT};font-weight:bold;"
+                if h in ("timing", "median ms") and r.ran and r.timing_flags:
+                    cstyle += f"background:{_WARN_BG};"
                 if h == "detail":
                     cstyle += "max-width:42em;white-space:normal;"
+                elif h == "library":
+                    cstyle += "min-width:7em;max-width:13em;white-space:normal;"
                 else:
                     cstyle += "white-space:nowrap;"
                 cells.append(f'<td style="{cstyle}">{text}</td>')
@@ -596,6 +724,9 @@ def _html_table(table: ResultTable) -> str:
     if any(r.reference for r in rows):
         legend.append(f'<span style="background:{_REF_BG};font-style:italic;padding:0 4px">&#9670; torch, '
                       "for reference</span>")
+    if any(r.ran and r.timing_flags for r in rows):
+        legend.append(f'<span style="background:{_WARN_BG};padding:0 4px">&#9888; time not to be trusted '
+                      "(busy: the machine was oversubscribed while it was timed; med/min: wide spread)</span>")
     if legend:
         out.append('<div style="font-size:0.8em;margin-top:3px">' + " &nbsp; ".join(legend) + "</div>")
     out.append("</div>")
@@ -664,10 +795,19 @@ def _plot_bars(table, groups, ax, reference_ms, log, title, figsize):
         else:   # one problem: the table's title, naming the problem when the title does not
             head = table.title if not name or name in table.title else f"{name} ({table.title})"
         _bars_panel(a, rs, head, reference_ms, log)
-    if title:
-        fig.suptitle(title)
+    banner = _unreliable_banner(table.reliability())
+    head = title or (table.title if len(groups) > 1 else "")   # one panel: its title names the table already
+    if head or banner:
+        fig.suptitle("\n".join(t for t in (head, _wrap_banner(banner)) if t), color="#b00000" if banner else None,
+                     fontsize=9, x=0.01, ha="left")
     fig.tight_layout()
     return fig
+
+
+def _wrap_banner(banner: str, width: int = 110) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(banner, width)) if banner else ""
 
 
 def _bars_panel(ax, rows, title, reference_ms, log):
@@ -700,6 +840,8 @@ def _bars_panel(ax, rows, title, reference_ms, log):
         if _finite(r.min_ms):
             ax.plot([r.min_ms], [y], marker="|", color="black", markersize=11, markeredgewidth=1.6)
         tag = f"{_fmt_ms(r.median_ms)} ms"
+        if r.timing_flags:
+            tag += "  (!) " + ("busy" if r.oversubscribed else "noisy")
         if r.group == "wrong":
             tag += f"  WRONG (rel err {r.max_rel:.1e})" if _finite(r.max_rel) else "  WRONG"
         ax.annotate(tag, (r.median_ms, y), xytext=(5, 0), textcoords="offset points", va="center", ha="left",
@@ -731,6 +873,10 @@ def _bars_panel(ax, rows, title, reference_ms, log):
         ax.set_xlim(0, hi * 1.3)
     if ref_ms:
         ax.axvline(ref_ms, color=_C_REF, linestyle="--", linewidth=1.5)
+        if ref is not None and reference_ms is None and ref.timing_flags:
+            ax.annotate("torch default (!) " + ("busy" if ref.oversubscribed else "noisy"), (ref_ms, -0.5),
+                        xytext=(3, -2), textcoords="offset points", va="top", ha="left", fontsize=7,
+                        color=_C_REF)
     ax.set_xlabel("median time per call (ms)" + (", log scale" if use_log else ""), fontsize=8.5)
     ax.tick_params(axis="x", labelsize=8)
     ax.set_title(title, fontsize=9.5, loc="left")
@@ -751,6 +897,9 @@ def _bars_panel(ax, rows, title, reference_ms, log):
         handles.append(Line2D([], [], color=_C_REF, linestyle="--",
                               label=f"torch default {_fmt_ms(ref_ms)} ms" if reference_ms is None
                               else f"reference {_fmt_ms(ref_ms)} ms"))
+    if any(r.timing_flags for r in ran) or (ref is not None and ref.timing_flags):
+        handles.append(Line2D([], [], linestyle="none", label="(!) busy: machine oversubscribed while timed;\n"
+                                                              "(!) noisy: median/min wide"))
     if handles:
         ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0,
                   frameon=False)
@@ -778,7 +927,9 @@ def _plot_heatmap(table, groups, ax, title, figsize):
     from matplotlib.patches import Rectangle
 
     def key(r):
-        return f"torch: {r.name}" if r.backend == "torch" else r.choice
+        if r.backend == "torch":
+            return f"torch: {r.name}"
+        return r.choice + (" (prepacked)" if isinstance(r.extra, dict) and r.extra.get("weights") == "prepacked" else "")
 
     cols: list[str] = []
     for _, rs in groups:
@@ -788,6 +939,7 @@ def _plot_heatmap(table, groups, ax, title, figsize):
                 cols.append(k)
     ratio = np.full((len(groups), len(cols)), np.nan)
     state = np.zeros((len(groups), len(cols)), dtype=int)   # 0 absent, 1 ok, 2 wrong, 3 did not run
+    noisy = np.zeros((len(groups), len(cols)), dtype=bool)  # its time (or torch default's) not to be trusted
     best_cell = {}
     any_torch = False
     for i, (_, rs) in enumerate(groups):
@@ -801,6 +953,7 @@ def _plot_heatmap(table, groups, ax, title, figsize):
             j = cols.index(key(r))
             if r.ran and _finite(r.median_ms):
                 state[i, j] = 2 if r.group == "wrong" else 1
+                noisy[i, j] = bool(r.timing_flags) or bool(ref is not None and ref.timing_flags)
                 if base:
                     ratio[i, j] = r.median_ms / base
             else:
@@ -833,8 +986,12 @@ def _plot_heatmap(table, groups, ax, title, figsize):
                         bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.8})
             elif s == 1 and np.isfinite(ratio[i, j]) and len(groups) * len(cols) <= 900:
                 v = ratio[i, j]
-                ax.text(j, i, _ratio_text(v), ha="center", va="center", fontsize=7.5,
-                        color="white" if abs(lr[i, j]) > 0.6 * m else "black")
+                ax.text(j, i, _ratio_text(v) + ("!" if noisy[i, j] else ""), ha="center", va="center",
+                        fontsize=7.5, color="white" if abs(lr[i, j]) > 0.6 * m else "black",
+                        style="italic" if noisy[i, j] else "normal")
+            if s in (1, 2) and noisy[i, j]:
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="#b00000", lw=0.9,
+                                       linestyle=(0, (2, 1.5))))
     for i, j in best_cell.items():
         ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black", lw=1.6))
     ax.set_xticks(range(len(cols)))
@@ -852,8 +1009,12 @@ def _plot_heatmap(table, groups, ax, title, figsize):
     cb.set_ticklabels([f"{2.0 ** t:g}x" for t in ticks])
     cb.set_label("time / torch default" if any_torch else "time / fastest", fontsize=8)
     cb.ax.tick_params(labelsize=7)
+    banner = _unreliable_banner(table.reliability())
+    marks = "; !/dashed red: time not to be trusted" if noisy.any() else ""
     ax.set_title(title or (table.title + "\n" if table.title else "") +
                  f"median time relative to {what} (green: faster, red: slower); boxed: fastest correct; "
-                 "n/r: did not run; blank: not offered", fontsize=8.5, loc="left")
+                 f"n/r: did not run; blank: not offered{marks}", fontsize=8.5, loc="left")
+    if banner:
+        fig.suptitle(_wrap_banner(banner, 120), color="#b00000", fontsize=9, x=0.01, ha="left")
     fig.tight_layout()
     return fig

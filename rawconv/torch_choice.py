@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -367,8 +368,9 @@ class _Call:
     groups: int
     run: Callable[[], torch.Tensor]
     problem: ConvProblem       # forward problem (transposed: the convolution whose backward data it is)
-    direction: str             # "forward" or "backward_data" (transposed)
+    direction: str             # "forward", "backward_data" (also a transposed forward), "backward_weights"
     describe: str
+    dy: torch.Tensor | None = None   # the output's gradient of a backward call (torch_choice(direction=...))
 
     @property
     def device(self) -> str:
@@ -436,6 +438,29 @@ def _call_of(x, w, bias, stride, padding, dilation, groups, transposed, output_p
     if any(op):
         desc += " op" + ",".join(map(str, op))
     return _Call(xx, xx, w, bias, list(s), list(pd), list(d), True, list(op), groups, run, p, "backward_data", desc)
+
+
+def _backward_call(c: _Call, direction: str) -> _Call:
+    """``c`` (a forward call) turned into its ``direction`` gradient as autograd computes it:
+    ``torch.ops.aten.convolution_backward`` for the input's (backward_data) or the weight's
+    (backward_weights) gradient alone, on a seeded random gradient of the output (``c.dy``, in
+    x's dtype, device and memory format)."""
+    from .problem import to_layout
+
+    g = torch.Generator().manual_seed(1)
+    dy = torch.randn(c.problem.y_shape, generator=g, dtype=torch.float64).to(c.x.dtype)
+    dy = to_layout(dy, "nhwc" if layout_of(c.x) == "nhwc" else "nchw").to(c.x.device)
+    data = direction == "backward_data"
+    mask = [data, not data, False]
+    op = torch.ops.aten.convolution_backward
+    x, w = c.x, c.w
+    args = (c.stride, c.padding, c.dilation, False, c.output_padding, c.groups, mask)
+
+    def run():
+        return op(dy, x, w, None, *args)[0 if data else 1]
+
+    desc = f"{c.describe} ({direction}: aten.convolution_backward)"
+    return dataclasses.replace(c, run=run, direction=direction, describe=desc, dy=dy)
 
 
 def select_backend(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
@@ -649,6 +674,27 @@ _ONEDNN_RENAMES = (("brg_conv_fwd", "brgconv"), ("brg_conv_bwd_d", "brgconv_bwd_
                    ("brg_conv_bwd_w", "brgconv_bwd_w"), ("brg_deconv", "brgdeconv"))
 
 
+@functools.lru_cache(maxsize=1)
+def _torch_onednn_version() -> str:
+    """The oneDNN version bundled in torch ("3.12.0"; '' when torch does not say)."""
+    try:
+        from ._info import _torch_part
+
+        v = _torch_part().get("onednn_bundled")
+        return v.split()[0] if v else ""
+    except Exception:  # noqa: BLE001 - a label
+        return ""
+
+
+def _rawconv_onednn_version() -> str:
+    try:
+        from . import onednn
+
+        return onednn._version()
+    except Exception:  # noqa: BLE001 - a label
+        return "?"
+
+
 def _normalize_impl(name: str) -> str:
     for new, old in _ONEDNN_RENAMES:
         if name.startswith(new):
@@ -656,20 +702,32 @@ def _normalize_impl(name: str) -> str:
     return name
 
 
+#: per direction, rawconv's roles for the memory descriptors torch's oneDNN trace names src and wei
+#: (its backward primitives print the gradients under the forward names: diff_src as src...)
+_TRACE_ROLES = {"forward": ("x", "w"), "backward_data": ("dx", "w"), "backward_weights": ("x", "dw")}
+
+
 def _onednn_matches(c: _Call, conv: OneDNNRun) -> tuple[str, tuple[str, ...], str]:
-    """rawconv oneDNN 3.2 implementations with the name torch's oneDNN ran: (match, choices, note)."""
+    """rawconv oneDNN 3.2 implementations (of the call's direction) with the name torch's oneDNN
+    ran: (match, choices, note)."""
     if c.transposed:
         return "", (), "transposed: not matched against rawconv's oneDNN list"
     try:
         from . import onednn
 
         p = c.problem
-        plan = onednn.Convolution(c.xb, c.w, None, p.stride, list(zip(p.pad_before, p.pad_after)), p.dilation, p.groups)
+        if c.direction == "forward":
+            plan = onednn.Convolution(c.xb, c.w, None, p.stride, list(zip(p.pad_before, p.pad_after)), p.dilation,
+                                      p.groups)
+        else:
+            plan = onednn.Convolution.from_problem(p.with_(layout="nhwc" if layout_of(c.x) == "nhwc" else p.layout),
+                                                   direction=c.direction, w_layout=onednn._w_layout(c.w))
         impls = plan.implementations
     except RawconvError as exc:
         return "", (), f"rawconv's oneDNN: {type(exc).__name__}: {str(exc).splitlines()[0]}"
     want = _normalize_impl(conv.impl)
     fm = conv.format_tags()
+    src_role, wei_role = _TRACE_ROLES[c.direction]
     same, name_only = [], []
     for im in impls:
         if im.name != want:
@@ -677,7 +735,7 @@ def _onednn_matches(c: _Call, conv: OneDNNRun) -> tuple[str, tuple[str, ...], st
         choice = getattr(im, "choice", None) or f"{im.name}@{im.layouts}"   # the name choice= takes
         if choice in same or choice in name_only:
             continue
-        if fm.get("src") == im.formats.get("x") and fm.get("wei") == im.formats.get("w"):
+        if fm.get("src") == im.formats.get(src_role) and fm.get("wei") == im.formats.get(wei_role):
             same.append(choice)
         else:
             name_only.append(choice)
@@ -938,7 +996,11 @@ def _candidate_kernels(c: _Call, limit: int, tf32: bool) -> tuple[CandidateKerne
     plan = gplan = None
 
     def exec_args():
-        return {"grad_y": c.x, "w": c.w} if d == "backward_data" else {"x": x, "w": w}
+        if d == "backward_data":   # a transposed forward's input is the matching convolution's dy
+            return {"grad_y": c.dy if c.dy is not None else c.x, "w": c.w}
+        if d == "backward_weights":
+            return {"x": x, "grad_y": c.dy}
+        return {"x": x, "w": w}
 
     # legacy API: (algo, math) rows cuDNN reports usable
     try:
@@ -1021,6 +1083,11 @@ class TorchChoice:
     ``cudnn_engines`` / ``cudnn_algos``: from cuDNN's API log (:func:`parse_cudnn_log`);
     ``candidates``: each profiled rawconv candidate's kernels (:class:`CandidateKernels`).
 
+    ``direction``: ``"forward"``, ``"backward_data"`` or ``"backward_weights"`` (what was asked
+    of :func:`torch_choice`; the backward directions are torch's
+    ``aten.convolution_backward`` for that gradient alone, and ``matches`` are rawconv's
+    candidates of that direction).
+
     ``match``: how ``matches`` were found: ``"same kernels"``, ``"main kernel"`` (CUDA),
     ``"same name and layouts"``, ``"same name"`` (CPU: rawconv's oneDNN 3.2 list), ``"none"``
     (torch ran something no listed candidate runs), ``""`` (not looked for); ``matches``: the
@@ -1043,6 +1110,7 @@ class TorchChoice:
     match: str = ""
     matches: tuple = ()
     notes: tuple = ()
+    direction: str = "forward"
 
     @property
     def maps_to_listed(self) -> bool:
@@ -1068,20 +1136,25 @@ class TorchChoice:
         fm = conv.format_tags()
         reorders = sum(r.kind == "reorder" for r in self.onednn)
         others = len(self.onednn) - reorders - 1
-        return (f"oneDNN {conv.impl} (src {fm.get('src') or '?'}, weights {fm.get('wei') or '?'})"
+        v = _torch_onednn_version()
+        return (f"torch's oneDNN{' ' + v if v else ''}: oneDNN {conv.impl} "
+                f"(src {fm.get('src') or '?'}, weights {fm.get('wei') or '?'})"
                 + (f" + {reorders} reorder(s)" if reorders else "") + (f" + {others} other" if others else ""))
 
     def mapped(self) -> str:
-        """The matched rawconv candidates, in a few words."""
+        """The matched rawconv candidates, in a few words (on the CPU naming rawconv's oneDNN
+        version: a same-named implementation of another version is different code)."""
         if not self.match:
             return ""
         if not self.matches:
             return "no listed config" if self.device.startswith("cuda") else "not in rawconv's list"
         shown = ", ".join(self.matches[:3]) + (f" (+{len(self.matches) - 3})" if len(self.matches) > 3 else "")
+        if not self.device.startswith("cuda"):
+            return f"{shown} ({self.match}, in rawconv's oneDNN {_rawconv_onednn_version()}: other code)"
         return f"{shown} ({self.match})"
 
     def __str__(self) -> str:
-        s = f"{self.backend}: {self.ran()}"
+        s = ("" if self.direction == "forward" else f"{self.direction}: ") + f"{self.backend}: {self.ran()}"
         if self.cudnn_engines:
             s += f" [engine {', '.join(map(str, self.cudnn_engines))}]"
         m = self.mapped()
@@ -1107,10 +1180,17 @@ class TorchChoice:
 def torch_choice(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
                  padding: Any = 0, dilation: Any = 1, groups: int = 1, *, transposed: bool = False,
                  output_padding: Any = 0, candidates: bool = True, limit: int = DEFAULT_LIMIT,
-                 cudnn_log: bool = True) -> TorchChoice:
+                 cudnn_log: bool = True, direction: str = "forward") -> TorchChoice:
     """What torch runs for ``F.conv{1,2,3}d(x, w, bias, stride, padding, dilation, groups)`` (or,
     with ``transposed=True``, ``F.conv_transpose{1,2,3}d(x, w, bias, stride, padding,
     output_padding, groups, dilation)``) under the torch flags in force (see :func:`torch_flags`).
+
+    ``direction``: ``"forward"`` (that call), ``"backward_data"`` or ``"backward_weights"``
+    (``"backward_filter"`` too): the gradient of that convolution's input or weight, as autograd
+    computes it in ``loss.backward()``: ``torch.ops.aten.convolution_backward`` with only that
+    output asked for, on a seeded random gradient of the output (torch selects the backend for
+    the backward as for the forward). Transposed calls: forward only (a transposed
+    convolution's forward is the backward_data of a convolution: ask for that instead).
 
     ``x``: (N, C, *spatial) or unbatched, ``w``: (K, C/groups, *kernel) (transposed: (C_in,
     C_out/groups, *kernel)), float tensors on the CPU or a CUDA device, any memory format.
@@ -1135,7 +1215,15 @@ def torch_choice(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
         raise ArgumentTypeError("candidates and cudnn_log must be bools")
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ArgumentError(f"limit must be a positive int, got {limit!r}")
+    from ._backend import canonical_direction
+
+    direction = canonical_direction(direction)
+    if direction != "forward" and transposed is True:
+        raise ArgumentError("direction applies to convolutions (transposed=False): a transposed convolution's "
+                            "forward is the backward_data of the convolution with the same weight")
     c = _call_of(x, w, bias, stride, padding, dilation, groups, transposed, output_padding)
+    if direction != "forward":
+        c = _backward_call(c, direction)
     flags = TorchFlags.current()
     backend, index = _select(c)
     notes: list[str] = []
@@ -1154,7 +1242,7 @@ def torch_choice(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
     if backend in ONEDNN_BACKENDS and conv is None:
         notes.append("torch selected oneDNN but its verbose trace showed no convolution")
     return TorchChoice(backend, c.device, c.describe, flags, index, onednn=runs, match=match, matches=matches,
-                       notes=tuple(notes))
+                       notes=tuple(notes), direction=direction)
 
 
 def _cuda_choice(c: _Call, flags, backend, index, candidates, limit, cudnn_log, notes) -> TorchChoice:
@@ -1200,7 +1288,7 @@ def _cuda_choice(c: _Call, flags, backend, index, candidates, limit, cudnn_log, 
     return TorchChoice(backend, c.device, c.describe, flags, index, kernels=kernels, main_kernel=main,
                        cudnn_functions=tuple(parsed["functions"]), cudnn_engines=tuple(parsed["engines"]),
                        cudnn_algos=tuple(parsed["algos"]), candidates=cands, match=match, matches=matches,
-                       notes=tuple(notes))
+                       notes=tuple(notes), direction="forward" if c.transposed else c.direction)
 
 
 def _narrow(matches: tuple, match: str, cands: Sequence[CandidateKernels], parsed: dict) -> tuple[tuple, str]:
@@ -1220,12 +1308,13 @@ def _narrow(matches: tuple, match: str, cands: Sequence[CandidateKernels], parse
     return matches, match
 
 
-def _compare_detail(problem: ConvProblem, x, w, b, *, limit: int = 16) -> str:
+def _compare_detail(problem: ConvProblem, x, w, b, *, limit: int = 16, direction: str = "forward") -> str:
     """For ``compare``'s torch rows on CUDA: ``"; torch ran <kernel> = rawconv <choices>"`` ('' when
     nothing could be found; never raises)."""
     try:
         pad = list(zip(problem.pad_before, problem.pad_after))
-        ch = torch_choice(x, w, b, problem.stride, pad, problem.dilation, problem.groups, limit=limit)
+        ch = torch_choice(x, w, b, problem.stride, pad, problem.dilation, problem.groups, limit=limit,
+                          direction=direction)
     except Exception:  # noqa: BLE001  a bonus: never fail the comparison for it
         return ""
     if not ch.kernels:
@@ -1239,15 +1328,17 @@ def _compare_detail(problem: ConvProblem, x, w, b, *, limit: int = 16) -> str:
 
 # ============================================================================ the report
 def report(problems: Sequence[ConvProblem], *, device: str | None = None, limit: int = DEFAULT_LIMIT,
-           candidates: bool = True, out=None, seed: int = 0) -> list[tuple[ConvProblem, TorchChoice | None, str]]:
-    """:func:`torch_choice` for each problem (random inputs of its shapes, dtype and layout on
-    ``device``), printed to ``out`` (default stdout) as one block per layer (with the seconds it
-    took) as soon as it is done, and a final count.
+           candidates: bool = True, out=None, seed: int = 0,
+           direction: str = "forward") -> list[tuple[ConvProblem, TorchChoice | None, str]]:
+    """:func:`torch_choice` (of ``direction``) for each problem (random inputs of its shapes, dtype
+    and layout on ``device``), printed to ``out`` (default stdout) as one block per layer (with the
+    seconds it took) as soon as it is done, and a final count.
     Returns ``[(problem, choice or None, error), ...]``."""
     out = out or sys.stdout
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     flags = TorchFlags.current()
-    print(_header(dev, flags), file=out, flush=True)
+    print(_header(dev, flags) + ("" if direction == "forward" else f"; direction {direction}"), file=out,
+          flush=True)
     rows = []
     width = len(str(len(problems)))
     for i, p in enumerate(problems, 1):
@@ -1255,7 +1346,7 @@ def report(problems: Sequence[ConvProblem], *, device: str | None = None, limit:
         t0 = time.perf_counter()
         try:
             ch = torch_choice(x, w, b, p.stride, list(zip(p.pad_before, p.pad_after)), p.dilation, p.groups,
-                              candidates=candidates, limit=limit)
+                              candidates=candidates, limit=limit, direction=direction)
             err = ""
         except (RawconvError, RuntimeError) as exc:
             ch, err = None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -1347,6 +1438,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for the run (torch_flags)")
     ap.add_argument("--benchmark", action="store_true", help="torch.backends.cudnn.benchmark=True for the run")
     ap.add_argument("--json", default=None, help="write the results as JSON to this file")
+    ap.add_argument("--direction", default="forward",
+                    choices=["forward", "backward_data", "backward_weights", "backward_filter"],
+                    help="forward (default), or the gradient of the input (backward_data) or of the weight "
+                         "(backward_weights), as autograd computes it (aten.convolution_backward)")
     a = ap.parse_args(argv)
     if a.batch < 1 or a.limit < 1 or (a.threads is not None and a.threads < 1):
         ap.error("--batch, --limit and --threads must be positive")
@@ -1355,10 +1450,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--device cuda: torch sees no CUDA device")
     problems = presets.get(a.report, a.batch, dtype=a.dtype, layout=a.layout)
     with torch_flags(threads=a.threads, benchmark=True if a.benchmark else None):
-        rows = report(problems, device=dev, limit=a.limit, candidates=not a.no_candidates)
+        rows = report(problems, device=dev, limit=a.limit, candidates=not a.no_candidates, direction=a.direction)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"preset": a.report, "batch": a.batch, "dtype": a.dtype, "layout": a.layout, "device": dev,
+                       "direction": a.direction,
                        "summary": _final_count(rows, dev),
                        "layers": [{"name": p.name, "problem": p.describe(), "error": err,
                                    "choice": ch.as_dict() if ch is not None else None} for p, ch, err in rows]},

@@ -287,7 +287,10 @@ class TuningRecord:
     ``detail``: backend-specific, JSON-able (cuDNN graph: ``engine``, ``knobs`` as ``[type, value]``
     pairs, notes, ``workspace_bytes``; legacy cuDNN: ``algo``, ``math``; oneDNN: ``impl``);
     ``label``: what was tuned, for people (a layer's name, ``"layer1.0.conv2"``; not part of the
-    key: problems are keyed by their fields); ``layout``: the memory layout the chosen candidate
+    key: problems are keyed by their fields); ``timing``: whether its time can be trusted
+    (``{"trustworthy": bool, "run_trustworthy", "run_warnings", "row_flags", "machine"}``, as
+    :func:`rawconv.compare.records` writes it from the run's load reports; None: not known), so
+    that a replay reports no drift against a time measured on a busy machine; ``layout``: the memory layout the chosen candidate
     computes in (the problem's own unless it
     runs on relaid copies, as ``"nhwc:"`` configs do); ``median_ms`` / ``min_ms``: its time per
     call (ms); ``error``: ``{"max_abs", "max_rel", "ratio"}`` against float64 (None when not
@@ -296,7 +299,7 @@ class TuningRecord:
 
     JSON (:meth:`to_json`) is flat: ``schema``, the key's fields (:meth:`TuningKey.to_dict`),
     then ``choice``, ``layout``, ``detail``, ``median_ms``, ``min_ms``, ``error``, ``created``,
-    ``rawconv_version``, ``label`` (README, "Tuning records", shows one).
+    ``rawconv_version``, ``label`` (README, "Tuning records", shows one), and ``timing`` when known.
 
     :meth:`replay` (or :func:`replay`) builds a plan with exactly this choice selected.
     """
@@ -312,6 +315,7 @@ class TuningRecord:
     rawconv_version: str = ""
     schema: int = SCHEMA
     label: str = field(default="", compare=False)
+    timing: Mapping | None = field(default=None, compare=False)
 
     def __post_init__(self):
         if not isinstance(self.key, TuningKey):
@@ -324,6 +328,12 @@ class TuningRecord:
             raise ArgumentTypeError(f"layout must be a str, got {self.layout!r}")
         if not isinstance(self.label, str):
             raise ArgumentTypeError(f"label must be a str, got {self.label!r}")
+        if self.timing is not None:
+            if not isinstance(self.timing, Mapping):
+                raise ArgumentTypeError(f"timing must be a mapping or None, got {type(self.timing).__name__}")
+            if not isinstance(self.timing.get("trustworthy", True), bool):
+                raise ArgumentTypeError(f"timing['trustworthy'] must be a bool, got {self.timing.get('trustworthy')!r}")
+            object.__setattr__(self, "timing", _Fields(self.timing, "timing"))
         object.__setattr__(self, "layout", self.layout or self.key.layout)
         object.__setattr__(self, "detail", _Fields(self.detail, "detail"))
         object.__setattr__(self, "median_ms", _time(self.median_ms, "median_ms"))
@@ -356,7 +366,8 @@ class TuningRecord:
         return {"schema": self.schema, **self.key.to_dict(), "choice": self.choice, "layout": self.layout,
                 "detail": _plain(self.detail), "median_ms": self.median_ms, "min_ms": self.min_ms,
                 "error": None if self.error is None else _plain(self.error), "created": self.created,
-                "rawconv_version": self.rawconv_version, "label": self.label}
+                "rawconv_version": self.rawconv_version, "label": self.label,
+                **({} if self.timing is None else {"timing": _plain(self.timing)})}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "TuningRecord":
@@ -373,7 +384,7 @@ class TuningRecord:
         try:
             return cls(TuningKey.from_dict(d), d["choice"], d.get("detail") or {}, d.get("layout") or "",
                        d.get("median_ms"), d.get("min_ms"), d.get("error"), d.get("created") or "",
-                       d.get("rawconv_version") or "", label=d.get("label") or "")
+                       d.get("rawconv_version") or "", label=d.get("label") or "", timing=d.get("timing"))
         except ArgumentTypeError as exc:  # a JSON file's content: a wrong value, not a wrong call
             raise ArgumentError(str(exc)) from None
 
@@ -424,8 +435,16 @@ class TuningRecord:
         err = self.error.get("max_rel") if self.error is not None else None
         err = f", rel err {err:.1e}" if err is not None else ""
         who = f"{self.label}: " if self.label else ""
-        return (f"{who}{k.backend} {k.direction} {_describe(k)} -> {self.choice}, {t}{err}; "
+        return (f"{who}{k.backend} {k.direction} {_describe(k)} -> {self.choice}, {t}{self._timing_note()}{err}; "
                 f"{k.library} {k.library_version} on {k.device} ({k.device_arch}), {self.created}")
+
+    def _timing_note(self) -> str:
+        """' [timed on a busy machine: ...]' when :attr:`timing` says the time is not to be trusted."""
+        t = self.timing
+        if t is None or t.get("trustworthy", True):
+            return ""
+        why = list(t.get("row_flags") or []) or [w.split(":")[0] for w in (t.get("run_warnings") or [])]
+        return f" [time not to be trusted: {'; '.join(why) or 'unreliable run'}]"
 
     def __repr__(self) -> str:
         return f"<TuningRecord {self}>"
@@ -440,8 +459,9 @@ class TuningRecord:
                  ("backend / direction", escape(f"{k.backend} / {k.direction}")),
                  ("problem", escape(_describe(k) + (f" + {k.activation}" if k.activation else ""))),
                  ("options", escape(opts)),
-                 ("time", escape(f"median {self.median_ms:.4g} ms, min {self.min_ms:.4g} ms"
-                                 if self.median_ms is not None and self.min_ms is not None else "-")),
+                 ("time", escape((f"median {self.median_ms:.4g} ms, min {self.min_ms:.4g} ms"
+                                  if self.median_ms is not None and self.min_ms is not None else "-")
+                                 + self._timing_note())),
                  ("error vs float64", escape(err)),
                  ("library", escape(f"{k.library} {k.library_version}")),
                  ("device", escape(f"{k.device} ({k.device_arch})")),

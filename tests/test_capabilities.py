@@ -214,12 +214,15 @@ def test_info_has_a_capabilities_section(caps):
 
 # ---------------------------------------------------------------- cuDNN
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU behaviour")
-def test_cudnn_capabilities_without_gpu_raise_cudnns_error(cudnn_lib):
+def test_cudnn_capabilities_without_gpu_raise_device_not_available(cudnn_lib):
+    # the README promises DeviceNotAvailableError for a CUDA call where torch sees no GPU; this
+    # raised cuDNN's LibraryError (cudnnCreate: CUDNN_STATUS_NOT_INITIALIZED) before (issue 25)
     from rawconv import cudnn
+    from rawconv.errors import DeviceNotAvailableError
 
-    with pytest.raises(LibraryError) as ei:
+    with pytest.raises(DeviceNotAvailableError, match="no CUDA GPU") as ei:
         cudnn.capabilities()
-    assert ei.value.function == "cudnnCreate" and ei.value.status_name == "CUDNN_STATUS_NOT_INITIALIZED"
+    assert isinstance(ei.value, RuntimeError) and not isinstance(ei.value, LibraryError)
     with pytest.raises(ArgumentError):
         cudnn.capabilities(device=-1)
 

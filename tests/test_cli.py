@@ -117,8 +117,12 @@ def test_every_subcommand_fits_80_columns_through_a_pipe(tmp_path, how):
         assert max(map(len, lines)) <= 80, r.stdout
         from rawconv.cli import _fmt_err, _fmt_ms, _fmt_spread
 
-        for row in json.loads(out.read_text())["rows"]:
-            line = next(ln for ln in lines if ln.startswith(row["backend"]) and row["implementation"].split()[0] in ln)
+        rows = json.loads(out.read_text())["rows"]
+        table = lines[: next(i for i, ln in enumerate(lines) if ln.startswith("summary:"))]
+        firsts = [ln for ln in table if ln.startswith(("torch ", "onednn "))]   # each row's first line, in order
+        assert len(firsts) == len(rows), r.stdout
+        for row, line in zip(rows, firsts):
+            assert line.startswith(row["backend"]) and row["implementation"].split()[0] in line, (row, line)
             if row["status"] in ("ok", "wrong"):
                 toks = line.split()
                 assert _fmt_ms(row["median_ms"]) in toks and _fmt_ms(row["min_ms"]) in toks, line
@@ -145,18 +149,38 @@ def test_help_documents_exit_codes_threads_and_width(capsys):
     assert "affinity" in text and "--ref-limit" in text and "at least 60" in text
 
 
-def test_bf16_where_onednn_has_none_is_not_supported_and_exit_3(tmp_path):
-    # ONEDNN_MAX_CPU_ISA=AVX2: oneDNN 3.2 then offers no bf16 convolution (as on a real AVX2 CPU)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float64"])
+def test_a_dtype_onednn_cannot_run_here_is_refused_up_front(tmp_path, dtype):
+    # ONEDNN_MAX_CPU_ISA=AVX2: oneDNN 3.2 then offers no bf16 / f16 convolution (as on a real AVX2
+    # CPU), and no float64 anywhere: compare refuses before timing anything (it ran torch's rows
+    # and listed every oneDNN row "not supported", exit 3), in the words of onednn.capabilities()
     out = tmp_path / "r.json"
-    r = _run("compare", "mb1ic8ih10oc8oh10kh3ph1", "--dtype", "bfloat16", "--iterations", "1", "--warmup", "0",
-             "--width", "80", "--json", str(out), env_extra={"ONEDNN_MAX_CPU_ISA": "AVX2"})
-    data = json.loads(out.read_text())
-    onednn_rows = [row for row in data["rows"] if row["backend"] == "onednn"]
-    assert onednn_rows and all(row["status"] == "not supported" for row in onednn_rows), onednn_rows
-    assert r.returncode == 3, r.stdout + r.stderr
-    assert "nan" not in r.stdout.lower().split() and "no comparable rows" in r.stdout
-    assert "not supported" in r.stdout and "dnnl_unimplemented" in r.stdout     # the reason, whole
-    assert data["summary"]["geomean_torch_over_best"] is None and data["summary"]["exit_code"] == 3
+    r = _run("compare", "mb1ic8ih10oc8oh10kh3ph1", "--dtype", dtype, "--iterations", "1", "--warmup", "0",
+             "--width", "80", "--json", str(out), "--device", "cpu", env_extra={"ONEDNN_MAX_CPU_ISA": "AVX2"})
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stdout == "" and f"rawconv: error: --dtype {dtype}: " in r.stderr, r.stderr
+    assert ("offers no" in r.stderr and "dnnl_unimplemented" in r.stderr) if dtype != "float64" \
+        else "float32, bfloat16, float16 only" in r.stderr
+    assert not out.exists() or not out.read_text()    # nothing written
+
+
+def test_bf16_where_onednn_has_none_is_not_supported_through_the_api():
+    # the Python API still runs it and says, row by row, what the library does not offer
+    from rawconv import compare
+
+    code = ("import json, sys; from rawconv import ConvProblem, compare; "
+            "p = ConvProblem.from_benchdnn('mb1ic8ih10oc8oh10kh3ph1', dtype='bfloat16'); "
+            "t = compare.compare([p], iterations=1, warmup=0, progress=False, include_ref=True); "
+            "print(json.dumps([[r.backend, r.status, r.error] for r in t]))")
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               ONEDNN_MAX_CPU_ISA="AVX2")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout.splitlines()[-1])
+    onednn_rows = [row for row in rows if row[0] == "onednn"]
+    assert onednn_rows and all(row[1] == "not supported" and "dnnl_unimplemented" in row[2] for row in onednn_rows)
+    s = compare.summary([compare.Row("p", b, "x", status=st, error=e) for b, st, e in rows])
+    assert s["geomean_torch_over_best"] is None and compare.exit_code(s) == 3
 
 
 def test_onednn_that_does_not_load_is_exit_3(tmp_path):

@@ -68,6 +68,11 @@ def test_explore_notebook_shows_tables_and_figures(tmp_path, kernel_on_this_inte
     print(report)
     kinds = [set(_mime_types(c)) for c in code]
     assert not any(k for m in kinds for k in m if k.startswith("error")), report
+    # no progress bar redrawn into the cells (tqdm's text bar on stderr: pink blocks in the HTML
+    # export, one line per redraw); this kernel has no ipywidgets, so no bar at all (issue 25)
+    stderr = "".join(o.get("text", "") for c in code for o in c.get("outputs", [])
+                     if o["output_type"] == "stream" and o["name"] == "stderr")
+    assert "%|" not in stderr and "layer/s" not in stderr and "impl/s" not in stderr, stderr[:2000]
     html = [i for i, m in enumerate(kinds) if "text/html" in m]
     png = [i for i, m in enumerate(kinds) if "image/png" in m]
     # the listing, the autotune table, compare's table, the record, replay's table, the DataFrame

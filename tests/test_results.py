@@ -181,7 +181,8 @@ def test_heatmap_cells_never_read_as_zero():
                      Result("onednn", "tiny", "layer1.0.conv1", status="ok", median_ms=32.0 * 2.2e-5, min_ms=1e-4,
                             runs=10, extra={"choice": "tiny@any"})])
     texts = [tx.get_text() for tx in t.plot(kind="heatmap").axes[0].texts]
-    assert sorted(texts) == sorted(["0.0031", "250", "2.2e-05"]), texts
+    # torch default's median/min is 4 here: every ratio to it is marked as not to be trusted ("!")
+    assert sorted(texts) == sorted(["0.0031!", "250!", "2.2e-05!"]), texts
 
 
 def test_reprs_are_readable_not_dataclass_dumps():
