@@ -159,8 +159,8 @@ def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
 
 
-def cuda_graph(model, x):
-    """(replay function, static output) of ``model(x)`` captured in a CUDA graph after warm-up on a side stream."""
+def graph_capture(model, x):
+    """(torch.cuda.CUDAGraph, static output) of ``model(x)`` captured after warm-up on a side stream."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s), torch.no_grad():
@@ -170,6 +170,12 @@ def cuda_graph(model, x):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g), torch.no_grad():
         out = model(x)
+    return g, out
+
+
+def cuda_graph(model, x):
+    """(replay function, static output) of ``model(x)`` captured in a CUDA graph after warm-up on a side stream."""
+    g, out = graph_capture(model, x)
     return g.replay, out
 
 

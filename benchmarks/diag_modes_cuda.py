@@ -30,7 +30,7 @@ if __package__ in (None, ""):
 
 import rawconv  # noqa: E402
 import rawconv.nn as rnn  # noqa: E402
-from bench_resnet50 import build_resnet50, rel_err  # noqa: E402
+from bench_resnet50 import build_resnet50, graph_capture as capture, rel_err  # noqa: E402
 
 
 def churn():
@@ -38,19 +38,6 @@ def churn():
     junk = [torch.full((64 << 20,), 1e4 * (i + 1), device="cuda") for i in range(4)]
     torch.cuda.synchronize()
     del junk
-
-
-def capture(model, x):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s), torch.no_grad():
-        for _ in range(3):
-            model(x)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g), torch.no_grad():
-        out = model(x)
-    return g, out
 
 
 def capture_case(name, model, x, log, reduce_overhead=True):
