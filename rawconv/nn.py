@@ -1933,7 +1933,8 @@ class DescribeTable(list):
 
 
 def format_table(rows: Sequence[LayerReport]) -> str:
-    """The rows as a fixed-width table (one line per layer)."""
+    """The rows as a fixed-width table (one line per layer, no cell cut), then what ``x`` means and
+    each layer's note (why that choice runs there, what failed)."""
     head = ("layer", "module", "problem", "rawconv runs", "ms", "err", "torch runs", "ms", "err", "x")
     body = []
     for r in rows:
@@ -1942,9 +1943,14 @@ def format_table(rows: Sequence[LayerReport]) -> str:
         body.append((r.name, r.module, r.problem, f"{r.rawconv_backend}: {r.rawconv_runs}", f(r.rawconv_ms, ".3f"),
                      f(r.rawconv_err, ".1e"), f"{r.torch_backend}: {r.torch_runs}", f(r.torch_ms, ".3f"),
                      f(r.torch_err, ".1e"), f(r.speedup, ".2f")))
-    widths = [min(max([len(h)] + [len(b[i]) for b in body]), 60) for i, h in enumerate(head)]
-    line = lambda cells: "  ".join(str(c)[:w].ljust(w) for c, w in zip(cells, widths))   # noqa: E731
-    return "\n".join([line(head), line(["-" * w for w in widths])] + [line(b) for b in body])
+    widths = [max([len(h)] + [len(b[i]) for b in body]) for i, h in enumerate(head)]
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()   # noqa: E731
+    out = [line(head), line(["-" * w for w in widths])] + [line(b) for b in body]
+    out.append("ms: median per call (CUDA: GPU time); err: max |y - ref| / max |ref| against float64; "
+               "x: torch ms / rawconv ms (> 1: rawconv faster), one process, no noise check: compare rows "
+               "of one run")
+    out += [f"note {r.name}: {r.note}" for r in rows if r.note]
+    return "\n".join(out)
 
 
 def print_table(rows: Sequence[LayerReport], file=None) -> None:
@@ -2125,6 +2131,10 @@ def _rel_err(y, ref) -> float:
     return d / denom if denom > 0 else d
 
 
+def _copied(v):
+    return v.detach().clone() if isinstance(v, torch.Tensor) else v
+
+
 def describe(model: torch.nn.Module, example_input: Any, *, iterations: int = 10, timing: bool = True,
              torch_kernels: bool = True) -> DescribeTable:
     """Each convolution layer of ``model`` on ``example_input``: what rawconv runs and what torch runs.
@@ -2154,8 +2164,10 @@ def describe(model: torch.nn.Module, example_input: Any, *, iterations: int = 10
             names[id(m)] = name
 
             def hook(mod, args, kwargs):
+                # copies: the model's own run goes on after this call and may write into these tensors
+                # (a fused module marked residual_inplace adds its result into the residual's memory)
                 if not any(c[0] is mod for c in calls):
-                    calls.append((mod, tuple(args), dict(kwargs)))
+                    calls.append((mod, tuple(_copied(a) for a in args), {k: _copied(v) for k, v in kwargs.items()}))
             hooks.append(m.register_forward_pre_hook(hook, with_kwargs=True))
     try:
         with torch.no_grad():
@@ -2172,7 +2184,8 @@ def describe(model: torch.nn.Module, example_input: Any, *, iterations: int = 10
         backend = _resolve_backend(rm.backend, x.device)
         # the exact library call of the rawconv module
         with _recording() as rec, torch.no_grad():
-            rm(x, residual) if isinstance(rm, _ConvBiasAct) else rm(x) if output_size is None else rm(x, output_size)
+            rm(x, _copied(residual)) if isinstance(rm, _ConvBiasAct) else rm(x) if output_size is None \
+                else rm(x, output_size)
         note = ""
         if rec:
             _, kind, cargs = rec[0]
@@ -2182,10 +2195,14 @@ def describe(model: torch.nn.Module, example_input: Any, *, iterations: int = 10
         else:
             problem, runs, note = "?", "?", "the call ran outside rawconv's fused path (broadcast residual)"
 
-        def run_rawconv():
+        scratch = residual.clone() if residual is not None else None
+
+        def run_rawconv(r=None):
+            # the residual a fused module may write into: a copy per checked call (r=None), a scratch
+            # tensor when timed (what the model's call does, in place where convert allowed it)
             with torch.no_grad():
                 if isinstance(rm, _ConvBiasAct):
-                    return rm(x, residual)
+                    return rm(x, residual.clone() if r is None and residual is not None else r)
                 return rm(x) if output_size is None else rm(x, output_size)
 
         def run_torch():
@@ -2207,7 +2224,7 @@ def describe(model: torch.nn.Module, example_input: Any, *, iterations: int = 10
         try:
             row.rawconv_err = _rel_err(run_rawconv(), ref)
             if timing:
-                row.rawconv_ms = _timer(run_rawconv, x.device, iterations)
+                row.rawconv_ms = _timer(lambda: run_rawconv(scratch), x.device, iterations)
         except (NotSupportedError, ArgumentError) as exc:
             row.note = (row.note + "; " if row.note else "") + f"rawconv: {exc}"
         row.torch_err = _rel_err(run_torch(), ref)
