@@ -847,6 +847,7 @@ class ConvertReport:
     autotune_s: float = 0.0
     backward: bool = False
     autotune_new: str = "default"
+    timing_warnings: list = field(default_factory=list)   # each search's TimingWarning text (a busy machine)
 
     def __str__(self) -> str:
         n = len(self.tuned)
@@ -1778,8 +1779,24 @@ def _autotune(model, example, report: ConvertReport, budget_s, backward: bool = 
         backend = _resolve_backend(m.backend, args["x"].device)
         problem = _problem_of(m, kind, args)
         layers.append((m, kind, args, backend, problem, _tune_key(m, kind, args, backend, problem)))
-    with _rng_kept(model, example):   # the searches' random tensors draw nothing from torch's generators
+    from .bench import TimingWarning
+
+    with _rng_kept(model, example), warnings.catch_warnings(record=True) as said:
+        # the searches' random tensors draw nothing from torch's generators; their timing warnings
+        # (one per search on a busy machine) are said once, summed up, below
+        warnings.simplefilter("always", TimingWarning)
         _search_layers(model, layers, names, report, budget_s, backward)
+    for w in said:
+        if issubclass(w.category, TimingWarning):
+            report.timing_warnings.append(str(w.message))
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if report.timing_warnings:
+        first = report.timing_warnings[0].splitlines()[0]
+        warnings.warn(f"rawconv.nn.convert(autotune=...): {len(report.timing_warnings)} of the searches were "
+                      f"timed on a busy machine, so their choices may not hold (the first: {first}); all of them "
+                      "are in the report's timing_warnings; convert again on a quiet machine",
+                      TimingWarning, stacklevel=_guard.stacklevel())
     if new == "search":   # every convolution module: those the example did not call meet only new problems
         for m in _conv_modules(model).values():
             m.__dict__.setdefault(_TUNED_ATTR, {})

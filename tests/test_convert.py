@@ -548,3 +548,31 @@ def test_describe_checks_fused_residual_layers_on_the_inputs_the_model_saw():
             assert r.rawconv_err < 1e-5 and r.torch_err < 1e-5, (r.name, r.rawconv_err, r.torch_err)
     text = str(rows)
     assert "x: torch ms / rawconv ms" in text and "post-ops=sum+relu" in text
+
+
+def test_convert_says_busy_machine_timings_once(monkeypatch):
+    """On a busy machine each search warns (rawconv.bench.TimingWarning); convert(autotune=) says it
+    once, summed up, and keeps every search's text in the report (a 6-conv model printed 6 two-line
+    warnings before)."""
+    import warnings
+
+    from rawconv import onednn
+    from rawconv.bench import TimingWarning
+
+    real = onednn.Convolution.autotune
+
+    def noisy(self, *a, **k):
+        warnings.warn("timings of this search: machine oversubscribed", TimingWarning)
+        return real(self, *a, **k)
+    monkeypatch.setattr(onednn.Convolution, "autotune", noisy)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 1))
+    x = torch.randn(1, 3, 10, 10)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        m = rnn.convert(model.eval(), autotune=x, autotune_budget_s=0.05)
+    timing = [w for w in said if issubclass(w.category, TimingWarning)]
+    n = len(m.rawconv_report.timing_warnings)
+    assert n >= 3, "one per search at least (3 distinct problems)"
+    assert len(timing) == 1 and f"{n} of the searches" in str(timing[0].message), [str(w.message) for w in said]
