@@ -699,7 +699,9 @@ class Convolution(PlanLifetime):
 
     def _init(self, problem, direction, algorithm, fpmath, w_layout, prepack, allow_known_bad=False, threads="auto"):
         if problem.dtype not in DTYPES:
-            raise ArgumentError(f"oneDNN backend handles {list(DTYPES)}, got {problem.dtype}")
+            raise ArgumentError(f"oneDNN has no {problem.dtype} convolution: rawconv's oneDNN backend takes float32, and "
+                                f"bfloat16 / float16 where this CPU offers them (rawconv.onednn.capabilities() says "
+                                f"which); cuDNN (CUDA tensors) takes float64")
         _check_sizes(problem)
         if not isinstance(prepack, bool):
             raise ArgumentTypeError(f"prepack must be True or False, got {prepack!r}")
