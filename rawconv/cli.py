@@ -145,7 +145,10 @@ def _fmt_spread(v) -> str:
 
 
 def _fmt_gflops(v) -> str:
-    return f"{v:.1f}" if _finite(v) else "-"
+    """GFLOP/s with one decimal, or three significant digits below 1 (a slow reference row is not 0.0)."""
+    if not _finite(v):
+        return "-"
+    return f"{v:.1f}" if v >= 1 or v == 0 else f"{v:.3g}"
 
 
 class Column:

@@ -626,7 +626,8 @@ _HTML_COLS = (  # (header, getter, numeric)
     ("timing", lambda r: _timing_cell(r), False),
     ("max rel err", lambda r: f"{r.max_rel:.1e}" if _finite(r.max_rel) else "-", True),
     ("workspace", lambda r: _fmt_bytes(r.workspace_bytes), True),
-    ("GFLOP/s", lambda r: f"{r.gflops:.1f}" if _finite(r.gflops) else "-", True),
+    ("GFLOP/s", lambda r: (f"{r.gflops:.1f}" if r.gflops >= 1 or r.gflops == 0 else f"{r.gflops:.3g}")
+     if _finite(r.gflops) else "-", True),
     # replayed tuning records (rawconv.compare.replay): what was recorded, and the drift since
     ("recorded ms", lambda r: _fmt_ms(r.extra.get("recorded_median_ms")), True),
     ("drift", lambda r: f"{100 * r.extra['drift']:+.1f}%" if _finite(r.extra.get("drift"))
