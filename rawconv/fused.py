@@ -1033,6 +1033,9 @@ def conv_bias_act(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = 
     activation = _check_activation(activation)
     if isinstance(choice, int) and not isinstance(choice, bool):
         choice = str(choice)   # the operator's schema takes a string; positions stay positions
+    if torch._C._is_any_autocast_enabled() and x.device.type in ("cpu", "cuda") \
+            and torch.is_autocast_enabled(x.device.type):   # as autocast casts the operator's inputs, before the checks
+        x, w, bias, residual = _autocast.cast_inputs("conv_bias_act", x.device.type, (x, w, bias, residual))
     problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
     if residual is not None:
         _check_residual(residual, problem)
