@@ -34,14 +34,21 @@ _warned: set = set()  # (operator, dtype) said once
 _lock = threading.Lock()
 
 
+@torch.compiler.assume_constant_result   # torch.compile: asked when traced, its answer a constant of the graph
 def _cpu_offers(name: str, dtype: torch.dtype) -> bool:
+    """Whether oneDNN offers ``dtype`` convolutions of ``rawconv::name``'s direction on this CPU
+    (asked once per direction and dtype; a :class:`RuntimeWarning` once per operator when not).
+    The probe runs real convolutions: while torch.compile traces (fake tensors, dispatch modes),
+    outside those modes."""
     key = (_DIRECTION.get(name, "forward"), dtype)
     found = _offered.get(key)
     if found is None:
+        from torch.utils._python_dispatch import _disable_current_modes
+
         from . import onednn
 
         dt = str(dtype)[len("torch."):]
-        with _lock:
+        with _lock, _disable_current_modes():
             try:
                 caps = onednn.capabilities()
                 ok = caps.offered(key[0], dt)

@@ -128,3 +128,30 @@ def _ref_conv(m, x):
 
 # ---------------------------------------------------------------------------- frozen snapshots
 # ---------------------------------------------------------------------------- user mistakes, not InternalError
+@pytest.mark.usefixtures("_quiet_autocast")
+def test_autocast_first_call_under_torch_compile(monkeypatch):
+    """The autocast kernels ask oneDNN once which dtypes it offers; when that first question came
+    while torch.compile traced (fake tensors), the probe's own convolutions failed, the failure was
+    cached as 'offered', and the compiled model cast to bfloat16 and raised NotSupportedError at
+    run time on a CPU without bfloat16 convolutions (eager first: right)."""
+    monkeypatch.setattr(_autocast, "_offered", {})
+    torch._dynamo.reset()
+    torch.manual_seed(3)
+    c = rnn.Conv2d(4, 6, 3, padding=1)
+    t = rnn.ConvTranspose2d(6, 4, 3, stride=2)
+    fn = torch.compile(lambda x: t(c(x)), backend="aot_eager", fullgraph=True)
+    x = torch.randn(2, 4, 5, 5)
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        y = fn(x)
+    torch._dynamo.reset()
+    offered = [_offered(d, torch.bfloat16) for d in ("forward", "backward_data")]
+    assert _autocast._offered[("forward", torch.bfloat16)][0] == offered[0]
+    assert _autocast._offered[("backward_data", torch.bfloat16)][0] == offered[1]
+    if not any(offered):
+        assert y.dtype == torch.float32
+        p = lambda q: q.detach().double()  # noqa: E731
+        ref = F.conv_transpose2d(F.conv2d(x.double(), p(c.weight), p(c.bias), padding=1), p(t.weight), p(t.bias),
+                                 stride=2)
+        assert _rel(y, ref) < 1e-5
+    else:
+        assert y.dtype == torch.bfloat16
