@@ -150,6 +150,7 @@ def _like_layout(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def _norm_padding(padding):
+    """``padding`` (or another argument) with its lists as tuples (a list of pairs: tuples of tuples)."""
     if isinstance(padding, list):
         return tuple(tuple(p) if isinstance(p, list) else p for p in padding)
     return padding
@@ -521,8 +522,10 @@ class _RawconvConv:
             # dilation, groups, backend, choice, precision, backward choice, the weight's shape and
             # the input's device type), then rawconv.ops runs it as rawconv.ops.conv does
             w = self.weight
-            key = (self.stride, self.padding, self.dilation, self.groups, self.backend, self.choice, self.precision,
-                   self.backward_choice, w.shape, x.device.type)
+            # (a list argument as its values now: one changed in place after this call must not match)
+            key = (_norm_padding(self.stride), _norm_padding(self.padding), _norm_padding(self.dilation), self.groups,
+                   self.backend, self.choice, self.precision, _norm_padding(self.backward_choice), w.shape,
+                   x.device.type)
             e = d.get("_rawconv_entry")
             if e is None or e[0] != key:
                 e = d["_rawconv_entry"] = (key, self._entry(x, w))
@@ -619,7 +622,8 @@ class _ConvBiasAct(_RawconvConv):
     def _op_args(self):
         """(stride, padding, dilation) lists as the operator takes them (padding: nd symmetric
         values or 2*nd befores-then-afters), computed once per configuration."""
-        key = (self.stride, self.padding, self.dilation, self.padding_mode, self.kernel_size)
+        key = (_norm_padding(self.stride), _norm_padding(self.padding), _norm_padding(self.dilation),
+               self.padding_mode, self.kernel_size)   # (lists as their values now: see _RawconvConv.forward)
         cached = self.__dict__.get("_op_cache")
         if cached is not None and cached[0] == key:
             return cached[1]

@@ -126,6 +126,36 @@ def _ref_conv(m, x):
                     m.padding, m.dilation, m.groups)
 
 
+def test_module_follows_a_list_argument_changed_in_place():
+    """A module's stride/padding/dilation set to a list (torch's modules take one) and then changed
+    in place: the argument pack was keyed on the list object itself, so the old configuration
+    kept running (a silently wrong shape and values)."""
+    m = rnn.Conv2d(3, 4, 3, padding=1)
+    x = torch.randn(2, 3, 9, 9)
+    with torch.no_grad():
+        for attr, first, second in (("padding", [1, 1], (0, 1)), ("stride", [1, 1], (2, 1)),
+                                    ("dilation", [1, 1], (2, 1))):
+            setattr(m, attr, list(first))
+            y = m(x)
+            assert y.shape == _ref_conv(m, x).shape
+            getattr(m, attr)[:] = second   # in place
+            y, ref = m(x), _ref_conv(m, x)
+            assert y.shape == ref.shape, attr
+            assert _rel(y, ref) < 1e-5, attr
+            setattr(m, attr, first)
+
+
+def test_fused_module_follows_a_list_argument_changed_in_place():
+    m = rnn.ConvBiasAct2d(3, 4, 3, padding=1, activation="none")
+    x = torch.randn(2, 3, 9, 9)
+    m.padding = [1, 1]
+    with torch.no_grad():
+        m(x)
+        m.padding[0] = 0
+        y, ref = m(x), _ref_conv(m, x)
+    assert y.shape == ref.shape and _rel(y, ref) < 1e-5
+
+
 # ---------------------------------------------------------------------------- frozen snapshots
 # ---------------------------------------------------------------------------- user mistakes, not InternalError
 @pytest.mark.usefixtures("_quiet_autocast")
