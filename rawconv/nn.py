@@ -488,6 +488,13 @@ class _RawconvConv:
             self.__dict__.pop(_TUNED_ATTR, None)
             self._choice_backend = want
 
+    def __getstate__(self):
+        """A copy (``copy.deepcopy``) or a pickle without the argument pack of :meth:`forward` (its
+        plans hold the library's objects, which neither copies nor pickles): the copy makes its own."""
+        state = super().__getstate__()
+        state.pop("_rawconv_entry", None)
+        return state
+
     def _padded(self, x):
         """(input, padding) for the library: non-'zeros' padding modes pad in torch first."""
         if self.padding_mode != "zeros":

@@ -156,6 +156,29 @@ def test_fused_module_follows_a_list_argument_changed_in_place():
     assert y.shape == ref.shape and _rel(y, ref) < 1e-5
 
 
+def test_module_deepcopies_and_pickles_after_a_call():
+    """After a call the module held its argument pack (with a oneDNN plan, C objects) in its
+    __dict__: copy.deepcopy(module), torch.save(module) and rawconv.nn.convert(model) (which deep
+    copies) raised TypeError: cannot pickle '_cffi_backend.__CDataGCP' object."""
+    m = rnn.Conv2d(3, 4, 3, padding=1)
+    x = torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        m(x)
+        c = copy.deepcopy(m)
+        buf = io.BytesIO()
+        torch.save(m, buf)
+        buf.seek(0)
+        p = torch.load(buf, weights_only=False)
+        model = rnn.convert(torch.nn.Sequential(m, torch.nn.ReLU()))
+        for mm in (c, p, m):
+            assert _rel(mm(x), _ref_conv(m, x)) < 1e-5
+        assert _rel(model(x), _ref_conv(m, x).relu()) < 1e-5
+        # the copy is its own module: changing it leaves the original as it was
+        c.weight.mul_(2)
+        assert _rel(m(x), _ref_conv(m, x)) < 1e-5
+        assert _rel(c(x), _ref_conv(c, x)) < 1e-5
+
+
 # ---------------------------------------------------------------------------- frozen snapshots
 # ---------------------------------------------------------------------------- user mistakes, not InternalError
 @pytest.mark.usefixtures("_quiet_autocast")
