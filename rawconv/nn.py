@@ -239,6 +239,7 @@ def _ops_module():
 
 USE_OPS = True   # route through rawconv.ops (torch.library operators) when that module exists
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_get_ident = onednn._get_ident   # (thread, its OpenMP count): the modules' argument packs are per thread
 _OPS: list = [None]   # rawconv.ops, once loaded (the modules' per-call path)
 
 
@@ -527,15 +528,21 @@ class _RawconvConv:
                 and type(x) in _PLAIN_TENSORS and USE_OPS and not torch.compiler.is_compiling():
             # the module's own argument pack: validated once per configuration (stride, padding,
             # dilation, groups, backend, choice, precision, backward choice, the weight's shape and
-            # the input's device type), then rawconv.ops runs it as rawconv.ops.conv does
+            # the input's device type), then rawconv.ops runs it as rawconv.ops.conv does; one per
+            # thread (and OpenMP count), as rawconv.ops keeps its own: the plans it holds are not
+            # thread-safe (a plan's memory handles are set per call)
             w = self.weight
             # (a list argument as its values now: one changed in place after this call must not match)
             key = (_norm_padding(self.stride), _norm_padding(self.padding), _norm_padding(self.dilation), self.groups,
                    self.backend, self.choice, self.precision, _norm_padding(self.backward_choice), w.shape,
                    x.device.type)
-            e = d.get("_rawconv_entry")
+            ident = _get_ident()
+            packs = d.get("_rawconv_entry")
+            e = packs.get(ident) if packs is not None else None
             if e is None or e[0] != key:
-                e = d["_rawconv_entry"] = (key, self._entry(x, w))
+                if packs is None or len(packs) >= 64:   # (threads come and go: past 64, start again)
+                    packs = d["_rawconv_entry"] = {}
+                e = packs[ident] = (key, self._entry(x, w))
             try:
                 return (_OPS[0] or _load_ops())._conv_entry(x, w, self.bias, e[1])
             except Exception as exc:

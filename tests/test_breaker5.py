@@ -179,6 +179,37 @@ def test_module_deepcopies_and_pickles_after_a_call():
         assert _rel(c(x), _ref_conv(c, x)) < 1e-5
 
 
+def test_module_shared_by_threads_gives_each_its_own_result():
+    """One module called from two Python threads at once (an inference server): the argument pack
+    kept one oneDNN plan for every thread, and a plan's memory handles are set per call, so a call
+    could read the other thread's input or write into its output (silently wrong results; rawconv's
+    other paths keep plans per thread)."""
+    torch.manual_seed(0)
+    m = rnn.Conv2d(8, 8, 3, padding=1)
+    xs = [torch.randn(1, 8, 16, 16) for _ in range(2)]
+    with torch.no_grad():
+        refs = [F.conv2d(x, m.weight, m.bias, padding=1) for x in xs]
+        m(xs[0])
+    bad = [0, 0]
+    errors = []
+
+    def work(i):
+        try:
+            with torch.no_grad():
+                for _ in range(400):
+                    if not torch.allclose(m(xs[i]), refs[i], atol=1e-4):
+                        bad[i] += 1
+        except Exception as exc:   # noqa: BLE001
+            errors.append(exc)
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors and bad == [0, 0]
+
+
 # ---------------------------------------------------------------------------- frozen snapshots
 # ---------------------------------------------------------------------------- user mistakes, not InternalError
 @pytest.mark.usefixtures("_quiet_autocast")
