@@ -515,7 +515,10 @@ def _bump_epoch(*_args, **_kwargs) -> None:
 def _watch_optimizers() -> None:
     if not _HOOK:
         try:
-            _HOOK.append(torch.optim.optimizer.register_optimizer_step_post_hook(_bump_epoch))
+            # (imported by name: torch 2.14's torch.optim namespace has no `optimizer` attribute)
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            _HOOK.append(register_optimizer_step_post_hook(_bump_epoch))
         except Exception:  # noqa: BLE001  (a torch without the global hook: version counters only)
             _HOOK.append(None)
 

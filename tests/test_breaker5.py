@@ -211,6 +211,27 @@ def test_module_shared_by_threads_gives_each_its_own_result():
 
 
 # ---------------------------------------------------------------------------- frozen snapshots
+def test_frozen_snapshot_follows_a_fused_optimizer_step():
+    """Fused optimizers (Adam(fused=True)) move no version counter; the frozen modules relied on
+    torch.optim's global step hook, which was never registered (torch.optim.optimizer is not an
+    attribute of torch.optim in this torch: the AttributeError was swallowed): a step between two
+    no-grad calls left the old snapshot running."""
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU()).eval()
+    m = rnn.convert(base, fuse=True)
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        m(x)
+    opt = torch.optim.Adam(m.parameters(), lr=0.1, fused=True)
+    for p in m.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+    w, b = (p.detach().double() for p in m.parameters())
+    with torch.no_grad():
+        y = m(x)
+    assert _rel(y, F.conv2d(x.double(), w, b, padding=1).relu()) < 1e-5
+
+
 # ---------------------------------------------------------------------------- user mistakes, not InternalError
 @pytest.mark.usefixtures("_quiet_autocast")
 def test_autocast_first_call_under_torch_compile(monkeypatch):
