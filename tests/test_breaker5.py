@@ -233,6 +233,24 @@ def test_frozen_snapshot_follows_a_fused_optimizer_step():
 
 
 # ---------------------------------------------------------------------------- user mistakes, not InternalError
+def test_inference_tensor_with_autograd_is_the_callers_error():
+    """An inference-mode tensor used outside inference mode with parameters that require grad:
+    torch raises RuntimeError('Inference tensors cannot be saved for backward'); rawconv's entry
+    points said InternalError ('please report')."""
+    with torch.inference_mode():
+        xi = torch.randn(2, 4, 6, 6)
+    w = torch.randn(8, 4, 3, 3, requires_grad=True)
+    calls = {"ops.conv": lambda: ops.conv(xi, w),
+             "module": lambda: rnn.Conv2d(4, 8, 3)(xi),
+             "ops.conv_transpose": lambda: ops.conv_transpose(xi, torch.randn(4, 8, 3, 3, requires_grad=True)),
+             "fused": lambda: fused.conv_bias_act(xi, w)}
+    for k, f in calls.items():
+        with pytest.raises(ArgumentError, match="[Ii]nference tensor") as info:
+            f()
+        assert not isinstance(info.value, InternalError), k
+        assert isinstance(info.value, RuntimeError), k   # what torch code catches
+
+
 @pytest.mark.usefixtures("_quiet_autocast")
 def test_autocast_first_call_under_torch_compile(monkeypatch):
     """The autocast kernels ask oneDNN once which dtypes it offers; when that first question came
