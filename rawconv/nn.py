@@ -1106,6 +1106,7 @@ def _mark_inplace_residuals(graph, modules) -> None:
             m.residual_inplace = True
 
 
+_GEOMETRY = ("stride", "padding", "dilation", "groups", "padding_mode")   # a conv's, copied into its fused module
 _HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
                "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks",
                "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
@@ -1117,17 +1118,20 @@ class _FusedSequential(torch.nn.Sequential):
     model). Its children are not touched: a child called on its own (``self.seq[0](x)``) or from
     elsewhere (a shared module) computes as before, and the fused path reads the children's own
     parameters and BatchNorm. When the children are no longer those fused (replaced, inserted,
-    removed, parametrized) or one of a run carries hooks, the Sequential runs as torch's."""
+    removed, parametrized), one of a run carries hooks, or a fused convolution's geometry
+    (stride, padding, dilation, groups, padding_mode) is no longer its fused module's, the
+    Sequential runs as torch's."""
 
     def forward(self, input):
         plan = self.__dict__.get("_rawconv_plan")
         if plan is None:
             return super().forward(input)
-        members, types, steps, watched = plan
+        members, types, steps, watched, pairs = plan
         mods = tuple(self._modules.values())
         if mods != members or tuple(map(type, mods)) != types or any(
                 getattr(m, h) for m in watched for h in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
-                                                         "_backward_pre_hooks")):
+                                                         "_backward_pre_hooks")) or any(
+                getattr(c, a) != getattr(f, a) for c, f in pairs for a in _GEOMETRY):
             return super().forward(input)
         for step in steps:
             input = step(input)
@@ -1155,7 +1159,7 @@ def _fuse_sequential(model, report: ConvertReport, backend, choice, precision) -
         if type(seq) is not torch.nn.Sequential:
             continue
         keys = list(seq._modules)
-        steps, watched, found = [], [], False
+        steps, watched, pairs, found = [], [], [], False
         i = 0
         while i < len(keys):
             m = seq._modules[keys[i]]
@@ -1180,6 +1184,7 @@ def _fuse_sequential(model, report: ConvertReport, backend, choice, precision) -
                         helper.__dict__[h] = type(helper.__dict__[h])()
                 helper.__dict__["_rawconv_helper"] = full + "(fused)"
                 steps.append(helper)
+                pairs.append((m, helper))
                 watched += [seq._modules[k] for k in keys[i:j]]
                 report.fused[full] = "relu" if act == "relu" else "bias"
                 found = True
@@ -1190,7 +1195,7 @@ def _fuse_sequential(model, report: ConvertReport, backend, choice, precision) -
         if found:
             mods = tuple(seq._modules.values())
             seq.__class__ = _FusedSequential
-            seq.__dict__["_rawconv_plan"] = (mods, tuple(map(type, mods)), steps, watched)
+            seq.__dict__["_rawconv_plan"] = (mods, tuple(map(type, mods)), steps, watched, tuple(pairs))
 
 
 def _fused_modules(model) -> list:

@@ -278,3 +278,41 @@ def test_autocast_first_call_under_torch_compile(monkeypatch):
         assert _rel(y, ref) < 1e-5
     else:
         assert y.dtype == torch.bfloat16
+
+
+def test_untraceable_fallback_follows_its_convolutions_geometry():
+    """convert(fuse=True) of a model torch.fx cannot trace: each nn.Sequential's Conv -> ReLU run is
+    computed by a fused module made from the conv, whose stride/padding/dilation were copies: a
+    change of the child conv's (the module the model still shows, m.seq[0].stride = 2) was not
+    followed (the old shape and values, silently)."""
+    class Untraceable(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.seq = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU())
+
+        def forward(self, x):
+            if x.sum() > 1e9:   # data-dependent control flow: torch.fx cannot trace it
+                return x
+            return self.seq(x)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        m = rnn.convert(Untraceable().eval(), fuse=True)
+    assert type(m.seq).__name__ == "_FusedSequential"
+    c = m.seq[0]
+    x = torch.randn(2, 3, 9, 9)
+    for attr, value in (("stride", (2, 2)), ("padding", (0, 0)), ("dilation", (2, 2)), ("padding_mode", "reflect")):
+        old = getattr(c, attr)
+        setattr(c, attr, value)
+        with torch.no_grad():
+            y = m(x)
+        xd = x.double()
+        pad = c.padding
+        if c.padding_mode != "zeros":
+            xd, pad = F.pad(xd, c._reversed_padding_repeated_twice, mode=c.padding_mode), 0
+        ref = F.conv2d(xd, c.weight.double(), c.bias.double(), c.stride, pad, c.dilation).relu()
+        assert y.shape == ref.shape, attr
+        assert _rel(y, ref) < 1e-5, attr
+        setattr(c, attr, old)
+    with torch.no_grad():   # as converted again: fused
+        assert _rel(m(x), F.conv2d(x.double(), c.weight.double(), c.bias.double(), padding=1).relu()) < 1e-5
