@@ -567,7 +567,7 @@ class _FrozenState:
     """What a frozen module's snapshot was taken from, to take a new one when any of it changed.
 
     The sources: the module's ``weight`` and ``bias`` parameters and, when a BatchNorm is folded
-    in (``module.__dict__[BN_KEY]``), its weight, bias, running statistics and batch count. The
+    in (``module.__dict__[BN_KEY]``), its weight, bias, running statistics, batch count and ``eps``. The
     snapshot is stale when a source is another object than the one snapshotted (a parameter
     replaced: ``m.weight = Parameter(...)``, ``load_state_dict(assign=True)``, a BatchNorm moved
     alone), when any source's version counter moved (every in-place write through autograd's
@@ -583,7 +583,7 @@ class _FrozenState:
     ones otherwise. The module is held weakly; copies and pickles get an unbound state that the
     module's ``__setstate__`` replaces."""
 
-    __slots__ = ("module", "srcs", "tens", "vers", "epoch", "plans", "bn", "snap", "__weakref__")
+    __slots__ = ("module", "srcs", "tens", "vers", "epoch", "plans", "bn", "eps", "snap", "__weakref__")
 
     def __init__(self, module):
         self.module = weakref.ref(module) if module is not None else _no_module
@@ -592,6 +592,7 @@ class _FrozenState:
         self.vers = None
         self.epoch = -1   # stale until the first snapshot
         self.bn = None
+        self.eps = None   # the BatchNorm's eps the fold used
         self.snap = (None, None)   # the buffers (FROZEN_WEIGHT, FROZEN_BIAS) as last taken
         self.plans = _PlanDict()
         self.plans.state = self
@@ -613,7 +614,7 @@ class _FrozenState:
             return False
         bn = self.bn
         if bn is not None and (bn._buffers.get("running_mean") is not srcs[4]
-                               or bn._parameters.get("weight") is not srcs[2]):
+                               or bn._parameters.get("weight") is not srcs[2] or bn.eps != self.eps):
             return False
         try:
             return self.vers == [t._version for t in self.tens]
@@ -678,6 +679,7 @@ class _FrozenState:
         setattr(new_w, _FROZEN_PLANS, self.plans)
         m.__dict__[_FROZEN_PLANS] = self.plans
         self.srcs, self.tens, self.vers, self.bn, self.snap = srcs, tens, vers, bn, (new_w, new_b)
+        self.eps = bn.eps if bn is not None else None
         self.epoch = epoch
 
 

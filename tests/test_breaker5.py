@@ -316,3 +316,23 @@ def test_untraceable_fallback_follows_its_convolutions_geometry():
         setattr(c, attr, old)
     with torch.no_grad():   # as converted again: fused
         assert _rel(m(x), F.conv2d(x.double(), c.weight.double(), c.bias.double(), padding=1).relu()) < 1e-5
+
+
+def test_frozen_snapshot_follows_the_batchnorms_eps():
+    """A folded BatchNorm's eps set after convert(fuse=True) (the BatchNorm stays in the model):
+    the snapshot was taken again only when a tensor changed, so the old fold kept running."""
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU()).eval()
+    with torch.no_grad():
+        base[1].running_var.uniform_(0.01, 0.1)
+    m = rnn.convert(base, fuse=True)
+    x = torch.randn(2, 3, 8, 8)
+    bn = m.get_submodule("1")
+    with torch.no_grad():
+        m(x)
+        bn.eps = 0.5
+        y = m(x)
+    d = lambda t: t.detach().double()  # noqa: E731
+    ref = F.batch_norm(F.conv2d(x.double(), d(base[0].weight), d(base[0].bias), padding=1), d(bn.running_mean),
+                       d(bn.running_var), d(bn.weight), d(bn.bias), False, 0.0, 0.5).relu()
+    assert _rel(y, ref) < 1e-5
