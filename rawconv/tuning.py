@@ -333,6 +333,10 @@ class TuningRecord:
                 raise ArgumentTypeError(f"timing must be a mapping or None, got {type(self.timing).__name__}")
             if not isinstance(self.timing.get("trustworthy", True), bool):
                 raise ArgumentTypeError(f"timing['trustworthy'] must be a bool, got {self.timing.get('trustworthy')!r}")
+            for k in ("row_flags", "run_warnings"):   # lines said to people (a replay joins them)
+                v = self.timing.get(k)
+                if v is not None and (not isinstance(v, (list, tuple)) or not all(isinstance(i, str) for i in v)):
+                    raise ArgumentTypeError(f"timing[{k!r}] must be a list of str or None, got {v!r}")
             object.__setattr__(self, "timing", _Fields(self.timing, "timing"))
         object.__setattr__(self, "layout", self.layout or self.key.layout)
         object.__setattr__(self, "detail", _Fields(self.detail, "detail"))

@@ -336,3 +336,41 @@ def test_frozen_snapshot_follows_the_batchnorms_eps():
     ref = F.batch_norm(F.conv2d(x.double(), d(base[0].weight), d(base[0].bias), padding=1), d(bn.running_mean),
                        d(bn.running_var), d(bn.weight), d(bn.bias), False, 0.0, 0.5).relu()
     assert _rel(y, ref) < 1e-5
+
+
+# ---------------------------------------------------------------------------- tuning records
+def _record_dict(**changes) -> dict:
+    """A tuning record as ``rawconv compare --record`` writes it (schema 1), with ``changes``."""
+    d = {"schema": 1, "backend": "onednn", "direction": "forward",
+         "problem": {"n": 1, "c": 4, "k": 4, "in_spatial": [6, 6], "kernel": [3, 3], "stride": [1, 1],
+                     "dilation": [1, 1], "pad_before": [0, 0], "pad_after": [0, 0], "groups": 1, "dtype": "float32",
+                     "layout": "nchw", "device": "cpu", "has_bias": False, "unbatched": False},
+         "activation": None, "options": {"fpmath": "strict", "algorithm": "direct", "weights_layout": "nchw",
+                                         "threads": 1},
+         "library": "oneDNN", "library_version": "3.2.0", "device": "AMD EPYC", "device_arch": "avx2",
+         "choice": "x64:gemm:jit@any", "layout": "nchw", "detail": {"impl": "x64:gemm:jit"}, "median_ms": 0.035,
+         "min_ms": 0.028, "error": {"max_abs": 2.4e-07, "max_rel": 1.1e-07, "ratio": None},
+         "created": "2026-12-03T14:06:53+00:00", "rawconv_version": "0.1.0", "label": "cli"}
+    d.update(changes)
+    return d
+
+
+@pytest.mark.parametrize("timing", [{"trustworthy": False, "run_warnings": [1, 2]},
+                                    {"trustworthy": False, "row_flags": [1]},
+                                    {"trustworthy": False, "row_flags": "busy"},
+                                    {"trustworthy": False, "run_warnings": "busy: 1"}])
+def test_record_timing_of_the_wrong_shape_is_refused_when_read(timing, tmp_path):
+    """A record file's ``timing`` whose row_flags / run_warnings are not lists of str: replay
+    raised InternalError ('please report': 'int' object has no attribute 'split', a join of ints)
+    or printed a string's characters as flags; now ArgumentError naming the field when read."""
+    import json
+
+    from rawconv import tuning
+
+    assert tuning.TuningRecord.from_dict(_record_dict(timing={"trustworthy": False, "row_flags": ["busy"]}))
+    with pytest.raises(ArgumentError, match="timing"):
+        tuning.TuningRecord.from_dict(_record_dict(timing=timing))
+    path = tmp_path / "rec.json"
+    path.write_text(json.dumps([_record_dict(timing=timing)]))
+    with pytest.raises(ArgumentError, match="timing"):
+        tuning.TuningRecord.load(str(path))
