@@ -42,6 +42,7 @@ import dataclasses
 import datetime
 import json
 import logging
+import math
 import os
 import threading
 import warnings
@@ -259,8 +260,11 @@ def _error_dict(error) -> dict | None:
         return None
     if isinstance(error, Mapping):
         d = dict(error)
-    else:  # ErrorStats or alike
+    elif all(hasattr(error, k) for k in ("max_abs", "max_rel", "ratio")):  # ErrorStats or alike
         d = {k: getattr(error, k) for k in ("max_abs", "max_rel", "ratio")}
+    else:
+        raise ArgumentTypeError(f"error must be a mapping of max_abs, max_rel, ratio (or an ErrorStats) or None, "
+                                f"got {type(error).__name__} {error!r}")
     out = {}
     for k in ("max_abs", "max_rel", "ratio"):
         v = d.get(k)
@@ -275,6 +279,8 @@ def _time(v, name: str) -> float | None:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ArgumentTypeError(f"{name} must be a number of milliseconds or None, got {v!r}")
+    if not math.isfinite(v) or v < 0:   # (a replay's drift divides by it)
+        raise ArgumentError(f"{name} must be a finite number of milliseconds >= 0 or None, got {v!r}")
     return float(v)
 
 

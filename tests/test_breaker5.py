@@ -374,3 +374,16 @@ def test_record_timing_of_the_wrong_shape_is_refused_when_read(timing, tmp_path)
     path.write_text(json.dumps([_record_dict(timing=timing)]))
     with pytest.raises(ArgumentError, match="timing"):
         tuning.TuningRecord.load(str(path))
+
+
+@pytest.mark.parametrize("changes", [{"error": "x"}, {"error": 3}, {"median_ms": -1.0}, {"min_ms": float("nan")},
+                                     {"median_ms": float("inf")}])
+def test_record_error_and_times_of_the_wrong_kind_are_refused_when_read(changes):
+    """A record file's ``error`` that is not a mapping raised InternalError ('str' object has no
+    attribute 'max_abs'); a negative or non-finite recorded time was read as it was and replay
+    printed a drift of -102% and counted the record in a geometric mean it could not enter."""
+    from rawconv import tuning
+
+    assert tuning.TuningRecord.from_dict(_record_dict(median_ms=0.0, min_ms=0.0, error=None))
+    with pytest.raises(ArgumentError, match="error|_ms"):
+        tuning.TuningRecord.from_dict(_record_dict(**changes))
