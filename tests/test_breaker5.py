@@ -387,3 +387,20 @@ def test_record_error_and_times_of_the_wrong_kind_are_refused_when_read(changes)
     assert tuning.TuningRecord.from_dict(_record_dict(median_ms=0.0, min_ms=0.0, error=None))
     with pytest.raises(ArgumentError, match="error|_ms"):
         tuning.TuningRecord.from_dict(_record_dict(**changes))
+
+
+def test_tensor_arguments_changed_in_place_are_not_stale():
+    """stride / padding given as 0-d tensors (torch's functional convolutions take them) and changed
+    in place between calls: the fast-path caches keyed them by identity (a tensor hashes by id),
+    so the second call ran the first call's arguments."""
+    g = torch.Generator().manual_seed(4)
+    x, w = torch.randn(1, 2, 8, 8, generator=g), torch.randn(3, 2, 3, 3, generator=g)
+    s, p = torch.tensor(1), torch.tensor(0)
+    for fn in (lambda: ops.conv(x, w, stride=s, padding=p), lambda: onednn.forward(x, w, stride=s, padding=p)):
+        s.fill_(1)
+        p.fill_(0)
+        fn()
+        s.fill_(2)
+        p.fill_(1)
+        y, ref = fn(), F.conv2d(x.double(), w.double(), stride=2, padding=1)
+        assert y.shape == ref.shape and _rel(y, ref) < 1e-5
