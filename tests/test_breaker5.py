@@ -404,3 +404,13 @@ def test_tensor_arguments_changed_in_place_are_not_stale():
         p.fill_(1)
         y, ref = fn(), F.conv2d(x.double(), w.double(), stride=2, padding=1)
         assert y.shape == ref.shape and _rel(y, ref) < 1e-5
+
+
+@pytest.mark.parametrize("desc", ["mb1ic4ih6oc4oh6kh3ph1sh0", "mb1ic4oh6oc4kh3sh0", "mb1ic4iw6oc4ow6kw3sw0"])
+def test_benchdnn_descriptor_with_stride_zero_and_output_sizes(desc):
+    """A benchdnn descriptor (rawconv compare's problem argument) with a zero stride and output
+    sizes: ZeroDivisionError inside the parser, reported as InternalError ('please report')."""
+    from rawconv.problem import ConvProblem
+
+    with pytest.raises(ArgumentError, match="stride"):
+        ConvProblem.from_benchdnn(desc)
