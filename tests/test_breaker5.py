@@ -414,3 +414,24 @@ def test_benchdnn_descriptor_with_stride_zero_and_output_sizes(desc):
 
     with pytest.raises(ArgumentError, match="stride"):
         ConvProblem.from_benchdnn(desc)
+
+
+def test_cli_plot_to_an_unknown_format_is_refused_before_the_run(tmp_path):
+    """rawconv compare --plot out.xyz ran the whole comparison, then failed in savefig with
+    'unexpected ValueError ... please report it' (and left an empty out.xyz); now a bad command
+    line: exit 2 and one clear line before anything runs."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = tmp_path / "plot.xyz"
+    r = subprocess.run([sys.executable, "-m", "rawconv", "compare", "--plot", str(out), "--input", "1x4x6x6",
+                        "--weight", "4x4x3x3", "--iterations", "1", "--warmup", "0", "--no-ref", "--device", "cpu"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "please report" not in r.stderr and ".xyz is not an image format" in r.stderr
+    assert "problem(s)" not in r.stdout   # nothing ran
+    assert not out.exists()
