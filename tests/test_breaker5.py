@@ -452,3 +452,18 @@ def test_compare_zero_input_channels_forward_runs():
     assert ours and all(r.status == "ok" for r in ours)
     for r in torch_rows:   # torch 2.14 gives (1, 0, 6, 6); a later torch may give the bias's shape
         assert r.status == "ok" or (r.status == "wrong" and "shape" in r.error)
+
+
+@pytest.mark.parametrize("method", ["to_json", "to_csv"])
+def test_result_table_export_to_a_bad_path_is_a_file_access_error(method, tmp_path):
+    """ResultTable.to_json / to_csv (compare's and autotune's tables) let the raw OSError out
+    (IsADirectoryError, FileNotFoundError): every other public writer raises FileAccessError
+    (a rawconv error, still an OSError)."""
+    from rawconv.errors import FileAccessError
+    from rawconv.results import ResultTable
+
+    for path in (tmp_path, tmp_path / "missing" / "out.json"):
+        with pytest.raises(FileAccessError) as info:
+            getattr(ResultTable(), method)(str(path))
+        assert isinstance(info.value, OSError) and info.value.filename == str(path)
+    assert getattr(ResultTable(), method)(str(tmp_path / "ok.out")) is not None
