@@ -467,3 +467,37 @@ def test_result_table_export_to_a_bad_path_is_a_file_access_error(method, tmp_pa
             getattr(ResultTable(), method)(str(path))
         assert isinstance(info.value, OSError) and info.value.filename == str(path)
     assert getattr(ResultTable(), method)(str(tmp_path / "ok.out")) is not None
+
+
+@pytest.mark.gpu
+def test_cuda_module_copies_after_a_call_and_is_shared_by_threads():
+    """CUDA side of the argument pack findings: the pack holds the cuDNN plan of the last call
+    (deepcopy / pickle must leave it out) and is kept per thread (a plan's hot pack is not
+    thread-safe)."""
+    torch.manual_seed(0)
+    m = rnn.Conv2d(8, 8, 3, padding=1).cuda()
+    xs = [torch.randn(2, 8, 16, 16, device="cuda") for _ in range(2)]
+    with torch.no_grad():
+        refs = [F.conv2d(x.double(), m.weight.double(), m.bias.double(), padding=1) for x in xs]
+        m(xs[0])
+        c = copy.deepcopy(m)
+        buf = io.BytesIO()
+        torch.save(m, buf)
+        assert _rel(c(xs[0]), refs[0]) < 1e-4
+    bad, errors = [0, 0], []
+
+    def work(i):
+        try:
+            with torch.no_grad():
+                for _ in range(200):
+                    if _rel(m(xs[i]), refs[i]) > 1e-4:
+                        bad[i] += 1
+        except Exception as exc:   # noqa: BLE001
+            errors.append(exc)
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors and bad == [0, 0]
