@@ -10,8 +10,13 @@ tracing runs), so a converted model under autocast runs its convolutions as torc
 
 One difference, said by a :class:`RuntimeWarning` once per operator and dtype: oneDNN 3.2 offers
 no bfloat16 or float16 convolution on some CPUs (none on AVX2 alone; see
-:func:`rawconv.onednn.capabilities`). There the CPU kernel keeps the inputs' dtype (float32)
-instead of casting them into a dtype it cannot run.
+:func:`rawconv.onednn.capabilities`). There the CPU kernel computes in float32 instead of casting
+into a dtype it cannot run: the inputs autocast would cast are cast to float32 (so an input that
+an earlier autocast op left in bfloat16 meets float32 weights as torch's would meet bfloat16 ones),
+and the result is float32.
+
+:func:`cast_inputs` is that rule for front ends that check their tensors before the operator
+(:func:`rawconv.ops.conv_transpose`, :func:`rawconv.fused.conv_bias_act`).
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ import warnings
 
 import torch
 
-__all__ = ["register"]
+__all__ = ["register", "cast_inputs"]
 
 _DIRECTION = {"conv_forward": "forward", "conv_backward_data": "backward_data",
               "conv_backward_weights": "backward_weights", "conv_bias_act": "forward"}
@@ -29,14 +34,21 @@ _warned: set = set()  # (operator, dtype) said once
 _lock = threading.Lock()
 
 
+@torch.compiler.assume_constant_result   # torch.compile: asked when traced, its answer a constant of the graph
 def _cpu_offers(name: str, dtype: torch.dtype) -> bool:
+    """Whether oneDNN offers ``dtype`` convolutions of ``rawconv::name``'s direction on this CPU
+    (asked once per direction and dtype; a :class:`RuntimeWarning` once per operator when not).
+    The probe runs real convolutions: while torch.compile traces (fake tensors, dispatch modes),
+    outside those modes."""
     key = (_DIRECTION.get(name, "forward"), dtype)
     found = _offered.get(key)
     if found is None:
+        from torch.utils._python_dispatch import _disable_current_modes
+
         from . import onednn
 
         dt = str(dtype)[len("torch."):]
-        with _lock:
+        with _lock, _disable_current_modes():
             try:
                 caps = onednn.capabilities()
                 ok = caps.offered(key[0], dt)
@@ -46,8 +58,8 @@ def _cpu_offers(name: str, dtype: torch.dtype) -> bool:
             _offered[key] = found
     if not found[0] and (name, dtype) not in _warned:
         _warned.add((name, dtype))
-        warnings.warn(f"torch.autocast('cpu', {dtype}): rawconv::{name} keeps its inputs' dtype on this CPU "
-                      f"(oneDNN offers no {dtype} convolution here: {found[1]})", RuntimeWarning,
+        warnings.warn(f"torch.autocast('cpu', {dtype}): rawconv::{name} computes in float32 on this CPU, its "
+                      f"inputs cast to float32 (oneDNN offers no {dtype} convolution here: {found[1]})", RuntimeWarning,
                       stacklevel=_user_level())
     return found[0]
 
@@ -71,6 +83,17 @@ def _cast(a, dtype: torch.dtype, device_type: str):
     return a
 
 
+def cast_inputs(name: str, device_type: str, args: tuple) -> tuple:
+    """``args`` as ``rawconv::name``'s autocast kernel on ``device_type`` passes them on: the tensors
+    autocast casts (:func:`_cast`) in ``torch.get_autocast_dtype(device_type)``, or in float32 on a
+    CPU where oneDNN offers no convolution of that dtype for the operator's direction (said once
+    by a :class:`RuntimeWarning`); everything else as it is."""
+    dtype = torch.get_autocast_dtype(device_type)
+    if device_type == "cpu" and not _cpu_offers(name, dtype):
+        dtype = torch.float32
+    return tuple(_cast(a, dtype, device_type) for a in args)
+
+
 def register(lib: torch.library.Library, name: str) -> None:
     """Register the autocast kernels of ``rawconv::name`` (CPU and CUDA) on ``lib`` (an IMPL or
     DEF library of the ``rawconv`` namespace)."""
@@ -81,11 +104,7 @@ def register(lib: torch.library.Library, name: str) -> None:
         keyset = torch._C.DispatchKeySet(key)
 
         def autocast_kernel(*args, _device=device_type, _keyset=keyset):
-            dtype = torch.get_autocast_dtype(_device)
-            if _device == "cpu" and not _cpu_offers(name, dtype):
-                args_c = args
-            else:
-                args_c = tuple(_cast(a, dtype, _device) for a in args)
+            args_c = cast_inputs(name, _device, args)
             with torch._C._ExcludeDispatchKeyGuard(_keyset):
                 return op(*args_c)
 

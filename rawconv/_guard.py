@@ -34,6 +34,10 @@ _NO_DEVICE_WORDS = ("found no nvidia driver", "torch not compiled with cuda", "n
 # a device string torch cannot parse
 _BAD_DEVICE_WORDS = ("expected one of cpu", "invalid device string", "device type at start of device string",
                      "invalid device, must be cuda device")
+# torch refusing the caller's tensors for autograd (an inference-mode tensor used outside inference mode,
+# where a gradient is recorded): the caller's mistake, which torch's own convolutions raise as RuntimeError too
+_USER_TENSOR_WORDS = ("inference tensors cannot be saved for backward",
+                      "inplace update to inference tensor outside inferencemode")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -59,6 +63,8 @@ def translate(exc: BaseException, where: str) -> RawconvError | None:
         return DeviceNotAvailableError(f"{where}: no such device here: {msg}")
     if isinstance(exc, RuntimeError) and any(w in low for w in _BAD_DEVICE_WORDS):
         return ArgumentError(f"{where}: bad device: {msg}")
+    if isinstance(exc, RuntimeError) and any(w in low for w in _USER_TENSOR_WORDS):
+        return ArgumentError(f"{where}: {msg}")
     if isinstance(exc, OSError):
         name = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
         err = FileAccessError(f"{where}: {exc.strerror or msg}{name}")

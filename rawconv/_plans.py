@@ -6,12 +6,15 @@ import threading
 
 def arg_key(v):
     """A hashable key of an argument that tells apart values Python finds equal (1, 1.0, True) and
-    a list from a tuple (the fast-path caches of the function forms and operators key on it)."""
+    a list from a tuple (the fast-path caches of the function forms and operators key on it); a
+    tensor by its values (one changed in place must not match its earlier key)."""
     t = type(v)
     if t is int or t is str or v is None:
         return v
     if t is tuple or t is list:
         return (t, tuple(arg_key(i) for i in v))
+    if hasattr(v, "tolist"):   # a tensor (or an array) hashes by identity: keyed by its values now
+        return (t, arg_key(v.tolist()))
     return (t, v)
 
 

@@ -408,6 +408,8 @@ def cmd_compare(args) -> int:
     console = _console(args.width)
     problems = _problems(args)
     outputs = {flag: getattr(args, flag) for flag in ("json", "plot", "csv", "record") if getattr(args, flag)}
+    if args.plot:
+        _check_plot_format(args.plot)
     for flag, path in outputs.items():
         _check_writable(f"--{flag}", path)
     import torch
@@ -509,6 +511,23 @@ def _check_writable(flag: str, path: str) -> None:
             pass
     except OSError as exc:
         raise RawconvError(f"{flag} {path}: cannot write there ({exc.strerror})") from None
+
+
+def _check_plot_format(path: str) -> None:
+    """Refuse a --plot file whose extension names no image format matplotlib writes, before any
+    work (savefig would raise only after the whole run). No extension: matplotlib's default (PNG)."""
+    import os
+
+    ext = os.path.splitext(path)[1][1:].lower()
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        formats = FigureCanvasBase.get_supported_filetypes()
+    except ImportError:   # the plot itself says matplotlib is missing
+        return
+    if ext and ext not in formats:
+        raise RawconvError(f"--plot {path}: .{ext} is not an image format matplotlib writes (one of: "
+                           f"{', '.join(sorted(formats))})")
 
 
 def _write_outputs(console, args, rows, recs) -> None:

@@ -255,6 +255,12 @@ def _measure(problem, label_backend, label_impl, detail, fn, ref, ref_abs, timer
     row = Row(name, label_backend, label_impl, detail, workspace_bytes=workspace, extra=extra, direction=direction)
     if isinstance(y, tuple):   # backward_weights with a bias: (dw, db); dw is checked
         y = y[0]
+    if tuple(y.shape) != tuple(ref.shape):
+        # a result of another shape is a wrong answer, not an error of the run (torch's convolution
+        # of zero input channels gives (N, 0, *out) where the sum over no channels is the bias)
+        row.median_ms, row.min_ms, row.runs = stats.median_ms, stats.min_ms, stats.runs
+        row.status, row.error = "wrong", f"result shape {tuple(y.shape)} differs from the reference's {tuple(ref.shape)}"
+        return row
     with threads(1):
         # a few elementwise float64 passes: one thread takes milliseconds, while two OpenMP threads
         # on a busy machine wait for each other (a 4 ms scheduler tick per op)

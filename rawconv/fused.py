@@ -515,7 +515,10 @@ def _bump_epoch(*_args, **_kwargs) -> None:
 def _watch_optimizers() -> None:
     if not _HOOK:
         try:
-            _HOOK.append(torch.optim.optimizer.register_optimizer_step_post_hook(_bump_epoch))
+            # (imported by name: torch 2.14's torch.optim namespace has no `optimizer` attribute)
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            _HOOK.append(register_optimizer_step_post_hook(_bump_epoch))
         except Exception:  # noqa: BLE001  (a torch without the global hook: version counters only)
             _HOOK.append(None)
 
@@ -564,7 +567,7 @@ class _FrozenState:
     """What a frozen module's snapshot was taken from, to take a new one when any of it changed.
 
     The sources: the module's ``weight`` and ``bias`` parameters and, when a BatchNorm is folded
-    in (``module.__dict__[BN_KEY]``), its weight, bias, running statistics and batch count. The
+    in (``module.__dict__[BN_KEY]``), its weight, bias, running statistics, batch count and ``eps``. The
     snapshot is stale when a source is another object than the one snapshotted (a parameter
     replaced: ``m.weight = Parameter(...)``, ``load_state_dict(assign=True)``, a BatchNorm moved
     alone), when any source's version counter moved (every in-place write through autograd's
@@ -580,7 +583,7 @@ class _FrozenState:
     ones otherwise. The module is held weakly; copies and pickles get an unbound state that the
     module's ``__setstate__`` replaces."""
 
-    __slots__ = ("module", "srcs", "tens", "vers", "epoch", "plans", "bn", "snap", "__weakref__")
+    __slots__ = ("module", "srcs", "tens", "vers", "epoch", "plans", "bn", "eps", "snap", "__weakref__")
 
     def __init__(self, module):
         self.module = weakref.ref(module) if module is not None else _no_module
@@ -589,6 +592,7 @@ class _FrozenState:
         self.vers = None
         self.epoch = -1   # stale until the first snapshot
         self.bn = None
+        self.eps = None   # the BatchNorm's eps the fold used
         self.snap = (None, None)   # the buffers (FROZEN_WEIGHT, FROZEN_BIAS) as last taken
         self.plans = _PlanDict()
         self.plans.state = self
@@ -610,7 +614,7 @@ class _FrozenState:
             return False
         bn = self.bn
         if bn is not None and (bn._buffers.get("running_mean") is not srcs[4]
-                               or bn._parameters.get("weight") is not srcs[2]):
+                               or bn._parameters.get("weight") is not srcs[2] or bn.eps != self.eps):
             return False
         try:
             return self.vers == [t._version for t in self.tens]
@@ -675,6 +679,7 @@ class _FrozenState:
         setattr(new_w, _FROZEN_PLANS, self.plans)
         m.__dict__[_FROZEN_PLANS] = self.plans
         self.srcs, self.tens, self.vers, self.bn, self.snap = srcs, tens, vers, bn, (new_w, new_b)
+        self.eps = bn.eps if bn is not None else None
         self.epoch = epoch
 
 
@@ -1033,6 +1038,9 @@ def conv_bias_act(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = 
     activation = _check_activation(activation)
     if isinstance(choice, int) and not isinstance(choice, bool):
         choice = str(choice)   # the operator's schema takes a string; positions stay positions
+    if torch._C._is_any_autocast_enabled() and x.device.type in ("cpu", "cuda") \
+            and torch.is_autocast_enabled(x.device.type):   # as autocast casts the operator's inputs, before the checks
+        x, w, bias, residual = _autocast.cast_inputs("conv_bias_act", x.device.type, (x, w, bias, residual))
     problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
     if residual is not None:
         _check_residual(residual, problem)

@@ -150,6 +150,7 @@ def _like_layout(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def _norm_padding(padding):
+    """``padding`` (or another argument) with its lists as tuples (a list of pairs: tuples of tuples)."""
     if isinstance(padding, list):
         return tuple(tuple(p) if isinstance(p, list) else p for p in padding)
     return padding
@@ -238,6 +239,7 @@ def _ops_module():
 
 USE_OPS = True   # route through rawconv.ops (torch.library operators) when that module exists
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_get_ident = onednn._get_ident   # (thread, its OpenMP count): the modules' argument packs are per thread
 _OPS: list = [None]   # rawconv.ops, once loaded (the modules' per-call path)
 
 
@@ -487,6 +489,13 @@ class _RawconvConv:
             self.__dict__.pop(_TUNED_ATTR, None)
             self._choice_backend = want
 
+    def __getstate__(self):
+        """A copy (``copy.deepcopy``) or a pickle without the argument pack of :meth:`forward` (its
+        plans hold the library's objects, which neither copies nor pickles): the copy makes its own."""
+        state = super().__getstate__()
+        state.pop("_rawconv_entry", None)
+        return state
+
     def _padded(self, x):
         """(input, padding) for the library: non-'zeros' padding modes pad in torch first."""
         if self.padding_mode != "zeros":
@@ -519,13 +528,21 @@ class _RawconvConv:
                 and type(x) in _PLAIN_TENSORS and USE_OPS and not torch.compiler.is_compiling():
             # the module's own argument pack: validated once per configuration (stride, padding,
             # dilation, groups, backend, choice, precision, backward choice, the weight's shape and
-            # the input's device type), then rawconv.ops runs it as rawconv.ops.conv does
+            # the input's device type), then rawconv.ops runs it as rawconv.ops.conv does; one per
+            # thread (and OpenMP count), as rawconv.ops keeps its own: the plans it holds are not
+            # thread-safe (a plan's memory handles are set per call)
             w = self.weight
-            key = (self.stride, self.padding, self.dilation, self.groups, self.backend, self.choice, self.precision,
-                   self.backward_choice, w.shape, x.device.type)
-            e = d.get("_rawconv_entry")
+            # (a list argument as its values now: one changed in place after this call must not match)
+            key = (_norm_padding(self.stride), _norm_padding(self.padding), _norm_padding(self.dilation), self.groups,
+                   self.backend, self.choice, self.precision, _norm_padding(self.backward_choice), w.shape,
+                   x.device.type)
+            ident = _get_ident()
+            packs = d.get("_rawconv_entry")
+            e = packs.get(ident) if packs is not None else None
             if e is None or e[0] != key:
-                e = d["_rawconv_entry"] = (key, self._entry(x, w))
+                if packs is None or len(packs) >= 64:   # (threads come and go: past 64, start again)
+                    packs = d["_rawconv_entry"] = {}
+                e = packs[ident] = (key, self._entry(x, w))
             try:
                 return (_OPS[0] or _load_ops())._conv_entry(x, w, self.bias, e[1])
             except Exception as exc:
@@ -619,7 +636,8 @@ class _ConvBiasAct(_RawconvConv):
     def _op_args(self):
         """(stride, padding, dilation) lists as the operator takes them (padding: nd symmetric
         values or 2*nd befores-then-afters), computed once per configuration."""
-        key = (self.stride, self.padding, self.dilation, self.padding_mode, self.kernel_size)
+        key = (_norm_padding(self.stride), _norm_padding(self.padding), _norm_padding(self.dilation),
+               self.padding_mode, self.kernel_size)   # (lists as their values now: see _RawconvConv.forward)
         cached = self.__dict__.get("_op_cache")
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -1089,6 +1107,7 @@ def _mark_inplace_residuals(graph, modules) -> None:
             m.residual_inplace = True
 
 
+_GEOMETRY = ("stride", "padding", "dilation", "groups", "padding_mode")   # a conv's, copied into its fused module
 _HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
                "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks",
                "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
@@ -1100,17 +1119,20 @@ class _FusedSequential(torch.nn.Sequential):
     model). Its children are not touched: a child called on its own (``self.seq[0](x)``) or from
     elsewhere (a shared module) computes as before, and the fused path reads the children's own
     parameters and BatchNorm. When the children are no longer those fused (replaced, inserted,
-    removed, parametrized) or one of a run carries hooks, the Sequential runs as torch's."""
+    removed, parametrized), one of a run carries hooks, or a fused convolution's geometry
+    (stride, padding, dilation, groups, padding_mode) is no longer its fused module's, the
+    Sequential runs as torch's."""
 
     def forward(self, input):
         plan = self.__dict__.get("_rawconv_plan")
         if plan is None:
             return super().forward(input)
-        members, types, steps, watched = plan
+        members, types, steps, watched, pairs = plan
         mods = tuple(self._modules.values())
         if mods != members or tuple(map(type, mods)) != types or any(
                 getattr(m, h) for m in watched for h in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
-                                                         "_backward_pre_hooks")):
+                                                         "_backward_pre_hooks")) or any(
+                getattr(c, a) != getattr(f, a) for c, f in pairs for a in _GEOMETRY):
             return super().forward(input)
         for step in steps:
             input = step(input)
@@ -1138,7 +1160,7 @@ def _fuse_sequential(model, report: ConvertReport, backend, choice, precision) -
         if type(seq) is not torch.nn.Sequential:
             continue
         keys = list(seq._modules)
-        steps, watched, found = [], [], False
+        steps, watched, pairs, found = [], [], [], False
         i = 0
         while i < len(keys):
             m = seq._modules[keys[i]]
@@ -1163,6 +1185,7 @@ def _fuse_sequential(model, report: ConvertReport, backend, choice, precision) -
                         helper.__dict__[h] = type(helper.__dict__[h])()
                 helper.__dict__["_rawconv_helper"] = full + "(fused)"
                 steps.append(helper)
+                pairs.append((m, helper))
                 watched += [seq._modules[k] for k in keys[i:j]]
                 report.fused[full] = "relu" if act == "relu" else "bias"
                 found = True
@@ -1173,7 +1196,7 @@ def _fuse_sequential(model, report: ConvertReport, backend, choice, precision) -
         if found:
             mods = tuple(seq._modules.values())
             seq.__class__ = _FusedSequential
-            seq.__dict__["_rawconv_plan"] = (mods, tuple(map(type, mods)), steps, watched)
+            seq.__dict__["_rawconv_plan"] = (mods, tuple(map(type, mods)), steps, watched, tuple(pairs))
 
 
 def _fused_modules(model) -> list:

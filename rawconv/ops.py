@@ -1137,6 +1137,9 @@ def conv_transpose(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None =
         raise ArgumentError(f"weight must be 3-D, 4-D or 5-D (C_in, C_out/groups, *kernel), got {tuple(w.shape)}")
     if isinstance(padding, str):
         raise ArgumentError(f"a transposed convolution takes numeric padding (as torch), got {padding!r}")
+    if _autocasting() and x.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(x.device.type):
+        # as autocast casts the operator's inputs, before the checks and the bias add below (torch casts the bias too)
+        x, w, bias = _autocast.cast_inputs("conv_backward_data", x.device.type, (x, w, bias))
     nd = w.dim() - 2
     unbatched = x.dim() == nd + 1
     xb = _batched(x, unbatched)

@@ -621,6 +621,8 @@ class ConvProblem:
 
         ins, ks = get("i", None), get("k", 1)
         st, pads, dil = get("s", 1), get("p", 0), tuple(v + 1 for v in get("d", 0))
+        if any(v < 1 for v in st):   # (before the output sizes below divide by it)
+            raise ArgumentError(f"benchdnn descriptor {desc!r}: stride must be >= 1 in every dim, got {st}")
         outs = get("o", None)
         if any(v is None for v in ins):
             if any(v is None for v in outs):

@@ -1019,3 +1019,10 @@ def _plot_heatmap(table, groups, ax, title, figsize):
         fig.suptitle(_wrap_banner(banner, 120), color="#b00000", fontsize=9, x=0.01, ha="left")
     fig.tight_layout()
     return fig
+
+
+# the exports that write files raise only rawconv's exception classes (rawconv._guard): an OSError
+# (a directory, a missing folder, a full disk) as FileAccessError, still an OSError
+from . import _guard  # noqa: E402
+
+_guard.guard_module(globals(), "ResultTable.to_json", "ResultTable.to_csv")

@@ -42,6 +42,7 @@ import dataclasses
 import datetime
 import json
 import logging
+import math
 import os
 import threading
 import warnings
@@ -259,8 +260,11 @@ def _error_dict(error) -> dict | None:
         return None
     if isinstance(error, Mapping):
         d = dict(error)
-    else:  # ErrorStats or alike
+    elif all(hasattr(error, k) for k in ("max_abs", "max_rel", "ratio")):  # ErrorStats or alike
         d = {k: getattr(error, k) for k in ("max_abs", "max_rel", "ratio")}
+    else:
+        raise ArgumentTypeError(f"error must be a mapping of max_abs, max_rel, ratio (or an ErrorStats) or None, "
+                                f"got {type(error).__name__} {error!r}")
     out = {}
     for k in ("max_abs", "max_rel", "ratio"):
         v = d.get(k)
@@ -275,6 +279,8 @@ def _time(v, name: str) -> float | None:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ArgumentTypeError(f"{name} must be a number of milliseconds or None, got {v!r}")
+    if not math.isfinite(v) or v < 0:   # (a replay's drift divides by it)
+        raise ArgumentError(f"{name} must be a finite number of milliseconds >= 0 or None, got {v!r}")
     return float(v)
 
 
@@ -333,6 +339,10 @@ class TuningRecord:
                 raise ArgumentTypeError(f"timing must be a mapping or None, got {type(self.timing).__name__}")
             if not isinstance(self.timing.get("trustworthy", True), bool):
                 raise ArgumentTypeError(f"timing['trustworthy'] must be a bool, got {self.timing.get('trustworthy')!r}")
+            for k in ("row_flags", "run_warnings"):   # lines said to people (a replay joins them)
+                v = self.timing.get(k)
+                if v is not None and (not isinstance(v, (list, tuple)) or not all(isinstance(i, str) for i in v)):
+                    raise ArgumentTypeError(f"timing[{k!r}] must be a list of str or None, got {v!r}")
             object.__setattr__(self, "timing", _Fields(self.timing, "timing"))
         object.__setattr__(self, "layout", self.layout or self.key.layout)
         object.__setattr__(self, "detail", _Fields(self.detail, "detail"))
