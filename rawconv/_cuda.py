@@ -189,14 +189,6 @@ def workspace(nbytes: int, device) -> "object":
 _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False)
 
 
-def capturing() -> bool:
-    """Whether torch's current CUDA stream is being captured into a CUDA graph (False without CUDA)."""
-    try:
-        return bool(_capturing())
-    except RuntimeError:
-        return False
-
-
 def refuse_in_capture(what: str) -> None:
     """Raise :class:`~rawconv.errors.NotSupportedError` when torch's current CUDA stream is being
     captured into a CUDA graph (``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``):
