@@ -117,6 +117,23 @@ def main() -> None:
                      lambda: op(x, w, None, [1, 1], [1, 1], [1, 1], [1, 1], 1, "onednn", "", "strict", "", "")))
         rows.append(("rawconv.ops.conv", lambda: ops.conv(x, w, None, 1, 1)))
         torch.testing.assert_close(ops.conv(x, w, None, 1, 1), y_ref, rtol=1e-4, atol=1e-4)
+    # the modules: torch.nn.Conv2d beside rawconv.nn.Conv2d with the same weights (module call included)
+    import rawconv.nn as rnn
+
+    tm = torch.nn.Conv2d(8, 8, 3, padding=1, bias=False).to(memory_format=fmt)
+    rm = rnn.Conv2d(8, 8, 3, padding=1, bias=False).to(memory_format=fmt)
+    with torch.no_grad():
+        tm.weight.copy_(w)
+        rm.weight.copy_(w)
+        torch.testing.assert_close(rm(x), y_ref, rtol=1e-4, atol=1e-4)
+
+    def inference(m):   # the module rows: inference (their parameters require grad)
+        def call():
+            with torch.no_grad():
+                return m(x)
+        return call
+    rows.append(("torch.nn.Conv2d module", inference(tm)))
+    rows.append(("rawconv.nn.Conv2d module", inference(rm)))
     if args.grad:
         xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
         rows.append(("F.conv2d (requires grad)", lambda: F.conv2d(xg, wg, None, 1, 1)))
@@ -130,6 +147,10 @@ def main() -> None:
     print(f"{'path':<36} {'us/call':>9} {'x F.conv2d':>11}")
     for (name, _), us in zip(rows, times):
         print(f"{name:<36} {us:9.2f} {us / times[0]:11.2f}")
+    names = [n for n, _ in rows]
+    if "rawconv.nn.Conv2d module" in names:
+        tmod, rmod = times[names.index("torch.nn.Conv2d module")], times[names.index("rawconv.nn.Conv2d module")]
+        print(f"rawconv.nn.Conv2d / torch.nn.Conv2d (no grad): {rmod / tmod:.2f}x")
 
 if __name__ == "__main__":
     main()
