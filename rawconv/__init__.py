@@ -18,10 +18,14 @@ from __future__ import annotations
 import importlib
 import logging
 
-from .errors import (AllocationError, ArgumentError, ArgumentTypeError, DeviceNotAvailableError, FileAccessError,
+from . import _aliases
+
+_aliases.install()   # the old flat module paths (rawconv.nn, rawconv._cuda...) name the modules' new homes
+
+from .core.errors import (AllocationError, ArgumentError, ArgumentTypeError, DeviceNotAvailableError, FileAccessError,
                      InternalError, IsolationError, KnownBadError, LibraryError, LibraryNotFoundError,
                      NotSupportedError, RawconvError, SlowReferenceWarning)
-from .problem import ConvProblem
+from .core.problem import ConvProblem
 
 __version__ = "0.1.0"
 
@@ -51,6 +55,6 @@ def info() -> dict:
     """What rawconv runs on, as a dict: rawconv and torch versions, torch's own oneDNN/cuDNN,
     and for each backend the loaded library's version, path and how it was found (or the error
     that says why it could not be loaded). Loads the libraries."""
-    from ._info import collect
+    from .explore.info import collect
 
     return collect()

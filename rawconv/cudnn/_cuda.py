@@ -13,9 +13,10 @@ import threading
 
 import torch
 
-from . import _cudnn, _guard
-from ._cudnn import call, ffi
-from .errors import ArgumentError, ArgumentTypeError
+from . import _ffi as _cudnn
+from ..core import guard as _guard
+from ._ffi import call, ffi
+from ..core.errors import ArgumentError, ArgumentTypeError
 
 _tls = threading.local()
 
@@ -200,7 +201,7 @@ def refuse_in_capture(what: str) -> None:
     except RuntimeError:   # no CUDA driver: nothing is captured
         return
     if capturing:
-        from .errors import NotSupportedError
+        from ..core.errors import NotSupportedError
 
         raise NotSupportedError(f"{what} cannot run while a CUDA graph is being captured (it times candidates and "
                                 "synchronizes): run the model once before capturing (a warm-up on a side stream, "

@@ -32,15 +32,16 @@ from typing import Any, Sequence
 
 import torch
 
-from . import _dnnl, _guard, known_bad as _known_bad
-from ._grad import needs_grad as _needs_grad
-from ._dnnl import ffi
-from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
-from ._backend import Candidate
-from ._plans import PlanCache, PlanLifetime, arg_key
-from .results import Result, ResultTable
-from .problem import ConvProblem, _int, check_tensor, empty_like_layout, layout_of, shape_arg, to_layout, dense_strides, strides_match, shape_only
-from .problem import backward_data_layout
+from . import _ffi as _dnnl
+from ..core import guard as _guard, known_bad as _known_bad
+from ..core.grad import needs_grad as _needs_grad
+from ._ffi import ffi
+from ..core.errors import ArgumentError, ArgumentTypeError, NotSupportedError
+from ..core.backend import Candidate
+from ..core.plans import PlanCache, PlanLifetime, arg_key
+from ..core.results import Result, ResultTable
+from ..core.problem import ConvProblem, _int, check_tensor, empty_like_layout, layout_of, shape_arg, to_layout, dense_strides, strides_match, shape_only
+from ..core.problem import backward_data_layout
 
 log = logging.getLogger("rawconv.onednn")
 
@@ -153,7 +154,7 @@ def _warn_timings(monitor, rows) -> list[str]:
     returns the lines (the tuning record keeps them)."""
     import warnings
 
-    from .bench import TimingWarning, timing_warnings
+    from ..core.bench import TimingWarning, timing_warnings
 
     lines = timing_warnings(monitor.report() if monitor is not None else None, [r.spread for r in rows])
     for line in lines:
@@ -216,14 +217,14 @@ def _words(impl, choice, fpmath, precision, options, allow_known_bad):
             raise ArgumentError(f"choice={choice!r} and impl={impl!r} disagree; pass one (impl is oneDNN's word)")
         impl = choice
     if options is not None:
-        from .options import options_of
+        from ..core.options import options_of
 
         opt = options_of(options)
         if precision is None and opt.precision != "strict":
             precision = opt.precision
         allow_known_bad = allow_known_bad or opt.allow_known_bad
     if precision is not None:
-        from .options import PRECISIONS
+        from ..core.options import PRECISIONS
 
         if precision not in PRECISIONS:
             raise ArgumentError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
@@ -678,7 +679,7 @@ class Convolution(PlanLifetime):
         ``prepack=True`` has no weights to snapshot yet: :meth:`repack` ``(w)`` takes the snapshot
         (until then every call needs its ``w``)."""
         impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
-        from ._backend import canonical_direction
+        from ..core.backend import canonical_direction
 
         if isinstance(direction, str):
             direction = canonical_direction(direction)
@@ -1309,8 +1310,8 @@ class Convolution(PlanLifetime):
         terminal or in a Jupyter kernel; :mod:`rawconv._progress`).
         Raises :class:`NotSupportedError` when no implementation could be timed correctly.
         """
-        from . import _progress, tuning
-        from .bench import LoadMonitor, time_cpu
+        from ..core import progress as _progress, tuning
+        from ..core.bench import LoadMonitor, time_cpu
 
         self._check_live()
         it, wu = _int(iterations), _int(warmup)
@@ -1328,7 +1329,7 @@ class Convolution(PlanLifetime):
                 raise ArgumentTypeError(f"{name} must be True or False, got {v!r}")
         _progress.enabled(progress)   # validates
         allow = self.allow_known_bad if allow_known_bad is None else _check_allow(allow_known_bad)
-        from . import _isolate
+        from ..core import isolate as _isolate
 
         iso = _isolate.options(isolate)
         # the count the candidates run with: an isolated child's own count for a caller's-count plan
@@ -1351,7 +1352,7 @@ class Convolution(PlanLifetime):
         ref = ref_abs = tol = None
         # plans with post-ops (rawconv.fused) compute more than the convolution: not checked here
         if check and iso is None and not self.problem.is_empty and not self._post_ops:
-            from .check import reference, tolerance_for
+            from ..core.check import reference, tolerance_for
 
             named = {"x": tensors.get("x"), "w": tensors.get("w"), "b": tensors.get("bias"), "dy": tensors.get("grad_y")}
             ref, ref_abs = reference(self.problem, self.direction, {k: v for k, v in named.items() if v is not None})
@@ -1454,7 +1455,7 @@ class Convolution(PlanLifetime):
         err = None
         try:
             if ref is not None:
-                from .check import check as _check_result
+                from ..core.check import check as _check_result
 
                 y = self.execute(**tensors)
                 err = _check_result(self.problem, y[0] if isinstance(y, tuple) else y, ref, ref_abs, tol)
@@ -1486,7 +1487,7 @@ class Convolution(PlanLifetime):
         """The :class:`rawconv.tuning.TuningKey` of an autotune of this plan (see :meth:`autotune`).
         ``timed_threads``: the count a caller's-count plan (``self.threads`` None) is timed with
         when that is not this thread's torch count (an isolated child's ``threads``)."""
-        from . import tuning
+        from ..core import tuning
 
         threads = self.threads if self.threads is not None else timed_threads
         options = _key_options(self.fpmath, self.algorithm, self.w_layout, allow_known_bad, threads)
@@ -1497,7 +1498,7 @@ class Convolution(PlanLifetime):
     def _from_cache(self, store, key, allow: bool) -> ResultTable | None:
         """A tuning-cache hit selected (one row, phase ``"cache"``), or None (a miss, or a choice
         this oneDNN no longer offers for the problem)."""
-        from .check import ErrorStats
+        from ..core.check import ErrorStats
 
         hit = store.get(key)
         if hit is None:
@@ -1523,7 +1524,7 @@ class Convolution(PlanLifetime):
     def _record(self, key, row, warned=None):
         """The tuning record of autotune's choice ``row``; ``warned``: the timing warnings of the
         autotune (its ``timing``: a time measured while they applied is not one to drift against)."""
-        from . import tuning
+        from ..core import tuning
 
         impl = row.impl
         detail = {"impl": impl.name, "layouts": impl.layouts, "index": impl.index,
@@ -1697,7 +1698,7 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
         if choice is not None or precision is not None or options is not None:
             impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
         if _needs_grad(x, w, bias):   # record a differentiable op, never a silent detach
-            from .ops import _onednn_function
+            from ..pytorch.ops import _onednn_function
             return _onednn_function("forward", x, w, bias, stride, padding, dilation, groups, impl=impl,
                                     algorithm=algorithm, fpmath=fpmath, out=out, allow_known_bad=allow_known_bad)
         try:   # hot path: the plan of the last call with these arguments, when the tensors fit it exactly
@@ -1797,7 +1798,7 @@ def implementations(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None 
     batch 1, counts as NCHW, as in torch). The positions and the :class:`Implementation` objects
     of this list select the same implementations there.
     """
-    from ._backend import canonical_direction
+    from ..core.backend import canonical_direction
 
     if isinstance(direction, str):
         direction = canonical_direction(direction)
@@ -1805,7 +1806,7 @@ def implementations(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None 
     _check_allow(allow_known_bad)
     if precision is not None:
         _, fpmath, _ = _words(None, None, fpmath, precision, None, False)
-    from . import _isolate
+    from ..core import isolate as _isolate
 
     iso = _isolate.options(isolate)
     problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
@@ -1860,7 +1861,7 @@ def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int],
     if choice is not None or precision is not None or options is not None:
         impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
     if _needs_grad(grad_y, w):
-        from .ops import _onednn_function
+        from ..pytorch.ops import _onednn_function
         return _onednn_function("backward_data", grad_y, w, x_shape, stride, padding, dilation, groups, impl=impl,
                                 algorithm=algorithm, fpmath=fpmath, out=out, allow_known_bad=allow_known_bad)
     problem = _backward_problem(grad_y, w, x_shape, stride, padding, dilation, groups, False)
@@ -1887,7 +1888,7 @@ def backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[in
     if choice is not None or precision is not None or options is not None:
         impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
     if _needs_grad(x, grad_y):
-        from .ops import _onednn_function
+        from ..pytorch.ops import _onednn_function
         return _onednn_function("backward_weights", x, grad_y, w_shape, stride, padding, dilation, groups,
                                 impl=impl, algorithm=algorithm, fpmath=fpmath, bias=bias,
                                 allow_known_bad=allow_known_bad)
@@ -1979,7 +1980,7 @@ def _environment() -> dict:
             "device_arch": _dnnl.effective_cpu_isa()}
 
 
-from . import tuning as _tuning  # noqa: E402
+from ..core import tuning as _tuning  # noqa: E402
 
 _tuning.register_environment("onednn", _environment)
 
@@ -2030,7 +2031,7 @@ def flush_denormals(on: bool = True) -> None:
     """
     if not isinstance(on, bool):
         raise ArgumentTypeError(f"on must be True or False, got {on!r}")
-    from . import _fpenv
+    from . import fpenv as _fpenv
 
     loaded = _dnnl.load()
     runtime = _dnnl.version().get("cpu_runtime", "")
@@ -2164,7 +2165,7 @@ def reference_seconds(problem: ConvProblem, direction: str = "forward", layouts:
     :class:`ArgumentError` / :class:`ArgumentTypeError` for a bad direction or problem. Wraps
     what :class:`Convolution` wraps (``dnnl_primitive_execute`` on ``ref:any``).
     """
-    from ._backend import canonical_direction
+    from ..core.backend import canonical_direction
 
     if isinstance(direction, str):
         direction = canonical_direction(direction)
@@ -2201,7 +2202,7 @@ def _warn_if_slow_reference(plan: "Convolution") -> None:
         return
     est = reference_seconds(plan.problem, plan.direction, impl.layouts)
     if est > SLOW_REFERENCE_SECONDS:
-        from .errors import SlowReferenceWarning
+        from ..core.errors import SlowReferenceWarning
 
         offered = sorted({i.name for i in plan._impls})
         warnings.warn(SlowReferenceWarning(
@@ -2258,8 +2259,8 @@ def capabilities(refresh: bool = False):
 
 
 def _probe_capabilities():
-    from ._capabilities import DIRECTIONS as CAP_DIRECTIONS, Capabilities, CapabilityRow
-    from .errors import LibraryError
+    from ..core.capabilities import DIRECTIONS as CAP_DIRECTIONS, Capabilities, CapabilityRow
+    from ..core.errors import LibraryError
 
     _dnnl.load()
     rows = []
@@ -2342,7 +2343,7 @@ _guard.guard_module(globals(), "forward", "backward_data", "backward_weights", "
                     "Convolution.selected", "Convolution.execute", "Convolution.__call__", "Convolution.repack",
                     "Convolution.autotune", "Convolution.candidates")
 
-from ._backend import Backend as _Backend, register as _register  # noqa: E402
+from ..core.backend import Backend as _Backend, register as _register  # noqa: E402
 
 _register(_Backend("onednn", "cpu", __name__, "oneDNN", _registry_candidates, _registry_plan, info,
                    "oneDNN (libdnnl) on CPU tensors: every implementation of a primitive descriptor",

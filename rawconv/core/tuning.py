@@ -50,7 +50,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from ._backend import BUILTIN as BACKENDS, DIRECTIONS, canonical_direction
+from .backend import BUILTIN as BACKENDS, DIRECTIONS, canonical_direction
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 
 log = logging.getLogger("rawconv.tuning")
@@ -250,7 +250,7 @@ def _now() -> str:
 
 
 def _rawconv_version() -> str:
-    from . import __version__
+    from .. import __version__
 
     return __version__
 
@@ -823,7 +823,7 @@ def replay(record, strict: bool = False):
             record.check_environment(strict=strict)
     for w in caught:   # re-raised at the caller, not inside rawconv
         warnings.warn(w.message, w.category, stacklevel=3)
-    from ._backend import get
+    from .backend import get
 
     key = record.key
     problem = key.conv_problem()
@@ -831,11 +831,11 @@ def replay(record, strict: bool = False):
     post_ops = _plain(key.options).get("post_ops") if key.backend == "onednn" else None
     kw = {}
     if key.backend == "onednn":   # the OpenMP count the plan ran on when it was tuned
-        from .onednn import _replay_threads
+        from ..onednn import _replay_threads
 
         kw["threads"] = _replay_threads(_plain(key.options).get("threads"))
     if post_ops:   # a fused oneDNN plan (rawconv.fused): bias, residual add (sum), activation
-        from .fused import FusedConvolution
+        from ..pytorch.fused import FusedConvolution
 
         kinds = [op[0] for op in post_ops]
         act = next((op[1] for op in post_ops if op[0] == "eltwise"), "none")
@@ -844,7 +844,7 @@ def replay(record, strict: bool = False):
                                             fpmath=opts.get("fpmath") or "strict",
                                             w_layout=opts.get("weights_layout") or "nchw", prepack=False, **kw)
     if key.backend == "cudnn_graph" and key.activation:
-        from .cudnn_graph import GraphConvolution
+        from ..cudnn.graph import GraphConvolution
 
         return GraphConvolution.from_problem(problem, direction=key.direction, activation=key.activation,
                                              engine=record.choice,
@@ -853,7 +853,7 @@ def replay(record, strict: bool = False):
 
 
 # every public entry point raises only rawconv's exception classes (rawconv._guard)
-from . import _guard  # noqa: E402
+from . import guard as _guard  # noqa: E402
 
 _guard.guard_module(globals(), "cache", "set_cache_file", "current_environment", "TuningKey.from_dict",
                     "TuningKey.conv_problem", "TuningRecord.from_dict", "TuningRecord.from_json", "TuningRecord.save",

@@ -38,16 +38,18 @@ from typing import Any, Sequence
 
 import torch
 
-from . import _cuda, _cudnn, _cudnn_backend as B, _guard, _search, tuning, known_bad as _known_bad
-from ._search import TimedConfig, knob_combinations
-from .errors import ArgumentError, ArgumentTypeError, LibraryError, NotSupportedError
-from ._backend import Candidate, canonical_direction
-from .results import ResultTable
-from ._plans import PlanCache, PlanLifetime
-from . import check as _check
-from .check import ErrorStats, Tolerance, tolerance_for
-from ._grad import needs_grad as _needs_grad
-from .problem import ConvProblem, check_tensor, empty_like_layout, layout_of, to_layout, dense_strides, shape_only, random_tensor, seed_offset
+from .. import _cuda, _ffi as _cudnn
+from . import _backend_api as B, search as _search
+from ...core import guard as _guard, tuning, known_bad as _known_bad
+from .search import TimedConfig, knob_combinations
+from ...core.errors import ArgumentError, ArgumentTypeError, LibraryError, NotSupportedError
+from ...core.backend import Candidate, canonical_direction
+from ...core.results import ResultTable
+from ...core.plans import PlanCache, PlanLifetime
+from ...core import check as _check
+from ...core.check import ErrorStats, Tolerance, tolerance_for
+from ...core.grad import needs_grad as _needs_grad
+from ...core.problem import ConvProblem, check_tensor, empty_like_layout, layout_of, to_layout, dense_strides, shape_only, random_tensor, seed_offset
 
 __all__ = ["EngineConfig", "TimedConfig", "GraphConvolution", "engines", "forward", "backward_data",
            "backward_filter", "clear_cache", "tuning_cache", "save_tuning_cache", "load_tuning_cache",
@@ -1208,7 +1210,7 @@ class GraphConvolution(PlanLifetime):
         if check:
             ref, ref_abs = reference(self.problem, self.direction, tensors, activation=self.activation)
         seeds = _configs_of(store.seeds(key)) if seed_from_cache else []
-        from . import _progress
+        from ...core import progress as _progress
 
         with _progress.bar(progress, desc="cuDNN graph autotune", seconds=budget_s):
             if relayout:
@@ -1466,7 +1468,7 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
     ``out`` and ``activation`` are then refused with :class:`ArgumentError`).
     """
     if _needs_grad(x, w, bias):   # record a differentiable op, never a silent detach
-        from .ops import _graph_function
+        from ...pytorch.ops import _graph_function
         return _graph_function("forward", x, w, bias, stride, padding, dilation, groups, engine=engine,
                                allow_tf32=allow_tf32, math=math, out=out, activation=activation)
     return _forward_plan(x, w, bias, stride, padding, dilation, groups, engine, activation, allow_tf32,
@@ -1503,7 +1505,7 @@ def _hashable(v):
 def _transpose_x_shape(grad_y, w, stride, padding, dilation, groups, output_padding):
     """conv_transpose semantics: the input shape of the forward conv whose output is grad_y."""
     nd = w.dim() - 2
-    from .problem import tuple_arg as _tuple, resolve_padding
+    from ...core.problem import tuple_arg as _tuple, resolve_padding
 
     s = _tuple(stride, nd, "stride", 1)
     d = _tuple(dilation, nd, "dilation", 1)
@@ -1542,7 +1544,7 @@ def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int] 
     if x_shape is None:
         x_shape = _transpose_x_shape(grad_y, w, stride, padding, dilation, groups, output_padding)
     if _needs_grad(grad_y, w):   # as forward: rawconv.ops.conv_backward_data records autograd
-        from .ops import _graph_function
+        from ...pytorch.ops import _graph_function
         return _graph_function("backward_data", grad_y, w, x_shape, stride, padding, dilation, groups,
                                engine=engine, allow_tf32=allow_tf32, math=math, out=out)
     if not isinstance(x_shape, (tuple, list, torch.Size)) or not all(isinstance(s, int) and s >= 0 for s in x_shape):
@@ -1567,7 +1569,7 @@ def backward_filter(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[int
     ``engine`` as in :func:`forward`. Wraps ``cudnnBackendExecute`` on an
     ``OPERATION_CONVOLUTION_BACKWARD_FILTER`` graph."""
     if _needs_grad(x, grad_y):   # as forward: rawconv.ops.conv_backward_weights records autograd
-        from .ops import _graph_function
+        from ...pytorch.ops import _graph_function
         return _graph_function("backward_weights", x, grad_y, w_shape, stride, padding, dilation, groups,
                                engine=engine, allow_tf32=allow_tf32, math=math, out=out)
     if not isinstance(x, torch.Tensor) or not isinstance(grad_y, torch.Tensor):
@@ -1629,7 +1631,7 @@ def engines(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
 
 # ---------------------------------------------------------------------------- the registry
 def _registry_tf32(options: Any) -> bool:
-    from .options import options_of
+    from ...core.options import options_of
 
     return options_of(options).precision != "strict"
 
@@ -1645,7 +1647,7 @@ def _registry_plan(problem: ConvProblem, direction: str = "forward", options: An
 
 
 def _registry_info() -> dict:
-    from . import cudnn
+    from ... import cudnn
 
     return cudnn.info()
 
@@ -1660,7 +1662,7 @@ _guard.guard_module(globals(), "forward", "backward_data", "backward_filter", "e
                     "GraphConvolution.candidates", "GraphConvolution.channels_last", "GraphConvolution.output")
 backward_weights = backward_filter   # rawconv's word (backward_filter is cuDNN's)
 
-from ._backend import Backend as _Backend, register as _register  # noqa: E402
+from ...core.backend import Backend as _Backend, register as _register  # noqa: E402
 
 _register(_Backend("cudnn_graph", "cuda", __name__, "cuDNN", _registry_candidates, _registry_plan, _registry_info,
                    "cuDNN's graph (backend) API on CUDA tensors: engines, knobs, heuristic modes",

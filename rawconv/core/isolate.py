@@ -467,11 +467,11 @@ def _child_setup(key, problem, direction, algorithm, fpmath, w_layout, prepack, 
     (a :class:`rawconv.fused.FusedConvolution`'s residual ``sum`` and activation ``eltwise``): the
     child builds that same fused primitive, whose implementations and times differ from the
     plain convolution's."""
-    from . import onednn
+    from .. import onednn
 
     _child_plans.clear()
     if post_ops:
-        from .fused import FusedConvolution
+        from ..pytorch.fused import FusedConvolution
 
         plan = FusedConvolution.for_problem(problem, residual=any(op[0] == "sum" for op in post_ops),
                                             activation=next((op[1] for op in post_ops if op[0] == "eltwise"), "none"),
@@ -672,7 +672,7 @@ class _OnednnSession:
 
 
 def _pick(impls: list, i):
-    from .onednn import Implementation
+    from ..onednn import Implementation
 
     if isinstance(i, Implementation):
         return i
@@ -719,7 +719,7 @@ def run_onednn_candidates(problem, x=None, w=None, b=None, *, grad_y=None, direc
     (``indices`` out of range: once the list is known) and :class:`~rawconv.errors.IsolationError`
     when no worker can be started.
     """
-    from .onednn import _check_direction
+    from ..onednn import _check_direction
     from .problem import ConvProblem
 
     if not isinstance(problem, ConvProblem):
@@ -736,7 +736,7 @@ def run_onednn_candidates(problem, x=None, w=None, b=None, *, grad_y=None, direc
     try:
         out = s.setup()
         if not out.ok:
-            from .onednn import Implementation
+            from ..onednn import Implementation
 
             row = _row_of(Implementation(-1, "-", "-", {}, (), 0, direction))
             return [_OnednnSession._fail(row, out, "while listing implementations")]

@@ -19,7 +19,7 @@ log = logging.getLogger("rawconv")
 
 def cdefs_text(name: str) -> str:
     """Return the text of ``cdefs/<name>``: inside the installed package, or the source tree's."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent   # the rawconv package (this file is rawconv/core/loader.py)
     for folder in (here / "cdefs", here.parent / "cdefs"):
         p = folder / name
         if p.is_file():

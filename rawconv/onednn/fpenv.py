@@ -24,7 +24,7 @@ import threading
 
 import cffi
 
-from .errors import NotSupportedError
+from ..core.errors import NotSupportedError
 
 ffi = cffi.FFI()
 ffi.cdef("""

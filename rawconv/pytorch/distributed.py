@@ -51,8 +51,8 @@ from typing import Any
 import torch
 
 from . import nn as _nn
-from . import tuning as _tuning
-from .errors import ArgumentError, ArgumentTypeError, NotSupportedError, RawconvError
+from ..core import tuning as _tuning
+from ..core.errors import ArgumentError, ArgumentTypeError, NotSupportedError, RawconvError
 
 __all__ = ["convert", "check_consistent", "environment", "ConsistencyTable", "DistributedReport",
            "InconsistentChoicesError", "DistributedTuningError", "STRATEGIES", "ENVIRONMENT_POLICIES"]
@@ -122,12 +122,13 @@ def environment(backend: str, device: Any = None) -> dict:
     name and ``sm_XY`` of ``device`` (a CUDA device or index; default the current one). Loads the
     library."""
     if backend == "onednn":
-        from . import _dnnl, onednn
+        from ..onednn import _ffi as _dnnl
+        from .. import onednn
 
         return {"library": "oneDNN", "library_version": onednn._version(), "device": "cpu",
                 "device_arch": _dnnl.effective_cpu_isa()}
     if backend in ("cudnn", "cudnn_graph"):
-        from . import cudnn_graph
+        from ..cudnn import graph as cudnn_graph
 
         if device is None:
             idx = torch.cuda.current_device()
@@ -161,7 +162,7 @@ class _Layer:
 def _layers(model, example, budget_s) -> list[_Layer]:
     """Every rawconv convolution call of ``model`` on ``example`` (first call per module), with
     its tuning keys and environment."""
-    from . import onednn
+    from .. import onednn
 
     names = {id(m): n for n, m in model.named_modules()}
     out = []
@@ -452,7 +453,7 @@ def convert(model: torch.nn.Module, example_input: Any, *, group=None, src: int 
 def _search_one(lay: _Layer, budget_s, rank: int, *, memo: bool) -> dict:
     """Search one layer's problem here (``memo``: rawconv.nn's process memo first, and the cuDNN
     tuning cache). Never raises: errors travel in the result."""
-    from . import __version__
+    from .. import __version__
 
     res = {"rank": rank, "choice": None, "record": None, "seconds": 0.0, "searched": True,
            "median_ms": None, "min_ms": None, "note": "", "error": ""}
@@ -487,7 +488,7 @@ def _flush_onednn_primitives() -> None:
     """Empty oneDNN's primitive cache (capacity 0, then back), so that a measured search creates
     (JIT-compiles) its primitives again as a first search does. cuDNN keeps what it compiled."""
     try:
-        from . import _dnnl
+        from ..onednn import _ffi as _dnnl
 
         cap = _dnnl.primitive_cache_capacity()
         _dnnl.set_primitive_cache_capacity(0)

@@ -45,7 +45,7 @@ def _cpu_offers(name: str, dtype: torch.dtype) -> bool:
     if found is None:
         from torch.utils._python_dispatch import _disable_current_modes
 
-        from . import onednn
+        from .. import onednn
 
         dt = str(dtype)[len("torch."):]
         with _lock, _disable_current_modes():

@@ -41,11 +41,12 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from . import _autocast, onednn
-from ._grad import functorch_active as _functorch, has_tangent as _has_tangent
-from ._plans import PlanCache
-from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
-from .problem import (ConvProblem, dense_strides, empty_like_layout, layout_of, random_tensor, seed_offset, strides_match,
+from . import autocast as _autocast
+from .. import onednn
+from ..core.grad import functorch_active as _functorch, has_tangent as _has_tangent
+from ..core.plans import PlanCache
+from ..core.errors import ArgumentError, ArgumentTypeError, NotSupportedError
+from ..core.problem import (ConvProblem, dense_strides, empty_like_layout, layout_of, random_tensor, seed_offset, strides_match,
                       to_layout)
 
 __all__ = ["conv_bias_act", "FusedConvolution", "ResidualGraphConvolution", "ACTIVATIONS", "BACKENDS",
@@ -67,8 +68,8 @@ class _FusedBuilt(onednn._Built):
         super().__init__(plan, impl, pd)
         self.pre = None
         if plan.residual:
-            from . import _dnnl
-            from ._dnnl import ffi
+            from ..onednn import _ffi as _dnnl
+            from ..onednn._ffi import ffi
 
             L = _dnnl.lib()
             for role, _arg, mem, _is_out, reorder, _buf in self.args:
@@ -83,7 +84,7 @@ class _FusedBuilt(onednn._Built):
 
     def run(self, tensors: dict, stream, packed=None) -> None:
         if self.pre is not None:
-            from . import _dnnl
+            from ..onednn import _ffi as _dnnl
 
             _dnnl.check(onednn._set_handle_int()(self.pre[1], tensors["y"].data_ptr()), "dnnl_memory_set_data_handle")
         super().run(tensors, stream, packed)
@@ -91,7 +92,7 @@ class _FusedBuilt(onednn._Built):
     def _run_now(self, stream, packed) -> None:
         # the residual's reorder runs first, under the thread count run_ptrs set for the whole call
         if self.pre is not None:
-            from . import _dnnl
+            from ..onednn import _ffi as _dnnl
 
             rprim, _umem, rargs = self.pre
             _dnnl.check(_dnnl.lib().dnnl_primitive_execute(rprim, stream, 2, rargs), "dnnl_primitive_execute",
@@ -265,8 +266,8 @@ def _graph_class():
     global ResidualGraphConvolution
     if isinstance(ResidualGraphConvolution, type):
         return ResidualGraphConvolution
-    from . import check as _check
-    from . import cudnn_graph as G
+    from ..core import check as _check
+    from ..cudnn import graph as G
 
     class _ResidualGraphConvolution(G.GraphConvolution):
         """A :class:`rawconv.cudnn_graph.GraphConvolution` whose graph also adds a residual tensor
@@ -432,7 +433,7 @@ def plan_for(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, residu
                                                 fpmath=precision, w_layout=onednn._w_layout(w), prepack=False)
             _cpu_plans.put(key, plan)
         return plan
-    from . import cudnn_graph as G
+    from ..cudnn import graph as G
 
     if problem.dtype not in G.DTYPES:
         raise ArgumentError(f"cuDNN graphs take {list(G.DTYPES)}, got {problem.dtype}")
@@ -476,7 +477,7 @@ class _CudaFallback:
                       stacklevel=_guard.stacklevel())
 
     def run(self, x, w, bias, residual=None):
-        from . import cudnn
+        from .. import cudnn
 
         p = self.problem
         pad = tuple(zip(p.pad_before, p.pad_after)) if not p.symmetric else p.pad_before
@@ -1052,7 +1053,7 @@ def conv_bias_act(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = 
 
 
 # every public entry point raises only rawconv's exception classes (rawconv._guard)
-from . import _guard  # noqa: E402
+from ..core import guard as _guard  # noqa: E402
 
 _guard.guard_module(globals(), "conv_bias_act", "plan_for", "freeze", "FusedConvolution.__init__",
                     "FusedConvolution.for_problem", "FusedConvolution.run")

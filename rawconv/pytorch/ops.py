@@ -85,11 +85,13 @@ from typing import Any, Sequence
 
 import torch
 
-from . import _autocast, _guard, onednn
-from ._plans import PlanCache, arg_key
-from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
-from .options import PRECISIONS
-from .problem import (ConvProblem, backward_data_layout, backward_weights_layout, conv_layout, dense_strides,
+from . import autocast as _autocast
+from ..core import guard as _guard
+from .. import onednn
+from ..core.plans import PlanCache, arg_key
+from ..core.errors import ArgumentError, ArgumentTypeError, NotSupportedError
+from ..core.options import PRECISIONS
+from ..core.problem import (ConvProblem, backward_data_layout, backward_weights_layout, conv_layout, dense_strides,
                       empty_like_layout, int_arg, layout_of, resolve_padding, shape_arg, shape_only, strides_match,
                       to_layout, transposed_shapes, tuple_arg)
 
@@ -260,7 +262,7 @@ def _backward_weights_problem(x, grad_y, w_shape, stride, pad_before, pad_after,
     fake_b = shape_only((w_shape[0],), x) if bias else None
     problem = ConvProblem.from_torch(x, shape_only(w_shape, x, "w_shape"), fake_b, stride, _padding(pad_before, pad_after),
                                      dilation, groups)
-    from .problem import check_tensor
+    from ..core.problem import check_tensor
 
     check_tensor(problem, grad_y, "grad_y", problem.y_shape)
     # dw (and the library's x and grad_y) in torch's layout for dw: channels last when x or grad_y is
@@ -315,7 +317,7 @@ def _api(backend: str, choice: str) -> str:
     ``"fastest"`` = cuDNN's Find)."""
     if backend == "cudnn_graph":
         return "graph"
-    from . import cudnn
+    from .. import cudnn
 
     if cudnn._is_graph_choice(choice):
         return "graph"
@@ -367,13 +369,13 @@ def _forward_cuda_checked(x, w, bias, stride, pad_before, pad_after, dilation, g
     with torch.no_grad():   # the function forms route tensors that need grad back here
         plan = None
         if _api(backend, choice) == "graph":
-            from . import cudnn_graph
+            from ..cudnn import graph as cudnn_graph
 
             plan = _graph_default(cudnn_graph._forward_plan(x, w, bias, tuple(stride), padding, tuple(dilation),
                                                             groups, choice or None, None, False,
                                                             _GRAPH_MATH[precision]), backend, choice)
         if plan is None:
-            from . import cudnn
+            from .. import cudnn
 
             c, m = _legacy_choice(choice)
             algo, math, _engine = cudnn._normalize("forward", None, c, m, precision, None)
@@ -407,7 +409,7 @@ def _backward_data_cuda(grad_y, w, x_shape, stride, pad_before, pad_after, dilat
     with torch.no_grad():
         plan = None
         if _api(backend, choice) == "graph":
-            from . import cudnn_graph
+            from ..cudnn import graph as cudnn_graph
 
             plan = _graph_default(cudnn_graph._grad_plan("backward_data", gy, w, xs, tuple(stride), padding,
                                                          tuple(dilation), groups, choice or None, False,
@@ -415,7 +417,7 @@ def _backward_data_cuda(grad_y, w, x_shape, stride, pad_before, pad_after, dilat
         if plan is not None:
             dx = plan.execute(grad_y=gy, w=w)
         else:
-            from . import cudnn
+            from .. import cudnn
 
             c, math = _legacy_choice(choice)
             dx = cudnn.backward_data(gy, w, xs, tuple(stride), padding, tuple(dilation), groups, choice=c,
@@ -452,7 +454,7 @@ def _backward_weights_cuda(x, grad_y, w_shape, stride, pad_before, pad_after, di
     with torch.no_grad():
         plan = None
         if _api(backend, choice) == "graph":
-            from . import cudnn_graph
+            from ..cudnn import graph as cudnn_graph
 
             plan = _graph_default(cudnn_graph._grad_plan("backward_weights", xb, gy, p.w_shape, tuple(stride),
                                                          padding, tuple(dilation), groups, choice or None, False,
@@ -460,7 +462,7 @@ def _backward_weights_cuda(x, grad_y, w_shape, stride, pad_before, pad_after, di
         if plan is not None:
             dw = plan.execute(xb, grad_y=gy)
         else:
-            from . import cudnn
+            from .. import cudnn
 
             c, math = _legacy_choice(choice)
             dw = cudnn.backward_weights(xb, gy, p.w_shape, tuple(stride), padding, tuple(dilation), groups,
@@ -1288,7 +1290,7 @@ _PRECISION_OF_MATH = {None: "strict", "fma": "strict", "tensor_op": "tf32", "ten
 
 def _cudnn_choice(direction: str, algo, choice, math, precision, engine) -> tuple[str, str, str]:
     """(backend, choice, precision) for the operators from rawconv.cudnn's keywords."""
-    from . import cudnn
+    from .. import cudnn
 
     algo, math, engine = cudnn._normalize(direction, algo, choice, math, precision, engine)
     if engine is not None:
@@ -1301,7 +1303,7 @@ def _cudnn_choice(direction: str, algo, choice, math, precision, engine) -> tupl
 
 
 def canonical(direction: str) -> str:
-    from ._backend import canonical_direction
+    from ..core.backend import canonical_direction
 
     return canonical_direction(direction)
 
@@ -1327,7 +1329,7 @@ def _cudnn_function(direction: str, a, b, c, stride, padding, dilation, groups, 
 def _graph_function(direction: str, a, b, c, stride, padding, dilation, groups, *, engine, allow_tf32, math, out,
                     activation=None):
     """rawconv.cudnn_graph.{forward, backward_data, backward_filter} on tensors that require grad."""
-    from . import cudnn_graph
+    from ..cudnn import graph as cudnn_graph
 
     _refuse(f"rawconv.cudnn_graph.{direction}", out=(out, None), activation=(activation, None))
     if engine is None:

@@ -24,11 +24,11 @@ def _torch_part() -> dict:
 
 
 def collect() -> dict:
-    from . import __version__
+    from .. import __version__
 
     out = {"rawconv": __version__, "python": platform.python_version(), "machine": platform.machine(),
            "torch": _torch_part()}
-    from ._backend import backends
+    from ..core.backend import backends
 
     libraries = {}   # one section per library: cuDNN's two APIs share one
     for be in backends():
@@ -64,7 +64,7 @@ def capabilities_part(collected: dict) -> dict:
             out[name] = f"not probed: {label} did not load (see {name}.error)"
         else:
             try:
-                out[name] = _caps_lines(importlib.import_module(f".{name}", __package__).capabilities())
+                out[name] = _caps_lines(importlib.import_module(f"rawconv.{name}").capabilities())
             except Exception as exc:
                 out[name] = {"error": f"{type(exc).__name__}: {exc}"}
     return out

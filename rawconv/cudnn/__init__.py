@@ -34,14 +34,15 @@ from typing import Any, Sequence
 
 import torch
 
-from . import _cuda, _cudnn, _guard
-from ._cudnn import ffi
-from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
-from ._plans import PlanCache, PlanLifetime, arg_key
-from ._backend import Candidate, canonical_direction
-from .results import Result, ResultTable
-from ._grad import needs_grad as _needs_grad
-from .problem import ConvProblem, check_tensor, empty_like_layout, layout_of, to_layout, dense_strides, strides_match, shape_only
+from . import _cuda, _ffi as _cudnn
+from ..core import guard as _guard
+from ._ffi import ffi
+from ..core.errors import ArgumentError, ArgumentTypeError, NotSupportedError
+from ..core.plans import PlanCache, PlanLifetime, arg_key
+from ..core.backend import Candidate, canonical_direction
+from ..core.results import Result, ResultTable
+from ..core.grad import needs_grad as _needs_grad
+from ..core.problem import ConvProblem, check_tensor, empty_like_layout, layout_of, to_layout, dense_strides, strides_match, shape_only
 
 __all__ = ["Algorithm", "TimedAlgorithm", "RunInfo", "Convolution", "forward", "backward_data",
            "backward_weights", "backward_filter", "candidates", "conv_transpose", "algorithms", "info", "clear_cache", "MATH_TYPES",
@@ -223,14 +224,14 @@ def _math_of(math: str | None, precision: str | None, options=None) -> str | Non
     """The math type from ``math`` (cuDNN's word) or ``precision`` (rawconv's, see
     :mod:`rawconv.options`; or ``options.precision``); both given must agree."""
     if options is not None:
-        from .options import options_of
+        from ..core.options import options_of
 
         opt = options_of(options)
         if precision is None and opt.precision != "strict":
             precision = opt.precision
     if precision is None:
         return math
-    from .options import PRECISIONS
+    from ..core.options import PRECISIONS
 
     if precision not in PRECISIONS:
         raise ArgumentError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
@@ -306,7 +307,7 @@ def gpu_time(fn, iterations: int = 20, warmup: int = 3, repeats: int = 3):
     """GPU time per call of ``fn`` (ms), free of host gaps: :func:`rawconv.bench.time_cuda_queued`.
     cuDNN's legacy entry points cost far more host time per call than their kernels take on small
     problems (see benchmarks/bench_overhead_cuda.py), so per-call event pairs would time the host."""
-    from .bench import time_cuda_queued
+    from ..core.bench import time_cuda_queued
 
     return time_cuda_queued(fn, iterations=iterations, warmup=warmup, repeats=repeats)
 
@@ -453,7 +454,7 @@ class Convolution(PlanLifetime):
               choice=None, precision=None, options=None):
         direction = canonical_direction(direction)
         if options is not None:
-            from .options import options_of
+            from ..core.options import options_of
 
             opt = options_of(options)
             deterministic = deterministic or opt.deterministic
@@ -1111,7 +1112,7 @@ class Convolution(PlanLifetime):
         ``"cache"``); None (the default): only when a cache file is configured. ``progress``: a
         tqdm bar naming the algo being timed (None: when stderr is a terminal or in a Jupyter
         kernel)."""
-        from . import _progress, tuning
+        from ..core import progress as _progress, tuning
 
         self._check_live()
         _cuda.refuse_in_capture(f"the algo search of {self.problem.describe()}")
@@ -1159,7 +1160,7 @@ class Convolution(PlanLifetime):
     # ------------------------------------------------------------------ tuning records
     def _tuning_key(self):
         """The :class:`rawconv.tuning.TuningKey` of an autotune of this plan (see :meth:`autotune`)."""
-        from . import tuning
+        from ..core import tuning
 
         return tuning.TuningKey.for_backend("cudnn", self.problem, self.direction,
                                             _key_options(self.math, self.deterministic, self.workspace_limit),
@@ -1188,7 +1189,7 @@ class Convolution(PlanLifetime):
     def _record(self, key, row, info: RunInfo):
         """The tuning record of autotune's choice: ``"ALGO@math"`` with the math type set on the
         descriptor (what :meth:`select` takes to rebuild exactly this state)."""
-        from . import tuning
+        from ..core import tuning
 
         detail = {"algo": info.algo, "algo_id": info.algo_id, "math": info.math,
                   "math_reported": info.math_reported, "workspace_bytes": info.workspace_bytes,
@@ -1270,7 +1271,7 @@ def clear_cache() -> None:
 
 def _graph(name: str):
     try:
-        from . import cudnn_graph
+        from . import graph as cudnn_graph
     except ImportError as exc:
         raise NotSupportedError(f"the cuDNN graph API (rawconv.cudnn_graph) is not available: {exc}",
                                 library="cuDNN") from None
@@ -1356,7 +1357,7 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
     ``deterministic`` and ``workspace_limit`` are then refused with :class:`ArgumentError`).
     """
     if _needs_grad(x, w, bias):   # record a differentiable op, never a silent detach
-        from .ops import _cudnn_function
+        from ..pytorch.ops import _cudnn_function
         return _cudnn_function("forward", x, w, bias, stride, padding, dilation, groups, algo=algo, math=math,
                                deterministic=deterministic, workspace_limit=workspace_limit, out=out, engine=engine,
                                return_info=return_info, choice=choice, precision=precision, activation=activation)
@@ -1413,7 +1414,7 @@ def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int],
     Tensors that require grad run as :func:`rawconv.ops.conv_backward_data` (as :func:`forward` does).
     """
     if _needs_grad(grad_y, w):
-        from .ops import _cudnn_function
+        from ..pytorch.ops import _cudnn_function
         return _cudnn_function("backward_data", grad_y, w, x_shape, stride, padding, dilation, groups, algo=algo,
                                math=math, deterministic=deterministic, workspace_limit=workspace_limit, out=out,
                                engine=engine, return_info=return_info, choice=choice, precision=precision)
@@ -1453,7 +1454,7 @@ def backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[in
     :func:`rawconv.ops.conv_backward_weights` (as :func:`forward` does).
     """
     if _needs_grad(x, grad_y):
-        from .ops import _cudnn_function
+        from ..pytorch.ops import _cudnn_function
         return _cudnn_function("backward_weights", x, grad_y, w_shape, stride, padding, dilation, groups, algo=algo,
                                math=math, deterministic=deterministic, workspace_limit=workspace_limit, out=out,
                                engine=engine, return_info=return_info, choice=choice, precision=precision,
@@ -1501,7 +1502,7 @@ def conv_transpose(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None =
     if w.dim() not in (3, 4, 5):
         raise ArgumentError(f"weight must be 3-D, 4-D or 5-D (C_in, C_out/groups, *kernel), got {tuple(w.shape)}")
     nd = w.dim() - 2
-    from .problem import tuple_arg as _tuple
+    from ..core.problem import tuple_arg as _tuple
 
     s, p = _tuple(stride, nd, "stride", 1), _tuple(padding, nd, "padding", 0)
     d, op = _tuple(dilation, nd, "dilation", 1), _tuple(output_padding, nd, "output_padding", 0)
@@ -1606,7 +1607,7 @@ def _environment(device_index: int | None = None) -> dict:
             "device": torch.cuda.get_device_name(idx), "device_arch": f"sm_{major}{minor}"}
 
 
-from . import tuning as _tuning  # noqa: E402
+from ..core import tuning as _tuning  # noqa: E402
 
 _tuning.register_environment("cudnn", _environment)
 
@@ -1639,8 +1640,8 @@ def capabilities(refresh: bool = False, device: int | None = None):
     ``cudnnCreate``, ``cudnnGetConvolution{Forward,BackwardData,BackwardFilter}Algorithm_v7``,
     ``cudnnGetVersion``.
     """
-    from ._capabilities import Capabilities, CapabilityRow
-    from .errors import LibraryError
+    from ..core.capabilities import Capabilities, CapabilityRow
+    from ..core.errors import LibraryError
 
     if not isinstance(refresh, bool):
         raise ArgumentTypeError(f"refresh must be True or False, got {refresh!r}")
@@ -1659,7 +1660,7 @@ def capabilities(refresh: bool = False, device: int | None = None):
             return caps
         _cudnn.lib()
         if not torch.cuda.is_available() or idx >= torch.cuda.device_count():
-            from .errors import DeviceNotAvailableError
+            from ..core.errors import DeviceNotAvailableError
 
             seen = ("no CUDA GPU" if not torch.cuda.is_available()
                     else f"{torch.cuda.device_count()} CUDA device(s)")
@@ -1697,7 +1698,7 @@ def capabilities(refresh: bool = False, device: int | None = None):
 def __getattr__(name):  # lazy re-exports of the graph API: rawconv.cudnn.engines, EngineConfig
     if name in ("engines", "EngineConfig"):
         try:
-            from . import cudnn_graph
+            from . import graph as cudnn_graph
         except ImportError as exc:
             raise AttributeError(f"rawconv.cudnn.{name} needs rawconv.cudnn_graph, which is not available: "
                                  f"{exc}") from None
@@ -1722,7 +1723,7 @@ _guard.guard_module(globals(), "forward", "backward_data", "backward_weights", "
                     "Convolution.descriptors", "Convolution.cudnn_output_shape")
 backward_filter = backward_weights   # cuDNN's name
 
-from ._backend import Backend as _Backend, register as _register  # noqa: E402
+from ..core.backend import Backend as _Backend, register as _register  # noqa: E402
 
 _register(_Backend("cudnn", "cuda", __name__, "cuDNN", _registry_candidates, _registry_plan, info,
                    "cuDNN's legacy API on CUDA tensors: every (algo, math type)",

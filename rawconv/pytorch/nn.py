@@ -47,11 +47,11 @@ import torch
 import torch.nn.functional as F
 
 from . import fused as _fused
-from . import onednn
-from ._grad import functorch_active as _functorch, has_tangent as _has_tangent
-from .errors import ArgumentError, ArgumentTypeError, InternalError, NotSupportedError, RawconvError
-from .options import PRECISIONS
-from .problem import ConvProblem, empty_like_layout, shape_only, tuple_arg
+from .. import onednn
+from ..core.grad import functorch_active as _functorch, has_tangent as _has_tangent
+from ..core.errors import ArgumentError, ArgumentTypeError, InternalError, NotSupportedError, RawconvError
+from ..core.options import PRECISIONS
+from ..core.problem import ConvProblem, empty_like_layout, shape_only, tuple_arg
 
 _autocasting = torch._C._is_any_autocast_enabled
 
@@ -161,7 +161,7 @@ def _forward(x, w, b, stride, padding, dilation, groups, *, backend, choice=None
     bk = _resolve_backend(backend, x.device)
     if bk == "onednn":
         return onednn.forward(x, w, b, stride, padding, dilation, groups, impl=choice, fpmath=precision)
-    from . import cudnn
+    from .. import cudnn
 
     return cudnn.forward(x, w, b, stride, padding, dilation, groups, choice=choice, precision=precision)
 
@@ -170,7 +170,7 @@ def _backward_data(gy, w, x_shape, stride, padding, dilation, groups, *, backend
     bk = _resolve_backend(backend, gy.device)
     if bk == "onednn":
         return onednn.backward_data(gy, w, x_shape, stride, padding, dilation, groups, impl=choice, fpmath=precision)
-    from . import cudnn
+    from .. import cudnn
 
     return cudnn.backward_data(gy, w, x_shape, stride, padding, dilation, groups, choice=choice, precision=precision)
 
@@ -182,7 +182,7 @@ def _backward_weights(x, gy, w_shape, stride, padding, dilation, groups, *, back
     if bk == "onednn":
         return onednn.backward_weights(x, gy, w_shape, stride, padding, dilation, groups, impl=choice,
                                        fpmath=precision)
-    from . import cudnn
+    from .. import cudnn
 
     return cudnn.backward_weights(x, gy, w_shape, stride, padding, dilation, groups, choice=choice,
                                   precision=precision)
@@ -296,7 +296,7 @@ def _transpose_shape(x: torch.Tensor, w: torch.Tensor, stride, padding, output_p
     """(y_shape, core_shape, stride, padding pairs, dilation) of a transposed convolution of batched
     ``x``: the matching convolution's backward data computes ``core_shape`` with that padding, and
     ``y_shape - core_shape`` zeros follow in each dim (:func:`rawconv.problem.transposed_shapes`)."""
-    from .problem import transposed_shapes
+    from ..core.problem import transposed_shapes
 
     if isinstance(padding, str):
         raise ArgumentError(f"a transposed convolution takes numeric padding (as torch), got {padding!r}")
@@ -645,7 +645,7 @@ class _ConvBiasAct(_RawconvConv):
         if self.padding_mode != "zeros":
             pads = [0] * nd
         else:
-            from .problem import resolve_padding
+            from ..core.problem import resolve_padding
 
             pb, pa = resolve_padding(_norm_padding(self.padding), nd, self.kernel_size,
                                      tuple_arg(self.dilation, nd, "dilation", 1), tuple_arg(self.stride, nd, "stride", 1))
@@ -1571,7 +1571,7 @@ GRAPH_BUDGET_S = 0.6
 
 def _graph_plan(m, kind: str, args: dict):
     """The cuDNN graph plan that :func:`_tune_one` searches for layer ``m``'s recorded call."""
-    from . import cudnn_graph as G
+    from ..cudnn import graph as G
 
     x = args["x"]
     w, b = _call_wb(m, args)
@@ -1635,7 +1635,7 @@ def _tune_one(m, kind: str, args: dict, backend: str, budget_s: float | None, *,
             raise
         # no graph config runs this problem correctly under the precision asked (e.g. strict fp32,
         # where most graph engines are TF32 tensor-core ones): cuDNN's legacy algos, timed, decide
-        from . import cudnn
+        from .. import cudnn
 
         direction = "forward" if kind == "conv" else "backward_data"
         legacy = cudnn.Convolution.from_problem(_problem_of(m, kind, args), direction=direction, precision=prec)
@@ -1676,7 +1676,7 @@ def _grad_problems(m, kind: str, args: dict, backend: str) -> dict:
     pads = tuple(zip(p.pad_before, p.pad_after))
     gy = empty_like_layout(p.y_shape, lay, xb.dtype, xb.device)
     if cuda:
-        from . import cudnn
+        from .. import cudnn
 
         data = cudnn._grad_problem(gy, w, tuple(xb.shape), p.stride, pads, p.dilation, p.groups, "backward_data")
         wts = cudnn._grad_problem(gy, xb, tuple(w.shape), p.stride, pads, p.dilation, p.groups, "backward_weights")
@@ -1701,7 +1701,8 @@ def _search_direction(direction: str, problem: ConvProblem, w_layout: str, backe
         finally:
             plan.free()
         return f"{rows[0].impl.name}@{rows[0].impl.layouts}"
-    from . import cudnn, cudnn_graph as G
+    from .. import cudnn
+    from ..cudnn import graph as G
 
     try:
         plan = G.GraphConvolution.from_problem(problem, direction=direction, allow_tf32=precision != "strict")
@@ -1802,7 +1803,7 @@ def _autotune(model, example, report: ConvertReport, budget_s, backward: bool = 
         backend = _resolve_backend(m.backend, args["x"].device)
         problem = _problem_of(m, kind, args)
         layers.append((m, kind, args, backend, problem, _tune_key(m, kind, args, backend, problem)))
-    from .bench import TimingWarning
+    from ..core.bench import TimingWarning
 
     with _rng_kept(model, example), warnings.catch_warnings(record=True) as said:
         # the searches' random tensors draw nothing from torch's generators; their timing warnings
@@ -1837,7 +1838,7 @@ def _autotune(model, example, report: ConvertReport, budget_s, backward: bool = 
 
 
 def _search_layers(model, layers: list, names: dict, report: ConvertReport, budget_s, backward: bool) -> None:
-    from . import _search
+    from ..cudnn.graph import search as _search
 
     plans: dict = {}   # key -> the cuDNN plan made ahead, its compilations started
     last_from_cache = False
@@ -2077,7 +2078,7 @@ def _rawconv_runs(m, kind, args, backend, choice=None) -> str:
                                    precision=m.precision)
             return f"graph {plan.selected_name} (conv+bias{'+add' if args.get('residual') is not None else ''}" \
                    f"{'+relu' if m.activation == 'relu' else ''})"
-        from . import cudnn
+        from .. import cudnn
 
         if isinstance(choice, str) and choice.startswith(("eng", "nhwc:eng")):
             return f"graph {choice}"
@@ -2135,7 +2136,7 @@ def _conv_backend_name(be) -> str:
 
 def _torch_runs(fn, device) -> str:
     if device.type == "cpu":
-        from .compare import torch_onednn_trace
+        from ..explore.compare import torch_onednn_trace
 
         trace = torch_onednn_trace(fn)
         convs = [t for t in trace if t["kind"] in ("convolution", "deconvolution")]
@@ -2157,7 +2158,7 @@ def _torch_runs(fn, device) -> str:
 
 
 def _timer(fn, device, iterations: int) -> float:
-    from .bench import time_cpu, time_cuda_queued
+    from ..core.bench import time_cpu, time_cuda_queued
 
     if device.type == "cuda":
         return time_cuda_queued(fn, iterations=iterations).median_ms
@@ -2275,7 +2276,7 @@ def describe(model: torch.nn.Module, example_input: Any, *, iterations: int = 10
 
 
 # every public entry point raises only rawconv's exception classes (rawconv._guard)
-from . import _guard  # noqa: E402
+from ..core import guard as _guard  # noqa: E402
 
 _guard.guard_module(globals(), "conv", "conv_transpose", "convert", "refresh", "describe", "print_table", "pinned_choices",
                     "pin_choices",

@@ -72,8 +72,8 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 import torch.nn.functional as F
 
-from .errors import ArgumentError, ArgumentTypeError, NotSupportedError, RawconvError
-from .problem import ConvProblem, layout_of, shape_only, transposed_shapes, tuple_arg
+from ..core.errors import ArgumentError, ArgumentTypeError, NotSupportedError, RawconvError
+from ..core.problem import ConvProblem, layout_of, shape_only, transposed_shapes, tuple_arg
 
 __all__ = ["torch_choice", "TorchChoice", "TorchFlags", "torch_flags", "OneDNNRun", "CandidateKernels",
            "torch_onednn_trace", "select_backend", "conv_backend_name", "match_kernels", "parse_cudnn_log",
@@ -445,7 +445,7 @@ def _backward_call(c: _Call, direction: str) -> _Call:
     ``torch.ops.aten.convolution_backward`` for the input's (backward_data) or the weight's
     (backward_weights) gradient alone, on a seeded random gradient of the output (``c.dy``, in
     x's dtype, device and memory format)."""
-    from .problem import to_layout
+    from ..core.problem import to_layout
 
     g = torch.Generator().manual_seed(1)
     dy = torch.randn(c.problem.y_shape, generator=g, dtype=torch.float64).to(c.x.dtype)
@@ -678,7 +678,7 @@ _ONEDNN_RENAMES = (("brg_conv_fwd", "brgconv"), ("brg_conv_bwd_d", "brgconv_bwd_
 def _torch_onednn_version() -> str:
     """The oneDNN version bundled in torch ("3.12.0"; '' when torch does not say)."""
     try:
-        from ._info import _torch_part
+        from ..explore.info import _torch_part
 
         v = _torch_part().get("onednn_bundled")
         return v.split()[0] if v else ""
@@ -688,7 +688,7 @@ def _torch_onednn_version() -> str:
 
 def _rawconv_onednn_version() -> str:
     try:
-        from . import onednn
+        from .. import onednn
 
         return onednn._version()
     except Exception:  # noqa: BLE001 - a label
@@ -713,7 +713,7 @@ def _onednn_matches(c: _Call, conv: OneDNNRun) -> tuple[str, tuple[str, ...], st
     if c.transposed:
         return "", (), "transposed: not matched against rawconv's oneDNN list"
     try:
-        from . import onednn
+        from .. import onednn
 
         p = c.problem
         if c.direction == "forward":
@@ -905,7 +905,7 @@ class cudnn_api_log:  # noqa: N801  (a context manager, used like a function)
 
     def __enter__(self):
         try:
-            from . import _cudnn
+            from ..cudnn import _ffi as _cudnn
 
             L, ffi = _cudnn.lib(), _cudnn.ffi
             mask, udata, fptr = ffi.new("unsigned *"), ffi.new("void **"), ffi.new("cudnnCallback_t *")
@@ -986,8 +986,8 @@ def _candidate_kernels(c: _Call, limit: int, tf32: bool) -> tuple[CandidateKerne
     hit = _cand_cache.get(key)
     if hit is not None:
         return hit
-    from . import cudnn as _cd
-    from . import cudnn_graph as _cg
+    from .. import cudnn as _cd
+    from ..cudnn import graph as _cg
 
     p, d = c.problem, c.direction
     x, w = c.xb, c.w
@@ -1215,7 +1215,7 @@ def torch_choice(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
         raise ArgumentTypeError("candidates and cudnn_log must be bools")
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ArgumentError(f"limit must be a positive int, got {limit!r}")
-    from ._backend import canonical_direction
+    from ..core.backend import canonical_direction
 
     direction = canonical_direction(direction)
     if direction != "forward" and transposed is True:
@@ -1382,7 +1382,7 @@ def _header(dev: str, flags: TorchFlags) -> str:
             pass
     else:
         try:
-            from ._info import _torch_part
+            from ..explore.info import _torch_part
 
             v = _torch_part().get("onednn_bundled")
             if v:
@@ -1421,7 +1421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
     import json
 
-    from . import presets
+    from ..core import presets
 
     ap = argparse.ArgumentParser(prog="python -m rawconv.torch_choice",
                                  description="What torch runs for each convolution of a preset network: the "

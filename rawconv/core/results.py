@@ -1023,6 +1023,6 @@ def _plot_heatmap(table, groups, ax, title, figsize):
 
 # the exports that write files raise only rawconv's exception classes (rawconv._guard): an OSError
 # (a directory, a missing folder, a full disk) as FileAccessError, still an OSError
-from . import _guard  # noqa: E402
+from . import guard as _guard  # noqa: E402
 
 _guard.guard_module(globals(), "ResultTable.to_json", "ResultTable.to_csv")

@@ -36,11 +36,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from . import _progress
-from .errors import ArgumentError, LibraryError, NotSupportedError
-from .check import ErrorStats
-from .results import Result
-from .problem import ConvProblem
+from ...core import progress as _progress
+from ...core.errors import ArgumentError, LibraryError, NotSupportedError
+from ...core.check import ErrorStats
+from ...core.results import Result
+from ...core.problem import ConvProblem
 
 log = logging.getLogger("rawconv.search")
 
@@ -255,7 +255,7 @@ def _logged(name: str, summary: Callable[[], str]):
 
 def time_once(fn):
     """GPU time of one call of ``fn`` (CUDA events; :func:`rawconv.bench.time_cuda`), TimeStats in ms."""
-    from .bench import time_cuda
+    from ...core.bench import time_cuda
 
     return time_cuda(fn, iterations=1, warmup=0)
 
@@ -269,7 +269,7 @@ def time_reps(fn, iterations: int, warmup: int = 1, target_ms: float = 0.25, max
     timed 0.014 and 0.027 ms in two runs). ``reps`` grows until a group lasts about
     ``target_ms``. Host time per call is measured apart (``benchmarks/bench_cudnn_graph.py``).
     Returns per-call TimeStats (ms)."""
-    from .bench import time_cuda, time_cuda_queued
+    from ...core.bench import time_cuda, time_cuda_queued
 
     first = first_ms if first_ms is not None else time_cuda(fn, iterations=2, warmup=warmup).min_ms
     reps = max(1, min(max_reps, math.ceil(target_ms / max(first, 1e-4))))
@@ -1023,7 +1023,7 @@ def search_relayout(plan: SearchPlan, t_start: float, budget_s: float, tensors: 
     other), then the best four of each run as execute runs them (transforms included for the
     channels_last ones, each checked end to end first) and timed in interleaved rounds.
     Selects nothing."""
-    from .problem import to_layout
+    from ...core.problem import to_layout
     import torch
 
     try:

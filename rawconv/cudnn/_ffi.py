@@ -32,8 +32,8 @@ from pathlib import Path
 
 import cffi
 
-from . import _loader
-from .errors import LibraryError, NotSupportedError
+from ..core import loader as _loader
+from ..core.errors import LibraryError, NotSupportedError
 
 log = logging.getLogger("rawconv")
 
@@ -131,7 +131,7 @@ def explicit_conflict(path: str, maps: str = "/proc/self/maps") -> str | None:
 def search(cands: list[tuple[str, str, int | None]], label: str | None = None) -> _loader.Loaded:
     """Try each candidate in order (``flags == -1`` marks a candidate that is only reported).
     Raises :class:`~rawconv.errors.LibraryNotFoundError` listing every attempt."""
-    from .errors import LibraryNotFoundError
+    from ..core.errors import LibraryNotFoundError
 
     attempts: list[tuple[str, str]] = []
     for how, target, flags in cands:
@@ -164,7 +164,7 @@ def load() -> _loader.Loaded:
         if loaded is None:
             explicit = os.environ.get(ENV_VAR)
             if explicit:
-                from .errors import LibraryNotFoundError
+                from ..core.errors import LibraryNotFoundError
 
                 label = _loader.explicit_label(f"cuDNN ({SONAME})", ENV_VAR, explicit)
                 why = explicit_conflict(explicit)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import cffi
 
-from . import _loader
-from .errors import LibraryError, NotSupportedError
+from ..core import loader as _loader
+from ..core.errors import LibraryError, NotSupportedError
 
 SONAME = "libdnnl.so.3"
 ENV_VAR = "RAWCONV_DNNL_LIBRARY"

@@ -24,13 +24,13 @@ from typing import Callable, Iterable
 import torch
 import torch.nn.functional as F
 
-from . import _progress
-from .bench import LoadMonitor, LoadReport, TimeStats, geomean, time_cpu, time_cuda_queued
-from .errors import LibraryNotFoundError, NotSupportedError, RawconvError
-from .check import abs_reference, compare_to_reference
-from .problem import ConvProblem
-from .results import Result, ResultTable, _json_safe, status_group
-from .torch_choice import _compare_detail, _trace_detail, conv_backend_name, torch_onednn_trace  # noqa: F401
+from ..core import progress as _progress
+from ..core.bench import LoadMonitor, LoadReport, TimeStats, geomean, time_cpu, time_cuda_queued
+from ..core.errors import LibraryNotFoundError, NotSupportedError, RawconvError
+from ..core.check import abs_reference, compare_to_reference
+from ..core.problem import ConvProblem
+from ..core.results import Result, ResultTable, _json_safe, status_group
+from ..pytorch.torch_choice import _compare_detail, _trace_detail, conv_backend_name, torch_onednn_trace  # noqa: F401
 
 __all__ = ["Row", "STATUSES", "status_category", "compare_problem", "compare", "real_photo", "inputs_for", "summary", "records", "replay",
            "exit_code", "EXIT_CODES", "grad_output_for", "libraries", "headline", "best_rawconv", "first_choice"]
@@ -134,7 +134,7 @@ def inputs_for(problem: ConvProblem, *, photo: bool = False, seed: int = 0, devi
     x, w, b = problem.make_inputs(seed=seed, device=device or problem.device)
     if photo and problem.ndim == 2 and not problem.is_empty and min(problem.in_spatial) > 0:
         img = real_photo(problem.in_spatial, problem.c).expand(problem.n, -1, -1, -1)
-        from .problem import to_layout
+        from ..core.problem import to_layout
 
         x = to_layout(img.to(problem.torch_dtype).contiguous(), problem.layout).to(x.device)
     return x, w, b
@@ -144,7 +144,7 @@ def grad_output_for(problem: ConvProblem, *, seed: int = 0, device: str | None =
     """The gradient of the output that ``compare`` feeds the backward directions: normal random
     values (float64 draws, seeded with ``seed + 1``) of ``problem.y_shape`` in the problem's
     dtype and memory layout."""
-    from .problem import to_layout
+    from ..core.problem import to_layout
 
     g = torch.Generator().manual_seed(seed + 1)
     dy = torch.randn(problem.y_shape, generator=g, dtype=torch.float64).to(problem.torch_dtype)
@@ -155,7 +155,7 @@ def _references(problem: ConvProblem, direction: str, x, w, b, dy):
     """(float64 result, its error scale) for ``direction``."""
     if direction == "forward":
         return problem.reference(x, w, b), abs_reference(problem, x, w, b)
-    from .check import reference
+    from ..core.check import reference
 
     tensors = {"dy": dy, "w": w} if direction == "backward_data" else {"x": x, "dy": dy}
     return reference(problem, direction, tensors)
@@ -163,7 +163,7 @@ def _references(problem: ConvProblem, direction: str, x, w, b, dy):
 
 def _tolerance(problem: ConvProblem, direction: str, compute: str | None = None) -> dict:
     """:func:`rawconv.check.tolerance_for`'s keyword arguments for a result of ``direction``."""
-    from .check import tolerance_for
+    from ..core.check import tolerance_for
 
     return tolerance_for(problem, direction, compute=compute).kwargs()
 
@@ -281,14 +281,14 @@ def libraries() -> dict:
     where torch sees a GPU). Never raises."""
     out = {"torch": f"torch {torch.__version__.split('+')[0]}", "torch_onednn": None, "torch_cudnn": None}
     try:
-        from ._info import _torch_part
+        from .info import _torch_part
 
         v = _torch_part().get("onednn_bundled")
         out["torch_onednn"] = v.split()[0] if v else None
     except Exception:  # noqa: BLE001 - a label: never fail the comparison for it
         pass
     try:
-        from . import onednn
+        from .. import onednn
 
         out["onednn"] = f"oneDNN {onednn._version()}"
     except Exception as exc:  # noqa: BLE001
@@ -298,7 +298,7 @@ def libraries() -> dict:
         try:
             v = torch.backends.cudnn.version()
             out["torch_cudnn"] = f"{v // 10000}.{v % 10000 // 100}.{v % 100}" if v else None
-            from . import _cudnn
+            from ..cudnn import _ffi as _cudnn
 
             out["cudnn"] = f"cuDNN {_cudnn.version()['version']}"
         except Exception:  # noqa: BLE001
@@ -309,7 +309,7 @@ def libraries() -> dict:
 def _torch_library(libs: dict, backend: str) -> str:
     """The label of what torch ran: its version and, for its oneDNN / cuDNN backends, that
     library's version (torch's own copy)."""
-    from .torch_choice import CUDNN_BACKENDS, ONEDNN_BACKENDS
+    from ..pytorch.torch_choice import CUDNN_BACKENDS, ONEDNN_BACKENDS
 
     if backend in ONEDNN_BACKENDS and libs.get("torch_onednn"):
         return f"{libs['torch']}'s oneDNN {libs['torch_onednn']}"
@@ -388,7 +388,7 @@ REF_MAX_SECONDS = 1.0
 def _ref_estimate(problem, layouts: str, direction: str = "forward") -> float:
     """Estimated seconds of one call of the ref:any implementation with ``layouts`` (inf when oneDNN
     cannot say)."""
-    from . import onednn
+    from .. import onednn
 
     try:
         return onednn.reference_seconds(problem, direction, layouts)
@@ -401,7 +401,7 @@ PREPACK_MODES = {False: ("per call",), True: ("prepacked",), "both": ("per call"
 
 
 def _prepack_modes(prepack) -> tuple:
-    from .errors import ArgumentError
+    from ..core.errors import ArgumentError
 
     try:
         return PREPACK_MODES[prepack]
@@ -436,7 +436,7 @@ def _onednn_rows(problem, x, w, b, ref, ref_abs, timer, *, fpmath="strict", prep
     modes = _prepack_modes(prepack)
     library = (libs or libraries())["onednn"]
     try:
-        from . import onednn
+        from .. import onednn
 
         if direction == "forward":
             plan = onednn.Convolution(x, w, b, problem.stride, list(zip(problem.pad_before, problem.pad_after)),
@@ -521,7 +521,7 @@ def _run_isolated(problem, rows, x, w, b, ref, ref_abs, tol, *, fpmath, slow_s, 
     (rawconv._isolate), one child run per weight handling, and put their Rows in place: a crash
     or hang is that row's error ("crashed: SIGSEGV", "timed out after 60 s"), and the comparison
     goes on."""
-    from . import _isolate
+    from ..core import isolate as _isolate
 
     iso = _isolate.options(isolate)
     iterations, warmup, budget_s = timing
@@ -584,7 +584,7 @@ def _cudnn_rows(problem, x, w, b, ref, ref_abs, timer, engines=None, *, directio
     name = str(problem.name or problem.describe())
     library = (libs or libraries())["cudnn"]
     try:
-        from . import cudnn
+        from .. import cudnn
     except Exception as exc:  # pragma: no cover - import errors are bugs, shown as a row
         return [Row(name, "cudnn", "-", error=f"{type(exc).__name__}: {exc}", status="failed", direction=direction)]
     rows: list[Row] = []
@@ -594,7 +594,7 @@ def _cudnn_rows(problem, x, w, b, ref, ref_abs, timer, engines=None, *, directio
         if direction == "forward":
             plan = cudnn.Convolution(x, w, b, problem.stride, pad, problem.dilation, problem.groups)
         else:
-            from .problem import layout_of
+            from ..core.problem import layout_of
 
             plan = cudnn.Convolution.from_problem(problem, direction=direction,
                                                   w_layout="nhwc" if layout_of(w) == "nhwc" else "nchw")
@@ -620,7 +620,7 @@ def _cudnn_rows(problem, x, w, b, ref, ref_abs, timer, engines=None, *, directio
                   + ("; fused bias" if info.fused else "") + (f"; {'; '.join(info.notes)}" if info.notes else ""))
         tol = cudnn_tolerance(problem.dtype, info.math_reported, info.algo)
         if direction != "forward":
-            from .check import tolerance_for
+            from ..core.check import tolerance_for
 
             tol = tolerance_for(problem, direction, compute=tol["compute"], algorithm=info.algo).kwargs()
         rows.append(_measure(problem, "cudnn", label, detail, run, ref, ref_abs, timer, tol=tol,
@@ -643,7 +643,7 @@ def _cudnn_graph_rows(problem, x, w, b, ref, ref_abs, timer, engines=None, *, di
     name = str(problem.name or problem.describe())
     library = (libs or libraries())["cudnn"]
     try:
-        from . import cudnn_graph as G
+        from ..cudnn import graph as G
     except Exception as exc:  # pragma: no cover - an import error is a bug: show it as a row
         return [Row(name, "cudnn-graph", "-", error=f"{type(exc).__name__}: {exc}", status="failed",
                     direction=direction)]
@@ -720,7 +720,7 @@ def compare_problem(problem: ConvProblem, *, x=None, w=None, b=None, iterations:
     (``extra["weights"]``: "per call", "prepacked", "as given", None for backward_weights).
     Raises :class:`~rawconv.errors.ArgumentError` for an unknown direction or ``prepack``.
     """
-    from ._backend import canonical_direction
+    from ..core.backend import canonical_direction
 
     direction = canonical_direction(direction)
     _prepack_modes(prepack)
@@ -748,7 +748,7 @@ def compare_problem(problem: ConvProblem, *, x=None, w=None, b=None, iterations:
     opts = dict(fpmath=fpmath, prepack=prepack, include_ref=include_ref, slow_s=budget_s, ref_max_s=ref_max_s,
                 allow_known_bad=allow_known_bad, isolate=isolate, timing=(iterations, warmup, budget_s),
                 engines=engines, direction=direction, dy=dy, libs=libs)
-    from ._backend import backends as registered
+    from ..core.backend import backends as registered
 
     for be in registered("cuda" if on_gpu else "cpu"):   # every registered backend of this device
         fn = be.rows_function() if be.name in backends else None
@@ -767,7 +767,7 @@ def compare(problems: list[ConvProblem], *, photo_first: bool = True, progress: 
     :class:`~rawconv.results.ResultTable` of every row (``.plot()``, ``_repr_html_``, exports),
     whose title names the libraries and versions compared and whose exports carry the run's
     reliability (:meth:`~rawconv.results.ResultTable.reliability`)."""
-    from ._backend import canonical_direction
+    from ..core.backend import canonical_direction
 
     problems = list(problems)
     direction = canonical_direction(kw.get("direction", "forward"))
@@ -831,7 +831,7 @@ def first_choice(rows: list[Row]) -> Row | None:
 def machine_report(rows: list[Row]) -> LoadReport | None:
     """What the machine did while ``rows`` were timed (:func:`rawconv.results.machine_report`:
     their load reports merged; a busy stretch inside a long run is not averaged away)."""
-    from .results import machine_report as merged
+    from ..core.results import machine_report as merged
 
     return merged(rows)
 
@@ -840,7 +840,7 @@ def timing_warnings(rows: list[Row], hint: str | None = None) -> list[str]:
     """Warning lines for ``rows``' timings (:func:`rawconv.bench.timing_warnings`, which also
     explains ``hint``): the machine was oversubscribed while they were timed, or some median/min
     spreads exceed the limit."""
-    from .bench import timing_warnings as tw
+    from ..core.bench import timing_warnings as tw
 
     return tw(machine_report(rows), [r.spread for r in rows if r.ran], hint=hint)
 
@@ -1045,8 +1045,8 @@ def records(rows: Iterable[Row], problems: Iterable[ConvProblem], *, fpmath: str
     oversubscription warning) and this row's own (:attr:`Result.timing_flags`) can be trusted,
     so that :func:`replay` withholds a drift against a noisy time.
     :func:`rawconv.tuning.replay` (or ``rawconv replay FILE``) runs exactly that choice again."""
-    from . import tuning
-    from .results import reliability
+    from ..core import tuning
+    from ..core.results import reliability
 
     rows = list(rows)
     run = reliability(rows, hint)
@@ -1064,7 +1064,7 @@ def records(rows: Iterable[Row], problems: Iterable[ConvProblem], *, fpmath: str
         backend = _REGISTRY_NAME.get(best.backend, best.backend)
         ex = best.extra
         if backend == "onednn":
-            from . import onednn
+            from .. import onednn
 
             plan_threads = onednn._plan_threads("auto", p)   # compare's plans take the default threads="auto"
             options = onednn._key_options(fpmath, "direct", "nchw", allow_known_bad,
@@ -1074,14 +1074,14 @@ def records(rows: Iterable[Row], problems: Iterable[ConvProblem], *, fpmath: str
                       "scratchpad_bytes": best.workspace_bytes, "weights": ex.get("weights")}
             env = None
         elif backend == "cudnn":
-            from . import cudnn
+            from .. import cudnn
 
             options = cudnn._key_options(ex.get("math") or "fma")
             detail = {k: ex.get(k) for k in ("algo", "algo_id", "math", "math_reported", "deterministic")}
             detail["workspace_bytes"] = best.workspace_bytes
             env = env_cache.setdefault((backend, device), cudnn._environment(torch.device(device).index))
         elif backend == "cudnn_graph":
-            from . import cudnn_graph
+            from ..cudnn import graph as cudnn_graph
 
             options = {"allow_tf32": True}
             detail = {k: ex.get(k) for k in ("engine", "knobs", "numerical_notes", "behavior_notes")}
@@ -1103,7 +1103,7 @@ def records(rows: Iterable[Row], problems: Iterable[ConvProblem], *, fpmath: str
 
 def _record_tolerance(record, problem: ConvProblem) -> dict:
     """:func:`rawconv.check.tolerance_for`'s arguments for a result of ``record``'s choice."""
-    from .check import tolerance_for
+    from ..core.check import tolerance_for
 
     k, d = record.key, record.detail
     opts = k.options
@@ -1138,8 +1138,8 @@ def replay(recs, *, iterations: int = 10, warmup: int = 2, budget_s: float = 0.5
     ``(field, recorded, current)`` triples that differ: library version, device). Environment differences do not stop a
     replay here (``rawconv replay --strict`` refuses them first, as
     :meth:`rawconv.tuning.TuningRecord.check_environment` with ``strict=True`` does)."""
-    from . import tuning
-    from .check import reference
+    from ..core import tuning
+    from ..core.check import reference
 
     recs = [recs] if isinstance(recs, tuning.TuningRecord) else list(recs)   # what TuningRecord.load gives
     rows = []
@@ -1221,7 +1221,7 @@ def _replay_one(plan, rec, problem, name, extra, iterations, warmup, budget_s, s
     x, w, b = problem.make_inputs(seed=seed, device=dev)
     g = torch.Generator().manual_seed(seed + 1)
     dy = torch.randn(problem.y_shape, generator=g, dtype=torch.float64).to(problem.torch_dtype)
-    from .problem import to_layout
+    from ..core.problem import to_layout
 
     dy = to_layout(dy, problem.layout).to(dev)
     packed = (rec.detail or {}).get("weights") == "prepacked" and k.direction != "backward_weights"
@@ -1264,7 +1264,7 @@ def _replay_one(plan, rec, problem, name, extra, iterations, warmup, budget_s, s
 
 
 # every public entry point raises only rawconv's exception classes (rawconv._guard)
-from . import _guard  # noqa: E402
+from ..core import guard as _guard  # noqa: E402
 
 _guard.guard_module(globals(), "compare_problem", "compare", "real_photo", "inputs_for", "summary", "write_json",
                     "records", "replay", "replay_summary", "grad_output_for", "libraries", "headline")

@@ -720,7 +720,7 @@ class ConvProblem:
         :class:`~rawconv.errors.AllocationError` (a ``MemoryError``) when the host (or the GPU, for
         an ``on_device`` CUDA draw) has less memory than that takes.
         """
-        from ._guard import check_memory
+        from .guard import check_memory
 
         if not isinstance(on_device, bool):
             raise ArgumentTypeError(f"on_device must be True or False, got {on_device!r}")
@@ -837,7 +837,7 @@ def check_draw_memory(shapes, device: torch.device, dtype: torch.dtype, what: st
     """Raise :class:`~rawconv.errors.AllocationError` before :func:`random_tensor` draws tensors of
     ``shapes`` on ``device`` when that cannot fit: on the CPU, the host's available memory
     (float32/float64 draw + the ``dtype`` result); on CUDA, the device's total memory."""
-    from ._guard import _gib, check_memory
+    from .guard import _gib, check_memory
     from .errors import AllocationError
 
     if device.type not in ("cpu", "cuda"):
@@ -931,7 +931,7 @@ _tuple = tuple_arg
 
 
 # every public entry point raises only rawconv's exception classes (rawconv._guard)
-from . import _guard  # noqa: E402
+from . import guard as _guard  # noqa: E402
 
 _guard.guard_module(globals(), "ConvProblem.from_torch", "ConvProblem.from_benchdnn", "ConvProblem.to_benchdnn",
                     "ConvProblem.make_inputs", "ConvProblem.reference", "ConvProblem.with_", "random_tensor",

@@ -19,9 +19,9 @@ import json
 import math
 import sys
 
-from . import __version__
-from .errors import RawconvError
-from .results import _fmt_bytes, _fmt_ms
+from .. import __version__
+from ..core.errors import RawconvError
+from ..core.results import _fmt_bytes, _fmt_ms
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -69,8 +69,8 @@ def _ints(text: str):
 
 
 def _problems_on(args, device) -> list:
-    from . import presets
-    from .problem import ConvProblem
+    from ..core import presets
+    from ..core.problem import ConvProblem
 
     import torch
 
@@ -272,7 +272,7 @@ def _compare_columns(rows) -> list[Column]:
             row_style.append("bold green")
         else:
             row_style.append(None)
-    from .bench import SPREAD_LIMIT
+    from ..core.bench import SPREAD_LIMIT
 
     detail = [(r.detail if r.ran else (r.error or r.detail)) for r in rows]
     spread_style = [("yellow" if _finite(r.spread) and r.spread > SPREAD_LIMIT else st)
@@ -375,7 +375,7 @@ def _warn(console, line: str) -> None:
 
 
 def _threads_arg(args) -> int:
-    from .bench import default_threads
+    from ..core.bench import default_threads
 
     return args.threads if args.threads is not None else default_threads()
 
@@ -389,7 +389,7 @@ def _warn_if_busy(console, nthreads: int, hint: str = _LOAD_HINT) -> dict:
     CPUs busy. Returns the sample's :meth:`~rawconv.bench.LoadReport.as_dict`."""
     import time
 
-    from .bench import LoadMonitor, load_hint
+    from ..core.bench import LoadMonitor, load_hint
 
     pre = LoadMonitor(nthreads)
     time.sleep(0.3)
@@ -402,8 +402,8 @@ def _warn_if_busy(console, nthreads: int, hint: str = _LOAD_HINT) -> dict:
 
 def cmd_compare(args) -> int:
     from . import compare as cmp
-    from ._info import collect
-    from .bench import usable_cpus
+    from .info import collect
+    from ..core.bench import usable_cpus
 
     console = _console(args.width)
     problems = _problems(args)
@@ -449,7 +449,7 @@ def cmd_compare(args) -> int:
                              "(--no-prepack leaves those out)"), style="dim")
         if any(p.device == "cpu" for p in problems):
             meta["machine_before"] = _warn_if_busy(console, nthreads, hint)
-            from .onednn import _INLINE_FLOPS
+            from ..onednn import _INLINE_FLOPS
 
             small = [p for p in problems if p.device == "cpu" and p.flops < _INLINE_FLOPS]
             if small and nthreads > 1:
@@ -532,7 +532,7 @@ def _check_plot_format(path: str) -> None:
 
 def _write_outputs(console, args, rows, recs) -> None:
     """--csv, --plot and --record of ``compare``."""
-    from .results import ResultTable
+    from ..core.results import ResultTable
 
     table = rows if isinstance(rows, ResultTable) else ResultTable(rows)
     if args.csv:
@@ -540,7 +540,7 @@ def _write_outputs(console, args, rows, recs) -> None:
     if args.plot:
         table.plot(kind=args.plot_kind).savefig(args.plot, dpi=110, bbox_inches="tight")
     if args.record:
-        from .tuning import TuningRecord
+        from ..core.tuning import TuningRecord
 
         TuningRecord.save_all(recs, args.record)
         console.print(f"{len(recs)} tuning record(s) (the fastest correct rawconv choice per problem) written to "
@@ -552,7 +552,7 @@ def cmd_replay(args) -> int:
     import warnings
 
     from . import compare as cmp
-    from .tuning import TuningRecord
+    from ..core.tuning import TuningRecord
 
     console = _console(args.width)
     recs = TuningRecord.load(args.file)
@@ -580,7 +580,7 @@ def cmd_replay(args) -> int:
         console.print("exit status 2: --strict and a record was made with another library version or device",
                       style="red")
         return 2
-    from .bench import default_threads
+    from ..core.bench import default_threads
 
     nthreads = args.threads if args.threads is not None else default_threads()
     with cmp.threads(nthreads):
@@ -657,7 +657,7 @@ def cmd_replay(args) -> int:
 
 
 def cmd_info(args) -> int:
-    from ._info import collect
+    from .info import collect
 
     data = collect()
     if args.json:
@@ -699,21 +699,22 @@ def _break_long(text: str, room: int) -> str:
 
 
 def cmd_list(args) -> int:
-    from .results import status_group
+    from ..core.results import status_group
 
     console = _console(args.width)
     failed = 0
     for p in _problems(args):
         x, w, b = p.make_inputs()
         if p.device.startswith("cuda"):
-            from . import cudnn
+            from .. import cudnn
 
             rows = cudnn.algorithms(x, w, b, p.stride, list(zip(p.pad_before, p.pad_after)), p.dilation, p.groups)
             console.print(str(p))
             for r in rows:
                 console.print(f"  {r}")
             continue
-        from . import known_bad, onednn
+        from ..core import known_bad
+        from .. import onednn
 
         iso = {"timeout_s": args.timeout} if args.isolate else False
         impls = onednn.implementations(x, w, b, p.stride, list(zip(p.pad_before, p.pad_after)), p.dilation, p.groups,
@@ -741,7 +742,7 @@ def cmd_list(args) -> int:
 
 
 def _direction(text: str) -> str:
-    from ._backend import canonical_direction
+    from ..core.backend import canonical_direction
 
     try:
         return canonical_direction(text)
@@ -806,7 +807,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "leave out columns (detail, GFLOP/s, scratch, max abs err, ...) rather than split a "
                             "number")
 
-    from .bench import SPREAD_LIMIT
+    from ..core.bench import SPREAD_LIMIT
     from .compare import EXIT_CODES, REF_MAX_SECONDS
 
     import textwrap
@@ -913,11 +914,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _validate(args) -> None:
     """Flag combinations that mean nothing or contradict each other, and problems too large for
     this host's memory: a :class:`RawconvError` before anything runs."""
-    from ._guard import check_memory
+    from ..core.guard import check_memory
 
     given = getattr(args, "problem", None)
     if getattr(args, "layers", None) is not None:
-        from . import presets
+        from ..core import presets
 
         if args.input is not None or args.weight is not None:
             raise RawconvError("--layers selects layers of a preset; it means nothing with --input/--weight")
@@ -963,7 +964,7 @@ def _check_offered(args) -> None:
     passes (it runs, slowly)."""
     import torch
 
-    from . import onednn
+    from .. import onednn
 
     direction = getattr(args, "direction", "forward")
     where = " (--device cuda runs it on cuDNN)" if torch.cuda.is_available() else ""
@@ -994,7 +995,7 @@ def main(argv=None) -> int:
     output files that cannot be written, library errors."""
     import warnings
 
-    from .errors import SlowReferenceWarning
+    from ..core.errors import SlowReferenceWarning
 
     ap = build_parser()
     args = ap.parse_args(argv)

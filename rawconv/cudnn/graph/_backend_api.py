@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from . import _cudnn
-from .errors import ArgumentError, ArgumentTypeError
+from .. import _ffi as _cudnn
+from ...core.errors import ArgumentError, ArgumentTypeError
 
 ffi = _cudnn.ffi
 

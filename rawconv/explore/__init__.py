@@ -1,0 +1,1 @@
+"""On top of everything: compare, the command line, ``rawconv info``."""
