@@ -26,8 +26,13 @@ from .core.errors import (AllocationError, ArgumentError, ArgumentTypeError, Dev
                      InternalError, IsolationError, KnownBadError, LibraryError, LibraryNotFoundError,
                      NotSupportedError, RawconvError, SlowReferenceWarning)
 from .core.problem import ConvProblem
+from .core import grad as _grad
 
-__version__ = "0.1.0"
+# the operator layer (rawconv.pytorch.ops) fills the grad slot the backends' function forms use; it
+# is imported on the first call that needs it
+_grad.set_loader(lambda: importlib.import_module(".pytorch.ops", __name__))
+
+from .core import __version__
 
 # rawconv logs (debug lines per load, plan build, search phase, cache hit) on "rawconv.*" loggers;
 # it prints nothing unless the application configures logging

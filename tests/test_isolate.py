@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from rawconv import ConvProblem, _isolate, onednn
+from rawconv.onednn import isolated  # the oneDNN child and session (rawconv._isolate before issue 23)
 from rawconv.errors import ArgumentError, ArgumentTypeError, NotSupportedError
 
 
@@ -140,12 +141,12 @@ def test_compare_rows_through_isolation():
     ran = [r for r in rows if not r.error.startswith("not supported")]
     assert ran and all(r.ok and r.median_ms > 0 for r in ran), [(r.implementation, r.error) for r in rows]
     assert all("avx512" in r.implementation for r in rows if r not in ran)
-    direct = _isolate.run_onednn_candidates(p, iterations=1, warmup=0, timeout_s=30, env=ISO["env"],
+    direct = isolated.run_onednn_candidates(p, iterations=1, warmup=0, timeout_s=30, env=ISO["env"],
                                             threads=1, indices=[0], keep_output=True)
     assert len(direct) == 1 and direct[0]["status"] == "ok" and direct[0]["ok"]
     assert direct[0]["output"].shape == p.y_shape
     with pytest.raises(ArgumentError, match="indices"):
-        _isolate.run_onednn_candidates(p, timeout_s=30, env=ISO["env"], threads=1, indices=[99])
+        isolated.run_onednn_candidates(p, timeout_s=30, env=ISO["env"], threads=1, indices=[99])
 
 
 # ---------------------------------------------------------------- the command line (--isolate)
@@ -196,7 +197,7 @@ def test_a_fused_plans_isolated_autotune_times_the_fused_primitive():
     tensors = plan._example_tensors()
     r0 = tensors["out"].clone()   # the residual the sum post-op reads from the destination
     iso = _isolate.options(ISO)
-    session = _isolate._onednn_session(plan.problem, "forward", tensors, fpmath="strict", prepack=False, iso=iso,
+    session = isolated._onednn_session(plan.problem, "forward", tensors, fpmath="strict", prepack=False, iso=iso,
                                        plan_threads=plan.threads_arg, post_ops=plan._post_ops)
     try:
         assert session.setup().ok

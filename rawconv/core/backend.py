@@ -33,6 +33,8 @@ DIRECTION_ALIASES = {"backward_filter": "backward_weights", "fwd": "forward", "f
                      "bwd_wb": "backward_weights", "backward_input": "backward_data",
                      "backward_weight": "backward_weights"}
 BUILTIN = ("onednn", "cudnn", "cudnn_graph")
+# where each built-in backend lives (imported by backends(); it registers itself at its end)
+MODULES = {"onednn": "rawconv.onednn", "cudnn": "rawconv.cudnn", "cudnn_graph": "rawconv.cudnn.graph"}
 
 
 def canonical_direction(direction: Any) -> str:
@@ -131,7 +133,11 @@ class Backend:
     ``"cuda"``; ``module``: the module's import path; ``library``: the vendor library's name;
     ``candidates(problem, direction, options)``: its listing; ``plan(problem, direction, options,
     choice)``: a plan with that choice selected; ``info()``: what was loaded. ``available()`` says
-    whether it can run here and, when not, why."""
+    whether it can run here and, when not, why. ``replay(key, problem, choice, options)``: the
+    plan :func:`rawconv.tuning.replay` gives for a record (its :class:`~rawconv.tuning.TuningKey`,
+    problem, choice, and the :class:`rawconv.Options` fields the key implies) where the key holds
+    more than ``plan`` takes (oneDNN's thread count and post-ops, the graph's activation); None:
+    ``plan`` is called."""
 
     name: str
     device_type: str
@@ -143,6 +149,7 @@ class Backend:
     describe: str = ""
     vendor_words: dict = field(default_factory=dict)
     rows: str = ""     # "module:function" giving compare's rows for this backend (see rawconv.compare)
+    replay: Callable | None = None   # replay(key, problem, choice, options): a tuning record's plan (see below)
 
     def rows_function(self):
         """The function ``compare`` calls for this backend's rows (None when it has none)."""
@@ -177,7 +184,7 @@ def backends(device_type: str | None = None) -> list[Backend]:
     type (``"cpu"``, ``"cuda"``), in registration order. Importing a backend module loads no library."""
     for name in BUILTIN:
         if name not in _registry:
-            importlib.import_module(f"rawconv.{name}")
+            importlib.import_module(MODULES[name])
     with _lock:
         out = list(_registry.values())
     return [b for b in out if device_type is None or b.device_type == device_type]

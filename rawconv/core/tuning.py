@@ -250,7 +250,7 @@ def _now() -> str:
 
 
 def _rawconv_version() -> str:
-    from .. import __version__
+    from . import __version__
 
     return __version__
 
@@ -533,7 +533,9 @@ def current_environment(backend: str) -> dict:
     if backend not in _env_probes:
         import importlib
 
-        importlib.import_module(f"rawconv.{backend}")
+        from .backend import MODULES
+
+        importlib.import_module(MODULES[backend])
     probe = _env_probes.get(backend)
     if probe is None:
         raise NotSupportedError(f"rawconv.{backend} registers no environment probe "
@@ -828,28 +830,10 @@ def replay(record, strict: bool = False):
     key = record.key
     problem = key.conv_problem()
     log.debug("replay %s %s %s: %s", key.backend, key.direction, _describe(key), record.choice)
-    post_ops = _plain(key.options).get("post_ops") if key.backend == "onednn" else None
-    kw = {}
-    if key.backend == "onednn":   # the OpenMP count the plan ran on when it was tuned
-        from ..onednn import _replay_threads
-
-        kw["threads"] = _replay_threads(_plain(key.options).get("threads"))
-    if post_ops:   # a fused oneDNN plan (rawconv.fused): bias, residual add (sum), activation
-        from ..pytorch.fused import FusedConvolution
-
-        kinds = [op[0] for op in post_ops]
-        act = next((op[1] for op in post_ops if op[0] == "eltwise"), "none")
-        opts = _plain(key.options)
-        return FusedConvolution.for_problem(problem, residual="sum" in kinds, activation=act, impl=record.choice,
-                                            fpmath=opts.get("fpmath") or "strict",
-                                            w_layout=opts.get("weights_layout") or "nchw", prepack=False, **kw)
-    if key.backend == "cudnn_graph" and key.activation:
-        from ..cudnn.graph import GraphConvolution
-
-        return GraphConvolution.from_problem(problem, direction=key.direction, activation=key.activation,
-                                             engine=record.choice,
-                                             allow_tf32=_replay_options(key).get("precision") == "tf32")
-    return get(key.backend).plan(problem, key.direction, _replay_options(key), record.choice, **kw)
+    be = get(key.backend)
+    if be.replay is not None:   # the backend reads what else its key holds (threads, post-ops, activation)
+        return be.replay(key, problem, record.choice, _replay_options(key))
+    return be.plan(problem, key.direction, _replay_options(key), record.choice)
 
 
 # every public entry point raises only rawconv's exception classes (rawconv._guard)

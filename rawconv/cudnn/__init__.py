@@ -41,7 +41,7 @@ from ..core.errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from ..core.plans import PlanCache, PlanLifetime, arg_key
 from ..core.backend import Candidate, canonical_direction
 from ..core.results import Result, ResultTable
-from ..core.grad import needs_grad as _needs_grad
+from ..core.grad import grad_function as _grad_slot, needs_grad as _needs_grad
 from ..core.problem import ConvProblem, check_tensor, empty_like_layout, layout_of, to_layout, dense_strides, strides_match, shape_only
 
 __all__ = ["Algorithm", "TimedAlgorithm", "RunInfo", "Convolution", "forward", "backward_data",
@@ -1357,7 +1357,7 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
     ``deterministic`` and ``workspace_limit`` are then refused with :class:`ArgumentError`).
     """
     if _needs_grad(x, w, bias):   # record a differentiable op, never a silent detach
-        from ..pytorch.ops import _cudnn_function
+        _cudnn_function = _grad_slot("cudnn")
         return _cudnn_function("forward", x, w, bias, stride, padding, dilation, groups, algo=algo, math=math,
                                deterministic=deterministic, workspace_limit=workspace_limit, out=out, engine=engine,
                                return_info=return_info, choice=choice, precision=precision, activation=activation)
@@ -1414,7 +1414,7 @@ def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int],
     Tensors that require grad run as :func:`rawconv.ops.conv_backward_data` (as :func:`forward` does).
     """
     if _needs_grad(grad_y, w):
-        from ..pytorch.ops import _cudnn_function
+        _cudnn_function = _grad_slot("cudnn")
         return _cudnn_function("backward_data", grad_y, w, x_shape, stride, padding, dilation, groups, algo=algo,
                                math=math, deterministic=deterministic, workspace_limit=workspace_limit, out=out,
                                engine=engine, return_info=return_info, choice=choice, precision=precision)
@@ -1454,7 +1454,7 @@ def backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[in
     :func:`rawconv.ops.conv_backward_weights` (as :func:`forward` does).
     """
     if _needs_grad(x, grad_y):
-        from ..pytorch.ops import _cudnn_function
+        _cudnn_function = _grad_slot("cudnn")
         return _cudnn_function("backward_weights", x, grad_y, w_shape, stride, padding, dilation, groups, algo=algo,
                                math=math, deterministic=deterministic, workspace_limit=workspace_limit, out=out,
                                engine=engine, return_info=return_info, choice=choice, precision=precision,
@@ -1728,4 +1728,4 @@ from ..core.backend import Backend as _Backend, register as _register  # noqa: E
 _register(_Backend("cudnn", "cuda", __name__, "cuDNN", _registry_candidates, _registry_plan, info,
                    "cuDNN's legacy API on CUDA tensors: every (algo, math type)",
                    {"candidates": "algorithms", "choice": "algo", "precision": "math",
-                    "backward_weights": "backward_filter"}, rows="rawconv.compare:_cudnn_rows"))
+                    "backward_weights": "backward_filter"}, rows="rawconv.explore.compare:_cudnn_rows"))

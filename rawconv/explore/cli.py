@@ -19,7 +19,7 @@ import json
 import math
 import sys
 
-from .. import __version__
+from ..core import __version__
 from ..core.errors import RawconvError
 from ..core.results import _fmt_bytes, _fmt_ms
 

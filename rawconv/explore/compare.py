@@ -281,7 +281,7 @@ def libraries() -> dict:
     where torch sees a GPU). Never raises."""
     out = {"torch": f"torch {torch.__version__.split('+')[0]}", "torch_onednn": None, "torch_cudnn": None}
     try:
-        from .info import _torch_part
+        from ..pytorch.torch_choice import _torch_part
 
         v = _torch_part().get("onednn_bundled")
         out["torch_onednn"] = v.split()[0] if v else None
@@ -522,6 +522,7 @@ def _run_isolated(problem, rows, x, w, b, ref, ref_abs, tol, *, fpmath, slow_s, 
     or hang is that row's error ("crashed: SIGSEGV", "timed out after 60 s"), and the comparison
     goes on."""
     from ..core import isolate as _isolate
+    from ..onednn.isolated import run_onednn_candidates
 
     iso = _isolate.options(isolate)
     iterations, warmup, budget_s = timing
@@ -531,7 +532,7 @@ def _run_isolated(problem, rows, x, w, b, ref, ref_abs, tol, *, fpmath, slow_s, 
             continue
         tensors = ({"x": x, "w": w, "b": b} if direction == "forward" else
                    {"grad_y": dy, "w": w} if direction == "backward_data" else {"x": x, "grad_y": dy})
-        results = _isolate.run_onednn_candidates(
+        results = run_onednn_candidates(
             problem, direction=direction, indices=[rows[i][0] for i in todo], fpmath=fpmath, prepack=packed,
             allow_known_bad=allow_known_bad, slow_s=slow_s, iterations=iterations, warmup=warmup, budget_s=budget_s,
             check=False, keep_output=True, timeout_s=iso.timeout_s, env=iso.env, threads=iso.threads, **tensors)

@@ -3,28 +3,14 @@ each library offers on this machine (``capabilities``)."""
 from __future__ import annotations
 
 import platform
-import re
 
 import torch
 
-
-def _torch_part() -> dict:
-    cfg = torch.__config__.show()
-    m = re.search(r"MKL-DNN v([\d.]+) \(Git Hash (\w+)\)", cfg)
-    out = {"version": torch.__version__, "threads": torch.get_num_threads(),
-           "mkldnn_available": torch.backends.mkldnn.is_available(),
-           "mkldnn_enabled": torch.backends.mkldnn.enabled,
-           "onednn_bundled": (m.group(1) + " (" + m.group(2)[:8] + ")") if m else None,
-           "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available()}
-    try:
-        out["cudnn_version"] = torch.backends.cudnn.version()
-    except Exception as exc:  # pragma: no cover
-        out["cudnn_version"] = f"unavailable ({exc})"
-    return out
+from ..pytorch.torch_choice import _torch_part
 
 
 def collect() -> dict:
-    from .. import __version__
+    from ..core import __version__
 
     out = {"rawconv": __version__, "python": platform.python_version(), "machine": platform.machine(),
            "torch": _torch_part()}

@@ -34,7 +34,7 @@ import torch
 
 from . import _ffi as _dnnl
 from ..core import guard as _guard, known_bad as _known_bad
-from ..core.grad import needs_grad as _needs_grad
+from ..core.grad import grad_function as _grad_slot, needs_grad as _needs_grad
 from ._ffi import ffi
 from ..core.errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from ..core.backend import Candidate
@@ -1330,6 +1330,7 @@ class Convolution(PlanLifetime):
         _progress.enabled(progress)   # validates
         allow = self.allow_known_bad if allow_known_bad is None else _check_allow(allow_known_bad)
         from ..core import isolate as _isolate
+        from . import isolated as _isolated
 
         iso = _isolate.options(isolate)
         # the count the candidates run with: an isolated child's own count for a caller's-count plan
@@ -1362,7 +1363,7 @@ class Convolution(PlanLifetime):
         session = None
         monitor = LoadMonitor() if iso is None else None
         if iso is not None:
-            session = _isolate._onednn_session(self.problem, self.direction, tensors, algorithm=self.algorithm,
+            session = _isolated._onednn_session(self.problem, self.direction, tensors, algorithm=self.algorithm,
                                                fpmath=self.fpmath, w_layout=self.w_layout, prepack=self.prepack,
                                                iso=iso, plan_threads=self.threads_arg, post_ops=self._post_ops)
         impls = [i for i in self.implementations if include_ref or not i.name.startswith("ref")]
@@ -1698,7 +1699,7 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
         if choice is not None or precision is not None or options is not None:
             impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
         if _needs_grad(x, w, bias):   # record a differentiable op, never a silent detach
-            from ..pytorch.ops import _onednn_function
+            _onednn_function = _grad_slot("onednn")
             return _onednn_function("forward", x, w, bias, stride, padding, dilation, groups, impl=impl,
                                     algorithm=algorithm, fpmath=fpmath, out=out, allow_known_bad=allow_known_bad)
         try:   # hot path: the plan of the last call with these arguments, when the tensors fit it exactly
@@ -1807,6 +1808,7 @@ def implementations(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None 
     if precision is not None:
         _, fpmath, _ = _words(None, None, fpmath, precision, None, False)
     from ..core import isolate as _isolate
+    from . import isolated as _isolated
 
     iso = _isolate.options(isolate)
     problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
@@ -1821,7 +1823,7 @@ def implementations(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None 
     _check_fpmath(fpmath)
     wl = _w_layout(w) if direction != "backward_weights" else "nchw"
     xx = x.unsqueeze(0) if problem.unbatched and x.dim() == problem.ndim + 1 else x
-    rows = _isolate.run_onednn_candidates(problem, xx, w, bias, direction=direction, iterations=1, warmup=0,
+    rows = _isolated.run_onednn_candidates(problem, xx, w, bias, direction=direction, iterations=1, warmup=0,
                                           timeout_s=iso.timeout_s, env=iso.env, threads=iso.threads,
                                           fpmath=fpmath, algorithm=algorithm, allow_known_bad=allow_known_bad,
                                           w_layout=wl)
@@ -1861,7 +1863,7 @@ def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int],
     if choice is not None or precision is not None or options is not None:
         impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
     if _needs_grad(grad_y, w):
-        from ..pytorch.ops import _onednn_function
+        _onednn_function = _grad_slot("onednn")
         return _onednn_function("backward_data", grad_y, w, x_shape, stride, padding, dilation, groups, impl=impl,
                                 algorithm=algorithm, fpmath=fpmath, out=out, allow_known_bad=allow_known_bad)
     problem = _backward_problem(grad_y, w, x_shape, stride, padding, dilation, groups, False)
@@ -1888,7 +1890,7 @@ def backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[in
     if choice is not None or precision is not None or options is not None:
         impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
     if _needs_grad(x, grad_y):
-        from ..pytorch.ops import _onednn_function
+        _onednn_function = _grad_slot("onednn")
         return _onednn_function("backward_weights", x, grad_y, w_shape, stride, padding, dilation, groups,
                                 impl=impl, algorithm=algorithm, fpmath=fpmath, bias=bias,
                                 allow_known_bad=allow_known_bad)
@@ -2336,6 +2338,27 @@ def _replay_threads(recorded) -> Any:
     return recorded if _dnnl.omp_thread_controls() is not None else "auto"
 
 
+def _registry_replay(key, problem: ConvProblem, choice: Any, options: dict):
+    """A tuning record's plan (rawconv.tuning.replay): on the OpenMP count the plan ran on when it
+    was tuned (the key's ``threads``), and with its post-ops (a :class:`rawconv.fused.FusedConvolution`:
+    bias, residual add ``sum``, activation) when it had some."""
+    from ..core.tuning import _plain
+
+    opts = _plain(key.options)
+    threads = _replay_threads(opts.get("threads"))
+    post_ops = opts.get("post_ops")
+    if post_ops:
+        from .fused import FusedConvolution
+
+        kinds = [op[0] for op in post_ops]
+        act = next((op[1] for op in post_ops if op[0] == "eltwise"), "none")
+        return FusedConvolution.for_problem(problem, residual="sum" in kinds, activation=act, impl=choice,
+                                            fpmath=opts.get("fpmath") or "strict",
+                                            w_layout=opts.get("weights_layout") or "nchw", prepack=False,
+                                            threads=threads)
+    return _registry_plan(problem, key.direction, options, choice, threads=threads)
+
+
 # every public entry point raises only rawconv's exception classes (rawconv._guard)
 _guard.guard_module(globals(), "forward", "backward_data", "backward_weights", "implementations", "candidates",
                     "info", "verbose", "reference_seconds", "capabilities", "flush_denormals", "Convolution.__init__",
@@ -2348,4 +2371,4 @@ from ..core.backend import Backend as _Backend, register as _register  # noqa: E
 _register(_Backend("onednn", "cpu", __name__, "oneDNN", _registry_candidates, _registry_plan, info,
                    "oneDNN (libdnnl) on CPU tensors: every implementation of a primitive descriptor",
                    {"candidates": "implementations", "choice": "impl", "precision": "fpmath"},
-                   rows="rawconv.compare:_onednn_rows"))
+                   rows="rawconv.explore.compare:_onednn_rows", replay=_registry_replay))

@@ -453,7 +453,7 @@ def convert(model: torch.nn.Module, example_input: Any, *, group=None, src: int 
 def _search_one(lay: _Layer, budget_s, rank: int, *, memo: bool) -> dict:
     """Search one layer's problem here (``memo``: rawconv.nn's process memo first, and the cuDNN
     tuning cache). Never raises: errors travel in the result."""
-    from .. import __version__
+    from ..core import __version__
 
     res = {"rank": rank, "choice": None, "record": None, "seconds": 0.0, "searched": True,
            "median_ms": None, "min_ms": None, "note": "", "error": ""}

@@ -2136,7 +2136,7 @@ def _conv_backend_name(be) -> str:
 
 def _torch_runs(fn, device) -> str:
     if device.type == "cpu":
-        from ..explore.compare import torch_onednn_trace
+        from .torch_choice import torch_onednn_trace
 
         trace = torch_onednn_trace(fn)
         convs = [t for t in trace if t["kind"] in ("convolution", "deconvolution")]

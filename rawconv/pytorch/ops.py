@@ -1353,3 +1353,11 @@ def _graph_function(direction: str, a, b, c, stride, padding, dilation, groups, 
 # every public entry point raises only rawconv's exception classes (rawconv._guard)
 
 _guard.guard_module(globals(), "conv", "conv_transpose", "conv_backward_data", "conv_backward_weights", "selected")
+
+
+# the grad slot (rawconv.core.grad): the backends' function forms hand tensors that need grad to these
+from ..core import grad as _grad_slot  # noqa: E402
+
+_grad_slot.fill("onednn", _onednn_function)
+_grad_slot.fill("cudnn", _cudnn_function)
+_grad_slot.fill("cudnn_graph", _graph_function)

@@ -678,8 +678,6 @@ _ONEDNN_RENAMES = (("brg_conv_fwd", "brgconv"), ("brg_conv_bwd_d", "brgconv_bwd_
 def _torch_onednn_version() -> str:
     """The oneDNN version bundled in torch ("3.12.0"; '' when torch does not say)."""
     try:
-        from ..explore.info import _torch_part
-
         v = _torch_part().get("onednn_bundled")
         return v.split()[0] if v else ""
     except Exception:  # noqa: BLE001 - a label
@@ -1382,8 +1380,6 @@ def _header(dev: str, flags: TorchFlags) -> str:
             pass
     else:
         try:
-            from ..explore.info import _torch_part
-
             v = _torch_part().get("onednn_bundled")
             if v:
                 bits.append(f"torch's oneDNN {v}")
@@ -1413,6 +1409,22 @@ def _final_count(rows, dev: str) -> str:
     same = sum(ch.match == "same name and layouts" for ch in done)
     return (f"{onednn} of {m} layers: torch ran its oneDNN; {n} of {m}: torch's oneDNN implementation is in "
             f"rawconv's oneDNN list ({same} with the same layouts)")
+
+
+def _torch_part() -> dict:
+    """torch's build as ``rawconv info`` shows it: version, threads, its oneDNN (bundled version) and cuDNN."""
+    cfg = torch.__config__.show()
+    m = re.search(r"MKL-DNN v([\d.]+) \(Git Hash (\w+)\)", cfg)
+    out = {"version": torch.__version__, "threads": torch.get_num_threads(),
+           "mkldnn_available": torch.backends.mkldnn.is_available(),
+           "mkldnn_enabled": torch.backends.mkldnn.enabled,
+           "onednn_bundled": (m.group(1) + " (" + m.group(2)[:8] + ")") if m else None,
+           "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available()}
+    try:
+        out["cudnn_version"] = torch.backends.cudnn.version()
+    except Exception as exc:  # pragma: no cover
+        out["cudnn_version"] = f"unavailable ({exc})"
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -48,7 +48,7 @@ from ...core.results import ResultTable
 from ...core.plans import PlanCache, PlanLifetime
 from ...core import check as _check
 from ...core.check import ErrorStats, Tolerance, tolerance_for
-from ...core.grad import needs_grad as _needs_grad
+from ...core.grad import grad_function as _grad_slot, needs_grad as _needs_grad
 from ...core.problem import ConvProblem, check_tensor, empty_like_layout, layout_of, to_layout, dense_strides, shape_only, random_tensor, seed_offset
 
 __all__ = ["EngineConfig", "TimedConfig", "GraphConvolution", "engines", "forward", "backward_data",
@@ -1468,7 +1468,7 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
     ``out`` and ``activation`` are then refused with :class:`ArgumentError`).
     """
     if _needs_grad(x, w, bias):   # record a differentiable op, never a silent detach
-        from ...pytorch.ops import _graph_function
+        _graph_function = _grad_slot("cudnn_graph")
         return _graph_function("forward", x, w, bias, stride, padding, dilation, groups, engine=engine,
                                allow_tf32=allow_tf32, math=math, out=out, activation=activation)
     return _forward_plan(x, w, bias, stride, padding, dilation, groups, engine, activation, allow_tf32,
@@ -1544,7 +1544,7 @@ def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int] 
     if x_shape is None:
         x_shape = _transpose_x_shape(grad_y, w, stride, padding, dilation, groups, output_padding)
     if _needs_grad(grad_y, w):   # as forward: rawconv.ops.conv_backward_data records autograd
-        from ...pytorch.ops import _graph_function
+        _graph_function = _grad_slot("cudnn_graph")
         return _graph_function("backward_data", grad_y, w, x_shape, stride, padding, dilation, groups,
                                engine=engine, allow_tf32=allow_tf32, math=math, out=out)
     if not isinstance(x_shape, (tuple, list, torch.Size)) or not all(isinstance(s, int) and s >= 0 for s in x_shape):
@@ -1569,7 +1569,7 @@ def backward_filter(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[int
     ``engine`` as in :func:`forward`. Wraps ``cudnnBackendExecute`` on an
     ``OPERATION_CONVOLUTION_BACKWARD_FILTER`` graph."""
     if _needs_grad(x, grad_y):   # as forward: rawconv.ops.conv_backward_weights records autograd
-        from ...pytorch.ops import _graph_function
+        _graph_function = _grad_slot("cudnn_graph")
         return _graph_function("backward_weights", x, grad_y, w_shape, stride, padding, dilation, groups,
                                engine=engine, allow_tf32=allow_tf32, math=math, out=out)
     if not isinstance(x, torch.Tensor) or not isinstance(grad_y, torch.Tensor):
@@ -1646,6 +1646,14 @@ def _registry_plan(problem: ConvProblem, direction: str = "forward", options: An
                                          engine=choice)
 
 
+def _registry_replay(key, problem: ConvProblem, choice: Any, options: dict):
+    """A tuning record's plan (rawconv.tuning.replay): with its fused activation when it had one."""
+    if key.activation:
+        return GraphConvolution.from_problem(problem, direction=key.direction, activation=key.activation,
+                                             engine=choice, allow_tf32=options.get("precision") == "tf32")
+    return _registry_plan(problem, key.direction, options, choice)
+
+
 def _registry_info() -> dict:
     from ... import cudnn
 
@@ -1667,4 +1675,5 @@ from ...core.backend import Backend as _Backend, register as _register  # noqa: 
 _register(_Backend("cudnn_graph", "cuda", __name__, "cuDNN", _registry_candidates, _registry_plan, _registry_info,
                    "cuDNN's graph (backend) API on CUDA tensors: engines, knobs, heuristic modes",
                    {"candidates": "engines", "choice": "engine", "precision": "allow_tf32",
-                    "backward_weights": "backward_filter"}, rows="rawconv.compare:_cudnn_graph_rows"))
+                    "backward_weights": "backward_filter"}, rows="rawconv.explore.compare:_cudnn_graph_rows",
+                   replay=_registry_replay))
