@@ -187,7 +187,7 @@ class Worker:
         c2p_r, c2p_w = os.pipe()
         env = dict(os.environ)
         env.update(self.env)
-        env["RAWCONV_ISOLATED_CHILD"] = "1"
+        env["RAWCONV_ISOLATED_CHILD"] = "1"   # declared in rawconv.core.env
         if self._log is not None:
             self._log.close()
         self._log = tempfile.TemporaryFile(prefix="rawconv-isolate-")

@@ -1,7 +1,12 @@
-"""What every backend's plans share: a bounded cache for the function forms, and ``with``."""
+"""What every backend's plans share: a bounded cache for the function forms, ``with``, and
+:func:`clear_caches`, which empties every plan cache of the process at once."""
 from __future__ import annotations
 
 import threading
+import weakref
+
+_caches: weakref.WeakSet = weakref.WeakSet()   # every PlanCache made (each registers itself)
+_clearers: list = []   # what else clear_caches() empties: (name, function) registered by their modules
 
 
 def arg_key(v):
@@ -26,6 +31,7 @@ class PlanCache:
         self.maxsize = maxsize
         self._plans: dict = {}
         self._lock = threading.Lock()
+        _caches.add(self)   # so that clear_caches() reaches it
 
     def get(self, key):
         return self._plans.get(key)
@@ -54,3 +60,27 @@ class PlanLifetime:
 
     def __exit__(self, *exc):
         self.free()
+
+
+def register_clear(name: str, clear) -> None:
+    """Have :func:`clear_caches` also call ``clear()`` (a cache that is not a :class:`PlanCache`,
+    e.g. a plain dict's ``clear``); ``name`` says whose it is (``"module:variable"``)."""
+    _clearers.append((name, clear))
+
+
+def clear_caches() -> int:
+    """Empty every plan cache of the process: the function forms' and operators' (every
+    :class:`PlanCache`: oneDNN's, cuDNN's legacy and graph plans, the fused plans, the operators'
+    argument packs) and what their modules registered (:func:`register_clear`: the fused fast
+    path, torch_choice's candidate listings). The tuning cache (records, :func:`rawconv.tuning.cache`)
+    stays. The old per-module ``clear_cache()`` functions empty their own part. Returns how many
+    caches it emptied. Plans that modules and frozen snapshots hold themselves are not caches: they
+    stay with their owners."""
+    n = 0
+    for cache in list(_caches):
+        cache.clear()
+        n += 1
+    for _name, clear in list(_clearers):
+        clear()
+        n += 1
+    return n

@@ -18,10 +18,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import importlib.util
-import os
 import sys
 import time
 
+from . import env as _env
 from .errors import ArgumentTypeError
 
 __all__ = ["enabled", "in_notebook", "bar", "note"]
@@ -49,7 +49,7 @@ def enabled(progress) -> bool:
         raise ArgumentTypeError(f"progress must be None (automatic), True or False, got {progress!r}")
     if progress is not None:
         return progress
-    if os.environ.get("RAWCONV_PROGRESS", "").strip().lower() in ("0", "false", "no", "off"):
+    if not _env.get("RAWCONV_PROGRESS"):
         return False
     if in_notebook():
         return _has_widgets()

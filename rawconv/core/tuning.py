@@ -50,6 +50,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from . import env as _env
 from .backend import BUILTIN as BACKENDS, DIRECTIONS, canonical_direction
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 
@@ -755,7 +756,7 @@ def cache_file() -> str | None:
     path = _configured[0]
     if path is None:
         for name in (ENV_FILE, *ENV_FILE_ALIASES):
-            path = os.environ.get(name)
+            path = _env.get(name)
             if path:
                 break
     return path or None

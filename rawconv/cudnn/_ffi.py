@@ -32,7 +32,7 @@ from pathlib import Path
 
 import cffi
 
-from ..core import loader as _loader
+from ..core import env as _env, loader as _loader
 from ..core.errors import LibraryError, NotSupportedError
 
 log = logging.getLogger("rawconv")
@@ -89,8 +89,7 @@ def candidates(*, maps: str = "/proc/self/maps", site_dirs: list | None = None,
     :func:`explicit_conflict` comes first when another copy is already mapped).
 
     ``maps``, ``site_dirs`` and ``env`` can be replaced (tests use fake files)."""
-    env = os.environ if env is None else env
-    path = env.get(ENV_VAR)
+    path = _env.get(ENV_VAR, env)
     if path:
         return [(f"${ENV_VAR}", path, None)]
     out: list[tuple[str, str, int | None]] = []
@@ -162,7 +161,7 @@ def load() -> _loader.Loaded:
     with _lock:
         loaded = _state.get("loaded")
         if loaded is None:
-            explicit = os.environ.get(ENV_VAR)
+            explicit = _env.get(ENV_VAR)
             if explicit:
                 from ..core.errors import LibraryNotFoundError
 

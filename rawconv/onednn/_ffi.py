@@ -17,7 +17,7 @@ from pathlib import Path
 
 import cffi
 
-from ..core import loader as _loader
+from ..core import env as _env, loader as _loader
 from ..core.errors import LibraryError, NotSupportedError
 
 SONAME = "libdnnl.so.3"
@@ -39,7 +39,7 @@ def candidates() -> list[tuple[str, str]]:
     """The ``(how, path)`` search list, in order (see the module docstring): only
     ``$RAWCONV_DNNL_LIBRARY`` when it is set."""
     out: list[tuple[str, str]] = []
-    env = os.environ.get(ENV_VAR)
+    env = _env.get(ENV_VAR)
     if env:
         return [(f"${ENV_VAR}", env)]
     seen = set()

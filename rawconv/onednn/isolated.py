@@ -10,6 +10,7 @@ import os
 import time
 from typing import Mapping, Sequence
 
+from ..core import env as _env
 from ..core.errors import ArgumentError, ArgumentTypeError
 from ..core.isolate import DEFAULT_TIMEOUT_S, Isolation, Outcome, _give, _take, _trim_heap
 
@@ -65,7 +66,7 @@ def _child_run(key, impl, iterations: int, warmup: int, budget_s, slow_s, allow_
     plan, tensors = _child_plans[key]
     sel = plan.select(impl, allow_known_bad=allow_known_bad)
     i = sel.index
-    crash = os.environ.get(CRASH_ENV)
+    crash = _env.get(CRASH_ENV)
     if crash and crash in (sel.name, sel.choice):   # a test aid: check the isolation path end to end
         os.abort()
     try:

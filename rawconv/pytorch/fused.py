@@ -44,6 +44,7 @@ import torch
 from . import autocast as _autocast
 from .. import onednn
 from ..core.grad import functorch_active as _functorch, has_tangent as _has_tangent
+from ..core import plans as _plans_mod
 from ..core.plans import PlanCache
 from ..core.errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from ..core.problem import ConvProblem, layout_of, random_tensor, seed_offset
@@ -168,6 +169,7 @@ ResidualGraphConvolution: Any = None   # the class, once _graph_class() made it 
 _cpu_plans = PlanCache(512)
 _gpu_plans = PlanCache(512)
 _fast: dict = {}
+_plans_mod.register_clear("rawconv.pytorch.fused:_fast", _fast.clear)
 _FAST_MAX = 1024
 
 

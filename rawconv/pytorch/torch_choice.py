@@ -72,6 +72,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 import torch.nn.functional as F
 
+from ..core import plans as _plans
 from ..core.errors import ArgumentError, ArgumentTypeError, NotSupportedError, RawconvError
 from ..core.problem import ConvProblem, layout_of, shape_only, transposed_shapes, tuple_arg
 
@@ -974,6 +975,7 @@ def parse_cudnn_log(messages: Sequence[Sequence[str]]) -> dict:
 
 # ---------------------------------------------------------------- rawconv's candidates on CUDA
 _cand_cache: dict = {}
+_plans.register_clear("rawconv.pytorch.torch_choice:_cand_cache", _cand_cache.clear)
 _CAND_CACHE_SIZE = 64
 
 
