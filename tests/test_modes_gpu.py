@@ -196,6 +196,57 @@ def test_reduce_overhead_runs_a_converted_model(kind):
     torch._dynamo.reset()
 
 
+class Stage(nn.Module):
+    """ResNet-50's layer1 at its real sizes (3 bottlenecks, 64 -> 256 channels at 56x56 after a stem):
+    cuDNN 9.19 runs its fused residual graphs on the runtime-compiled eng4."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 64, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(64)
+        self.relu = nn.ReLU(inplace=True)
+        self.blocks = nn.Sequential(Block(64, 64), Block(256, 64), Block(256, 64))
+
+    def forward(self, x):
+        return self.blocks(self.relu(self.bn(self.stem(x))))
+
+
+@pytest.mark.parametrize("autotune", [False, True], ids=["default_configs", "autotune"])
+def test_fused_stage_is_right_when_its_kernels_run_back_to_back(autotune):
+    """The fused residual graphs' engine (cuDNN's runtime-compiled eng4) started before the kernel
+    queued ahead of it had finished: eager calls queued behind a busy GPU and CUDA-graph replays of
+    a fused ResNet-50 gave 1e-1 relative errors, unqueued eager calls were right. rawconv launches a
+    barrier kernel before such engines (rawconv._cuda.stream_barrier). Checked both ways, against
+    torch's own model and against the unqueued eager output."""
+    _fused.clear_cache()
+    torch.manual_seed(0)
+    base = Stage()
+    g = torch.Generator().manual_seed(1)
+    for mod in base.modules():
+        if isinstance(mod, nn.BatchNorm2d):
+            mod.running_mean.copy_(torch.rand(mod.num_features, generator=g) * 0.2 - 0.1)
+            mod.running_var.copy_(torch.rand(mod.num_features, generator=g) * 0.5 + 0.75)
+    base = base.eval().cuda().half().to(memory_format=torch.channels_last)
+    x = torch.randn(8, 3, 56, 56, device="cuda", dtype=torch.half).contiguous(memory_format=torch.channels_last)
+    kw = dict(autotune=x, autotune_budget_s=0.5) if autotune else {}
+    model = rnn.convert(copy.deepcopy(base), fuse=True, **kw)
+    with torch.no_grad():
+        ref = model(x).clone()
+        assert _rel(ref, base(x)) < 2e-2
+        torch.cuda.synchronize()
+        for _ in range(3):
+            torch.cuda._sleep(100_000_000)   # the GPU busy: the model's kernels queue and run back to back
+            y = model(x)
+            torch.cuda.synchronize()
+            assert _rel(y, ref) <= 1e-3, "eager, kernels queued behind a busy GPU"
+    graph, out = _capture(model, x)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _rel(out, ref) <= 1e-3, "CUDA-graph replay"
+    _fused.clear_cache()
+
+
 def test_a_capture_refuses_a_search_it_cannot_run():
     """A choice that searches on first use ("fastest": cuDNN's Find) inside a capture raises a clear
     error naming the fix (a warm-up call), instead of breaking the capture."""

@@ -189,6 +189,33 @@ def workspace(nbytes: int, device) -> "object":
 
 _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False)
 
+# ---------------------------------------------------------------------------- stream barriers
+# cuDNN 9.19's runtime-compiled fusion engine (eng4, behaviour note RUNTIME_COMPILATION) starts
+# before the kernel queued ahead of it on the stream has finished: measured on the H200, a fused
+# ResNet-50 whose residual graphs ran on it gave wrong outputs (1e-1 relative) in a CUDA-graph
+# replay and in eager calls queued behind a busy GPU, and exact ones with any torch kernel launched
+# just before each of its executes (benchmarks/diag_capture_rtc2.py, D10/D13/D14). Such plans
+# launch one such kernel first.
+_barriers: dict = {}
+
+
+def make_barrier(idx: int) -> None:
+    """The 4-byte device buffer :func:`stream_barrier` writes on device ``idx``, made now (when a
+    plan that needs it is finalized: never inside a CUDA-graph capture, whose pool must not own it)."""
+    if idx not in _barriers:
+        _barriers[idx] = torch.zeros(1, dtype=torch.int32, device=torch.device("cuda", idx))
+
+
+def stream_barrier(idx: int) -> None:
+    """Launch one tiny kernel (a 4-byte fill) on torch's current stream of device ``idx``: the
+    next kernel then starts only after everything queued before this one has finished (see the
+    note above). Captured into a CUDA graph like any kernel."""
+    t = _barriers.get(idx)
+    if t is None:
+        make_barrier(idx)
+        t = _barriers[idx]
+    t.zero_()
+
 
 def refuse_in_capture(what: str) -> None:
     """Raise :class:`~rawconv.errors.NotSupportedError` when torch's current CUDA stream is being

@@ -2018,7 +2018,7 @@ def _torch_equivalent(m, x, residual=None, *, w=None, b=None, output_size=None):
         bn = m.__dict__.get(_fused.BN_KEY)
         if bn is not None:   # eval mode: the running statistics (what the fold computes)
             def c(t):
-                return t.detach().to(y.dtype) if t is not None else None
+                return t.detach().to(device=y.device, dtype=y.dtype) if t is not None else None   # (describe's CPU reference)
             y = F.batch_norm(y, c(bn.running_mean), c(bn.running_var), c(bn.weight), c(bn.bias), False, 0.0, bn.eps)
         if residual is not None:
             y = y + residual

@@ -465,8 +465,13 @@ def _backward_weights_cuda(x, grad_y, w_shape, stride, pad_before, pad_after, di
             from .. import cudnn
 
             c, math = _legacy_choice(choice)
+            # the legacy API takes x, grad_y and dw in one layout (a mixed set is NOT_SUPPORTED for
+            # every algo): dw's (torch's rule: channels last when x or grad_y is), NCW for a 1-D
+            # problem (no channels-last 1-D descriptors there; dw is re-laid out below)
+            lay = p.layout if xb.dim() > 3 else "nchw"
+            xb, gy = _enforce_layout(xb, lay, False), _enforce_layout(gy, lay, False)
             dw = cudnn.backward_weights(xb, gy, p.w_shape, tuple(stride), padding, tuple(dilation), groups,
-                                        choice=c, math=math, precision=precision, w_layout=p.layout)
+                                        choice=c, math=math, precision=precision, w_layout=lay)
         raw = dw
         dw = _enforce_layout(dw, p.layout, False)
         db = _bias_grad_of(gy) if bias else torch.empty(0, dtype=x.dtype, device=x.device)

@@ -314,6 +314,9 @@ class _Graph:
 
 _stream_lock = threading.Lock()   # making them (the lookups of a made one take no lock)
 _VPS_KEPT = 64                    # variant packs kept per finalized plan (by data pointers)
+# launch a barrier kernel before every execute of a runtime-compiled engine config (see
+# rawconv._cuda.stream_barrier: without it cuDNN 9.19's eng4 reads its input early, measured)
+SERIALIZE_RTC = True
 
 
 class _Built:
@@ -329,7 +332,8 @@ class _Built:
     warm-up, and two streams never share a workspace. A plan needing no workspace allocates
     none."""
 
-    __slots__ = ("config", "plan", "workspace_bytes", "workspace", "ws_ptr", "vps", "read_back", "finalized_at")
+    __slots__ = ("config", "plan", "workspace_bytes", "workspace", "ws_ptr", "vps", "read_back", "finalized_at",
+                 "serialize")
 
     def __init__(self, config: EngineConfig, plan: B.Descriptor, workspace_bytes: int, read_back: dict):
         self.config = config
@@ -340,6 +344,9 @@ class _Built:
         self.vps: dict = {}
         self.finalized_at = time.perf_counter()  # when cudnnBackendFinalize returned (perf_counter s)
         self.read_back = read_back
+        # a runtime-compiled engine starts before the kernel ahead of it ends: a barrier kernel
+        # first (rawconv._cuda.stream_barrier)
+        self.serialize = SERIALIZE_RTC and "RUNTIME_COMPILATION" in tuple(config.behavior_notes or ())
 
     def default_workspace(self, device) -> int:
         """The default stream's workspace address (made on first use)."""
@@ -607,6 +614,8 @@ class GraphConvolution(PlanLifetime):
         log.debug("finalized %s (workspace %d B) for %s", ec.name, ws, self._describe())
         ec = self._remember(ec)
         b = _Built(ec, plan, ws, back)
+        if b.serialize:
+            _cuda.make_barrier(self.device_index)   # now, outside any capture
         if not self._freed:  # a background compilation may end after free()
             self._built[ec.name] = b
         return b
@@ -843,6 +852,8 @@ class GraphConvolution(PlanLifetime):
             if len(vps) >= _VPS_KEPT:
                 vps.clear()
             vp = vps[key] = B.variant_pack(self._graph.uids, ptrs, wp)
+        if b.serialize:
+            _cuda.stream_barrier(self.device_index)
         status = _cudnn.lib().cudnnBackendExecute(hs.ptr, b.plan.ptr, vp.ptr)
         del keep   # back to the allocator after the launch: reused only by later work on this stream
         if status:
