@@ -35,7 +35,7 @@ from typing import Any, Sequence
 import torch
 
 from . import _cuda, _ffi as _cudnn
-from ..core import guard as _guard
+from ..core import autotune as _autotune, guard as _guard
 from ._ffi import ffi
 from ..core.errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from ..core.plans import PlanCache, PlanLifetime, arg_key
@@ -1112,7 +1112,7 @@ class Convolution(PlanLifetime):
         ``"cache"``); None (the default): only when a cache file is configured. ``progress``: a
         tqdm bar naming the algo being timed (None: when stderr is a terminal or in a Jupyter
         kernel)."""
-        from ..core import progress as _progress, tuning
+        from ..core import progress as _progress
 
         self._check_live()
         _cuda.refuse_in_capture(f"the algo search of {self.problem.describe()}")
@@ -1123,11 +1123,9 @@ class Convolution(PlanLifetime):
             self.math = _math_name(math, self.problem.dtype)
             self._descs = {}
         key = self._tuning_key()
-        store = tuning.cache()
-        if use_cache or (use_cache is None and tuning.cache_file()):
-            hit = self._from_cache(store, key)
-            if hit is not None:
-                return hit
+        hit = _autotune.cached(self, key, use_cache, self._from_cache)
+        if hit is not None:
+            return hit
         rows = []
         cands = [r for r in self._query("find", self.math) if self._usable(r)]
         seen = set()
@@ -1152,10 +1150,7 @@ class Convolution(PlanLifetime):
         rows.sort(key=lambda r: r.median_ms)
         info = self.select(rows[0].algorithm.algo_id)
         out = ResultTable(rows, title=f"cuDNN autotune: {self.direction} {self.problem}")
-        rec = self._record(key, rows[0], info)
-        store.put(rec)
-        self.tuning_record = out.record = rec
-        return out
+        return _autotune.keep(self, out, self._record(key, rows[0], info))
 
     # ------------------------------------------------------------------ tuning records
     def _tuning_key(self):
@@ -1166,25 +1161,16 @@ class Convolution(PlanLifetime):
                                             _key_options(self.math, self.deterministic, self.workspace_limit),
                                             self.activation, _environment(self.device_index))
 
-    def _from_cache(self, store, key):
-        """A tuning-cache hit selected (one row, phase ``"cache"``), or None."""
-        hit = store.get(key)
-        if hit is None:
-            return None
-        try:
-            info = self.select(choice=hit.choice)
-        except (NotSupportedError, ArgumentError) as exc:
-            log.debug("tuning cache: %s no longer selects (%s): searching", hit.choice, exc)
-            return None
+    def _from_cache(self, hit):
+        """A tuning-cache record ``hit`` selected, as autotune's one-row table (phase ``"cache"``);
+        raises :class:`NotSupportedError` / :class:`ArgumentError` when its choice no longer selects
+        (:func:`rawconv.core.autotune.cached` then searches)."""
+        info = self.select(choice=hit.choice)
         algo = Algorithm(self.direction, info.algo, info.algo_id, info.math, "CUDNN_STATUS_SUCCESS", None,
                          info.workspace_bytes, info.deterministic, "cache", info.math)
-        nan = float("nan")
-        row = TimedAlgorithm(algo, hit.median_ms if hit.median_ms is not None else nan,
-                             hit.min_ms if hit.min_ms is not None else nan, 0, problem=self.problem)
+        row = TimedAlgorithm(algo, *_autotune.hit_times(hit), 0, problem=self.problem)
         row.phase, row.detail = "cache", f"from the tuning cache (recorded {hit.created})"
-        out = ResultTable([row], title=f"cuDNN autotune: {self.direction} {self.problem}")
-        self.tuning_record = out.record = hit
-        return out
+        return ResultTable([row], title=f"cuDNN autotune: {self.direction} {self.problem}")
 
     def _record(self, key, row, info: RunInfo):
         """The tuning record of autotune's choice: ``"ALGO@math"`` with the math type set on the

@@ -33,7 +33,7 @@ from typing import Any, Sequence
 import torch
 
 from . import _ffi as _dnnl
-from ..core import guard as _guard, known_bad as _known_bad
+from ..core import autotune as _autotune, guard as _guard, known_bad as _known_bad
 from ..core.grad import grad_function as _grad_slot, needs_grad as _needs_grad
 from ._ffi import ffi
 from ..core.errors import ArgumentError, ArgumentTypeError, NotSupportedError
@@ -1310,7 +1310,7 @@ class Convolution(PlanLifetime):
         terminal or in a Jupyter kernel; :mod:`rawconv._progress`).
         Raises :class:`NotSupportedError` when no implementation could be timed correctly.
         """
-        from ..core import progress as _progress, tuning
+        from ..core import progress as _progress
         from ..core.bench import LoadMonitor, time_cpu
 
         self._check_live()
@@ -1335,11 +1335,9 @@ class Convolution(PlanLifetime):
         iso = _isolate.options(isolate)
         # the count the candidates run with: an isolated child's own count for a caller's-count plan
         key = self._tuning_key(allow, iso.threads if iso is not None else None)
-        store = tuning.cache()
-        if use_cache or (use_cache is None and tuning.cache_file()):
-            hit = self._from_cache(store, key, allow)
-            if hit is not None:
-                return hit
+        hit = _autotune.cached(self, key, use_cache, lambda rec: self._from_cache(rec, allow))
+        if hit is not None:
+            return hit
         iterations, warmup = it, wu
         tensors = call = self._example_tensors()
         temporary_snap = False
@@ -1428,10 +1426,7 @@ class Convolution(PlanLifetime):
                 del self._built[i]
         wrong.sort(key=lambda r: r.median_ms)
         out = self._table(rows + wrong + skipped)
-        rec = self._record(key, out[0], warned)
-        store.put(rec)
-        self.tuning_record = out.record = rec
-        return out
+        return _autotune.keep(self, out, self._record(key, out[0], warned))
 
     def _autotune_one(self, impl, allow, session, tensors, ref, ref_abs, tol, iterations, warmup, budget_s,
                       rows, wrong, skipped, time_cpu) -> None:
@@ -1496,31 +1491,21 @@ class Convolution(PlanLifetime):
             options["post_ops"] = [list(op) for op in self._post_ops]
         return tuning.TuningKey.for_backend("onednn", self.problem, self.direction, options)
 
-    def _from_cache(self, store, key, allow: bool) -> ResultTable | None:
-        """A tuning-cache hit selected (one row, phase ``"cache"``), or None (a miss, or a choice
-        this oneDNN no longer offers for the problem)."""
+    def _from_cache(self, hit, allow: bool) -> ResultTable:
+        """A tuning-cache record ``hit`` selected, as autotune's one-row table (phase ``"cache"``);
+        raises :class:`NotSupportedError` / :class:`ArgumentError` when this oneDNN no longer offers
+        its choice for the problem (:func:`rawconv.core.autotune.cached` then searches)."""
         from ..core.check import ErrorStats
 
-        hit = store.get(key)
-        if hit is None:
-            return None
-        try:
-            i = self._resolve(hit.choice, allow)
-        except (NotSupportedError, ArgumentError) as exc:
-            log.debug("tuning cache: %s no longer selects (%s): searching", hit.choice, exc)
-            return None
-        self._selected = i
+        self._selected = i = self._resolve(hit.choice, allow)
         impl = self._impls[i]
-        row = TimedImplementation(impl, hit.median_ms if hit.median_ms is not None else float("nan"),
-                                  hit.min_ms if hit.min_ms is not None else float("nan"), 0, "ok",
+        row = TimedImplementation(impl, *_autotune.hit_times(hit), 0, "ok",
                                   f"from the tuning cache (recorded {hit.created})")
         row.phase = "cache"
         if hit.error is not None and hit.error.get("max_rel") is not None:
             e = hit.error
             row.accuracy = ErrorStats(e.get("max_abs") or 0.0, e["max_rel"], e.get("ratio") or 0.0, 0)
-        out = self._table([row])
-        self.tuning_record = out.record = hit
-        return out
+        return self._table([row])
 
     def _record(self, key, row, warned=None):
         """The tuning record of autotune's choice ``row``; ``warned``: the timing warnings of the

@@ -40,7 +40,7 @@ import torch
 
 from .. import _cuda, _ffi as _cudnn
 from . import _backend_api as B, search as _search
-from ...core import guard as _guard, tuning, known_bad as _known_bad
+from ...core import autotune as _autotune, guard as _guard, tuning, known_bad as _known_bad
 from .search import TimedConfig, knob_combinations
 from ...core.errors import ArgumentError, ArgumentTypeError, LibraryError, NotSupportedError
 from ...core.backend import Candidate, canonical_direction
@@ -1209,11 +1209,10 @@ class GraphConvolution(PlanLifetime):
                                      seed, include_runtime_compiled, patience, relayout, seed_from_cache)
         relayout = relayout and self.problem.layout == "nchw" and not self.problem.is_empty
         key = self._tuning_key(opts, relayout)
+        rows = _autotune.cached(self, key, use_cache, self._from_cache, file_default=False)
+        if rows is not None:
+            return rows
         store = tuning.cache()
-        if use_cache:
-            rows = self._from_cache(store, key)
-            if rows is not None:
-                return rows
         _cuda.refuse_in_capture(f"the engine-config search of {self._describe()}")
         t_start = time.perf_counter()
         tensors = self._example(seed)
@@ -1239,10 +1238,7 @@ class GraphConvolution(PlanLifetime):
                 library="cuDNN")
         self._commit(table[0])
         rec = self._record(key, table[0])
-        store.put(rec)
-        out = self._table(table)
-        self.tuning_record = out.record = rec
-        return out
+        return _autotune.keep(self, self._table(table), rec)
 
     def _table(self, rows) -> ResultTable:
         """Autotune's rows as a :class:`rawconv.results.ResultTable` with the problem filled in."""
@@ -1278,20 +1274,14 @@ class GraphConvolution(PlanLifetime):
         return tuning.TuningKey("cudnn_graph", self.direction, self.problem, self.activation, options,
                                 **_environment(self.device_index))
 
-    def _from_cache(self, store: tuning.TuningCache, key: tuning.TuningKey) -> list[TimedConfig] | None:
-        """A cache hit selected (one row, phase ``"cache"``), or None (a miss, or a stored config
-        that no longer selects)."""
-        hit = store.get(key)
-        if hit is None:
-            return None
-        try:
-            ec = self._select(hit.choice, warn=False)
-        except (NotSupportedError, ArgumentError):
-            return None
+    def _from_cache(self, hit: tuning.TuningRecord) -> ResultTable:
+        """A tuning-cache record ``hit`` selected, as autotune's one-row table (phase ``"cache"``);
+        raises :class:`NotSupportedError` / :class:`ArgumentError` when its config no longer
+        selects (:func:`rawconv.core.autotune.cached` then searches)."""
+        ec = self._select(hit.choice, warn=False)
         rows = self._table([TimedConfig(ec, hit.median_ms, hit.min_ms, 0, "ok", None, "cache", "from the tuning cache",
                                         layout="nhwc" if self._via else "")])
         self.last_autotune = rows
-        self.tuning_record = rows.record = hit
         return rows
 
     def _record(self, key: tuning.TuningKey, row: TimedConfig) -> tuning.TuningRecord:
