@@ -1,0 +1,281 @@
+"""oneDNN plans' autotune: the search over the implementations (checked against float64, timed,
+the close contenders timed again), its tuning key, the tuning cache's row and the record. A mixin of
+:class:`rawconv.onednn.Convolution` (listing, selection and execution stay there); the cache half
+runs :mod:`rawconv.core.autotune`, the driver the three backends share."""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import onednn as _o   # the package face: read at call time (it is still being defined when this is imported)
+from ..core import autotune as _autotune, guard as _guard
+from ..core.errors import ArgumentError, ArgumentTypeError, NotSupportedError
+from ..core.results import ResultTable
+
+__all__ = ["Autotune"]
+
+
+class Autotune:
+    """:meth:`autotune` and its parts, for :class:`rawconv.onednn.Convolution`."""
+
+    def autotune(self, iterations: int = 10, warmup: int = 2, *, include_ref: bool = False,
+                 budget_s: float | None = None, allow_known_bad: bool | None = None,
+                 isolate: Any = False, check: bool = True, use_cache: bool | None = None,
+                 progress: bool | None = None) -> ResultTable:
+        """Time every implementation on this plan's tensors (random ones of the problem's shape
+        when the plan was built from a problem), check each against float64, and select the
+        fastest correct one (by median).
+
+        Each implementation is built and run once, its result checked against the float64
+        reference (:func:`rawconv.check.reference`, the tolerance of :func:`rawconv.check.tolerance_for`
+        for this direction and fpmath mode; ``check=False`` skips it, and plans with post-ops, as
+        :class:`rawconv.fused.FusedConvolution`, are not checked here), run ``warmup`` times,
+        then timed over ``iterations`` calls (``time.perf_counter``, per call, reorders included;
+        with ``prepack`` the calls use the weight snapshot, reordered once per implementation (a
+        plan built from a problem without a snapshot snapshots its random example weights for
+        the timing only), else the weights are reordered on every call, as the function forms
+        do); the correct implementations within 15% of the
+        fastest are then timed again over three interleaved rounds and ranked by their best
+        round's median. ``ref:any`` is skipped unless ``include_ref`` (it is orders of magnitude
+        slower). ``budget_s`` caps the seconds spent per implementation and round. Known-bad
+        implementations (:mod:`rawconv.known_bad`) are skipped unless ``allow_known_bad``
+        (default: the plan's setting). Returns a :class:`~rawconv.results.ResultTable`: the
+        correct rows fastest first (``median_ms``: the best median seen; ``spread``: median /
+        min; ``accuracy``: the error against float64), then the rows outside tolerance
+        (``"wrong"``, timed, never selected), then the rows that were not timed (``status`` says
+        why, NaN times). Warns (:class:`rawconv.bench.TimingWarning`) when other processes
+        oversubscribed the CPUs while it timed, or a median/min spread exceeds
+        :data:`rawconv.bench.SPREAD_LIMIT`: the ranking may then be noise.
+
+        Tuning records: the choice is stored as a :class:`rawconv.tuning.TuningRecord`
+        (:attr:`tuning_record`, also the table's ``record``) in the tuning cache
+        (:func:`rawconv.tuning.cache`: in memory, and in its file when one is configured with
+        ``$RAWCONV_TUNING_CACHE`` or :func:`rawconv.tuning.set_cache_file`). Its key holds the
+        problem, direction, fpmath mode, algorithm, weights layout, torch's thread count, the
+        oneDNN version, the CPU model and oneDNN's effective ISA. ``use_cache``: look the
+        problem up there first and, on a hit whose choice oneDNN still offers, select it without
+        timing anything (one row, phase ``"cache"``); None (the default): only when a cache file
+        is configured, so that the first search happens once per machine.
+
+        ``isolate=True`` (or an :class:`rawconv._isolate.Isolation` / dict: ``timeout_s``, ``env``,
+        ``threads``) times every candidate in a child process (:mod:`rawconv._isolate`) and
+        checks its output against float64 in this process: a candidate that crashes, hangs past
+        the timeout or gives a wrong result gets a row with that status and is never selected.
+        ``progress``: a tqdm bar naming the implementation being timed (None: when stderr is a
+        terminal or in a Jupyter kernel; :mod:`rawconv._progress`).
+        Raises :class:`NotSupportedError` when no implementation could be timed correctly.
+        """
+        from ..core import progress as _progress
+        from ..core.bench import LoadMonitor, time_cpu
+
+        self._check_live()
+        it, wu = _o._int(iterations), _o._int(warmup)
+        if it is None or wu is None:
+            raise ArgumentTypeError(f"iterations and warmup must be ints, got {iterations!r} and {warmup!r}")
+        if it < 1 or wu < 0:
+            raise ArgumentError(f"iterations must be >= 1 and warmup >= 0, got {iterations} and {warmup}")
+        if budget_s is not None:
+            if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)):
+                raise ArgumentTypeError(f"budget_s must be a number of seconds or None, got {budget_s!r}")
+            if not budget_s > 0:
+                raise ArgumentError(f"budget_s must be positive, got {budget_s!r}")
+        for name, v in (("check", check), ("use_cache", use_cache)):
+            if v is not None and not isinstance(v, bool):
+                raise ArgumentTypeError(f"{name} must be True or False, got {v!r}")
+        _progress.enabled(progress)   # validates
+        allow = self.allow_known_bad if allow_known_bad is None else _o._check_allow(allow_known_bad)
+        from ..core import isolate as _isolate
+        from . import isolated as _isolated
+
+        iso = _isolate.options(isolate)
+        # the count the candidates run with: an isolated child's own count for a caller's-count plan
+        key = self._tuning_key(allow, iso.threads if iso is not None else None)
+        hit = _autotune.cached(self, key, use_cache, lambda rec: self._from_cache(rec, allow))
+        if hit is not None:
+            return hit
+        iterations, warmup = it, wu
+        tensors = call = self._example_tensors()
+        temporary_snap = False
+        if self.prepack and "w" in tensors:   # time as execute(x) runs: on the snapshot, reordered once
+            if self._snap is None:
+                self._snapshot(tensors["w"])
+                temporary_snap = True
+            else:
+                tensors = dict(tensors, w=self._snap[0])
+            call = {k: v for k, v in tensors.items() if k != "w"}
+        ref = ref_abs = tol = None
+        # plans with post-ops (rawconv.fused) compute more than the convolution: not checked here
+        if check and iso is None and not self.problem.is_empty and not self._post_ops:
+            from ..core.check import reference, tolerance_for
+
+            named = {"x": tensors.get("x"), "w": tensors.get("w"), "b": tensors.get("bias"), "dy": tensors.get("grad_y")}
+            ref, ref_abs = reference(self.problem, self.direction, {k: v for k, v in named.items() if v is not None})
+            tol = tolerance_for(self.problem, self.direction, compute=_o._FPMATH_COMPUTE.get(self.fpmath))
+        rows, wrong, skipped = [], [], []
+        nan = float("nan")
+        session = None
+        monitor = LoadMonitor() if iso is None else None
+        if iso is not None:
+            session = _isolated._onednn_session(self.problem, self.direction, tensors, algorithm=self.algorithm,
+                                               fpmath=self.fpmath, w_layout=self.w_layout, prepack=self.prepack,
+                                               iso=iso, plan_threads=self.threads_arg, post_ops=self._post_ops)
+        impls = [i for i in self.implementations if include_ref or not i.name.startswith("ref")]
+        try:
+            with _progress.bar(progress, total=len(impls), desc="oneDNN autotune", unit="impl") as bar:
+                for impl in impls:
+                    bar.note(impl.choice)
+                    try:
+                        self._autotune_one(impl, allow, session, call, ref, ref_abs, tol, iterations, warmup,
+                                           budget_s, rows, wrong, skipped, time_cpu)
+                    finally:
+                        bar.update()
+            if not rows:
+                why = "; ".join(f"{r.impl.name}: {r.status}" for r in wrong + skipped)
+                raise NotSupportedError("no implementation could be timed correctly for " + self.problem.describe()
+                                        + (f" ({why})" if why else ""))
+            rows.sort(key=lambda r: r.median_ms)
+            # the close contenders (within 15% of the best) are timed again, interleaved over rounds, and
+            # ranked by their best round: one noisy pass (a descheduled OpenMP thread) must not decide
+            close = [r for r in rows[:4] if r.median_ms <= rows[0].median_ms * 1.15]
+            if len(close) > 1:
+                best = {id(r): r.median_ms for r in close}
+                dead = set()
+                for _ in range(3):
+                    for r in close:
+                        if id(r) in dead:
+                            continue
+                        if session is not None:
+                            rr = session.run(r.impl, iterations=iterations, warmup=1, budget_s=budget_s,
+                                             allow_known_bad=allow, check=False)
+                            if rr["status"] != "ok":   # it ran fine before: report what it did now
+                                dead.add(id(r))
+                                skipped.append(_o.TimedImplementation(r.impl, nan, nan, r.runs, rr["status"],
+                                                                   "when timed again: " + rr["detail"]))
+                                continue
+                            med = rr["median_ms"]
+                        else:
+                            self._selected = r.impl.index
+                            med = time_cpu(lambda: self.execute(**call), iterations=iterations, warmup=1,
+                                           budget_s=budget_s).median_ms
+                        best[id(r)] = min(best[id(r)], med)
+                retimed = []
+                for r in close:
+                    if id(r) not in dead:
+                        t = _o.TimedImplementation(r.impl, best[id(r)], min(r.min_ms, best[id(r)]), r.runs)
+                        t.accuracy = r.accuracy
+                        retimed.append(t)
+                rows = sorted(retimed + [r for r in rows[len(close):] if id(r) not in dead],
+                              key=lambda r: r.median_ms)
+                if not rows:
+                    raise NotSupportedError("no implementation could be timed for " + self.problem.describe())
+        finally:
+            if session is not None:
+                session.close()
+            if temporary_snap:
+                self._snap = None
+                self._hot = None
+        warned = _o._warn_timings(monitor, rows)
+        self._selected = rows[0].impl.index
+        for i in list(self._built):
+            if i != self._selected:
+                del self._built[i]
+        wrong.sort(key=lambda r: r.median_ms)
+        out = self._table(rows + wrong + skipped)
+        return _autotune.keep(self, out, self._record(key, out[0], warned))
+
+    def _autotune_one(self, impl, allow, session, tensors, ref, ref_abs, tol, iterations, warmup, budget_s,
+                      rows, wrong, skipped, time_cpu) -> None:
+        """Check and time one implementation for :meth:`autotune`, appending its row (``tensors``:
+        :meth:`execute`'s keyword arguments; a plan with a weight snapshot gets none for ``w``)."""
+        nan = float("nan")
+        if impl.known_bad and not allow:
+            skipped.append(_o.TimedImplementation(impl, nan, nan, 0, "known bad", detail=
+                                               f"not run (allow_known_bad=True runs it): {impl.known_bad}"))
+            return
+        if session is not None:
+            # plans with post-ops compute more than the convolution the float64 check knows: not
+            # checked, as below
+            r = session.run(impl, iterations=iterations, warmup=warmup, budget_s=budget_s,
+                            allow_known_bad=allow, check=not self._post_ops)
+            if r["status"] == "ok":
+                rows.append(_o.TimedImplementation(impl, r["median_ms"], r["min_ms"], r["runs"]))
+            else:
+                skipped.append(_o.TimedImplementation(impl, nan, nan, r["runs"], r["status"], r["detail"]))
+            return
+        self._selected = impl.index
+        err = None
+        try:
+            if ref is not None:
+                from ..core.check import check as _check_result
+
+                y = self.execute(**tensors)
+                err = _check_result(self.problem, y[0] if isinstance(y, tuple) else y, ref, ref_abs, tol)
+            stats = time_cpu(lambda: self.execute(**tensors), iterations=iterations, warmup=warmup,
+                             budget_s=budget_s)
+        except NotSupportedError as exc:
+            skipped.append(_o.TimedImplementation(impl, nan, nan, 0, "not supported", str(exc)))
+            return
+        if err is not None and not err.ok:
+            row = _o.TimedImplementation(impl, stats.median_ms, stats.min_ms, stats.runs, "wrong",
+                                      f"outside tolerance vs float64: max rel err {err.max_rel:.2e}, "
+                                      f"{err.ratio:.3g}x the tolerance" + (f", {err.nan} non-finite" if err.nan
+                                                                            else ""))
+            row.accuracy = err
+            wrong.append(row)
+            return
+        row = _o.TimedImplementation(impl, stats.median_ms, stats.min_ms, stats.runs)
+        row.accuracy = err
+        rows.append(row)
+
+    def _table(self, rows) -> ResultTable:
+        out = ResultTable(rows, title=f"oneDNN autotune: {self.direction} {self.problem}")
+        for r in out:
+            r.problem = self.problem
+        return out
+
+    # ------------------------------------------------------------------ tuning records
+    def _tuning_key(self, allow_known_bad: bool, timed_threads: int | None = None):
+        """The :class:`rawconv.tuning.TuningKey` of an autotune of this plan (see :meth:`autotune`).
+        ``timed_threads``: the count a caller's-count plan (``self.threads`` None) is timed with
+        when that is not this thread's torch count (an isolated child's ``threads``)."""
+        from ..core import tuning
+
+        threads = self.threads if self.threads is not None else timed_threads
+        options = _o._key_options(self.fpmath, self.algorithm, self.w_layout, allow_known_bad, threads)
+        if self._post_ops:   # a fused plan (rawconv.fused) is another question than the plain convolution
+            options["post_ops"] = [list(op) for op in self._post_ops]
+        return tuning.TuningKey.for_backend("onednn", self.problem, self.direction, options)
+
+    def _from_cache(self, hit, allow: bool) -> ResultTable:
+        """A tuning-cache record ``hit`` selected, as autotune's one-row table (phase ``"cache"``);
+        raises :class:`NotSupportedError` / :class:`ArgumentError` when this oneDNN no longer offers
+        its choice for the problem (:func:`rawconv.core.autotune.cached` then searches)."""
+        from ..core.check import ErrorStats
+
+        self._selected = i = self._resolve(hit.choice, allow)
+        impl = self._impls[i]
+        row = _o.TimedImplementation(impl, *_autotune.hit_times(hit), 0, "ok",
+                                  f"from the tuning cache (recorded {hit.created})")
+        row.phase = "cache"
+        if hit.error is not None and hit.error.get("max_rel") is not None:
+            e = hit.error
+            row.accuracy = ErrorStats(e.get("max_abs") or 0.0, e["max_rel"], e.get("ratio") or 0.0, 0)
+        return self._table([row])
+
+    def _record(self, key, row, warned=None):
+        """The tuning record of autotune's choice ``row``; ``warned``: the timing warnings of the
+        autotune (its ``timing``: a time measured while they applied is not one to drift against)."""
+        from ..core import tuning
+
+        impl = row.impl
+        detail = {"impl": impl.name, "layouts": impl.layouts, "index": impl.index,
+                  "formats": dict(impl.formats), "reorders": list(impl.reorders),
+                  "scratchpad_bytes": impl.scratchpad_bytes,
+                  "weights": "prepacked" if self.prepack and self.direction != "backward_weights" else "per call"}
+        timing = None if warned is None else {"trustworthy": not warned, "run_trustworthy": not warned,
+                                              "run_warnings": list(warned), "row_flags": []}
+        return tuning.TuningRecord(key, impl.choice, detail, self.problem.layout, row.median_ms, row.min_ms,
+                                   row.accuracy, label=self.problem.name or "", timing=timing)
+
+
+# only rawconv's exceptions leave it (rawconv.core.guard), named as the public method it is
+Autotune.autotune = _guard.public(Autotune.autotune, where="rawconv.onednn.Convolution.autotune")
