@@ -116,16 +116,17 @@ def public(fn=None, *, where: str | None = None):
     return wrapper
 
 
-def public_methods(*names: str):
+def public_methods(*names: str, owner: str | None = None):
     """Class decorator: wrap the named methods (and properties' getters) of the class with
-    :func:`public` (methods defined on the class itself; inherited ones are wrapped where defined)."""
+    :func:`public` (methods defined on the class itself; inherited ones are wrapped where defined).
+    ``owner``: the public class's path the errors name (a mixin's methods: ``"rawconv.onednn.Convolution"``)."""
     def deco(cls):
         done = {}   # id(original) -> wrapper: aliases (__call__ = execute) stay one object
         for n in names:
             attr = cls.__dict__.get(n)
             if attr is None:
                 continue
-            where = f"{cls.__module__}.{cls.__qualname__}.{n}"
+            where = f"{owner or cls.__module__ + '.' + cls.__qualname__}.{n}"
             if id(attr) in done:
                 setattr(cls, n, done[id(attr)])
                 continue

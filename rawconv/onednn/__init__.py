@@ -33,7 +33,7 @@ from typing import Any, Sequence
 import torch
 
 from . import _ffi as _dnnl
-from ..core import guard as _guard, known_bad as _known_bad
+from ..core import guard as _guard, known_bad as _known_bad  # noqa: F401 - rawconv.onednn._known_bad, as before
 from ..core.grad import grad_function as _grad_slot, needs_grad as _needs_grad
 from ._ffi import ffi
 from ..core.errors import ArgumentError, ArgumentTypeError, NotSupportedError
@@ -597,9 +597,10 @@ def _set_handle_int():
 
 # ---------------------------------------------------------------------------- the plan
 from .autotune import Autotune as _Autotune  # noqa: E402 - the plan's autotune (a mixin)
+from .listing import Listing as _Listing  # noqa: E402 - descriptors, listing, selection (a mixin)
 
 
-class Convolution(_Autotune, PlanLifetime):
+class Convolution(_Listing, _Autotune, PlanLifetime):
     """A oneDNN convolution plan for one problem, in the style of nvmath-python's ``Matmul``.
 
     ``Convolution(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, *, impl=None,
@@ -734,275 +735,6 @@ class Convolution(_Autotune, PlanLifetime):
         self._slow_checked = None   # the selection whose reference-time warning was decided
         self._examples = None
         self.tuning_record = None   # autotune's choice (rawconv.tuning.TuningRecord)
-
-    # ------------------------------------------------------------------ descriptors
-    def _strides(self):
-        """The strides each user tensor must have (pure Python: no library call)."""
-        p = self.problem
-        xs = dense_strides(p.x_shape, p.layout)
-        ys = dense_strides(p.y_shape, p.layout)
-        self._user_strides = {"x": xs, "y": ys, "dx": xs, "dy": ys,
-                              "w": dense_strides(p.w_shape, self.w_layout),
-                              "dw": dense_strides(p.w_shape, self.w_layout), "b": [1], "db": [1]}
-        shapes = {"x": p.x_shape, "dx": p.x_shape, "y": p.y_shape, "dy": p.y_shape, "w": p.w_shape, "b": (p.k,)}
-        self._fast = {r: (torch.Size(shapes[r]), tuple(self._user_strides[r]), p.torch_dtype) for r in shapes}
-
-    def _described(self) -> ConvProblem:
-        """The problem as oneDNN is told it: this one, except that a convolution over zero input
-        channels (which oneDNN refuses: ``dnnl_invalid_arguments``) is described with one channel
-        per group. Such a problem is empty (no element of x), so no primitive ever runs: every
-        call returns torch's result (y = bias or zeros, dx empty, dw zeros) without a library call."""
-        p = self.problem
-        return p if p.c else p.with_(c=p.groups)
-
-    def _mds(self):
-        if self.user_md:
-            return
-        self._strides()
-        p = self._described()
-        wmd, _ = _weights_md(p, self.w_layout)
-        xmd = _dnnl.md_strides(p.x_shape, p.dtype, dense_strides(p.x_shape, p.layout) if p is not self.problem
-                               else self._user_strides["x"])
-        ymd = _dnnl.md_strides(p.y_shape, p.dtype, self._user_strides["y"])
-        bmd = _dnnl.md_strides([p.k], p.dtype, [1]) if p.has_bias else ffi.NULL
-        self.user_md = {"x": xmd, "y": ymd, "dx": xmd, "dy": ymd, "w": wmd, "dw": wmd, "b": bmd, "db": bmd}
-
-    def _create_pd(self, layouts: str):
-        """The first primitive descriptor (an iterator over implementations) for ``layouts``
-        ``"any"`` (all tensors ``format_tag any``) or ``"user"`` (src/dst as the tensors are)."""
-        L = _dnnl.lib()
-        p = self._described()
-        self._mds()
-        if layouts == "any":
-            xmd = _dnnl.md_tag(p.x_shape, p.dtype, "any")
-            ymd = _dnnl.md_tag(p.y_shape, p.dtype, "any")
-        else:
-            xmd, ymd = self.user_md["x"], self.user_md["y"]
-        wmd = _weights_any_md(p)
-        bmd = self.user_md["b"]
-        strides = list(p.stride)
-        dil = [d - 1 for d in p.dilation]
-        pl, pr = list(p.pad_before), list(p.pad_after)
-        alg = getattr(L, ALGORITHMS[self.algorithm])
-        # _post_ops (subclasses: rawconv.fused): [("sum", scale), ("eltwise", alg, alpha, beta)]
-        a = _dnnl.attr(self._fpmath, post_ops=_dnnl.post_ops(self._post_ops) if self._post_ops else None)
-        out = ffi.new("dnnl_primitive_desc_t *")
-        detail = f"{p.describe()} ({self.direction}, layouts {layouts}, algorithm {self.algorithm}, fpmath {self.fpmath})"
-        prop = L.dnnl_forward_inference if self.direction == "forward" else L.dnnl_forward_training
-        _dnnl.call("dnnl_convolution_forward_primitive_desc_create", out, _dnnl.engine(), prop, alg,
-                   xmd, wmd, bmd, ymd, strides, dil, pl, pr, a, detail=detail)
-        fwd = _dnnl.pd_gc(out[0])
-        if self.direction == "forward":
-            return fwd
-        # oneDNN keeps a raw pointer to the forward hint inside the backward iterator and the
-        # backward primitive descriptors it yields: the hint lives as long as the plan.
-        self._hints.append(fwd)
-        out2 = ffi.new("dnnl_primitive_desc_t *")
-        if self.direction == "backward_data":
-            _dnnl.call("dnnl_convolution_backward_data_primitive_desc_create", out2, _dnnl.engine(), alg,
-                       xmd, wmd, ymd, strides, dil, pl, pr, fwd, a, detail=detail)
-        else:
-            _dnnl.call("dnnl_convolution_backward_weights_primitive_desc_create", out2, _dnnl.engine(), alg,
-                       xmd, wmd, bmd, ymd, strides, dil, pl, pr, fwd, a, detail=detail)
-        return _dnnl.pd_gc(out2[0])
-
-    def _enumerate(self):
-        with _omp_threads(self.threads):   # oneDNN fixes an implementation's thread partition here
-            if self.threads is None:
-                ctl = _dnnl.omp_thread_controls()
-                self._listed_threads = ctl[0]() if ctl is not None else None
-            self._enumerate_now()
-
-    def _pd_threads(self) -> int | None:
-        """The OpenMP count the plan's primitive descriptors were created under (its fixed
-        :attr:`threads`, or the caller's count when a ``threads=None`` plan listed them); None
-        when unknown (not an OpenMP build). Primitives are created under it: oneDNN's primitive
-        cache keys a primitive by the count in force at its creation, not by its descriptor's, so
-        a primitive created under another count can be another descriptor's, whose scratchpad is
-        larger than this plan's (heap corruption)."""
-        return self.threads if self.threads is not None else getattr(self, "_listed_threads", None)
-
-    def _enumerate_now(self):
-        L = _dnnl.lib()
-        rows, pds, seen = [], [], set()
-        last_error = None
-        for layouts in ("any", "user"):
-            try:
-                it = self._create_pd(layouts)
-            except NotSupportedError as exc:
-                last_error = exc
-                continue
-            while True:
-                impl, pd = self._describe(it, layouts, len(rows))
-                key = (impl.name, tuple(impl.formats.items()))
-                # oneDNN 3.2 repeats the whole list when its primitive cache holds these
-                # primitives (shared/cases C3): keep each (name, layouts) once.
-                if key not in seen:
-                    seen.add(key)
-                    rows.append(impl)
-                    pds.append(pd)
-                if L.dnnl_primitive_desc_next_impl(it) != 0:
-                    break
-        if not rows:
-            raise last_error or NotSupportedError("oneDNN offers no implementation for " + self.problem.describe())
-        self._impls, self._pds = rows, pds
-        log.debug("listed %d implementations for %s %s: %s", len(rows), self.direction, self.problem.describe(),
-                  ", ".join(r.choice for r in rows))
-
-    def _describe(self, it, layouts: str, index: int):
-        pd = _dnnl.pd_clone(it)
-        formats, reorders = {}, []
-        self._mds()
-        for role, _arg, query, is_out in _ARGS[self.direction]:
-            if role in ("b", "db") and not self.problem.has_bias:
-                continue
-            q, _, idx = query.partition(":")
-            md = _dnnl.pd_md(pd, q, int(idx or 0))
-            formats[role] = _dnnl.md_format(md)
-            if not _dnnl.md_equal(md, self.user_md[role]):
-                reorders.append(role)
-        sp = _dnnl.md_size(_dnnl.pd_md(pd, "scratchpad"))
-        name = _dnnl.pd_impl_name(pd)
-        bad = self._known_bad(name, formats, layouts)
-        impl = Implementation(index, name, layouts, formats, tuple(reorders), sp, self.direction,
-                              known_bad=bad.reference if bad is not None else "")
-        return impl, pd
-
-    def _known_bad(self, name: str, formats, layouts):
-        """The :mod:`rawconv.known_bad` row for implementation ``name`` on this plan, or None."""
-        return _known_bad.check("onednn", self.problem, self.direction, name, _version(), formats=formats,
-                                layouts=layouts)
-
-    @property
-    def implementations(self) -> ResultTable:
-        """Every implementation oneDNN offers for this problem (see :class:`Implementation`),
-        without duplicates. Wraps ``dnnl_primitive_desc_next_impl`` / ``dnnl_primitive_desc_clone``."""
-        self._check_live()
-        if self._impls is None:
-            with self._lock:
-                if self._impls is None:
-                    self._enumerate()
-        return ResultTable(self._impls, title=f"oneDNN {_dnnl.version()['version']} implementations: "
-                                              f"{self.direction} {self.problem}")
-
-    # ------------------------------------------------------------------ selection
-    def _resolve(self, impl: Any, allow_known_bad: bool = False) -> int:
-        i = self._resolve_any(impl)
-        if impl is None or allow_known_bad:
-            return i
-        r = self._impls[i]
-        if r.known_bad:
-            what = f"impl={impl!r}" if not isinstance(impl, Implementation) else f"impl={r.name} ({r.layouts})"
-            bad = self._known_bad(r.name, r.formats, r.layouts)
-            err = _known_bad.error(bad, self.problem, self.direction, f"{r.name} ({r.layouts})", _version(),
-                                   what=what)
-            others = [o for o in self._impls if o.name == r.name and not o.known_bad]
-            if others:
-                err.args = (err.args[0] + f"; {r.name} with layouts={others[0].layouts} is not affected: "
-                            f"impl={r.name + '@' + others[0].layouts!r}",)
-            err.offered = [o.name for o in self._impls]
-            raise err
-        return i
-
-    def _first_choice(self, allow_known_bad: bool) -> int:
-        """oneDNN's first choice (position 0), or, when that is known bad and not allowed, the first
-        implementation in oneDNN's order that is not (with a RuntimeWarning)."""
-        impls = self.implementations
-        if allow_known_bad or not impls[0].known_bad:
-            return 0
-        good = [i for i, r in enumerate(impls) if not r.known_bad]
-        first = impls[0]
-        if not good:
-            raise _known_bad.error(self._known_bad(first.name, first.formats, first.layouts), self.problem,
-                                   self.direction, first.name, _version(),
-                                   what="every implementation oneDNN offers is known bad; its first choice")
-        alt = impls[good[0]]
-        warnings.warn(f"oneDNN's first choice {first.name} ({first.layouts}) is known bad for "
-                      f"{self.problem.describe()} ({self.direction}): {first.known_bad}; running [{alt.index}] "
-                      f"{alt.name} ({alt.layouts}) instead (allow_known_bad=True keeps oneDNN's first choice)",
-                      RuntimeWarning, stacklevel=_guard.stacklevel())
-        return good[0]
-
-    def _resolve_any(self, impl: Any) -> int:
-        impl = _check_impl(impl)
-        impls = self.implementations
-        if impl is None:
-            return 0
-        if isinstance(impl, Implementation):
-            for i, r in enumerate(impls):
-                if r.name == impl.name and r.layouts == impl.layouts and r.formats == impl.formats \
-                        and r.direction == impl.direction:
-                    return i
-
-            def fmt(r):
-                return " ".join(f"{_ROLE_NAMES.get(k, k)}={v}" for k, v in r.formats.items())
-
-            same = [r for r in impls if r.name == impl.name and r.layouts == impl.layouts]
-            if impl.direction != self.direction:
-                why = (f"it was listed for direction {impl.direction!r}, this plan's direction is "
-                       f"{self.direction!r}")
-            elif same:
-                why = (f"it was listed with formats {fmt(impl)}, here {impl.name} ({impl.layouts}) has formats "
-                       f"{fmt(same[0])} (another problem or memory layout)")
-            else:
-                why = "it was listed for another problem"
-            raise NotSupportedError(f"implementation {impl.name} ({impl.layouts}) is not offered for "
-                                    f"{self.problem.describe()} ({self.direction}): {why}; offered: "
-                                    f"{[r.name for r in impls]}",
-                                    library="oneDNN", offered=[r.name for r in impls])
-        if isinstance(impl, int):
-            if not 0 <= impl < len(impls):
-                raise NotSupportedError(
-                    f"impl={impl} is out of range: oneDNN offers {len(impls)} implementations for "
-                    f"{self.problem.describe()}: " + ", ".join(f"{r.index}:{r.name}" for r in impls),
-                    library="oneDNN", offered=[r.name for r in impls])
-            return impl
-        name, _, layouts = impl.partition("@")
-        matches = [i for i, r in enumerate(impls) if r.name == name and (not layouts or r.layouts == layouts)]
-        if not matches:
-            names = sorted({r.name for r in impls}, key=[r.name for r in impls].index)
-            raise NotSupportedError(
-                f"implementation {impl!r} is not offered by oneDNN {_dnnl.version()['version']} for "
-                f"{self.problem.describe()} ({self.direction}, fpmath {self.fpmath}); offered: {', '.join(names)}",
-                library="oneDNN", offered=names)
-        # several entries with this name: the one with the fewest per-call reorders, then oneDNN's order
-        return min(matches, key=lambda i: (len([r for r in impls[i].reorders if r not in ("w",)]), i))
-
-    def select(self, impl: Any = None, *, allow_known_bad: bool | None = None, choice: Any = None) -> Implementation:
-        """Select the implementation :meth:`execute` runs: an int position, a name (``"x64:gemm:jit"``,
-        optionally ``"name@user"``/``"name@any"``), an :class:`Implementation` of this plan's list,
-        or None for oneDNN's first choice (position 0; when that is known bad, the next one that is
-        not, with a ``RuntimeWarning``).
-        Raises :class:`NotSupportedError` naming what oneDNN offers, and
-        :class:`~rawconv.errors.KnownBadError` (naming the issue) for an implementation
-        :mod:`rawconv.known_bad` lists for this problem, unless ``allow_known_bad`` (default: the
-        plan's setting)."""
-        if choice is not None:
-            if impl is not None and impl != choice:
-                raise ArgumentError(f"choice={choice!r} and impl={impl!r} disagree; pass one")
-            impl = choice
-        allow = self.allow_known_bad if allow_known_bad is None else _check_allow(allow_known_bad)
-        i = self._first_choice(allow) if impl is None else self._resolve(impl, allow)
-        self._selected = i
-        return self._impls[i]
-
-    @property
-    def selected(self) -> Implementation:
-        """The implementation :meth:`execute` runs (oneDNN's first choice unless selected/autotuned;
-        see :meth:`select` for a first choice that is known bad)."""
-        self._check_live()
-        if self._selected is None:
-            self._selected = self._first_choice(self.allow_known_bad)
-        return self._impls[self._selected]
-
-    def _build(self, i: int) -> _Built:
-        b = self._built.get(i)
-        if b is None:
-            log.debug("building %s for %s %s", self._impls[i].choice, self.direction, self.problem.describe())
-            with _omp_threads(self._pd_threads()):   # the primitive cache's key holds the thread count
-                b = _Built(self, self._impls[i], self._pds[i])
-            self._built[i] = b
-        return b
 
     # ------------------------------------------------------------------ execution
     def _prepare(self, role: str, t: torch.Tensor, shape) -> torch.Tensor:
@@ -2091,8 +1823,7 @@ def _registry_replay(key, problem: ConvProblem, choice: Any, options: dict):
 # every public entry point raises only rawconv's exception classes (rawconv._guard)
 _guard.guard_module(globals(), "forward", "backward_data", "backward_weights", "implementations", "candidates",
                     "info", "verbose", "reference_seconds", "capabilities", "flush_denormals", "Convolution.__init__",
-                    "Convolution.from_problem", "Convolution.implementations", "Convolution.select",
-                    "Convolution.selected", "Convolution.execute", "Convolution.__call__", "Convolution.repack",
+                    "Convolution.from_problem", "Convolution.execute", "Convolution.__call__", "Convolution.repack",
                     "Convolution.candidates")
 
 from ..core.backend import Backend as _Backend, register as _register  # noqa: E402

@@ -278,4 +278,4 @@ class Autotune:
 
 
 # only rawconv's exceptions leave it (rawconv.core.guard), named as the public method it is
-Autotune.autotune = _guard.public(Autotune.autotune, where="rawconv.onednn.Convolution.autotune")
+_guard.public_methods("autotune", owner="rawconv.onednn.Convolution")(Autotune)
