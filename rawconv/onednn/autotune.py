@@ -111,7 +111,6 @@ class Autotune:
             ref, ref_abs = reference(self.problem, self.direction, {k: v for k, v in named.items() if v is not None})
             tol = tolerance_for(self.problem, self.direction, compute=_o._FPMATH_COMPUTE.get(self.fpmath))
         rows, wrong, skipped = [], [], []
-        nan = float("nan")
         session = None
         monitor = LoadMonitor() if iso is None else None
         if iso is not None:
@@ -133,40 +132,7 @@ class Autotune:
                 raise NotSupportedError("no implementation could be timed correctly for " + self.problem.describe()
                                         + (f" ({why})" if why else ""))
             rows.sort(key=lambda r: r.median_ms)
-            # the close contenders (within 15% of the best) are timed again, interleaved over rounds, and
-            # ranked by their best round: one noisy pass (a descheduled OpenMP thread) must not decide
-            close = [r for r in rows[:4] if r.median_ms <= rows[0].median_ms * 1.15]
-            if len(close) > 1:
-                best = {id(r): r.median_ms for r in close}
-                dead = set()
-                for _ in range(3):
-                    for r in close:
-                        if id(r) in dead:
-                            continue
-                        if session is not None:
-                            rr = session.run(r.impl, iterations=iterations, warmup=1, budget_s=budget_s,
-                                             allow_known_bad=allow, check=False)
-                            if rr["status"] != "ok":   # it ran fine before: report what it did now
-                                dead.add(id(r))
-                                skipped.append(_o.TimedImplementation(r.impl, nan, nan, r.runs, rr["status"],
-                                                                   "when timed again: " + rr["detail"]))
-                                continue
-                            med = rr["median_ms"]
-                        else:
-                            self._selected = r.impl.index
-                            med = time_cpu(lambda: self.execute(**call), iterations=iterations, warmup=1,
-                                           budget_s=budget_s).median_ms
-                        best[id(r)] = min(best[id(r)], med)
-                retimed = []
-                for r in close:
-                    if id(r) not in dead:
-                        t = _o.TimedImplementation(r.impl, best[id(r)], min(r.min_ms, best[id(r)]), r.runs)
-                        t.accuracy = r.accuracy
-                        retimed.append(t)
-                rows = sorted(retimed + [r for r in rows[len(close):] if id(r) not in dead],
-                              key=lambda r: r.median_ms)
-                if not rows:
-                    raise NotSupportedError("no implementation could be timed for " + self.problem.describe())
+            rows = self._retime_close(rows, skipped, session, call, allow, iterations, budget_s, time_cpu)
         finally:
             if session is not None:
                 session.close()
@@ -181,6 +147,46 @@ class Autotune:
         wrong.sort(key=lambda r: r.median_ms)
         out = self._table(rows + wrong + skipped)
         return _autotune.keep(self, out, self._record(key, out[0], warned))
+
+    def _retime_close(self, rows, skipped, session, call, allow, iterations, budget_s, time_cpu) -> list:
+        """The close contenders (within 15% of the best of ``rows``, sorted) timed again, interleaved
+        over rounds, and ranked by their best round: one noisy pass (a descheduled OpenMP thread) must
+        not decide. Returns the rows re-sorted; one that fails when run again (isolated) goes to
+        ``skipped``. Raises :class:`NotSupportedError` when none is left."""
+        nan = float("nan")
+        close = [r for r in rows[:4] if r.median_ms <= rows[0].median_ms * 1.15]
+        if len(close) > 1:
+            best = {id(r): r.median_ms for r in close}
+            dead = set()
+            for _ in range(3):
+                for r in close:
+                    if id(r) in dead:
+                        continue
+                    if session is not None:
+                        rr = session.run(r.impl, iterations=iterations, warmup=1, budget_s=budget_s,
+                                         allow_known_bad=allow, check=False)
+                        if rr["status"] != "ok":   # it ran fine before: report what it did now
+                            dead.add(id(r))
+                            skipped.append(_o.TimedImplementation(r.impl, nan, nan, r.runs, rr["status"],
+                                                               "when timed again: " + rr["detail"]))
+                            continue
+                        med = rr["median_ms"]
+                    else:
+                        self._selected = r.impl.index
+                        med = time_cpu(lambda: self.execute(**call), iterations=iterations, warmup=1,
+                                       budget_s=budget_s).median_ms
+                    best[id(r)] = min(best[id(r)], med)
+            retimed = []
+            for r in close:
+                if id(r) not in dead:
+                    t = _o.TimedImplementation(r.impl, best[id(r)], min(r.min_ms, best[id(r)]), r.runs)
+                    t.accuracy = r.accuracy
+                    retimed.append(t)
+            rows = sorted(retimed + [r for r in rows[len(close):] if id(r) not in dead],
+                          key=lambda r: r.median_ms)
+            if not rows:
+                raise NotSupportedError("no implementation could be timed for " + self.problem.describe())
+        return rows
 
     def _autotune_one(self, impl, allow, session, tensors, ref, ref_abs, tol, iterations, warmup, budget_s,
                       rows, wrong, skipped, time_cpu) -> None:
