@@ -366,6 +366,14 @@ def run_train(args, log):
     torch.backends.cudnn.allow_tf32 = True
 
 
+def _no_tf32(fn, *a, **k):
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        return fn(*a, **k)
+    finally:
+        torch.backends.cudnn.allow_tf32 = True
+
+
 def run_host(args, log):
     import torch.nn.functional as F
 
@@ -376,6 +384,11 @@ def run_host(args, log):
     op = torch.ops.rawconv.conv_forward
     rows = {
         "F.conv2d": lambda: F.conv2d(x, w, padding=1),
+        # like for like: torch's cuDNN convolutions use TF32 by default (allow_tf32), rawconv's strict
+        # precision does not; the pairs below set both sides alike
+        "F.conv2d TF32 off": lambda: _no_tf32(F.conv2d, x, w, padding=1),
+        "op graph tf32": lambda: op(x, w, None, [1, 1], [1, 1], [1, 1], [1, 1], 1, "cudnn_graph", "", "tf32", "", ""),
+        "ops.conv graph tf32": lambda: rawconv.ops.conv(x, w, padding=1, backend="cudnn_graph", precision="tf32"),
         "op legacy": lambda: op(x, w, None, [1, 1], [1, 1], [1, 1], [1, 1], 1, "cudnn", "", "strict", "", ""),
         "op graph": lambda: op(x, w, None, [1, 1], [1, 1], [1, 1], [1, 1], 1, "cudnn_graph", "", "strict", "", ""),
         "ops.conv legacy": lambda: rawconv.ops.conv(x, w, padding=1),
