@@ -1171,6 +1171,11 @@ def candidates(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
 
 
 # ---------------------------------------------------------------------------- info and graph re-exports
+def _version() -> str:
+    """The loaded libcudnn's version ("9.19.0"; loads it)."""
+    return _cudnn.version()["version"]
+
+
 def info() -> dict:
     """What cuDNN rawconv loaded: version (``cudnnGetVersion``), the CUDA runtime it was built for
     (``cudnnGetCudartVersion``), path and how it was found, every search attempt, the GPU name and

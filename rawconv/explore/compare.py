@@ -298,9 +298,9 @@ def libraries() -> dict:
         try:
             v = torch.backends.cudnn.version()
             out["torch_cudnn"] = f"{v // 10000}.{v % 10000 // 100}.{v % 100}" if v else None
-            from ..cudnn import _ffi as _cudnn
+            from .. import cudnn
 
-            out["cudnn"] = f"cuDNN {_cudnn.version()['version']}"
+            out["cudnn"] = f"cuDNN {cudnn._version()}"
         except Exception:  # noqa: BLE001
             pass
     return out
