@@ -79,15 +79,16 @@ def test_api_reference_documents_every_public_class_and_function(site):
 
 
 def test_docstring_roles_become_links(site):
-    """A docstring's role naming rawconv.cudnn_graph.GraphConvolution (rawconv.nn's) and a short
-    :class:`ArgumentError` (resolved by docs/conf.py to rawconv.errors.ArgumentError) are links."""
+    """Roles in docstrings link across the reference (:mod:`rawconv.cudnn_graph` or one of its classes
+    from another module's page), a short :class:`ArgumentError` resolves (docs/conf.py) to
+    rawconv.errors.ArgumentError, and the guides' roles reach the reference too."""
     rc, output, out = site
     assert rc == 0, output[-3000:]
     pages = [p for p in (out / "api").glob("*.html") if p.name != "cudnn_graph.html"]
-    assert any('href="cudnn_graph.html#rawconv.cudnn_graph.GraphConvolution' in p.read_text() for p in pages), \
-        "no page links to rawconv.cudnn_graph.GraphConvolution"
-    onednn = (out / "api" / "onednn.html").read_text()
-    assert 'href="errors.html#rawconv.errors.ArgumentError"' in onednn
+    assert any('href="cudnn_graph.html#' in p.read_text() for p in pages), "no page links into rawconv.cudnn_graph"
+    assert 'href="errors.html#rawconv.errors.ArgumentError"' in (out / "api" / "onednn.html").read_text()
+    glossary = (out / "guides" / "glossary.html").read_text()
+    assert 'href="../api/cudnn_graph.html#rawconv.cudnn_graph.GraphConvolution"' in glossary
 
 
 # -- README.md -------------------------------------------------------------------------------------
