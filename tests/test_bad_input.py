@@ -6,7 +6,7 @@ Every exception must be a :class:`rawconv.RawconvError` (and the builtin its cla
 ``before_c`` run with the native libraries made unreachable (``rawconv._dnnl.lib`` and
 ``rawconv._cudnn.lib`` raise): the error must come before any C call. CLI rows run
 ``rawconv.cli.main`` in this process: exit status 2 and exactly one line on stderr, no traceback.
-README "Bad input" lists what is checked.
+docs/guides/errors.md ("Bad input") lists what is checked.
 """
 from __future__ import annotations
 

@@ -215,7 +215,7 @@ def test_info_has_a_capabilities_section(caps):
 # ---------------------------------------------------------------- cuDNN
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU behaviour")
 def test_cudnn_capabilities_without_gpu_raise_device_not_available(cudnn_lib):
-    # the README promises DeviceNotAvailableError for a CUDA call where torch sees no GPU; this
+    # the docs (guides/errors.md) promise DeviceNotAvailableError for a CUDA call where torch sees no GPU; this
     # raised cuDNN's LibraryError (cudnnCreate: CUDNN_STATUS_NOT_INITIALIZED) before (issue 25)
     from rawconv import cudnn
     from rawconv.errors import DeviceNotAvailableError

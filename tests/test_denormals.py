@@ -78,17 +78,18 @@ def test_flush_denormals_takes_a_bool():
         onednn.flush_denormals(1)
 
 
-def test_readme_denormals_snippet_runs_on_its_own():
-    """The README's snippet is complete (its imports included): run alone, in a fresh interpreter."""
+def test_docs_denormals_snippet_runs_on_its_own():
+    """The snippet of the Denormals page (docs/guides/denormals.md, moved there from the README) is
+    complete (its imports included): run alone, in a fresh interpreter."""
     import os
     import re
     import subprocess
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(root, "README.md")) as f:
+    with open(os.path.join(root, "docs", "guides", "denormals.md")) as f:
         text = f.read()
-    section = text[text.index("## Denormals"):]
+    section = text[text.index("# Denormals"):]
     snippet = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     assert "flush_denormals(True)" in snippet
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))

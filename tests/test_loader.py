@@ -182,7 +182,7 @@ def test_runtime_values_match_the_3_2_header():
 
 
 def test_every_exception_class_and_options_are_reachable_from_the_top_level():
-    """The README names them as rawconv.X: each class of rawconv.errors is rawconv.<name>, and
+    """The docs (guides/errors.md) name them as rawconv.X: each class of rawconv.errors is rawconv.<name>, and
     rawconv.Options is the options object every backend takes."""
     import inspect
 

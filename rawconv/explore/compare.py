@@ -37,15 +37,15 @@ __all__ = ["Row", "STATUSES", "status_category", "compare_problem", "compare", "
 
 
 #: The statuses ``compare`` gives a :class:`Row` (each is also its own group in
-#: :data:`rawconv.results.STATUSES`, the one status vocabulary of rawconv):
+#: :data:`rawconv.results.STATUSES`, the one status vocabulary of rawconv)::
 #:
-#: ``"ok"``             ran, every element within tolerance of the float64 reference
-#: ``"wrong"``          ran, some element outside tolerance (a wrong answer)
-#: ``"failed"``         raised an error (a library error other than "not supported", or the
-#:                      library did not load: then ``extra["library_not_loaded"]`` is True)
-#: ``"not supported"``  the library says it offers nothing for this (``NotSupportedError``:
-#:                      ``dnnl_unimplemented``, ``CUDNN_STATUS_NOT_SUPPORTED``; bf16 on an AVX2 CPU)
-#: ``"skipped"``        not run on purpose (oneDNN's reference code estimated too slow: ``--ref``)
+#:   "ok"                 ran, every element within tolerance of the float64 reference
+#:   "wrong"              ran, some element outside tolerance (a wrong answer)
+#:   "failed"             raised an error (a library error other than "not supported", or the
+#:                        library did not load: then extra["library_not_loaded"] is True)
+#:   "not supported"      the library says it offers nothing for this (NotSupportedError:
+#:                        dnnl_unimplemented, CUDNN_STATUS_NOT_SUPPORTED; bf16 on an AVX2 CPU)
+#:   "skipped"            not run on purpose (oneDNN's reference code estimated too slow: --ref)
 #:
 #: A status is a plain string: any status of :data:`rawconv.results.STATUSES` works, grouped by
 #: :func:`status_category` (``"crashed: SIGSEGV"`` and ``"timed out after 30 s"`` count as failed,

@@ -1,5 +1,7 @@
 """torch.nn modules on pinned oneDNN / cuDNN choices, whole-model conversion, fusion, and a per-layer report.
 
+Quick use::
+
     import rawconv.nn
 
     conv = rawconv.nn.Conv2d(64, 64, 3, padding=1, choice="x64:gemm:jit")  # a torch.nn.Conv2d
