@@ -165,3 +165,38 @@ def setup(app):
     app.connect("autodoc-process-docstring", _rst_notation)
     app.connect("missing-reference", _resolve_short_names)
     return {"parallel_read_safe": True}
+
+
+# -- the environment-variables page, generated from rawconv.core.env.KNOBS -------------------------
+def _write_environment_page() -> None:
+    """docs/_generated/environment.md from :func:`rawconv.core.env.table` (the one place every
+    ``RAWCONV_*`` variable is declared), rewritten at every build so it cannot go stale."""
+    from rawconv.core import env
+
+    def cell(v) -> str:
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["# Environment variables", "",
+             "Every `RAWCONV_*` variable rawconv or its tests read, generated from "
+             "{py:data}`rawconv.core.env.KNOBS` when these pages are built (no other module reads "
+             "`os.environ` for a `RAWCONV_` name: `tests/test_env.py` checks it). Types: `path` (a file "
+             "path; unset or empty = none), `switch` (on unless `0`, `false`, `no`, `off`), `text` (the "
+             "string as set).", ""]
+    for scope, title in (("rawconv", "Read by the package"), ("tests", "Read by the tests, tools and the notebook")):
+        rows = env.table(scope)
+        if not rows:
+            continue
+        lines += [f"## {title}", "", "| variable | type | unset means | meaning | read by |", "|---|---|---|---|---|"]
+        lines += [f"| `{r['name']}` | {r['type']} | {cell(r['default'])} | {cell(r['meaning'])} | `{r['read_by']}` |"
+                  for r in rows]
+        lines.append("")
+    out = os.path.join(ROOT, "docs", "_generated")
+    os.makedirs(out, exist_ok=True)
+    text = "\n".join(lines)
+    path = os.path.join(out, "environment.md")
+    if not os.path.exists(path) or open(path).read() != text:   # unchanged: keep its mtime (no rebuild)
+        with open(path, "w") as f:
+            f.write(text)
+
+
+_write_environment_page()

@@ -306,7 +306,7 @@ class TuningRecord:
 
     JSON (:meth:`to_json`) is flat: ``schema``, the key's fields (:meth:`TuningKey.to_dict`),
     then ``choice``, ``layout``, ``detail``, ``median_ms``, ``min_ms``, ``error``, ``created``,
-    ``rawconv_version``, ``label`` (README, "Tuning records", shows one), and ``timing`` when known.
+    ``rawconv_version``, ``label`` (docs/guides/tuning.md shows one), and ``timing`` when known.
 
     :meth:`replay` (or :func:`replay`) builds a plan with exactly this choice selected.
     """

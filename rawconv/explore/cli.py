@@ -454,7 +454,7 @@ def cmd_compare(args) -> int:
             small = [p for p in problems if p.device == "cpu" and p.flops < _INLINE_FLOPS]
             if small and nthreads > 1:
                 console.print(f"{len(small)} problem(s) of fewer than 2**17 FLOPs: rawconv's oneDNN plans run them "
-                              f"on one thread (threads=\"auto\"; see README, Threads)")
+                              f"on one thread (threads=\"auto\"; see docs/guides/threads.md)")
 
         def show(p, rows):
             print_rows(console, f"{p}  [{cmp.versions_line(libs, [p])}]", rows)
@@ -865,7 +865,7 @@ def build_parser() -> argparse.ArgumentParser:
     isolate_args(c, "the oneDNN candidates")
     c.add_argument("--allow-known-bad", action="store_true",
                    help="also run oneDNN implementations rawconv.known_bad lists for a problem (they may crash, "
-                        "hang or give wrong results; see README)")
+                        "hang or give wrong results; see docs/guides/known-bad.md)")
     width_arg(c)
     c.set_defaults(func=cmd_compare)
 

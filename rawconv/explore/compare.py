@@ -940,7 +940,7 @@ def summary(rows: list[Row], *, hint: str | None = None) -> dict:
 
 def headline(s: dict) -> list[str]:
     """The summary's ratios as lines that say what each side did and mark a best-of-N selection
-    as such (``rawconv compare`` prints them; the README quotes them)."""
+    as such (``rawconv compare`` prints them; docs/guides/compare-cli.md quotes them)."""
     if s["geomean_torch_over_best"] is None:
         return ["torch default / rawconv: no comparable rows (no problem where torch default and a rawconv "
                 "candidate both ran within tolerance)"]

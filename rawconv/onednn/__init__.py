@@ -635,7 +635,7 @@ class Convolution(_Listing, _Autotune, PlanLifetime):
       torch's freezing makes one), reordered once per selected implementation and kept. Later
       changes of ``w`` are NOT seen until :meth:`repack` (``repack()`` snapshots the construction
       tensor again, ``repack(w2)`` snapshots ``w2``). Meant for inference on fixed weights (it
-      saves the weight reorder per call: see README, "Prepacked weights").
+      saves the weight reorder per call: see docs/guides/prepack.md).
 
     The function forms (:func:`forward` ...), :mod:`rawconv.ops` and :mod:`rawconv.nn`'s modules
     never keep reordered weights across calls.
@@ -1623,7 +1623,7 @@ def reference_seconds(problem: ConvProblem, direction: str = "forward", layouts:
     with the terms counted exactly for the problem (per spatial dim, in closed form) and ``a``,
     ``b``, ``c`` fitted once per process for each (direction, dtype, spatial rank, layout, thread
     count) on three small problems timed here (about 0.1-0.3 s). Measured against real calls
-    on this machine, see README ("Slow reference implementations"). Returns ``inf`` when oneDNN
+    on this machine, see docs/guides/reference-implementations.md. Returns ``inf`` when oneDNN
     offers no reference implementation for that kind, 0 for an empty problem. Raises
     :class:`ArgumentError` / :class:`ArgumentTypeError` for a bad direction or problem. Wraps
     what :class:`Convolution` wraps (``dnnl_primitive_execute`` on ``ref:any``).
