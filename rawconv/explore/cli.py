@@ -769,44 +769,58 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``rawconv`` command line's parser: ``compare``, ``info``, ``replay``, ``list`` (one function
+    each below)."""
     ap = _Parser(prog="rawconv", description="List, force, time and check every convolution "
                                  "algorithm of oneDNN and cuDNN on torch tensors.")
     ap.add_argument("--version", action="version", version=f"rawconv {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True)
+    for add in (_add_compare, _add_info, _add_replay, _add_list):
+        add(sub)
+    return ap
 
-    def isolate_args(p, what):
-        p.add_argument("--isolate", action="store_true",
-                       help=f"run {what} in a child process: a crash, abort or hang of one becomes its row's status "
-                            "('crashed: SIGABRT', 'timed out after N s') and rawconv goes on")
-        p.add_argument("--timeout", type=_positive_float, default=60.0,
-                       help="with --isolate: seconds one candidate may take in the child (default 60)")
 
-    def problem_args(p):
-        p.add_argument("problem", nargs="?", help="preset name (resnet50) or benchdnn descriptor "
-                       "(mb8ic64ih56oc64oh56kh3ph1); default: resnet50")
-        p.add_argument("--input", type=_shape, help="input shape, e.g. 8x64x56x56")
-        p.add_argument("--weight", type=_shape, help="weight shape, e.g. 64x64x3x3 (K x C/groups x kernel)")
-        p.add_argument("--stride", type=_ints, default=1)
-        p.add_argument("--padding", type=_ints, default=0, help="1, 1,2, same, valid, or before:after per dim (0:1,1:2)")
-        p.add_argument("--dilation", type=_ints, default=1)
-        p.add_argument("--groups", type=_positive_int, default=1)
-        p.add_argument("--bias", action="store_true", help="add a bias")
-        p.add_argument("--batch", type=_positive_int, default=1, help="batch size for presets (default 1)")
-        p.add_argument("--layers", help="comma-separated layer names or indices of a preset")
-        p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
-        p.add_argument("--layout", default="nchw", choices=["nchw", "nhwc", "channels_last"])
-        p.add_argument("--device", default="auto", help="auto (cpu, plus cuda when torch sees a GPU), cpu (oneDNN) "
-                       "or cuda[:N] (cuDNN)")
-        p.add_argument("--fpmath", default="strict", choices=["strict", "bf16", "f16", "tf32", "any"],
-                       help="oneDNN fpmath mode")
+def _isolate_args(p, what) -> None:
+    """--isolate and --timeout (compare, list)."""
+    p.add_argument("--isolate", action="store_true",
+                   help=f"run {what} in a child process: a crash, abort or hang of one becomes its row's status "
+                        "('crashed: SIGABRT', 'timed out after N s') and rawconv goes on")
+    p.add_argument("--timeout", type=_positive_float, default=60.0,
+                   help="with --isolate: seconds one candidate may take in the child (default 60)")
 
-    def width_arg(p):
-        p.add_argument("--width", type=_width, default=None,
-                       help=f"table width in columns, at least {MIN_WIDTH} (default: the terminal's, or $COLUMNS; "
-                            "through a pipe or into a file, none: lines as long as their content). Narrow tables "
-                            "leave out columns (detail, GFLOP/s, scratch, max abs err, ...) rather than split a "
-                            "number")
 
+def _problem_args(p) -> None:
+    """The problem: a preset or benchdnn descriptor, or shapes and torch's arguments (compare, list)."""
+    p.add_argument("problem", nargs="?", help="preset name (resnet50) or benchdnn descriptor "
+                   "(mb8ic64ih56oc64oh56kh3ph1); default: resnet50")
+    p.add_argument("--input", type=_shape, help="input shape, e.g. 8x64x56x56")
+    p.add_argument("--weight", type=_shape, help="weight shape, e.g. 64x64x3x3 (K x C/groups x kernel)")
+    p.add_argument("--stride", type=_ints, default=1)
+    p.add_argument("--padding", type=_ints, default=0, help="1, 1,2, same, valid, or before:after per dim (0:1,1:2)")
+    p.add_argument("--dilation", type=_ints, default=1)
+    p.add_argument("--groups", type=_positive_int, default=1)
+    p.add_argument("--bias", action="store_true", help="add a bias")
+    p.add_argument("--batch", type=_positive_int, default=1, help="batch size for presets (default 1)")
+    p.add_argument("--layers", help="comma-separated layer names or indices of a preset")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
+    p.add_argument("--layout", default="nchw", choices=["nchw", "nhwc", "channels_last"])
+    p.add_argument("--device", default="auto", help="auto (cpu, plus cuda when torch sees a GPU), cpu (oneDNN) "
+                   "or cuda[:N] (cuDNN)")
+    p.add_argument("--fpmath", default="strict", choices=["strict", "bf16", "f16", "tf32", "any"],
+                   help="oneDNN fpmath mode")
+
+
+def _width_arg(p) -> None:
+    """--width (every subcommand that prints a table)."""
+    p.add_argument("--width", type=_width, default=None,
+                   help=f"table width in columns, at least {MIN_WIDTH} (default: the terminal's, or $COLUMNS; "
+                        "through a pipe or into a file, none: lines as long as their content). Narrow tables "
+                        "leave out columns (detail, GFLOP/s, scratch, max abs err, ...) rather than split a "
+                        "number")
+
+
+def _add_compare(sub) -> None:
+    """The ``compare`` subcommand's arguments."""
     from ..core.bench import SPREAD_LIMIT
     from .compare import EXIT_CODES, REF_MAX_SECONDS
 
@@ -824,7 +838,7 @@ def build_parser() -> argparse.ArgumentParser:
                "timing warnings: printed when other processes kept CPUs busy while we timed, our threads waited for "
                f"a CPU,\nor median/min exceeds {SPREAD_LIMIT:g}; the summary's geometric mean is then marked UNRELIABLE.\n\n"
                "exit status (when several apply: 1, then 3, then 4):\n" + codes)
-    problem_args(c)
+    _problem_args(c)
     c.add_argument("--iterations", type=_positive_int, default=10, help="timed calls per candidate (default 10)")
     c.add_argument("--warmup", type=_nonneg_int, default=2, help="untimed calls per candidate (default 2)")
     c.add_argument("--budget", type=_positive_float, default=0.25, help="seconds of warm-up and timing per candidate at most (at least one timed call); a candidate whose first call (which also builds it) takes longer is timed by one more call alone (default 0.25)")
@@ -862,17 +876,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"seconds per call above which a reference implementation is not run, estimated from its "
                         f"measured rate on a tiny problem (default {REF_MAX_SECONDS:g})")
     c.add_argument("--engines", default=None, help="cuDNN graph-API engines: 'all' or the top N by heuristic")
-    isolate_args(c, "the oneDNN candidates")
+    _isolate_args(c, "the oneDNN candidates")
     c.add_argument("--allow-known-bad", action="store_true",
                    help="also run oneDNN implementations rawconv.known_bad lists for a problem (they may crash, "
                         "hang or give wrong results; see docs/guides/known-bad.md)")
-    width_arg(c)
+    _width_arg(c)
     c.set_defaults(func=cmd_compare)
 
+
+def _add_info(sub) -> None:
+    """The ``info`` subcommand's arguments."""
     i = sub.add_parser("info", help="versions, library paths and how they were found")
     i.add_argument("--json", action="store_true")
-    width_arg(i)
+    _width_arg(i)
     i.set_defaults(func=cmd_info)
+
+
+def _add_replay(sub) -> None:
+    """The ``replay`` subcommand's arguments."""
+    import textwrap
 
     rp = sub.add_parser(
         "replay", help="run the choices of tuning records again and print the drift in time and error",
@@ -897,18 +919,20 @@ def build_parser() -> argparse.ArgumentParser:
                     help="torch/oneDNN threads (default: as compare's --threads)")
     rp.add_argument("--csv", help="also write the replayed rows as CSV to this file")
     rp.add_argument("--quiet", action="store_true", help="no progress bar")
-    width_arg(rp)
+    _width_arg(rp)
     rp.set_defaults(func=cmd_replay)
 
+
+def _add_list(sub) -> None:
+    """The ``list`` subcommand's arguments."""
     ls = sub.add_parser("list", help="list every implementation/algorithm for a problem (no timing)")
-    problem_args(ls)
+    _problem_args(ls)
     ls.add_argument("--direction", default="forward", choices=["forward", "backward_data", "backward_weights"])
-    isolate_args(ls, "each oneDNN implementation once (checked against float64)")
+    _isolate_args(ls, "each oneDNN implementation once (checked against float64)")
     ls.add_argument("--allow-known-bad", action="store_true",
                     help="with --isolate: also run the implementations rawconv.known_bad lists (in the child)")
-    width_arg(ls)
+    _width_arg(ls)
     ls.set_defaults(func=cmd_list)
-    return ap
 
 
 def _validate(args) -> None:
