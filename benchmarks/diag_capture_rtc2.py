@@ -82,11 +82,16 @@ def whole(base, x, label, patch=None):
         g.replay()
         torch.cuda.synchronize()
         e1 = rel_err(out, ref)
+        junk = [torch.full((64 << 20,), 1e4 * (i + 1), device="cuda") for i in range(4)]   # churn: 1 GiB
+        del junk
+        g.replay()
+        torch.cuda.synchronize()
+        e2 = rel_err(out, ref)
         with torch.no_grad():
             m(x)
         g.replay()
         torch.cuda.synchronize()
-        print(f"{label:52s} replay {e1:.1e}  after eager {rel_err(out, ref):.1e}", flush=True)
+        print(f"{label:52s} replay {e1:.1e}  after churn {e2:.1e}  after eager {rel_err(out, ref):.1e}", flush=True)
     except Exception as exc:  # noqa: BLE001
         print(f"{label:52s} failed {type(exc).__name__}: {str(exc)[:200]}", flush=True)
     finally:

@@ -28,7 +28,7 @@ from rawconv import _cuda, _cudnn  # noqa: E402
 from rawconv import _cudnn_backend as B  # noqa: E402
 from rawconv import cudnn_graph as G  # noqa: E402
 from rawconv import fused as F  # noqa: E402
-from bench_resnet50 import build_resnet50, graph_capture, rel_err  # noqa: E402
+from bench_resnet50 import build_resnet50, rel_err  # noqa: E402
 
 
 def make_run(mode):
@@ -97,31 +97,18 @@ def part1(base, x):
 
 
 def part2(base, x):
+    from diag_capture_rtc2 import whole   # the whole-model capture and replay against eager
+
     real = G.GraphConvolution._run
     for mode in ("default", "zeroed", "garbage", "persistent"):
-        F.clear_cache()
-        G.GraphConvolution._run = real if mode == "default" else make_run(mode)
-        try:
-            m = rnn.convert(copy.deepcopy(base), fuse=True)
-            with torch.no_grad():
-                ref = m(x).clone()
-            g, out = graph_capture(m, x)
-            g.replay()
-            torch.cuda.synchronize()
-            e1 = rel_err(out, ref)
-            junk = [torch.full((64 << 20,), 1e4 * (i + 1), device="cuda") for i in range(4)]
-            del junk
-            g.replay()
-            torch.cuda.synchronize()
-            e2 = rel_err(out, ref)
-            with torch.no_grad():
-                m(x)
-            g.replay()
-            torch.cuda.synchronize()
-            print(f"part2 {mode:12s} replay {e1:.1e}  after churn {e2:.1e}  after eager {rel_err(out, ref):.1e}",
-                  flush=True)
-        finally:
-            G.GraphConvolution._run = real
+        def patch(mode=mode):
+            if mode != "default":
+                G.GraphConvolution._run = make_run(mode)
+
+            def undo():
+                G.GraphConvolution._run = real
+            return undo
+        whole(base, x, f"part2 {mode}", patch)
 
 
 def main():
