@@ -197,6 +197,11 @@ def test_knob_choice_and_variant_pack_plumbing(cudnn):
     # a finalized variant pack cannot be changed: why rawconv keeps one per set of data pointers
     with pytest.raises(LibraryError):
         vp.set("VARIANT_PACK_DATA_POINTERS", "VOID_PTR", [512, 512, 1024])
+    # the hot path's packer: the same finalized descriptor, the pointer count checked before any C call
+    packer = B.VariantPacker([1, 2, 3])
+    assert packer([256, 512, 1024], 0).finalized and packer((256, 512, 2 ** 40), 2 ** 33).kind == "VARIANT_PACK"
+    with pytest.raises(ArgumentError):
+        packer([256, 512], 0)
     assert B.knob_type_name(_cudnn.enum_value("CUDNN_KNOB_TYPE_STAGES")) == "STAGES"
     assert B.enum_name("cudnnBackendNumericalNote_t", _cudnn.enum_value("CUDNN_NUMERICAL_NOTE_TENSOR_CORE"),
                        "CUDNN_NUMERICAL_NOTE_") == "TENSOR_CORE"
@@ -1150,7 +1155,7 @@ def test_workspaces_are_kept_on_the_default_stream_only_and_per_call_elsewhere(m
     def variant_pack(uids, ptrs, ws_ptr):
         packs.append((ptrs, ws_ptr))
         return types.SimpleNamespace(ptr=len(packs))
-    monkeypatch.setattr(G.B, "variant_pack", variant_pack)
+    monkeypatch.setattr(G.B, "VariantPacker", lambda uids: lambda ptrs, ws_ptr: variant_pack(uids, ptrs, ws_ptr))
     status = [0]
 
     class Lib:
@@ -1160,7 +1165,7 @@ def test_workspaces_are_kept_on_the_default_stream_only_and_per_call_elsewhere(m
     monkeypatch.setattr(G._cudnn, "lib", lambda: Lib())
     plan = G.GraphConvolution.__new__(G.GraphConvolution)
     plan.device_index, plan._dev = 0, torch.device("cpu")
-    plan._graph = types.SimpleNamespace(uids=(1, 2, 3))
+    plan._graph = types.SimpleNamespace(uids=(1, 2, 3), packer=None)
     b = G._Built(G.EngineConfig(3), types.SimpleNamespace(ptr="plan"), 64, {})
     plan._run(b, (10, 20, 30))
     plan._run(b, (10, 20, 30))

@@ -535,9 +535,11 @@ class _RawconvConv:
             # thread-safe (a plan's memory handles are set per call)
             w = self.weight
             # (a list argument as its values now: one changed in place after this call must not match)
-            key = (_norm_padding(self.stride), _norm_padding(self.padding), _norm_padding(self.dilation), self.groups,
-                   self.backend, self.choice, self.precision, _norm_padding(self.backward_choice), w.shape,
-                   x.device.type)
+            st, pd, dl, bc = self.stride, self.padding, self.dilation, self.backward_choice
+            if type(st) is list or type(pd) is list or type(dl) is list or type(bc) is list:
+                st, pd, dl, bc = _norm_padding(st), _norm_padding(pd), _norm_padding(dl), _norm_padding(bc)
+            key = (st, pd, dl, self.groups, self.backend, self.choice, self.precision, bc, w.shape, x.is_cuda,
+                   x.is_cpu)
             ident = _get_ident()
             packs = d.get("_rawconv_entry")
             e = packs.get(ident) if packs is not None else None
@@ -570,7 +572,7 @@ class _RawconvConv:
         _resolve_backend(self.backend, x.device)
         args = _load_ops()._prepare_conv(x, w, self.bias, self.stride, _norm_padding(self.padding), self.dilation,
                                            self.groups, self.backend, choice, precision, bwd)
-        return [args, None, None]
+        return _load_ops()._new_entry(args)
 
     def extra_repr(self) -> str:
         return (super().extra_repr() + f", backend={self.backend!r}, choice={self.choice!r}, "

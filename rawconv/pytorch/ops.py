@@ -400,6 +400,17 @@ def _backward_data_cuda(grad_y, w, x_shape, stride, pad_before, pad_after, dilat
         dx = plan._hot_call(grad_y, w, None)
         if dx is not None:
             return dx
+    dx, plan = _backward_data_cuda_checked(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups,
+                                           backend, choice, precision)
+    if plan is not None and akey is not None:
+        _cuda_last.put(akey, plan)
+    return dx
+
+
+def _backward_data_cuda_checked(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, backend,
+                                choice, precision):
+    """The CUDA backward data's checked path: ``(dx, plan)``, ``plan`` the graph plan whose hot path
+    returns what this call returned (for the caller to keep), else None."""
     _check_strings(backend, choice, precision, "cuda")
     padding = _padding(pad_before, pad_after)
     x_shape = tuple(int(s) for s in x_shape)
@@ -424,9 +435,8 @@ def _backward_data_cuda(grad_y, w, x_shape, stride, pad_before, pad_after, dilat
                                      math=math, precision=precision)
     raw = dx
     dx = _enforce_layout(dx, _dx_layout(gy, w), False)   # torch's layout, the fake's rule
-    if dx is raw and plan is not None and akey is not None and not unbatched:
-        _cuda_last.put(akey, plan)   # the graph plan's hot path returns what this path returned
-    return dx.squeeze(0) if unbatched else dx
+    keep = plan if dx is raw and not unbatched else None
+    return (dx.squeeze(0) if unbatched else dx), keep
 
 
 def _bias_grad_of(gy: torch.Tensor) -> torch.Tensor:
@@ -447,6 +457,17 @@ def _backward_weights_cuda(x, grad_y, w_shape, stride, pad_before, pad_after, di
         dw = plan._hot_call(x, grad_y, None)
         if dw is not None:
             return dw, (_bias_grad_of(grad_y) if bias else dw.new_empty(0))
+    dw, db, plan = _backward_weights_cuda_checked(x, grad_y, w_shape, stride, pad_before, pad_after, dilation,
+                                                  groups, bias, backend, choice, precision)
+    if plan is not None and akey is not None:
+        _cuda_last.put(akey, plan)
+    return dw, db
+
+
+def _backward_weights_cuda_checked(x, grad_y, w_shape, stride, pad_before, pad_after, dilation, groups, bias,
+                                   backend, choice, precision):
+    """The CUDA backward weights' checked path: ``(dw, db, plan)``, ``plan`` the graph plan whose hot
+    path returns this call's dw (for the caller to keep), else None."""
     _check_strings(backend, choice, precision, "cuda")
     p = _backward_weights_problem(x, grad_y, w_shape, stride, pad_before, pad_after, dilation, groups, bias)
     padding = _padding(pad_before, pad_after)
@@ -475,9 +496,7 @@ def _backward_weights_cuda(x, grad_y, w_shape, stride, pad_before, pad_after, di
         raw = dw
         dw = _enforce_layout(dw, p.layout, False)
         db = _bias_grad_of(gy) if bias else torch.empty(0, dtype=x.dtype, device=x.device)
-    if plan is not None and akey is not None and dw is raw and not p.unbatched:
-        _cuda_last.put(akey, plan)   # the graph plan's hot path returns what this path returned
-    return dw, db
+    return dw, db, (plan if dw is raw and not p.unbatched else None)
 
 
 _lib.impl("conv_forward", _forward_cpu, "CPU")
@@ -960,11 +979,27 @@ _autocasting = torch._C._is_any_autocast_enabled
 
 def _plain(x, w, bias) -> bool:
     """True when calling the kernel (or the autograd Function) directly is exactly what the operator
-    would do: no dispatch or function mode, no functorch transform, no tracer, no autocast (whose
-    kernel casts the inputs), plain tensors."""
+    would do, once autocast's casts are made (:func:`_autocast_inputs`): no dispatch or function
+    mode, no functorch transform, no tracer, plain tensors."""
     return (type(x) in _PLAIN and type(w) in _PLAIN and (bias is None or type(bias) in _PLAIN)
-            and not _dispatch_modes() and not _function_mode() and not _functorch() and _tracing() is None
-            and not _autocasting())
+            and not _dispatch_modes() and not _function_mode() and not _functorch() and _tracing() is None)
+
+
+def _autocast_inputs(name, x, w, bias):
+    """``(x, w, bias)`` as the operator ``rawconv::name``'s autocast kernel passes them on (cast to
+    the autocast dtype when autocast is on for x's device; see :mod:`rawconv.pytorch.autocast`)."""
+    dev = x.device.type
+    if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev):
+        return _autocast.cast_inputs(name, dev, (x, w, bias))
+    return x, w, bias
+
+
+def _plain_backward() -> bool:
+    """True when an autograd Function's backward may call the kernels directly: no graph of the
+    backward recorded (``create_graph``), no dispatch or function mode, no functorch transform, no
+    tracer (the gradients then need no dispatcher: convolution backward has no autocast rule)."""
+    return (not _grad_enabled() and not _dispatch_modes() and not _function_mode() and not _functorch()
+            and _tracing() is None and _fwad._current_level < 0)
 
 
 def _prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice, precision, backward_choice):
@@ -979,19 +1014,30 @@ def _prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice
     return list(args) + [backend, c, precision, bd, bw]
 
 
+def _new_entry(args) -> list:
+    """An argument pack of :func:`_conv_entry`: [the operators' argument list, the CPU plan of the
+    last call, the CUDA forward plan of the last call, the arguments as the autograd Function's
+    :class:`_Conf`, the CUDA backward-data plan and backward-weights plan of the last backward]."""
+    return [args, None, None, _Conf(args), None, None]
+
+
 def _conv_entry(x, w, bias, entry):
-    """:func:`conv` once its arguments are checked: ``entry`` = [the operators' argument list, the
-    CPU plan of the last call, the CUDA plan of the last call] (the plans filled here). Runs the
-    kernel (or the autograd Function) directly when that is exactly what the operator would do
-    (:func:`_plain`), else the operator. For the modules too, which keep an entry of their own."""
+    """:func:`conv` once its arguments are checked: ``entry`` from :func:`_new_entry` (the plans
+    filled here). Runs the kernel (or the autograd Function :class:`_EntryConv`) directly when that
+    is exactly what the operator would do (:func:`_plain`; under autocast, on the inputs its kernel
+    would cast), else the operator. For the modules too, which keep an entry of their own."""
     args = entry[0]
     if _plain(x, w, bias):
+        if _autocasting():
+            x, w, bias = _autocast_inputs("conv_forward", x, w, bias)
         if x.is_cpu:
             plan = entry[1]
             if plan is None:
                 plan = entry[1] = _forward_cpu_plan(x, w, bias, *args)
             if _needs(x, w, bias):   # what the operator's Autograd kernel does, without the dispatcher
-                return _FwdFn.apply(plan, x, w, bias, _Conf(args))
+                if _fwad._current_level >= 0:
+                    return _FwdFn.apply(plan, x, w, bias, entry[3])
+                return _EntryConv.apply(entry, x, w, bias)
             y = plan._hot_run(x, w, bias, None)
             if y is not None:
                 return y
@@ -999,7 +1045,9 @@ def _conv_entry(x, w, bias, entry):
             return plan.execute(x, w, bias)
         if x.is_cuda:
             if _needs(x, w, bias):
-                return _FwdFn.apply(_CUDA_KEYSET, x, w, bias, _Conf(args))
+                if _fwad._current_level >= 0:
+                    return _FwdFn.apply(_CUDA_KEYSET, x, w, bias, entry[3])
+                return _EntryConv.apply(entry, x, w, bias)
             plan = entry[2]   # the CUDA plan of the last call with these arguments (its hot pack checks the tensors)
             if plan is not None:
                 y = plan._hot_forward(x, w, bias)
@@ -1008,6 +1056,76 @@ def _conv_entry(x, w, bias, entry):
             y, entry[2] = _forward_cuda_checked(x, w, bias, *args)
             return y
     return _fwd_call(x, w, bias, *args)
+
+
+class _EntryConvParts:
+    """rawconv::conv_forward's autograd (as :class:`RawconvConvForward`) for :func:`_conv_entry`'s
+    direct path, in the combined style (see :func:`_classic`): the forward runs the entry's plans
+    (their hot paths check the tensors); the backward, when nothing needs the dispatcher
+    (:func:`_plain_backward`), calls the backward kernels directly, the entry keeping the CUDA
+    backward plans of its last call (their hot paths check the tensors, as the forward's); else it
+    is :class:`RawconvConvForward`'s backward (double backward through the operators). Not for
+    forward-mode AD or torch.func (no jvp, no setup_context): :func:`_conv_entry` applies
+    :class:`RawconvConvForward`'s twin there."""
+
+    @staticmethod
+    def forward(ctx, entry, x, w, bias):
+        args = entry[0]
+        if x.is_cuda:
+            plan = entry[2]
+            y = None if plan is None else plan._hot_forward(x, w, bias)
+            if y is None:
+                y, entry[2] = _forward_cuda_checked(x, w, bias, *args)
+        else:
+            y = entry[1]._hot_run(x, w, bias, None)
+            if y is None:
+                y = _forward_cpu(x, w, bias, *args)
+        ctx.save_for_backward(x, w)
+        ctx.entry = entry
+        ctx.conf = args, bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        if not _plain_backward():
+            return RawconvConvForward.backward(ctx, gy)
+        x, w = ctx.saved_tensors
+        e = ctx.entry
+        (stride, pb, pa, dil, groups, backend, _choice, precision, bdc, bwc), has_bias = ctx.conf
+        _, nx, nw, nb = ctx.needs_input_grad[:4]
+        gx = gw = gb = None
+        wants_w = nw or (has_bias and nb)
+        if x.is_cuda:
+            if nx:
+                p = e[4]
+                gx = None if p is None else p._hot_call(gy, w, None)
+                if gx is None:
+                    g = _grad_like(gy, x, x.dim() == w.dim() - 1, w=w)
+                    gx, e[4] = _backward_data_cuda_checked(g, w, list(x.shape), stride, pb, pa, dil, groups, backend,
+                                                           bdc, precision)
+            if wants_w:
+                p = e[5]
+                gw = None if p is None else p._hot_call(x, gy, None)
+                if gw is not None:
+                    gb = _bias_grad_of(gy) if has_bias else None
+                else:
+                    g = _grad_like(gy, x, x.dim() == w.dim() - 1, w=w)
+                    gw, gb, e[5] = _backward_weights_cuda_checked(x, g, list(w.shape), stride, pb, pa, dil, groups,
+                                                                  has_bias, backend, bwc, precision)
+        else:
+            g = _grad_like(gy, x, x.dim() == w.dim() - 1, w=w)
+            if nx:
+                gx = _backward_data_cpu(g, w, list(x.shape), stride, pb, pa, dil, groups, backend, bdc, precision)
+            if wants_w:
+                gw, gb = _backward_weights_cpu(x, g, list(w.shape), stride, pb, pa, dil, groups, has_bias, backend,
+                                               bwc, precision)
+        return None, gx, (gw if nw else None), (gb if has_bias and nb else None)
+
+
+# named as the operator's Function: grad_fn reads <RawconvConvForwardBackward> on every path
+_EntryConv = type("RawconvConvForward", (torch.autograd.Function,), {
+    "forward": staticmethod(_EntryConvParts.forward), "backward": staticmethod(_EntryConvParts.backward),
+    "__doc__": _EntryConvParts.__doc__, "__module__": __name__, "__qualname__": "RawconvConvForward"})
 
 
 def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1, padding: Any = 0,
@@ -1047,8 +1165,8 @@ def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, str
         except Exception:   # noqa: BLE001  (unhashable or not tensors: the slow path says what is wrong)
             key = entry = None
         if entry is None:
-            entry = [_prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice, precision,
-                                   backward_choice), None, None]
+            entry = _new_entry(_prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice,
+                                             precision, backward_choice))
             if key is not None:
                 _conv_cache.put(key, entry)
         if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or \

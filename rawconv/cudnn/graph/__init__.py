@@ -300,6 +300,7 @@ class _Graph:
         extra = [r for r in ("b", "r") if r in self.tensors]
         self.uids = [UID[r] for r in _ROLES[direction]] + [UID[r] for r in extra]
         self.roles = list(_ROLES[direction]) + extra
+        self.packer = None   # its B.VariantPacker (made on the first execute: it needs the library)
         self.graph = None
         self.global_count = None
 
@@ -532,7 +533,10 @@ class GraphConvolution(_Engines, _Autotune, PlanLifetime):
         if vp is None:
             if len(vps) >= _VPS_KEPT:
                 vps.clear()
-            vp = vps[key] = B.variant_pack(self._graph.uids, ptrs, wp)
+            g = self._graph
+            if g.packer is None:
+                g.packer = B.VariantPacker(g.uids)
+            vp = vps[key] = g.packer(ptrs, wp)
         if b.serialize:
             _cuda.stream_barrier(self.device_index)
         status = _cudnn.lib().cudnnBackendExecute(hs.ptr, b.plan.ptr, vp.ptr)

@@ -511,6 +511,51 @@ def variant_pack(uids: Sequence[int], pointers: Sequence[int], workspace: int) -
     return d.finalize()
 
 
+class VariantPacker:
+    """:func:`variant_pack` for one graph's unique ids, made once, for the hot path (a new pack per
+    new set of data pointers): the ids' C array, the enum values and the library functions are
+    looked up here, not per pack. ``packer(pointers, workspace)`` returns the finalized
+    :class:`Descriptor`; ``pointers`` must be ints, one per unique id, in the ids' order (the hot
+    path's: their count is checked, their values are the callers'). Raises
+    :class:`ArgumentError` for a wrong count; a failing status is re-raised by :func:`variant_pack`'s
+    checked calls. Wraps ``cudnnBackendCreateDescriptor``,
+    ``cudnnBackendSetAttribute``, ``cudnnBackendFinalize``."""
+
+    __slots__ = ("_uids", "_n", "_lib", "_consts")
+
+    def __init__(self, uids: Sequence[int]):
+        uids = _ints(uids, "variant pack unique ids")
+        self._uids = ffi.new("int64_t[]", uids)
+        self._n = len(uids)
+        self._lib = _cudnn.lib()
+        self._consts = (const("CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR"), const("CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS"),
+                        const("CUDNN_TYPE_INT64"), const("CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS"),
+                        const("CUDNN_ATTR_VARIANT_PACK_WORKSPACE"), const("CUDNN_TYPE_VOID_PTR"))
+
+    def __call__(self, pointers: Sequence[int], workspace: int) -> Descriptor:
+        if len(pointers) != self._n:
+            raise ArgumentError(f"variant pack data pointers: {self._n} expected (one per unique id), got "
+                                f"{len(pointers)}")
+        L = self._lib
+        kind, a_uids, t_int64, a_ptrs, a_ws, t_ptr = self._consts
+        p = ffi.new("cudnnBackendDescriptor_t *")
+        _cudnn.check(L.cudnnBackendCreateDescriptor(kind, p), "cudnnBackendCreateDescriptor", "VARIANT_PACK")
+        d = Descriptor.__new__(Descriptor)
+        d.kind, d.finalized, d._refs = "VARIANT_PACK", False, []
+        d.ptr = ffi.gc(p[0], lambda h, _L=L, _f=_destroy: _f(h, _L))
+        # (void * elements given as a uintptr_t array: the same 8 bytes each on every platform cuDNN runs on)
+        ptrs = ffi.new("uintptr_t[]", pointers)
+        ws = ffi.new("uintptr_t *", workspace)
+        status = (L.cudnnBackendSetAttribute(d.ptr, a_uids, t_int64, self._n, self._uids)
+                  or L.cudnnBackendSetAttribute(d.ptr, a_ptrs, t_ptr, self._n, ptrs)
+                  or L.cudnnBackendSetAttribute(d.ptr, a_ws, t_ptr, 1, ws)
+                  or L.cudnnBackendFinalize(d.ptr))
+        if status:   # the checked builder says which call failed, and why
+            return variant_pack([self._uids[i] for i in range(self._n)], pointers, workspace)
+        d.finalized = True
+        return d
+
+
 def execute(handle, plan: Descriptor, vp: Descriptor, detail: str = "") -> None:
     """Run ``plan`` on the tensors of variant pack ``vp`` on ``handle``'s stream (asynchronous).
     Wraps ``cudnnBackendExecute``."""
