@@ -123,3 +123,35 @@ def test_compiled_code_casts_as_eager():
             yc = fn(x, w, b)
     assert yc.dtype == ye.dtype
     torch.testing.assert_close(yc, ye)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_direct_path_casts_without_the_dispatcher(monkeypatch, grad):
+    """Under autocast the modules and rawconv.ops.conv cast the inputs themselves and call the
+    kernel (or the autograd Function) directly, as the operator's autocast kernel would have cast
+    them: the same dtype and values as the operator, and no call through it."""
+    x, w, b = _inputs(3)
+    m = rnn.Conv2d(8, 16, 3, padding=1)
+    with torch.no_grad():
+        m.weight.copy_(w)
+        m.bias.copy_(b)
+    m.requires_grad_(grad)
+    dtype = torch.bfloat16
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with torch.autocast("cpu", dtype=dtype):
+            want = ops._fwd_op(x, w, b, [1, 1], [1, 1], [1, 1], [1, 1], 1, "auto", "", "strict", "", "")
+
+        def refuse(*a):
+            raise AssertionError("the direct path went through the operator")
+        monkeypatch.setattr(ops, "_fwd_call", refuse)
+        with torch.autocast("cpu", dtype=dtype):
+            got_m = m(x)
+            got_f = ops.conv(x, w, b, padding=1)
+    for got in (got_m, got_f):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    if grad:
+        assert type(got_m.grad_fn).__name__ == "RawconvConvForwardBackward"
+        got_m.float().sum().backward()
+        assert m.weight.grad.dtype == torch.float32 and m.weight.grad.abs().sum() > 0

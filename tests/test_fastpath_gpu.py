@@ -405,3 +405,57 @@ def test_a_graph_plan_on_two_streams_at_once_stays_exact():
             _close(y, want[i])
     b = plan._selected or plan._current()
     assert b.workspace is None, "side streams take a workspace per call: the plan keeps none for them"
+
+
+def test_module_training_steps_reuse_the_entry_backward_plans_and_stay_exact(monkeypatch):
+    """A converted module's training steps (grad on, channels_last, TF32 off) keep their CUDA
+    backward plans in the module's entry: from the second step on neither backward takes its
+    checked path; x, w and grad_y changed in place, a new batch size and a non-dense incoming
+    gradient (``y.sum()``'s expanded ones) still give float64's gradients."""
+    import rawconv.nn as rnn
+    from rawconv import ops
+
+    torch.manual_seed(0)
+    m = rnn.Conv2d(8, 16, 3, padding=1, bias=True).cuda().to(memory_format=torch.channels_last)
+    checked = {"d": 0, "w": 0}
+    for name, k in (("_backward_data_cuda_checked", "d"), ("_backward_weights_cuda_checked", "w")):
+        real = getattr(ops, name)
+
+        def spy(*a, _real=real, _k=k):
+            checked[_k] += 1
+            return _real(*a)
+        monkeypatch.setattr(ops, name, spy)
+
+    def step(x, gy):
+        m.zero_grad(set_to_none=True)
+        xr = x.clone().requires_grad_()
+        y = m(xr)
+        y.backward(gy)
+        x64, w64, b64 = xr.detach().double().requires_grad_(), m.weight.detach().double().requires_grad_(), \
+            m.bias.detach().double().requires_grad_()
+        F.conv2d(x64, w64, b64, 1, 1).backward(gy.double())
+        for got, want in ((y, F.conv2d(x64, w64, b64, 1, 1)), (xr.grad, x64.grad), (m.weight.grad, w64.grad),
+                          (m.bias.grad, b64.grad)):
+            torch.testing.assert_close(got.double(), want.detach(), rtol=1e-4, atol=1e-3)
+
+    x = torch.randn(4, 8, 10, 10, device="cuda").contiguous(memory_format=torch.channels_last)
+    gy = torch.randn(4, 16, 10, 10, device="cuda").contiguous(memory_format=torch.channels_last)
+    step(x, gy)
+    first = dict(checked)
+    for _ in range(3):
+        x.mul_(-0.5)
+        gy.add_(1.0)
+        step(x, gy)
+    assert checked == first, "steps after the first ran the entry's backward plans (hot paths)"
+    (e,) = [v[1] for v in m.__dict__["_rawconv_entry"].values()]
+    assert e[4] is not None and e[5] is not None
+    step(torch.randn(3, 8, 10, 10, device="cuda").contiguous(memory_format=torch.channels_last),
+         torch.randn(3, 16, 10, 10, device="cuda").contiguous(memory_format=torch.channels_last))
+    xr = x.clone().requires_grad_()
+    m.zero_grad(set_to_none=True)
+    m(xr).sum().backward()   # an expanded (stride 0) gradient: made dense, not read as strides it lacks
+    w64 = m.weight.detach().double().requires_grad_()
+    x64 = x.double().requires_grad_()
+    F.conv2d(x64, w64, None, 1, 1).sum().backward()
+    torch.testing.assert_close(xr.grad.double(), x64.grad, rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(m.weight.grad.double(), w64.grad, rtol=1e-4, atol=1e-2)

@@ -301,16 +301,27 @@ def shape_only(shape: Sequence[int], like: torch.Tensor, name: str | None = None
     return t
 
 
+_LAYOUT_STRIDES: dict = {}   # (shape, layout) -> dense strides (empty_like_layout's, on every output)
+
+
 def empty_like_layout(shape: Sequence[int], layout: str, dtype: torch.dtype,
                       device: torch.device | str) -> torch.Tensor:
-    """A new tensor of ``shape`` in ``layout`` (``"nchw"`` or ``"nhwc"``), for outputs."""
-    shape = list(shape)
-    if layout == "nhwc" and len(shape) >= 3:
-        perm = [0] + list(range(2, len(shape))) + [1]
-        t = torch.empty([shape[i] for i in perm], dtype=dtype, device=device)
-        inv = [perm.index(i) for i in range(len(shape))]
-        return t.permute(inv)
-    return torch.empty(shape, dtype=dtype, device=device)
+    """A new tensor of ``shape`` in ``layout`` (``"nchw"`` or ``"nhwc"``: channels last for 3 or
+    more dims), for outputs: torch's dense strides of that memory format (:func:`dense_strides`)."""
+    shape = tuple(shape)
+    if not all(type(s) is int for s in shape):   # symbolic sizes (fake kernels under dynamic shapes)
+        if layout == "nhwc" and len(shape) >= 3:
+            perm = [0] + list(range(2, len(shape))) + [1]
+            t = torch.empty([shape[i] for i in perm], dtype=dtype, device=device)
+            return t.permute([perm.index(i) for i in range(len(shape))])
+        return torch.empty(shape, dtype=dtype, device=device)
+    key = (shape, layout)
+    st = _LAYOUT_STRIDES.get(key)
+    if st is None:
+        st = dense_strides(key[0], layout if layout == "nhwc" and len(key[0]) >= 3 else "nchw")
+        if len(_LAYOUT_STRIDES) < 4096:
+            _LAYOUT_STRIDES[key] = st
+    return torch.empty_strided(key[0], st, dtype=dtype, device=device)
 
 
 @dataclass(frozen=True)
