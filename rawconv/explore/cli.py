@@ -466,7 +466,8 @@ def _compare_header(console, args, problems: list, libs, nthreads: int, meta: di
 
     meta["info"] = collect()
     on = meta["info"].get("onednn", {})
-    console.print(f"rawconv {__version__}; torch {torch.__version__}; {torch.get_num_threads()} thread{'s' if torch.get_num_threads() != 1 else ''} "
+    console.print(f"rawconv {__version__}; torch {torch.__version__}; "
+                  f"{torch.get_num_threads()} thread{'s' if torch.get_num_threads() != 1 else ''} "
                   f"({usable_cpus()} CPUs usable{'' if args.threads is None else ', --threads'}); "
                   f"oneDNN {on.get('version', '?')} ({on.get('cpu_isa', on.get('error', ''))})")
     console.print(f"comparing {cmp.versions_line(libs, problems)}: two builds of each library, so a row names "
