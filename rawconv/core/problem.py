@@ -592,6 +592,20 @@ class ConvProblem:
         if not isinstance(dtype, (str, torch.dtype)) or not isinstance(layout, str):
             raise ArgumentTypeError(f"dtype and layout must be strings, got {type(dtype).__name__} and "
                                     f"{type(layout).__name__}")
+        name, vals = cls._bd_parse(desc)
+        dims, ins, ks, st, pads, dil, outs = cls._bd_sizes(desc, vals)
+        after = cls._bd_trailing_pads(desc, dims, ins, ks, st, pads, dil, outs)
+        g = vals.get("g", 1)
+        return cls(n=vals.get("mb", 2), c=vals["ic"], k=vals["oc"], in_spatial=ins, kernel=ks,
+                   stride=st, dilation=dil, pad_before=pads, pad_after=tuple(after), groups=g,
+                   dtype=dtype, layout=layout, has_bias=has_bias, name=name)
+
+    @classmethod
+    def _bd_parse(cls, desc: str) -> tuple[str, dict[str, int]]:
+        """:meth:`from_benchdnn`'s first step: split the descriptor ``desc`` into its optional name
+        and its ``key<digits>`` pairs. Returns ``(name, {key: value})``; raises
+        :class:`ArgumentError` for text that is not ``key<digits>``, an unknown or repeated key, or a
+        missing ``ic``/``oc``."""
         s = desc.strip()
         name = ""
         m = re.search(r"_?n([A-Za-z_\"][^\d]*.*)$", s)
@@ -613,6 +627,16 @@ class ConvProblem:
         for req in ("ic", "oc"):
             if req not in vals:
                 raise ArgumentError(f"benchdnn descriptor {desc!r} lacks {req}")
+        return name, vals
+
+    @staticmethod
+    def _bd_sizes(desc: str, vals: dict[str, int]) -> tuple:
+        """:meth:`from_benchdnn`'s second step: the per-dimension sizes of the parsed keys ``vals``
+        (a missing width/depth copies height, benchdnn's dilation + 1, the input sizes from the
+        output sizes when only those are given). Returns ``(dims, ins, kernel, stride, pads,
+        dilation, outs)``: the dimension letters, then a tuple per quantity (``outs`` holds None
+        where not given); raises :class:`ArgumentError` (``desc`` named) for a stride < 1 or
+        neither input nor output sizes."""
         has_d = any(k in vals for k in ("id", "od", "kd", "sd", "pd", "dd"))
         has_h = any(k in vals for k in ("ih", "oh", "kh", "sh", "ph", "dh"))
         dims = ("d", "h", "w") if has_d else (("h", "w") if has_h else ("w",))
@@ -639,6 +663,16 @@ class ConvProblem:
             if any(v is None for v in outs):
                 raise ArgumentError(f"benchdnn descriptor {desc!r} gives neither input nor output sizes")
             ins = tuple((o - 1) * s_ - 2 * p + (k - 1) * d + 1 for o, s_, p, k, d in zip(outs, st, pads, ks, dil))
+        return dims, ins, ks, st, pads, dil, outs
+
+    @staticmethod
+    def _bd_trailing_pads(desc: str, dims: tuple, ins: tuple, ks: tuple, st: tuple, pads: tuple, dil: tuple,
+                          outs: tuple) -> list:
+        """:meth:`from_benchdnn`'s third step: the trailing pad of each dimension, the leading pad
+        ``pads`` unless a given output size in ``outs`` needs another (then the smallest
+        non-negative one that gives it). Returns the pads as a list; raises :class:`ArgumentError`
+        (``desc`` named) for an output size no trailing pad can give or one that needs an
+        implausible pad."""
         after = list(pads)
         if all(v is not None for v in outs):
             for i, (o, i_, s_, p, k, d) in enumerate(zip(outs, ins, st, pads, ks, dil)):
@@ -659,10 +693,7 @@ class ConvProblem:
                         f"max(leading pad, dilated kernel - 1) = {limit}: output windows would read only padding. "
                         f"Check o{dims[i]} (symmetric padding gives {(i_ + 2 * p - ek) // s_ + 1}) or give "
                         f"p{dims[i]}")
-        g = vals.get("g", 1)
-        return cls(n=vals.get("mb", 2), c=vals["ic"], k=vals["oc"], in_spatial=ins, kernel=ks,
-                   stride=st, dilation=dil, pad_before=pads, pad_after=tuple(after), groups=g,
-                   dtype=dtype, layout=layout, has_bias=has_bias, name=name)
+        return after
 
     def to_benchdnn(self, strict: bool = True) -> str | None:
         """This problem as a benchdnn descriptor (2-D written with h/w, 1-D with w, 3-D with d/h/w).

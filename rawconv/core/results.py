@@ -678,43 +678,64 @@ def _html_table(table: ResultTable) -> str:
                        f'font-weight:bold;padding-top:6px">{escape(name)}</th></tr>')
         best = _best_of(rs)
         for r in rs:
-            style, mark, note = "", "", ""
-            if r is best:
-                style, mark = f"background:{_GREEN_BG};font-weight:bold;", "fastest correct"
-            elif r.group == "wrong":
-                style, mark = f"background:{_RED_BG};", "outside tolerance"
-            elif r.group in ("not supported", "skipped"):
-                style = "opacity:0.55;"
-            elif r.group == "failed":   # did not run either, but an error: grey, its status red
-                style = "opacity:0.75;"
-            if r.reference:
-                style += f"font-style:italic;background:{_REF_BG};" if r is not best and r.group != "wrong" \
-                    else "font-style:italic;"
-                note = "torch's own choice" if r.torch_default else "torch"
+            html, mark = _html_row(r, best, cols, td)
             seen.update({mark} if mark else set())
-            cells = []
-            for h, get, num in cols:
-                text = str(get(r)) if h == "timing" else escape(str(get(r)))
-                cstyle = td.format(align="right" if num else "left")
-                if h == "candidate":
-                    if r.reference:
-                        text = f'&#9670; {text} <span style="opacity:0.7;font-weight:normal">({escape(note)})</span>'
-                    elif r is best:
-                        text = f"&#9733; {text}"
-                if h == "status" and r.group in ("wrong", "failed"):
-                    cstyle += f"color:{_RED_TEXT};font-weight:bold;"
-                if h in ("timing", "median ms") and r.ran and r.timing_flags:
-                    cstyle += f"background:{_WARN_BG};"
-                if h == "detail":
-                    cstyle += "max-width:42em;white-space:normal;"
-                elif h == "library":
-                    cstyle += "min-width:7em;max-width:13em;white-space:normal;"
-                else:
-                    cstyle += "white-space:nowrap;"
-                cells.append(f'<td style="{cstyle}">{text}</td>')
-            title = f' title="{escape(r.message, quote=True)}"' if r.message else ""
-            out.append(f'<tr style="{style}"{title}>' + "".join(cells) + "</tr>")
+            out.append(html)
     out.append("</tbody></table>")
+    legend = _html_legend(groups, rows)
+    if legend:
+        out.append('<div style="font-size:0.8em;margin-top:3px">' + " &nbsp; ".join(legend) + "</div>")
+    out.append("</div>")
+    return "\n".join(out)
+
+
+def _html_row(r: Result, best: Result | None, cols: list, td: str) -> tuple[str, str]:
+    """One result's ``<tr>`` of :func:`_html_table`: ``r`` styled by its group (``best``: the
+    fastest correct result of its problem), one cell per column of ``cols`` (``td``: the cell
+    style, ``{align}`` to fill). Returns ``(html, mark)``: the row, and its mark ("fastest
+    correct", "outside tolerance" or "")."""
+    from html import escape
+
+    style, mark, note = "", "", ""
+    if r is best:
+        style, mark = f"background:{_GREEN_BG};font-weight:bold;", "fastest correct"
+    elif r.group == "wrong":
+        style, mark = f"background:{_RED_BG};", "outside tolerance"
+    elif r.group in ("not supported", "skipped"):
+        style = "opacity:0.55;"
+    elif r.group == "failed":   # did not run either, but an error: grey, its status red
+        style = "opacity:0.75;"
+    if r.reference:
+        style += f"font-style:italic;background:{_REF_BG};" if r is not best and r.group != "wrong" \
+            else "font-style:italic;"
+        note = "torch's own choice" if r.torch_default else "torch"
+    cells = []
+    for h, get, num in cols:
+        text = str(get(r)) if h == "timing" else escape(str(get(r)))
+        cstyle = td.format(align="right" if num else "left")
+        if h == "candidate":
+            if r.reference:
+                text = f'&#9670; {text} <span style="opacity:0.7;font-weight:normal">({escape(note)})</span>'
+            elif r is best:
+                text = f"&#9733; {text}"
+        if h == "status" and r.group in ("wrong", "failed"):
+            cstyle += f"color:{_RED_TEXT};font-weight:bold;"
+        if h in ("timing", "median ms") and r.ran and r.timing_flags:
+            cstyle += f"background:{_WARN_BG};"
+        if h == "detail":
+            cstyle += "max-width:42em;white-space:normal;"
+        elif h == "library":
+            cstyle += "min-width:7em;max-width:13em;white-space:normal;"
+        else:
+            cstyle += "white-space:nowrap;"
+        cells.append(f'<td style="{cstyle}">{text}</td>')
+    title = f' title="{escape(r.message, quote=True)}"' if r.message else ""
+    return f'<tr style="{style}"{title}>' + "".join(cells) + "</tr>", mark
+
+
+def _html_legend(groups: list, rows: list) -> list[str]:
+    """The legend of :func:`_html_table`: one ``<span>`` per kind of marking that ``rows`` (of the
+    problems ``groups``) show. Returns the spans, empty when nothing is marked."""
     legend = []
     if any(_best_of(rs) is not None for _, rs in groups):
         legend.append(f'<span style="background:{_GREEN_BG};padding:0 4px">&#9733; fastest correct</span>')
@@ -728,10 +749,7 @@ def _html_table(table: ResultTable) -> str:
     if any(r.ran and r.timing_flags for r in rows):
         legend.append(f'<span style="background:{_WARN_BG};padding:0 4px">&#9888; time not to be trusted '
                       "(busy: the machine was oversubscribed while it was timed; med/min: wide spread)</span>")
-    if legend:
-        out.append('<div style="font-size:0.8em;margin-top:3px">' + " &nbsp; ".join(legend) + "</div>")
-    out.append("</div>")
-    return "\n".join(out)
+    return legend
 
 
 # ---------------------------------------------------------------------------- plots
@@ -812,10 +830,6 @@ def _wrap_banner(banner: str, width: int = 110) -> str:
 
 
 def _bars_panel(ax, rows, title, reference_ms, log):
-    from matplotlib.patches import Patch
-    from matplotlib.lines import Line2D
-    from matplotlib.transforms import blended_transform_factory
-
     backends = {r.backend for r in rows if r.backend != "torch"}
     ref = next((r for r in rows if r.torch_default and r.ran and _finite(r.median_ms)), None)
     ref_ms = reference_ms if reference_ms is not None else (ref.median_ms if ref is not None else None)
@@ -823,12 +837,43 @@ def _bars_panel(ax, rows, title, reference_ms, log):
                  key=lambda r: r.median_ms)
     not_run = [r for r in rows if not (r.ran and _finite(r.median_ms))]
     best = _best_of(rows)
-    n = len(ran) + len(not_run)
-    ys = list(range(n))
     times = [r.median_ms for r in ran] + ([ref_ms] if ref_ms else [])
     mins = [r.min_ms for r in ran if _finite(r.min_ms) and r.min_ms > 0]
     lo, hi = (min(times + mins), max(times)) if times else (1.0, 1.0)
     use_log = log if log is not None else (lo > 0 and hi / lo > 10)
+    _bars_draw(ax, ran, not_run, best)
+    _bars_yaxis(ax, ran, not_run, backends)
+    if use_log:
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+        ax.set_xscale("log")
+        ax.set_xlim(lo / 1.6, hi * 4.0)
+        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    elif times:
+        ax.set_xlim(0, hi * 1.3)
+    if ref_ms:
+        ax.axvline(ref_ms, color=_C_REF, linestyle="--", linewidth=1.5)
+        if ref is not None and reference_ms is None and ref.timing_flags:
+            ax.annotate("torch default (!) " + ("busy" if ref.oversubscribed else "noisy"), (ref_ms, -0.5),
+                        xytext=(3, -2), textcoords="offset points", va="top", ha="left", fontsize=7,
+                        color=_C_REF)
+    ax.set_xlabel("median time per call (ms)" + (", log scale" if use_log else ""), fontsize=8.5)
+    ax.tick_params(axis="x", labelsize=8)
+    ax.set_title(title, fontsize=9.5, loc="left")
+    ax.grid(axis="x", alpha=0.3, which="both" if use_log else "major")
+    ax.set_axisbelow(True)
+    _bars_legend(ax, ran, best, ref, ref_ms, reference_ms)
+
+
+def _bars_draw(ax, ran: list, not_run: list, best) -> None:
+    """Draw :func:`_bars_panel`'s bars on ``ax``: one per result of ``ran`` (sorted, fastest first;
+    ``best`` in green, wrong ones hatched red) with its min mark and time, then a line per result
+    of ``not_run`` saying why. Returns None."""
+    from matplotlib.transforms import blended_transform_factory
+
+    ys = list(range(len(ran) + len(not_run)))
     for y, r in zip(ys, ran):
         if r.group == "wrong":
             color, hatch = _C_WRONG, "///"
@@ -852,6 +897,14 @@ def _bars_panel(ax, rows, title, reference_ms, log):
         why = _short(r.message.replace("not run: ", "")) if r.message else ""
         ax.text(0.01, y, f"not run: {r.status}" + (f" ({why})" if why and why != r.status else ""),
                 transform=trans, va="center", ha="left", fontsize=7.5, color="#777777", style="italic")
+
+
+def _bars_yaxis(ax, ran: list, not_run: list, backends: set) -> None:
+    """Label :func:`_bars_panel`'s rows on ``ax``'s y axis (``ran``, then ``not_run``; ``backends``:
+    the rawconv backends shown, named when more than one), greyed when not run, red when wrong.
+    Returns None."""
+    n = len(ran) + len(not_run)
+    ys = list(range(n))
     labels = [_label(r, backends) + (" (torch's own)" if r.torch_default else "") for r in ran] + \
              [_label(r, backends) for r in not_run]
     ax.set_yticks(ys)
@@ -862,27 +915,15 @@ def _bars_panel(ax, rows, title, reference_ms, log):
         elif r.group == "wrong":
             t.set_color(_C_WRONG)
     ax.set_ylim(n - 0.5, -0.5)
-    if use_log:
-        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-        ax.set_xscale("log")
-        ax.set_xlim(lo / 1.6, hi * 4.0)
-        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.xaxis.set_minor_formatter(NullFormatter())
-    elif times:
-        ax.set_xlim(0, hi * 1.3)
-    if ref_ms:
-        ax.axvline(ref_ms, color=_C_REF, linestyle="--", linewidth=1.5)
-        if ref is not None and reference_ms is None and ref.timing_flags:
-            ax.annotate("torch default (!) " + ("busy" if ref.oversubscribed else "noisy"), (ref_ms, -0.5),
-                        xytext=(3, -2), textcoords="offset points", va="top", ha="left", fontsize=7,
-                        color=_C_REF)
-    ax.set_xlabel("median time per call (ms)" + (", log scale" if use_log else ""), fontsize=8.5)
-    ax.tick_params(axis="x", labelsize=8)
-    ax.set_title(title, fontsize=9.5, loc="left")
-    ax.grid(axis="x", alpha=0.3, which="both" if use_log else "major")
-    ax.set_axisbelow(True)
+
+def _bars_legend(ax, ran: list, best, ref, ref_ms, reference_ms) -> None:
+    """:func:`_bars_panel`'s legend on ``ax``: an entry per kind of bar and mark that ``ran``
+    (``best``: the fastest correct; ``ref``: torch's default row, ``ref_ms`` its time or the given
+    ``reference_ms``) shows. Returns None."""
+    from matplotlib.patches import Patch
+    from matplotlib.lines import Line2D
+
     handles = []
     if best is not None:
         handles.append(Patch(color=_C_BEST, label="fastest correct"))
@@ -925,42 +966,8 @@ def _ratio_text(v: float) -> str:
 def _plot_heatmap(table, groups, ax, title, figsize):
     import numpy as np
     from matplotlib.colors import TwoSlopeNorm
-    from matplotlib.patches import Rectangle
 
-    def key(r):
-        if r.backend == "torch":
-            return f"torch: {r.name}"
-        return r.choice + (" (prepacked)" if isinstance(r.extra, dict) and r.extra.get("weights") == "prepacked" else "")
-
-    cols: list[str] = []
-    for _, rs in groups:
-        for r in rs:
-            k = key(r)
-            if not r.torch_default and k not in cols:
-                cols.append(k)
-    ratio = np.full((len(groups), len(cols)), np.nan)
-    state = np.zeros((len(groups), len(cols)), dtype=int)   # 0 absent, 1 ok, 2 wrong, 3 did not run
-    noisy = np.zeros((len(groups), len(cols)), dtype=bool)  # its time (or torch default's) not to be trusted
-    best_cell = {}
-    any_torch = False
-    for i, (_, rs) in enumerate(groups):
-        ref = next((r for r in rs if r.torch_default and r.ok and _finite(r.median_ms)), None)
-        any_torch |= ref is not None
-        best = _best_of(rs)
-        base = ref.median_ms if ref is not None else (best.median_ms if best is not None else None)
-        for r in rs:
-            if r.torch_default:
-                continue
-            j = cols.index(key(r))
-            if r.ran and _finite(r.median_ms):
-                state[i, j] = 2 if r.group == "wrong" else 1
-                noisy[i, j] = bool(r.timing_flags) or bool(ref is not None and ref.timing_flags)
-                if base:
-                    ratio[i, j] = r.median_ms / base
-            else:
-                state[i, j] = state[i, j] or 3
-            if r is best:
-                best_cell[i] = j
+    cols, ratio, state, noisy, best_cell, any_torch = _heatmap_cells(groups)
     if ax is None:
         fig = _new_figure(figsize or (max(7.0, 0.62 * len(cols) + 3.2), max(3.2, 0.42 * len(groups) + 2.9)))
         ax = fig.subplots()
@@ -974,27 +981,7 @@ def _plot_heatmap(table, groups, ax, title, figsize):
     cmap = matplotlib.colormaps["RdYlGn_r"].with_extremes(bad=(0.0, 0.0, 0.0, 0.0))
     im = ax.imshow(np.ma.masked_invalid(lr), cmap=cmap, norm=TwoSlopeNorm(0.0, -m, m), aspect="auto",
                    interpolation="nearest")
-    for i in range(len(groups)):
-        for j in range(len(cols)):
-            s = state[i, j]
-            if s == 3:
-                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="#d0d0d0", edgecolor="white", lw=0.5))
-                ax.text(j, i, "n/r", ha="center", va="center", fontsize=7, color="#555555")
-            elif s == 2:
-                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="#f6c4c4", edgecolor="white", lw=0.5,
-                                       hatch="////"))
-                ax.text(j, i, "wrong", ha="center", va="center", fontsize=7, color="#a00000", weight="bold",
-                        bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.8})
-            elif s == 1 and np.isfinite(ratio[i, j]) and len(groups) * len(cols) <= 900:
-                v = ratio[i, j]
-                ax.text(j, i, _ratio_text(v) + ("!" if noisy[i, j] else ""), ha="center", va="center",
-                        fontsize=7.5, color="white" if abs(lr[i, j]) > 0.6 * m else "black",
-                        style="italic" if noisy[i, j] else "normal")
-            if s in (1, 2) and noisy[i, j]:
-                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="#b00000", lw=0.9,
-                                       linestyle=(0, (2, 1.5))))
-    for i, j in best_cell.items():
-        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black", lw=1.6))
+    _heatmap_marks(ax, ratio, state, noisy, lr, m, best_cell)
     ax.set_xticks(range(len(cols)))
     ax.set_xticklabels(cols, rotation=55, ha="right", rotation_mode="anchor", fontsize=8)
     ax.set_yticks(range(len(groups)))
@@ -1019,6 +1006,88 @@ def _plot_heatmap(table, groups, ax, title, figsize):
         fig.suptitle(_wrap_banner(banner, 120), color="#b00000", fontsize=9, x=0.01, ha="left")
     fig.tight_layout()
     return fig
+
+
+def _heatmap_key(r: Result) -> str:
+    """A heatmap column's name for the result ``r``: its choice (``(prepacked)`` added for prepacked
+    weights), or ``torch: NAME``. Returns the name."""
+    if r.backend == "torch":
+        return f"torch: {r.name}"
+    return r.choice + (" (prepacked)" if isinstance(r.extra, dict) and r.extra.get("weights") == "prepacked" else "")
+
+
+def _heatmap_cells(groups: list) -> tuple:
+    """:func:`_plot_heatmap`'s cells: a row per problem of ``groups``, a column per candidate (torch's
+    default rows are the baseline, not columns). Returns ``(cols, ratio, state, noisy, best_cell,
+    any_torch)``: the column names; per cell the median time over the baseline's (torch default,
+    else the fastest correct; NaN when none), the state (0 absent, 1 ok, 2 wrong, 3 did not run)
+    and whether its time is not to be trusted; {row: column} of each problem's fastest correct;
+    whether any problem had a torch default."""
+    import numpy as np
+
+    cols: list[str] = []
+    for _, rs in groups:
+        for r in rs:
+            k = _heatmap_key(r)
+            if not r.torch_default and k not in cols:
+                cols.append(k)
+    ratio = np.full((len(groups), len(cols)), np.nan)
+    state = np.zeros((len(groups), len(cols)), dtype=int)   # 0 absent, 1 ok, 2 wrong, 3 did not run
+    noisy = np.zeros((len(groups), len(cols)), dtype=bool)  # its time (or torch default's) not to be trusted
+    best_cell = {}
+    any_torch = False
+    for i, (_, rs) in enumerate(groups):
+        ref = next((r for r in rs if r.torch_default and r.ok and _finite(r.median_ms)), None)
+        any_torch |= ref is not None
+        best = _best_of(rs)
+        base = ref.median_ms if ref is not None else (best.median_ms if best is not None else None)
+        for r in rs:
+            if r.torch_default:
+                continue
+            j = cols.index(_heatmap_key(r))
+            if r.ran and _finite(r.median_ms):
+                state[i, j] = 2 if r.group == "wrong" else 1
+                noisy[i, j] = bool(r.timing_flags) or bool(ref is not None and ref.timing_flags)
+                if base:
+                    ratio[i, j] = r.median_ms / base
+            else:
+                state[i, j] = state[i, j] or 3
+            if r is best:
+                best_cell[i] = j
+    return cols, ratio, state, noisy, best_cell, any_torch
+
+
+def _heatmap_marks(ax, ratio, state, noisy, lr, m: float, best_cell: dict) -> None:
+    """Mark :func:`_plot_heatmap`'s cells on ``ax``: did-not-run and wrong cells patched and
+    labelled, ok cells given their ratio (``ratio``; ``lr`` its log2, ``m`` the colour scale's
+    bound) when the map is small enough, untrusted times (``noisy``) outlined dashed, each
+    problem's fastest correct (``best_cell``) boxed. ``state`` as :func:`_heatmap_cells`. Returns
+    None."""
+    import numpy as np
+    from matplotlib.patches import Rectangle
+
+    n_rows, n_cols = state.shape
+    for i in range(n_rows):
+        for j in range(n_cols):
+            s = state[i, j]
+            if s == 3:
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="#d0d0d0", edgecolor="white", lw=0.5))
+                ax.text(j, i, "n/r", ha="center", va="center", fontsize=7, color="#555555")
+            elif s == 2:
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="#f6c4c4", edgecolor="white", lw=0.5,
+                                       hatch="////"))
+                ax.text(j, i, "wrong", ha="center", va="center", fontsize=7, color="#a00000", weight="bold",
+                        bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.8})
+            elif s == 1 and np.isfinite(ratio[i, j]) and n_rows * n_cols <= 900:
+                v = ratio[i, j]
+                ax.text(j, i, _ratio_text(v) + ("!" if noisy[i, j] else ""), ha="center", va="center",
+                        fontsize=7.5, color="white" if abs(lr[i, j]) > 0.6 * m else "black",
+                        style="italic" if noisy[i, j] else "normal")
+            if s in (1, 2) and noisy[i, j]:
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="#b00000", lw=0.9,
+                                       linestyle=(0, (2, 1.5))))
+    for i, j in best_cell.items():
+        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black", lw=1.6))
 
 
 # the exports that write files raise only rawconv's exception classes (rawconv._guard): an OSError

@@ -402,7 +402,6 @@ def _warn_if_busy(console, nthreads: int, hint: str = _LOAD_HINT) -> dict:
 
 def cmd_compare(args) -> int:
     from . import compare as cmp
-    from .info import collect
     from ..core.bench import usable_cpus
 
     console = _console(args.width)
@@ -412,8 +411,6 @@ def cmd_compare(args) -> int:
         _check_plot_format(args.plot)
     for flag, path in outputs.items():
         _check_writable(f"--{flag}", path)
-    import torch
-
     nthreads = _threads_arg(args)
     include_ref = False if args.no_ref else (True if args.ref else "auto")
     prepack = False if args.no_prepack else "both"
@@ -426,35 +423,7 @@ def cmd_compare(args) -> int:
     hint = _LOAD_HINT
 
     with cmp.threads(nthreads):
-        meta["info"] = collect()
-        on = meta["info"].get("onednn", {})
-        console.print(f"rawconv {__version__}; torch {torch.__version__}; {torch.get_num_threads()} thread{'s' if torch.get_num_threads() != 1 else ''} "
-                      f"({usable_cpus()} CPUs usable{'' if args.threads is None else ', --threads'}); "
-                      f"oneDNN {on.get('version', '?')} ({on.get('cpu_isa', on.get('error', ''))})")
-        console.print(f"comparing {cmp.versions_line(libs, problems)}: two builds of each library, so a row names "
-                      "the library and version that ran it, and a same-named implementation in both is different "
-                      "code; the comparison says which runs faster here, not why", style="dim")
-        if nthreads > usable_cpus():
-            _warn(console, f"--threads {nthreads} exceeds the {usable_cpus()} CPUs this process may use: "
-                           "OpenMP threads will wait for each other")
-        first = problems[0]
-        photo_note = (" (the first problem's input is matplotlib's sample photo; weights are random)"
-                      if not args.random and first.ndim == 2 and first.c == 3 and not first.is_empty else "")
-        what = "forward" if args.direction == "forward" else f"{args.direction} (torch: aten.convolution_backward)"
-        console.print(f"{len(problems)} problem(s), {what}{photo_note}; times: median/min of up to {args.iterations} "
-                      f"calls after {args.warmup} warm-up, at most {args.budget} s each; error vs float64 reference")
-        if args.direction != "backward_weights":
-            console.print("weights: torch's call reads them on every call; so do rawconv's plain rows"
-                          + ("" if args.no_prepack else ", and rows marked (prepacked) use a copy reordered once "
-                             "(--no-prepack leaves those out)"), style="dim")
-        if any(p.device == "cpu" for p in problems):
-            meta["machine_before"] = _warn_if_busy(console, nthreads, hint)
-            from ..onednn import _INLINE_FLOPS
-
-            small = [p for p in problems if p.device == "cpu" and p.flops < _INLINE_FLOPS]
-            if small and nthreads > 1:
-                console.print(f"{len(small)} problem(s) of fewer than 2**17 FLOPs: rawconv's oneDNN plans run them "
-                              f"on one thread (threads=\"auto\"; see docs/guides/threads.md)")
+        _compare_header(console, args, problems, libs, nthreads, meta, hint)
 
         def show(p, rows):
             print_rows(console, f"{p}  [{cmp.versions_line(libs, [p])}]", rows)
@@ -479,6 +448,59 @@ def cmd_compare(args) -> int:
     if len(problems) > 1:   # one problem: its warnings were printed under its table
         for line in s["timing_warnings"]:
             _warn(console, line)
+    _compare_summary(console, s, outputs)
+    console.print(f"exit status {code}: {cmp.EXIT_CODES[code]}", style="dim" if code == 0 else "red")
+    return code
+
+
+def _compare_header(console, args, problems: list, libs, nthreads: int, meta: dict, hint: str) -> None:
+    """``compare``'s lines before the run (versions, what is timed, how; the machine's load), in
+    ``nthreads`` threads. Takes the parsed ``args``, the ``problems``, the libraries ``libs`` and
+    the JSON ``meta``, which gets the machine's ``info`` (and ``machine_before`` when a problem
+    runs on the CPU). Returns None."""
+    import torch
+
+    from . import compare as cmp
+    from .info import collect
+    from ..core.bench import usable_cpus
+
+    meta["info"] = collect()
+    on = meta["info"].get("onednn", {})
+    console.print(f"rawconv {__version__}; torch {torch.__version__}; "
+                  f"{torch.get_num_threads()} thread{'s' if torch.get_num_threads() != 1 else ''} "
+                  f"({usable_cpus()} CPUs usable{'' if args.threads is None else ', --threads'}); "
+                  f"oneDNN {on.get('version', '?')} ({on.get('cpu_isa', on.get('error', ''))})")
+    console.print(f"comparing {cmp.versions_line(libs, problems)}: two builds of each library, so a row names "
+                  "the library and version that ran it, and a same-named implementation in both is different "
+                  "code; the comparison says which runs faster here, not why", style="dim")
+    if nthreads > usable_cpus():
+        _warn(console, f"--threads {nthreads} exceeds the {usable_cpus()} CPUs this process may use: "
+                       "OpenMP threads will wait for each other")
+    first = problems[0]
+    photo_note = (" (the first problem's input is matplotlib's sample photo; weights are random)"
+                  if not args.random and first.ndim == 2 and first.c == 3 and not first.is_empty else "")
+    what = "forward" if args.direction == "forward" else f"{args.direction} (torch: aten.convolution_backward)"
+    console.print(f"{len(problems)} problem(s), {what}{photo_note}; times: median/min of up to {args.iterations} "
+                  f"calls after {args.warmup} warm-up, at most {args.budget} s each; error vs float64 reference")
+    if args.direction != "backward_weights":
+        console.print("weights: torch's call reads them on every call; so do rawconv's plain rows"
+                      + ("" if args.no_prepack else ", and rows marked (prepacked) use a copy reordered once "
+                         "(--no-prepack leaves those out)"), style="dim")
+    if any(p.device == "cpu" for p in problems):
+        meta["machine_before"] = _warn_if_busy(console, nthreads, hint)
+        from ..onednn import _INLINE_FLOPS
+
+        small = [p for p in problems if p.device == "cpu" and p.flops < _INLINE_FLOPS]
+        if small and nthreads > 1:
+            console.print(f"{len(small)} problem(s) of fewer than 2**17 FLOPs: rawconv's oneDNN plans run them "
+                          f"on one thread (threads=\"auto\"; see docs/guides/threads.md)")
+
+
+def _compare_summary(console, s: dict, outputs: dict) -> None:
+    """``compare``'s summary lines: the counts of :func:`rawconv.compare.summary`'s ``s``, the
+    output files (``outputs``: {flag: path}), the headline, then each problem found. Returns None."""
+    from . import compare as cmp
+
     # the checked results (within + outside tolerance), then the rows that gave none to check
     others = [f"{len(s['failed'])} failed"]
     if s["not_supported"]:
@@ -500,8 +522,6 @@ def cmd_compare(args) -> int:
         console.print(f"  failed: {line}", style="red")
     if s["no_rawconv_result"]:
         console.print(f"  no rawconv candidate ran on: {', '.join(s['no_rawconv_result'])}", style="red")
-    console.print(f"exit status {code}: {cmp.EXIT_CODES[code]}", style="dim" if code == 0 else "red")
-    return code
 
 
 def _check_writable(flag: str, path: str) -> None:
@@ -549,8 +569,6 @@ def _write_outputs(console, args, rows, recs) -> None:
 
 def cmd_replay(args) -> int:
     """``rawconv replay FILE``: run each tuning record's choice again and print the drift."""
-    import warnings
-
     from . import compare as cmp
     from ..core.tuning import TuningRecord
 
@@ -559,6 +577,36 @@ def cmd_replay(args) -> int:
     recs = recs if isinstance(recs, list) else [recs]
     if not recs:
         raise RawconvError(f"{args.file} holds no tuning records")
+    if not _replay_environment(console, args, recs):
+        return 2
+    from ..core.bench import default_threads
+
+    nthreads = args.threads if args.threads is not None else default_threads()
+    with cmp.threads(nthreads):
+        if any(r.key.problem.get("device") == "cpu" for r in recs):
+            _warn_if_busy(console, nthreads)
+        table = cmp.replay(recs, iterations=args.iterations, warmup=args.warmup, budget_s=args.budget,
+                           progress=False if args.quiet else None)
+    rec_threads = {r.key.options.get("threads") for r in recs if r.key.backend == "onednn"} - {None}
+    if rec_threads and rec_threads != {nthreads}:
+        _warn(console, f"records timed with {', '.join(map(str, sorted(rec_threads)))} thread(s), replayed with "
+                       f"{nthreads} (--threads)")
+    _replay_table(console, args, table)
+    if args.csv:
+        table.to_csv(args.csv)
+    s = cmp.replay_summary(table, hint=_LOAD_HINT)
+    _replay_withheld(console, s, table)
+    for line in s["timing_warnings"]:
+        _warn(console, line)
+    return _replay_summary(console, s)
+
+
+def _replay_environment(console, args, recs: list) -> bool:
+    """``replay``'s first step: say, per tuning record of ``recs``, what differs between where it
+    was made and here (library, device), as warnings, or as errors with ``--strict`` (``args``).
+    Returns False when ``--strict`` refuses the run (exit status 2 printed), else True."""
+    import warnings
+
     # what differs from where each record was made: said first, refused with --strict
     differs = []
     for i, rec in enumerate(recs):
@@ -579,19 +627,14 @@ def cmd_replay(args) -> int:
     if differs and args.strict:
         console.print("exit status 2: --strict and a record was made with another library version or device",
                       style="red")
-        return 2
-    from ..core.bench import default_threads
+        return False
+    return True
 
-    nthreads = args.threads if args.threads is not None else default_threads()
-    with cmp.threads(nthreads):
-        if any(r.key.problem.get("device") == "cpu" for r in recs):
-            _warn_if_busy(console, nthreads)
-        table = cmp.replay(recs, iterations=args.iterations, warmup=args.warmup, budget_s=args.budget,
-                           progress=False if args.quiet else None)
-    rec_threads = {r.key.options.get("threads") for r in recs if r.key.backend == "onednn"} - {None}
-    if rec_threads and rec_threads != {nthreads}:
-        _warn(console, f"records timed with {', '.join(map(str, sorted(rec_threads)))} thread(s), replayed with "
-                       f"{nthreads} (--threads)")
+
+def _replay_table(console, args, table) -> None:
+    """Print ``replay``'s table: per record of the replayed ``table``, the time and error now
+    against when recorded, and the drift. Returns None."""
+
     def drift(r):
         if _finite(r.extra.get("drift")):
             return f"{100 * r.extra['drift']:+.1f}%"
@@ -615,9 +658,12 @@ def cmd_replay(args) -> int:
             Column("note", [r.message if not r.ran else "" for r in table], flex=True, drop=0)]
     render_table(console, cols, title=f"rawconv replay {args.file}: {len(table)} record(s), time and error now "
                                       "against when recorded")
-    if args.csv:
-        table.to_csv(args.csv)
-    s = cmp.replay_summary(table, hint=_LOAD_HINT)
+
+
+def _replay_withheld(console, s: dict, table) -> None:
+    """Warn about the records of the replayed ``table`` whose drift is withheld (``s``:
+    :func:`rawconv.compare.replay_summary`'s summary): one line each, or, past three, one line per
+    reason naming the records. Returns None."""
     withheld_rows = [r for r in table if r.extra.get("drift_withheld")]
     if len(withheld_rows) <= 3:
         for line in s["drift_withheld"]:
@@ -632,8 +678,12 @@ def cmd_replay(args) -> int:
         for why, names in by_why.items():
             shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
             _warn(console, f"no drift for {len(names)} record(s) ({shown}): {why}")
-    for line in s["timing_warnings"]:
-        _warn(console, line)
+
+
+def _replay_summary(console, s: dict) -> int:
+    """Print ``replay``'s summary line (records within and outside tolerance, the geometric mean
+    drift) from :func:`rawconv.compare.replay_summary`'s ``s``, and the exit status. Returns the
+    exit status: 1 when a choice is outside tolerance, 4 when one failed, else 0."""
     gd = s["geomean_drift"]
     withheld = len(s["drift_withheld"])
     counted = s["within_tolerance"] - withheld

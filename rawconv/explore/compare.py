@@ -436,17 +436,7 @@ def _onednn_rows(problem, x, w, b, ref, ref_abs, timer, *, fpmath="strict", prep
     modes = _prepack_modes(prepack)
     library = (libs or libraries())["onednn"]
     try:
-        from .. import onednn
-
-        if direction == "forward":
-            plan = onednn.Convolution(x, w, b, problem.stride, list(zip(problem.pad_before, problem.pad_after)),
-                                      problem.dilation, problem.groups, fpmath=fpmath)
-        else:
-            plan = onednn.Convolution.from_problem(problem, direction=direction, fpmath=fpmath,
-                                                   w_layout=onednn._w_layout(w))
-        impls = plan.implementations
-        if "prepacked" in modes and direction != "backward_weights":
-            plan.repack(w)   # a snapshot, reordered once per implementation; calls given w still read w
+        plan, impls = _onednn_plan(problem, x, w, b, fpmath, modes, direction)
     except RawconvError as exc:
         return [_error_row(name, "onednn", "-", exc, f"oneDNN on {problem.describe()}", direction=direction,
                            extra={"library": library})]
@@ -456,34 +446,15 @@ def _onednn_rows(problem, x, w, b, ref, ref_abs, timer, *, fpmath="strict", prep
     ref_est: dict = {}   # layouts -> the estimate of that ref:* implementation
 
     def call(mode):
-        packed = mode == "prepacked"
-        if direction == "forward":
-            return lambda: plan.execute(x, None if packed else w, b)
-        if direction == "backward_data":
-            return (lambda: plan.execute(grad_y=dy)) if packed else (lambda: plan.execute(grad_y=dy, w=w))
-        return lambda: plan.execute(x, grad_y=dy)
+        return _onednn_call(plan, x, w, b, dy, direction, mode)
 
     for impl in impls:
         label = f"[{impl.index}] {impl.name}"
         base = {"index": impl.index, "choice": impl.choice, "library": library}
-        if impl.name.startswith("ref") and not include_ref:
-            continue
-        if impl.name.startswith("ref") and include_ref == "auto":
-            if impl.layouts not in ref_est:
-                ref_est[impl.layouts] = _ref_estimate(problem, impl.layouts, direction)
-            ref_s = ref_est[impl.layouts]
-            if ref_s > ref_max_s:
-                est = "unknown" if not math.isfinite(ref_s) else f"{ref_s:.1f} s"
-                rows.append(Row(name, "onednn", label, f"{impl.layouts}; not run: estimated {est} per call "
-                                f"(--ref runs it)", error=f"not run: estimated {est} per call (--ref runs it)",
-                                status="skipped", workspace_bytes=impl.scratchpad_bytes, direction=direction,
-                                extra=dict(base, estimated_s=ref_s if math.isfinite(ref_s) else None)))
-                continue
-        if impl.known_bad and not allow_known_bad:
-            rows.append(Row(name, "onednn", label,
-                            f"{impl.layouts}; not run: known bad ({impl.known_bad}; --allow-known-bad runs it)",
-                            error="skipped (known bad)", status="known bad", workspace_bytes=impl.scratchpad_bytes,
-                            extra=base, direction=direction))
+        not_run = _onednn_not_run(problem, name, impl, label, base, include_ref, ref_max_s, ref_est,
+                                  allow_known_bad, direction)
+        if not_run is not None:
+            rows += not_run
             continue
         handlings = list(dict.fromkeys(_weights_of(impl, direction, m) for m in modes))
         for weights in handlings:
@@ -513,6 +484,63 @@ def _onednn_rows(problem, x, w, b, ref, ref_abs, timer, *, fpmath="strict", prep
         _run_isolated(problem, rows, x, w, b, ref, ref_abs, tol, fpmath=fpmath, slow_s=slow_s,
                       allow_known_bad=allow_known_bad, isolate=isolate, timing=timing, direction=direction, dy=dy)
     return rows
+
+
+def _onednn_plan(problem, x, w, b, fpmath: str, modes, direction: str) -> tuple:
+    """The oneDNN plan :func:`_onednn_rows` times: built on the tensors for the forward direction,
+    from the problem otherwise, with a weight snapshot when a ``"prepacked"`` row is among
+    ``modes``. Returns ``(plan, implementations)``; raises :class:`RawconvError` when oneDNN cannot
+    make it."""
+    from .. import onednn
+
+    if direction == "forward":
+        plan = onednn.Convolution(x, w, b, problem.stride, list(zip(problem.pad_before, problem.pad_after)),
+                                  problem.dilation, problem.groups, fpmath=fpmath)
+    else:
+        plan = onednn.Convolution.from_problem(problem, direction=direction, fpmath=fpmath,
+                                               w_layout=onednn._w_layout(w))
+    impls = plan.implementations
+    if "prepacked" in modes and direction != "backward_weights":
+        plan.repack(w)   # a snapshot, reordered once per implementation; calls given w still read w
+    return plan, impls
+
+
+def _onednn_call(plan, x, w, b, dy, direction: str, mode: str):
+    """The call :func:`_onednn_rows` times for one weights handling ``mode`` (``"prepacked"``: the
+    plan's snapshot, else the weights passed on every call). Returns a function of no arguments."""
+    packed = mode == "prepacked"
+    if direction == "forward":
+        return lambda: plan.execute(x, None if packed else w, b)
+    if direction == "backward_data":
+        return (lambda: plan.execute(grad_y=dy)) if packed else (lambda: plan.execute(grad_y=dy, w=w))
+    return lambda: plan.execute(x, grad_y=dy)
+
+
+def _onednn_not_run(problem, name: str, impl, label: str, base: dict, include_ref, ref_max_s: float, ref_est: dict,
+                    allow_known_bad: bool, direction: str) -> list[Row] | None:
+    """Whether :func:`_onednn_rows` leaves the implementation ``impl`` out: a reference one
+    without ``include_ref``, or (``"auto"``) estimated slower than ``ref_max_s`` per call
+    (``ref_est``: the estimates so far, by layouts), or a known-bad one without
+    ``allow_known_bad``. Returns None to run it, else the rows to list instead (none for a
+    reference implementation left out, one ``"skipped"`` / ``"known bad"`` row otherwise)."""
+    if impl.name.startswith("ref") and not include_ref:
+        return []
+    if impl.name.startswith("ref") and include_ref == "auto":
+        if impl.layouts not in ref_est:
+            ref_est[impl.layouts] = _ref_estimate(problem, impl.layouts, direction)
+        ref_s = ref_est[impl.layouts]
+        if ref_s > ref_max_s:
+            est = "unknown" if not math.isfinite(ref_s) else f"{ref_s:.1f} s"
+            return [Row(name, "onednn", label, f"{impl.layouts}; not run: estimated {est} per call "
+                        f"(--ref runs it)", error=f"not run: estimated {est} per call (--ref runs it)",
+                        status="skipped", workspace_bytes=impl.scratchpad_bytes, direction=direction,
+                        extra=dict(base, estimated_s=ref_s if math.isfinite(ref_s) else None))]
+    if impl.known_bad and not allow_known_bad:
+        return [Row(name, "onednn", label,
+                    f"{impl.layouts}; not run: known bad ({impl.known_bad}; --allow-known-bad runs it)",
+                    error="skipped (known bad)", status="known bad", workspace_bytes=impl.scratchpad_bytes,
+                    extra=base, direction=direction)]
+    return None
 
 
 def _run_isolated(problem, rows, x, w, b, ref, ref_abs, tol, *, fpmath, slow_s, allow_known_bad,
@@ -874,35 +902,11 @@ def summary(rows: list[Row], *, hint: str | None = None) -> dict:
     per, ratios, first_ratios, packed_ratios = [], [], [], []
     any_packed = any(r.extra.get("weights") == "prepacked" for r in rows)
     for name, rs in by_problem.items():
-        torch_def = next((r for r in rs if r.backend == "torch" and r.implementation == "default"), None)
-        t_ok = torch_def is not None and torch_def.category == "ok" and torch_def.median_ms > 0
-        best = best_rawconv(rs, "per call")
-        first = first_choice(rs)
-        packed = best_rawconv(rs, "prepacked") if any_packed else None
-
-        def ratio_to(r):
-            return torch_def.median_ms / r.median_ms if t_ok and r is not None and r.median_ms > 0 else None
-
-        ratio = ratio_to(best)
+        entry, ratio, first_ratio, packed_ratio = _summary_problem(name, rs, any_packed)
+        per.append(entry)
         ratios.append(ratio)
-        first_ratios.append(ratio_to(first))
-        packed_ratios.append(ratio_to(packed))
-        n = sum(r.backend != "torch" and r.category == "ok" and math.isfinite(r.median_ms)
-                and r.extra.get("weights") in WEIGHT_SETS["per call"] for r in rs)
-        per.append({"problem": name, "torch_ms": torch_def.median_ms if torch_def and torch_def.ran else None,
-                    "torch_status": torch_def.status if torch_def else None,
-                    "torch_library": torch_def.library if torch_def else None,
-                    "best": best.implementation if best else None, "best_ms": best.median_ms if best else None,
-                    "best_library": best.library if best else None, "best_of": n,
-                    "ratio": ratio,
-                    "first_choice": first.implementation if first else None,
-                    "first_choice_ms": first.median_ms if first else None, "first_choice_ratio": ratio_to(first),
-                    "best_prepacked": packed.implementation if packed else None,
-                    "best_prepacked_ms": packed.median_ms if packed else None,
-                    "prepacked_ratio": ratio_to(packed),
-                    "unstable": bool(ratio is not None and (torch_def.unstable or best.unstable)),
-                    "rawconv_rows": sum(r.backend != "torch" for r in rs),
-                    "rawconv_ran": any(r.backend != "torch" and r.ran for r in rs)})
+        first_ratios.append(first_ratio)
+        packed_ratios.append(packed_ratio)
 
     def label(r):
         return f"{r.problem}: {r.backend} {r.implementation}"
@@ -936,6 +940,40 @@ def summary(rows: list[Row], *, hint: str | None = None) -> dict:
             "timings_trustworthy": not warn, "timing_warnings": warn,
             "machine": report.as_dict() if report is not None else None,
             "per_problem": per}
+
+
+def _summary_problem(name: str, rs: list[Row], any_packed: bool) -> tuple:
+    """:func:`summary`'s figures for one problem ``name`` and its rows ``rs`` (``any_packed``:
+    whether any row of the run was prepacked). Returns ``(entry, ratio, first_ratio,
+    packed_ratio)``: the ``per_problem`` dict, and torch default's time over the best rawconv row,
+    over the first choice and over the best prepacked row (None where not comparable)."""
+    torch_def = next((r for r in rs if r.backend == "torch" and r.implementation == "default"), None)
+    t_ok = torch_def is not None and torch_def.category == "ok" and torch_def.median_ms > 0
+    best = best_rawconv(rs, "per call")
+    first = first_choice(rs)
+    packed = best_rawconv(rs, "prepacked") if any_packed else None
+
+    def ratio_to(r):
+        return torch_def.median_ms / r.median_ms if t_ok and r is not None and r.median_ms > 0 else None
+
+    ratio = ratio_to(best)
+    n = sum(r.backend != "torch" and r.category == "ok" and math.isfinite(r.median_ms)
+            and r.extra.get("weights") in WEIGHT_SETS["per call"] for r in rs)
+    entry = {"problem": name, "torch_ms": torch_def.median_ms if torch_def and torch_def.ran else None,
+             "torch_status": torch_def.status if torch_def else None,
+             "torch_library": torch_def.library if torch_def else None,
+             "best": best.implementation if best else None, "best_ms": best.median_ms if best else None,
+             "best_library": best.library if best else None, "best_of": n,
+             "ratio": ratio,
+             "first_choice": first.implementation if first else None,
+             "first_choice_ms": first.median_ms if first else None, "first_choice_ratio": ratio_to(first),
+             "best_prepacked": packed.implementation if packed else None,
+             "best_prepacked_ms": packed.median_ms if packed else None,
+             "prepacked_ratio": ratio_to(packed),
+             "unstable": bool(ratio is not None and (torch_def.unstable or best.unstable)),
+             "rawconv_rows": sum(r.backend != "torch" for r in rs),
+             "rawconv_ran": any(r.backend != "torch" and r.ran for r in rs)}
+    return entry, ratio, ratio_to(first), ratio_to(packed)
 
 
 def headline(s: dict) -> list[str]:

@@ -808,6 +808,34 @@ class Convolution(_Listing, _Autotune, PlanLifetime):
         """:meth:`execute`'s checked path."""
         if self._freed:
             raise ArgumentError("this Convolution plan was freed")
+        x, w, bias, packed = self._execute_args(x, w, bias, out, grad_y)
+        if not self._fast:
+            self._strides()
+        tensors, result, done = self._execute_tensors(x, w, bias, out, grad_y)
+        if done:
+            return result
+        p = self.problem
+        d = self.direction
+        if p.is_empty:
+            _empty_result(self, tensors)
+            return result
+        if not self.user_md:
+            self._mds()
+        built = self._build(self.selected.index)
+        if self._slow_checked != self._selected:   # a reference implementation estimated slow: warn first
+            _warn_if_slow_reference(self)
+        built.run(tensors, _dnnl.stream(), packed)
+        if out is not None:
+            _increment_version((out,))   # written in place, as torch's out= functions do
+        if d == "forward" and (self._hot is None or self._hot.index != self._selected):
+            self._hot = _Hot.of(self, built, x, w, bias)
+        return result
+
+    def _execute_args(self, x, w, bias, out, grad_y) -> tuple:
+        """:meth:`_execute`'s argument check: the tensors this plan's direction takes, those not
+        given taken from the plan (its weight snapshot first, then the construction's tensors).
+        Returns ``(x, w, bias, packed)`` (``packed``: the snapshot's reordered weights, or None);
+        raises :class:`ArgumentError` for a tensor the direction does not take or one it lacks."""
         p = self.problem
         d = self.direction
         packed = None
@@ -841,8 +869,15 @@ class Convolution(_Listing, _Autotune, PlanLifetime):
                 x = self._x
             if grad_y is None or x is None:
                 raise ArgumentError("backward_weights needs x and grad_y")
-        if not self._fast:
-            self._strides()
+        return x, w, bias, packed
+
+    def _execute_tensors(self, x, w, bias, out, grad_y) -> tuple:
+        """:meth:`_execute`'s tensors, prepared for oneDNN (copied or restrided where needed), the
+        output allocated unless ``out`` is given. Returns ``(tensors, result, done)``: the tensors
+        by oneDNN role, what :meth:`execute` returns, and whether that is already final (an empty
+        backward_weights problem, its zero gradients filled in)."""
+        p = self.problem
+        d = self.direction
         prepare = self._prepare
         tensors = {}
         if d == "forward":
@@ -873,27 +908,14 @@ class Convolution(_Listing, _Autotune, PlanLifetime):
             tensors["x"] = prepare("x", x, p.x_shape)
             tensors["dy"] = prepare("dy", grad_y, p.y_shape)
             if p.is_empty:
-                return _empty_result(self, tensors)
+                return tensors, _empty_result(self, tensors), True
             dw = empty_like_layout(p.w_shape, self.w_layout, p.torch_dtype, "cpu")
             tensors["dw"] = dw
             result = dw
             if p.has_bias:
                 tensors["db"] = torch.empty(p.k, dtype=p.torch_dtype)
                 result = (dw, tensors["db"])
-        if p.is_empty:
-            _empty_result(self, tensors)
-            return result
-        if not self.user_md:
-            self._mds()
-        built = self._build(self.selected.index)
-        if self._slow_checked != self._selected:   # a reference implementation estimated slow: warn first
-            _warn_if_slow_reference(self)
-        built.run(tensors, _dnnl.stream(), packed)
-        if out is not None:
-            _increment_version((out,))   # written in place, as torch's out= functions do
-        if d == "forward" and (self._hot is None or self._hot.index != self._selected):
-            self._hot = _Hot.of(self, built, x, w, bias)
-        return result
+        return tensors, result, False
 
     def _hot_run(self, x, w, bias, out):
         """The forward hot path: when the tensors have exactly the metadata of an earlier call that used

@@ -64,10 +64,68 @@ class Autotune:
         terminal or in a Jupyter kernel; :mod:`rawconv._progress`).
         Raises :class:`NotSupportedError` when no implementation could be timed correctly.
         """
-        from ..core import progress as _progress
-        from ..core.bench import LoadMonitor, time_cpu
+        from ..core.bench import LoadMonitor
 
         self._check_live()
+        iterations, warmup, allow = self._autotune_args(iterations, warmup, budget_s, check, use_cache, progress,
+                                                        allow_known_bad)
+        from ..core import isolate as _isolate
+
+        iso = _isolate.options(isolate)
+        # the count the candidates run with: an isolated child's own count for a caller's-count plan
+        key = self._tuning_key(allow, iso.threads if iso is not None else None)
+        hit = _autotune.cached(self, key, use_cache, lambda rec: self._from_cache(rec, allow))
+        if hit is not None:
+            return hit
+        tensors, call, temporary_snap = self._autotune_tensors()
+        checked = self._autotune_reference(tensors, check, iso)
+        wrong, skipped = [], []
+        monitor = LoadMonitor() if iso is None else None
+        session = self._autotune_session(tensors, iso)
+        impls = [i for i in self.implementations if include_ref or not i.name.startswith("ref")]
+        try:
+            rows = self._autotune_search(impls, allow, session, call, checked, iterations, warmup,
+                                         budget_s, progress, wrong, skipped)
+        finally:
+            if session is not None:
+                session.close()
+            if temporary_snap:
+                self._snap = None
+                self._hot = None
+        return self._autotune_select(key, monitor, rows, wrong, skipped)
+
+    def _autotune_session(self, tensors: dict, iso):
+        """The child-process session :meth:`autotune` times in with ``iso`` (the isolation options;
+        :mod:`rawconv.onednn.isolated`) on ``tensors``. Returns it, or None when not isolated."""
+        from . import isolated as _isolated
+
+        if iso is None:
+            return None
+        return _isolated._onednn_session(self.problem, self.direction, tensors, algorithm=self.algorithm,
+                                         fpmath=self.fpmath, w_layout=self.w_layout, prepack=self.prepack,
+                                         iso=iso, plan_threads=self.threads_arg, post_ops=self._post_ops)
+
+    def _autotune_select(self, key, monitor, rows: list, wrong: list, skipped: list) -> ResultTable:
+        """Finish :meth:`autotune`: warn about noisy timings (``monitor``), select the fastest of
+        ``rows`` (dropping the other built implementations), and keep the table and its record under
+        ``key`` (the tuning cache). Returns the table: ``rows``, then ``wrong`` (sorted), then
+        ``skipped``."""
+        warned = _o._warn_timings(monitor, rows)
+        self._selected = rows[0].impl.index
+        for i in list(self._built):
+            if i != self._selected:
+                del self._built[i]
+        wrong.sort(key=lambda r: r.median_ms)
+        out = self._table(rows + wrong + skipped)
+        return _autotune.keep(self, out, self._record(key, out[0], warned))
+
+    def _autotune_args(self, iterations, warmup, budget_s, check, use_cache, progress, allow_known_bad) -> tuple:
+        """Check :meth:`autotune`'s scalar arguments (``iterations``, ``warmup``, ``budget_s``,
+        ``check``, ``use_cache``, ``progress``, ``allow_known_bad``). Returns ``(iterations, warmup,
+        allow)``: the counts as ints and the known-bad setting in effect (the plan's when None);
+        raises :class:`ArgumentTypeError` / :class:`ArgumentError` on the first bad one."""
+        from ..core import progress as _progress
+
         it, wu = _o._int(iterations), _o._int(warmup)
         if it is None or wu is None:
             raise ArgumentTypeError(f"iterations and warmup must be ints, got {iterations!r} and {warmup!r}")
@@ -83,16 +141,13 @@ class Autotune:
                 raise ArgumentTypeError(f"{name} must be True or False, got {v!r}")
         _progress.enabled(progress)   # validates
         allow = self.allow_known_bad if allow_known_bad is None else _o._check_allow(allow_known_bad)
-        from ..core import isolate as _isolate
-        from . import isolated as _isolated
+        return it, wu, allow
 
-        iso = _isolate.options(isolate)
-        # the count the candidates run with: an isolated child's own count for a caller's-count plan
-        key = self._tuning_key(allow, iso.threads if iso is not None else None)
-        hit = _autotune.cached(self, key, use_cache, lambda rec: self._from_cache(rec, allow))
-        if hit is not None:
-            return hit
-        iterations, warmup = it, wu
+    def _autotune_tensors(self) -> tuple[dict, dict, bool]:
+        """The tensors :meth:`autotune` times on: the plan's example tensors, with ``prepack`` the
+        weight snapshot (snapshotting the example weights when the plan has none). Returns
+        ``(tensors, call, temporary_snap)``: every tensor, the ones each call passes (no weights
+        with ``prepack``), and whether the snapshot was made here (to drop after the search)."""
         tensors = call = self._example_tensors()
         temporary_snap = False
         if self.prepack and "w" in tensors:   # time as execute(x) runs: on the snapshot, reordered once
@@ -102,6 +157,12 @@ class Autotune:
             else:
                 tensors = dict(tensors, w=self._snap[0])
             call = {k: v for k, v in tensors.items() if k != "w"}
+        return tensors, call, temporary_snap
+
+    def _autotune_reference(self, tensors: dict, check: bool, iso) -> tuple:
+        """The float64 reference :meth:`autotune` checks each implementation against, for
+        ``tensors``. Returns ``(ref, ref_abs, tol)``, all None when nothing is checked here
+        (``check=False``, isolated, an empty problem, or a plan with post-ops)."""
         ref = ref_abs = tol = None
         # plans with post-ops (rawconv.fused) compute more than the convolution: not checked here
         if check and iso is None and not self.problem.is_empty and not self._post_ops:
@@ -110,43 +171,33 @@ class Autotune:
             named = {"x": tensors.get("x"), "w": tensors.get("w"), "b": tensors.get("bias"), "dy": tensors.get("grad_y")}
             ref, ref_abs = reference(self.problem, self.direction, {k: v for k, v in named.items() if v is not None})
             tol = tolerance_for(self.problem, self.direction, compute=_o._FPMATH_COMPUTE.get(self.fpmath))
-        rows, wrong, skipped = [], [], []
-        session = None
-        monitor = LoadMonitor() if iso is None else None
-        if iso is not None:
-            session = _isolated._onednn_session(self.problem, self.direction, tensors, algorithm=self.algorithm,
-                                               fpmath=self.fpmath, w_layout=self.w_layout, prepack=self.prepack,
-                                               iso=iso, plan_threads=self.threads_arg, post_ops=self._post_ops)
-        impls = [i for i in self.implementations if include_ref or not i.name.startswith("ref")]
-        try:
-            with _progress.bar(progress, total=len(impls), desc="oneDNN autotune", unit="impl") as bar:
-                for impl in impls:
-                    bar.note(impl.choice)
-                    try:
-                        self._autotune_one(impl, allow, session, call, ref, ref_abs, tol, iterations, warmup,
-                                           budget_s, rows, wrong, skipped, time_cpu)
-                    finally:
-                        bar.update()
-            if not rows:
-                why = "; ".join(f"{r.impl.name}: {r.status}" for r in wrong + skipped)
-                raise NotSupportedError("no implementation could be timed correctly for " + self.problem.describe()
-                                        + (f" ({why})" if why else ""))
-            rows.sort(key=lambda r: r.median_ms)
-            rows = self._retime_close(rows, skipped, session, call, allow, iterations, budget_s, time_cpu)
-        finally:
-            if session is not None:
-                session.close()
-            if temporary_snap:
-                self._snap = None
-                self._hot = None
-        warned = _o._warn_timings(monitor, rows)
-        self._selected = rows[0].impl.index
-        for i in list(self._built):
-            if i != self._selected:
-                del self._built[i]
-        wrong.sort(key=lambda r: r.median_ms)
-        out = self._table(rows + wrong + skipped)
-        return _autotune.keep(self, out, self._record(key, out[0], warned))
+        return ref, ref_abs, tol
+
+    def _autotune_search(self, impls, allow, session, call, checked, iterations, warmup, budget_s, progress,
+                         wrong, skipped) -> list:
+        """Time each of ``impls`` (:meth:`_autotune_one`; ``checked``: ``(ref, ref_abs, tol)``), then
+        time the close contenders again (:meth:`_retime_close`). Returns the correct rows, fastest
+        first; the wrong and untimed ones go to ``wrong`` and ``skipped``. Raises
+        :class:`NotSupportedError` when no implementation could be timed correctly."""
+        from ..core import progress as _progress
+        from ..core.bench import time_cpu
+
+        ref, ref_abs, tol = checked
+        rows = []
+        with _progress.bar(progress, total=len(impls), desc="oneDNN autotune", unit="impl") as bar:
+            for impl in impls:
+                bar.note(impl.choice)
+                try:
+                    self._autotune_one(impl, allow, session, call, ref, ref_abs, tol, iterations, warmup,
+                                       budget_s, rows, wrong, skipped, time_cpu)
+                finally:
+                    bar.update()
+        if not rows:
+            why = "; ".join(f"{r.impl.name}: {r.status}" for r in wrong + skipped)
+            raise NotSupportedError("no implementation could be timed correctly for " + self.problem.describe()
+                                    + (f" ({why})" if why else ""))
+        rows.sort(key=lambda r: r.median_ms)
+        return self._retime_close(rows, skipped, session, call, allow, iterations, budget_s, time_cpu)
 
     def _retime_close(self, rows, skipped, session, call, allow, iterations, budget_s, time_cpu) -> list:
         """The close contenders (within 15% of the best of ``rows``, sorted) timed again, interleaved

@@ -330,6 +330,53 @@ def convert(model: torch.nn.Module, example_input: Any, *, group=None, src: int 
     :class:`DistributedTuningError` when a search failed on some rank (other than "not
     supported", which leaves the default).
     """
+    world, rank = _check_convert_args(model, example_input, group, src, strategy, environment, measure_independent,
+                                      convert_kw)
+    budget = convert_kw.get("autotune_budget_s")
+    t_start = time.perf_counter()
+    local = _nn.convert(model, **convert_kw)
+    report = getattr(local, "rawconv_report", None) or _nn.ConvertReport()
+    layers = _layers(local, example_input, budget)
+
+    # 1. the same layers and problems everywhere, and the environments
+    mine = {"layers": [(lay.name, lay.key.to_dict()) for lay in layers], "envs": [lay.env for lay in layers]}
+    every = _all_gather(mine, group)
+    _check_same_layers(every)
+    distinct = _distinct_problems(layers)
+    keys = list(distinct)
+    owners = _assign([(k, _flops(k)) for k in keys], world, strategy, src)
+    diffs = _check_environments(keys, distinct, owners, every, world, environment)
+
+    # 2. search my share
+    results_mine, tune_s = _search_share(layers, keys, distinct, owners, rank, budget)
+
+    # 3. exchange
+    results = _exchange_results(results_mine, layers, keys, distinct, strategy, world, rank, src, group)
+
+    # 4. pin the same choices everywhere
+    problems, records = _pin_shared(layers, keys, distinct, results, rank, report)
+    report.autotune_s = shared = time.perf_counter() - t_start
+    timings = _all_gather({"shared_s": shared, "tune_s": tune_s}, group)
+    dreport = DistributedReport(strategy, world, rank, src, problems, records, [t["shared_s"] for t in timings],
+                                [t["tune_s"] for t in timings], sum(p["seconds"] for p in problems),
+                                environment_differences=diffs)
+
+    # 5. what the sharing avoids, measured
+    if measure_independent:
+        _measure_independent(dreport, layers, keys, distinct, rank, budget, group)
+
+    local.rawconv_report = report
+    local.rawconv_distributed = dreport
+    return local
+
+
+def _check_convert_args(model, example_input, group, src, strategy: str, environment: str, measure_independent,
+                        convert_kw: dict) -> tuple[int, int]:
+    """Check :func:`convert`'s arguments: ``model``, ``strategy``, ``environment``,
+    ``measure_independent``, the ``convert_kw`` it forwards (no ``autotune`` / ``example_input``),
+    ``example_input``, then ``group`` (torch.distributed initialized) and ``src`` (a rank of it).
+    Returns ``(world size, this rank)`` of ``group``; raises :class:`ArgumentTypeError` or
+    :class:`ArgumentError` on the first bad one, in that order."""
     if not isinstance(model, torch.nn.Module):
         raise ArgumentTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if strategy not in STRATEGIES:
@@ -347,21 +394,25 @@ def convert(model: torch.nn.Module, example_input: Any, *, group=None, src: int 
     world, rank = _group_info(group)
     if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < world:
         raise ArgumentError(f"src must be a rank of the group (0..{world - 1}), got {src!r}")
-    budget = convert_kw.get("autotune_budget_s")
-    t_start = time.perf_counter()
-    local = _nn.convert(model, **convert_kw)
-    report = getattr(local, "rawconv_report", None) or _nn.ConvertReport()
-    layers = _layers(local, example_input, budget)
+    return world, rank
 
-    # 1. the same layers and problems everywhere, and the environments
-    mine = {"layers": [(lay.name, lay.key.to_dict()) for lay in layers], "envs": [lay.env for lay in layers]}
-    every = _all_gather(mine, group)
-    _check_same_layers(every)
+
+def _distinct_problems(layers: list) -> dict:
+    """Group ``layers`` by problem. Returns ``{tuning key: [layer index, ...]}``, in the order the
+    problems first appear."""
     distinct: dict = {}
     for i, lay in enumerate(layers):
         distinct.setdefault(lay.key, []).append(i)
-    keys = list(distinct)
-    owners = _assign([(k, _flops(k)) for k in keys], world, strategy, src)
+    return distinct
+
+
+def _check_environments(keys: list, distinct: dict, owners: list, every: list, world: int, environment: str) -> list:
+    """Compare, for each distinct problem (``keys``, the layer indices of each in ``distinct``, its
+    searching rank in ``owners``), the searching rank's environment with every other rank's (from
+    ``every``, the gathered layers and environments). Returns the differences,
+    ``[(rank, tuning rank, field, tuner's, rank's)]`` without repeats; when there are any, raises
+    :class:`rawconv.tuning.TuningEnvironmentError` with ``environment="error"``, or warns
+    (``RuntimeWarning``, attributed to :func:`convert`'s caller) with ``"warn"``."""
     diffs = []
     for pi, k in enumerate(keys):
         li = distinct[k][0]
@@ -378,9 +429,15 @@ def convert(model: torch.nn.Module, example_input: Any, *, group=None, src: int 
         if environment == "error":
             raise _tuning.TuningEnvironmentError(
                 msg + " (environment='warn' pins the shared choices anyway)", [(f, a, b) for _, _, f, a, b in diffs])
-        warnings.warn(msg, RuntimeWarning, stacklevel=2)
+        # stacklevel 3: convert's caller (this helper is called from convert)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+    return diffs
 
-    # 2. search my share
+
+def _search_share(layers: list, keys: list, distinct: dict, owners: list, rank: int, budget) -> tuple[dict, float]:
+    """Search, on this ``rank``, the distinct problems ``owners`` gives it (each on its first layer,
+    with the memo). Returns ``(results, seconds)``: :func:`_search_one`'s result per problem index,
+    and the sum of their search times."""
     results_mine: dict = {}
     tune_s = 0.0
     for pi, k in enumerate(keys):
@@ -389,8 +446,14 @@ def convert(model: torch.nn.Module, example_input: Any, *, group=None, src: int 
         lay = layers[distinct[k][0]]
         results_mine[pi] = res = _search_one(lay, budget, rank, memo=True)
         tune_s += res["seconds"]
+    return results_mine, tune_s
 
-    # 3. exchange
+
+def _exchange_results(results_mine: dict, layers: list, keys: list, distinct: dict, strategy: str, world: int,
+                      rank: int, src: int, group) -> dict:
+    """Share the search results: broadcast from ``src`` (``strategy="one"`` or one rank), else every
+    rank's share gathered. Returns the results of every problem (problem index -> result); raises
+    :class:`DistributedTuningError`, on every rank, when a search failed anywhere."""
     if strategy == "one" or world == 1:
         results = _broadcast(results_mine if rank == src else None, src, group)
     else:
@@ -402,8 +465,14 @@ def convert(model: torch.nn.Module, example_input: Any, *, group=None, src: int 
     if failures:
         raise DistributedTuningError("rawconv.distributed.convert: the search failed: " + "; ".join(
             f"rank {r}, layer {n}: {e}" for r, n, e in failures), failures)
+    return results
 
-    # 4. pin the same choices everywhere
+
+def _pin_shared(layers: list, keys: list, distinct: dict, results: dict, rank: int, report) -> tuple[list, list]:
+    """Pin each problem's shared choice (``results``) on every layer of it, forward only, remember it
+    in :mod:`rawconv.nn`'s process memo and append the layers to ``report.tuned``. Returns
+    ``(problems, records)``: :class:`DistributedReport`'s per-problem dicts and the
+    :class:`rawconv.tuning.TuningRecord` of each problem that has one."""
     problems, records = [], []
     for pi, k in enumerate(keys):
         res = results[pi]
@@ -429,25 +498,20 @@ def convert(model: torch.nn.Module, example_input: Any, *, group=None, src: int 
                                  "searched": res["searched"] and res["rank"] == rank and i == distinct[k][0],
                                  "seconds": res["seconds"] if res["rank"] == rank and i == distinct[k][0] else 0.0,
                                  "key": lay.local_key, "note": res["note"], "tuned_by": res["rank"]})
-    shared = time.perf_counter() - t_start
-    report.autotune_s = shared
-    timings = _all_gather({"shared_s": shared, "tune_s": tune_s}, group)
-    dreport = DistributedReport(strategy, world, rank, src, problems, records, [t["shared_s"] for t in timings],
-                                [t["tune_s"] for t in timings],
-                                sum(p["seconds"] for p in problems), environment_differences=diffs)
+    return problems, records
 
-    # 5. what the sharing avoids, measured
-    if measure_independent:
-        _flush_onednn_primitives()
-        t0 = time.perf_counter()
-        picks = [_search_one(layers[distinct[k][0]], budget, rank, memo=False)["choice"] for k in keys]
-        ind = _all_gather({"s": time.perf_counter() - t0, "choices": picks}, group)
-        dreport.independent_s = [d["s"] for d in ind]
-        dreport.independent_choices = [d["choices"] for d in ind]
 
-    local.rawconv_report = report
-    local.rawconv_distributed = dreport
-    return local
+def _measure_independent(dreport: DistributedReport, layers: list, keys: list, distinct: dict, rank: int, budget,
+                         group) -> None:
+    """Run what the sharing avoids: one independent search of every problem on this rank (no memo,
+    oneDNN's primitive cache emptied first), gathered from every rank. Returns None; fills
+    ``dreport.independent_s`` and ``dreport.independent_choices``."""
+    _flush_onednn_primitives()
+    t0 = time.perf_counter()
+    picks = [_search_one(layers[distinct[k][0]], budget, rank, memo=False)["choice"] for k in keys]
+    ind = _all_gather({"s": time.perf_counter() - t0, "choices": picks}, group)
+    dreport.independent_s = [d["s"] for d in ind]
+    dreport.independent_choices = [d["choices"] for d in ind]
 
 
 def _search_one(lay: _Layer, budget_s, rank: int, *, memo: bool) -> dict:

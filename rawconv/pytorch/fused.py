@@ -59,16 +59,94 @@ PRECISIONS = ("strict", "tf32", "bf16", "f16", "any")
 
 
 # ---------------------------------------------------------------------------- cuDNN: one graph
+class _ResidualGraphMixin:
+    """What :class:`ResidualGraphConvolution` adds to :class:`rawconv.cudnn_graph.GraphConvolution`,
+    the class it is mixed into by :func:`_graph_class` (defined there, on first use): the residual
+    tensor ``r`` bound, drawn for the autotune and in its float64 check, and in the tuning key;
+    :meth:`run` taking the residual; no ``"nhwc:"`` relayout configs. Takes and returns what the
+    base class's methods do; ``super()`` is the base class."""
+
+    def _describe(self) -> str:
+        return super()._describe() + " residual"
+
+    def _example(self, seed: int = 0) -> dict:
+        t = super()._example(seed)
+        p = self.problem
+        t["r"] = random_tensor(p.y_shape, seed_offset(seed, 4), f"cuda:{self.device_index}", p.torch_dtype,
+                               p.layout)
+        self._tune_tensors = t
+        self._ref_r = None
+        return t
+
+    def _bind(self, x, w, bias, out, grad_y):
+        t, result = super()._bind(x, w, bias, out, grad_y)
+        r = getattr(self, "_pending_r", None)
+        if r is None:
+            raise ArgumentError("this plan adds a residual: use run(x, w, bias, residual)")
+        t["r"] = self._prepare("r", r, self.problem.y_shape)
+        return t, result
+
+    def call_for(self, b, t: dict, out: torch.Tensor):
+        self._pending_r = t["r"]
+        try:
+            bound, _ = self._bind(t.get("x"), t.get("w"), t.get("b"), out, None)
+        finally:
+            self._pending_r = None
+        ptrs = tuple(bound[r].data_ptr() for r in self._graph.roles)
+        return lambda: self._run(b, ptrs) or bound
+
+    def check_output(self, out, config, ref, ref_abs):
+        from ..core import check as _check
+
+        # autotune's reference has no residual: act(conv + b + r) in float64 on the same
+        # example tensors instead (computed once per autotune)
+        if self._ref_r is None or self._ref_r[0] is not ref:
+            t = self._tune_tensors
+            ref0, abs0 = _check.reference(self.problem, "forward", t)
+            r64 = t["r"].to(torch.float64)
+            refr = ref0 + r64
+            if self.activation:
+                refr = _check.ACTIVATION_REFERENCE[self.activation](refr)
+            self._ref_r = (ref, refr, abs0 + r64.abs())
+        return super().check_output(out, config, self._ref_r[1], self._ref_r[2])
+
+    def _tuning_key(self, opts, relayout: bool):
+        key = super()._tuning_key(opts, relayout)
+        return dataclasses.replace(key, options=dict(key.options, residual=True))
+
+    def channels_last(self):
+        raise NotSupportedError("'nhwc:' configs are not offered for residual graphs: pass channels_last tensors")
+
+    def autotune(self, **kw):
+        """:meth:`rawconv.cudnn_graph.GraphConvolution.autotune` (``relayout`` is not offered)."""
+        if kw.get("relayout"):
+            raise NotSupportedError("relayout search is not offered for residual graphs: pass channels_last "
+                                    "tensors")
+        return super().autotune(**kw)
+
+    def run(self, x, w, bias, residual, out=None) -> torch.Tensor:
+        """``act(conv(x, w) + bias + residual)`` (asynchronous, torch's current stream)."""
+        p = self.problem
+        if p.is_empty:
+            return _torch_tail(torch.zeros(p.y_shape, dtype=p.torch_dtype, device=residual.device), bias,
+                               residual, self.activation or "none", p)
+        _check_residual(residual, p)
+        self._pending_r = residual.unsqueeze(0) if p.unbatched and residual.dim() == p.ndim + 1 else residual
+        try:
+            return self.execute(x, w, bias, out)
+        finally:
+            self._pending_r = None
+
+
 def _graph_class():
     """:class:`ResidualGraphConvolution`, defined on first use (cudnn_graph imports cuDNN lazily,
     but keeping it out of ``import rawconv.fused`` keeps that import light)."""
     global ResidualGraphConvolution
     if isinstance(ResidualGraphConvolution, type):
         return ResidualGraphConvolution
-    from ..core import check as _check
     from ..cudnn import graph as G
 
-    class _ResidualGraphConvolution(G.GraphConvolution):
+    class _ResidualGraphConvolution(_ResidualGraphMixin, G.GraphConvolution):
         """A :class:`rawconv.cudnn_graph.GraphConvolution` whose graph also adds a residual tensor
         of y's shape before the activation: ``y = act(conv(x, w) + b + r)`` (pointwise nodes
         ``add`` (bias), ``add`` (residual, tensor uid 5), then the activation).
@@ -86,75 +164,6 @@ def _graph_class():
             if not problem.is_empty:
                 self._graph = G._Graph(problem, "forward", self.activation, problem.layout, residual=True)
             return self
-
-        def _describe(self) -> str:
-            return super()._describe() + " residual"
-
-        def _example(self, seed: int = 0) -> dict:
-            t = super()._example(seed)
-            p = self.problem
-            t["r"] = random_tensor(p.y_shape, seed_offset(seed, 4), f"cuda:{self.device_index}", p.torch_dtype,
-                                   p.layout)
-            self._tune_tensors = t
-            self._ref_r = None
-            return t
-
-        def _bind(self, x, w, bias, out, grad_y):
-            t, result = super()._bind(x, w, bias, out, grad_y)
-            r = getattr(self, "_pending_r", None)
-            if r is None:
-                raise ArgumentError("this plan adds a residual: use run(x, w, bias, residual)")
-            t["r"] = self._prepare("r", r, self.problem.y_shape)
-            return t, result
-
-        def call_for(self, b, t: dict, out: torch.Tensor):
-            self._pending_r = t["r"]
-            try:
-                bound, _ = self._bind(t.get("x"), t.get("w"), t.get("b"), out, None)
-            finally:
-                self._pending_r = None
-            ptrs = tuple(bound[r].data_ptr() for r in self._graph.roles)
-            return lambda: self._run(b, ptrs) or bound
-
-        def check_output(self, out, config, ref, ref_abs):
-            # autotune's reference has no residual: act(conv + b + r) in float64 on the same
-            # example tensors instead (computed once per autotune)
-            if self._ref_r is None or self._ref_r[0] is not ref:
-                t = self._tune_tensors
-                ref0, abs0 = _check.reference(self.problem, "forward", t)
-                r64 = t["r"].to(torch.float64)
-                refr = ref0 + r64
-                if self.activation:
-                    refr = _check.ACTIVATION_REFERENCE[self.activation](refr)
-                self._ref_r = (ref, refr, abs0 + r64.abs())
-            return super().check_output(out, config, self._ref_r[1], self._ref_r[2])
-
-        def _tuning_key(self, opts, relayout: bool):
-            key = super()._tuning_key(opts, relayout)
-            return dataclasses.replace(key, options=dict(key.options, residual=True))
-
-        def channels_last(self):
-            raise NotSupportedError("'nhwc:' configs are not offered for residual graphs: pass channels_last tensors")
-
-        def autotune(self, **kw):
-            """:meth:`rawconv.cudnn_graph.GraphConvolution.autotune` (``relayout`` is not offered)."""
-            if kw.get("relayout"):
-                raise NotSupportedError("relayout search is not offered for residual graphs: pass channels_last "
-                                        "tensors")
-            return super().autotune(**kw)
-
-        def run(self, x, w, bias, residual, out=None) -> torch.Tensor:
-            """``act(conv(x, w) + bias + residual)`` (asynchronous, torch's current stream)."""
-            p = self.problem
-            if p.is_empty:
-                return _torch_tail(torch.zeros(p.y_shape, dtype=p.torch_dtype, device=residual.device), bias,
-                                   residual, self.activation or "none", p)
-            _check_residual(residual, p)
-            self._pending_r = residual.unsqueeze(0) if p.unbatched and residual.dim() == p.ndim + 1 else residual
-            try:
-                return self.execute(x, w, bias, out)
-            finally:
-                self._pending_r = None
 
     _ResidualGraphConvolution.__name__ = _ResidualGraphConvolution.__qualname__ = "ResidualGraphConvolution"
     _ResidualGraphConvolution.__module__ = __name__

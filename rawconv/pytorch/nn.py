@@ -1019,6 +1019,24 @@ def _fuse_fx(model, report: ConvertReport, backend, choice, precision):
         return (m is not None and _fusable_conv(m) and m.weight.dim() - 2 in _FUSED and calls[n.target] == 1
                 and len(n.args) == 1 and not n.kwargs)
 
+    bns = _fold_batchnorms_fx(graph, modules, calls, fusable, report)
+    _fuse_chains_fx(gm, modules, fusable, bns, report, backend, choice, precision)
+    _mark_inplace_residuals(graph, modules)
+    graph.lint()
+    gm.recompile()
+    gm.delete_all_unused_submodules()   # ReLUs no longer called
+    for bn_name, bn in bns.values():   # the folded BatchNorms stay, where they were: state_dict as the model's
+        gm.add_submodule(bn_name, bn)
+    return gm
+
+
+def _fold_batchnorms_fx(graph, modules: dict, calls: dict, fusable, report: ConvertReport) -> dict:
+    """:func:`_fuse_fx`'s first pass over ``graph`` (``modules``: the graph module's modules by name;
+    ``calls``: how often each is called; ``fusable``: whether a conv node will be fused): each
+    BatchNorm node after a conv that will be fused goes, recorded in ``report.folded``. Returns
+    ``{conv name: (BatchNorm name, BatchNorm module)}``."""
+    import torch.fx as fx
+
     # BatchNorm after a conv that will be fused: its node goes, the module stays (its state_dict
     # entries too) and the fused module folds it into its weight snapshot when frozen
     bns: dict = {}
@@ -1036,6 +1054,14 @@ def _fuse_fx(model, report: ConvertReport, backend, choice, precision):
         node.replace_all_uses_with(src)
         graph.erase_node(node)
         report.folded.append((src.target, node.target))
+    return bns
+
+
+def _fuse_chains_fx(gm, modules: dict, fusable, bns: dict, report: ConvertReport, backend, choice, precision) -> None:
+    """:func:`_fuse_fx`'s second pass over ``gm``'s graph: each fusable conv node, with the residual
+    add and ReLU after it, becomes one call of a fused module (its BatchNorm from ``bns`` folded
+    in) set in ``gm`` and ``modules``, recorded in ``report.fused``. Returns None."""
+    graph = gm.graph
     # conv [+ residual] [relu] -> one module
     erased = set()
     for node in list(graph.nodes):
@@ -1068,13 +1094,6 @@ def _fuse_fx(model, report: ConvertReport, backend, choice, precision):
             graph.erase_node(n)
             erased.add(n)
         report.fused[name] = "+".join(kind) or "bias"
-    _mark_inplace_residuals(graph, modules)
-    graph.lint()
-    gm.recompile()
-    gm.delete_all_unused_submodules()   # ReLUs no longer called
-    for bn_name, bn in bns.values():   # the folded BatchNorms stay, where they were: state_dict as the model's
-        gm.add_submodule(bn_name, bn)
-    return gm
 
 
 def _mark_inplace_residuals(graph, modules) -> None:
@@ -1281,6 +1300,33 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
     Raises :class:`ArgumentError` / :class:`ArgumentTypeError` for bad arguments (a training-mode
     model with ``fuse=True``; ``autotune=True`` without ``example_input``).
     """
+    autotune, autotune_backward = _convert_args(model, inplace, backend, precision, autotune, fuse, example_input,
+                                                autotune_budget_s, autotune_backward, autotune_new)
+    if not inplace:
+        model = copy.deepcopy(model)
+    report = ConvertReport()
+    traced = False
+    if fuse:
+        model, traced = _convert_fuse_fx(model, report, backend, choice, precision)
+    model = _swap_modules(model, report, backend, choice, precision)
+    if fuse and not traced:
+        _fuse_sequential(model, report, backend, choice, precision)
+    if fuse:
+        for _name, m in _fused_modules(model):
+            _fused.freeze(m)
+    if autotune is not None:
+        _autotune(model, autotune, report, autotune_budget_s, autotune_backward, autotune_new)
+    model.rawconv_report = report
+    return model
+
+
+def _convert_args(model, inplace, backend, precision, autotune, fuse, example_input, autotune_budget_s,
+                  autotune_backward, autotune_new) -> tuple:
+    """Check :func:`convert`'s arguments, in order, raising :class:`ArgumentTypeError` /
+    :class:`ArgumentError` on the first bad one. Returns ``(autotune, autotune_backward)`` resolved:
+    the example input to search on (``example_input`` for ``autotune=True``) or None, and whether
+    to search the backward passes too (the default, None: a training-mode model with a parameter
+    that requires grad)."""
     if not isinstance(model, torch.nn.Module):
         raise ArgumentTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     _check_backend(backend)
@@ -1306,23 +1352,35 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
                             "inference: call model.eval() first (or convert(..., fuse=False) for training)")
     if autotune_backward is None:
         autotune_backward = model.training and any(p.requires_grad for p in model.parameters())
-    if not inplace:
-        model = copy.deepcopy(model)
-    report = ConvertReport()
-    traced = False
-    if fuse:
-        try:
-            model = _fuse_fx(model, report, backend, choice, precision)
-            report.traced = traced = True
-        except Exception as exc:   # noqa: BLE001  (torch.fx raises many types for untraceable code)
-            report.traced = False
-            report.trace_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            warnings.warn(f"rawconv.nn.convert(fuse=True): torch.fx could not trace {type(model).__name__} "
-                          f"({report.trace_error}); fused at module level only (Conv -> BatchNorm -> ReLU runs of "
-                          "each nn.Sequential, when the Sequential is called as a whole); residual adds stay in "
-                          "torch", RuntimeWarning, stacklevel=_guard.stacklevel())
-            report.folded.clear()
-            report.fused.clear()
+    return autotune, autotune_backward
+
+
+def _convert_fuse_fx(model: torch.nn.Module, report: ConvertReport, backend: str, choice, precision: str) -> tuple:
+    """:func:`convert`'s ``fuse=True`` with torch.fx (:func:`_fuse_fx`), recording in ``report`` whether
+    it traced. Returns ``(model, traced)``: the traced and fused ``GraphModule`` and True, or, when
+    tracing fails (a ``RuntimeWarning`` says why; ``report``'s folds and fusions cleared), the
+    model unchanged and False."""
+    try:
+        model = _fuse_fx(model, report, backend, choice, precision)
+        report.traced = True
+        return model, True
+    except Exception as exc:   # noqa: BLE001  (torch.fx raises many types for untraceable code)
+        report.traced = False
+        report.trace_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        warnings.warn(f"rawconv.nn.convert(fuse=True): torch.fx could not trace {type(model).__name__} "
+                      f"({report.trace_error}); fused at module level only (Conv -> BatchNorm -> ReLU runs of "
+                      "each nn.Sequential, when the Sequential is called as a whole); residual adds stay in "
+                      "torch", RuntimeWarning, stacklevel=_guard.stacklevel())
+        report.folded.clear()
+        report.fused.clear()
+    return model, False
+
+
+def _swap_modules(model: torch.nn.Module, report: ConvertReport, backend: str, choice, precision: str
+                  ) -> torch.nn.Module:
+    """Swap every convolution module of ``model`` of a class rawconv covers for its :mod:`rawconv.nn`
+    twin (sharing parameters and buffers), recording in ``report.swapped`` those swapped and those
+    already rawconv's. Returns the model (the new module when ``model`` itself is one)."""
     for name, m in list(model.named_modules()):
         if type(m) in _SWAP:
             new = _swap_module(m, backend, _choice_for(choice, name), precision)
@@ -1333,14 +1391,6 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
             report.swapped.append(name)
         elif isinstance(m, _RawconvConv):
             report.swapped.append(name)
-    if fuse and not traced:
-        _fuse_sequential(model, report, backend, choice, precision)
-    if fuse:
-        for _name, m in _fused_modules(model):
-            _fused.freeze(m)
-    if autotune is not None:
-        _autotune(model, autotune, report, autotune_budget_s, autotune_backward, autotune_new)
-    model.rawconv_report = report
     return model
 
 
@@ -2198,6 +2248,17 @@ def describe(model: torch.nn.Module, example_input: Any, *, iterations: int = 10
     """
     if not isinstance(model, torch.nn.Module):
         raise ArgumentTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    names, calls = _record_conv_calls(model, example_input)
+    rows = DescribeTable()
+    for m, args, kwargs in calls:
+        rows.append(_describe_layer(m, args, kwargs, names.get(id(m), "?"), iterations, timing, torch_kernels))
+    return rows
+
+
+def _record_conv_calls(model: torch.nn.Module, example_input: Any) -> tuple[dict, list]:
+    """Run ``model`` once on ``example_input`` (no grad) with hooks on its convolution modules.
+    Returns ``(names, calls)``: ``{id(module): name}``, and each module's first call as
+    ``(module, args, kwargs)`` with copies of its tensors, in call order."""
     convs = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d) + _TORCH_TRANSPOSED
     names = {}
     calls: list = []
@@ -2220,63 +2281,68 @@ def describe(model: torch.nn.Module, example_input: Any, *, iterations: int = 10
     finally:
         for h in hooks:
             h.remove()
-    rows = DescribeTable()
-    for m, args, kwargs in calls:
-        x = args[0]
-        residual = args[1] if len(args) > 1 else kwargs.get("residual")
-        output_size = args[1] if isinstance(m, _TORCH_TRANSPOSED) and len(args) > 1 else kwargs.get("output_size")
-        rm = m if isinstance(m, _RawconvConv) else _swap_module(copy.copy(m), "auto", None, "strict")
-        backend = _resolve_backend(rm.backend, x.device)
-        # the exact library call of the rawconv module
-        with _recording() as rec, torch.no_grad():
-            rm(x, _copied(residual)) if isinstance(rm, _ConvBiasAct) else rm(x) if output_size is None \
-                else rm(x, output_size)
-        note = ""
-        if rec:
-            _, kind, cargs = rec[0]
-            problem = _problem_of(rm, kind, cargs).describe()
-            choice, _bwd, _t, note = _call_choices(rm, kind, cargs)
-            runs = _rawconv_runs(rm, kind, cargs, backend, choice)
-        else:
-            problem, runs, note = "?", "?", "the call ran outside rawconv's fused path (broadcast residual)"
+    return names, calls
 
-        scratch = residual.clone() if residual is not None else None
 
-        def run_rawconv(r=None):
-            # the residual a fused module may write into: a copy per checked call (r=None), a scratch
-            # tensor when timed (what the model's call does, in place where convert allowed it)
-            with torch.no_grad():
-                if isinstance(rm, _ConvBiasAct):
-                    return rm(x, residual.clone() if r is None and residual is not None else r)
-                return rm(x) if output_size is None else rm(x, output_size)
+def _describe_layer(m, args: tuple, kwargs: dict, name: str, iterations: int, timing: bool,
+                    torch_kernels: bool) -> LayerReport:
+    """:func:`describe`'s row for one recorded call of the convolution module ``m`` (named ``name``;
+    ``args``, ``kwargs``: the call's arguments): what rawconv and torch run, their errors against
+    float64 and (``timing``) their median times over ``iterations`` calls. Returns the
+    :class:`LayerReport`."""
+    x = args[0]
+    residual = args[1] if len(args) > 1 else kwargs.get("residual")
+    output_size = args[1] if isinstance(m, _TORCH_TRANSPOSED) and len(args) > 1 else kwargs.get("output_size")
+    rm = m if isinstance(m, _RawconvConv) else _swap_module(copy.copy(m), "auto", None, "strict")
+    backend = _resolve_backend(rm.backend, x.device)
+    # the exact library call of the rawconv module
+    with _recording() as rec, torch.no_grad():
+        rm(x, _copied(residual)) if isinstance(rm, _ConvBiasAct) else rm(x) if output_size is None \
+            else rm(x, output_size)
+    note = ""
+    if rec:
+        _, kind, cargs = rec[0]
+        problem = _problem_of(rm, kind, cargs).describe()
+        choice, _bwd, _t, note = _call_choices(rm, kind, cargs)
+        runs = _rawconv_runs(rm, kind, cargs, backend, choice)
+    else:
+        problem, runs, note = "?", "?", "the call ran outside rawconv's fused path (broadcast residual)"
 
-        def run_torch():
-            with torch.no_grad():
-                return _torch_equivalent(m, x, residual, output_size=output_size)
+    scratch = residual.clone() if residual is not None else None
 
-        x64 = x.detach().to("cpu", torch.float64)
-        r64 = residual.detach().to("cpu", torch.float64) if residual is not None else None
+    def run_rawconv(r=None):
+        # the residual a fused module may write into: a copy per checked call (r=None), a scratch
+        # tensor when timed (what the model's call does, in place where convert allowed it)
         with torch.no_grad():
-            ref = _torch_equivalent(m, x64, r64, w=m.weight.detach().to("cpu", torch.float64),
-                                    b=m.bias.detach().to("cpu", torch.float64) if m.bias is not None else None,
-                                    output_size=output_size)
-        row = LayerReport(names.get(id(m), "?"), type(m).__name__ + (f"({m.activation}"
-                                                                        f"{', residual' if residual is not None else ''})"
-                                                                        if isinstance(m, _ConvBiasAct) else ""),
-                          problem, backend, runs, _torch_backend(m, x),
-                          _torch_runs(run_torch, x.device) if (torch_kernels or x.device.type == "cpu") else "",
-                          note=note)
-        try:
-            row.rawconv_err = _rel_err(run_rawconv(), ref)
-            if timing:
-                row.rawconv_ms = _timer(lambda: run_rawconv(scratch), x.device, iterations)
-        except (NotSupportedError, ArgumentError) as exc:
-            row.note = (row.note + "; " if row.note else "") + f"rawconv: {exc}"
-        row.torch_err = _rel_err(run_torch(), ref)
+            if isinstance(rm, _ConvBiasAct):
+                return rm(x, residual.clone() if r is None and residual is not None else r)
+            return rm(x) if output_size is None else rm(x, output_size)
+
+    def run_torch():
+        with torch.no_grad():
+            return _torch_equivalent(m, x, residual, output_size=output_size)
+
+    x64 = x.detach().to("cpu", torch.float64)
+    r64 = residual.detach().to("cpu", torch.float64) if residual is not None else None
+    with torch.no_grad():
+        ref = _torch_equivalent(m, x64, r64, w=m.weight.detach().to("cpu", torch.float64),
+                                b=m.bias.detach().to("cpu", torch.float64) if m.bias is not None else None,
+                                output_size=output_size)
+    label = type(m).__name__ + (f"({m.activation}{', residual' if residual is not None else ''})"
+                                if isinstance(m, _ConvBiasAct) else "")
+    row = LayerReport(name, label, problem, backend, runs, _torch_backend(m, x),
+                      _torch_runs(run_torch, x.device) if (torch_kernels or x.device.type == "cpu") else "",
+                      note=note)
+    try:
+        row.rawconv_err = _rel_err(run_rawconv(), ref)
         if timing:
-            row.torch_ms = _timer(run_torch, x.device, iterations)
-        rows.append(row)
-    return rows
+            row.rawconv_ms = _timer(lambda: run_rawconv(scratch), x.device, iterations)
+    except (NotSupportedError, ArgumentError) as exc:
+        row.note = (row.note + "; " if row.note else "") + f"rawconv: {exc}"
+    row.torch_err = _rel_err(run_torch(), ref)
+    if timing:
+        row.torch_ms = _timer(run_torch, x.device, iterations)
+    return row
 
 
 # every public entry point raises only rawconv's exception classes (rawconv._guard)

@@ -271,6 +271,26 @@ def torch_flags(*, mkldnn: bool | None = None, cudnn: bool | None = None, benchm
     Sets through ``torch._C`` (as ``torch.backends.*.flags`` do), so it works under
     ``torch.backends.disable_global_flags()`` too.
     """
+    _check_torch_flags(mkldnn, cudnn, benchmark, deterministic, allow_tf32, cudnn_fp32_precision,
+                       mkldnn_fp32_precision, threads)
+    undo: list[Callable[[], None]] = []
+    try:
+        flags = _set_torch_flags(undo, mkldnn, cudnn, benchmark, deterministic, allow_tf32, cudnn_fp32_precision,
+                                 mkldnn_fp32_precision, threads)
+    except BaseException:
+        _undo(undo)
+        raise
+    try:
+        yield flags
+    finally:
+        _undo(undo)
+
+
+def _check_torch_flags(mkldnn, cudnn, benchmark, deterministic, allow_tf32, cudnn_fp32_precision,
+                       mkldnn_fp32_precision, threads) -> None:
+    """Check :func:`torch_flags`'s arguments before anything changes. Returns None; raises
+    :class:`ArgumentTypeError` / :class:`ArgumentError` on the first bad one, and
+    :class:`NotSupportedError` for a ``*_fp32_precision`` torch has no API for."""
     for v, n in ((mkldnn, "mkldnn"), (cudnn, "cudnn"), (benchmark, "benchmark"), (deterministic, "deterministic"),
                  (allow_tf32, "allow_tf32")):
         _check_opt_bool(v, n)
@@ -280,63 +300,74 @@ def torch_flags(*, mkldnn: bool | None = None, cudnn: bool | None = None, benchm
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ArgumentError(f"threads must be a positive int or None, got {threads!r}")
 
+
+def _change(undo: list, get, set_, value) -> None:
+    """Set one torch flag through ``set_`` to ``value``, appending to ``undo`` what puts back the
+    value ``get`` read first. Returns None."""
+    old = get()
+    set_(value)
+    undo.append(lambda: set_(old))
+
+
+def _change_precision(undo: list, backend: str, op: str, value: str) -> None:
+    """Set torch's fp32 precision of ``backend``'s ``op`` to ``value`` (the newer precision API),
+    appending to ``undo`` what puts back the old one. Returns None."""
     C = torch._C
-    undo: list[Callable[[], None]] = []
+    old = C._get_fp32_precision_getter(backend, op)
+    C._set_fp32_precision_setter(backend, op, value)
+    undo.append(lambda: C._set_fp32_precision_setter(backend, op, old))
 
-    def change(get, set_, value):
-        old = get()
-        set_(value)
-        undo.append(lambda: set_(old))
 
-    def change_precision(backend, op, value):
-        old = C._get_fp32_precision_getter(backend, op)
-        C._set_fp32_precision_setter(backend, op, value)
-        undo.append(lambda: C._set_fp32_precision_setter(backend, op, old))
+def _change_allow_tf32(undo: list, allow_tf32: bool) -> None:
+    """Set ``torch.backends.cudnn.allow_tf32`` (the legacy flag), appending to ``undo`` what puts
+    back the legacy flag and, with torch's newer precision API, cuDNN's conv and RNN precisions.
+    Returns None."""
+    C = torch._C
+    if _has_fp32_api():
+        # the legacy setter writes a legacy flag and cuDNN's conv and RNN precisions; torch's
+        # legacy getter then refuses to answer if the new API alone puts the precisions back
+        # (it compares them with the legacy flag): undo through the legacy setter, then fix
+        # any precision that still differs through the new API
+        old_legacy = _legacy_cudnn_tf32()
+        olds = [(op, C._get_fp32_precision_getter("cuda", op)) for op in ("conv", "rnn")]
+        C._set_cudnn_allow_tf32(allow_tf32)
 
-    try:
-        if mkldnn is not None:
-            change(C._get_mkldnn_enabled, C._set_mkldnn_enabled, mkldnn)
-        if cudnn is not None:
-            change(C._get_cudnn_enabled, C._set_cudnn_enabled, cudnn)
-        if benchmark is not None:
-            change(C._get_cudnn_benchmark, C._set_cudnn_benchmark, benchmark)
-        if deterministic is not None:
-            change(C._get_cudnn_deterministic, C._set_cudnn_deterministic, deterministic)
-            if _C("_get_mkldnn_deterministic") is not None and _C("_set_mkldnn_deterministic") is not None:
-                change(C._get_mkldnn_deterministic, C._set_mkldnn_deterministic, deterministic)
-        if allow_tf32 is not None:
-            if _has_fp32_api():
-                # the legacy setter writes a legacy flag and cuDNN's conv and RNN precisions; torch's
-                # legacy getter then refuses to answer if the new API alone puts the precisions back
-                # (it compares them with the legacy flag): undo through the legacy setter, then fix
-                # any precision that still differs through the new API
-                old_legacy = _legacy_cudnn_tf32()
-                olds = [(op, C._get_fp32_precision_getter("cuda", op)) for op in ("conv", "rnn")]
-                C._set_cudnn_allow_tf32(allow_tf32)
+        def put_back(old_legacy=old_legacy, olds=olds):
+            if old_legacy is not None:
+                C._set_cudnn_allow_tf32(old_legacy)
+            for op, v in olds:
+                if C._get_fp32_precision_getter("cuda", op) != v:
+                    C._set_fp32_precision_setter("cuda", op, v)
+        undo.append(put_back)
+    else:
+        _change(undo, C._get_cudnn_allow_tf32, C._set_cudnn_allow_tf32, allow_tf32)
 
-                def put_back(old_legacy=old_legacy, olds=olds):
-                    if old_legacy is not None:
-                        C._set_cudnn_allow_tf32(old_legacy)
-                    for op, v in olds:
-                        if C._get_fp32_precision_getter("cuda", op) != v:
-                            C._set_fp32_precision_setter("cuda", op, v)
-                undo.append(put_back)
-            else:
-                change(C._get_cudnn_allow_tf32, C._set_cudnn_allow_tf32, allow_tf32)
-        if cudnn_fp32_precision is not None:
-            change_precision("cuda", "conv", cudnn_fp32_precision)
-        if mkldnn_fp32_precision is not None:
-            change_precision("mkldnn", "conv", mkldnn_fp32_precision)
-        if threads is not None:
-            change(torch.get_num_threads, torch.set_num_threads, threads)
-        flags = TorchFlags.current()
-    except BaseException:
-        _undo(undo)
-        raise
-    try:
-        yield flags
-    finally:
-        _undo(undo)
+
+def _set_torch_flags(undo: list, mkldnn, cudnn, benchmark, deterministic, allow_tf32, cudnn_fp32_precision,
+                     mkldnn_fp32_precision, threads) -> TorchFlags:
+    """Set :func:`torch_flags`'s flags that are not None, in order, appending to ``undo`` what
+    puts each back (the caller undoes them, also when this raises). Returns the
+    :class:`TorchFlags` then in force."""
+    C = torch._C
+    if mkldnn is not None:
+        _change(undo, C._get_mkldnn_enabled, C._set_mkldnn_enabled, mkldnn)
+    if cudnn is not None:
+        _change(undo, C._get_cudnn_enabled, C._set_cudnn_enabled, cudnn)
+    if benchmark is not None:
+        _change(undo, C._get_cudnn_benchmark, C._set_cudnn_benchmark, benchmark)
+    if deterministic is not None:
+        _change(undo, C._get_cudnn_deterministic, C._set_cudnn_deterministic, deterministic)
+        if _C("_get_mkldnn_deterministic") is not None and _C("_set_mkldnn_deterministic") is not None:
+            _change(undo, C._get_mkldnn_deterministic, C._set_mkldnn_deterministic, deterministic)
+    if allow_tf32 is not None:
+        _change_allow_tf32(undo, allow_tf32)
+    if cudnn_fp32_precision is not None:
+        _change_precision(undo, "cuda", "conv", cudnn_fp32_precision)
+    if mkldnn_fp32_precision is not None:
+        _change_precision(undo, "mkldnn", "conv", mkldnn_fp32_precision)
+    if threads is not None:
+        _change(undo, torch.get_num_threads, torch.set_num_threads, threads)
+    return TorchFlags.current()
 
 
 def _undo(undo: list) -> None:
@@ -986,22 +1017,45 @@ def _candidate_kernels(c: _Call, limit: int, tf32: bool) -> tuple[CandidateKerne
     hit = _cand_cache.get(key)
     if hit is not None:
         return hit
-    from .. import cudnn as _cd
-    from ..cudnn import graph as _cg
-
-    p, d = c.problem, c.direction
-    x, w = c.xb, c.w
     runs: list[tuple[str, str, int | None, Callable, Callable]] = []   # backend, choice, engine, select, run
     errors: list[CandidateKernels] = []
-    plan = gplan = None
+    plan = _legacy_candidates(c, limit, runs, errors)
+    gplan = _graph_candidates(c, limit, tf32, runs, errors)
+    out = _profile_candidates(runs)
+    order = {ch: i for i, (_, ch, _, _, _) in enumerate(runs)}
+    out.sort(key=lambda ck: order.get(ck.choice, 1 << 30))
+    res = tuple(errors + out)
+    for obj in (plan, gplan):
+        if obj is not None:
+            try:
+                obj.free()
+            except Exception:  # noqa: BLE001
+                pass
+    if len(_cand_cache) >= _CAND_CACHE_SIZE:
+        _cand_cache.pop(next(iter(_cand_cache)))
+    _cand_cache[key] = res
+    return res
 
-    def exec_args():
-        if d == "backward_data":   # a transposed forward's input is the matching convolution's dy
-            return {"grad_y": c.dy if c.dy is not None else c.x, "w": c.w}
-        if d == "backward_weights":
-            return {"x": x, "grad_y": c.dy}
-        return {"x": x, "w": w}
 
+def _exec_args(c: _Call) -> dict:
+    """The tensors a candidate plan's ``execute`` takes for ``c``'s direction. Returns them by
+    argument name."""
+    d = c.direction
+    if d == "backward_data":   # a transposed forward's input is the matching convolution's dy
+        return {"grad_y": c.dy if c.dy is not None else c.x, "w": c.w}
+    if d == "backward_weights":
+        return {"x": c.xb, "grad_y": c.dy}
+    return {"x": c.xb, "w": c.w}
+
+
+def _legacy_candidates(c: _Call, limit: int, runs: list, errors: list):
+    """The legacy API's candidates for ``c``'s problem: up to ``limit`` (algo, math) rows cuDNN
+    reports usable, appended to ``runs`` as (backend, choice, engine, select, run); a plan that
+    cannot be made goes to ``errors``. Returns the plan (to free), or None."""
+    from .. import cudnn as _cd
+
+    p, d = c.problem, c.direction
+    plan = None
     # legacy API: (algo, math) rows cuDNN reports usable
     try:
         plan = _cd.Convolution.from_problem(p, direction=d, w_layout=layout_of(c.w) if layout_of(c.w) != "strided"
@@ -1009,9 +1063,21 @@ def _candidate_kernels(c: _Call, limit: int, tf32: bool) -> tuple[CandidateKerne
         rows = [r for r in plan.algorithms("heuristic", "all") if r.ok][:limit]
         for r in rows:
             runs.append(("cudnn", r.choice, None, (lambda r=r: plan.select(choice=r)),
-                         (lambda: plan.execute(**exec_args()))))
+                         (lambda: plan.execute(**_exec_args(c)))))
     except RawconvError as exc:
         errors.append(CandidateKernels("cudnn", "-", error=f"{type(exc).__name__}: {str(exc).splitlines()[0]}"))
+    return plan
+
+
+def _graph_candidates(c: _Call, limit: int, tf32: bool, runs: list, errors: list):
+    """The graph API's candidates for ``c``'s problem: up to ``limit`` of the heuristic configs,
+    then every engine with its default knobs, appended to ``runs`` as (backend, choice, engine,
+    select, run); a plan that cannot be made goes to ``errors``. Returns the plan (to free), or
+    None."""
+    from ..cudnn import graph as _cg
+
+    p, d = c.problem, c.direction
+    gplan = None
     # graph API: heuristic configs, then every engine with its default knobs
     try:
         gplan = _cg.GraphConvolution.from_problem(p, direction=d, allow_tf32=bool(tf32))
@@ -1024,9 +1090,16 @@ def _candidate_kernels(c: _Call, limit: int, tf32: bool) -> tuple[CandidateKerne
                      if e.name not in names and "RUNTIME_COMPILATION" not in e.behavior_notes]
         for ec in cfgs[:limit]:
             runs.append(("cudnn_graph", ec.name, ec.engine, (lambda ec=ec: gplan._select(ec, warn=False)),
-                         (lambda: gplan.execute(**exec_args()))))
+                         (lambda: gplan.execute(**_exec_args(c)))))
     except RawconvError as exc:
         errors.append(CandidateKernels("cudnn_graph", "-", error=f"{type(exc).__name__}: {str(exc).splitlines()[0]}"))
+    return gplan
+
+
+def _profile_candidates(runs: list) -> list[CandidateKernels]:
+    """Build and run each of ``runs`` (backend, choice, engine, select, run) once outside the
+    profiler (plans finalized, workspaces allocated), then profile each that ran. Returns a
+    :class:`CandidateKernels` per candidate: its kernel names, or its error."""
     # build and run each once outside the profiler (plans finalized, workspaces allocated)
     ready, out = [], []
     with warnings.catch_warnings():
@@ -1051,19 +1124,7 @@ def _candidate_kernels(c: _Call, limit: int, tf32: bool) -> tuple[CandidateKerne
     for (be, choice, eng, _, _), ks in zip(ready, kernels):
         out.append(CandidateKernels(be, choice, _unique(n for n, _ in ks), eng,
                                     "" if ks else "no kernel seen by the profiler"))
-    order = {ch: i for i, (_, ch, _, _, _) in enumerate(runs)}
-    out.sort(key=lambda ck: order.get(ck.choice, 1 << 30))
-    res = tuple(errors + out)
-    for obj in (plan, gplan):
-        if obj is not None:
-            try:
-                obj.free()
-            except Exception:  # noqa: BLE001
-                pass
-    if len(_cand_cache) >= _CAND_CACHE_SIZE:
-        _cand_cache.pop(next(iter(_cand_cache)))
-    _cand_cache[key] = res
-    return res
+    return out
 
 
 # ============================================================================ the result

@@ -119,9 +119,17 @@ class Autotune:
                        no_down_conversion=no_down_conversion, no_reduced_precision=no_reduced_precision)
         opts = _search.SearchOptions(budget_s, workspace_limit, filters, iterations, final_iterations, check, use_cache,
                                      seed, include_runtime_compiled, patience, relayout, seed_from_cache)
-        relayout = relayout and self.problem.layout == "nchw" and not self.problem.is_empty
+        return self._autotune_run(opts, progress)
+
+    def _autotune_run(self, opts: _search.SearchOptions, progress: bool | None) -> list[TimedConfig]:
+        """:meth:`autotune` once its arguments are checked (``opts``; ``progress``: the bar): the
+        tuning cache's row on a hit, else the search (of both layouts with ``opts.relayout`` on an
+        NCHW plan), the best config committed. Returns the ranked table with its record kept; raises
+        :class:`NotSupportedError` when no candidate runs correctly."""
+        budget_s, seed = opts.budget_s, opts.seed
+        relayout = opts.relayout and self.problem.layout == "nchw" and not self.problem.is_empty
         key = self._tuning_key(opts, relayout)
-        rows = _autotune.cached(self, key, use_cache, self._from_cache, file_default=False)
+        rows = _autotune.cached(self, key, opts.use_cache, self._from_cache, file_default=False)
         if rows is not None:
             return rows
         store = tuning.cache()
@@ -129,17 +137,18 @@ class Autotune:
         t_start = time.perf_counter()
         tensors = self._example(seed)
         ref = ref_abs = None
-        if check:
+        if opts.check:
             ref, ref_abs = _o.reference(self.problem, self.direction, tensors, activation=self.activation)
-        seeds = _o._configs_of(store.seeds(key)) if seed_from_cache else []
+        seeds = _o._configs_of(store.seeds(key)) if opts.seed_from_cache else []
         from ...core import progress as _progress
 
         with _progress.bar(progress, desc="cuDNN graph autotune", seconds=budget_s):
             if relayout:
-                cl_seeds = _o._configs_of(store.seeds(key, layout="nhwc")) if seed_from_cache else []
+                cl_seeds = _o._configs_of(store.seeds(key, layout="nhwc")) if opts.seed_from_cache else []
                 table = _search.search_relayout(self, t_start, budget_s, tensors, ref, ref_abs, opts, seeds,
                                                 cl_seeds)
             else:
+                table = _search.search(self, t_start + budget_s, budget_s, tensors, ref, ref_abs, opts, seeds)
                 table = _search.search(self, t_start + budget_s, budget_s, tensors, ref, ref_abs, opts, seeds)
         self.last_autotune = table
         self.autotune_seconds = time.perf_counter() - t_start
