@@ -149,7 +149,6 @@ class Autotune:
                                                 cl_seeds)
             else:
                 table = _search.search(self, t_start + budget_s, budget_s, tensors, ref, ref_abs, opts, seeds)
-                table = _search.search(self, t_start + budget_s, budget_s, tensors, ref, ref_abs, opts, seeds)
         self.last_autotune = table
         self.autotune_seconds = time.perf_counter() - t_start
         if not table or table[0].status != "ok":
