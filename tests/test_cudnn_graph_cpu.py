@@ -1200,3 +1200,58 @@ def test_workspaces_are_kept_on_the_default_stream_only_and_per_call_elsewhere(m
     status[0] = 3   # CUDNN_STATUS_BAD_PARAM
     with pytest.raises(LibraryError, match="cudnnBackendExecute"):
         plan._run(b, (10, 20, 30))
+
+
+@pytest.mark.parametrize("relayout", [False, True])
+def test_autotune_runs_one_search_within_its_budget(monkeypatch, relayout):
+    """GraphConvolution.autotune (its argument checks, then the run) searches once: the one search
+    gets the whole budget, its table is what is committed and returned (cuDNN, the example tensors
+    and the search itself stubbed; an NCHW plan with relayout runs the two-layout search instead)."""
+    import types
+
+    from rawconv.cudnn.graph import autotune as A
+
+    searches, committed = [], []
+    row = types.SimpleNamespace(status="ok", name="eng0", detail="", layout="", config=None)
+
+    def search(plan, deadline, budget_s, *rest):
+        searches.append(("one", budget_s))
+        return [row]
+
+    def search_relayout(plan, t_start, budget_s, *rest):
+        searches.append(("relayout", budget_s))
+        return [row]
+    monkeypatch.setattr(A._search, "search", search)
+    monkeypatch.setattr(A._search, "search_relayout", search_relayout)
+    monkeypatch.setattr(A._cuda, "refuse_in_capture", lambda what: None)
+    monkeypatch.setattr(A._autotune, "keep", lambda plan, table, rec: table)
+
+    class Plan(A.Autotune):
+        problem = types.SimpleNamespace(layout="nchw" if relayout else "nhwc", is_empty=False)
+        direction, activation = "forward", None
+
+        def _check_live(self):
+            pass
+
+        def _tuning_key(self, opts, relayout):
+            return None
+
+        def _example(self, seed):
+            return {}
+
+        def _commit(self, top):
+            committed.append(top)
+
+        def _record(self, key, top):
+            return None
+
+        def _table(self, rows):
+            return rows
+
+        def _describe(self):
+            return "a stubbed plan"
+
+    rows = Plan().autotune(budget_s=0.25, check=False, use_cache=False, seed_from_cache=False, progress=False,
+                           relayout=relayout)
+    assert searches == [("relayout" if relayout else "one", 0.25)], "exactly one search, with the whole budget"
+    assert rows == [row] and committed == [row]
