@@ -51,6 +51,11 @@ def translate(exc: BaseException, where: str) -> RawconvError | None:
     ``BaseException`` that is not an ``Exception``)."""
     if isinstance(exc, RawconvError) or isinstance(exc, Warning) or not isinstance(exc, Exception):
         return None
+    if type(exc).__module__ == "torch.utils.checkpoint":
+        # torch's checkpoint signals through rawconv's calls (its saved-tensor hooks run inside an
+        # autograd Function's apply): _StopRecomputationError ends a recomputation early and must
+        # reach checkpoint itself, CheckpointError is torch's own report
+        return None
     msg = _first_line(exc)
     low = str(exc).lower()
     oom = getattr(torch, "OutOfMemoryError", None)
@@ -70,8 +75,41 @@ def translate(exc: BaseException, where: str) -> RawconvError | None:
         err = FileAccessError(f"{where}: {exc.strerror or msg}{name}")
         err.errno, err.strerror, err.filename = exc.errno, exc.strerror, exc.filename
         return err
+    if _raised_in_callers_code(exc):
+        return None   # a hook or callback of the caller's raised it (a saved-tensor pack hook...): theirs, as it is
     return InternalError(f"{where}: unexpected {type(exc).__name__}: {msg} (not an error rawconv checks for: if the "
                          "arguments look right, please report it with this traceback)")
+
+
+_LIBRARY_ROOTS = frozenset({"rawconv", "torch", "torchvision", "numpy", "cffi", "_cffi_backend", "pycparser",
+                            "functorch", "sympy", "tqdm", "rich"})
+
+
+def _raised_in_callers_code(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised in a hook of the caller's that torch ran during rawconv's call:
+    the innermost frame of its traceback belongs to a module that is neither rawconv, torch, a
+    library they use, nor the standard library, and the frame before it is rawconv's at a line
+    applying an autograd Function (whose C++ apply runs the saved-tensor hooks, e.g. a
+    ``torch.autograd.graph.saved_tensors_hooks`` pack function). Such an exception passes through
+    as it is, as torch lets it; code that rawconv itself called stays rawconv's to report."""
+    import linecache
+    import sys
+
+    tb = exc.__traceback__
+    frames = []
+    while tb is not None:
+        frames.append((tb.tb_frame, tb.tb_lineno))
+        tb = tb.tb_next
+    if len(frames) < 2:
+        return False
+
+    def root(frame) -> str:
+        return (frame.f_globals.get("__name__") or "").split(".")[0]
+    last = root(frames[-1][0])
+    if not last or last in _LIBRARY_ROOTS or last in sys.stdlib_module_names:
+        return False
+    prev, line = frames[-2]
+    return root(prev) == "rawconv" and ".apply(" in linecache.getline(prev.f_code.co_filename, line)
 
 
 def bad_call(fn, args, kwargs, exc: BaseException, where: str) -> ArgumentTypeError | None:

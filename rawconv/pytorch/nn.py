@@ -152,8 +152,9 @@ def _like_layout(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def _norm_padding(padding):
-    """``padding`` (or another argument) with its lists as tuples (a list of pairs: tuples of tuples)."""
-    if isinstance(padding, list):
+    """``padding`` (or another argument) with its lists as tuples (a list or tuple of pairs, any of
+    them lists: tuples of tuples), so that a list changed in place later is not the value seen now."""
+    if isinstance(padding, (list, tuple)) and (type(padding) is list or any(isinstance(p, list) for p in padding)):
         return tuple(tuple(p) if isinstance(p, list) else p for p in padding)
     return padding
 
@@ -536,7 +537,8 @@ class _RawconvConv:
             w = self.weight
             # (a list argument as its values now: one changed in place after this call must not match)
             st, pd, dl, bc = self.stride, self.padding, self.dilation, self.backward_choice
-            if type(st) is list or type(pd) is list or type(dl) is list or type(bc) is list:
+            if type(st) is list or type(pd) is list or type(dl) is list or type(bc) is list or \
+                    (type(pd) is tuple and pd and type(pd[0]) is not int):   # (pairs, maybe lists)
                 st, pd, dl, bc = _norm_padding(st), _norm_padding(pd), _norm_padding(dl), _norm_padding(bc)
             key = (st, pd, dl, self.groups, self.backend, self.choice, self.precision, bc, w.shape, x.is_cuda,
                    x.is_cpu)

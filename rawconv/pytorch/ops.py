@@ -660,6 +660,25 @@ def _add(a, b):
 # jacrev, hessian need that) and give the forward-mode derivative (jvp: torch.autograd.forward_ad,
 # torch.func.jvp / jacfwd); each operator is bilinear in its two tensors, so a tangent is the
 # same operator on (tangent, other) plus on (other, tangent). vmap uses torch's generated rule.
+def _no_autocast(backward):
+    """An autograd Function's ``backward`` run with autocast off for its gradient's device:
+    torch's convolution backward has no autocast rule (it runs in its inputs' dtype), while the
+    backward operators it calls here (``rawconv::conv_backward_data`` is also the transposed
+    convolution's forward) have autocast kernels, which would cast a float32 backward into the
+    autocast dtype when ``backward`` / ``autograd.grad`` is called under ``torch.autocast``."""
+    import functools
+
+    @functools.wraps(backward)
+    def run(ctx, *grads):
+        if _autocasting():
+            g = next((t for t in grads if isinstance(t, torch.Tensor)), None)
+            if g is not None and g.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(g.device.type):
+                with torch.autocast(g.device.type, enabled=False):
+                    return backward(ctx, *grads)
+        return backward(ctx, *grads)
+    return run
+
+
 class RawconvConvForward(torch.autograd.Function):
     """rawconv::conv_forward's autograd: dx by conv_backward_data(gy, w), (dw, db) by
     conv_backward_weights(x, gy), with the pinned backward choices."""
@@ -687,6 +706,7 @@ class RawconvConvForward(torch.autograd.Function):
         ctx.conf = conf.args, bias is not None
 
     @staticmethod
+    @_no_autocast
     def backward(ctx, gy):
         x, w = ctx.saved_tensors
         (stride, pb, pa, dil, groups, backend, _choice, precision, bdc, bwc), has_bias = ctx.conf
@@ -733,6 +753,7 @@ class RawconvConvBackwardData(torch.autograd.Function):
         ctx.conf = conf.args
 
     @staticmethod
+    @_no_autocast
     def backward(ctx, g):
         grad_y, w = ctx.saved_tensors
         x_shape, stride, pb, pa, dil, groups, backend, _choice, precision = ctx.conf
@@ -781,6 +802,7 @@ class RawconvConvBackwardWeights(torch.autograd.Function):
         ctx.db_shape = tuple(output[1].shape)
 
     @staticmethod
+    @_no_autocast
     def backward(ctx, gdw, gdb):
         x, grad_y = ctx.saved_tensors
         _w_shape, stride, pb, pa, dil, groups, bias, backend, _choice, precision = ctx.conf
@@ -1086,6 +1108,7 @@ class _EntryConvParts:
         return y
 
     @staticmethod
+    @_no_autocast
     def backward(ctx, gy):
         if not _plain_backward():
             return RawconvConvForward.backward(ctx, gy)
@@ -1221,6 +1244,7 @@ class RawconvConvTranspose(torch.autograd.Function):
         ctx.conf = conf.args
 
     @staticmethod
+    @_no_autocast
     def backward(ctx, gy):
         x, w = ctx.saved_tensors
         (_core, stride, pb, pa, dil, groups, backend, _choice, precision), fwd_choice, wts_choice = ctx.conf
