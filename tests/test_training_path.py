@@ -73,3 +73,59 @@ def test_padding_pairs_with_a_list_inside_follow_its_changes():
     assert tuple(m(x).shape) == (2, 6, 9, 9)
     inner[1] = 3
     assert tuple(m(x).shape) == (2, 6, 9, 11)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_onednn_backward_hot_path_equals_the_checked_path(bias):
+    """A oneDNN backward plan's hot path (rawconv.onednn.Convolution._grad_hot_run, taken by the
+    operators' CPU backward kernels after a first checked call) gives the checked path's dx, dw
+    and db, reads the tensors as they are on every call, and declines tensors whose metadata
+    differ (the checked path then restrides them)."""
+    from rawconv import onednn
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 4, 7, 7, generator=g).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(6, 4, 3, 3, generator=g).contiguous(memory_format=torch.channels_last)
+    gy = torch.randn(2, 6, 7, 7, generator=g).contiguous(memory_format=torch.channels_last)
+    x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+    b64 = torch.zeros(6, dtype=torch.float64, requires_grad=True) if bias else None
+
+    def want():
+        for t in (x64, w64, b64):
+            if t is not None:
+                t.grad = None
+        with torch.no_grad():
+            x64.copy_(x)
+            w64.copy_(w)
+        torch.nn.functional.conv2d(x64, w64, b64, padding=1).backward(gy.double())
+        return x64.grad, w64.grad, (b64.grad if bias else None)
+
+    import rawconv
+    from rawconv import ops
+
+    rawconv.clear_caches()   # fresh plans (the ones below are cached by problem)
+    one = [1, 1]   # the plans the operators' CPU backward kernels make
+    bd = ops._backward_data_plan(gy, w, list(x.shape), one, one, one, one, 1, "", "strict")
+    assert bd._grad_hot_run(gy, w) is None   # no pack before a checked call
+    dx0 = bd.execute(grad_y=gy, w=w)
+    prob = ops._backward_weights_problem(x, gy, list(w.shape), one, one, one, one, 1, bias)
+    bw = onednn._plan(prob, "backward_weights", "direct", "strict", prob.layout, None)
+    r0 = bw.execute(x, grad_y=gy)
+    for step in range(3):
+        dx = bd._grad_hot_run(gy, w)
+        r = bw._grad_hot_run(x, gy)
+        assert dx is not None and r is not None
+        dw, db = r if bias else (r, None)
+        wx, ww, wb = want()
+        torch.testing.assert_close(dx.double(), wx, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(dw.double(), ww, rtol=1e-4, atol=1e-3)
+        assert dx.stride() == dx0.stride() and dw.stride() == (r0[0] if bias else r0).stride()
+        if bias:
+            torch.testing.assert_close(db.double(), wb, rtol=1e-4, atol=1e-3)
+        with torch.no_grad():   # read on every call
+            gy.mul_(-0.5)
+            x.add_(1.0)
+            w.mul_(2.0)
+    assert bd._grad_hot_run(gy.contiguous(), w) is None   # other strides: the checked path's to restride
+    assert bw._grad_hot_run(x, gy.double()) is None
+    torch.testing.assert_close(bd.execute(grad_y=gy.contiguous(), w=w), bd._grad_hot_run(gy, w))

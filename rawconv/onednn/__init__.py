@@ -579,6 +579,34 @@ class _Hot:
         return False
 
 
+_GRAD_ROLES = {"backward_data": ("dy", "w", "dx"), "backward_weights": ("x", "dy", "dw")}
+
+
+class _GradHot:
+    """A backward plan's prepared argument pack for :meth:`Convolution._grad_hot_run`: the selected
+    implementation (index, built primitive), the two inputs' (shape, strides, dtype) as the caller
+    passed them (backward data: grad_y, w; backward weights: x, grad_y), the output's shape and
+    strides (dx or dw), db's shape when the plan has a bias, and the primitive's role order."""
+
+    __slots__ = ("index", "built", "a", "b", "out_shape", "out_strides", "db", "order", "roles")
+
+    @classmethod
+    def of(cls, plan: "Convolution", built: "_Built", a, b, tensors: dict) -> "_GradHot | None":
+        """The pack of a checked call that used ``a`` and ``b`` as they are (``tensors``: the
+        prepared tensors by role), or None (a copy was made, a subclass, an unbatched problem)."""
+        roles = _GRAD_ROLES[plan.direction]
+        if plan.problem.unbatched or type(a) not in _PLAIN or type(b) not in _PLAIN \
+                or tensors.get(roles[0]) is not a or tensors.get(roles[1]) is not b:
+            return None
+        out = tensors[roles[2]]
+        h = cls()
+        h.index, h.built, h.roles, h.order = plan._selected, built, roles, tuple(built.roles)
+        h.a, h.b = (a.shape, a.stride(), a.dtype), (b.shape, b.stride(), b.dtype)
+        h.out_shape, h.out_strides = out.shape, out.stride()
+        h.db = tuple(tensors["db"].shape) if "db" in tensors else None
+        return h
+
+
 def _extent(t) -> int:
     """Bytes from a tensor's first element to one past its last (0 when empty or None)."""
     if t is None or t.numel() == 0:
@@ -731,6 +759,7 @@ class Convolution(_Listing, _Autotune, PlanLifetime):
         self._user_strides = {}
         self._fast = {}
         self._hot = None    # the forward hot path's argument pack (see execute)
+        self._ghot = None   # the backward hot path's (see _grad_hot_run)
         self._snap = None   # (weights snapshot, its generation) with prepack (see repack)
         self._slow_checked = None   # the selection whose reference-time warning was decided
         self._examples = None
@@ -829,7 +858,38 @@ class Convolution(_Listing, _Autotune, PlanLifetime):
             _increment_version((out,))   # written in place, as torch's out= functions do
         if d == "forward" and (self._hot is None or self._hot.index != self._selected):
             self._hot = _Hot.of(self, built, x, w, bias)
+        elif d != "forward" and out is None and (self._ghot is None or self._ghot.index != self._selected):
+            self._ghot = _GradHot.of(self, built, *((grad_y, w) if d == "backward_data" else (x, grad_y)), tensors)
         return result
+
+    def _grad_hot_run(self, a, b):
+        """The backward hot path (backward data: ``a`` = grad_y, ``b`` = w; backward weights: ``a``
+        = x, ``b`` = grad_y): when both have exactly the metadata of an earlier checked call that
+        used them as they are, run with no further checks and no allocation beyond the outputs;
+        returns dx, dw or ``(dw, db)`` as :meth:`execute` does, or None when the hot path does not
+        apply (the caller then takes :meth:`execute`). Every call checks each tensor's type,
+        shape, strides, dtype, device and negative bit."""
+        g = self._ghot
+        if g is None or g.index != self._selected or self._freed or self._built.get(g.index) is not g.built:
+            return None
+        sa, sb = g.a, g.b
+        dt = sa[2]
+        try:   # (an unusual tensor may raise on .shape: the checked path says what is wrong)
+            if type(a) not in _PLAIN or a.shape != sa[0] or a.stride() != sa[1] or a.dtype is not dt \
+                    or not a.is_cpu or a.is_neg() or type(b) not in _PLAIN or b.shape != sb[0] \
+                    or b.stride() != sb[1] or b.dtype is not sb[2] or not b.is_cpu or b.is_neg():
+                return None
+            out = torch.empty_strided(g.out_shape, g.out_strides, dtype=dt)
+            ptr = {g.roles[0]: a.data_ptr(), g.roles[1]: b.data_ptr(), g.roles[2]: out.data_ptr()}
+            db = None
+            if g.db is not None:
+                db = torch.empty(g.db, dtype=dt)
+                ptr["db"] = db.data_ptr()
+            ptrs = tuple([ptr[r] for r in g.order])
+        except Exception:   # noqa: BLE001
+            return None
+        g.built.run_ptrs(ptrs, _dnnl.stream(), None)
+        return out if db is None else (out, db)
 
     def _execute_args(self, x, w, bias, out, grad_y) -> tuple:
         """:meth:`_execute`'s argument check: the tensors this plan's direction takes, those not

@@ -245,7 +245,8 @@ def _backward_data_cpu(grad_y, w, x_shape, stride, pad_before, pad_after, dilati
                                    precision)
         if key is not None:
             _cpu_cache.put(key, plan)
-    return plan.execute(grad_y=grad_y, w=w)
+    dx = plan._grad_hot_run(grad_y, w)   # the plan's hot path (it checks the tensors), else its checked path
+    return dx if dx is not None else plan.execute(grad_y=grad_y, w=w)
 
 
 def _backward_weights_problem(x, grad_y, w_shape, stride, pad_before, pad_after, dilation, groups, bias):
@@ -289,7 +290,9 @@ def _backward_weights_cpu(x, grad_y, w_shape, stride, pad_before, pad_after, dil
         plan.selected   # noqa: B018
         if key is not None:
             _cpu_cache.put(key, plan)
-    res = plan.execute(x, grad_y=grad_y)
+    res = plan._grad_hot_run(x, grad_y)   # the plan's hot path (it checks the tensors), else its checked path
+    if res is None:
+        res = plan.execute(x, grad_y=grad_y)
     dw, db = res if bias else (res, torch.empty(0, dtype=x.dtype))
     if plan.problem.is_empty:   # no library call: torch's zeros, in the layout the fake kernel says
         dw = _enforce_layout(dw, plan.problem.layout, False)
