@@ -129,3 +129,35 @@ def test_onednn_backward_hot_path_equals_the_checked_path(bias):
     assert bd._grad_hot_run(gy.contiguous(), w) is None   # other strides: the checked path's to restride
     assert bw._grad_hot_run(x, gy.double()) is None
     torch.testing.assert_close(bd.execute(grad_y=gy.contiguous(), w=w), bd._grad_hot_run(gy, w))
+
+
+@pytest.mark.parametrize("make, shape", [
+    (lambda: torch.nn.Conv1d(4, 6, 3, stride=2), (2, 4, 9)),
+    (lambda: torch.nn.Conv2d(4, 6, 3), (4, 9, 9)),                       # unbatched
+    (lambda: torch.nn.Conv3d(4, 6, 3, dilation=2), (1, 4, 9, 9, 9)),
+    (lambda: torch.nn.ConvTranspose2d(4, 6, 3, stride=2), (2, 4, 9, 9)),
+    (lambda: torch.nn.Conv2d(4, 6, 3, padding=1, groups=2), (2, 4, 9, 9)),
+])
+def test_flop_counter_counts_rawconvs_operators_as_torchs_convolutions(make, shape):
+    """FlopCounterMode counts the forward as torch's convolution and each backward operator as the
+    convolution it differentiates: torch's own counts, except that torch counts grad_weight of a
+    grouped convolution ``groups`` times (its formula sees all of x's channels), where rawconv's
+    is the forward's count."""
+    import rawconv.ops  # noqa: F401  (registers the formulas: a FlopCounterMode made before sees them)
+    from torch.utils.flop_counter import FlopCounterMode
+
+    t = make()
+    r = rnn.convert(copy.deepcopy(t))
+    counts = []
+    for m in (t, r):
+        x = torch.randn(*shape, requires_grad=True)
+        with FlopCounterMode(display=False) as fc:
+            y = m(x)
+        fwd = fc.get_total_flops()
+        with FlopCounterMode(display=False) as fc:
+            y.sum().backward()
+        counts.append((fwd, fc.get_total_flops()))
+    (tf, tb), (rf, rb) = counts
+    assert rf == tf > 0
+    groups = getattr(t, "groups", 1)
+    assert rb == 2 * rf and tb == rf + groups * rf   # grad_input + grad_weight

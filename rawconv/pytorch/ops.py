@@ -941,6 +941,36 @@ for _name in ("conv_forward", "conv_backward_data", "conv_backward_weights"):   
     _autocast.register(_lib, _name)
 
 
+def _register_flop_formulas() -> None:
+    """torch.utils.flop_counter.FlopCounterMode counts rawconv's operators as torch's convolutions
+    (multiply-adds x 2, bias ignored, torch's ``conv_flop_count``): conv_forward as the forward
+    convolution, conv_backward_data and conv_backward_weights each as the convolution they
+    differentiate (what torch counts for grad_input and grad_weight)."""
+    try:
+        from torch.utils.flop_counter import conv_flop_count, register_flop_formula
+    except ImportError:   # (a torch without the flop counter's registry)
+        return
+
+    def batched(shape, w_shape):
+        shape = list(shape)
+        return [1] + shape if len(shape) == len(w_shape) - 1 else shape
+
+    @register_flop_formula(torch.ops.rawconv.conv_forward)
+    def _forward_flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
+        return conv_flop_count(batched(x_shape, w_shape), list(w_shape), batched(out_shape, w_shape))
+
+    @register_flop_formula(torch.ops.rawconv.conv_backward_data)
+    def _backward_data_flops(gy_shape, w_shape, x_shape, *args, out_shape=None, **kwargs) -> int:
+        return conv_flop_count(batched(x_shape, w_shape), list(w_shape), batched(gy_shape, w_shape))
+
+    @register_flop_formula(torch.ops.rawconv.conv_backward_weights)
+    def _backward_weights_flops(x_shape, gy_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
+        return conv_flop_count(batched(x_shape, w_shape), list(w_shape), batched(gy_shape, w_shape))
+
+
+_register_flop_formulas()
+
+
 # ---------------------------------------------------------------------------- the friendly API
 def _choice_name(c: Any, what: str) -> str:
     """A choice as the operators take it: None -> "", a string as is, a listed candidate by its name."""
