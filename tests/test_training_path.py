@@ -1,5 +1,5 @@
 """The modules' training path (issue 22): a converted module called with grad applies one autograd
-Function whose backward calls the backward kernels directly (rawconv.ops._EntryConv). What a
+Function whose backward calls the backward kernels directly (rawconv.ops._direct_backward). What a
 breaker found around it, each checked against torch's own modules: torch's non-reentrant
 checkpoint and a caller's saved-tensor hooks see their own exceptions; a backward called under
 autocast (with or without create_graph) stays in the forward's dtype, as torch's; a module's

@@ -599,7 +599,6 @@ _AFTER_AUTOGRAD = torch._C._after_autograd_keyset
 _CPU_ONLY = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _CUDA_ONLY = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
 _below_autograd = torch._C._AutoDispatchBelowAutograd
-_CUDA_KEYSET = _CUDA_ONLY | torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradCUDA)
 
 
 _KEYSETS: dict = {}   # keyset.raw_repr() -> 1 (only CPU left below autograd), 2 (only CUDA), 0 (other keys)
@@ -690,27 +689,34 @@ class RawconvConvForward(torch.autograd.Function):
 
     @staticmethod
     def forward(how, x, w, bias, conf):
-        # how: the dispatch keyset (from the operator's Autograd kernel), or a oneDNN plan that may fit
-        # (from conv()'s direct path: its hot path checks the tensors, else the kernel runs)
+        # how: the dispatch keyset (from the operator's Autograd kernel); an entry of _conv_entry's
+        # direct path (a list: its plans' hot paths check the tensors, else the checked kernels run);
+        # None: applied from Python under a torch.func transform (see _fwd_call)
         args = conf.args
-        if type(how) is onednn.Convolution:
-            y = how._hot_run(x, w, bias, None)
-            if y is None:
-                y = _forward_cpu(x, w, bias, *args)
-            return y
-        # how None: applied from Python under a torch.func transform (see _fwd_call)
+        if type(how) is list:
+            if x.is_cuda:
+                plan = how[2]
+                y = None if plan is None else plan._hot_forward(x, w, bias)
+                if y is None:
+                    y, how[2] = _forward_cuda_checked(x, w, bias, *args)
+                return y
+            y = how[1]._hot_run(x, w, bias, None)
+            return _forward_cpu(x, w, bias, *args) if y is None else y
         return _run_below_autograd(_fwd_op, _forward_cpu, _forward_cuda, how, (x, w, bias) + args)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        _how, x, w, bias, conf = inputs
+        how, x, w, bias, conf = inputs
         ctx.save_for_backward(x, w)
         ctx.save_for_forward(x, w)
         ctx.conf = conf.args, bias is not None
+        ctx.entry = how if type(how) is list else None
 
     @staticmethod
     @_no_autocast
     def backward(ctx, gy):
+        if ctx.entry is not None and _plain_backward():
+            return _direct_backward(ctx, gy)
         x, w = ctx.saved_tensors
         (stride, pb, pa, dil, groups, backend, _choice, precision, bdc, bwc), has_bias = ctx.conf
         _, nx, nw, nb = ctx.needs_input_grad[:4]
@@ -1078,7 +1084,7 @@ def _new_entry(args) -> list:
 
 def _conv_entry(x, w, bias, entry):
     """:func:`conv` once its arguments are checked: ``entry`` from :func:`_new_entry` (the plans
-    filled here). Runs the kernel (or the autograd Function :class:`_EntryConv`) directly when that
+    filled here). Runs the kernel (or the autograd Function, given the entry) directly when that
     is exactly what the operator would do (:func:`_plain`; under autocast, on the inputs its kernel
     would cast), else the operator. For the modules too, which keep an entry of their own."""
     args = entry[0]
@@ -1090,9 +1096,7 @@ def _conv_entry(x, w, bias, entry):
             if plan is None:
                 plan = entry[1] = _forward_cpu_plan(x, w, bias, *args)
             if _needs(x, w, bias):   # what the operator's Autograd kernel does, without the dispatcher
-                if _fwad._current_level >= 0:
-                    return _FwdFn.apply(plan, x, w, bias, entry[3])
-                return _EntryConv.apply(entry, x, w, bias)
+                return _FwdFn.apply(entry, x, w, bias, entry[3])
             y = plan._hot_run(x, w, bias, None)
             if y is not None:
                 return y
@@ -1100,9 +1104,7 @@ def _conv_entry(x, w, bias, entry):
             return plan.execute(x, w, bias)
         if x.is_cuda:
             if _needs(x, w, bias):
-                if _fwad._current_level >= 0:
-                    return _FwdFn.apply(_CUDA_KEYSET, x, w, bias, entry[3])
-                return _EntryConv.apply(entry, x, w, bias)
+                return _FwdFn.apply(entry, x, w, bias, entry[3])
             plan = entry[2]   # the CUDA plan of the last call with these arguments (its hot pack checks the tensors)
             if plan is not None:
                 y = plan._hot_forward(x, w, bias)
@@ -1113,75 +1115,44 @@ def _conv_entry(x, w, bias, entry):
     return _fwd_call(x, w, bias, *args)
 
 
-class _EntryConvParts:
-    """rawconv::conv_forward's autograd (as :class:`RawconvConvForward`) for :func:`_conv_entry`'s
-    direct path, in the combined style (see :func:`_classic`): the forward runs the entry's plans
-    (their hot paths check the tensors); the backward, when nothing needs the dispatcher
-    (:func:`_plain_backward`), calls the backward kernels directly, the entry keeping the CUDA
-    backward plans of its last call (their hot paths check the tensors, as the forward's); else it
-    is :class:`RawconvConvForward`'s backward (double backward through the operators). Not for
-    forward-mode AD or torch.func (no jvp, no setup_context): :func:`_conv_entry` applies
-    :class:`RawconvConvForward`'s twin there."""
-
-    @staticmethod
-    def forward(ctx, entry, x, w, bias):
-        args = entry[0]
-        if x.is_cuda:
-            plan = entry[2]
-            y = None if plan is None else plan._hot_forward(x, w, bias)
-            if y is None:
-                y, entry[2] = _forward_cuda_checked(x, w, bias, *args)
-        else:
-            y = entry[1]._hot_run(x, w, bias, None)
-            if y is None:
-                y = _forward_cpu(x, w, bias, *args)
-        ctx.save_for_backward(x, w)
-        ctx.entry = entry
-        ctx.conf = args, bias is not None
-        return y
-
-    @staticmethod
-    @_no_autocast
-    def backward(ctx, gy):
-        if not _plain_backward():
-            return RawconvConvForward.backward(ctx, gy)
-        x, w = ctx.saved_tensors
-        e = ctx.entry
-        (stride, pb, pa, dil, groups, backend, _choice, precision, bdc, bwc), has_bias = ctx.conf
-        _, nx, nw, nb = ctx.needs_input_grad[:4]
-        gx = gw = gb = None
-        wants_w = nw or (has_bias and nb)
-        if x.is_cuda:
-            if nx:
-                p = e[4]
-                gx = None if p is None else p._hot_call(gy, w, None)
-                if gx is None:
+def _direct_backward(ctx, gy):
+    """:class:`RawconvConvForward`'s backward for a call of :func:`_conv_entry`'s direct path when
+    nothing needs the dispatcher (:func:`_plain_backward`): the backward kernels called directly,
+    the entry (``ctx.entry``) keeping the CUDA backward plans of its last call (their hot paths
+    check the tensors, as the forward's; a gradient that does not fit is made dense first and
+    takes the checked path). Returns the Function's gradients."""
+    x, w = ctx.saved_tensors
+    e = ctx.entry
+    (stride, pb, pa, dil, groups, backend, _choice, precision, bdc, bwc), has_bias = ctx.conf
+    _, nx, nw, nb = ctx.needs_input_grad[:4]
+    gx = gw = gb = g = None
+    wants_w = nw or (has_bias and nb)
+    if x.is_cuda:
+        if nx:
+            p = e[4]
+            gx = None if p is None else p._hot_call(gy, w, None)
+            if gx is None:
+                g = _grad_like(gy, x, x.dim() == w.dim() - 1, w=w)
+                gx, e[4] = _backward_data_cuda_checked(g, w, list(x.shape), stride, pb, pa, dil, groups, backend,
+                                                       bdc, precision)
+        if wants_w:
+            p = e[5]
+            gw = None if p is None else p._hot_call(x, gy, None)
+            if gw is not None:
+                gb = _bias_grad_of(gy) if has_bias else None
+            else:
+                if g is None:
                     g = _grad_like(gy, x, x.dim() == w.dim() - 1, w=w)
-                    gx, e[4] = _backward_data_cuda_checked(g, w, list(x.shape), stride, pb, pa, dil, groups, backend,
-                                                           bdc, precision)
-            if wants_w:
-                p = e[5]
-                gw = None if p is None else p._hot_call(x, gy, None)
-                if gw is not None:
-                    gb = _bias_grad_of(gy) if has_bias else None
-                else:
-                    g = _grad_like(gy, x, x.dim() == w.dim() - 1, w=w)
-                    gw, gb, e[5] = _backward_weights_cuda_checked(x, g, list(w.shape), stride, pb, pa, dil, groups,
-                                                                  has_bias, backend, bwc, precision)
-        else:
-            g = _grad_like(gy, x, x.dim() == w.dim() - 1, w=w)
-            if nx:
-                gx = _backward_data_cpu(g, w, list(x.shape), stride, pb, pa, dil, groups, backend, bdc, precision)
-            if wants_w:
-                gw, gb = _backward_weights_cpu(x, g, list(w.shape), stride, pb, pa, dil, groups, has_bias, backend,
-                                               bwc, precision)
-        return None, gx, (gw if nw else None), (gb if has_bias and nb else None)
-
-
-# named as the operator's Function: grad_fn reads <RawconvConvForwardBackward> on every path
-_EntryConv = type("RawconvConvForward", (torch.autograd.Function,), {
-    "forward": staticmethod(_EntryConvParts.forward), "backward": staticmethod(_EntryConvParts.backward),
-    "__doc__": _EntryConvParts.__doc__, "__module__": __name__, "__qualname__": "RawconvConvForward"})
+                gw, gb, e[5] = _backward_weights_cuda_checked(x, g, list(w.shape), stride, pb, pa, dil, groups,
+                                                              has_bias, backend, bwc, precision)
+    else:
+        g = _grad_like(gy, x, x.dim() == w.dim() - 1, w=w)
+        if nx:
+            gx = _backward_data_cpu(g, w, list(x.shape), stride, pb, pa, dil, groups, backend, bdc, precision)
+        if wants_w:
+            gw, gb = _backward_weights_cpu(x, g, list(w.shape), stride, pb, pa, dil, groups, has_bias, backend,
+                                           bwc, precision)
+    return None, gx, (gw if nw else None), (gb if has_bias and nb else None), None
 
 
 def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1, padding: Any = 0,
@@ -1350,9 +1321,9 @@ def conv_transpose(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None =
         raise ArgumentError(f"weight must be 3-D, 4-D or 5-D (C_in, C_out/groups, *kernel), got {tuple(w.shape)}")
     if isinstance(padding, str):
         raise ArgumentError(f"a transposed convolution takes numeric padding (as torch), got {padding!r}")
-    if _autocasting() and x.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(x.device.type):
+    if _autocasting():
         # as autocast casts the operator's inputs, before the checks and the bias add below (torch casts the bias too)
-        x, w, bias = _autocast.cast_inputs("conv_backward_data", x.device.type, (x, w, bias))
+        x, w, bias = _autocast_inputs("conv_backward_data", x, w, bias)
     nd = w.dim() - 2
     unbatched = x.dim() == nd + 1
     xb = _batched(x, unbatched)
