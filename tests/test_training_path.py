@@ -46,6 +46,29 @@ def test_a_saved_tensor_hooks_own_error_reaches_the_caller_as_it_is():
         assert not isinstance(ei.value, RawconvError)
 
 
+
+def test_a_pack_hooks_error_passes_through_a_python_function_apply(monkeypatch):
+    """torch before 2.14 applies an autograd Function through a Python ``Function.apply`` (a frame
+    of torch's between rawconv's call and the caller's hook): the hook's error still passes as it is."""
+    from rawconv.pytorch import ops
+
+    class PackError(Exception):
+        pass
+
+    def pack(t):
+        raise PackError("from the caller's pack hook")
+    real = ops._FwdFn.apply
+    space = {"__name__": "torch.autograd.function", "real": real}
+    exec("def apply(*args):\n    return real(*args)\n", space)   # a frame of torch's, as 2.11's apply
+    monkeypatch.setattr(ops._FwdFn, "apply", staticmethod(space["apply"]))
+    for use_ops in (True, False):
+        x = torch.randn(1, 4, 8, 8, requires_grad=True)
+        m = _pair()[1]
+        call = (lambda: ops.conv(x, m.weight, m.bias, padding=1)) if use_ops else (lambda: m(x))
+        with pytest.raises(PackError), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            call()
+
+
 @pytest.mark.parametrize("create_graph", [False, True])
 def test_a_backward_under_autocast_stays_in_the_forwards_dtype(create_graph):
     """The forward in float32 outside autocast, then autograd.grad inside a bfloat16 autocast block:

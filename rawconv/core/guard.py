@@ -85,31 +85,45 @@ _LIBRARY_ROOTS = frozenset({"rawconv", "torch", "torchvision", "numpy", "cffi", 
                             "functorch", "sympy", "tqdm", "rich"})
 
 
+_APPLY_SITES: set = set()   # code objects of rawconv's functions that apply an autograd Function
+
+
+def applies_function(fn):
+    """Mark ``fn`` (a rawconv function) as one that applies an autograd Function, whose apply runs
+    the caller's saved-tensor hooks: an exception those hooks raise passes through rawconv's guard
+    as it is (see :func:`_raised_in_callers_code`). Returns ``fn`` itself (no wrapper, no cost)."""
+    _APPLY_SITES.add(fn.__code__)
+    return fn
+
+
 def _raised_in_callers_code(exc: BaseException) -> bool:
     """Whether ``exc`` was raised in a hook of the caller's that torch ran during rawconv's call:
     the innermost frame of its traceback belongs to a module that is neither rawconv, torch, a
-    library they use, nor the standard library, and the frame before it is rawconv's at a line
-    applying an autograd Function (whose C++ apply runs the saved-tensor hooks, e.g. a
-    ``torch.autograd.graph.saved_tensors_hooks`` pack function). Such an exception passes through
-    as it is, as torch lets it; code that rawconv itself called stays rawconv's to report."""
-    import linecache
+    library they use, nor the standard library, and the frames before it are torch's (none from
+    torch 2.14, whose ``Function.apply`` is C; torch's Python ``Function.apply`` before that)
+    down to a rawconv function marked by :func:`applies_function` (an autograd Function's apply
+    runs the saved-tensor hooks, e.g. a ``torch.autograd.graph.saved_tensors_hooks`` pack
+    function). Such an exception passes through as it is, as torch lets it; code that rawconv
+    itself called stays rawconv's to report."""
     import sys
 
     tb = exc.__traceback__
     frames = []
     while tb is not None:
-        frames.append((tb.tb_frame, tb.tb_lineno))
+        frames.append(tb.tb_frame)
         tb = tb.tb_next
     if len(frames) < 2:
         return False
 
     def root(frame) -> str:
         return (frame.f_globals.get("__name__") or "").split(".")[0]
-    last = root(frames[-1][0])
+    last = root(frames[-1])
     if not last or last in _LIBRARY_ROOTS or last in sys.stdlib_module_names:
         return False
-    prev, line = frames[-2]
-    return root(prev) == "rawconv" and ".apply(" in linecache.getline(prev.f_code.co_filename, line)
+    i = len(frames) - 2
+    while i > 0 and root(frames[i]) == "torch":
+        i -= 1
+    return root(frames[i]) == "rawconv" and frames[i].f_code in _APPLY_SITES
 
 
 def bad_call(fn, args, kwargs, exc: BaseException, where: str) -> ArgumentTypeError | None:

@@ -52,6 +52,7 @@ from . import fused as _fused
 from .. import onednn
 from ..core.grad import functorch_active as _functorch, has_tangent as _has_tangent
 from ..core.errors import ArgumentError, ArgumentTypeError, InternalError, NotSupportedError, RawconvError
+from ..core.guard import applies_function as _applies_function
 from ..core.options import PRECISIONS
 from ..core.problem import ConvProblem, empty_like_layout, shape_only, tuple_arg
 
@@ -253,6 +254,7 @@ def _load_ops():
     return ops
 
 
+@_applies_function
 def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
          padding: Any = 0, dilation: Any = 1, groups: int = 1, *, backend: str = "auto", choice: Any = None,
          precision: str | None = None, backward_choice: Any = None, impl: Any = None,
@@ -344,6 +346,7 @@ class _ConvTranspose(torch.autograd.Function):
         return gx, gw, gb, None, None, None, None, None, None, None, None, None
 
 
+@_applies_function
 def conv_transpose(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
                    padding: Any = 0, output_padding: Any = 0, groups: int = 1, dilation: Any = 1, *,
                    backend: str = "auto", choice: Any = None, precision: str = "strict",

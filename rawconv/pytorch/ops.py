@@ -879,18 +879,21 @@ _BwdWeightsFn = _classic(RawconvConvBackwardWeights)
 # vmap) functorch applies an autograd.Function only from Python (not from inside a dispatcher
 # kernel: "could not find kernel for HigherOrderOperator custom_function_call"), so there the
 # Function is applied here and its forward dispatches below autograd.
+@_guard.applies_function
 def _fwd_call(x, w, bias, *args):
     if _functorch():
         return RawconvConvForward.apply(None, x, w, bias, _Conf(args))
     return _fwd_op(x, w, bias, *args)
 
 
+@_guard.applies_function
 def _bwd_data_call(grad_y, w, *args):
     if _functorch():
         return RawconvConvBackwardData.apply(None, grad_y, w, _Conf(args))
     return _bwd_data_op(grad_y, w, *args)
 
 
+@_guard.applies_function
 def _bwd_weights_call(x, grad_y, *args):
     if _functorch():
         return RawconvConvBackwardWeights.apply(None, x, grad_y, _Conf(args))
@@ -915,6 +918,7 @@ def _needs(a, b, c=None) -> bool:
         or _fwad._current_level >= 0
 
 
+@_guard.applies_function
 def _forward_autograd(keyset, x, w, bias, *args):
     if _needs(x, w, bias):
         if _functorch():
@@ -923,6 +927,7 @@ def _forward_autograd(keyset, x, w, bias, *args):
     return _run_below_autograd(_fwd_op, _forward_cpu, _forward_cuda, keyset, (x, w, bias) + args)
 
 
+@_guard.applies_function
 def _backward_data_autograd(keyset, grad_y, w, *args):
     if _needs(grad_y, w):
         if _functorch():
@@ -931,6 +936,7 @@ def _backward_data_autograd(keyset, grad_y, w, *args):
     return _run_below_autograd(_bwd_data_op, _backward_data_cpu, _backward_data_cuda, keyset, (grad_y, w) + args)
 
 
+@_guard.applies_function
 def _backward_weights_autograd(keyset, x, grad_y, *args):
     if _needs(x, grad_y):
         if _functorch():
@@ -1082,6 +1088,7 @@ def _new_entry(args) -> list:
     return [args, None, None, _Conf(args), None, None]
 
 
+@_guard.applies_function
 def _conv_entry(x, w, bias, entry):
     """:func:`conv` once its arguments are checked: ``entry`` from :func:`_new_entry` (the plans
     filled here). Runs the kernel (or the autograd Function, given the entry) directly when that
@@ -1285,6 +1292,7 @@ class _ConvTransposeJvp(RawconvConvTranspose):
         return _add(t, None if w_t is None else _bwd_data_call(x, w_t, *args))
 
 
+@_guard.applies_function
 def conv_transpose(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
                    padding: Any = 0, output_padding: Any = 0, groups: int = 1, dilation: Any = 1, *,
                    backend: str = "auto", choice: Any = None, precision: str = "strict",
