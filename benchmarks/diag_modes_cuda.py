@@ -498,9 +498,127 @@ def run_host(args, log):
     log("--- cProfile op graph x2000 ---\n" + sio.getvalue()[:4000])
 
 
+def _host_us(f, calls=20, rounds=7):
+    """Best host time per call of ``f`` (us), each loop queued behind a GPU sleep (launches never wait)."""
+    best = float("inf")
+    for _ in range(rounds):
+        torch.cuda._sleep(int(5e6))
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            f()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return best
+
+
+def run_planhost(args, log):
+    """Per convolution of a converted ResNet-50 training step: the host time of each plan's
+    cudnnBackendExecute alone and of its whole hot call (forward, backward data, backward weights),
+    its engine, beside torch's host time for the same convolution (F.conv2d, aten
+    convolution_backward), on fresh tensors of the layer's shapes."""
+    from rawconv import _cuda, _cudnn
+
+    torch.backends.cudnn.benchmark = True
+    base, _ = build_resnet50()
+    L = _cudnn.lib()
+    for label, amp, tf32, precision in (("fp32 tf32", False, True, "tf32"), ("autocast fp16", True, True, "strict")):
+        torch.backends.cudnn.allow_tf32 = tf32
+        m = rnn.convert(copy.deepcopy(base), precision=precision).cuda().train().to(memory_format=torch.channels_last)
+        x = torch.randn(args.batch, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
+        for _ in range(2):
+            with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+                y = m(x)
+            y.float().sum().backward()
+        torch.cuda.synchronize()
+        # the whole step's host time, queued behind a long GPU sleep (a synchronising call inside
+        # shows as a host time near the sleep's), torch beside rawconv
+        tm = copy.deepcopy(base).cuda().train().to(memory_format=torch.channels_last)
+        tgt = torch.randint(0, 1000, (args.batch,), device="cuda")
+        lossf = torch.nn.CrossEntropyLoss()
+
+        def stepper(mm):
+            opt = torch.optim.SGD(mm.parameters(), lr=1e-4, momentum=0.9)
+
+            def step():
+                opt.zero_grad(set_to_none=True)
+                with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+                    loss = lossf(mm(x), tgt)
+                loss.backward()
+                opt.step()
+            return step
+        steps = {"torch": stepper(tm), "rawconv": stepper(m)}
+        for f in steps.values():
+            for _ in range(3):
+                f()
+        torch.cuda.synchronize()
+        host = {k: [] for k in steps}
+        for _ in range(5):
+            for k, f in steps.items():
+                torch.cuda._sleep(int(4e8))
+                t0 = time.perf_counter()
+                f()
+                host[k].append((time.perf_counter() - t0) * 1e3)
+                torch.cuda.synchronize()
+        log(f"=== {label}: step host ms (GPU busy behind a sleep): torch min {min(host['torch']):.2f} "
+            f"med {sorted(host['torch'])[2]:.2f}, rawconv min {min(host['rawconv']):.2f} "
+            f"med {sorted(host['rawconv'])[2]:.2f}; ratio torch/rawconv {min(host['torch']) / min(host['rawconv']):.3f}")
+        prof = cProfile.Profile()
+        torch.cuda._sleep(int(4e8))
+        prof.enable()
+        steps["rawconv"]()
+        prof.disable()
+        torch.cuda.synchronize()
+        sio = io.StringIO()
+        pstats.Stats(prof, stream=sio).sort_stats("tottime").print_stats(18)
+        log(sio.getvalue()[:3500])
+        hs = _cuda.handle_state(0)
+        tot = {}
+        log(f"=== {label}: per conv, host us (C = cudnnBackendExecute alone, H = rawconv's hot call, "
+            f"T = torch's op) ===")
+        for name, mod in m.named_modules():
+            packs = mod.__dict__.get("_rawconv_entry")
+            if not packs:
+                continue
+            e = next(iter(packs.values()))[1]
+            row = []
+            for d, plan in (("fwd", e[2]), ("dgrad", e[4]), ("wgrad", e[5])):
+                if plan is None or getattr(plan, "_hot", None) is None:
+                    row.append(f"{d}: -")
+                    continue
+                p = plan.problem
+                dt = p.torch_dtype
+                cl = torch.channels_last
+                xx = torch.randn(p.x_shape, device="cuda", dtype=dt).contiguous(memory_format=cl)
+                ww = torch.randn(p.w_shape, device="cuda", dtype=dt).contiguous(memory_format=cl)
+                yy = torch.randn(p.y_shape, device="cuda", dtype=dt).contiguous(memory_format=cl)
+                a, b = {"fwd": (xx, ww), "dgrad": (yy, ww), "wgrad": (xx, yy)}[d]
+                if plan._hot_call(a, b, None) is None:
+                    row.append(f"{d}: not hot")
+                    continue
+                bb = plan._hot.built
+                vp = list(bb.vps.values())[-1]
+                c = _host_us(lambda: L.cudnnBackendExecute(hs.ptr, bb.plan.ptr, vp.ptr))
+                h = _host_us(lambda: plan._hot_call(a, b, None))
+                st, pd, dl = list(p.stride), list(p.pad_before), list(p.dilation)
+                if d == "fwd":
+                    t = _host_us(lambda: torch.nn.functional.conv2d(xx, ww, None, st, pd, dl))
+                elif d == "dgrad":
+                    t = _host_us(lambda: torch.ops.aten.convolution_backward(
+                        yy, xx, ww, None, st, pd, dl, False, [0, 0], 1, [True, False, False]))
+                else:
+                    t = _host_us(lambda: torch.ops.aten.convolution_backward(
+                        yy, xx, ww, None, st, pd, dl, False, [0, 0], 1, [False, True, False]))
+                for k, v in (("C", c), ("H", h), ("T", t)):
+                    tot[(d, k)] = tot.get((d, k), 0.0) + v
+                row.append(f"{d}: C {c:5.1f} H {h:5.1f} T {t:5.1f} {bb.config.name[:28]}{' RTC' if bb.serialize else ''}")
+            log(f"{name:22s} " + " | ".join(row))
+        log(f"--- {label} sums (ms per step): " + "  ".join(f"{d} {k} {v / 1e3:.2f}" for (d, k), v in sorted(tot.items())))
+    torch.backends.cudnn.allow_tf32 = True
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=("capture", "train", "host", "layers", "inmodel", "bisect"))
+    ap.add_argument("what", choices=("capture", "train", "host", "layers", "inmodel", "bisect", "planhost"))
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--only", default="")
@@ -524,6 +642,9 @@ def main():
     elif args.what == "layers":
         args.batch = args.batch or 8
         run_layers(args, log)
+    elif args.what == "planhost":
+        args.batch = args.batch or 32
+        run_planhost(args, log)
     else:
         run_host(args, log)
 
