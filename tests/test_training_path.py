@@ -154,6 +154,62 @@ def test_onednn_backward_hot_path_equals_the_checked_path(bias):
     torch.testing.assert_close(bd.execute(grad_y=gy.contiguous(), w=w), bd._grad_hot_run(gy, w))
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_converted_modules_cpu_backward_keeps_its_plans_and_stays_right(bias):
+    """A converted module's CPU backward runs the backward plans its entry kept from the last
+    backward in that thread (their hot paths on the incoming gradient as it is): every backward
+    below, with the gradient in the forward's layout, in NCHW, expanded, from another thread, and
+    on an empty batch, gives float64's dx, dw and db, in torch's layouts."""
+    import threading
+
+    torch.manual_seed(7)
+    t = torch.nn.Conv2d(4, 6, 3, padding=1, bias=bias).to(memory_format=torch.channels_last)
+    m = rnn.convert(copy.deepcopy(t))
+    t64 = copy.deepcopy(t).double()
+
+    def check(x, gy):
+        for mod, xin, gin in ((m, x, gy), (t64, x.detach().double(), gy.double())):
+            xin = xin.detach().requires_grad_()
+            mod.zero_grad(set_to_none=True)
+            mod(xin).backward(gin)
+            if mod is m:
+                got = (xin.grad, m.weight.grad, m.bias.grad if bias else None)
+            else:
+                want = (xin.grad, t64.weight.grad, t64.bias.grad if bias else None)
+        for a, b in zip(got, want):
+            if b is not None:
+                torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
+        assert got[0].is_contiguous(memory_format=torch.channels_last)
+        assert got[1].is_contiguous(memory_format=torch.channels_last)
+
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(2, 4, 7, 7, generator=g).contiguous(memory_format=torch.channels_last)
+    gy = torch.randn(2, 6, 7, 7, generator=g).contiguous(memory_format=torch.channels_last)
+    for _ in range(3):   # the first backward is checked; the later ones run the kept plans' hot paths
+        check(x, gy)
+        gy = gy * -0.5
+    (_key, entry), = m.__dict__["_rawconv_entry"].values()
+    kept = entry[6]
+    assert kept[1] is not None and kept[2] is not None
+    assert kept[1]._grad_hot_run(gy, m.weight.detach()) is not None   # (the plan's pack fits this gradient)
+    check(x, gy.contiguous())                                               # NCHW gradient: restrided
+    check(x, torch.randn(1, 6, 1, 1, generator=g).expand(2, 6, 7, 7))       # expanded gradient
+    check(x, gy)
+    errors = []
+
+    def other():
+        try:
+            check(x * 2, gy)
+        except Exception as exc:   # noqa: BLE001 - reported below
+            errors.append(exc)
+    th = threading.Thread(target=other)
+    th.start()
+    th.join()
+    assert not errors, errors
+    check(x, gy)
+    check(x[:0], gy[:0])                                                    # empty batch: zeros
+
+
 @pytest.mark.parametrize("make, shape", [
     (lambda: torch.nn.Conv1d(4, 6, 3, stride=2), (2, 4, 9)),
     (lambda: torch.nn.Conv2d(4, 6, 3), (4, 9, 9)),                       # unbatched

@@ -233,6 +233,16 @@ def _backward_data_plan(grad_y, w, x_shape, stride, pad_before, pad_after, dilat
 
 def _backward_data_cpu(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, backend, choice,
                        precision):
+    plan = _backward_data_cpu_plan(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, backend,
+                                   choice, precision)
+    dx = plan._grad_hot_run(grad_y, w)   # the plan's hot path (it checks the tensors), else its checked path
+    return dx if dx is not None else plan.execute(grad_y=grad_y, w=w)
+
+
+def _backward_data_cpu_plan(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, backend, choice,
+                            precision):
+    """The oneDNN backward-data plan of :func:`_backward_data_cpu`'s arguments (this thread's, from
+    the plan cache or made; raises its argument errors)."""
     try:
         key = ("d", grad_y.shape, grad_y.stride(), grad_y.dtype, w.shape, w.stride(), *x_shape, None, *stride, None,
                *pad_before, None, *pad_after, None, *dilation, groups, backend, choice, precision, _get_ident())
@@ -245,8 +255,7 @@ def _backward_data_cpu(grad_y, w, x_shape, stride, pad_before, pad_after, dilati
                                    precision)
         if key is not None:
             _cpu_cache.put(key, plan)
-    dx = plan._grad_hot_run(grad_y, w)   # the plan's hot path (it checks the tensors), else its checked path
-    return dx if dx is not None else plan.execute(grad_y=grad_y, w=w)
+    return plan
 
 
 def _backward_weights_problem(x, grad_y, w_shape, stride, pad_before, pad_after, dilation, groups, bias):
@@ -273,6 +282,27 @@ def _backward_weights_problem(x, grad_y, w_shape, stride, pad_before, pad_after,
 
 def _backward_weights_cpu(x, grad_y, w_shape, stride, pad_before, pad_after, dilation, groups, bias, backend,
                           choice, precision):
+    plan = _backward_weights_cpu_plan(x, grad_y, w_shape, stride, pad_before, pad_after, dilation, groups, bias,
+                                      backend, choice, precision)
+    res = plan._grad_hot_run(x, grad_y)   # the plan's hot path (it checks the tensors), else its checked path
+    return _weights_result(plan, x, grad_y, bias, res)
+
+
+def _weights_result(plan, x, grad_y, bias, res):
+    """``(dw, db)`` of backward-weights ``plan`` on ``x``, ``grad_y``: ``res`` (its hot path's
+    result) or, when that is None, its checked call's; db an empty tensor without a bias."""
+    if res is None:
+        res = plan.execute(x, grad_y=grad_y)
+    dw, db = res if bias else (res, torch.empty(0, dtype=x.dtype))
+    if plan.problem.is_empty:   # no library call: torch's zeros, in the layout the fake kernel says
+        dw = _enforce_layout(dw, plan.problem.layout, False)
+    return dw, db
+
+
+def _backward_weights_cpu_plan(x, grad_y, w_shape, stride, pad_before, pad_after, dilation, groups, bias, backend,
+                               choice, precision):
+    """The oneDNN backward-weights plan of :func:`_backward_weights_cpu`'s arguments (this
+    thread's, from the plan cache or made; raises its argument errors)."""
     try:
         key = ("w", x.shape, x.stride(), x.dtype, grad_y.shape, grad_y.stride(), *w_shape, None, *stride, None,
                *pad_before, None, *pad_after, None, *dilation, groups, bias, backend, choice, precision, _get_ident())
@@ -290,13 +320,7 @@ def _backward_weights_cpu(x, grad_y, w_shape, stride, pad_before, pad_after, dil
         plan.selected   # noqa: B018
         if key is not None:
             _cpu_cache.put(key, plan)
-    res = plan._grad_hot_run(x, grad_y)   # the plan's hot path (it checks the tensors), else its checked path
-    if res is None:
-        res = plan.execute(x, grad_y=grad_y)
-    dw, db = res if bias else (res, torch.empty(0, dtype=x.dtype))
-    if plan.problem.is_empty:   # no library call: torch's zeros, in the layout the fake kernel says
-        dw = _enforce_layout(dw, plan.problem.layout, False)
-    return dw, db
+    return plan
 
 
 # ---------------------------------------------------------------------------- CUDA kernels (cuDNN)
@@ -1084,8 +1108,10 @@ def _prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice
 def _new_entry(args) -> list:
     """An argument pack of :func:`_conv_entry`: [the operators' argument list, the CPU plan of the
     last call, the CUDA forward plan of the last call, the arguments as the autograd Function's
-    :class:`_Conf`, the CUDA backward-data plan and backward-weights plan of the last backward]."""
-    return [args, None, None, _Conf(args), None, None]
+    :class:`_Conf`, the CUDA backward-data plan and backward-weights plan of the last backward,
+    the CPU backward plans of the last backward as ``[thread ident, data plan, weights plan]``
+    (a backward runs in the thread that called it, which may not be the forward's)]."""
+    return [args, None, None, _Conf(args), None, None, None]
 
 
 @_guard.applies_function
@@ -1152,13 +1178,34 @@ def _direct_backward(ctx, gy):
                     g = _grad_like(gy, x, x.dim() == w.dim() - 1, w=w)
                 gw, gb, e[5] = _backward_weights_cuda_checked(x, g, list(w.shape), stride, pb, pa, dil, groups,
                                                               has_bias, backend, bwc, precision)
-    else:
-        g = _grad_like(gy, x, x.dim() == w.dim() - 1, w=w)
+    else:   # the same on the CPU: the plans of this thread's last backward, their hot paths first
+        ident = _get_ident()
+        c = e[6]
+        if c is None or c[0] != ident:
+            c = e[6] = [ident, None, None]
         if nx:
-            gx = _backward_data_cpu(g, w, list(x.shape), stride, pb, pa, dil, groups, backend, bdc, precision)
+            p = c[1]
+            gx = None if p is None else p._grad_hot_run(gy, w)
+            if gx is None:
+                g = _grad_like(gy, x, x.dim() == w.dim() - 1, w=w)
+                p = c[1] = _backward_data_cpu_plan(g, w, list(x.shape), stride, pb, pa, dil, groups, backend, bdc,
+                                                   precision)
+                gx = p._grad_hot_run(g, w)
+                if gx is None:
+                    gx = p.execute(grad_y=g, w=w)
         if wants_w:
-            gw, gb = _backward_weights_cpu(x, g, list(w.shape), stride, pb, pa, dil, groups, has_bias, backend,
-                                           bwc, precision)
+            p = c[2]
+            res = None if p is None else p._grad_hot_run(x, gy)
+            if res is None:
+                if g is None:
+                    g = _grad_like(gy, x, x.dim() == w.dim() - 1, w=w)
+                p = c[2] = _backward_weights_cpu_plan(x, g, list(w.shape), stride, pb, pa, dil, groups, has_bias,
+                                                      backend, bwc, precision)
+                gw, gb = _weights_result(p, x, g, has_bias, p._grad_hot_run(x, g))
+            else:
+                gw, gb = res if has_bias else (res, None)
+                if p.problem.is_empty:   # (as _weights_result)
+                    gw = _enforce_layout(gw, p.problem.layout, False)
     return None, gx, (gw if nw else None), (gb if has_bias and nb else None), None
 
 
