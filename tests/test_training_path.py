@@ -210,6 +210,32 @@ def test_converted_modules_cpu_backward_keeps_its_plans_and_stays_right(bias):
     check(x[:0], gy[:0])                                                    # empty batch: zeros
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_backward_plans_kept_in_one_entry_follow_x_and_ws_layouts(device):
+    """One argument pack (rawconv.ops.conv's, by shapes and arguments, not layouts) serves calls
+    with x and w in every layout: a backward after one in another layout gives torch's gradient
+    layouts (channels_last when x or w is), not the kept plans' (their packs check only grad_y
+    and w, or x and grad_y), and float64's values."""
+    from rawconv import ops
+
+    g = torch.Generator().manual_seed(9)
+    x0 = torch.randn(2, 4, 6, 6, generator=g)
+    w0 = torch.randn(5, 4, 3, 3, generator=g)
+    gy = torch.randn(2, 5, 6, 6, generator=g).to(device)   # NCHW, as the caller gives it
+    cl = torch.channels_last
+    for x_cl, w_cl in ((False, False), (True, False), (False, False), (False, True), (True, True), (False, False)):
+        x = (x0.contiguous(memory_format=cl) if x_cl else x0).to(device).requires_grad_()
+        w = (w0.contiguous(memory_format=cl) if w_cl else w0).to(device).requires_grad_()
+        dx, dw = torch.autograd.grad(ops.conv(x, w, padding=1), (x, w), gy)
+        x64, w64 = x0.double().requires_grad_(), w0.double().requires_grad_()
+        wx, ww = torch.autograd.grad(torch.nn.functional.conv2d(x64, w64, padding=1), (x64, w64), gy.cpu().double())
+        want_cl = x_cl or w_cl
+        for name, got, want in (("dx", dx, wx), ("dw", dw, ww)):
+            assert got.is_contiguous(memory_format=cl if want_cl else torch.contiguous_format), \
+                (name, x_cl, w_cl, got.stride())
+            torch.testing.assert_close(got.cpu().double(), want, rtol=1e-3, atol=1e-3)
+
+
 @pytest.mark.parametrize("make, shape", [
     (lambda: torch.nn.Conv1d(4, 6, 3, stride=2), (2, 4, 9)),
     (lambda: torch.nn.Conv2d(4, 6, 3), (4, 9, 9)),                       # unbatched

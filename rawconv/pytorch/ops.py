@@ -1109,9 +1109,13 @@ def _new_entry(args) -> list:
     """An argument pack of :func:`_conv_entry`: [the operators' argument list, the CPU plan of the
     last call, the CUDA forward plan of the last call, the arguments as the autograd Function's
     :class:`_Conf`, the CUDA backward-data plan and backward-weights plan of the last backward,
-    the CPU backward plans of the last backward as ``[thread ident, data plan, weights plan]``
-    (a backward runs in the thread that called it, which may not be the forward's)]."""
-    return [args, None, None, _Conf(args), None, None, None]
+    the CPU backward plans of the last backward as ``[key, data plan, weights plan]``, the CUDA
+    plans' key]. A key is x's shape and strides, w's strides and whether the call had a bias (the
+    layout torch gives the gradients follows x and w, while a backward plan's pack checks only
+    the tensors it reads: grad_y and w, or x and grad_y; one pack serves calls with and without a
+    bias), on the CPU also the thread (a backward runs in the thread that called it, which may
+    not be the forward's)."""
+    return [args, None, None, _Conf(args), None, None, None, None]
 
 
 @_guard.applies_function
@@ -1151,8 +1155,9 @@ def _conv_entry(x, w, bias, entry):
 def _direct_backward(ctx, gy):
     """:class:`RawconvConvForward`'s backward for a call of :func:`_conv_entry`'s direct path when
     nothing needs the dispatcher (:func:`_plain_backward`): the backward kernels called directly,
-    the entry (``ctx.entry``) keeping the CUDA backward plans of its last call (their hot paths
-    check the tensors, as the forward's; a gradient that does not fit is made dense first and
+    the entry (``ctx.entry``) keeping the backward plans of its last backward with x and w in the
+    same layout (their hot paths check the tensors, as the forward's, on the incoming gradient as
+    it is; a gradient that does not fit is made dense in torch's layout for x and w first and
     takes the checked path). Returns the Function's gradients."""
     x, w = ctx.saved_tensors
     e = ctx.entry
@@ -1160,7 +1165,11 @@ def _direct_backward(ctx, gy):
     _, nx, nw, nb = ctx.needs_input_grad[:4]
     gx = gw = gb = g = None
     wants_w = nw or (has_bias and nb)
+    lk = (x.shape, x.stride(), w.stride(), has_bias)
     if x.is_cuda:
+        if e[7] != lk:   # plans kept for x and w in another layout: their gradients' layout differs
+            e[4] = e[5] = None
+            e[7] = lk
         if nx:
             p = e[4]
             gx = None if p is None else p._hot_call(gy, w, None)
@@ -1179,10 +1188,10 @@ def _direct_backward(ctx, gy):
                 gw, gb, e[5] = _backward_weights_cuda_checked(x, g, list(w.shape), stride, pb, pa, dil, groups,
                                                               has_bias, backend, bwc, precision)
     else:   # the same on the CPU: the plans of this thread's last backward, their hot paths first
-        ident = _get_ident()
+        k = (_get_ident(), lk)
         c = e[6]
-        if c is None or c[0] != ident:
-            c = e[6] = [ident, None, None]
+        if c is None or c[0] != k:
+            c = e[6] = [k, None, None]
         if nx:
             p = c[1]
             gx = None if p is None else p._grad_hot_run(gy, w)
