@@ -266,3 +266,36 @@ def test_flop_counter_counts_rawconvs_operators_as_torchs_convolutions(make, sha
     assert rf == tf > 0
     groups = getattr(t, "groups", 1)
     assert rb == 2 * rf and tb == rf + groups * rf   # grad_input + grad_weight
+
+
+def test_legacy_vmap_batched_gradients_and_inputs_go_through_the_dispatcher():
+    """A legacy vmap's BatchedTensor has no storage: ``torch.autograd.grad(..., is_grads_batched=True)``,
+    ``autograd.functional.jacobian(..., vectorize=True)`` and ``torch._vmap_internals._vmap`` through a
+    converted module or rawconv.ops.conv give float64's results (the operators' batched fallback
+    runs them), where the direct path raised InternalError (a breaker's find)."""
+    import warnings
+
+    from rawconv import ops
+
+    torch.manual_seed(0)
+    t = torch.nn.Conv2d(4, 6, 3, padding=1)
+    m = rnn.convert(copy.deepcopy(t))
+    t64 = copy.deepcopy(t).double()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 4, 8, 8, generator=g)
+    gys = torch.randn(3, 2, 6, 8, 8, generator=g)
+    x64 = x.double().requires_grad_()
+    want = torch.autograd.grad(t64(x64), (x64, t64.weight), gys.double(), is_grads_batched=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # torch's "There is a performance drop" of its batched fallback
+        for f in (m, lambda xr: ops.conv(xr, m.weight, m.bias, padding=1)):
+            xr = x.clone().requires_grad_()
+            got = torch.autograd.grad(f(xr), (xr, m.weight), gys, is_grads_batched=True)
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
+        xs = x[:1, :, :4, :4]
+        jac = torch.autograd.functional.jacobian(m, xs, vectorize=True)
+        jac64 = torch.autograd.functional.jacobian(t64, xs.double(), vectorize=True)
+        torch.testing.assert_close(jac.double(), jac64, rtol=1e-4, atol=1e-4)
+        y = torch._vmap_internals._vmap(m)(x.unsqueeze(1))
+        torch.testing.assert_close(y.squeeze(1).double(), t64(x.double()), rtol=1e-4, atol=1e-4)

@@ -739,7 +739,7 @@ class RawconvConvForward(torch.autograd.Function):
     @staticmethod
     @_no_autocast
     def backward(ctx, gy):
-        if ctx.entry is not None and _plain_backward():
+        if ctx.entry is not None and _plain_backward() and not _legacy_batched(gy):
             return _direct_backward(ctx, gy)
         x, w = ctx.saved_tensors
         (stride, pb, pa, dil, groups, backend, _choice, precision, bdc, bwc), has_bias = ctx.conf
@@ -1064,6 +1064,10 @@ _function_mode = torch._C._is_torch_function_mode_enabled
 _functorch = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 _tracing = torch._C._get_tracing_state
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+# a legacy vmap's BatchedTensor (torch.autograd.grad(..., is_grads_batched=True), autograd.functional's
+# vectorize=True, torch._vmap_internals._vmap) has no storage: only the dispatcher (its batched
+# fallback) runs an operator on one
+_legacy_batched = getattr(torch._C._functorch, "is_legacy_batchedtensor", lambda t: False)
 _compiling = torch.compiler.is_compiling
 _autocasting = torch._C._is_any_autocast_enabled
 
@@ -1071,9 +1075,10 @@ _autocasting = torch._C._is_any_autocast_enabled
 def _plain(x, w, bias) -> bool:
     """True when calling the kernel (or the autograd Function) directly is exactly what the operator
     would do, once autocast's casts are made (:func:`_autocast_inputs`): no dispatch or function
-    mode, no functorch transform, no tracer, plain tensors."""
+    mode, no functorch transform, no tracer, plain tensors (not a legacy vmap's batched ones)."""
     return (type(x) in _PLAIN and type(w) in _PLAIN and (bias is None or type(bias) in _PLAIN)
-            and not _dispatch_modes() and not _function_mode() and not _functorch() and _tracing() is None)
+            and not _dispatch_modes() and not _function_mode() and not _functorch() and _tracing() is None
+            and not _legacy_batched(x) and not _legacy_batched(w) and (bias is None or not _legacy_batched(bias)))
 
 
 def _autocast_inputs(name, x, w, bias):
