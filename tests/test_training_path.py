@@ -299,3 +299,32 @@ def test_legacy_vmap_batched_gradients_and_inputs_go_through_the_dispatcher():
         torch.testing.assert_close(jac.double(), jac64, rtol=1e-4, atol=1e-4)
         y = torch._vmap_internals._vmap(m)(x.unsqueeze(1))
         torch.testing.assert_close(y.squeeze(1).double(), t64(x.double()), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("conv, x_shape, x_cl, w_cl", [
+    (lambda: torch.nn.Conv2d(2, 1, 3, stride=2), (3, 2, 7, 7), True, False),   # one output channel
+    (lambda: torch.nn.Conv2d(3, 2, 3), (3, 3, 3, 3), False, True),             # a 1x1 output
+], ids=["one-channel", "1x1-output"])
+def test_gradient_strides_that_fit_both_formats_give_torchs_layouts(conv, x_shape, x_cl, w_cl):
+    """An NCHW gradient whose strides also fit channels_last (one output channel, a 1x1 output):
+    dx and dw come out channels_last when x or w is, as torch's CPU backward gives them (the
+    backward read the layout from the gradient's strides; a breaker's find), with float64's values."""
+    cl = torch.channels_last
+    torch.manual_seed(0)
+    t = conv()
+    if w_cl:
+        t = t.to(memory_format=cl)
+    m = rnn.convert(copy.deepcopy(t))
+    t64 = copy.deepcopy(t).double()
+    x = torch.randn(x_shape, generator=torch.Generator().manual_seed(1))
+    x = x.contiguous(memory_format=cl) if x_cl else x
+    res = {}
+    for name, mod, xin in (("torch", t, x), ("rawconv", m, x), ("64", t64, x.double())):
+        xr = xin.clone(memory_format=torch.preserve_format).requires_grad_()
+        y = mod(xr)
+        gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(2)).to(y.dtype)   # NCHW strides
+        res[name] = torch.autograd.grad(y, (xr, mod.weight), gy)
+    for got, want, w64 in zip(res["rawconv"], res["torch"], res["64"]):
+        assert got.is_contiguous(memory_format=cl) == want.is_contiguous(memory_format=cl)
+        assert got.is_contiguous() == want.is_contiguous(), (got.stride(), want.stride())
+        torch.testing.assert_close(got.double(), w64, rtol=1e-4, atol=1e-4)

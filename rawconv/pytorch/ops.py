@@ -93,7 +93,7 @@ from ..core.errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from ..core.options import PRECISIONS
 from ..core.problem import (ConvProblem, backward_data_layout, backward_weights_layout, conv_layout, dense_strides,
                       empty_like_layout, int_arg, layout_of, resolve_padding, shape_arg, shape_only, strides_match,
-                      to_layout, transposed_shapes, tuple_arg)
+                      suggests_channels_last, to_layout, transposed_shapes, tuple_arg)
 
 __all__ = ["conv", "conv_transpose", "conv_backward_data", "conv_backward_weights", "selected", "BACKENDS",
            "clear_cache"]
@@ -656,10 +656,14 @@ def _grad_like(g: torch.Tensor, x: torch.Tensor, unbatched: bool, w: torch.Tenso
     come out in it, as torch's); without, x's (rawconv.fused's operator, whose y is in x's)."""
     xb = _batched(x, unbatched)
     if (conv_layout(xb, w) if w is not None else _layout(xb)) == "nhwc":
-        if g.dim() == 4:
-            return g.contiguous(memory_format=torch.channels_last)
-        if g.dim() == 5:
-            return g.contiguous(memory_format=torch.channels_last_3d)
+        if g.dim() in (4, 5):
+            g = g.contiguous(memory_format=torch.channels_last if g.dim() == 4 else torch.channels_last_3d)
+            if w is not None and g.is_cpu and g.numel() and not suggests_channels_last(g):
+                # strides that fit both formats (one channel, a 1x1 output): the backward operators
+                # read the layout from grad_y, torch's CPU backward from x and w; the same memory
+                # viewed with channels-last strides says so
+                g = g.as_strided(g.shape, dense_strides(g.shape, "nhwc"))
+            return g
         return to_layout(g, "nhwc") if g.dim() == 3 else g.contiguous()
     return g.contiguous()
 
