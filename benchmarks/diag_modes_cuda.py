@@ -616,9 +616,114 @@ def run_planhost(args, log):
     torch.backends.cudnn.allow_tf32 = True
 
 
+def run_engines(args, log):
+    """Per distinct convolution and direction of a converted ResNet-50 training step (fp32 TF32 or,
+    with --amp, autocast fp16): the first configs of cuDNN's heuristic mode instant (``--top``),
+    each one's host time per hot call (queued behind a GPU sleep) and GPU time per call (queued),
+    the entry's own config marked ``*``. Shows whether a config with torch's GPU time but less
+    host time exists where the step is host-bound. Stops listing after ``--cap`` seconds."""
+    from rawconv.core.bench import time_cuda_queued
+
+    torch.backends.cudnn.allow_tf32 = True
+    base, _ = build_resnet50()
+    precision = "strict" if args.amp else "tf32"
+    m = rnn.convert(copy.deepcopy(base), precision=precision).cuda().train().to(memory_format=torch.channels_last)
+    x = torch.randn(args.batch, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
+    for _ in range(2):
+        with torch.autocast("cuda", dtype=torch.float16, enabled=args.amp):
+            y = m(x)
+        y.float().sum().backward()
+    torch.cuda.synchronize()
+    t_end = time.perf_counter() + args.cap
+    seen = set()
+    sums = {"entry host": 0.0, "entry gpu": 0.0, "best-host host": 0.0, "best-host gpu": 0.0}
+    log(f"=== engines ({'autocast fp16' if args.amp else 'fp32 tf32'}, b{args.batch}): per distinct problem and "
+        f"direction, heuristic instant's first {args.top} configs: host us per hot call / GPU us per call ===")
+    for name, mod in m.named_modules():
+        packs = mod.__dict__.get("_rawconv_entry")
+        if not packs:
+            continue
+        e = next(iter(packs.values()))[1]
+        for d, plan in (("fwd", e[2]), ("dgrad", e[4]), ("wgrad", e[5])):
+            if plan is None or getattr(plan, "_hot", None) is None:
+                continue
+            p = plan.problem
+            key = (d, p.x_shape, p.w_shape, tuple(p.stride), tuple(p.pad_before), p.dtype)
+            if key in seen:
+                continue
+            seen.add(key)
+            if time.perf_counter() > t_end:
+                log(f"(stopped at --cap {args.cap} s)")
+                break
+            cl = torch.channels_last
+            dt = p.torch_dtype
+            xx = torch.randn(p.x_shape, device="cuda", dtype=dt).contiguous(memory_format=cl)
+            ww = torch.randn(p.w_shape, device="cuda", dtype=dt).contiguous(memory_format=cl)
+            yy = torch.randn(p.y_shape, device="cuda", dtype=dt).contiguous(memory_format=cl)
+            a, b = {"fwd": (xx, ww), "dgrad": (yy, ww), "wgrad": (xx, yy)}[d]
+
+            def call():
+                if d == "fwd":
+                    return plan.execute(a, b)
+                if d == "dgrad":
+                    return plan.execute(grad_y=a, w=b)
+                return plan.execute(a, grad_y=b)
+            own = plan.selected_name
+            rows = []
+            try:
+                configs = plan.engines("instant", limit=args.top)[:args.top]
+            except Exception as exc:   # noqa: BLE001 - a diag: say it and go on
+                log(f"{name} {d}: engines() raised {exc!r}")
+                continue
+            names = [c.name for c in configs]
+            if own not in names:
+                names.append(own)
+            for cname in names:
+                try:
+                    plan.select(cname)
+                    call()
+                    torch.cuda.synchronize()
+                    if plan._hot_call(a, b, None) is None:
+                        rows.append((cname, None, None, "no hot path"))
+                        continue
+                    h = _host_us(lambda: plan._hot_call(a, b, None))
+                    g = time_cuda_queued(lambda: plan._hot_call(a, b, None), iterations=20, warmup=2,
+                                         repeats=3).median_ms * 1e3
+                    rows.append((cname, h, g, ""))
+                except Exception as exc:   # noqa: BLE001
+                    rows.append((cname, None, None, f"{type(exc).__name__}: {str(exc)[:60]}"))
+            plan.select(own)
+            call()
+            ok = [r for r in rows if r[1] is not None]
+            if not ok:
+                continue
+            mine = next((r for r in ok if r[0] == own), None)
+            gbest = min(r[2] for r in ok)
+            near = [r for r in ok if r[2] <= gbest * 1.05]
+            hbest = min(near, key=lambda r: r[1])
+            if mine is not None:
+                sums["entry host"] += mine[1]
+                sums["entry gpu"] += mine[2]
+            sums["best-host host"] += hbest[1]
+            sums["best-host gpu"] += hbest[2]
+            log(f"{name:20s} {d:5s} x{tuple(p.x_shape)} w{tuple(p.w_shape)}")
+            for r in rows:
+                mark = ("*" if r[0] == own else " ") + ("h" if r is hbest else " ")
+                if r[1] is None:
+                    log(f"   {mark} {r[0][:40]:40s} {r[3]}")
+                else:
+                    log(f"   {mark} {r[0][:40]:40s} host {r[1]:6.1f} us  gpu {r[2]:7.1f} us")
+    log("--- sums over the distinct problems (us): " + "  ".join(f"{k} {v:.0f}" for k, v in sums.items())
+        + "  (h: least host time among configs within 5% of the best GPU time)")
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=("capture", "train", "host", "layers", "inmodel", "bisect", "planhost"))
+    ap.add_argument("what", choices=("capture", "train", "host", "layers", "inmodel", "bisect", "planhost",
+                                     "engines"))
+    ap.add_argument("--top", type=int, default=5, help="engines: heuristic configs per problem")
+    ap.add_argument("--cap", type=float, default=150.0, help="engines: stop after this many seconds")
+    ap.add_argument("--amp", action="store_true", help="engines: autocast fp16 instead of fp32 TF32")
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--only", default="")
@@ -645,6 +750,9 @@ def main():
     elif args.what == "planhost":
         args.batch = args.batch or 32
         run_planhost(args, log)
+    elif args.what == "engines":
+        args.batch = args.batch or 32
+        run_engines(args, log)
     else:
         run_host(args, log)
 

@@ -4,7 +4,7 @@
 # libdnnl, then runs the named steps, each logging to $OUT/<step>.log, each under its own timeout.
 #   bash benchmarks/run_h200.sh gpu-tests                 # every test marked gpu
 #   bash benchmarks/run_h200.sh resnet50-gpu resnet50-cpu overhead-cpu torch-choice
-#   bash benchmarks/run_h200.sh planhost train-bench r50-budget   # issue 22's open GPU targets
+#   bash benchmarks/run_h200.sh planhost engines train-bench r50-budget   # issue 22's open GPU targets
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1 || exit 1
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
@@ -47,6 +47,8 @@ for s in "$@"; do
         --variants compile_freezing,rawconv_channels_last --mallopt ;;
     diag-cpu-in-model) step diag-cpu-in-model${DIAG_TAG:-} ${T_DIAG:-420} python3 benchmarks/diag_cpu_in_model.py --threads 8 ${DIAG_ARGS:-} ;;
     planhost) step planhost ${T_PH:-150} python3 benchmarks/diag_modes_cuda.py planhost ;;
+    engines) step engines ${T_ENG:-200} python3 benchmarks/diag_modes_cuda.py engines --cap ${ENG_CAP:-150} ;;
+    engines-amp) step engines-amp ${T_ENG:-200} python3 benchmarks/diag_modes_cuda.py engines --amp --cap ${ENG_CAP:-150} ;;
     train-bench) step train-bench ${T_TRAIN:-240} python3 benchmarks/bench_resnet50.py --train --train-rounds 3 --train-steps 5 \
         --json "$OUT/train_gpu.json" ;;
     r50-budget) step r50-budget${DIAG_TAG:-} ${T_R50:-420} python3 benchmarks/bench_resnet50.py \
