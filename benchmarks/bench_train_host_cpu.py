@@ -4,15 +4,18 @@ process, the rows interleaved in rounds (tiny problem: the library calls take li
     python benchmarks/bench_train_host_cpu.py [--threads 1] [--rounds 11] [--calls 300]
 
 Rows (µs per call, min and median over the rounds; ratio = torch / rawconv, above 1: rawconv faster):
-the forward with grad recorded, forward + backward (``y.backward(gy)``, x and w requiring grad), and
+the forward with grad recorded, forward + backward (``y.backward(gy)``, x and w requiring grad; also for a
+module converted with ``autotune=x``, whose pinned choices it runs), and
 the two backward kernels alone (rawconv's CPU backward-data plus backward-weights kernels, the ones
 its autograd Function calls) against ``torch.ops.aten.convolution_backward`` computing both.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
+import warnings
 
 import torch
 
@@ -34,6 +37,10 @@ def main() -> None:
     rm = rnn.convert(torch.nn.Conv2d(8, 8, 3, padding=1, bias=False).to(memory_format=cl))
     with torch.no_grad():
         rm.weight.copy_(tm.weight)
+    # autotuned (convert(autotune=x): forward and both backward passes searched and pinned)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # (a TimingWarning on a busy machine: the choice does not matter here)
+        am = rnn.convert(copy.deepcopy(tm).train(), autotune=x.detach())
     w = tm.weight.detach()
     xd = x.detach()
     one = [1, 1]
@@ -50,6 +57,7 @@ def main() -> None:
 
     pairs = {"forward (grad on)": (lambda: tm(x), lambda: rm(x)),
              "forward + backward": (lambda: step(tm), lambda: step(rm)),
+             "fwd + bwd, autotuned": (lambda: step(tm), lambda: step(am)),
              "backward kernels": (torch_kernels, rawconv_kernels)}
     fns = {(row, side): f for row, (ft, fr) in pairs.items() for side, f in (("torch", ft), ("rawconv", fr))}
     for f in fns.values():

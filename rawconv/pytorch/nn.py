@@ -530,28 +530,31 @@ class _RawconvConv:
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         d = self.__dict__
-        if self.padding_mode == "zeros" and not _RECORDING and d.get(_TUNED_ATTR) is None \
-                and type(x) in _PLAIN_TENSORS and USE_OPS and not torch.compiler.is_compiling():
+        if self.padding_mode == "zeros" and not _RECORDING and type(x) in _PLAIN_TENSORS and USE_OPS \
+                and not torch.compiler.is_compiling():
             # the module's own argument pack: validated once per configuration (stride, padding,
             # dilation, groups, backend, choice, precision, backward choice, the weight's shape and
             # the input's device type), then rawconv.ops runs it as rawconv.ops.conv does; one per
             # thread (and OpenMP count), as rawconv.ops keeps its own: the plans it holds are not
-            # thread-safe (a plan's memory handles are set per call)
+            # thread-safe (a plan's memory handles are set per call). An autotuned module's choices
+            # are those of this call's problem (its table, as the path below reads it)
             w = self.weight
+            ch, bc = self.choice, self.backward_choice
+            if d.get(_TUNED_ATTR) is not None:
+                ch, bc = self._tuned_for("conv", x, None, {"x": x, "padding": self.padding})
             # (a list argument as its values now: one changed in place after this call must not match)
-            st, pd, dl, bc = self.stride, self.padding, self.dilation, self.backward_choice
+            st, pd, dl = self.stride, self.padding, self.dilation
             if type(st) is list or type(pd) is list or type(dl) is list or type(bc) is list or \
                     (type(pd) is tuple and pd and type(pd[0]) is not int):   # (pairs, maybe lists)
                 st, pd, dl, bc = _norm_padding(st), _norm_padding(pd), _norm_padding(dl), _norm_padding(bc)
-            key = (st, pd, dl, self.groups, self.backend, self.choice, self.precision, bc, w.shape, x.is_cuda,
-                   x.is_cpu)
+            key = (st, pd, dl, self.groups, self.backend, ch, self.precision, bc, w.shape, x.is_cuda, x.is_cpu)
             ident = _get_ident()
             packs = d.get("_rawconv_entry")
             e = packs.get(ident) if packs is not None else None
             if e is None or e[0] != key:
                 if packs is None or len(packs) >= 64:   # (threads come and go: past 64, start again)
                     packs = d["_rawconv_entry"] = {}
-                e = packs[ident] = (key, self._entry(x, w))
+                e = packs[ident] = (key, self._entry(x, w, ch, bc))
             try:
                 return (_OPS[0] or _load_ops())._conv_entry(x, w, self.bias, e[1])
             except Exception as exc:
@@ -567,11 +570,12 @@ class _RawconvConv:
         return conv(x, self.weight, self.bias, self.stride, padding, self.dilation, self.groups,
                     backend=self.backend, choice=choice, precision=self.precision, backward_choice=bwd)
 
-    def _entry(self, x, w) -> list:
-        """The argument pack of :func:`rawconv.ops._conv_entry` for this module's configuration,
-        checked as :func:`conv` checks its arguments (raises its errors)."""
-        choice = _check_choice(self.choice, "choice")
-        bwd = _check_choice(self.backward_choice, "backward_choice", pair=True)
+    def _entry(self, x, w, choice=None, backward_choice=None) -> list:
+        """The argument pack of :func:`rawconv.ops._conv_entry` for this module's configuration
+        with ``choice`` and ``backward_choice`` (the module's own, or those autotuned for the
+        call's problem), checked as :func:`conv` checks its arguments (raises its errors)."""
+        choice = _check_choice(choice, "choice")
+        bwd = _check_choice(backward_choice, "backward_choice", pair=True)
         precision = _check_precision(self.precision)
         _check_backend(self.backend)
         _resolve_backend(self.backend, x.device)
