@@ -649,7 +649,8 @@ def train_table(args, log=print) -> dict:
         except Exception:   # noqa: BLE001
             pass
     log(f"ResNet-50 training step ({source}), {dev}, batch {batch}, {args.size}x{args.size}, channels_last, "
-        f"threads {torch.get_num_threads()}, torch {torch.__version__}")
+        f"threads {torch.get_num_threads()}, torch {torch.__version__}, rawconv "
+        + ("autotuned (autotune=x, autotune_new='search')" if args.train_autotune else "on the libraries' default choices"))
     lossf = nn.CrossEntropyLoss()
     rows = []
     for label, amp, tf32, precision, tol in cases:
@@ -657,7 +658,16 @@ def train_table(args, log=print) -> dict:
             torch.backends.cudnn.allow_tf32 = tf32
             torch.backends.cuda.matmul.allow_tf32 = tf32
         tm = copy.deepcopy(model)
-        rm = rnn.convert(copy.deepcopy(model), precision=precision)
+
+        def converted():
+            """rawconv's model; with --train-autotune tuned as torch's cudnn.benchmark tunes: the example's
+            problems (forward and both backward passes) searched at convert, the others (autocast's
+            float16 ones) at their first call (autotune_new="search"), each once, pinned."""
+            if not args.train_autotune:
+                return rnn.convert(copy.deepcopy(model), precision=precision)
+            return rnn.convert(copy.deepcopy(model), precision=precision, autotune=x, autotune_new="search",
+                               autotune_budget_s=args.autotune_budget)
+        rm = converted()
 
         def stepper(m):
             opt = torch.optim.SGD(m.parameters(), lr=1e-4, momentum=0.9)
@@ -672,8 +682,7 @@ def train_table(args, log=print) -> dict:
             return step
         # correctness: the first step from the same weights (before any update)
         check = {}
-        for name, m in (("torch", copy.deepcopy(model)), ("rawconv", rnn.convert(copy.deepcopy(model),
-                                                                                 precision=precision)),
+        for name, m in (("torch", copy.deepcopy(model)), ("rawconv", converted()),
                         ("torch_nchw", copy.deepcopy(model).to(memory_format=torch.contiguous_format))):
             xin = x.contiguous() if name == "torch_nchw" else x
             with torch.autocast(dev, dtype=amp or torch.float32, enabled=amp is not None):
@@ -708,7 +717,7 @@ def train_table(args, log=print) -> dict:
         torch.backends.cudnn.allow_tf32 = True
         torch.backends.cuda.matmul.allow_tf32 = False
     return {"rows": rows, "meta": {"device": dev, "batch": batch, "model": source, "torch": torch.__version__,
-                                   "threads": torch.get_num_threads()}}
+                                   "threads": torch.get_num_threads(), "rawconv_autotune": args.train_autotune}}
 
 
 def train_text(result: dict) -> str:
@@ -759,6 +768,9 @@ def parse(argv=None):
     ap.add_argument("--train-batch", type=int, default=None, help="training batch (default 32 CUDA, 8 CPU)")
     ap.add_argument("--train-steps", type=int, default=5, help="steps per wall-time loop")
     ap.add_argument("--train-rounds", type=int, default=3, help="rounds, torch and rawconv taking turns")
+    ap.add_argument("--train-autotune", action="store_true",
+                    help="training table: rawconv converted with autotune=x, autotune_new='search' (torch: "
+                         "cudnn.benchmark); --autotune-budget per problem")
     ap.add_argument("--search-log", action="store_true", help="log the cuDNN search's phases (rawconv.search, debug)")
     ap.add_argument("--mallopt", action="store_true",
                     help="CPU: glibc keeps freed large blocks for reuse (mallopt M_MMAP_THRESHOLD and "

@@ -623,3 +623,40 @@ def test_a_fused_model_trains_on_its_pinned_backward_choices(monkeypatch):
     x64 = x.double().requires_grad_()
     t64(x64).square().sum().backward()
     assert _rel(xg.grad, x64.grad) <= 1e-4
+
+
+@pytest.mark.parametrize("new", ["default", "search"])
+def test_an_autotuned_model_under_autocast_runs_its_cast_problems(new, monkeypatch):
+    """A model converted with autotune=x (float32) and trained under torch.autocast("cpu",
+    bfloat16): each call looks up its choice on the problem the operators run (bfloat16), not the
+    float32 one; before, the float32 winner (an implementation oneDNN offers only for float32)
+    was forced on the bfloat16 call, which raised NotSupportedError. With autotune_new="search"
+    the bfloat16 problems are searched at their first call and pinned. Gradients as torch's
+    autocast step in float64 terms (bfloat16's tolerance). Conv and ConvTranspose layers."""
+    caps = onednn.capabilities()
+    if not all(caps.offered(d, "bfloat16") for d in ("forward", "backward_data", "backward_weights")):
+        pytest.skip("this CPU's oneDNN 3.2 offers no bfloat16 convolutions (autocast computes in float32)")
+    rnn.clear_tuning()
+    picks = _user_layout_winner(monkeypatch)
+    torch.manual_seed(3)
+    net = Trainable()
+    x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+    m = rnn.convert(copy.deepcopy(net), autotune=x, autotune_budget_s=0.05, autotune_new=new)
+    assert any(p.endswith("@user") for p in picks), picks   # float32 winners bfloat16 does not offer
+    first = len(picks)
+    xg = x.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = m(xg)
+    assert y.dtype == torch.bfloat16
+    y.float().square().sum().backward()
+    searched = len(picks) - first
+    assert (searched > 0) == (new == "search")
+    tuned = rnn.pinned_choices(m)
+    assert all(len(p["tuned"]) == (2 if new == "search" else 1) for p in tuned.values()), tuned
+    t = copy.deepcopy(net)
+    xt = x.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        yt = t(xt)
+    yt.float().square().sum().backward()
+    assert _rel(y, yt) <= 3e-2
+    assert _rel(xg.grad, xt.grad) <= 5e-2

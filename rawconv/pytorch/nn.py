@@ -528,6 +528,17 @@ class _RawconvConv:
                 return (t.choice if choice is None else choice), (t.backward_choice if bwd is None else bwd)
         return choice, bwd
 
+    def _tuned_on_cast(self, kind: str, x, extra, args: dict, op: str):
+        """:meth:`_tuned_for` on the problem the operators run: under autocast, on x and the
+        parameters as operator ``rawconv::op``'s autocast kernel casts them, so that a float16 /
+        bfloat16 call looks up (or, with ``autotune_new="search"``, searches) its own problem and
+        never gets the choice tuned for the float32 one (which its library may not offer)."""
+        if _autocasting():
+            xt, wt, bt = _load_ops()._autocast_inputs(op, x, self.weight, self.bias)
+            if xt is not x or wt is not self.weight:
+                return self._tuned_for(kind, xt, extra, dict(args, x=xt, w=wt, b=bt), wt)
+        return self._tuned_for(kind, x, extra, args)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         d = self.__dict__
         if self.padding_mode == "zeros" and not _RECORDING and type(x) in _PLAIN_TENSORS and USE_OPS \
@@ -541,7 +552,7 @@ class _RawconvConv:
             w = self.weight
             ch, bc = self.choice, self.backward_choice
             if d.get(_TUNED_ATTR) is not None:
-                ch, bc = self._tuned_for("conv", x, None, {"x": x, "padding": self.padding})
+                ch, bc = self._tuned_on_cast("conv", x, None, {"x": x, "padding": self.padding}, "conv_forward")
             # (a list argument as its values now: one changed in place after this call must not match)
             st, pd, dl = self.stride, self.padding, self.dilation
             if type(st) is list or type(pd) is list or type(dl) is list or type(bc) is list or \
@@ -566,7 +577,7 @@ class _RawconvConv:
         _record(self, "conv", x=x, padding=padding)
         choice, bwd = self.choice, self.backward_choice
         if d.get(_TUNED_ATTR) is not None:
-            choice, bwd = self._tuned_for("conv", x, None, {"x": x, "padding": padding})
+            choice, bwd = self._tuned_on_cast("conv", x, None, {"x": x, "padding": padding}, "conv_forward")
         return conv(x, self.weight, self.bias, self.stride, padding, self.dilation, self.groups,
                     backend=self.backend, choice=choice, precision=self.precision, backward_choice=bwd)
 
@@ -606,8 +617,8 @@ class _RawconvConvTranspose(_RawconvConv):
         _record(self, "transpose", x=x, output_padding=tuple(output_padding))
         choice, bwd = self.choice, self.backward_choice
         if self.__dict__.get(_TUNED_ATTR) is not None:
-            choice, bwd = self._tuned_for("transpose", x, tuple(output_padding),
-                                          {"x": x, "output_padding": tuple(output_padding)})
+            choice, bwd = self._tuned_on_cast("transpose", x, tuple(output_padding),
+                                              {"x": x, "output_padding": tuple(output_padding)}, "conv_backward_data")
         return conv_transpose(x, self.weight, self.bias, self.stride, self.padding, output_padding, self.groups,
                               self.dilation, backend=self.backend, choice=choice, precision=self.precision,
                               backward_choice=bwd)
@@ -747,7 +758,7 @@ class _ConvBiasAct(_RawconvConv):
         updated as torch's), the add and the activation in torch."""
         choice, tuned_bwd = self.choice, self.backward_choice
         if self.__dict__.get(_TUNED_ATTR) is not None:
-            choice, tuned_bwd = self._tuned_for("conv", x, None, {"x": x, "padding": padding})
+            choice, tuned_bwd = self._tuned_on_cast("conv", x, None, {"x": x, "padding": padding}, "conv_forward")
             if tuned_bwd is None:   # the fused problem's backward passes are this convolution's
                 key = _sig_of("fused", x, self.weight, residual is not None)
                 t = self.__dict__[_TUNED_ATTR].get(key) if key is not None else None
@@ -1610,7 +1621,7 @@ def _problem_of(m, kind: str, args: dict) -> ConvProblem:
         fake = shape_only(core, xb)
         if _is_cl(xb):
             fake = fake.contiguous(memory_format=torch.channels_last if xb.dim() == 4 else torch.channels_last_3d)
-        return ConvProblem.from_torch(fake, m.weight, None, s, p, d, m.groups)
+        return ConvProblem.from_torch(fake, _call_wb(m, args)[0], None, s, p, d, m.groups)
     w, b = _call_wb(m, args)
     return ConvProblem.from_torch(x, w, b, m.stride, _norm_padding(args["padding"]), m.dilation, m.groups)
 
@@ -1721,7 +1732,9 @@ def _grad_problems(m, kind: str, args: dict, backend: str) -> dict:
     from . import ops as _ops
 
     x = args["x"]
-    w = m.weight.detach()
+    # (the weight as the call cast it under autocast; a fused call's own "w" is its folded snapshot,
+    # while its backward runs on the convolution's weight)
+    w = (args["w"] if kind != "fused" and "w" in args else m.weight).detach()
     nd = w.dim() - 2
     xb = x.unsqueeze(0) if x.dim() == nd + 1 else x
     lay = _ops._layout(xb)
