@@ -176,3 +176,27 @@ def test_cuda_autotuned_model_runs_other_batch_sizes_layouts_and_dtypes(fuse):
                     assert _rel(mm(xx), ref(xx.double().cpu())) <= (1e-4 if dtype == torch.float32 else 2e-2)
                 tried += 1
     assert tried == 12
+
+
+@pytest.mark.parametrize("new", ["default", "search"])
+def test_cuda_autotuned_model_trains_under_autocast_on_its_float16_problems(new):
+    """convert(autotune=x) on float32, then a training step under torch.autocast("cuda", float16):
+    each call takes the choice of its float16 problem (searched at its first call with
+    autotune_new="search", else cuDNN's default), never the float32 winner; output and the input's
+    gradient as torch's own autocast step (float16's tolerance)."""
+    rnn.clear_tuning()
+    net = _res().cuda().train()
+    x = torch.randn(4, 16, 12, 12, device="cuda").to(memory_format=torch.channels_last)
+    m = rnn.convert(copy.deepcopy(net), autotune=x, autotune_budget_s=0.3, autotune_new=new)
+    outs = []
+    for mod in (m, copy.deepcopy(net)):
+        xg = x.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.float16):
+            y = mod(xg)
+        assert y.dtype == torch.float16
+        y.float().square().sum().backward()
+        outs.append((y, xg.grad))
+    assert _rel(outs[0][0], outs[1][0]) <= 2e-2
+    assert _rel(outs[0][1], outs[1][1]) <= 5e-2
+    tuned = rnn.pinned_choices(m)
+    assert all(len(p["tuned"]) == (2 if new == "search" else 1) for p in tuned.values()), tuned
