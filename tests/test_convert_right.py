@@ -660,3 +660,45 @@ def test_an_autotuned_model_under_autocast_runs_its_cast_problems(new, monkeypat
     yt.float().square().sum().backward()
     assert _rel(y, yt) <= 3e-2
     assert _rel(xg.grad, xt.grad) <= 5e-2
+
+
+def _fused_net(bn: bool):
+    torch.manual_seed(0)
+    layers = [nn.Conv2d(3, 16, 3, padding=1)] + ([nn.BatchNorm2d(16)] if bn else []) + [nn.ReLU(),
+                                                                                       nn.Conv2d(16, 16, 3, padding=1),
+                                                                                       nn.ReLU()]
+    return nn.Sequential(*layers).eval()
+
+
+@pytest.mark.parametrize("case", ["fused-backward", "fused-search", "fused-grad-eval", "convert-inside-autocast"])
+def test_fused_and_recorded_autotune_follow_autocasts_cast(case):
+    """Fused models and the example's recording under torch.autocast("cpu", bfloat16) (a breaker's
+    finds, all raising before): a fused model's backward took the float32 fused problem's backward
+    choice (NotSupportedError); its search at a new problem's first call met bfloat16 x with the
+    float32 weight (ArgumentError); an eval model called with grad under autocast took the float32
+    forward choice; convert(autotune=x) inside an autocast region recorded bfloat16 x beside the
+    float32 weight. Each now runs as torch's autocast run, to bfloat16's tolerance."""
+    caps = onednn.capabilities()
+    if not all(caps.offered(d, "bfloat16") for d in ("forward", "backward_data", "backward_weights")):
+        pytest.skip("this CPU's oneDNN 3.2 offers no bfloat16 convolutions (autocast computes in float32)")
+    rnn.clear_tuning()
+    net = _fused_net(bn=case != "fused-grad-eval")
+    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    ac = lambda: torch.autocast("cpu", dtype=torch.bfloat16)   # noqa: E731
+    if case == "convert-inside-autocast":
+        with ac():
+            m = rnn.convert(copy.deepcopy(net), autotune=x, autotune_budget_s=0.02)
+    else:
+        m = rnn.convert(copy.deepcopy(net), fuse=True, autotune=x, autotune_budget_s=0.02,
+                        autotune_backward=case == "fused-backward",
+                        autotune_new="search" if case == "fused-search" else "default")
+    res = []
+    for mod in (m, net):
+        xg = x.clone().requires_grad_()
+        with ac():
+            y = mod(xg)
+        assert y.dtype == torch.bfloat16
+        y.float().square().mean().backward()
+        res.append((y, xg.grad))
+    assert _rel(res[0][0], res[1][0]) <= 3e-2
+    assert _rel(res[0][1], res[1][1]) <= 5e-2

@@ -48,6 +48,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
+from . import autocast as _autocast
 from . import fused as _fused
 from .. import onednn
 from ..core.grad import functorch_active as _functorch, has_tangent as _has_tangent
@@ -528,15 +529,30 @@ class _RawconvConv:
                 return (t.choice if choice is None else choice), (t.backward_choice if bwd is None else bwd)
         return choice, bwd
 
-    def _tuned_on_cast(self, kind: str, x, extra, args: dict, op: str):
-        """:meth:`_tuned_for` on the problem the operators run: under autocast, on x and the
-        parameters as operator ``rawconv::op``'s autocast kernel casts them, so that a float16 /
-        bfloat16 call looks up (or, with ``autotune_new="search"``, searches) its own problem and
-        never gets the choice tuned for the float32 one (which its library may not offer)."""
+    def _cast_for(self, x, op: str, residual=None):
+        """``(x, w, bias, residual)`` as operator ``rawconv::op``'s autocast kernel casts them (the
+        module's parameters), or None outside autocast for x's device (nothing cast)."""
         if _autocasting():
-            xt, wt, bt = _load_ops()._autocast_inputs(op, x, self.weight, self.bias)
-            if xt is not x or wt is not self.weight:
-                return self._tuned_for(kind, xt, extra, dict(args, x=xt, w=wt, b=bt), wt)
+            dev = x.device.type
+            if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev):
+                c = _autocast.cast_inputs(op, dev, (x, self.weight, self.bias, residual))
+                if c[0] is not x or c[1] is not self.weight:
+                    return c
+        return None
+
+    def _tuned_on_cast(self, kind: str, x, extra, args: dict, op: str):
+        """:meth:`_tuned_for` on the problem the operators run: under autocast, on x (and a fused
+        call's residual) and the parameters as operator ``rawconv::op``'s autocast kernel casts
+        them, so that a float16 / bfloat16 call looks up (or, with ``autotune_new="search"``,
+        searches) its own problem and never gets the choice tuned for the float32 one (which its
+        library may not offer)."""
+        c = self._cast_for(x, op, args.get("residual"))
+        if c is not None:
+            xt, wt, bt, rt = c
+            a = dict(args, x=xt, w=wt, b=bt)
+            if "residual" in args:
+                a["residual"] = rt
+            return self._tuned_for(kind, xt, extra, a, wt)
         return self._tuned_for(kind, x, extra, args)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -709,8 +725,8 @@ class _ConvBiasAct(_RawconvConv):
         if d.get(_TUNED_ATTR) is not None and (plans is None or choice is not None or not x.is_cpu):
             # (a frozen module's oneDNN plans resolve the autotuned choice once per problem, when the
             # plan is made: rawconv.fused._run_frozen, through _frozen_choice; no lookup per call)
-            choice, bwd = self._tuned_for("fused", x, residual is not None,
-                                          {"x": x, "padding": padding, "residual": residual}, self.weight)
+            choice, bwd = self._tuned_on_cast("fused", x, residual is not None,
+                                              {"x": x, "padding": padding, "residual": residual}, "conv_bias_act")
         if recording and bwd is not None:
             # pinned backward choices: the convolution operator carries them (the fused one has none)
             return self._unfused(x, padding, residual, bwd)
@@ -760,7 +776,9 @@ class _ConvBiasAct(_RawconvConv):
         if self.__dict__.get(_TUNED_ATTR) is not None:
             choice, tuned_bwd = self._tuned_on_cast("conv", x, None, {"x": x, "padding": padding}, "conv_forward")
             if tuned_bwd is None:   # the fused problem's backward passes are this convolution's
-                key = _sig_of("fused", x, self.weight, residual is not None)
+                c = self._cast_for(x, "conv_forward")   # (under autocast: the cast problem's)
+                key = _sig_of("fused", x if c is None else c[0], self.weight if c is None else c[1],
+                              residual is not None)
                 t = self.__dict__[_TUNED_ATTR].get(key) if key is not None else None
                 tuned_bwd = t.backward_choice if t is not None else None
         y = conv(x, self.weight, self.bias, self.stride, padding, self.dilation, self.groups, backend=self.backend,
@@ -1609,7 +1627,19 @@ def _call_wb(m, args: dict):
         w, b = args["w"], args["b"]
     else:
         w, b = m.weight, m.bias
+    w, b = _in_dtype_of(args["x"], w, b)
     return w.detach(), (b.detach() if b is not None else None)
+
+
+def _in_dtype_of(x, w, b=None):
+    """``(w, b)`` in x's dtype when they differ (floating point): a call whose x and parameters
+    differ in dtype reaches the library only under autocast, which casts them all to one dtype
+    (x's, when x is already cast: an earlier autocast op's output); a recorded or searched
+    problem is that one. Otherwise as they are (a call outside autocast raises its own error)."""
+    if w.dtype != x.dtype and x.is_floating_point() and w.is_floating_point():
+        w = w.to(x.dtype)
+        b = None if b is None else b.to(x.dtype)
+    return w, b
 
 
 def _problem_of(m, kind: str, args: dict) -> ConvProblem:
@@ -1734,7 +1764,7 @@ def _grad_problems(m, kind: str, args: dict, backend: str) -> dict:
     x = args["x"]
     # (the weight as the call cast it under autocast; a fused call's own "w" is its folded snapshot,
     # while its backward runs on the convolution's weight)
-    w = (args["w"] if kind != "fused" and "w" in args else m.weight).detach()
+    w = _in_dtype_of(x, (args["w"] if kind != "fused" and "w" in args else m.weight).detach())[0]
     nd = w.dim() - 2
     xb = x.unsqueeze(0) if x.dim() == nd + 1 else x
     lay = _ops._layout(xb)
