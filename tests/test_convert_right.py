@@ -702,3 +702,25 @@ def test_fused_and_recorded_autotune_follow_autocasts_cast(case):
         res.append((y, xg.grad))
     assert _rel(res[0][0], res[1][0]) <= 3e-2
     assert _rel(res[0][1], res[1][1]) <= 5e-2
+
+
+def test_a_search_at_first_call_never_rewinds_torchs_generator(monkeypatch):
+    """autotune_new="search": what another thread draws from torch's generator while a layer's
+    new problem is searched is never handed out again (the search wrapped itself in fork_rng,
+    which restored the generator afterwards: a breaker saw 20 of 203 draws repeated in a second
+    thread). Simulated deterministically: a draw made inside the search, then one after the call."""
+    rnn.clear_tuning()
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU())
+    m = rnn.convert(net, autotune=torch.randn(2, 3, 8, 8), autotune_budget_s=0.02, autotune_new="search")
+    inside = []
+    real = rnn._tune_call
+
+    def tune_call(*a, **k):
+        inside.append(torch.rand(1).item())   # as another thread would, during the search
+        return real(*a, **k)
+    monkeypatch.setattr(rnn, "_tune_call", tune_call)
+    with torch.no_grad():
+        m(torch.randn(3, 3, 8, 8))   # a new problem: searched now
+    assert inside, "no search ran"
+    assert torch.rand(1).item() != inside[0]

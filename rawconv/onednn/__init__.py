@@ -1094,7 +1094,8 @@ class Convolution(_Listing, _Autotune, PlanLifetime):
             x, w, b = self._examples
         if self.direction == "forward":
             return {"x": x, "w": w, "bias": b}
-        gy = torch.randn(p.y_shape, dtype=torch.float64).to(p.torch_dtype)
+        # (a generator of its own: torch's stays untouched, for the caller and its other threads)
+        gy = torch.randn(p.y_shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64).to(p.torch_dtype)
         gy = to_layout(gy, p.layout)
         if self.direction == "backward_data":
             return {"grad_y": gy, "w": w}

@@ -1529,8 +1529,9 @@ def _search_new(m, kind: str, args: dict, key):
         if w is not None:
             args = dict(args, w=w, b=b)
     x = args["x"]
-    try:   # (the search's random tensors draw nothing from torch's generators: the caller's stream goes on)
-        with torch.no_grad(), torch.random.fork_rng(devices=[x.device] if x.is_cuda else []):
+    try:   # the search's random tensors come from generators of its own: torch's stream goes on, and no
+        # fork_rng (which would hand out again what other threads drew from torch's during the search)
+        with torch.no_grad():
             entry = _tune_call(m, kind, args, backend, opts["budget_s"], opts["backward"], {})
     except NotSupportedError:
         return None

@@ -119,7 +119,9 @@ class Autotune:
             x, w, b = p.make_inputs(seed=1, device=p.device, on_device=True)
             if self.w_layout == "nhwc":
                 w = to_layout(w, "nhwc")
-            gy = to_layout(torch.randn(p.y_shape, device=p.device, dtype=torch.float32).to(p.torch_dtype), p.layout)
+            g = torch.Generator(device=p.device).manual_seed(2)   # (torch's own generators stay untouched)
+            gy = to_layout(torch.randn(p.y_shape, generator=g, device=p.device, dtype=torch.float32).to(p.torch_dtype),
+                           p.layout)
             if p.unbatched:
                 x, gy = x.squeeze(0), gy.squeeze(0)
             ex = {"forward": {"x": x, "w": w, "bias": b}, "backward_data": {"grad_y": gy, "w": w},
