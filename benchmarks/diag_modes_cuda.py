@@ -498,17 +498,56 @@ def run_host(args, log):
     log("--- cProfile op graph x2000 ---\n" + sio.getvalue()[:4000])
 
 
-def _host_us(f, calls=20, rounds=7):
-    """Best host time per call of ``f`` (us), each loop queued behind a GPU sleep (launches never wait)."""
-    best = float("inf")
+def _host_times(f, calls=20, rounds=7, sleep_cycles=5e6):
+    """Host time per call of ``f`` (us) in each of ``rounds`` loops of ``calls`` calls, each loop
+    queued behind a GPU sleep of ``sleep_cycles`` (launches never wait; a synchronising call shows
+    as a time near the sleep's)."""
+    out = []
     for _ in range(rounds):
-        torch.cuda._sleep(int(5e6))
+        torch.cuda._sleep(int(sleep_cycles))
         t0 = time.perf_counter()
         for _ in range(calls):
             f()
-        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+        out.append((time.perf_counter() - t0) / calls * 1e6)
         torch.cuda.synchronize()
-    return best
+    return out
+
+
+def _host_us(f, calls=20, rounds=7):
+    """Best host time per call of ``f`` (us): :func:`_host_times`' minimum."""
+    return min(_host_times(f, calls, rounds))
+
+
+def _warm_converted(base, precision, amp, batch):
+    """``(model, x)``: ``base`` converted (train mode, channels_last, CUDA) after two training steps
+    (forward, backward; under autocast fp16 with ``amp``), so that its entries hold their plans."""
+    m = rnn.convert(copy.deepcopy(base), precision=precision).cuda().train().to(memory_format=torch.channels_last)
+    x = torch.randn(batch, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
+    for _ in range(2):
+        with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+            y = m(x)
+        y.float().sum().backward()
+    torch.cuda.synchronize()
+    return m, x
+
+
+def _entry_plans(m):
+    """``(module name, [(direction, CUDA plan or None)])`` per converted conv module: the plans its
+    entry kept (forward, backward data, backward weights)."""
+    for name, mod in m.named_modules():
+        packs = mod.__dict__.get("_rawconv_entry")
+        if packs:
+            e = next(iter(packs.values()))[1]
+            yield name, [("fwd", e[2]), ("dgrad", e[4]), ("wgrad", e[5])]
+
+
+def _plan_tensors(p, d):
+    """Fresh channels_last ``(x, w, y)`` of plan problem ``p`` and direction ``d``'s two inputs."""
+    dt, cl = p.torch_dtype, torch.channels_last
+    xx = torch.randn(p.x_shape, device="cuda", dtype=dt).contiguous(memory_format=cl)
+    ww = torch.randn(p.w_shape, device="cuda", dtype=dt).contiguous(memory_format=cl)
+    yy = torch.randn(p.y_shape, device="cuda", dtype=dt).contiguous(memory_format=cl)
+    return (xx, ww, yy), {"fwd": (xx, ww), "dgrad": (yy, ww), "wgrad": (xx, yy)}[d]
 
 
 def run_planhost(args, log):
@@ -523,13 +562,7 @@ def run_planhost(args, log):
     L = _cudnn.lib()
     for label, amp, tf32, precision in (("fp32 tf32", False, True, "tf32"), ("autocast fp16", True, True, "strict")):
         torch.backends.cudnn.allow_tf32 = tf32
-        m = rnn.convert(copy.deepcopy(base), precision=precision).cuda().train().to(memory_format=torch.channels_last)
-        x = torch.randn(args.batch, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
-        for _ in range(2):
-            with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
-                y = m(x)
-            y.float().sum().backward()
-        torch.cuda.synchronize()
+        m, x = _warm_converted(base, precision, amp, args.batch)
         # the whole step's host time, queued behind a long GPU sleep (a synchronising call inside
         # shows as a host time near the sleep's), torch beside rawconv
         tm = copy.deepcopy(base).cuda().train().to(memory_format=torch.channels_last)
@@ -552,13 +585,9 @@ def run_planhost(args, log):
                 f()
         torch.cuda.synchronize()
         host = {k: [] for k in steps}
-        for _ in range(5):
+        for _ in range(5):   # (the two take turns)
             for k, f in steps.items():
-                torch.cuda._sleep(int(4e8))
-                t0 = time.perf_counter()
-                f()
-                host[k].append((time.perf_counter() - t0) * 1e3)
-                torch.cuda.synchronize()
+                host[k] += [t / 1e3 for t in _host_times(f, calls=1, rounds=1, sleep_cycles=4e8)]
         log(f"=== {label}: step host ms (GPU busy behind a sleep): torch min {min(host['torch']):.2f} "
             f"med {sorted(host['torch'])[2]:.2f}, rawconv min {min(host['rawconv']):.2f} "
             f"med {sorted(host['rawconv'])[2]:.2f}; ratio torch/rawconv {min(host['torch']) / min(host['rawconv']):.3f}")
@@ -575,23 +604,14 @@ def run_planhost(args, log):
         tot = {}
         log(f"=== {label}: per conv, host us (C = cudnnBackendExecute alone, H = rawconv's hot call, "
             f"T = torch's op) ===")
-        for name, mod in m.named_modules():
-            packs = mod.__dict__.get("_rawconv_entry")
-            if not packs:
-                continue
-            e = next(iter(packs.values()))[1]
+        for name, plans in _entry_plans(m):
             row = []
-            for d, plan in (("fwd", e[2]), ("dgrad", e[4]), ("wgrad", e[5])):
+            for d, plan in plans:
                 if plan is None or getattr(plan, "_hot", None) is None:
                     row.append(f"{d}: -")
                     continue
                 p = plan.problem
-                dt = p.torch_dtype
-                cl = torch.channels_last
-                xx = torch.randn(p.x_shape, device="cuda", dtype=dt).contiguous(memory_format=cl)
-                ww = torch.randn(p.w_shape, device="cuda", dtype=dt).contiguous(memory_format=cl)
-                yy = torch.randn(p.y_shape, device="cuda", dtype=dt).contiguous(memory_format=cl)
-                a, b = {"fwd": (xx, ww), "dgrad": (yy, ww), "wgrad": (xx, yy)}[d]
+                (xx, ww, yy), (a, b) = _plan_tensors(p, d)
                 if plan._hot_call(a, b, None) is None:
                     row.append(f"{d}: not hot")
                     continue
@@ -626,25 +646,17 @@ def run_engines(args, log):
 
     torch.backends.cudnn.allow_tf32 = True
     base, _ = build_resnet50()
-    precision = "strict" if args.amp else "tf32"
-    m = rnn.convert(copy.deepcopy(base), precision=precision).cuda().train().to(memory_format=torch.channels_last)
-    x = torch.randn(args.batch, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
-    for _ in range(2):
-        with torch.autocast("cuda", dtype=torch.float16, enabled=args.amp):
-            y = m(x)
-        y.float().sum().backward()
-    torch.cuda.synchronize()
+    m, _x = _warm_converted(base, "strict" if args.amp else "tf32", args.amp, args.batch)
     t_end = time.perf_counter() + args.cap
     seen = set()
     sums = {"entry host": 0.0, "entry gpu": 0.0, "best-host host": 0.0, "best-host gpu": 0.0}
     log(f"=== engines ({'autocast fp16' if args.amp else 'fp32 tf32'}, b{args.batch}): per distinct problem and "
         f"direction, heuristic instant's first {args.top} configs: host us per hot call / GPU us per call ===")
-    for name, mod in m.named_modules():
-        packs = mod.__dict__.get("_rawconv_entry")
-        if not packs:
-            continue
-        e = next(iter(packs.values()))[1]
-        for d, plan in (("fwd", e[2]), ("dgrad", e[4]), ("wgrad", e[5])):
+    for name, plans in _entry_plans(m):
+        if time.perf_counter() > t_end:
+            log(f"(stopped at --cap {args.cap} s)")
+            break
+        for d, plan in plans:
             if plan is None or getattr(plan, "_hot", None) is None:
                 continue
             p = plan.problem
@@ -652,15 +664,7 @@ def run_engines(args, log):
             if key in seen:
                 continue
             seen.add(key)
-            if time.perf_counter() > t_end:
-                log(f"(stopped at --cap {args.cap} s)")
-                break
-            cl = torch.channels_last
-            dt = p.torch_dtype
-            xx = torch.randn(p.x_shape, device="cuda", dtype=dt).contiguous(memory_format=cl)
-            ww = torch.randn(p.w_shape, device="cuda", dtype=dt).contiguous(memory_format=cl)
-            yy = torch.randn(p.y_shape, device="cuda", dtype=dt).contiguous(memory_format=cl)
-            a, b = {"fwd": (xx, ww), "dgrad": (yy, ww), "wgrad": (xx, yy)}[d]
+            _t, (a, b) = _plan_tensors(p, d)
 
             def call():
                 if d == "fwd":
