@@ -233,9 +233,14 @@ def _backward_data_plan(grad_y, w, x_shape, stride, pad_before, pad_after, dilat
 
 def _backward_data_cpu(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, backend, choice,
                        precision):
-    plan = _backward_data_cpu_plan(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, backend,
-                                   choice, precision)
-    dx = plan._grad_hot_run(grad_y, w)   # the plan's hot path (it checks the tensors), else its checked path
+    return _data_result(_backward_data_cpu_plan(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups,
+                                                backend, choice, precision), grad_y, w)
+
+
+def _data_result(plan, grad_y, w):
+    """dx of backward-data ``plan`` on ``grad_y``, ``w``: its hot path (it checks the tensors),
+    else its checked path."""
+    dx = plan._grad_hot_run(grad_y, w)
     return dx if dx is not None else plan.execute(grad_y=grad_y, w=w)
 
 
@@ -288,12 +293,13 @@ def _backward_weights_cpu(x, grad_y, w_shape, stride, pad_before, pad_after, dil
     return _weights_result(plan, x, grad_y, bias, res)
 
 
-def _weights_result(plan, x, grad_y, bias, res):
+def _weights_result(plan, x, grad_y, bias, res, empty_db=True):
     """``(dw, db)`` of backward-weights ``plan`` on ``x``, ``grad_y``: ``res`` (its hot path's
-    result) or, when that is None, its checked call's; db an empty tensor without a bias."""
+    result) or, when that is None, its checked call's; without a bias db is an empty tensor (the
+    operator's schema returns one), or None with ``empty_db=False``."""
     if res is None:
         res = plan.execute(x, grad_y=grad_y)
-    dw, db = res if bias else (res, torch.empty(0, dtype=x.dtype))
+    dw, db = res if bias else (res, torch.empty(0, dtype=x.dtype) if empty_db else None)
     if plan.problem.is_empty:   # no library call: torch's zeros, in the layout the fake kernel says
         dw = _enforce_layout(dw, plan.problem.layout, False)
     return dw, db
@@ -1208,22 +1214,17 @@ def _direct_backward(ctx, gy):
                 g = _grad_like(gy, x, x.dim() == w.dim() - 1, w=w)
                 p = c[1] = _backward_data_cpu_plan(g, w, list(x.shape), stride, pb, pa, dil, groups, backend, bdc,
                                                    precision)
-                gx = p._grad_hot_run(g, w)
-                if gx is None:
-                    gx = p.execute(grad_y=g, w=w)
+                gx = _data_result(p, g, w)
         if wants_w:
-            p = c[2]
+            p, gg = c[2], gy
             res = None if p is None else p._grad_hot_run(x, gy)
             if res is None:
                 if g is None:
                     g = _grad_like(gy, x, x.dim() == w.dim() - 1, w=w)
                 p = c[2] = _backward_weights_cpu_plan(x, g, list(w.shape), stride, pb, pa, dil, groups, has_bias,
                                                       backend, bwc, precision)
-                gw, gb = _weights_result(p, x, g, has_bias, p._grad_hot_run(x, g))
-            else:
-                gw, gb = res if has_bias else (res, None)
-                if p.problem.is_empty:   # (as _weights_result)
-                    gw = _enforce_layout(gw, p.problem.layout, False)
+                gg, res = g, p._grad_hot_run(x, g)
+            gw, gb = _weights_result(p, x, gg, has_bias, res, empty_db=False)
     return None, gx, (gw if nw else None), (gb if has_bias and nb else None), None
 
 
