@@ -546,7 +546,10 @@ class _RawconvConv:
         them, so that a float16 / bfloat16 call looks up (or, with ``autotune_new="search"``,
         searches) its own problem and never gets the choice tuned for the float32 one (which its
         library may not offer)."""
-        c = self._cast_for(x, op, args.get("residual"))
+        return self._tuned_cast(kind, x, extra, args, self._cast_for(x, op, args.get("residual")))
+
+    def _tuned_cast(self, kind: str, x, extra, args: dict, c):
+        """:meth:`_tuned_on_cast` given ``c``, :meth:`_cast_for`'s result."""
         if c is not None:
             xt, wt, bt, rt = c
             a = dict(args, x=xt, w=wt, b=bt)
@@ -774,9 +777,9 @@ class _ConvBiasAct(_RawconvConv):
         updated as torch's), the add and the activation in torch."""
         choice, tuned_bwd = self.choice, self.backward_choice
         if self.__dict__.get(_TUNED_ATTR) is not None:
-            choice, tuned_bwd = self._tuned_on_cast("conv", x, None, {"x": x, "padding": padding}, "conv_forward")
+            c = self._cast_for(x, "conv_forward")   # (under autocast: the cast problem's choices)
+            choice, tuned_bwd = self._tuned_cast("conv", x, None, {"x": x, "padding": padding}, c)
             if tuned_bwd is None:   # the fused problem's backward passes are this convolution's
-                c = self._cast_for(x, "conv_forward")   # (under autocast: the cast problem's)
                 key = _sig_of("fused", x if c is None else c[0], self.weight if c is None else c[1],
                               residual is not None)
                 t = self.__dict__[_TUNED_ATTR].get(key) if key is not None else None
@@ -1528,7 +1531,6 @@ def _search_new(m, kind: str, args: dict, key):
         w, b = st.sync()
         if w is not None:
             args = dict(args, w=w, b=b)
-    x = args["x"]
     try:   # the search's random tensors come from generators of its own: torch's stream goes on, and no
         # fork_rng (which would hand out again what other threads drew from torch's during the search)
         with torch.no_grad():
