@@ -328,3 +328,25 @@ def test_gradient_strides_that_fit_both_formats_give_torchs_layouts(conv, x_shap
         assert got.is_contiguous(memory_format=cl) == want.is_contiguous(memory_format=cl)
         assert got.is_contiguous() == want.is_contiguous(), (got.stride(), want.stride())
         torch.testing.assert_close(got.double(), w64, rtol=1e-4, atol=1e-4)
+
+
+def test_double_backward_through_a_gradient_viewed_with_channels_last_strides():
+    """create_graph through the channels-last view of an ambiguous gradient (one output channel,
+    x channels_last): dx, then the gradients of a function of dx, as float64's."""
+    cl = torch.channels_last
+    torch.manual_seed(0)
+    t = torch.nn.Conv2d(2, 1, 3, stride=2)
+    m = rnn.convert(copy.deepcopy(t))
+    t64 = copy.deepcopy(t).double()
+    x = torch.randn(3, 2, 7, 7, generator=torch.Generator().manual_seed(1)).contiguous(memory_format=cl)
+    res = []
+    for mod, xin in ((m, x), (t64, x.double())):
+        xr = xin.clone(memory_format=torch.preserve_format).requires_grad_()
+        y = mod(xr)
+        gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(2)).to(y.dtype).requires_grad_()
+        dx, = torch.autograd.grad(y, xr, gy, create_graph=True)
+        dx.square().sum().backward()
+        res.append((dx, gy.grad, mod.weight.grad))
+    for got, want in zip(*res):
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
+    assert res[0][0].stride() == res[1][0].stride()
