@@ -786,8 +786,9 @@ def cmd_list(args) -> int:
                                                                     else "") for i in impls], wrap=True))
         render_table(console, cols, title=f"{p} ({args.direction}, fpmath {args.fpmath})"
                      + ("; each run once in a child process" if args.isolate else ""))
-        if args.isolate and any(status_group(i.status) == "failed" for i in impls):
-            failed = 4
+        if args.isolate:   # compare's exit codes: a wrong answer (1) before a failed candidate (4)
+            groups = {status_group(i.status) for i in impls}
+            failed = 1 if "wrong" in groups or failed == 1 else 4 if "failed" in groups else failed
     return failed
 
 

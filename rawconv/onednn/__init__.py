@@ -294,8 +294,24 @@ def _backward_data_layout(grad_y, problem: ConvProblem, w: torch.Tensor) -> str:
 
 
 # ---------------------------------------------------------------------------- one built implementation
+_GUARD_BYTE = 0xA5
+
+
 class _Built:
     """The primitive of one implementation plus its reorders, memory objects and buffers."""
+
+    #: bytes of guard band after each scratchpad, filled with ``_GUARD_BYTE`` (0 here; an isolation
+    #: child, :mod:`rawconv.onednn.isolated`, sets it so that a write past the scratchpad, oneDNN
+    #: issue #6035, is counted by :meth:`scratchpad_overrun` and lands in memory rawconv owns, not in
+    #: the heap, where it would surface as a crash of some later candidate)
+    scratchpad_guard = 0
+
+    def scratchpad_overrun(self) -> int:
+        """How far past the end of the scratchpad the primitive wrote, in bytes: the offset of the
+        last changed guard byte plus one (0 when the guard is intact or there is none)."""
+        g = self.scratchpad[self.scratchpad_bytes:] if self.scratchpad_bytes else self.scratchpad[:0]
+        changed = (g != _GUARD_BYTE).nonzero()
+        return int(changed[-1, 0]) + 1 if changed.numel() else 0
 
     def __init__(self, plan: "Convolution", impl: Implementation, pd):
         L = _dnnl.lib()
@@ -325,7 +341,11 @@ class _Built:
             self.args.append((role, getattr(L, "DNNL_ARG_" + arg), mem, is_out, reorder, buf))
         sp_md = _dnnl.pd_md(pd, "scratchpad")
         sp_bytes = _dnnl.md_size(sp_md)
-        self.scratchpad = torch.empty(max(sp_bytes, 1), dtype=torch.uint8)
+        guard = _Built.scratchpad_guard if sp_bytes else 0
+        self.scratchpad = torch.empty(max(sp_bytes, 1) + guard, dtype=torch.uint8)
+        self.scratchpad_bytes = sp_bytes
+        if guard:
+            self.scratchpad[sp_bytes:].fill_(_GUARD_BYTE)
         sp_mem = _dnnl.memory(sp_md, _ptr(self.scratchpad))
         # no scratchpad argument when none is needed (oneDNN's verbose check flags it as unused)
         n = len(self.args) + (1 if sp_bytes else 0)
