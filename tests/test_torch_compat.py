@@ -183,6 +183,47 @@ def test_output_and_gradient_layouts_are_torchs(nd, x_cl, w_cl, transposed):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+UNBATCHED_CASES = [(nd, tr, api) for nd in (1, 2, 3) for tr in (False, True) for api in ("module", "function")]
+
+
+@pytest.mark.parametrize("nd,transposed,api", UNBATCHED_CASES,
+                         ids=[f"{nd}d-{'T' if tr else 'C'}-{api}" for nd, tr, api in UNBATCHED_CASES])
+def test_unbatched_input_with_a_channels_last_weight_gives_torchs_gradient_layouts(nd, transposed, api):
+    """An unbatched x (C, *spatial) with a channels-last w: torch lays y, dx and dw out as its
+    forward (x.unsqueeze(0) and w), so dw is channels last; the backward-weights operator, which
+    sees x and grad_y alone, gave a contiguous dw. Values against torch's float64. (3-D: groups=2
+    keeps torch's CPU on oneDNN; its native Slow3d path, for small ungrouped batch-1 3-D problems,
+    lays everything out contiguous, see docs/guides/operators.md.)"""
+    torch.manual_seed(0)
+    groups = 2 if nd == 3 else 1
+    x = torch.randn(4, *[6] * nd)
+    w = _cl(torch.randn(4, 6 // groups, *[3] * nd) if transposed else torch.randn(6, 4 // groups, *[3] * nd))
+    b = torch.randn(6)
+    mods = {(False, 1): (torch.nn.Conv1d, rnn.Conv1d), (False, 2): (torch.nn.Conv2d, rnn.Conv2d),
+            (False, 3): (torch.nn.Conv3d, rnn.Conv3d), (True, 1): (torch.nn.ConvTranspose1d, rnn.ConvTranspose1d),
+            (True, 2): (torch.nn.ConvTranspose2d, rnn.ConvTranspose2d),
+            (True, 3): (torch.nn.ConvTranspose3d, rnn.ConvTranspose3d)}[transposed, nd]
+    outs = []
+    for i, dtype in enumerate((torch.float32, torch.float32, torch.float64)):
+        xr, wr, br = (t.detach().clone().to(dtype).requires_grad_() for t in (x, w, b))   # clone keeps formats
+        if i == 1 and api == "function":
+            fn = ops.conv_transpose if transposed else ops.conv
+            y = fn(xr, wr, br, padding=1, groups=groups)
+        elif i == 1:
+            m = mods[1](4, 6, 3, padding=1, groups=groups, dtype=dtype)
+            m.weight, m.bias = torch.nn.Parameter(wr), torch.nn.Parameter(br)
+            xr, wr, br = xr, m.weight, m.bias
+            y = m(xr)
+        else:
+            y = (F_T if transposed else F_CONV)[nd](xr, wr, br, padding=1, groups=groups)
+        gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(dtype)
+        outs.append((y,) + torch.autograd.grad(y, (xr, wr, br), gy))
+    (torch_f32, got, ref) = outs
+    for name, want, g, r in zip(("y", "dx", "dw", "db"), torch_f32, got, ref):
+        assert _same_fmt(g, want), f"{name}: rawconv {_fmt(g)} {g.stride()}, torch {_fmt(want)} {want.stride()}"
+        torch.testing.assert_close(g.double(), r, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("nd", [2, 3])
 def test_modules_with_a_channels_last_weight_give_channels_last(nd):
     """torch's test_conv_thnn_nhwc: an NCHW input (one channel: ambiguous too) with a channels_last

@@ -167,6 +167,19 @@ def _enforce_layout(t: torch.Tensor, layout: str, unbatched: bool) -> torch.Tens
     return out.squeeze(0) if unbatched else out
 
 
+def _dw_layout_of_forward(gw: torch.Tensor | None, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
+    """dw (an autograd backward's) in torch's layout where the backward-weights operator cannot
+    see it. torch lays a convolution's gradients out as its forward (x and w:
+    :func:`rawconv.problem.conv_layout`); the operator reads x and grad_y alone, which misses a
+    channels-last w for a 1-D problem (grad_y follows x's NCW there) and for an unbatched call
+    (``x.unsqueeze(0)``, like torch's view of it, never suggests channels last). ``x``: the
+    forward's input as called (batched or not). A copy only when the layouts differ."""
+    unbatched = x.dim() == w.dim() - 1
+    if gw is None or not (unbatched or w.dim() == 3):
+        return gw
+    return _enforce_layout(gw, conv_layout(_batched(x, unbatched), w), False)
+
+
 # ---------------------------------------------------------------------------- CPU kernels (oneDNN)
 _cpu_cache = PlanCache(512)
 _get_ident = onednn._get_ident   # (thread, its OpenMP count): see onednn._get_ident
@@ -761,7 +774,7 @@ class RawconvConvForward(torch.autograd.Function):
         if nw or (has_bias and nb):
             gw, gb = _bwd_weights_call(x, gy, list(w.shape), stride, pb, pa, dil, groups, has_bias, backend, bwc,
                                      precision)
-            gw = gw if nw else None
+            gw = _dw_layout_of_forward(gw, x, w) if nw else None
             gb = gb if has_bias and nb else None
         return None, gx, gw, gb, None
 
@@ -810,8 +823,8 @@ class RawconvConvBackwardData(torch.autograd.Function):
         if nw:
             gw = _bwd_weights_call(g, grad_y, list(w.shape), stride, pb, pa, dil, groups, False, backend, "",
                                  precision)[0]
-            if w.dim() == 3:   # 1-D: backward weights follows its grad_y (here grad_y's x), torch w's layout
-                gw = _enforce_layout(gw, conv_layout(_batched(grad_y, unbatched), w), False)
+            # (1-D or unbatched: backward weights follows its grad_y, here grad_y's x; torch w's layout)
+            gw = _dw_layout_of_forward(gw, grad_y, w)
         return None, ggy, gw, None
 
     @staticmethod
@@ -1225,7 +1238,7 @@ def _direct_backward(ctx, gy):
                                                       backend, bwc, precision)
                 gg, res = g, p._grad_hot_run(x, g)
             gw, gb = _weights_result(p, x, gg, has_bias, res, empty_db=False)
-    return None, gx, (gw if nw else None), (gb if has_bias and nb else None), None
+    return None, gx, (_dw_layout_of_forward(gw, x, w) if nw else None), (gb if has_bias and nb else None), None
 
 
 def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1, padding: Any = 0,
@@ -1332,8 +1345,7 @@ class RawconvConvTranspose(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             gw = _bwd_weights_call(gy, x, list(w.shape), stride, pb, pa, dil, groups, False, backend, wts_choice,
                                  precision)[0]
-            if w.dim() == 3:   # 1-D: dw in the forward's layout, as torch's (backward weights follows x there)
-                gw = _enforce_layout(gw, conv_layout(_batched(x, x.dim() == 2), w), False)
+            gw = _dw_layout_of_forward(gw, x, w)   # 1-D or unbatched: the forward's layout, as torch's
         return gx, gw, None
 
 
