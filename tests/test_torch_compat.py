@@ -224,6 +224,32 @@ def test_unbatched_input_with_a_channels_last_weight_gives_torchs_gradient_layou
         torch.testing.assert_close(g.double(), r, rtol=1e-4, atol=1e-4)
 
 
+EMPTY_CASES = [(nd, tr, xc, wc) for nd in (1, 2, 3) for tr in (False, True) for xc in (False, True)
+               for wc in (False, True)]
+
+
+@pytest.mark.parametrize("nd,transposed,x_cl,w_cl", EMPTY_CASES,
+                         ids=[f"{nd}d-{'T' if tr else 'C'}-x{'CL' if xc else 'C'}-w{'CL' if wc else 'C'}"
+                              for nd, tr, xc, wc in EMPTY_CASES])
+def test_an_empty_batch_gives_torchs_strides_and_zero_gradients(nd, transposed, x_cl, w_cl):
+    """N = 0: torch runs no library (ConvBackend::Empty): y is contiguous, dx and dw are
+    zeros_like(x) and zeros_like(w), in their own strides. rawconv followed the channels-last rule
+    for y and the operators' rules for dx and dw (empty tensors: only the strides tell)."""
+    x = torch.randn(0, 4, *[6] * nd)
+    w = torch.randn(4, 6, *[3] * nd) if transposed else torch.randn(6, 4, *[3] * nd)
+    x, w = (_cl(x) if x_cl else x), (_cl(w) if w_cl else w)
+    b = torch.randn(6)
+    outs = []
+    for fn in ((F_T[nd], ops.conv_transpose) if transposed else (F_CONV[nd], ops.conv)):
+        xr, wr, br = (t.detach().clone().requires_grad_() for t in (x, w, b))   # clone keeps the format
+        y = fn(xr, wr, br, padding=1)
+        outs.append((y,) + torch.autograd.grad(y.sum(), (xr, wr, br)))
+    (y0, dx0, dw0, db0), (y1, dx1, dw1, db1) = outs
+    assert y1.shape == y0.shape and y1.stride() == y0.stride(), (y1.stride(), y0.stride())
+    assert dx1.shape == dx0.shape and dx1.stride() == dx0.stride(), (dx1.stride(), dx0.stride())
+    assert dw1.stride() == dw0.stride() and not dw1.any() and not db1.any(), (dw1.stride(), dw0.stride())
+
+
 @pytest.mark.parametrize("nd", [2, 3])
 def test_modules_with_a_channels_last_weight_give_channels_last(nd):
     """torch's test_conv_thnn_nhwc: an NCHW input (one channel: ambiguous too) with a channels_last

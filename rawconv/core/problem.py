@@ -197,10 +197,12 @@ def conv_layout(x: torch.Tensor, w: torch.Tensor) -> str:
     (:func:`suggests_channels_last`); never for float64 (both disable NHWC for double); for a 1-D
     convolution torch makes x contiguous and views w as (K, C/g, 1, k), so w alone decides.
     ``x`` batched (N, C, *spatial); zero-stride stand-ins (:func:`shape_only`) suggest nothing.
+    An empty batch (N = 0) is ``"nchw"``: torch sends it to no library (``ConvBackend::Empty``),
+    whose y is contiguous (its backward's dx and dw are ``zeros_like(x)`` and ``zeros_like(w)``).
     torch's autograd on the CPU gives dx and dw this layout too. Raises :class:`ArgumentTypeError`
     for a non-tensor."""
     _tensors(x, w)
-    if x.dtype == torch.float64 or w.dtype == torch.float64:
+    if x.dtype == torch.float64 or w.dtype == torch.float64 or (x.dim() > 2 and x.shape[0] == 0):
         return "nchw"
     if w.dim() == 3:
         return "nhwc" if _suggests(w) else "nchw"

@@ -167,17 +167,25 @@ def _enforce_layout(t: torch.Tensor, layout: str, unbatched: bool) -> torch.Tens
     return out.squeeze(0) if unbatched else out
 
 
-def _dw_layout_of_forward(gw: torch.Tensor | None, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
-    """dw (an autograd backward's) in torch's layout where the backward-weights operator cannot
-    see it. torch lays a convolution's gradients out as its forward (x and w:
-    :func:`rawconv.problem.conv_layout`); the operator reads x and grad_y alone, which misses a
-    channels-last w for a 1-D problem (grad_y follows x's NCW there) and for an unbatched call
-    (``x.unsqueeze(0)``, like torch's view of it, never suggests channels last). ``x``: the
-    forward's input as called (batched or not). A copy only when the layouts differ."""
+def _grads_of_forward_layout(gx: torch.Tensor | None, gw: torch.Tensor | None, x: torch.Tensor,
+                             w: torch.Tensor) -> tuple:
+    """``(dx, dw)`` of an autograd backward in torch's layouts where the backward operators cannot
+    see them. ``x``: the forward's input as called (batched or not); None gradients pass through;
+    a copy only when a layout differs.
+
+    * An empty batch (N = 0): torch's backward is ``zeros_like(x)``, ``zeros_like(w)``: x's and
+      w's own formats (the operators see grad_y, w or x and grad_y, all empty).
+    * Otherwise torch lays dw out as its forward (x and w: :func:`rawconv.problem.conv_layout`); the
+      backward-weights operator reads x and grad_y alone, which misses a channels-last w for a 1-D
+      problem (grad_y follows x's NCW there) and for an unbatched call (``x.unsqueeze(0)``, like
+      torch's view of it, never suggests channels last).
+    """
     unbatched = x.dim() == w.dim() - 1
-    if gw is None or not (unbatched or w.dim() == 3):
-        return gw
-    return _enforce_layout(gw, conv_layout(_batched(x, unbatched), w), False)
+    if not unbatched and x.shape[0] == 0:   # (gw: zeros, as computed; zeros_like keeps w's strides)
+        return (gx if gx is None else torch.zeros_like(x), gw if gw is None else torch.zeros_like(w))
+    if gw is not None and (unbatched or w.dim() == 3):
+        gw = _enforce_layout(gw, conv_layout(_batched(x, unbatched), w), False)
+    return gx, gw
 
 
 # ---------------------------------------------------------------------------- CPU kernels (oneDNN)
@@ -774,8 +782,9 @@ class RawconvConvForward(torch.autograd.Function):
         if nw or (has_bias and nb):
             gw, gb = _bwd_weights_call(x, gy, list(w.shape), stride, pb, pa, dil, groups, has_bias, backend, bwc,
                                      precision)
-            gw = _dw_layout_of_forward(gw, x, w) if nw else None
+            gw = gw if nw else None
             gb = gb if has_bias and nb else None
+        gx, gw = _grads_of_forward_layout(gx, gw, x, w)
         return None, gx, gw, gb, None
 
     @staticmethod
@@ -823,8 +832,9 @@ class RawconvConvBackwardData(torch.autograd.Function):
         if nw:
             gw = _bwd_weights_call(g, grad_y, list(w.shape), stride, pb, pa, dil, groups, False, backend, "",
                                  precision)[0]
-            # (1-D or unbatched: backward weights follows its grad_y, here grad_y's x; torch w's layout)
-            gw = _dw_layout_of_forward(gw, grad_y, w)
+        # as a transposed convolution of grad_y (1-D, unbatched, an empty batch: torch's layouts; backward
+        # weights follows its grad_y there, here grad_y's x)
+        ggy, gw = _grads_of_forward_layout(ggy, gw, grad_y, w)
         return None, ggy, gw, None
 
     @staticmethod
@@ -1238,7 +1248,8 @@ def _direct_backward(ctx, gy):
                                                       backend, bwc, precision)
                 gg, res = g, p._grad_hot_run(x, g)
             gw, gb = _weights_result(p, x, gg, has_bias, res, empty_db=False)
-    return None, gx, (_dw_layout_of_forward(gw, x, w) if nw else None), (gb if has_bias and nb else None), None
+    gx, gw = _grads_of_forward_layout(gx, gw if nw else None, x, w)
+    return None, gx, gw, (gb if has_bias and nb else None), None
 
 
 def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1, padding: Any = 0,
@@ -1345,7 +1356,7 @@ class RawconvConvTranspose(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             gw = _bwd_weights_call(gy, x, list(w.shape), stride, pb, pa, dil, groups, False, backend, wts_choice,
                                  precision)[0]
-            gw = _dw_layout_of_forward(gw, x, w)   # 1-D or unbatched: the forward's layout, as torch's
+        gx, gw = _grads_of_forward_layout(gx, gw, x, w)   # 1-D, unbatched, empty batch: torch's layouts
         return gx, gw, None
 
 
@@ -1431,7 +1442,10 @@ def conv_transpose(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None =
     else:
         y = _bwd_data_call(x, w, *args)
     lay = conv_layout(xb, w)   # torch's memory format (x or w channels last; for 1-D, w alone)
+    empty = xb.shape[0] == 0   # an empty batch: torch's Empty backend gives a contiguous y (nothing to copy)
     if core == y_shape and bias is None:
+        if empty:
+            return y.clone(memory_format=torch.contiguous_format)
         if w.dim() != 3 or layout_of(_batched(y, unbatched)) == lay:   # 1-D: backward data followed x too
             return y
     if core != y_shape:   # output padding past stride - 1 that no kernel tap reaches: zeros
@@ -1442,6 +1456,8 @@ def conv_transpose(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None =
     if bias is not None:
         y = y + bias.view(*([-1] if unbatched else [1, -1]), *([1] * nd))
     y = to_layout(_batched(y, unbatched), lay)
+    if empty:
+        return y.clone(memory_format=torch.contiguous_format)
     return y.squeeze(0) if unbatched else y
 
 
