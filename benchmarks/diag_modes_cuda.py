@@ -736,29 +736,14 @@ def main():
     ap.add_argument("--profile-amp", action="store_true")
     args = ap.parse_args()
     log = lambda s: print(s, flush=True)  # noqa: E731
-    if args.what == "capture":
-        args.batch = args.batch or 8
-        run_capture(args, log)
-    elif args.what == "train":
-        args.batch = args.batch or 16
-        run_train(args, log)
-    elif args.what == "bisect":
-        args.batch = args.batch or 8
-        run_bisect(args, log)
-    elif args.what == "inmodel":
-        args.batch = args.batch or 8
-        run_inmodel(args, log)
-    elif args.what == "layers":
-        args.batch = args.batch or 8
-        run_layers(args, log)
-    elif args.what == "planhost":
-        args.batch = args.batch or 32
-        run_planhost(args, log)
-    elif args.what == "engines":
-        args.batch = args.batch or 32
-        run_engines(args, log)
-    else:
-        run_host(args, log)
+    # each diagnosis and its default batch; anything else is "host"
+    runs = {"capture": (run_capture, 8), "train": (run_train, 16), "bisect": (run_bisect, 8),
+            "inmodel": (run_inmodel, 8), "layers": (run_layers, 8), "planhost": (run_planhost, 32),
+            "engines": (run_engines, 32)}
+    fn, batch = runs.get(args.what, (run_host, None))
+    if batch is not None:
+        args.batch = args.batch or batch
+    fn(args, log)
 
 
 if __name__ == "__main__":
