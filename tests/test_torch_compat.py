@@ -250,6 +250,21 @@ def test_an_empty_batch_gives_torchs_strides_and_zero_gradients(nd, transposed, 
     assert dw1.stride() == dw0.stride() and not dw1.any() and not db1.any(), (dw1.stride(), dw0.stride())
 
 
+@pytest.mark.parametrize("nd", [1, 2])
+@pytest.mark.parametrize("transposed", [False, True], ids=["conv", "transposed"])
+def test_an_empty_batch_double_backward_has_a_graph(nd, transposed):
+    """A gradient penalty on an empty batch (create_graph=True): dx and dw carry a graph, as torch's
+    (they were plain tensors: the second grad raised "does not require grad"); second-order
+    gradients are zero (torch's are None: unused)."""
+    x = _cl(torch.randn(0, 4, *[7] * nd)).requires_grad_() if nd == 2 else torch.randn(0, 4, 7, requires_grad=True)
+    w = (torch.randn(4, 6, *[3] * nd) if transposed else torch.randn(6, 4, *[3] * nd)).requires_grad_()
+    y = (ops.conv_transpose if transposed else ops.conv)(x, w, None, padding=1)
+    dx, dw = torch.autograd.grad(y, [x, w], torch.randn_like(y), create_graph=True)
+    assert dx.grad_fn is not None and dw.grad_fn is not None and dx.stride() == x.stride()
+    g = torch.autograd.grad((dx ** 2).sum() + (dw ** 2).sum(), [x, w], allow_unused=True)
+    assert all(t is None or not t.any() for t in g)
+
+
 @pytest.mark.parametrize("nd", [2, 3])
 def test_modules_with_a_channels_last_weight_give_channels_last(nd):
     """torch's test_conv_thnn_nhwc: an NCHW input (one channel: ambiguous too) with a channels_last

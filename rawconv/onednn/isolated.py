@@ -91,10 +91,12 @@ def _child_run(key, impl, iterations: int, warmup: int, budget_s, slow_s, allow_
         else:
             median = mn = first * 1e3
             runs = 1
-        if not overrun and i in plan._built:
-            overrun = plan._built[i].scratchpad_overrun()
+        built = plan._built.get(i)
+        if not overrun and built is not None:
+            overrun = built.scratchpad_overrun()
         res = {"index": i, "median_ms": median, "min_ms": mn, "runs": runs,
-               "output": out if want_output else None, "scratchpad_overrun": overrun}
+               "output": out if want_output else None, "scratchpad_overrun": overrun,
+               "scratchpad_bytes": built.scratchpad_bytes if built is not None else impl.scratchpad_bytes}
         del out
     finally:
         plan._built.pop(i, None)
@@ -218,9 +220,10 @@ class _OnednnSession:
         v = out.value
         row.update(median_ms=v["median_ms"], min_ms=v["min_ms"], runs=v["runs"], status="ok")
         if v.get("scratchpad_overrun"):
+            # (the child's scratchpad: its thread count may differ from this process's listing)
             row.update(status="wrong", detail=f"wrote {v['scratchpad_overrun']} B past its "
-                                              f"{impl.scratchpad_bytes} B scratchpad (caught in the child's "
-                                              f"guard band; in-process it corrupts the heap)")
+                                              f"{v.get('scratchpad_bytes', impl.scratchpad_bytes)} B scratchpad "
+                                              f"(caught in the child's guard band; in-process it corrupts the heap)")
             return row
         if check and v["output"] is not None:
             try:

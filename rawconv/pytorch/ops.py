@@ -174,15 +174,17 @@ def _grads_of_forward_layout(gx: torch.Tensor | None, gw: torch.Tensor | None, x
     a copy only when a layout differs.
 
     * An empty batch (N = 0): torch's backward is ``zeros_like(x)``, ``zeros_like(w)``: x's and
-      w's own formats (the operators see grad_y, w or x and grad_y, all empty).
+      w's own strides (the operators see grad_y, w or x and grad_y, all empty); the gradients as
+      computed, re-strided (differentiable, for a double backward).
     * Otherwise torch lays dw out as its forward (x and w: :func:`rawconv.problem.conv_layout`); the
       backward-weights operator reads x and grad_y alone, which misses a channels-last w for a 1-D
       problem (grad_y follows x's NCW there) and for an unbatched call (``x.unsqueeze(0)``, like
       torch's view of it, never suggests channels last).
     """
     unbatched = x.dim() == w.dim() - 1
-    if not unbatched and x.shape[0] == 0:   # (gw: zeros, as computed; zeros_like keeps w's strides)
-        return (gx if gx is None else torch.zeros_like(x), gw if gw is None else torch.zeros_like(w))
+    if not unbatched and x.shape[0] == 0:   # (copy_: a graph with create_graph=True, as torch's)
+        return tuple(g if g is None or g.stride() == t.stride() else torch.empty_like(t).copy_(g)
+                     for g, t in ((gx, x), (gw, w)))
     if gw is not None and (unbatched or w.dim() == 3):
         gw = _enforce_layout(gw, conv_layout(_batched(x, unbatched), w), False)
     return gx, gw
