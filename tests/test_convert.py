@@ -251,6 +251,7 @@ def test_autotune_searches_each_distinct_problem_once_and_is_warm_the_second_tim
         assert mod.choice is None   # the winner is pinned to its problem, not to every call of the layer
         assert [e["choice"] for e in pinned[t["name"]]["tuned"]] == [t["choice"]]
         assert pinned[t["name"]]["tuned"][0]["problem"] == t["problem"]
+        assert f"choice=None, tuned={[t['choice']]!r}" in repr(mod)   # print(model) shows what was pinned
     with torch.no_grad():
         _close(m(x), ref)
     m2 = rnn.convert(net, fuse=True, autotune=x)

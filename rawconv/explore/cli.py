@@ -789,6 +789,10 @@ def cmd_list(args) -> int:
         if args.isolate:   # compare's exit codes: a wrong answer (1) before a failed candidate (4)
             groups = {status_group(i.status) for i in impls}
             failed = 1 if "wrong" in groups or failed == 1 else 4 if "failed" in groups else failed
+    if failed:
+        from .compare import EXIT_CODES
+
+        console.print(f"exit status {failed}: {EXIT_CODES[failed]}", style="red")
     return failed
 
 
@@ -976,9 +980,13 @@ def _add_replay(sub) -> None:
 
 def _add_list(sub) -> None:
     """The ``list`` subcommand's arguments."""
-    ls = sub.add_parser("list", help="list every implementation/algorithm for a problem (no timing)")
+    ls = sub.add_parser("list", help="list every implementation/algorithm for a problem (no timing)",
+                        epilog="exit status (as rawconv compare's): 0, or with --isolate 1 when a row is wrong "
+                               "(outside tolerance, or it wrote past its scratchpad) and 4 when one crashed, hung "
+                               "or failed; 2 for a bad command line")
     _problem_args(ls)
-    ls.add_argument("--direction", default="forward", choices=["forward", "backward_data", "backward_weights"])
+    ls.add_argument("--direction", default="forward", type=_direction,
+                    help="forward (default), backward_data or backward_weights (backward_filter too)")
     _isolate_args(ls, "each oneDNN implementation once (checked against float64)")
     ls.add_argument("--allow-known-bad", action="store_true",
                     help="with --isolate: also run the implementations rawconv.known_bad lists (in the child)")

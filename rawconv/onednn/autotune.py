@@ -39,8 +39,8 @@ class Autotune:
         slower). ``budget_s`` caps the seconds spent per implementation and round. Known-bad
         implementations (:mod:`rawconv.known_bad`) are skipped unless ``allow_known_bad``
         (default: the plan's setting). Returns a :class:`~rawconv.results.ResultTable`: the
-        correct rows fastest first (``median_ms``: the best median seen; ``spread``: median /
-        min; ``accuracy``: the error against float64), then the rows outside tolerance
+        correct rows fastest first (``median_ms``: the best median seen; ``min_ms``: the fastest
+        call of any pass; ``spread``: median / min; ``accuracy``: the error against float64), then the rows outside tolerance
         (``"wrong"``, timed, never selected), then the rows that were not timed (``status`` says
         why, NaN times). Warns (:class:`rawconv.bench.TimingWarning`) when other processes
         oversubscribed the CPUs while it timed, or a median/min spread exceeds
@@ -208,6 +208,7 @@ class Autotune:
         close = [r for r in rows[:4] if r.median_ms <= rows[0].median_ms * 1.15]
         if len(close) > 1:
             best = {id(r): r.median_ms for r in close}
+            fastest = {id(r): r.min_ms for r in close}   # the fastest single call over every round
             dead = set()
             for _ in range(3):
                 for r in close:
@@ -221,16 +222,19 @@ class Autotune:
                             skipped.append(_o.TimedImplementation(r.impl, nan, nan, r.runs, rr["status"],
                                                                "when timed again: " + rr["detail"]))
                             continue
-                        med = rr["median_ms"]
+                        med, mn = rr["median_ms"], rr["min_ms"]
                     else:
                         self._selected = r.impl.index
-                        med = time_cpu(lambda: self.execute(**call), iterations=iterations, warmup=1,
-                                       budget_s=budget_s).median_ms
+                        st = time_cpu(lambda: self.execute(**call), iterations=iterations, warmup=1,
+                                      budget_s=budget_s)
+                        med, mn = st.median_ms, st.min_ms
                     best[id(r)] = min(best[id(r)], med)
+                    fastest[id(r)] = min(fastest[id(r)], mn)
             retimed = []
             for r in close:
                 if id(r) not in dead:
-                    t = _o.TimedImplementation(r.impl, best[id(r)], min(r.min_ms, best[id(r)]), r.runs)
+                    # median: the best round's (ranks them); min: the fastest call of any round
+                    t = _o.TimedImplementation(r.impl, best[id(r)], fastest[id(r)], r.runs)
                     t.accuracy = r.accuracy
                     retimed.append(t)
             rows = sorted(retimed + [r for r in rows[len(close):] if id(r) not in dead],

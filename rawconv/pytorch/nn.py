@@ -614,7 +614,10 @@ class _RawconvConv:
         return _load_ops()._new_entry(args)
 
     def extra_repr(self) -> str:
-        return (super().extra_repr() + f", backend={self.backend!r}, choice={self.choice!r}, "
+        tuned = self.__dict__.get(_TUNED_ATTR)
+        # what convert(autotune=...) pinned (per problem) when choice= itself is not set
+        extra = f", tuned={[t.as_dict()['choice'] for t in tuned.values()]!r}" if tuned and self.choice is None else ""
+        return (super().extra_repr() + f", backend={self.backend!r}, choice={self.choice!r}{extra}, "
                 f"precision={self.precision!r}")
 
 
