@@ -156,6 +156,18 @@ def test_scratchpad_guard_counts_bytes_written_past_the_scratchpad(monkeypatch):
         [False, True, False])[1], rtol=1e-4, atol=1e-4)
     b.scratchpad[b.scratchpad_bytes + 99] = 0
     assert b.scratchpad_overrun() == 100
+    assert b.overruns() == [(f"{b.scratchpad_bytes} B scratchpad", 100)]
+    # the reorder buffers rawconv hands the library are guarded the same way
+    with_re = [i for i in plan.implementations if i.reorders and not i.known_bad]
+    if with_re:
+        plan.select(with_re[0])
+        plan.execute(x, grad_y=gy)
+        b = plan._built[plan.selected.index]
+        bufs = [(n, t, size) for n, t, size in b._guarded if n.startswith("reorder buffer of ")]
+        assert bufs and b.overruns() == [] and all(t.numel() == size + 4096 for _, t, size in bufs)
+        name, t, size = bufs[0]
+        t[size + 7] = 1
+        assert b.overruns() == [(f"{size} B {name}", 8)]
     monkeypatch.setattr(_Built, "scratchpad_guard", 0)
     plan2 = onednn.Convolution.from_problem(p, direction="backward_weights")
     plan2.select(with_sp[0])

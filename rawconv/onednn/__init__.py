@@ -300,18 +300,28 @@ _GUARD_BYTE = 0xA5
 class _Built:
     """The primitive of one implementation plus its reorders, memory objects and buffers."""
 
-    #: bytes of guard band after each scratchpad, filled with ``_GUARD_BYTE`` (0 here; an isolation
-    #: child, :mod:`rawconv.onednn.isolated`, sets it so that a write past the scratchpad, oneDNN
-    #: issue #6035, is counted by :meth:`scratchpad_overrun` and lands in memory rawconv owns, not in
-    #: the heap, where it would surface as a crash of some later candidate)
+    #: bytes of guard band after the scratchpad and after each reorder buffer, filled with
+    #: ``_GUARD_BYTE`` (0 here; an isolation child, :mod:`rawconv.onednn.isolated`, sets it so that a
+    #: write past the end of memory rawconv hands the library, as oneDNN issue #6035's past its
+    #: scratchpad, is counted by :meth:`overruns` and lands in memory rawconv owns, not in the heap,
+    #: where it would surface as a crash of some later candidate)
     scratchpad_guard = 0
 
+    def overruns(self) -> list:
+        """``[(buffer, bytes)]``: how far past the end of each guarded buffer the primitive or its
+        reorders wrote (the offset of the last changed guard byte plus one), for the buffers whose
+        guard changed; ``buffer``: ``"<size> B scratchpad"`` or ``"<size> B reorder buffer of <role>"``."""
+        out = []
+        for name, t, n in self._guarded:
+            changed = (t[n:] != _GUARD_BYTE).nonzero()
+            if changed.numel():
+                out.append((f"{n} B {name}", int(changed[-1, 0]) + 1))
+        return out
+
     def scratchpad_overrun(self) -> int:
-        """How far past the end of the scratchpad the primitive wrote, in bytes: the offset of the
-        last changed guard byte plus one (0 when the guard is intact or there is none)."""
-        g = self.scratchpad[self.scratchpad_bytes:] if self.scratchpad_bytes else self.scratchpad[:0]
-        changed = (g != _GUARD_BYTE).nonzero()
-        return int(changed[-1, 0]) + 1 if changed.numel() else 0
+        """How far past the end of the scratchpad the primitive wrote, in bytes (0 when the guard is
+        intact or there is none): :meth:`overruns`' scratchpad entry."""
+        return next((b for name, b in self.overruns() if name.endswith(" scratchpad")), 0)
 
     def __init__(self, plan: "Convolution", impl: Implementation, pd):
         L = _dnnl.lib()
@@ -319,6 +329,7 @@ class _Built:
         self.pd = pd
         self.prim = _dnnl.primitive(pd)
         self.args = []          # (role, arg id, memory, is_output, reorder or None, buffer or None)
+        self._guarded = []      # (name, buffer, size in bytes): the buffers with a guard band after them
         for role, arg, query, is_out in _ARGS[plan.direction]:
             if role in ("b", "db") and not plan.problem.has_bias:
                 continue
@@ -328,7 +339,11 @@ class _Built:
             mem = _dnnl.memory(md)
             reorder = buf = None
             if not _dnnl.md_equal(md, user_md):
-                buf = torch.empty(_dnnl.md_size(md), dtype=torch.uint8)
+                nbytes = _dnnl.md_size(md)
+                buf = torch.empty(nbytes + _Built.scratchpad_guard, dtype=torch.uint8)
+                if _Built.scratchpad_guard:
+                    buf[nbytes:].fill_(_GUARD_BYTE)
+                    self._guarded.append((f"reorder buffer of {role}", buf, nbytes))
                 _dnnl.call("dnnl_memory_set_data_handle", mem, _ptr(buf))
                 src_md, dst_md = (md, user_md) if is_out else (user_md, md)
                 rpd = _dnnl.reorder_pd(src_md, dst_md)
@@ -346,6 +361,7 @@ class _Built:
         self.scratchpad_bytes = sp_bytes
         if guard:
             self.scratchpad[sp_bytes:].fill_(_GUARD_BYTE)
+            self._guarded.append(("scratchpad", self.scratchpad, sp_bytes))
         sp_mem = _dnnl.memory(sp_md, _ptr(self.scratchpad))
         # no scratchpad argument when none is needed (oneDNN's verbose check flags it as unused)
         n = len(self.args) + (1 if sp_bytes else 0)

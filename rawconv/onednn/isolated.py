@@ -54,7 +54,8 @@ def _child_setup(key, problem, direction, algorithm, fpmath, w_layout, prepack, 
 
 
 SCRATCHPAD_GUARD_BYTES = 1 << 20
-"""The guard band after each scratchpad in a child (bytes): oneDNN #6035 wrote up to 5696 B past one."""
+"""The guard band after the scratchpad and each reorder buffer in a child (bytes): oneDNN #6035 wrote up
+to 5696 B past a scratchpad."""
 
 CRASH_ENV = "RAWCONV_ISOLATE_CRASH"
 """A test aid for the isolation path: in a child process, running the oneDNN candidate named by this
@@ -79,7 +80,7 @@ def _child_run(key, impl, iterations: int, warmup: int, budget_s, slow_s, allow_
         t0 = time.perf_counter()
         out = plan.execute(**tensors)
         first = time.perf_counter() - t0
-        overrun = plan._built[i].scratchpad_overrun() if i in plan._built else 0
+        overrun = plan._built[i].overruns() if i in plan._built else []
         # a write past the scratchpad is not timed further: the result and any later call are not to be trusted
         if overrun or (slow_s is not None and first > slow_s):
             median = mn = first * 1e3
@@ -93,10 +94,9 @@ def _child_run(key, impl, iterations: int, warmup: int, budget_s, slow_s, allow_
             runs = 1
         built = plan._built.get(i)
         if not overrun and built is not None:
-            overrun = built.scratchpad_overrun()
+            overrun = built.overruns()
         res = {"index": i, "median_ms": median, "min_ms": mn, "runs": runs,
-               "output": out if want_output else None, "scratchpad_overrun": overrun,
-               "scratchpad_bytes": built.scratchpad_bytes if built is not None else impl.scratchpad_bytes}
+               "output": out if want_output else None, "overruns": overrun}
         del out
     finally:
         plan._built.pop(i, None)
@@ -219,11 +219,11 @@ class _OnednnSession:
             return self._fail(row, out)
         v = out.value
         row.update(median_ms=v["median_ms"], min_ms=v["min_ms"], runs=v["runs"], status="ok")
-        if v.get("scratchpad_overrun"):
-            # (the child's scratchpad: its thread count may differ from this process's listing)
-            row.update(status="wrong", detail=f"wrote {v['scratchpad_overrun']} B past its "
-                                              f"{v.get('scratchpad_bytes', impl.scratchpad_bytes)} B scratchpad "
-                                              f"(caught in the child's guard band; in-process it corrupts the heap)")
+        if v.get("overruns"):
+            # (the child's sizes: its thread count may differ from this process's listing)
+            where = "; ".join(f"wrote {n} B past its {name}" for name, n in v["overruns"])
+            row.update(status="wrong", detail=f"{where} (caught in the child's guard band; in-process it "
+                                              f"corrupts the heap)")
             return row
         if check and v["output"] is not None:
             try:
