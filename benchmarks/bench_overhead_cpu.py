@@ -10,6 +10,8 @@ the dispatcher, argument checks, the library call). Rows, all in one process, sa
 * ``Convolution.execute(out=)``: the same, writing into a preallocated output;
 * ``torch.ops.rawconv.conv_forward``: the custom operator (dispatcher + CPU kernel);
 * ``rawconv.ops.conv``: the friendly wrapper over that operator;
+* ``do-nothing kernel, same schema``: a Python kernel that returns x at once, registered with
+  ``conv_forward``'s schema: the dispatcher's own cost, the operator's floor without compiled code;
 
 each as microseconds per call (best of ``--repeats`` loops of ``--calls`` back-to-back calls,
 after a warm-up; the rows take turns loop by loop) and the ratio to ``F.conv2d``. ``--grad`` adds rows with tensors that require
@@ -117,6 +119,14 @@ def main() -> None:
                      lambda: op(x, w, None, [1, 1], [1, 1], [1, 1], [1, 1], 1, "onednn", "", "strict", "", "")))
         rows.append(("rawconv.ops.conv", lambda: ops.conv(x, w, None, 1, 1)))
         torch.testing.assert_close(ops.conv(x, w, None, 1, 1), y_ref, rtol=1e-4, atol=1e-4)
+        # the dispatcher's floor: a Python kernel that does nothing, behind conv_forward's schema
+        # (torch converts every argument to a Python object before the kernel runs)
+        lib = torch.library.Library("rawconv_bench_floor", "DEF")
+        lib.define("noop(" + op._schema.__str__().split("(", 1)[1].split(") ->")[0] + ") -> Tensor")
+        lib.impl("noop", lambda x_, *_a: x_, "CPU")
+        noop = torch.ops.rawconv_bench_floor.noop.default
+        rows.append(("do-nothing kernel, same schema",
+                     lambda: noop(x, w, None, [1, 1], [1, 1], [1, 1], [1, 1], 1, "onednn", "", "strict", "", "")))
     # the modules: torch.nn.Conv2d beside rawconv.nn.Conv2d with the same weights (module call included)
     import rawconv.nn as rnn
 

@@ -303,6 +303,20 @@ def run_bisect(args, log):
     rnn._autocasting = real
 
 
+def _stepper(model, x, tgt, lossf, amp, **sgd):
+    """One SGD training step of ``model`` on (x, tgt), under fp16 autocast when ``amp``; returns the loss."""
+    opt = torch.optim.SGD(model.parameters(), **sgd)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+            loss = lossf(model(x), tgt)
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
 def run_train(args, log):
     torch.backends.cudnn.benchmark = True
     base, src = build_resnet50()
@@ -312,25 +326,14 @@ def run_train(args, log):
     log(f"training step, batch {args.batch}, channels_last; rawconv from {rawconv.__file__}")
     lossf = torch.nn.CrossEntropyLoss()
 
-    def stepper(model, amp):
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-
-        def step():
-            opt.zero_grad(set_to_none=True)
-            with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
-                loss = lossf(model(x), tgt)
-            loss.backward()
-            opt.step()
-            return loss
-        return step
-
     cases = [("fp32 strict", False, False, "strict"), ("fp32 tf32", False, True, "tf32"),
              ("autocast fp16", True, True, "strict")]
     for label, amp, tf32, precision in cases:
         torch.backends.cudnn.allow_tf32 = tf32
         tm = copy.deepcopy(base)
         rm = rnn.convert(copy.deepcopy(base), precision=precision)
-        steps = {"torch": stepper(tm, amp), "rawconv": stepper(rm, amp)}
+        steps = {"torch": _stepper(tm, x, tgt, lossf, amp, lr=1e-3),
+                 "rawconv": _stepper(rm, x, tgt, lossf, amp, lr=1e-3)}
         losses = {}
         for k, f in steps.items():
             for _ in range(3):
@@ -569,17 +572,8 @@ def run_planhost(args, log):
         tgt = torch.randint(0, 1000, (args.batch,), device="cuda")
         lossf = torch.nn.CrossEntropyLoss()
 
-        def stepper(mm):
-            opt = torch.optim.SGD(mm.parameters(), lr=1e-4, momentum=0.9)
-
-            def step():
-                opt.zero_grad(set_to_none=True)
-                with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
-                    loss = lossf(mm(x), tgt)
-                loss.backward()
-                opt.step()
-            return step
-        steps = {"torch": stepper(tm), "rawconv": stepper(m)}
+        steps = {"torch": _stepper(tm, x, tgt, lossf, amp, lr=1e-4, momentum=0.9),
+                 "rawconv": _stepper(m, x, tgt, lossf, amp, lr=1e-4, momentum=0.9)}
         for f in steps.values():
             for _ in range(3):
                 f()

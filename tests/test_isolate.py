@@ -137,12 +137,12 @@ def test_scratchpad_guard_counts_bytes_written_past_the_scratchpad(monkeypatch):
     written N bytes past the end reads as an overrun of N + 1."""
     from rawconv.onednn import _Built
 
-    assert _Built.scratchpad_guard == 0 and isolated.SCRATCHPAD_GUARD_BYTES >= 1 << 16
+    assert _Built.guard_bytes == 0 and isolated.GUARD_BYTES >= 1 << 16
     p = ConvProblem(n=2, c=8, k=8, in_spatial=(7, 7), kernel=(3, 3), stride=(2, 2), pad_before=(1, 1),
                     pad_after=(1, 1), layout="nhwc")
     x, w, _ = p.make_inputs(seed=3)
     gy = torch.randn(p.y_shape).contiguous(memory_format=torch.channels_last)
-    monkeypatch.setattr(_Built, "scratchpad_guard", 4096)
+    monkeypatch.setattr(_Built, "guard_bytes", 4096)
     plan = onednn.Convolution.from_problem(p, direction="backward_weights")
     with_sp = [i for i in plan.implementations if i.scratchpad_bytes and not i.known_bad]
     if not with_sp:
@@ -150,12 +150,11 @@ def test_scratchpad_guard_counts_bytes_written_past_the_scratchpad(monkeypatch):
     plan.select(with_sp[0])
     dw = plan.execute(x, grad_y=gy)
     b = plan._built[plan.selected.index]
-    assert b.scratchpad.numel() == b.scratchpad_bytes + 4096 and b.scratchpad_overrun() == 0
+    assert b.scratchpad.numel() == b.scratchpad_bytes + 4096 and b.overruns() == []
     torch.testing.assert_close(dw.double(), torch.ops.aten.convolution_backward(
         gy.double(), x.double(), w.double(), None, [2, 2], [1, 1], [1, 1], False, [0, 0], 1,
         [False, True, False])[1], rtol=1e-4, atol=1e-4)
     b.scratchpad[b.scratchpad_bytes + 99] = 0
-    assert b.scratchpad_overrun() == 100
     assert b.overruns() == [(f"{b.scratchpad_bytes} B scratchpad", 100)]
     # the reorder buffers rawconv hands the library are guarded the same way
     with_re = [i for i in plan.implementations if i.reorders and not i.known_bad]
@@ -168,12 +167,12 @@ def test_scratchpad_guard_counts_bytes_written_past_the_scratchpad(monkeypatch):
         name, t, size = bufs[0]
         t[size + 7] = 1
         assert b.overruns() == [(f"{size} B {name}", 8)]
-    monkeypatch.setattr(_Built, "scratchpad_guard", 0)
+    monkeypatch.setattr(_Built, "guard_bytes", 0)
     plan2 = onednn.Convolution.from_problem(p, direction="backward_weights")
     plan2.select(with_sp[0])
     plan2.execute(x, grad_y=gy)
     b2 = plan2._built[plan2.selected.index]
-    assert b2.scratchpad.numel() == b2.scratchpad_bytes and b2.scratchpad_overrun() == 0
+    assert b2.scratchpad.numel() == b2.scratchpad_bytes and b2.overruns() == []
 
 
 def test_compare_rows_through_isolation():

@@ -8,7 +8,7 @@ process that keeps running candidates one by one. When a candidate crashes (a si
 candidate's row says so (``"crashed: SIGABRT"``, ``"timed out after 60 s"``), a fresh worker
 takes over and the parent goes on with the next candidate. A oneDNN candidate that writes past its
 scratchpad (#6035) or a reorder buffer writes, in the child, into a guard band rawconv checks after the call
-(:data:`rawconv.onednn.isolated.SCRATCHPAD_GUARD_BYTES`): its own row says ``"wrong"`` with the
+(:data:`rawconv.onednn.isolated.GUARD_BYTES`): its own row says ``"wrong"`` with the
 byte count, instead of a corrupted heap aborting some later candidate.
 
 Public surface (the usual entry points take ``isolate=``):

@@ -305,7 +305,17 @@ class _Built:
     #: write past the end of memory rawconv hands the library, as oneDNN issue #6035's past its
     #: scratchpad, is counted by :meth:`overruns` and lands in memory rawconv owns, not in the heap,
     #: where it would surface as a crash of some later candidate)
-    scratchpad_guard = 0
+    guard_bytes = 0
+
+    def _buffer(self, nbytes: int, name: str) -> torch.Tensor:
+        """A byte buffer of ``nbytes`` for the library, followed by :attr:`guard_bytes` of guard band
+        (registered under ``name`` for :meth:`overruns`) when that is set."""
+        g = _Built.guard_bytes if nbytes else 0
+        buf = torch.empty(max(nbytes, 1) + g, dtype=torch.uint8)
+        if g:
+            buf[nbytes:].fill_(_GUARD_BYTE)
+            self._guarded.append((name, buf, nbytes))
+        return buf
 
     def overruns(self) -> list:
         """``[(buffer, bytes)]``: how far past the end of each guarded buffer the primitive or its
@@ -317,11 +327,6 @@ class _Built:
             if changed.numel():
                 out.append((f"{n} B {name}", int(changed[-1, 0]) + 1))
         return out
-
-    def scratchpad_overrun(self) -> int:
-        """How far past the end of the scratchpad the primitive wrote, in bytes (0 when the guard is
-        intact or there is none): :meth:`overruns`' scratchpad entry."""
-        return next((b for name, b in self.overruns() if name.endswith(" scratchpad")), 0)
 
     def __init__(self, plan: "Convolution", impl: Implementation, pd):
         L = _dnnl.lib()
@@ -339,11 +344,7 @@ class _Built:
             mem = _dnnl.memory(md)
             reorder = buf = None
             if not _dnnl.md_equal(md, user_md):
-                nbytes = _dnnl.md_size(md)
-                buf = torch.empty(nbytes + _Built.scratchpad_guard, dtype=torch.uint8)
-                if _Built.scratchpad_guard:
-                    buf[nbytes:].fill_(_GUARD_BYTE)
-                    self._guarded.append((f"reorder buffer of {role}", buf, nbytes))
+                buf = self._buffer(_dnnl.md_size(md), f"reorder buffer of {role}")
                 _dnnl.call("dnnl_memory_set_data_handle", mem, _ptr(buf))
                 src_md, dst_md = (md, user_md) if is_out else (user_md, md)
                 rpd = _dnnl.reorder_pd(src_md, dst_md)
@@ -356,12 +357,8 @@ class _Built:
             self.args.append((role, getattr(L, "DNNL_ARG_" + arg), mem, is_out, reorder, buf))
         sp_md = _dnnl.pd_md(pd, "scratchpad")
         sp_bytes = _dnnl.md_size(sp_md)
-        guard = _Built.scratchpad_guard if sp_bytes else 0
-        self.scratchpad = torch.empty(max(sp_bytes, 1) + guard, dtype=torch.uint8)
+        self.scratchpad = self._buffer(sp_bytes, "scratchpad")
         self.scratchpad_bytes = sp_bytes
-        if guard:
-            self.scratchpad[sp_bytes:].fill_(_GUARD_BYTE)
-            self._guarded.append(("scratchpad", self.scratchpad, sp_bytes))
         sp_mem = _dnnl.memory(sp_md, _ptr(self.scratchpad))
         # no scratchpad argument when none is needed (oneDNN's verbose check flags it as unused)
         n = len(self.args) + (1 if sp_bytes else 0)

@@ -33,7 +33,7 @@ def _child_setup(key, problem, direction, algorithm, fpmath, w_layout, prepack, 
     _child_plans.clear()
     # a candidate that writes past its scratchpad (oneDNN #6035) writes into a guard band rawconv owns:
     # counted in its own row, instead of corrupting the heap and crashing a later candidate's row
-    onednn._Built.scratchpad_guard = SCRATCHPAD_GUARD_BYTES
+    onednn._Built.guard_bytes = GUARD_BYTES
     if post_ops:
         from .fused import FusedConvolution
 
@@ -53,7 +53,7 @@ def _child_setup(key, problem, direction, algorithm, fpmath, w_layout, prepack, 
     return impls
 
 
-SCRATCHPAD_GUARD_BYTES = 1 << 20
+GUARD_BYTES = 1 << 20
 """The guard band after the scratchpad and each reorder buffer in a child (bytes): oneDNN #6035 wrote up
 to 5696 B past a scratchpad."""
 
@@ -80,7 +80,8 @@ def _child_run(key, impl, iterations: int, warmup: int, budget_s, slow_s, allow_
         t0 = time.perf_counter()
         out = plan.execute(**tensors)
         first = time.perf_counter() - t0
-        overrun = plan._built[i].overruns() if i in plan._built else []
+        built = plan._built.get(i)
+        overrun = built.overruns() if built is not None else []
         # a write past the scratchpad is not timed further: the result and any later call are not to be trusted
         if overrun or (slow_s is not None and first > slow_s):
             median = mn = first * 1e3
@@ -92,7 +93,6 @@ def _child_run(key, impl, iterations: int, warmup: int, budget_s, slow_s, allow_
         else:
             median = mn = first * 1e3
             runs = 1
-        built = plan._built.get(i)
         if not overrun and built is not None:
             overrun = built.overruns()
         res = {"index": i, "median_ms": median, "min_ms": mn, "runs": runs,

@@ -1445,9 +1445,7 @@ def conv_transpose(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None =
         y = _bwd_data_call(x, w, *args)
     lay = conv_layout(xb, w)   # torch's memory format (x or w channels last; for 1-D, w alone)
     empty = xb.shape[0] == 0   # an empty batch: torch's Empty backend gives a contiguous y (nothing to copy)
-    if core == y_shape and bias is None:
-        if empty:
-            return y.clone(memory_format=torch.contiguous_format)
+    if core == y_shape and bias is None and not empty:
         if w.dim() != 3 or layout_of(_batched(y, unbatched)) == lay:   # 1-D: backward data followed x too
             return y
     if core != y_shape:   # output padding past stride - 1 that no kernel tap reaches: zeros
