@@ -75,6 +75,7 @@ def test_list_implementations():
     (["compare", "--input", "2x4x8x8", "--weight", "4x3x3x3"], "input channels"),
     (["compare", "--input", "2x4x8x8"], "--input and --weight"),
     (["compare", "resnet50", "--layers", "nosuchlayer"], "matches none"),
+    (["list", "mb1ic16ih10oc16oh10kh3ph1", "--direction", "sideways"], "expected forward, backward_data"),
 ])
 def test_bad_cli_input_is_a_message_not_a_traceback(args, words):
     r = rawconv(*args)
