@@ -19,6 +19,7 @@ import cProfile
 import io
 import os
 import pstats
+import statistics
 import sys
 import time
 import traceback
@@ -715,10 +716,147 @@ def run_engines(args, log):
         + "  (h: least host time among configs within 5% of the best GPU time)")
 
 
+class _PyConv(torch.autograd.Function):
+    """torch's own convolution kernels (``aten.convolution`` forward, ``aten.convolution_backward``
+    for dx and dw in one call) inside a Python autograd Function: the floor of any operator whose
+    autograd lives in Python, as rawconv's does (nothing compiled)."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float16)
+    def forward(ctx, x, w, st, pd, dl, groups):
+        ctx.save_for_backward(x, w)
+        ctx.conf = st, pd, dl, groups
+        return torch.ops.aten.convolution(x, w, None, st, pd, dl, False, [0, 0], groups)
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        st, pd, dl, groups = ctx.conf
+        gx, gw, _ = torch.ops.aten.convolution_backward(g, x, w, None, st, pd, dl, False, [0, 0], groups,
+                                                        [ctx.needs_input_grad[0], ctx.needs_input_grad[1], False])
+        return gx, gw, None, None, None, None
+
+
+def _pyfn_model(base):
+    """``base`` (a copy) with every Conv2d's forward through :class:`_PyConv` (no bias in ResNet-50)."""
+    m = copy.deepcopy(base)
+    for mod in m.modules():
+        if isinstance(mod, torch.nn.Conv2d):
+            assert mod.bias is None and mod.padding_mode == "zeros"
+            conf = (list(mod.stride), list(mod.padding), list(mod.dilation), mod.groups)
+            mod.forward = (lambda mm, c: (lambda x: _PyConv.apply(x, mm.weight, *c)))(mod, conf)
+    return m
+
+
+def run_floor(args, log):
+    """Where a training step's host time goes: torch, torch's own kernels in a Python autograd
+    Function (the floor of an operator whose autograd is Python) and rawconv, each step's host time
+    (forward, backward, whole step) queued behind a long GPU sleep (launches never wait), the time
+    inside rawconv's module forwards and its backward function, and back-to-back wall time."""
+    from rawconv.pytorch import ops as rops, nn as rnn_mod
+
+    torch.backends.cudnn.benchmark = True
+    base, _ = build_resnet50()
+    base = base.cuda().train().to(memory_format=torch.channels_last)
+    x = torch.randn(args.batch, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
+    tgt = torch.randint(0, 1000, (args.batch,), device="cuda")
+    lossf = torch.nn.CrossEntropyLoss()
+    acc = {"fwd": [0.0, 0], "bwd": [0.0, 0]}
+    real_bwd = rops._direct_backward
+    conv_cls = {type(m) for m in rnn.convert(copy.deepcopy(base)).modules() if type(m).__module__.startswith("rawconv")}
+
+    def timed_bwd(ctx, gy):
+        t0 = time.perf_counter()
+        try:
+            return real_bwd(ctx, gy)
+        finally:
+            acc["bwd"][0] += time.perf_counter() - t0
+            acc["bwd"][1] += 1
+    real_fwds = {c: c.forward for c in conv_cls}
+
+    def wrap(f):
+        def fwd(self, x):
+            t0 = time.perf_counter()
+            try:
+                return f(self, x)
+            finally:
+                acc["fwd"][0] += time.perf_counter() - t0
+                acc["fwd"][1] += 1
+        return fwd
+    for label, amp, precision in (("fp32 tf32", False, "tf32"), ("autocast fp16", True, "strict")):
+        torch.backends.cudnn.allow_tf32 = True
+        models = {"torch": copy.deepcopy(base), "pyfn": _pyfn_model(base),
+                  "rawconv": rnn.convert(copy.deepcopy(base), precision=precision)}
+        steps = {k: _stepper(m, x, tgt, lossf, amp, lr=1e-4, momentum=0.9) for k, m in models.items()}
+        for f in steps.values():
+            for _ in range(3):
+                f()
+        torch.cuda.synchronize()
+        host = {k: {"step": [], "fwd": [], "bwd": []} for k in steps}
+        for _ in range(5):
+            for k, m in models.items():
+                host[k]["step"] += [t / 1e3 for t in _host_times(steps[k], calls=1, rounds=1, sleep_cycles=4e8)]
+                torch.cuda._sleep(int(4e8))
+                t0 = time.perf_counter()
+                with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+                    loss = lossf(m(x), tgt)
+                t1 = time.perf_counter()
+                loss.backward()
+                t2 = time.perf_counter()
+                torch.cuda.synchronize()
+                host[k]["fwd"].append((t1 - t0) * 1e3)
+                host[k]["bwd"].append((t2 - t1) * 1e3)
+                m.zero_grad(set_to_none=True)
+        wall = {}
+        for _ in range(2):
+            for k, f in steps.items():
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(5):
+                    f()
+                torch.cuda.synchronize()
+                wall.setdefault(k, []).append((time.perf_counter() - t0) / 5 * 1e3)
+        # rawconv's own share: time inside its module forwards and its backward function
+        rops._direct_backward = timed_bwd
+        for c in conv_cls:
+            c.forward = wrap(real_fwds[c])
+        for v in acc.values():
+            v[:] = [0.0, 0]
+        for _ in range(3):
+            torch.cuda._sleep(int(4e8))
+            steps["rawconv"]()
+            torch.cuda.synchronize()
+        rops._direct_backward = real_bwd
+        for c in conv_cls:
+            c.forward = real_fwds[c]
+        log(f"=== {label}, b{args.batch}: host ms per step, min / median of 5, GPU busy behind a sleep; wall: 5 "
+            f"back-to-back steps, best of 2 ===")
+        for k in steps:
+            h = host[k]
+            log(f"  {k:8s} step {min(h['step']):6.2f} / {statistics.median(h['step']):6.2f}   forward "
+                f"{min(h['fwd']):6.2f} / {statistics.median(h['fwd']):6.2f}   backward {min(h['bwd']):6.2f} / "
+                f"{statistics.median(h['bwd']):6.2f}   wall {min(wall[k]):6.2f}")
+        log(f"  rawconv's own: module forwards {acc['fwd'][0] / 3 * 1e3:.2f} ms per step ({acc['fwd'][1] // 3} calls), "
+            f"_direct_backward {acc['bwd'][0] / 3 * 1e3:.2f} ms per step ({acc['bwd'][1] // 3} calls)")
+        pr = cProfile.Profile()
+        torch.cuda._sleep(int(4e8))
+        pr.enable()
+        with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+            loss = lossf(models["rawconv"](x), tgt)
+        pr.disable()
+        loss.backward()
+        torch.cuda.synchronize()
+        sio = io.StringIO()
+        pstats.Stats(pr, stream=sio).sort_stats("tottime").print_stats(22)
+        log(f"--- cProfile, one rawconv forward ({label}) ---\n" + sio.getvalue()[:4000])
+    torch.backends.cudnn.allow_tf32 = True
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("what", choices=("capture", "train", "host", "layers", "inmodel", "bisect", "planhost",
-                                     "engines"))
+                                     "engines", "floor"))
     ap.add_argument("--top", type=int, default=5, help="engines: heuristic configs per problem")
     ap.add_argument("--cap", type=float, default=150.0, help="engines: stop after this many seconds")
     ap.add_argument("--amp", action="store_true", help="engines: autocast fp16 instead of fp32 TF32")
@@ -733,7 +871,7 @@ def main():
     # each diagnosis and its default batch; anything else is "host"
     runs = {"capture": (run_capture, 8), "train": (run_train, 16), "bisect": (run_bisect, 8),
             "inmodel": (run_inmodel, 8), "layers": (run_layers, 8), "planhost": (run_planhost, 32),
-            "engines": (run_engines, 32)}
+            "engines": (run_engines, 32), "floor": (run_floor, 32)}
     fn, batch = runs.get(args.what, (run_host, None))
     if batch is not None:
         args.batch = args.batch or batch

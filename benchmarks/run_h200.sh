@@ -48,6 +48,7 @@ for s in "$@"; do
     diag-cpu-in-model) step diag-cpu-in-model${DIAG_TAG:-} ${T_DIAG:-420} python3 benchmarks/diag_cpu_in_model.py --threads 8 ${DIAG_ARGS:-} ;;
     planhost) step planhost ${T_PH:-150} python3 benchmarks/diag_modes_cuda.py planhost ;;
     engines) step engines ${T_ENG:-200} python3 benchmarks/diag_modes_cuda.py engines --cap ${ENG_CAP:-150} ;;
+    floor) step floor ${T_FLOOR:-150} python3 benchmarks/diag_modes_cuda.py floor ;;
     engines-amp) step engines-amp ${T_ENG:-200} python3 benchmarks/diag_modes_cuda.py engines --amp --cap ${ENG_CAP:-150} ;;
     train-bench) step train-bench ${T_TRAIN:-240} python3 benchmarks/bench_resnet50.py --train --train-rounds 3 --train-steps 5 \
         --json "$OUT/train_gpu.json" ;;
