@@ -613,6 +613,34 @@ def _grad_err(ref: list, got: list) -> float:
                for a, b in zip(ref, got))
 
 
+def graph_train_step(m, x, tgt, lossf, amp):
+    """(torch.cuda.CUDAGraph, static loss) of one whole training step of ``m`` (forward under autocast
+    to ``amp`` when given, cross entropy, backward, SGD with lr 0 and momentum 0.9: the weights stay,
+    so every replay repeats the first step's loss and gradients, as the eager check computes them)
+    captured after three warm-up steps on a side stream: torch's whole-network capture recipe
+    (autocast's weight cache off inside the capture)."""
+    opt = torch.optim.SGD(m.parameters(), lr=0.0, momentum=0.9)
+
+    def step():
+        with torch.autocast("cuda", dtype=amp or torch.float32, enabled=amp is not None, cache_enabled=False):
+            loss = lossf(m(x), tgt)
+        loss.backward()
+        opt.step()
+        return loss
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    opt.zero_grad(set_to_none=True)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        loss = step()
+    return g, loss
+
+
 def train_table(args, log=print) -> dict:
     """One training step (forward, cross-entropy, backward, SGD) of ResNet-50 in train mode: torch
     (CUDA: cudnn.benchmark) against rawconv.nn.convert(model) (every conv on rawconv's operators,
@@ -711,6 +739,30 @@ def train_table(args, log=print) -> dict:
                "grad_err": gerr, "torch_spread": spread, "ok": lerr <= tol and gerr <= max(2 * spread, tol),
                "tolerance": tol}
         rows.append(row)
+        if dev == "cuda" and args.train_graph:
+            # the same step captured whole in a CUDA graph (no host work per step), both sides; ok: the
+            # first replay's loss and gradients against torch's eager step, as above
+            graphs = {}
+            for name, m in (("torch", copy.deepcopy(model)), ("rawconv", converted())):
+                g, gl = graph_train_step(m, x, tgt, lossf, amp)
+                g.replay()
+                torch.cuda.synchronize()
+                graphs[name] = (g, gl.detach().float().clone(), _grads(m))
+            gw = {k: [] for k in graphs}
+            for _ in range(args.train_rounds):
+                for k, (g, _, _) in graphs.items():
+                    gw[k].append(wall_ms(g.replay, dev, args.train_steps))
+            gg = {k: time_cuda_queued(g.replay, iterations=1, warmup=1, repeats=7).median_ms
+                  for k, (g, _, _) in graphs.items()}
+            glerr = {k: (abs(v[1] - check["torch"][0]) / abs(check["torch"][0])).item() for k, v in graphs.items()}
+            ggerr = {k: _grad_err(check["torch"][1], v[2]) for k, v in graphs.items()}
+            ok = all(glerr[k] <= tol and ggerr[k] <= max(2 * spread, tol) for k in graphs)
+            rows.append({"mode": label + ", CUDA graph", "torch_wall_ms": min(gw["torch"]),
+                         "rawconv_wall_ms": min(gw["rawconv"]), "torch_gpu_ms": gg["torch"],
+                         "rawconv_gpu_ms": gg["rawconv"], "loss_err": glerr["rawconv"], "grad_err": ggerr["rawconv"],
+                         "torch_spread": spread, "ok": ok, "tolerance": tol,
+                         "torch_graph_grad_err": ggerr["torch"]})
+            del graphs
         log(f"  {label}: wall torch {row['torch_wall_ms']:.2f} ms, rawconv {row['rawconv_wall_ms']:.2f} ms; "
             f"loss err {lerr:.1e}, grad err {gerr:.1e} (torch's own spread {spread:.1e})")
     if dev == "cuda":
@@ -721,21 +773,23 @@ def train_table(args, log=print) -> dict:
 
 
 def train_text(result: dict) -> str:
-    lines = [f"{'training step':<18} {'ok':>5} {'torch wall':>11} {'rawconv wall':>13} {'wall ratio':>11} "
+    lines = [f"{'training step':<28} {'ok':>5} {'torch wall':>11} {'rawconv wall':>13} {'wall ratio':>11} "
              f"{'torch GPU':>10} {'rawconv GPU':>12} {'GPU ratio':>10} {'loss err':>9} {'grad err':>9} "
              f"{'torch spread':>12}"]
     for r in result["rows"]:
         wr = r["torch_wall_ms"] / r["rawconv_wall_ms"]
         gr = (r["torch_gpu_ms"] / r["rawconv_gpu_ms"]) if r["torch_gpu_ms"] else None
         f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
-        lines.append(f"{r['mode']:<18} {'ok' if r['ok'] else 'WRONG':>5} {r['torch_wall_ms']:>11.2f} "
+        lines.append(f"{r['mode']:<28} {'ok' if r['ok'] else 'WRONG':>5} {r['torch_wall_ms']:>11.2f} "
                      f"{r['rawconv_wall_ms']:>13.2f} {wr:>10.3f}x {f(r['torch_gpu_ms']):>10} "
                      f"{f(r['rawconv_gpu_ms']):>12} {('-' if gr is None else f'{gr:.3f}x'):>10} "
                      f"{r['loss_err']:>9.1e} {r['grad_err']:>9.1e} {r['torch_spread']:>12.1e}")
     lines.append("ms per step; ratio = torch / rawconv (>1: rawconv faster); wall: back-to-back steps, one "
                  "synchronize; GPU: steps queued behind a busy GPU; errors: the first step's loss and gradients "
                  "against torch's (the worst parameter's normwise relative error); torch spread: the same between "
-                 "torch on channels_last and on NCHW (only cuDNN's kernels differ)")
+                 "torch on channels_last and on NCHW (only cuDNN's kernels differ); CUDA graph rows: each side's whole "
+                 "step (forward, backward, SGD) captured once and replayed, ok when both sides' first replay is "
+                 "within the tolerance of torch's eager step")
     return "\n".join(lines)
 
 
@@ -771,6 +825,9 @@ def parse(argv=None):
     ap.add_argument("--train-autotune", action="store_true",
                     help="training table: rawconv converted with autotune=x, autotune_new='search' (torch: "
                          "cudnn.benchmark); --autotune-budget per problem")
+    ap.add_argument("--train-graph", action="store_true",
+                    help="training table, CUDA: also each step captured whole in a CUDA graph (torch's and "
+                         "rawconv's), replayed: wall and GPU time without host work per step")
     ap.add_argument("--search-log", action="store_true", help="log the cuDNN search's phases (rawconv.search, debug)")
     ap.add_argument("--mallopt", action="store_true",
                     help="CPU: glibc keeps freed large blocks for reuse (mallopt M_MMAP_THRESHOLD and "

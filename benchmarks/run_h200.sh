@@ -24,6 +24,7 @@ step() {  # name seconds command...
 for s in "$@"; do
   case $s in
     gpu-tests) step gpu-tests ${T_GPU:-420} python3 -m pytest -q -m gpu tests -p no:cacheprovider -rf ;;
+    gpu-k) step gpu-k ${T_K:-150} python3 -m pytest -q -m gpu tests -k "$K" -p no:cacheprovider -rf ;;
     gpu-tests-new) step gpu-tests-new ${T_GPU:-300} python3 -m pytest -q -m gpu tests/test_ops.py tests/test_nn.py tests/test_fastpath_gpu.py \
         tests/test_fused.py tests/test_convert.py tests/test_capabilities.py -p no:cacheprovider -rf ;;
     resnet50-gpu) step resnet50-gpu ${T_R50:-420} python3 benchmarks/bench_resnet50.py --json "$OUT/resnet50_gpu.json" ;;
@@ -52,6 +53,8 @@ for s in "$@"; do
     engines-amp) step engines-amp ${T_ENG:-200} python3 benchmarks/diag_modes_cuda.py engines --amp --cap ${ENG_CAP:-150} ;;
     train-bench) step train-bench ${T_TRAIN:-240} python3 benchmarks/bench_resnet50.py --train --train-rounds 3 --train-steps 5 \
         --json "$OUT/train_gpu.json" ;;
+    train-tuned) step train-tuned ${T_TRAIN:-300} python3 benchmarks/bench_resnet50.py --train --train-autotune --train-graph \
+        --autotune-budget ${TB:-0.3} --train-rounds 3 --train-steps 5 --json "$OUT/train_gpu_tuned.json" ;;
     r50-budget) step r50-budget${DIAG_TAG:-} ${T_R50:-420} python3 benchmarks/bench_resnet50.py \
         --variants eager,compile_freezing,compile_reduce_overhead,rawconv_compile_cudagraph,rawconv_reduce_overhead \
         --autotune-budget ${BUDGET:-3} --tuned --json "$OUT/resnet50_budget.json" ;;

@@ -343,3 +343,151 @@ def test_training_step_matches_torch(precision):
             assert _rel(b.grad, a.grad) < (1e-3 if precision == "strict" else 5e-2), n
     finally:
         torch.backends.cudnn.allow_tf32 = True
+
+
+# ---------------------------------------------------------------- training under CUDA graphs
+def _train_net(precision):
+    torch.manual_seed(0)
+    base = Net().cuda().train().to(memory_format=torch.channels_last)
+    return base, rnn.convert(copy.deepcopy(base), precision=precision), rnn.convert(copy.deepcopy(base),
+                                                                                      precision=precision)
+
+
+def _grads_of(model):
+    return [p.grad.detach().clone() for p in model.parameters()]
+
+
+def _eager_step(model, x, tgt, amp):
+    """Loss and gradients of one training step of ``model`` (grads reset first; no update)."""
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+        loss = nn.functional.cross_entropy(model(x), tgt)
+    loss.backward()
+    return loss.detach().clone(), _grads_of(model)
+
+
+def _graphed_step(model, x, tgt, amp):
+    """(graph, static loss) of a whole training step of ``model`` (forward under fp16 autocast when
+    ``amp``, cross entropy, backward, SGD with lr 0 and momentum: the weights stay, so every replay
+    repeats the first step's loss and gradients) captured after three warm-up steps on a side stream,
+    as torch's whole-network capture recipe does (autocast's weight cache off inside the capture)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.0, momentum=0.9)
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.float16, enabled=amp, cache_enabled=False):
+            loss = nn.functional.cross_entropy(model(x), tgt)
+        loss.backward()
+        opt.step()
+        return loss
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    opt.zero_grad(set_to_none=True)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        loss = step()
+    return g, loss
+
+
+_TRAIN_TOL = {"strict": 1e-4, "tf32": 2e-2, "autocast_fp16": 5e-2}
+
+
+@pytest.mark.parametrize("case", ["strict", "tf32", "autocast_fp16"])
+def test_a_whole_training_step_captured_in_a_cuda_graph_replays_as_eager(case):
+    """A converted model's whole training step (forward, loss, backward, optimizer) captured in one
+    CUDA graph: every replay's loss and gradients equal the same step run eagerly on a second
+    converted copy (the same kernels), after allocation churn, after eager steps in between and on
+    new data, and are within the mode's tolerance of torch's own eager step: the backward plans'
+    workspaces and variant packs stay valid for every replay."""
+    amp = case == "autocast_fp16"
+    precision = "tf32" if case == "tf32" else "strict"
+    torch.backends.cudnn.allow_tf32 = case != "strict"
+    try:
+        base, model, twin = _train_net(precision)
+        x, tgt = _x(torch.float32, n=8), torch.randint(0, 10, (8,), device="cuda")
+        g, loss = _graphed_step(model, x, tgt, amp)
+
+        static_grads = [p.grad for p in model.parameters()]   # written by every replay
+        same = 2e-2 if amp else 1e-4   # (the same kernels; wgrad's split-K atomics reorder sums)
+
+        def check(what):
+            g.replay()
+            torch.cuda.synchronize()
+            el, eg = _eager_step(twin, x, tgt, amp)
+            assert _rel(loss, el) <= same, what
+            for (n, _), a, b in zip(model.named_parameters(), static_grads, eg):
+                assert _rel(a, b) <= same, (what, n)
+            return el, eg
+        el, eg = check("first replay")
+        tl, tg = _eager_step(base, x, tgt, amp)
+        assert _rel(el, tl) < _TRAIN_TOL[case]
+        for (n, _), a, b in zip(base.named_parameters(), eg, tg):
+            assert _rel(a, b) < 5 * _TRAIN_TOL[case], n
+        _churn()
+        check("after allocation churn")
+        for _ in range(2):   # eager steps of the captured model itself between replays (.grad untouched)
+            with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+                le = nn.functional.cross_entropy(model(_x(torch.float32, n=8, seed=7)), tgt)
+            torch.autograd.grad(le, list(model.parameters()))
+        _churn()
+        check("after eager steps in between")
+        x.copy_(_x(torch.float32, n=8, seed=11))
+        el2, _ = check("new data")
+        assert _rel(el2, el) > 1e-4, "new data changed the loss (the test can fail)"
+    finally:
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def test_make_graphed_callables_trains_a_converted_model():
+    """``torch.cuda.make_graphed_callables`` (forward and backward each captured): the graphed
+    converted model's output and gradients equal the eager converted model's on every call."""
+    base, model, twin = _train_net("strict")
+    x = _x(torch.float32, n=8).requires_grad_()
+    gm = torch.cuda.make_graphed_callables(model, (x,))
+    tgt = torch.randint(0, 10, (8,), device="cuda")
+    for seed in (3, 11):
+        xin = _x(torch.float32, n=8, seed=seed).requires_grad_()
+        xt = xin.detach().clone().requires_grad_()
+        for m in (model, twin):
+            m.zero_grad(set_to_none=True)
+        y = gm(xin)
+        nn.functional.cross_entropy(y, tgt).backward()
+        yt = twin(xt)
+        nn.functional.cross_entropy(yt, tgt).backward()
+        assert _rel(y, yt) <= 1e-5
+        assert _rel(xin.grad, xt.grad) <= 1e-4
+        for (n, a), b in zip(model.named_parameters(), twin.parameters()):
+            assert _rel(a.grad, b.grad) <= 1e-4, n
+
+
+def test_reduce_overhead_trains_a_converted_model():
+    """``torch.compile(mode="reduce-overhead")`` of a converted model in training (CUDA graph trees
+    for the forward and the backward): loss and gradients of each step equal the eager converted
+    model's within float32 tolerance."""
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        base, model, twin = _train_net("strict")
+        torch._dynamo.reset()
+        from torch._dynamo.utils import counters
+        counters.clear()
+        cm = torch.compile(model, mode="reduce-overhead")
+        tgt = torch.randint(0, 10, (8,), device="cuda")
+        for seed in (3, 3, 3, 11):
+            x = _x(torch.float32, n=8, seed=seed)
+            for m in (model, twin):
+                m.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(cm(x), tgt)
+            loss.backward()
+            lt = nn.functional.cross_entropy(twin(x), tgt)
+            lt.backward()
+            assert _rel(loss, lt) <= 1e-4
+            for (n, a), b in zip(model.named_parameters(), twin.parameters()):
+                assert _rel(a.grad, b.grad) <= 1e-3, n
+        assert not counters["inductor"].get("cudagraph_skips"), dict(counters["inductor"])   # graphs ran
+    finally:
+        torch._dynamo.reset()
+        torch.backends.cudnn.allow_tf32 = True
