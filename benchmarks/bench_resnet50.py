@@ -614,11 +614,12 @@ def _grad_err(ref: list, got: list) -> float:
 
 
 def graph_train_step(m, x, tgt, lossf, amp):
-    """(torch.cuda.CUDAGraph, static loss) of one whole training step of ``m`` (forward under autocast
+    """(torch.cuda.CUDAGraph, static loss, the optimizer) of one whole training step of ``m`` (forward under autocast
     to ``amp`` when given, cross entropy, backward, SGD with lr 0 and momentum 0.9: the weights stay,
     so every replay repeats the first step's loss and gradients, as the eager check computes them)
     captured after three warm-up steps on a side stream: torch's whole-network capture recipe
-    (autocast's weight cache off inside the capture)."""
+    (autocast's weight cache off inside the capture). The graph writes ``m``'s parameters and
+    gradients and the optimizer's momentum buffers: keep both alive as long as the graph."""
     opt = torch.optim.SGD(m.parameters(), lr=0.0, momentum=0.9)
 
     def step():
@@ -638,7 +639,7 @@ def graph_train_step(m, x, tgt, lossf, amp):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         loss = step()
-    return g, loss
+    return g, loss, opt
 
 
 def train_table(args, log=print) -> dict:
@@ -744,16 +745,16 @@ def train_table(args, log=print) -> dict:
             # first replay's loss and gradients against torch's eager step, as above
             graphs = {}
             for name, m in (("torch", copy.deepcopy(model)), ("rawconv", converted())):
-                g, gl = graph_train_step(m, x, tgt, lossf, amp)
+                g, gl, opt = graph_train_step(m, x, tgt, lossf, amp)
                 g.replay()
                 torch.cuda.synchronize()
-                graphs[name] = (g, gl.detach().float().clone(), _grads(m))
+                graphs[name] = (g, gl.detach().float().clone(), _grads(m), m, opt)   # (m, opt: the graph's memory)
             gw = {k: [] for k in graphs}
             for _ in range(args.train_rounds):
-                for k, (g, _, _) in graphs.items():
+                for k, (g, *_) in graphs.items():
                     gw[k].append(wall_ms(g.replay, dev, args.train_steps))
             gg = {k: time_cuda_queued(g.replay, iterations=1, warmup=1, repeats=7).median_ms
-                  for k, (g, _, _) in graphs.items()}
+                  for k, (g, *_) in graphs.items()}
             glerr = {k: (abs(v[1] - check["torch"][0]) / abs(check["torch"][0])).item() for k, v in graphs.items()}
             ggerr = {k: _grad_err(check["torch"][1], v[2]) for k, v in graphs.items()}
             ok = all(glerr[k] <= tol and ggerr[k] <= max(2 * spread, tol) for k in graphs)

@@ -367,10 +367,11 @@ def _eager_step(model, x, tgt, amp):
 
 
 def _graphed_step(model, x, tgt, amp):
-    """(graph, static loss) of a whole training step of ``model`` (forward under fp16 autocast when
+    """(graph, static loss, optimizer) of a whole training step of ``model`` (forward under fp16 autocast when
     ``amp``, cross entropy, backward, SGD with lr 0 and momentum: the weights stay, so every replay
     repeats the first step's loss and gradients) captured after three warm-up steps on a side stream,
-    as torch's whole-network capture recipe does (autocast's weight cache off inside the capture)."""
+    as torch's whole-network capture recipe does (autocast's weight cache off inside the capture).
+    The graph writes the optimizer's momentum buffers: the caller keeps it alive with the graph."""
     opt = torch.optim.SGD(model.parameters(), lr=0.0, momentum=0.9)
 
     def step():
@@ -390,7 +391,7 @@ def _graphed_step(model, x, tgt, amp):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         loss = step()
-    return g, loss
+    return g, loss, opt
 
 
 _TRAIN_TOL = {"strict": 1e-4, "tf32": 2e-2, "autocast_fp16": 5e-2}
@@ -409,7 +410,7 @@ def test_a_whole_training_step_captured_in_a_cuda_graph_replays_as_eager(case):
     try:
         base, model, twin = _train_net(precision)
         x, tgt = _x(torch.float32, n=8), torch.randint(0, 10, (8,), device="cuda")
-        g, loss = _graphed_step(model, x, tgt, amp)
+        g, loss, _opt = _graphed_step(model, x, tgt, amp)   # (_opt: its buffers live as long as g)
 
         static_grads = [p.grad for p in model.parameters()]   # written by every replay
         same = 2e-2 if amp else 1e-4   # (the same kernels; wgrad's split-K atomics reorder sums)
@@ -491,3 +492,86 @@ def test_reduce_overhead_trains_a_converted_model():
     finally:
         torch._dynamo.reset()
         torch.backends.cudnn.allow_tf32 = True
+
+
+# ---------------------------------------------------------------- configs that cannot be captured
+def _bwd_data_plan(n, c, k, hw, config=None):
+    """A graph-API backward-data plan (float32 NHWC, 1x1, TF32 off) and its grad_y, w, eager dx."""
+    from rawconv.problem import ConvProblem
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    cl = torch.channels_last
+    x = torch.randn(n, c, hw, hw, device="cuda", generator=g).contiguous(memory_format=cl)
+    w = torch.randn(k, c, 1, 1, device="cuda", generator=g).contiguous(memory_format=cl)
+    dy = torch.randn(n, k, hw, hw, device="cuda", generator=g).contiguous(memory_format=cl)
+    plan = G.GraphConvolution.from_problem(ConvProblem.from_torch(x, w), direction="backward_data")
+    if config is not None:
+        plan.select(config)
+    return plan, dy, w
+
+
+def _captured_dx(plan, dy, w):
+    """(graph, static dx) of one ``plan.execute(grad_y=dy, w=w)`` captured after a side-stream warm-up."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        plan.execute(grad_y=dy, w=w)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        dx = plan.execute(grad_y=dy, w=w)
+    return g, dx
+
+
+def test_a_config_that_cannot_be_captured_gets_a_capturable_stand_in(monkeypatch):
+    """A selected config the capture probe rejects (simulated here) keeps running in eager calls,
+    while a call made inside a capture runs its stand-in, the first heuristic config that can be
+    captured: only the stand-in's variant packs are made in the capture, and the replay equals the
+    eager result."""
+    from rawconv import _cuda
+
+    real = _cuda.capture_fails
+    rejected = []
+
+    def probe(run):
+        if not rejected:   # the first probe is the selected config's
+            rejected.append(1)
+            return "simulated: not capturable"
+        return real(run)
+    monkeypatch.setattr(_cuda, "capture_fails", probe)
+    plan, dy, w = _bwd_data_plan(8, 64, 128, 14)
+    first = plan.heuristic("instant")[0].name
+    plan.select(first)
+    b = plan._selected
+    assert b.capture_why == "simulated: not capturable"
+    assert b.capture_alt is not None and b.capture_alt.config.name != first and b.capture_alt.capture_why == ""
+    ref = plan.execute(grad_y=dy, w=w).clone()
+    b.vps.clear()
+    b.capture_alt.vps.clear()
+    g, dx = _captured_dx(plan, dy, w)
+    n_sel = len(b.vps)   # the side-stream warm-up's pack
+    g.replay()
+    torch.cuda.synchronize()
+    assert n_sel == 1 and len(b.capture_alt.vps) == 1, (n_sel, len(b.capture_alt.vps))
+    assert _rel(dx, ref) < 1e-4
+    assert _rel(plan.execute(grad_y=dy, w=w), ref) < 1e-4   # eager: the selected config again
+
+
+def test_autotunes_uncapturable_choice_on_the_h100_replays_through_its_stand_in():
+    """The config autotune chose on an H100 (cuDNN 9.19) for ResNet-50's last 1x1 backward data,
+    ``eng25{k2=2,k3=1}``, returned CUDNN_STATUS_INTERNAL_ERROR inside a whole-training-step capture
+    (invalidating it). Selected by name, it is probed, given a stand-in, and a captured call
+    replays to the eager result. Skips where that config does not finalize or can be captured."""
+    try:
+        plan, dy, w = _bwd_data_plan(32, 512, 2048, 7, config="eng25{k2=2,k3=1}")
+    except NotSupportedError as exc:
+        pytest.skip(f"eng25{{k2=2,k3=1}} does not finalize here: {str(exc)[:120]}")
+    b = plan._selected
+    if b.capture_why == "":
+        pytest.skip("eng25{k2=2,k3=1} can be captured on this GPU / cuDNN")
+    assert b.capture_alt is not None, b.capture_why
+    ref = plan.execute(grad_y=dy, w=w).clone()
+    g, dx = _captured_dx(plan, dy, w)
+    g.replay()
+    torch.cuda.synchronize()
+    assert _rel(dx, ref) < 1e-4

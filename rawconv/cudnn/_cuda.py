@@ -189,6 +189,34 @@ def workspace(nbytes: int, device) -> "object":
 
 _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False)
 
+
+def capture_fails(run) -> str:
+    """Why ``run()`` cannot be captured into a CUDA graph, or ``""`` when it can: ``run`` (which
+    launches work on torch's current stream) is called once inside a throwaway capture
+    (``torch.cuda.CUDAGraph.capture_begin(capture_error_mode="thread_local")``) on a new side
+    stream, and the graph is dropped, so nothing it launched ever runs. A failure inside the
+    capture (an exception from ``run``, or the capture invalidated, which ``capture_end`` raises)
+    is the reason returned; torch clears CUDA's error state when it raises, so later calls are
+    unaffected. Must not be called while this thread's current stream is being captured."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    why = ""
+    with torch.cuda.stream(s):
+        g.capture_begin(capture_error_mode="thread_local")
+        try:
+            run()
+        except Exception as exc:   # noqa: BLE001 - the reason is the result
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        finally:
+            try:
+                g.capture_end()
+            except Exception as exc:   # noqa: BLE001
+                why = why or f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    torch.cuda.current_stream().wait_stream(s)
+    del g
+    return why
+
 # ---------------------------------------------------------------------------- stream barriers
 # cuDNN 9.19's runtime-compiled fusion engine (eng4, behaviour note RUNTIME_COMPILATION) starts
 # before the kernel queued ahead of it on the stream has finished: measured on the H200, a fused

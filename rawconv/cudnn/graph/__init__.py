@@ -317,6 +317,10 @@ _VPS_KEPT = 64                    # variant packs kept per finalized plan (by da
 # launch a barrier kernel before every execute of a runtime-compiled engine config (see
 # rawconv._cuda.stream_barrier: without it cuDNN 9.19's eng4 reads its input early, measured)
 SERIALIZE_RTC = True
+# probe every config chosen by name (select, autotune's choice, a tuning-cache hit) inside a
+# throwaway CUDA-graph capture once, and give one that cannot be captured a capturable stand-in
+# for calls made while a capture runs (GraphConvolution._probe_capture)
+CAPTURE_PROBE = True
 
 
 class _Built:
@@ -333,7 +337,7 @@ class _Built:
     none."""
 
     __slots__ = ("config", "plan", "workspace_bytes", "workspace", "ws_ptr", "vps", "read_back", "finalized_at",
-                 "serialize")
+                 "serialize", "capture_why", "capture_alt")
 
     def __init__(self, config: EngineConfig, plan: B.Descriptor, workspace_bytes: int, read_back: dict):
         self.config = config
@@ -347,6 +351,11 @@ class _Built:
         # a runtime-compiled engine starts before the kernel ahead of it ends: a barrier kernel
         # first (rawconv._cuda.stream_barrier)
         self.serialize = SERIALIZE_RTC and "RUNTIME_COMPILATION" in tuple(config.behavior_notes or ())
+        # CUDA-graph capture: None until probed (GraphConvolution._probe_capture), then "" when this
+        # config can be captured, else why not; capture_alt: the _Built a call made inside a capture
+        # runs instead (None: this one)
+        self.capture_why = None
+        self.capture_alt = None
 
     def default_workspace(self, device) -> int:
         """The default stream's workspace address (made on first use)."""
@@ -519,6 +528,8 @@ class GraphConvolution(_Engines, _Autotune, PlanLifetime):
         """``cudnnBackendExecute`` of ``b`` on the data pointers ``ptrs`` (the graph's roles in
         order), on torch's current stream, with the workspace :class:`_Built` says."""
         hs = _cuda.handle_state(self.device_index)
+        if b.capture_alt is not None and hs.stream != 0 and _cuda._capturing():
+            b = b.capture_alt   # this config cannot be captured (see _probe_capture): its stand-in
         keep = None
         if not b.workspace_bytes:
             wp = 0
@@ -543,6 +554,56 @@ class GraphConvolution(_Engines, _Autotune, PlanLifetime):
         del keep   # back to the allocator after the launch: reused only by later work on this stream
         if status:
             raise _cudnn.error(status, "cudnnBackendExecute", f"{b.config.name} on {self._describe()}")
+
+    def _probe_capture(self, b: _Built) -> None:
+        """Whether ``b`` (a config chosen by name: :meth:`select`, autotune's choice, a tuning-cache
+        hit) can run inside a CUDA-graph capture, found once: it runs on example tensors inside a
+        throwaway capture (:func:`rawconv._cuda.capture_fails`). Not every config can: on an H100
+        (cuDNN 9.19) autotune's choice ``eng25{k2=2,k3=1}`` for backward data (float32 NHWC,
+        x (32, 512, 7, 7), w (2048, 512, 1, 1)) returned ``CUDNN_STATUS_INTERNAL_ERROR`` inside a
+        capture, invalidating it. For such a config ``b.capture_alt`` becomes the first config of
+        heuristic modes instant, then fallback, that can be captured (the filters and known-wrong
+        list apply, as for the default selection): a call made while torch's current stream is
+        being captured runs that one, every other call the chosen one. Leaves ``b`` unprobed
+        inside a capture (none can be nested), for an empty problem, or with ``CAPTURE_PROBE``
+        off; warns (``RuntimeWarning``) when no stand-in can be captured either."""
+        if not CAPTURE_PROBE or b.capture_why is not None or self._graph is None:
+            return
+        try:
+            if _cuda._capturing():
+                return
+        except RuntimeError:   # no CUDA driver (a CPU test's fake plan): nothing is ever captured
+            return
+        with torch.cuda.device(self.device_index):
+            self._probe_on_device(b)
+
+    def _probe_on_device(self, b: _Built) -> None:
+        """:meth:`_probe_capture` with the plan's device current."""
+        t = self._example(0)
+
+        def fails(c: _Built) -> str:
+            return _cuda.capture_fails(self.call_for(c, t, self.output()))
+        why = b.capture_why = fails(b)
+        if not why:
+            return
+        for mode in ("instant", "fallback"):
+            for ec in self.heuristic(mode):
+                if ec.name == b.config.name or self.allowed(ec) or known_wrong(self.problem, self.direction,
+                                                                                ec.engine):
+                    continue
+                try:
+                    alt = self.build(ec)
+                except NotSupportedError:
+                    continue
+                if alt.capture_why is None:
+                    alt.capture_why = fails(alt)
+                if not alt.capture_why:
+                    b.capture_alt = alt
+                    return
+        import warnings
+        warnings.warn(f"{b.config.name} on {self._describe()} cannot run inside a CUDA-graph capture ({why}) "
+                      "and no heuristic config that can was found: capturing a call of it will fail",
+                      RuntimeWarning, stacklevel=_guard.stacklevel())
 
     @_cuda.on_plan_device
     def _hot_forward(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None):

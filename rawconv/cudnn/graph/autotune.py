@@ -176,6 +176,7 @@ class Autotune:
         else:
             self._via = None
             self._selected = self._built[top.config.name]
+            self._probe_capture(self._selected)
             if self._cl is not None:  # not chosen: release its plans, workspaces and buffers
                 self._cl.free()
                 self._cl = None

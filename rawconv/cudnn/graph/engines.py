@@ -267,6 +267,7 @@ class Engines:
             offered = [ec.name for ec in self.heuristic("instant")]
             raise NotSupportedError(f"{exc}; heuristic mode instant offers: {', '.join(offered) or 'nothing'}"
                                     + self._layout_hint(), library="cuDNN", offered=offered) from None
+        self._probe_capture(b)
         self._selected = b
         self._via = self._bufs = None
         return b.config
