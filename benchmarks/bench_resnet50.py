@@ -677,6 +677,9 @@ def train_table(args, log=print) -> dict:
                 cases.append(("autocast bf16", torch.bfloat16, False, "strict", 1e-1))
         except Exception:   # noqa: BLE001
             pass
+    if args.train_cases:
+        want = [c.strip() for c in args.train_cases.split(",") if c.strip()]
+        cases = [c for c in cases if any(w in c[0] for w in want)]
     log(f"ResNet-50 training step ({source}), {dev}, batch {batch}, {args.size}x{args.size}, channels_last, "
         f"threads {torch.get_num_threads()}, torch {torch.__version__}, rawconv "
         + ("autotuned (autotune=x, autotune_new='search')" if args.train_autotune else "on the libraries' default choices"))
@@ -826,6 +829,8 @@ def parse(argv=None):
     ap.add_argument("--train-autotune", action="store_true",
                     help="training table: rawconv converted with autotune=x, autotune_new='search' (torch: "
                          "cudnn.benchmark); --autotune-budget per problem")
+    ap.add_argument("--train-cases", default="", help="training table: only the modes whose label contains one "
+                    "of these comma-separated words (e.g. 'TF32,fp16'; default: all)")
     ap.add_argument("--train-graph", action="store_true",
                     help="training table, CUDA: also each step captured whole in a CUDA graph (torch's and "
                          "rawconv's), replayed: wall and GPU time without host work per step")
