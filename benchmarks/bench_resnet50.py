@@ -766,6 +766,9 @@ def train_table(args, log=print) -> dict:
                          "rawconv_gpu_ms": gg["rawconv"], "loss_err": glerr["rawconv"], "grad_err": ggerr["rawconv"],
                          "torch_spread": spread, "ok": ok, "tolerance": tol,
                          "torch_graph_grad_err": ggerr["torch"]})
+            log(f"  {label}, CUDA graph: wall torch {min(gw['torch']):.2f} ms, rawconv {min(gw['rawconv']):.2f} ms; "
+                f"GPU torch {gg['torch']:.2f} ms, rawconv {gg['rawconv']:.2f} ms; loss err {glerr['rawconv']:.1e}, "
+                f"grad err {ggerr['rawconv']:.1e} (torch's graph: {ggerr['torch']:.1e}); {'ok' if ok else 'WRONG'}")
             del graphs
         log(f"  {label}: wall torch {row['torch_wall_ms']:.2f} ms, rawconv {row['rawconv_wall_ms']:.2f} ms; "
             f"loss err {lerr:.1e}, grad err {gerr:.1e} (torch's own spread {spread:.1e})")
