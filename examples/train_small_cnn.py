@@ -115,8 +115,10 @@ def pin(model: nn.Module, x: torch.Tensor, policy: str) -> list[str]:
             gx = _pick(onednn.implementations(cx, w, **kw, direction="backward_data"), policy)
             gw = _pick(onednn.implementations(cx, w, **kw, direction="backward_weights"), policy)
         m.choice, m.backward_choice = fwd, (gx, gw)
-        lines.append(f"    {name:<3} {type(m).__name__:<16} forward {fwd:<26} grad-x {gx:<26} grad-w {gw}")
-    return lines
+        lines.append((name, type(m).__name__, fwd, gx, gw))
+    # columns as wide as their longest name (an ISA's implementation names differ in length)
+    wn, wt, wf, wx = (max((len(r[i]) for r in lines), default=0) for i in range(4))
+    return [f"    {n:<{wn}} {t:<{wt}} forward {f:<{wf}} grad-x {x:<{wx}} grad-w {g}" for n, t, f, x, g in lines]
 
 
 def train(model: nn.Module, data, device: str, lr: float = 0.05) -> tuple[list[float], list[float]]:
