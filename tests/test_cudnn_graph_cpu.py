@@ -1255,3 +1255,76 @@ def test_autotune_runs_one_search_within_its_budget(monkeypatch, relayout):
                            relayout=relayout)
     assert searches == [("relayout" if relayout else "one", 0.25)], "exactly one search, with the whole budget"
     assert rows == [row] and committed == [row]
+
+
+def test_a_config_that_cannot_be_captured_runs_its_stand_in_only_inside_a_capture(monkeypatch):
+    """The capture probe's bookkeeping (cuDNN, the capture and the CUDA handle stubbed; the real run
+    is in tests/test_modes_gpu.py): a selected config the probe rejects gets the first heuristic
+    config the filters allow, that finalizes and that the probe accepts as its stand-in; _run
+    executes the stand-in only when torch's current stream is being captured, the selected config
+    on the default stream and on an uncaptured side stream; a probed config is not probed again;
+    the probe is skipped inside a capture and with CAPTURE_PROBE off."""
+    import contextlib
+    import types
+
+    launched = []
+    state = types.SimpleNamespace(ptr="handle", stream=0)
+    monkeypatch.setattr(G._cuda, "handle_state", lambda idx: state)
+    monkeypatch.setattr(G._cuda, "workspace", lambda n, d: torch.empty(max(n, 1), dtype=torch.uint8))
+    monkeypatch.setattr(G.B, "VariantPacker", lambda uids: lambda ptrs, ws: types.SimpleNamespace(ptr=ptrs))
+
+    class Lib:
+        def cudnnBackendExecute(self, h, plan, vp):
+            launched.append(plan)
+            return 0
+    monkeypatch.setattr(G._cudnn, "lib", lambda: Lib())
+    capturing = [False]
+    monkeypatch.setattr(G._cuda, "_capturing", lambda: capturing[0])
+    probed = []
+
+    def fails(run):
+        probed.append(run)
+        return run()   # the stub call below returns the probe's verdict for its config
+    monkeypatch.setattr(G._cuda, "capture_fails", fails)
+    monkeypatch.setattr(G.torch.cuda, "device", lambda idx: contextlib.nullcontext())
+
+    verdict = {"eng1": "simulated: invalidated", "eng2": "", "eng3": "", "eng4": ""}
+    plan = G.GraphConvolution.__new__(G.GraphConvolution)
+    plan.device_index, plan._dev = 0, torch.device("cpu")
+    plan._graph = types.SimpleNamespace(uids=(1, 2, 3), packer=None)
+    cl = torch.channels_last
+    plan.problem = ConvProblem.from_torch(torch.empty(2, 4, 5, 5).contiguous(memory_format=cl),
+                                          torch.empty(8, 4, 1, 1).contiguous(memory_format=cl))
+    plan.direction = "backward_data"
+    built = {}
+
+    def build(ec):
+        if ec.name == "eng3":
+            raise NotSupportedError("does not finalize")
+        return built.setdefault(ec.name, G._Built(ec, types.SimpleNamespace(ptr=ec.name), 0, {}))
+    plan.build = build
+    plan._example = lambda seed: {}
+    plan.output = lambda: None
+    plan.call_for = lambda b, t, out: (lambda: verdict[b.config.name])
+    # heuristic instant: eng1 (the selected one), eng5 (filtered), eng3 (does not finalize), eng2
+    plan.heuristic = lambda mode: [G.EngineConfig(i) for i in (1, 5, 3, 2, 4)] if mode == "instant" else []
+    plan.allowed = lambda ec: "filtered" if ec.engine == 5 else ""
+    sel = build(G.EngineConfig(1))
+    plan._probe_capture(sel)
+    assert sel.capture_why == "simulated: invalidated" and sel.capture_alt is built["eng2"]
+    assert built["eng2"].capture_why == "" and "eng4" not in built, "the first that can, and no further"
+    n = len(probed)
+    plan._probe_capture(sel)
+    assert len(probed) == n, "probed once"
+    for stream, capture, ran in ((0, False, "eng1"), (7, False, "eng1"), (7, True, "eng2"), (0, False, "eng1")):
+        state.stream, capturing[0] = stream, capture
+        plan._run(sel, (10, 20, 30))
+        assert launched[-1] == ran, (stream, capture, launched[-1])
+    # not probed inside a capture, nor with the probe off
+    other = build(G.EngineConfig(4))
+    capturing[0] = True
+    plan._probe_capture(other)
+    capturing[0] = False
+    monkeypatch.setattr(G, "CAPTURE_PROBE", False)
+    plan._probe_capture(other)
+    assert other.capture_why is None and other.capture_alt is None
