@@ -239,7 +239,10 @@ class Engines:
         exactly that config, notes notwithstanding; one listed in ``KNOWN_WRONG`` for this problem
         warns (``RuntimeWarning``). On an NCHW plan, ``"nhwc:<name>"`` selects a config of the
         channels_last graph of the same problem, run on channels_last copies of the inputs with the
-        output copied back (see ``autotune(relayout=True)``). Raises :class:`NotSupportedError`
+        output copied back (see ``autotune(relayout=True)``). The selected config is run once inside
+        a throwaway CUDA-graph capture; one that cannot be captured keeps running in every other
+        call, and a call made inside a capture runs the first heuristic config that can
+        (``rawconv.cudnn_graph.CAPTURE_PROBE``). Raises :class:`NotSupportedError`
         (naming the configs heuristic mode instant offers) when it does not finalize,
         :class:`ArgumentError` for ``"nhwc:"`` on a channels_last or empty plan."""
         if choice is not None:
