@@ -680,6 +680,8 @@ def train_table(args, log=print) -> dict:
     if args.train_cases:
         want = [c.strip() for c in args.train_cases.split(",") if c.strip()]
         cases = [c for c in cases if any(w in c[0] for w in want)]
+        if not cases:
+            raise SystemExit(f"--train-cases {args.train_cases!r} names no training mode on {dev}")
     log(f"ResNet-50 training step ({source}), {dev}, batch {batch}, {args.size}x{args.size}, channels_last, "
         f"threads {torch.get_num_threads()}, torch {torch.__version__}, rawconv "
         + ("autotuned (autotune=x, autotune_new='search')" if args.train_autotune else "on the libraries' default choices"))

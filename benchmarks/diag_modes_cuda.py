@@ -766,24 +766,17 @@ def run_floor(args, log):
     real_bwd = rops._direct_backward
     conv_cls = {type(m) for m in rnn.convert(copy.deepcopy(base)).modules() if type(m).__module__.startswith("rawconv")}
 
-    def timed_bwd(ctx, gy):
-        t0 = time.perf_counter()
-        try:
-            return real_bwd(ctx, gy)
-        finally:
-            acc["bwd"][0] += time.perf_counter() - t0
-            acc["bwd"][1] += 1
-    real_fwds = {c: c.forward for c in conv_cls}
-
-    def wrap(f):
-        def fwd(self, x):
+    def timed(f, key):
+        """``f`` with its time and calls added to ``acc[key]``."""
+        def run(*a):
             t0 = time.perf_counter()
             try:
-                return f(self, x)
+                return f(*a)
             finally:
-                acc["fwd"][0] += time.perf_counter() - t0
-                acc["fwd"][1] += 1
-        return fwd
+                acc[key][0] += time.perf_counter() - t0
+                acc[key][1] += 1
+        return run
+    real_fwds = {c: c.forward for c in conv_cls}
     for label, amp, precision in (("fp32 tf32", False, "tf32"), ("autocast fp16", True, "strict")):
         torch.backends.cudnn.allow_tf32 = True
         models = {"torch": copy.deepcopy(base), "pyfn": _pyfn_model(base),
@@ -818,9 +811,9 @@ def run_floor(args, log):
                 torch.cuda.synchronize()
                 wall.setdefault(k, []).append((time.perf_counter() - t0) / 5 * 1e3)
         # rawconv's own share: time inside its module forwards and its backward function
-        rops._direct_backward = timed_bwd
+        rops._direct_backward = timed(real_bwd, "bwd")
         for c in conv_cls:
-            c.forward = wrap(real_fwds[c])
+            c.forward = timed(real_fwds[c], "fwd")
         for v in acc.values():
             v[:] = [0.0, 0]
         for _ in range(3):

@@ -198,6 +198,8 @@ def capture_fails(run) -> str:
     capture (an exception from ``run``, or the capture invalidated, which ``capture_end`` raises)
     is the reason returned; torch clears CUDA's error state when it raises, so later calls are
     unaffected. Must not be called while this thread's current stream is being captured."""
+    def reason(exc: Exception) -> str:
+        return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     g = torch.cuda.CUDAGraph()
@@ -207,12 +209,12 @@ def capture_fails(run) -> str:
         try:
             run()
         except Exception as exc:   # noqa: BLE001 - the reason is the result
-            why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            why = reason(exc)
         finally:
             try:
                 g.capture_end()
             except Exception as exc:   # noqa: BLE001
-                why = why or f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                why = why or reason(exc)
     torch.cuda.current_stream().wait_stream(s)
     del g
     return why
