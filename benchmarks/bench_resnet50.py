@@ -774,11 +774,68 @@ def train_table(args, log=print) -> dict:
             del graphs
         log(f"  {label}: wall torch {row['torch_wall_ms']:.2f} ms, rawconv {row['rawconv_wall_ms']:.2f} ms; "
             f"loss err {lerr:.1e}, grad err {gerr:.1e} (torch's own spread {spread:.1e})")
+        if args.train_compile:
+            rows.append(compiled_train_row(args, label, model, converted, x, tgt, lossf, amp, stepper, check, spread,
+                                           tol, log))
     if dev == "cuda":
         torch.backends.cudnn.allow_tf32 = True
         torch.backends.cuda.matmul.allow_tf32 = False
     return {"rows": rows, "meta": {"device": dev, "batch": batch, "model": source, "torch": torch.__version__,
                                    "threads": torch.get_num_threads(), "rawconv_autotune": args.train_autotune}}
+
+
+def compiled_train_row(args, label, model, converted, x, tgt, lossf, amp, stepper, check, spread, tol, log) -> dict:
+    """The same training step with each side's model under ``torch.compile`` (default mode: inductor,
+    no CUDA graphs), torch's and rawconv's compiled alike. rawconv's convolutions stay its operators
+    (opaque to inductor; the backward graph calls rawconv::conv_backward_data / _weights directly,
+    with no autograd Function per call); inductor generates the rest (BatchNorm, ReLU, adds, loss).
+    ok: the first compiled step's loss and gradients (from the starting weights) against torch's
+    compiled step (the peer in this mode), with the eager row's tolerance; torch's compiled step
+    against its eager step is logged beside."""
+    dev = args.device
+    comp = {}
+    for name, m in (("torch", copy.deepcopy(model)), ("rawconv", converted())):
+        t0 = time.perf_counter()
+        cm = torch.compile(m)
+        with torch.autocast(dev, dtype=amp or torch.float32, enabled=amp is not None):
+            loss = lossf(cm(x), tgt)
+        loss.backward()
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        comp[name] = (cm, loss.detach().float(), _grads(m), time.perf_counter() - t0)
+    # errors against torch's compiled step (the peer in this mode: inductor's BatchNorm alone moves a
+    # 50-layer network's gradients by about torch's own channels_last/NCHW spread), and torch's
+    # compiled step against its eager one beside them
+    tl, tg = comp["torch"][1], comp["torch"][2]
+    lerr = (abs(comp["rawconv"][1] - tl) / abs(tl)).item()
+    gerr = _grad_err(tg, comp["rawconv"][2])
+    t_lerr = (abs(tl - check["torch"][0]) / abs(check["torch"][0])).item()
+    t_gerr = _grad_err(check["torch"][1], tg)
+    steps = {k: stepper(v[0]) for k, v in comp.items()}
+    for f in steps.values():
+        for _ in range(3):
+            f()
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    walls = {k: [] for k in steps}
+    for _ in range(args.train_rounds):
+        for k, f in steps.items():
+            walls[k].append(wall_ms(f, dev, args.train_steps))
+    gpu = {}
+    if dev == "cuda":
+        for k, f in steps.items():
+            gpu[k] = time_cuda_queued(f, iterations=1, warmup=1, repeats=7).median_ms
+    ok = lerr <= tol and gerr <= max(2 * spread, tol)
+    row = {"mode": label + ", torch.compile", "torch_wall_ms": min(walls["torch"]),
+           "rawconv_wall_ms": min(walls["rawconv"]), "torch_gpu_ms": gpu.get("torch"), "rawconv_gpu_ms": gpu.get("rawconv"),
+           "loss_err": lerr, "grad_err": gerr, "torch_spread": spread, "ok": ok, "tolerance": tol,
+           "torch_compiled_vs_eager": (t_lerr, t_gerr), "compile_s": {k: v[3] for k, v in comp.items()}}
+    log(f"  {label}, torch.compile: wall torch {row['torch_wall_ms']:.2f} ms, rawconv {row['rawconv_wall_ms']:.2f} ms"
+        + (f"; GPU torch {gpu['torch']:.2f} ms, rawconv {gpu['rawconv']:.2f} ms" if gpu else "")
+        + f"; against torch compiled: loss err {lerr:.1e}, grad err {gerr:.1e} (torch compiled against torch eager: "
+        f"{t_lerr:.1e}, {t_gerr:.1e}); first step "
+        f"(compile) torch {comp['torch'][3]:.1f} s, rawconv {comp['rawconv'][3]:.1f} s; {'ok' if ok else 'WRONG'}")
+    return row
 
 
 def train_text(result: dict) -> str:
@@ -798,7 +855,8 @@ def train_text(result: dict) -> str:
                  "against torch's (the worst parameter's normwise relative error); torch spread: the same between "
                  "torch on channels_last and on NCHW (only cuDNN's kernels differ); CUDA graph rows: each side's whole "
                  "step (forward, backward, SGD) captured once and replayed, ok when both sides' first replay is "
-                 "within the tolerance of torch's eager step")
+                 "within the tolerance of torch's eager step; torch.compile rows: both sides' models compiled "
+                 "(default mode), errors and ok of rawconv's first compiled step against torch's")
     return "\n".join(lines)
 
 
@@ -839,6 +897,9 @@ def parse(argv=None):
     ap.add_argument("--train-graph", action="store_true",
                     help="training table, CUDA: also each step captured whole in a CUDA graph (torch's and "
                          "rawconv's), replayed: wall and GPU time without host work per step")
+    ap.add_argument("--train-compile", action="store_true",
+                    help="training table: also each side's model under torch.compile (default mode), torch's and "
+                         "rawconv's, timed as the eager rows")
     ap.add_argument("--search-log", action="store_true", help="log the cuDNN search's phases (rawconv.search, debug)")
     ap.add_argument("--mallopt", action="store_true",
                     help="CPU: glibc keeps freed large blocks for reuse (mallopt M_MMAP_THRESHOLD and "

@@ -56,6 +56,8 @@ for s in "$@"; do
     train-tuned) step train-tuned ${T_TRAIN:-300} python3 benchmarks/bench_resnet50.py --train --train-autotune --train-graph \
         --autotune-budget ${TB:-0.3} --train-rounds ${TR:-3} --train-steps 5 --train-cases "${TCASES:-}" \
         --json "$OUT/train_gpu_tuned.json" ;;
+    train-compile) step train-compile ${T_TRAIN:-420} python3 benchmarks/bench_resnet50.py --train --train-compile \
+        --train-rounds ${TR:-2} --train-steps 5 --train-cases "${TCASES:-}" --json "$OUT/train_gpu_compile.json" ;;
     r50-budget) step r50-budget${DIAG_TAG:-} ${T_R50:-420} python3 benchmarks/bench_resnet50.py \
         --variants eager,compile_freezing,compile_reduce_overhead,rawconv_compile_cudagraph,rawconv_reduce_overhead \
         --autotune-budget ${BUDGET:-3} --tuned --json "$OUT/resnet50_budget.json" ;;
