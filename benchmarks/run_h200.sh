@@ -23,10 +23,10 @@ step() {  # name seconds command...
 }
 for s in "$@"; do
   case $s in
-    gpu-tests) step gpu-tests ${T_GPU:-420} python3 -m pytest -q -m gpu tests -p no:cacheprovider -rf ;;
-    gpu-k) step gpu-k ${T_K:-150} python3 -m pytest -q -m gpu tests -k "$K" -p no:cacheprovider -rf ;;
+    gpu-tests) step gpu-tests ${T_GPU:-420} python3 -m pytest -q -m gpu tests -p no:cacheprovider -rfs ;;
+    gpu-k) step gpu-k ${T_K:-150} python3 -m pytest -q -m gpu tests -k "$K" -p no:cacheprovider -rfs ;;
     gpu-tests-new) step gpu-tests-new ${T_GPU:-300} python3 -m pytest -q -m gpu tests/test_ops.py tests/test_nn.py tests/test_fastpath_gpu.py \
-        tests/test_fused.py tests/test_convert.py tests/test_capabilities.py -p no:cacheprovider -rf ;;
+        tests/test_fused.py tests/test_convert.py tests/test_capabilities.py -p no:cacheprovider -rfs ;;
     resnet50-gpu) step resnet50-gpu ${T_R50:-420} python3 benchmarks/bench_resnet50.py --json "$OUT/resnet50_gpu.json" ;;
     resnet50-cpu) step resnet50-cpu ${T_R50C:-300} python3 benchmarks/bench_resnet50.py --device cpu --threads 8 \
         --json "$OUT/resnet50_cpu.json" ;;
@@ -36,7 +36,7 @@ for s in "$@"; do
         --dtype float16 --layout nhwc --device cuda --limit ${TC_LIMIT:-8} --json "$OUT/torch_choice.json" ;;
     ddp) step ddp-gpu 240 python3 examples/ddp_small_cnn.py --device cuda --measure-independent ;;
     fuzz-gpu) RAWCONV_FUZZ_EXAMPLES=${FUZZ:-300} step fuzz-gpu ${T_FUZZ:-150} python3 -m pytest -q -s -m gpu tests/test_fuzz.py \
-        -p no:cacheprovider -rf ;;
+        -p no:cacheprovider -rfs ;;
     train) step train-gpu 180 python3 examples/train_small_cnn.py --device cuda ;;
     r50-diag) step r50-diag${DIAG_TAG:-} ${T_R50:-420} python3 benchmarks/bench_resnet50.py --variants compile_freezing,rawconv,rawconv_cudagraph \
         --profile 3 --tuned ${R50_ARGS:-} ;;
