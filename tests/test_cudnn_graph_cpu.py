@@ -1328,3 +1328,96 @@ def test_a_config_that_cannot_be_captured_runs_its_stand_in_only_inside_a_captur
     monkeypatch.setattr(G, "CAPTURE_PROBE", False)
     plan._probe_capture(other)
     assert other.capture_why is None and other.capture_alt is None
+
+
+def test_a_residual_graph_runs_its_legacy_capture_choice_only_inside_a_capture(monkeypatch):
+    """The residual graphs' capture choice, its bookkeeping (cuDNN's legacy call, the timing, the
+    check and the capture stubbed; the real run is in tests/test_modes_gpu.py): after autotune
+    selected a graph config, the legacy fused call becomes the capture choice only when it ran the
+    example correctly, can be captured and was under 97% of the config's GPU time (a pinned name
+    brings it back without timing); run() calls it only while the stream is being captured; the
+    pinned name round-trips through select; none is looked for inside a capture or with the switch
+    off."""
+    import contextlib
+    import types
+
+    from rawconv.core import bench
+    from rawconv.pytorch import fused as FU
+
+    calls = []
+
+    class FakeLegacy:
+        def __init__(self, problem, activation, allow_tf32, algo):
+            if algo != "IMPLICIT_PRECOMP_GEMM":
+                raise NotSupportedError("not offered")
+            self.name, self.median_ms = "legacy:" + algo, None
+
+        def call(self, t):
+            calls.append("legacy")
+            t["y"].fill_(1.0)
+
+    times = {"legacy": 0.9, "graph": 1.0}
+    verdict = {"ok": True, "capture": ""}
+    capturing = [False]
+    monkeypatch.setattr(FU, "_LegacyResidual", FakeLegacy)
+    monkeypatch.setattr(bench, "time_cuda_queued",
+                        lambda fn, **kw: (fn(), types.SimpleNamespace(median_ms=times[calls[-1]]))[1])
+    monkeypatch.setattr(_cuda, "_capturing", lambda: capturing[0])
+    monkeypatch.setattr(_cuda, "capture_fails", lambda run: (run(), verdict["capture"])[1])
+    monkeypatch.setattr(torch.cuda, "device", lambda idx: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    R = FU._graph_class()
+    plan = R.__new__(R)
+    cl = torch.channels_last
+    x, w = torch.empty(2, 4, 5, 5).contiguous(memory_format=cl), torch.empty(8, 4, 1, 1).contiguous(memory_format=cl)
+    plan.problem = ConvProblem.from_torch(x, w, torch.empty(8))
+    plan.activation, plan.allow_tf32, plan.device_index, plan._ref_r = "relu", False, 0, None
+    plan._tune_tensors = {"x": x, "w": w, "b": torch.empty(8), "r": torch.empty(2, 8, 5, 5)}
+    plan._selected = types.SimpleNamespace(config=types.SimpleNamespace(name="eng4{k24=2}"))
+    bind = plan._bind = lambda *a: (lambda t: (t, t["y"]))({"y": torch.empty(2, 8, 5, 5)})
+    plan.check_output = lambda y, config, ref, ref_abs: types.SimpleNamespace(ok=verdict["ok"] and bool((y == 1).all()))
+    plan.call_for = lambda b, t, out: (lambda: calls.append("graph"))
+    top = object()
+    alt = FU._legacy_for_capture(plan, top)
+    assert alt is not None and alt.name == "legacy:IMPLICIT_PRECOMP_GEMM" and alt.median_ms == 0.9
+    for change, why in (({"legacy": 0.98}, "not 3% faster"), ({"ok": False}, "wrong"),
+                        ({"capture": "simulated: invalidated"}, "cannot be captured")):
+        saved = dict(times), dict(verdict)
+        (times if "legacy" in change else verdict).update(change)
+        assert FU._legacy_for_capture(plan, top) is None, why
+        times.update(saved[0])
+        verdict.update(saved[1])
+    assert FU._legacy_for_capture(plan, top, algo="GEMM") is None, "an algo cuDNN does not offer"
+    n = len(calls)
+    assert FU._legacy_for_capture(plan, None).median_ms is None, "a pinned name: checked, not timed"
+    assert "graph" not in calls[n:]
+    capturing[0] = True
+    assert FU._legacy_for_capture(plan, top) is None, "nothing is run inside a capture"
+    capturing[0] = False
+    # run(): the graph (execute) outside a capture, the legacy call inside one
+    plan._capture_legacy = alt
+    plan.execute = lambda *a: calls.append("graph") or "graph result"
+    plan._bind = lambda x, w, b, out, gy: ({"y": torch.empty(2, 8, 5, 5)}, "legacy result")
+    plan._pending_r = None
+    r = torch.empty(2, 8, 5, 5)
+    for capture, ran in ((False, "graph"), (True, "legacy"), (False, "graph")):
+        capturing[0] = capture
+        plan.run(x, w, torch.empty(8), r)
+        assert calls[-1] == ran, (capture, calls[-1])
+    capturing[0] = False
+    plan._bind = bind
+    # the pinned name: select's base config, then the capture choice looked for again
+    picked = []
+    monkeypatch.setattr(G.GraphConvolution, "_select", lambda self, e, warn=True, stacklevel=2: picked.append(e))
+    monkeypatch.setattr(G.GraphConvolution, "_current", lambda self: plan._selected)
+    plan._via = None
+    plan._select("eng4{k24=2}|capture=legacy:IMPLICIT_PRECOMP_GEMM")
+    assert picked[-1] == "eng4{k24=2}" and plan.capture_choice == "legacy:IMPLICIT_PRECOMP_GEMM"
+    assert plan.selected_name == "eng4{k24=2}|capture=legacy:IMPLICIT_PRECOMP_GEMM"
+    plan._select("eng4{k24=2}")
+    assert plan.capture_choice is None and plan.selected_name == "eng4{k24=2}"
+    with pytest.raises(ArgumentError, match="legacy algo"):
+        plan._select("eng4{k24=2}|capture=eng5")
+    monkeypatch.setattr(FU, "CAPTURE_LEGACY_RESIDUAL", False)
+    plan._select("eng4{k24=2}|capture=legacy:IMPLICIT_PRECOMP_GEMM")
+    assert plan.capture_choice is None, "switched off"

@@ -245,11 +245,15 @@ def test_fused_resnet50_is_right_when_its_kernels_run_back_to_back(autotune):
             y = model(x)
             torch.cuda.synchronize()
             assert _rel(y, ref) <= 1e-3, "eager, kernels queued behind a busy GPU"
+    # an autotuned residual layer may run cuDNN's legacy fused call inside the capture (its
+    # capture_choice): other kernels, so fp16 rounding may differ there; the barrier's bug gave 1e-1
+    legacy = sum(getattr(p, "capture_choice", None) is not None for p in _fused._gpu_plans._plans.values())
     graph, out = _capture(model, x)
     for _ in range(3):
         graph.replay()
         torch.cuda.synchronize()
-        assert _rel(out, ref) <= 1e-3, "CUDA-graph replay"
+        assert _rel(out, ref) <= (1e-3 if not legacy else 1e-2), ("CUDA-graph replay", legacy)
+    assert _rel(out, base(x)) < 2e-2
     _fused.clear_cache()
 
 
@@ -577,3 +581,66 @@ def test_autotunes_uncapturable_choice_on_the_h100_replays_through_its_stand_in(
     g.replay()
     torch.cuda.synchronize()
     assert _rel(dx, ref) < 1e-4
+
+
+def test_a_residual_graph_captures_the_legacy_fused_call_where_it_is_faster(monkeypatch):
+    """ResNet-50's layer2 residual convolution relu(conv(x, w) + b + r) (fp16, channels_last, b32):
+    on an H100 (cuDNN 9.19) the legacy cudnnConvolutionBiasActivationForward with the residual as z
+    ran 27.8 us of GPU time against 34.7 us for the autotuned runtime-compiled graph
+    (benchmarks/diag_residual_legacy.py), but costs ~200 us of host time per call. Autotuned, the plan
+    keeps the graph for eager calls and runs the legacy call only inside a capture: the replay
+    matches torch in float32 within fp16 rounding and the eager result closely; the choice survives
+    the pinned name (select) and the tuning cache. Skips where the legacy call was not faster."""
+    import torch.nn.functional as F
+    from rawconv.problem import ConvProblem
+
+    _fused.clear_cache()
+    G.clear_tuning_cache()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    cl, h = torch.channels_last, torch.half
+    x = torch.randn(32, 128, 28, 28, device="cuda", dtype=h, generator=g).contiguous(memory_format=cl)
+    w = (torch.randn(512, 128, 1, 1, device="cuda", dtype=h, generator=g) / 128 ** 0.5).contiguous(memory_format=cl)
+    b = torch.randn(512, device="cuda", dtype=h, generator=g)
+    r = torch.randn(32, 512, 28, 28, device="cuda", dtype=h, generator=g).contiguous(memory_format=cl)
+    problem = ConvProblem.from_torch(x, w, b)
+    plan = _fused._graph_class().for_problem(problem, activation="relu")
+    plan.autotune(budget_s=0.5)
+    if plan.capture_choice is None:
+        pytest.skip("the legacy fused call was not 3% faster than the autotuned graph on this GPU")
+    assert plan.capture_choice == "legacy:IMPLICIT_PRECOMP_GEMM"
+    ref = torch.relu(F.conv2d(x.float(), w.float(), b.float()) + r.float())
+    calls = []
+    real_call = _fused._LegacyResidual.call
+    monkeypatch.setattr(_fused._LegacyResidual, "call", lambda self, t: calls.append(1) or real_call(self, t))
+    eager = plan.run(x, w, b, r).clone()
+    assert not calls, "eager calls run the graph"
+    assert _rel(eager, ref) < 2e-3
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        plan.run(x, w, b, r)
+    torch.cuda.current_stream().wait_stream(s)
+    assert not calls, "an uncaptured side stream runs the graph too"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = plan.run(x, w, b, r)
+    assert len(calls) == 1, "the capture ran the legacy call"
+    _churn()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert _rel(out, ref) < 2e-3 and _rel(out, eager) < 2e-3
+    r.copy_(torch.randn(r.shape, device="cuda", generator=g).to(h))   # new data in the captured tensors
+    graph.replay()
+    torch.cuda.synchronize()
+    ref2 = torch.relu(F.conv2d(x.float(), w.float(), b.float()) + r.float())
+    assert _rel(out, ref2) < 2e-3 and _rel(out, ref) > 1e-2
+    # the pinned name (what convert's autotune records) and the tuning cache bring it back
+    name = plan.selected_name
+    assert name.endswith("|capture=legacy:IMPLICIT_PRECOMP_GEMM"), name
+    again = _fused._graph_class().for_problem(problem, activation="relu")
+    again.select(name)
+    assert again.capture_choice == plan.capture_choice and again.selected_name == name
+    cached = _fused._graph_class().for_problem(problem, activation="relu")
+    rows = cached.autotune(budget_s=0.5)
+    assert rows[0].phase == "cache" and cached.capture_choice == plan.capture_choice
+    _fused.clear_cache()

@@ -124,6 +124,70 @@ class _ResidualGraphMixin:
                                     "tensors")
         return super().autotune(**kw)
 
+    _capture_legacy = None   # a _LegacyResidual run instead while the stream is being captured (see capture_choice)
+
+    @property
+    def capture_choice(self) -> str | None:
+        """What a call made while torch's current stream is being captured into a CUDA graph runs
+        instead of the selected engine config, or None (the selected config runs everywhere).
+        Set by :meth:`autotune` (and restored from its tuning record) when cuDNN's legacy fused
+        call ``cudnnConvolutionBiasActivationForward`` with the residual as its ``z`` input,
+        ``"legacy:IMPLICIT_PRECOMP_GEMM"``, computed the example correctly (float64 check), can be
+        captured, and ran at least 3% faster on the GPU than the selected config: on an H100
+        (cuDNN 9.19, fp16, ResNet-50's residual layers) it runs cuBLAS-style kernels with the
+        epilogue built in, 3-20% faster than the runtime-compiled graph, but costs 140-230 µs of
+        host time per call inside cuDNN, which only a captured graph leaves out; eager calls keep
+        the graph. Switch: ``rawconv.fused.CAPTURE_LEGACY_RESIDUAL``."""
+        alt = self._capture_legacy
+        return None if alt is None else alt.name
+
+    @property
+    def selected_name(self) -> str:
+        """The selected config's name as :meth:`select` takes it; with a :attr:`capture_choice`,
+        ``"<config>|capture=<capture choice>"`` (what ``convert(autotune=...)`` pins)."""
+        name = super().selected_name
+        alt = self._capture_legacy
+        return name if alt is None else f"{name}{_CAPTURE_SEP}{alt.name}"
+
+    def _select(self, engine, warn: bool = True, stacklevel: int = 2):
+        alt_name = None
+        if isinstance(engine, str) and _CAPTURE_SEP in engine:
+            engine, alt_name = engine.split(_CAPTURE_SEP, 1)
+            if not alt_name.startswith("legacy:"):
+                raise ArgumentError(f"a capture choice names a legacy algo ('legacy:IMPLICIT_PRECOMP_GEMM'), got "
+                                    f"{alt_name!r}")
+        ec = super()._select(engine, warn, stacklevel + 1)
+        self._capture_legacy = None
+        if alt_name is not None and CAPTURE_LEGACY_RESIDUAL:
+            self._capture_legacy = _legacy_for_capture(self, None, algo=alt_name[len("legacy:"):])
+        return ec
+
+    def _commit(self, top) -> None:
+        super()._commit(top)
+        self._capture_legacy = None
+        if CAPTURE_LEGACY_RESIDUAL and not top.layout:
+            self._capture_legacy = _legacy_for_capture(self, top)
+
+    def _record(self, key, row):
+        rec = super()._record(key, row)
+        alt = self._capture_legacy
+        if alt is None:
+            return rec
+        return dataclasses.replace(rec, detail=dict(rec.detail, capture_choice=alt.name,
+                                                    capture_choice_ms=alt.median_ms))
+
+    def _from_cache(self, hit):
+        rows = super()._from_cache(hit)
+        self._capture_legacy = None
+        name = (hit.detail or {}).get("capture_choice")
+        if CAPTURE_LEGACY_RESIDUAL and isinstance(name, str) and name.startswith("legacy:"):
+            self._capture_legacy = _legacy_for_capture(self, None, algo=name[len("legacy:"):])
+        return rows
+
+    def free(self) -> None:
+        self._capture_legacy = None
+        super().free()
+
     def run(self, x, w, bias, residual, out=None) -> torch.Tensor:
         """``act(conv(x, w) + bias + residual)`` (asynchronous, torch's current stream)."""
         p = self.problem
@@ -133,9 +197,127 @@ class _ResidualGraphMixin:
         _check_residual(residual, p)
         self._pending_r = residual.unsqueeze(0) if p.unbatched and residual.dim() == p.ndim + 1 else residual
         try:
+            alt = self._capture_legacy
+            if alt is not None and _capturing_now():
+                t, y = self._bind(x, w, bias, out, None)
+                alt.call(t)
+                if out is not None:
+                    _guard.bump((out,))
+                return y
             return self.execute(x, w, bias, out)
         finally:
             self._pending_r = None
+
+
+CAPTURE_LEGACY_RESIDUAL = True   # see ResidualGraphConvolution.capture_choice
+_CAPTURE_SEP = "|capture="
+
+
+def _capturing_now() -> bool:
+    """Whether torch's current stream (of the current device: the operators' kernels run with the
+    tensors' device current) is being captured into a CUDA graph."""
+    from ..cudnn import _cuda
+
+    return bool(_cuda._capturing())
+
+
+class _LegacyResidual:
+    """``act(conv(x, w) + bias + r)`` as ONE legacy cuDNN call: ``cudnnConvolutionBiasActivationForward``
+    with the residual as ``z`` (``y = act(alpha1 * conv + alpha2 * z + bias)``, alpha1 = alpha2 = 1;
+    act ReLU, or identity, which cuDNN allows only with ``IMPLICIT_PRECOMP_GEMM``), on a
+    :class:`rawconv.cudnn.Convolution` plan of the same problem forced to ``algo``. :meth:`call`
+    runs on tensors a residual graph plan bound (its ``_bind``: x, w, b, r, y in the problem's
+    layout). Raises :class:`NotSupportedError` where cuDNN does not offer the algo or does not
+    fuse it, or where the plan would pad or split the batch (the graph plan does neither)."""
+
+    def __init__(self, problem: ConvProblem, activation: str | None, allow_tf32: bool, algo: str):
+        from .. import cudnn
+        from ..cudnn._ffi import ffi
+
+        if activation not in (None, "relu") or problem.unbatched or problem.is_empty:
+            raise NotSupportedError(f"no legacy fused residual call for {activation} on {problem.describe()}")
+        self.plan = plan = cudnn.Convolution.from_problem(problem, activation=activation, algo=algo,
+                                                          precision="tf32" if allow_tf32 else "strict")
+        info = plan.info
+        if not info.fused or plan._asym or plan.batch_chunk < problem.n:
+            raise NotSupportedError(f"cuDNN does not fuse {algo} with bias and {activation or 'identity'} in one call "
+                                    f"for {problem.describe()}")
+        self.name = "legacy:" + algo
+        self.info = info
+        self.descs = plan.descriptors(problem.n) + (plan._bias_desc(), plan._act_desc())
+        self.one = ffi.new("double *" if problem.dtype == "float64" else "float *", 1.0)
+        self.median_ms: float | None = None
+
+    def call(self, t: dict) -> None:
+        """One call on the bound tensors ``t`` (roles x, w, b, r, y), on torch's current stream.
+        Wraps ``cudnnConvolutionBiasActivationForward``."""
+        from ..cudnn import _cuda, _ffi as _cudnn
+        from ..cudnn._ffi import ffi
+
+        plan, info = self.plan, self.info
+        h = _cuda.handle_for(plan.device_index)
+        keep, pws, _ = plan._workspace(_cuda.current_stream_of_handle(plan.device_index))
+        xd, wd, yd, cd, bd, ad = self.descs
+        cast, one = ffi.cast, self.one
+        y = t["y"]
+        st = _cudnn.lib().cudnnConvolutionBiasActivationForward(
+            h, one, xd, cast("void *", t["x"].data_ptr()), wd, cast("void *", t["w"].data_ptr()), cd, info.algo_id,
+            pws, info.workspace_bytes, one, yd, cast("void *", t["r"].data_ptr()), bd,
+            cast("void *", t["b"].data_ptr()), ad, yd, cast("void *", y.data_ptr()))
+        del keep
+        if st:
+            raise _cudnn.error(st, "cudnnConvolutionBiasActivationForward", f"{self.name} on {plan.problem.describe()}")
+
+
+def _legacy_for_capture(plan, top, algo: str = "IMPLICIT_PRECOMP_GEMM") -> "_LegacyResidual | None":
+    """For residual graph ``plan`` after its autotune selected ``top`` (a search row; None: a tuning
+    record named the legacy call, ``algo``): the legacy fused call when it runs the autotune's
+    example within the float64 check and can be captured, and (with ``top``) its GPU time
+    (queued behind a busy GPU, interleaved with the selected config's, median of 3 rounds) is
+    below 97% of the selected config's; else None."""
+    from ..core.bench import time_cuda_queued
+    from ..cudnn import _cuda
+
+    p = plan.problem
+    try:
+        if _cuda._capturing():   # (nothing can be run and checked inside a capture)
+            return None
+    except RuntimeError:   # no CUDA driver
+        return None
+    try:
+        alt = _LegacyResidual(p, plan.activation, plan.allow_tf32, algo)
+    except Exception:   # noqa: BLE001  (not offered, not fused, or cuDNN refused: the graph runs everywhere)
+        return None
+    with torch.cuda.device(plan.device_index):
+        ex = getattr(plan, "_tune_tensors", None) or plan._example(0)
+        plan._pending_r = ex["r"]
+        try:
+            t, y = plan._bind(ex["x"], ex["w"], ex["b"], None, None)
+            t2, y2 = plan._bind(ex["x"], ex["w"], ex["b"], None, None)
+        finally:
+            plan._pending_r = None
+        try:
+            y.fill_(float("nan"))
+            alt.call(t)
+            torch.cuda.synchronize()
+            ref = plan._ref_r[0] if getattr(plan, "_ref_r", None) is not None else None
+            if not plan.check_output(y, plan._selected.config, ref, None).ok:
+                return None
+            if _cuda.capture_fails(lambda: alt.call(t)):
+                return None
+            if top is not None:
+                mine = plan.call_for(plan._selected, ex, y2)
+                a, g = [], []
+                for _ in range(3):
+                    a.append(time_cuda_queued(lambda: alt.call(t), iterations=10, warmup=2, repeats=3).median_ms)
+                    g.append(time_cuda_queued(mine, iterations=10, warmup=2, repeats=3).median_ms)
+                a_ms, g_ms = sorted(a)[1], sorted(g)[1]
+                if a_ms >= 0.97 * g_ms:
+                    return None
+                alt.median_ms = a_ms
+        except Exception:   # noqa: BLE001  (a legacy call that fails here never runs later)
+            return None
+    return alt
 
 
 def _graph_class():
