@@ -34,12 +34,60 @@ def rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
+# ResNet-50 b32's fused convolutions without a residual: (C, K, size, kernel, stride, relu)
+PLAIN = [(64, 64, 56, 1, 1, True), (64, 64, 56, 3, 1, True), (64, 256, 56, 1, 1, False), (256, 64, 56, 1, 1, True),
+         (256, 128, 56, 1, 1, True), (128, 128, 56, 3, 2, True), (256, 512, 56, 1, 2, False),
+         (512, 128, 28, 1, 1, True), (128, 128, 28, 3, 1, True), (512, 256, 28, 1, 1, True),
+         (256, 256, 28, 3, 2, True), (512, 1024, 28, 1, 2, False), (1024, 256, 14, 1, 1, True),
+         (256, 256, 14, 3, 1, True), (1024, 512, 14, 1, 1, True), (512, 512, 14, 3, 2, True),
+         (1024, 2048, 14, 1, 2, False), (2048, 512, 7, 1, 1, True), (512, 512, 7, 3, 1, True)]
+
+
+def plain(args):
+    """relu(conv + b) (or conv + b): the autotuned graph against the legacy fused call (no z)."""
+    from rawconv import cudnn_graph as G
+
+    dt, cl = getattr(torch, args.dtype), torch.channels_last
+    L = _cudnn.lib()
+    tot_g = tot_l = 0.0
+    for c, k, s, ks, st, relu in PLAIN:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        x = torch.randn(args.batch, c, s, s, device="cuda", generator=g, dtype=dt).contiguous(memory_format=cl)
+        w = (torch.randn(k, c, ks, ks, device="cuda", generator=g, dtype=dt) / (c * ks * ks) ** 0.5).contiguous(
+            memory_format=cl)
+        b = torch.randn(k, device="cuda", generator=g, dtype=dt)
+        pad = ks // 2
+        act = "relu" if relu else None
+        gp = G.GraphConvolution(x, w, b, stride=st, padding=pad, activation=act)
+        gp.autotune(budget_s=args.budget)
+        tg = time_cuda_queued(lambda: gp.execute(x, w, b), iterations=20, warmup=3, repeats=7).median_ms
+        line = f"   x {tuple(x.shape)} w {tuple(w.shape)} s{st} {act or 'bias'}: graph {gp.selected_name:<44} {tg * 1e3:7.1f} us"
+        try:
+            plan = legacy.Convolution(x, w, b, st, pad, algo="IMPLICIT_PRECOMP_GEMM", activation=act, precision="strict")
+            y0 = plan.execute(x, w, b)
+            info = plan._info or plan.info
+            if not info.fused:
+                raise RuntimeError("not fused")
+            tl = time_cuda_queued(lambda: plan.execute(x, w, b), iterations=20, warmup=3, repeats=7).median_ms
+            e = rel(y0, gp.execute(x, w, b))
+            line += f" | legacy {tl * 1e3:7.1f} us (vs graph {e:.1e}) ratio {tg / tl:.2f}"
+            tot_g, tot_l = tot_g + tg, tot_l + min(tl, tg)
+        except Exception as exc:  # noqa: BLE001
+            line += f" | legacy {type(exc).__name__}: {str(exc)[:80]}"
+            tot_g, tot_l = tot_g + tg, tot_l + tg
+        print(line, flush=True)
+    print(f"   sum over the distinct problems: graph {tot_g * 1e3:.1f} us, best of both {tot_l * 1e3:.1f} us")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget", type=float, default=1.0)
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--plain", action="store_true", help="the fused convolutions without a residual instead")
     args = ap.parse_args()
+    if args.plain:
+        return plain(args)
     dt = getattr(torch, args.dtype)
     cl = torch.channels_last
     torch.backends.cudnn.benchmark = True
