@@ -1331,8 +1331,8 @@ def test_a_config_that_cannot_be_captured_runs_its_stand_in_only_inside_a_captur
 
 
 def test_a_residual_graph_runs_its_legacy_capture_choice_only_inside_a_capture(monkeypatch):
-    """The residual graphs' capture choice, its bookkeeping (cuDNN's legacy call, the timing, the
-    check and the capture stubbed; the real run is in tests/test_modes_gpu.py): after autotune
+    """The residual graphs' capture choice, its bookkeeping (cuDNN's legacy call
+    (rawconv.cudnn.ResidualBiasActivation), the timing, the check and the capture stubbed; the real run is in tests/test_modes_gpu.py): after autotune
     selected a graph config, the legacy fused call becomes the capture choice only when it ran the
     example correctly, can be captured and was under 97% of the config's GPU time (a pinned name
     brings it back without timing); run() calls it only while the stream is being captured; the
@@ -1356,14 +1356,19 @@ def test_a_residual_graph_runs_its_legacy_capture_choice_only_inside_a_capture(m
             calls.append("legacy")
             t["y"].fill_(1.0)
 
+        def capture_fails(self, t):
+            self.call(t)
+            return verdict["capture"]
+
     times = {"legacy": 0.9, "graph": 1.0}
     verdict = {"ok": True, "capture": ""}
     capturing = [False]
-    monkeypatch.setattr(FU, "_LegacyResidual", FakeLegacy)
+    from rawconv import cudnn as legacy_api
+
+    monkeypatch.setattr(legacy_api, "ResidualBiasActivation", FakeLegacy)
     monkeypatch.setattr(bench, "time_cuda_queued",
                         lambda fn, **kw: (fn(), types.SimpleNamespace(median_ms=times[calls[-1]]))[1])
-    monkeypatch.setattr(_cuda, "_capturing", lambda: capturing[0])
-    monkeypatch.setattr(_cuda, "capture_fails", lambda run: (run(), verdict["capture"])[1])
+    monkeypatch.setattr(FU, "_capturing_now", lambda: capturing[0])
     monkeypatch.setattr(torch.cuda, "device", lambda idx: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     R = FU._graph_class()

@@ -609,9 +609,11 @@ def test_a_residual_graph_captures_the_legacy_fused_call_where_it_is_faster(monk
         pytest.skip("the legacy fused call was not 3% faster than the autotuned graph on this GPU")
     assert plan.capture_choice == "legacy:IMPLICIT_PRECOMP_GEMM"
     ref = torch.relu(F.conv2d(x.float(), w.float(), b.float()) + r.float())
+    from rawconv import cudnn as legacy_api
+
     calls = []
-    real_call = _fused._LegacyResidual.call
-    monkeypatch.setattr(_fused._LegacyResidual, "call", lambda self, t: calls.append(1) or real_call(self, t))
+    real_call = legacy_api.ResidualBiasActivation.call
+    monkeypatch.setattr(legacy_api.ResidualBiasActivation, "call", lambda self, t: calls.append(1) or real_call(self, t))
     eager = plan.run(x, w, b, r).clone()
     assert not calls, "eager calls run the graph"
     assert _rel(eager, ref) < 2e-3

@@ -1217,6 +1217,60 @@ def _environment(device_index: int | None = None) -> dict:
             "device": torch.cuda.get_device_name(idx), "device_arch": f"sm_{major}{minor}"}
 
 
+class ResidualBiasActivation:
+    """``act(conv(x, w) + bias + z)`` as ONE legacy cuDNN call: ``cudnnConvolutionBiasActivationForward``
+    with a residual tensor ``z`` of y's shape and layout (``y = act(alpha1 * conv + alpha2 * z + bias)``,
+    alpha1 = alpha2 = 1), on a :class:`Convolution` plan of ``problem`` forced to ``algo``
+    (``"IMPLICIT_PRECOMP_GEMM"``, ...). ``activation``: ``"relu"`` or None (identity, which cuDNN
+    fuses only with ``IMPLICIT_PRECOMP_GEMM``); ``allow_tf32``: the plan's precision "tf32", else
+    "strict". :attr:`name` is ``"legacy:<algo>"``.
+
+    :meth:`call` takes tensors already checked against the problem (roles ``x``, ``w``, ``b``,
+    ``r`` (z) and ``y``, in the problem's layout, as a fused graph plan binds them) and launches on
+    torch's current stream; its workspace is the plan's on the default stream, else this call's
+    from torch's caching allocator (capture-safe). cuDNN spends 140-230 µs of host time per call
+    here (H100 host, cuDNN 9.19): meant for CUDA-graph captures (``rawconv.fused``'s capture choice).
+
+    Raises :class:`NotSupportedError` for another activation, an unbatched or empty problem, an algo
+    cuDNN does not offer or does not fuse with the bias and activation, or a problem the plan would
+    pad or split by batch. Wraps ``cudnnConvolutionBiasActivationForward``."""
+
+    def __init__(self, problem: ConvProblem, activation: str | None, allow_tf32: bool, algo: str):
+        if activation not in (None, "relu") or problem.unbatched or problem.is_empty:
+            raise NotSupportedError(f"no legacy fused residual call for {activation} on {problem.describe()}")
+        self.plan = plan = Convolution.from_problem(problem, activation=activation, algo=algo,
+                                                    precision="tf32" if allow_tf32 else "strict")
+        info = plan.info
+        if not info.fused or plan._asym or plan.batch_chunk < problem.n:
+            raise NotSupportedError(f"cuDNN does not fuse {algo} with bias and {activation or 'identity'} in one call "
+                                    f"for {problem.describe()}")
+        self.name = "legacy:" + algo
+        self.info = info
+        self.descs = plan.descriptors(problem.n) + (plan._bias_desc(), plan._act_desc())
+        self.one = ffi.new("double *" if problem.dtype == "float64" else "float *", 1.0)
+        self.median_ms: float | None = None   # its GPU time when a search timed it
+
+    def call(self, t: dict) -> None:
+        """One call on the checked tensors ``t`` (roles x, w, b, r, y), on torch's current stream."""
+        plan, info = self.plan, self.info
+        h = _cuda.handle_for(plan.device_index)
+        keep, pws, _ = plan._workspace(_cuda.current_stream_of_handle(plan.device_index))
+        xd, wd, yd, cd, bd, ad = self.descs
+        cast, one = ffi.cast, self.one
+        st = _cudnn.lib().cudnnConvolutionBiasActivationForward(
+            h, one, xd, cast("void *", t["x"].data_ptr()), wd, cast("void *", t["w"].data_ptr()), cd, info.algo_id,
+            pws, info.workspace_bytes, one, yd, cast("void *", t["r"].data_ptr()), bd,
+            cast("void *", t["b"].data_ptr()), ad, yd, cast("void *", t["y"].data_ptr()))
+        del keep
+        if st:
+            raise _cudnn.error(st, "cudnnConvolutionBiasActivationForward", f"{self.name} on {plan.problem.describe()}")
+
+    def capture_fails(self, t: dict) -> str:
+        """Why :meth:`call` on ``t`` cannot run inside a CUDA-graph capture, or ``""``
+        (``rawconv._cuda.capture_fails``: once, inside a throwaway capture)."""
+        return _cuda.capture_fails(lambda: self.call(t))
+
+
 from ..core import tuning as _tuning  # noqa: E402
 
 _tuning.register_environment("cudnn", _environment)

@@ -124,7 +124,7 @@ class _ResidualGraphMixin:
                                     "tensors")
         return super().autotune(**kw)
 
-    _capture_legacy = None   # a _LegacyResidual run instead while the stream is being captured (see capture_choice)
+    _capture_legacy = None   # a rawconv.cudnn.ResidualBiasActivation run instead inside captures (capture_choice)
 
     @property
     def capture_choice(self) -> str | None:
@@ -216,76 +216,26 @@ _CAPTURE_SEP = "|capture="
 def _capturing_now() -> bool:
     """Whether torch's current stream (of the current device: the operators' kernels run with the
     tensors' device current) is being captured into a CUDA graph."""
-    from ..cudnn import _cuda
-
-    return bool(_cuda._capturing())
+    return torch.cuda.is_current_stream_capturing()
 
 
-class _LegacyResidual:
-    """``act(conv(x, w) + bias + r)`` as ONE legacy cuDNN call: ``cudnnConvolutionBiasActivationForward``
-    with the residual as ``z`` (``y = act(alpha1 * conv + alpha2 * z + bias)``, alpha1 = alpha2 = 1;
-    act ReLU, or identity, which cuDNN allows only with ``IMPLICIT_PRECOMP_GEMM``), on a
-    :class:`rawconv.cudnn.Convolution` plan of the same problem forced to ``algo``. :meth:`call`
-    runs on tensors a residual graph plan bound (its ``_bind``: x, w, b, r, y in the problem's
-    layout). Raises :class:`NotSupportedError` where cuDNN does not offer the algo or does not
-    fuse it, or where the plan would pad or split the batch (the graph plan does neither)."""
-
-    def __init__(self, problem: ConvProblem, activation: str | None, allow_tf32: bool, algo: str):
-        from .. import cudnn
-        from ..cudnn._ffi import ffi
-
-        if activation not in (None, "relu") or problem.unbatched or problem.is_empty:
-            raise NotSupportedError(f"no legacy fused residual call for {activation} on {problem.describe()}")
-        self.plan = plan = cudnn.Convolution.from_problem(problem, activation=activation, algo=algo,
-                                                          precision="tf32" if allow_tf32 else "strict")
-        info = plan.info
-        if not info.fused or plan._asym or plan.batch_chunk < problem.n:
-            raise NotSupportedError(f"cuDNN does not fuse {algo} with bias and {activation or 'identity'} in one call "
-                                    f"for {problem.describe()}")
-        self.name = "legacy:" + algo
-        self.info = info
-        self.descs = plan.descriptors(problem.n) + (plan._bias_desc(), plan._act_desc())
-        self.one = ffi.new("double *" if problem.dtype == "float64" else "float *", 1.0)
-        self.median_ms: float | None = None
-
-    def call(self, t: dict) -> None:
-        """One call on the bound tensors ``t`` (roles x, w, b, r, y), on torch's current stream.
-        Wraps ``cudnnConvolutionBiasActivationForward``."""
-        from ..cudnn import _cuda, _ffi as _cudnn
-        from ..cudnn._ffi import ffi
-
-        plan, info = self.plan, self.info
-        h = _cuda.handle_for(plan.device_index)
-        keep, pws, _ = plan._workspace(_cuda.current_stream_of_handle(plan.device_index))
-        xd, wd, yd, cd, bd, ad = self.descs
-        cast, one = ffi.cast, self.one
-        y = t["y"]
-        st = _cudnn.lib().cudnnConvolutionBiasActivationForward(
-            h, one, xd, cast("void *", t["x"].data_ptr()), wd, cast("void *", t["w"].data_ptr()), cd, info.algo_id,
-            pws, info.workspace_bytes, one, yd, cast("void *", t["r"].data_ptr()), bd,
-            cast("void *", t["b"].data_ptr()), ad, yd, cast("void *", y.data_ptr()))
-        del keep
-        if st:
-            raise _cudnn.error(st, "cudnnConvolutionBiasActivationForward", f"{self.name} on {plan.problem.describe()}")
-
-
-def _legacy_for_capture(plan, top, algo: str = "IMPLICIT_PRECOMP_GEMM") -> "_LegacyResidual | None":
+def _legacy_for_capture(plan, top, algo: str = "IMPLICIT_PRECOMP_GEMM"):
     """For residual graph ``plan`` after its autotune selected ``top`` (a search row; None: a tuning
     record named the legacy call, ``algo``): the legacy fused call when it runs the autotune's
     example within the float64 check and can be captured, and (with ``top``) its GPU time
     (queued behind a busy GPU, interleaved with the selected config's, median of 3 rounds) is
-    below 97% of the selected config's; else None."""
+    below 97% of the selected config's: a :class:`rawconv.cudnn.ResidualBiasActivation`; else None."""
     from ..core.bench import time_cuda_queued
-    from ..cudnn import _cuda
+    from .. import cudnn
 
     p = plan.problem
     try:
-        if _cuda._capturing():   # (nothing can be run and checked inside a capture)
+        if _capturing_now():   # (nothing can be run and checked inside a capture)
             return None
     except RuntimeError:   # no CUDA driver
         return None
     try:
-        alt = _LegacyResidual(p, plan.activation, plan.allow_tf32, algo)
+        alt = cudnn.ResidualBiasActivation(p, plan.activation, plan.allow_tf32, algo)
     except Exception:   # noqa: BLE001  (not offered, not fused, or cuDNN refused: the graph runs everywhere)
         return None
     with torch.cuda.device(plan.device_index):
@@ -303,7 +253,7 @@ def _legacy_for_capture(plan, top, algo: str = "IMPLICIT_PRECOMP_GEMM") -> "_Leg
             ref = plan._ref_r[0] if getattr(plan, "_ref_r", None) is not None else None
             if not plan.check_output(y, plan._selected.config, ref, None).ok:
                 return None
-            if _cuda.capture_fails(lambda: alt.call(t)):
+            if alt.capture_fails(t):
                 return None
             if top is not None:
                 mine = plan.call_for(plan._selected, ex, y2)
