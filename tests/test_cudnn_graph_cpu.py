@@ -1409,6 +1409,13 @@ def test_a_residual_graph_runs_its_legacy_capture_choice_only_inside_a_capture(m
         capturing[0] = capture
         plan.run(x, w, torch.empty(8), r)
         assert calls[-1] == ran, (capture, calls[-1])
+    # tensors the legacy call refuses (its checks, before cuDNN): the graph config runs in the capture
+    capturing[0] = True
+    refuse = FakeLegacy(None, "relu", False, "IMPLICIT_PRECOMP_GEMM")
+    refuse.call = lambda t: (_ for _ in ()).throw(ArgumentError("y must not share memory"))
+    plan._capture_legacy = refuse
+    assert plan.run(x, w, torch.empty(8), r) == "graph result" and calls[-1] == "graph"
+    plan._capture_legacy = alt
     capturing[0] = False
     plan._bind = bind
     # the pinned name: select's base config, then the capture choice looked for again
@@ -1426,3 +1433,55 @@ def test_a_residual_graph_runs_its_legacy_capture_choice_only_inside_a_capture(m
     monkeypatch.setattr(FU, "CAPTURE_LEGACY_RESIDUAL", False)
     plan._select("eng4{k24=2}|capture=legacy:IMPLICIT_PRECOMP_GEMM")
     assert plan.capture_choice is None, "switched off"
+
+
+def test_the_legacy_residual_call_refuses_tensors_that_do_not_fit_before_calling_cudnn(monkeypatch):
+    """rawconv.cudnn.ResidualBiasActivation.call (public in the cuDNN face) checks every tensor
+    against its problem before cuDNN sees a pointer: shape, dtype, layout strides, device, and that
+    y shares no memory with the inputs (r may be x); the constructor refuses a non-problem.
+    (The device check comes first on a CPU-only machine: the shape and layout checks are reached
+    here with the device check stubbed as passed.)"""
+    import types
+
+    from rawconv import cudnn as legacy_api
+
+    with pytest.raises(ArgumentTypeError, match="ConvProblem"):
+        legacy_api.ResidualBiasActivation("x(2,4,5,5)", "relu", False, "IMPLICIT_PRECOMP_GEMM")
+    cl = torch.channels_last
+    x, w = torch.empty(2, 4, 5, 5).contiguous(memory_format=cl), torch.empty(8, 4, 1, 1).contiguous(memory_format=cl)
+    p = ConvProblem.from_torch(x, w, torch.empty(8))
+    call = legacy_api.ResidualBiasActivation.__new__(legacy_api.ResidualBiasActivation)
+    call.name = "legacy:IMPLICIT_PRECOMP_GEMM"
+    call.plan = types.SimpleNamespace(problem=p, w_layout="nhwc", device_index=0)
+    launched = []
+    monkeypatch.setattr(legacy_api._cudnn, "lib", lambda: launched.append(1))
+    # CPU tensors stand for the plan's device here (the device check itself: v.is_cuda, v.get_device())
+    monkeypatch.setattr(legacy_api.ResidualBiasActivation, "_on_device", staticmethod(lambda v, idx: v.is_cpu))
+
+    def good():
+        return {"x": x.clone(memory_format=cl), "w": w.clone(memory_format=cl), "b": torch.empty(8),
+                "r": torch.empty(2, 8, 5, 5).contiguous(memory_format=cl),
+                "y": torch.empty(2, 8, 5, 5).contiguous(memory_format=cl)}
+    call._check(good())   # fits
+    bad = [(dict(x=torch.empty(2, 4, 5, 5)), "x must be a dense nhwc"),       # NCHW strides
+           (dict(w=torch.empty(8, 4, 3, 3).contiguous(memory_format=cl)), "w must"),
+           (dict(b=torch.empty(8, dtype=torch.float64)), "b must"),
+           (dict(r=torch.empty(2, 8, 5, 4).contiguous(memory_format=cl)), "r must"),
+           (dict(y=[1.0]), "y: a CUDA tensor expected")]
+    for change, msg in bad:
+        t = dict(good(), **change)
+        with pytest.raises((ArgumentError, ArgumentTypeError), match=msg):
+            call.call(t)
+    t = good()
+    t["y"] = t["r"]
+    with pytest.raises(ArgumentError, match="must not share memory"):
+        call.call(t)
+    t = good()
+    t["r"] = t["x"] = torch.empty(2, 8, 5, 5).contiguous(memory_format=cl)   # relu(conv(x) + x): both only read
+    call.plan.problem = ConvProblem.from_torch(t["x"], torch.empty(8, 8, 1, 1).contiguous(memory_format=cl),
+                                              torch.empty(8))
+    t["w"] = torch.empty(8, 8, 1, 1).contiguous(memory_format=cl)
+    call._check(t)
+    with pytest.raises(ArgumentTypeError, match="dict of tensors"):
+        call.call([t["x"]])
+    assert not launched, "cuDNN was never reached"

@@ -1236,6 +1236,10 @@ class ResidualBiasActivation:
     pad or split by batch. Wraps ``cudnnConvolutionBiasActivationForward``."""
 
     def __init__(self, problem: ConvProblem, activation: str | None, allow_tf32: bool, algo: str):
+        if not isinstance(problem, ConvProblem):
+            raise ArgumentTypeError(f"problem must be a ConvProblem, got {type(problem).__name__}")
+        if not isinstance(allow_tf32, bool) or not isinstance(algo, str):
+            raise ArgumentTypeError(f"allow_tf32 must be a bool and algo a name, got {allow_tf32!r}, {algo!r}")
         if activation not in (None, "relu") or problem.unbatched or problem.is_empty:
             raise NotSupportedError(f"no legacy fused residual call for {activation} on {problem.describe()}")
         self.plan = plan = Convolution.from_problem(problem, activation=activation, algo=algo,
@@ -1250,8 +1254,38 @@ class ResidualBiasActivation:
         self.one = ffi.new("double *" if problem.dtype == "float64" else "float *", 1.0)
         self.median_ms: float | None = None   # its GPU time when a search timed it
 
+    @staticmethod
+    def _on_device(v: torch.Tensor, index: int) -> bool:
+        return v.is_cuda and v.get_device() == index
+
+    def _check(self, t) -> None:
+        """Every tensor of ``t`` as the descriptors describe it (shape, dtype, device, dense strides
+        in the problem's layout, bias contiguous) and y apart from every input's storage; else
+        :class:`ArgumentError` (before any cuDNN call)."""
+        plan = self.plan
+        p = plan.problem
+        if not isinstance(t, dict):
+            raise ArgumentTypeError(f"call takes a dict of tensors by role (x, w, b, r, y), got {type(t).__name__}")
+        want = {"x": (p.x_shape, p.layout), "w": (p.w_shape, plan.w_layout), "b": ((p.k,), "nchw"),
+                "r": (p.y_shape, p.layout), "y": (p.y_shape, p.layout)}
+        for role, (shape, layout) in want.items():
+            v = t.get(role)
+            if type(v) not in (torch.Tensor, torch.nn.Parameter):
+                raise ArgumentTypeError(f"{role}: a CUDA tensor expected, got {type(v).__name__}")
+            if tuple(v.shape) != tuple(shape) or v.dtype != p.torch_dtype or not self._on_device(v, plan.device_index) \
+                    or not strides_match(v, dense_strides(shape, layout)) or v.is_neg() or v.is_conj():
+                raise ArgumentError(f"{role} must be a dense {layout} {p.torch_dtype} tensor of shape {tuple(shape)} on "
+                                    f"cuda:{plan.device_index} ({self.name} on {p.describe()}); got shape "
+                                    f"{tuple(v.shape)}, strides {v.stride()}, {v.dtype} on {v.device}")
+        store = {r: t[r].untyped_storage().data_ptr() for r in want}
+        if store["y"] in (store["x"], store["w"], store["b"], store["r"]):
+            raise ArgumentError("y must not share memory with x, w, b or r")
+
     def call(self, t: dict) -> None:
-        """One call on the checked tensors ``t`` (roles x, w, b, r, y), on torch's current stream."""
+        """One call on the tensors ``t`` (roles x, w, b, r, y; each checked against the problem:
+        :class:`ArgumentError` / :class:`ArgumentTypeError` when one does not fit), on torch's
+        current stream."""
+        self._check(t)
         plan, info = self.plan, self.info
         h = _cuda.handle_for(plan.device_index)
         keep, pws, _ = plan._workspace(_cuda.current_stream_of_handle(plan.device_index))

@@ -200,7 +200,10 @@ class _ResidualGraphMixin:
             alt = self._capture_legacy
             if alt is not None and _capturing_now():
                 t, y = self._bind(x, w, bias, out, None)
-                alt.call(t)
+                try:
+                    alt.call(t)
+                except ArgumentError:   # tensors the legacy call does not take (y sharing an input's memory)
+                    return self.execute(x, w, bias, out)
                 if out is not None:
                     _guard.bump((out,))
                 return y
