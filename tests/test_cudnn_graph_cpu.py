@@ -1351,6 +1351,7 @@ def test_a_residual_graph_runs_its_legacy_capture_choice_only_inside_a_capture(m
             if algo != "IMPLICIT_PRECOMP_GEMM":
                 raise NotSupportedError("not offered")
             self.name, self.median_ms = "legacy:" + algo, None
+            self.info = types.SimpleNamespace(workspace_bytes=1024, math="tensor_op", deterministic=True)
 
         def call(self, t):
             calls.append("legacy")
@@ -1368,7 +1369,7 @@ def test_a_residual_graph_runs_its_legacy_capture_choice_only_inside_a_capture(m
     monkeypatch.setattr(legacy_api, "ResidualBiasActivation", FakeLegacy)
     monkeypatch.setattr(bench, "time_cuda_queued",
                         lambda fn, **kw: (fn(), types.SimpleNamespace(median_ms=times[calls[-1]]))[1])
-    monkeypatch.setattr(FU, "_capturing_now", lambda: capturing[0])
+    monkeypatch.setattr(FU, "_capturing_now", lambda device_index=None: capturing[0])
     monkeypatch.setattr(torch.cuda, "device", lambda idx: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     R = FU._graph_class()
@@ -1377,8 +1378,10 @@ def test_a_residual_graph_runs_its_legacy_capture_choice_only_inside_a_capture(m
     x, w = torch.empty(2, 4, 5, 5).contiguous(memory_format=cl), torch.empty(8, 4, 1, 1).contiguous(memory_format=cl)
     plan.problem = ConvProblem.from_torch(x, w, torch.empty(8))
     plan.activation, plan.allow_tf32, plan.device_index, plan._ref_r = "relu", False, 0, None
-    plan._tune_tensors = {"x": x, "w": w, "b": torch.empty(8), "r": torch.empty(2, 8, 5, 5)}
-    plan._selected = types.SimpleNamespace(config=types.SimpleNamespace(name="eng4{k24=2}"))
+    example = {"x": x, "w": w, "b": torch.empty(8), "r": torch.empty(2, 8, 5, 5)}
+    plan._example = lambda seed: example
+    plan._tune_tensors = example
+    plan._selected = types.SimpleNamespace(config=types.SimpleNamespace(name="eng4{k24=2}"), capture_alt=None)
     bind = plan._bind = lambda *a: (lambda t: (t, t["y"]))({"y": torch.empty(2, 8, 5, 5)})
     plan.check_output = lambda y, config, ref, ref_abs: types.SimpleNamespace(ok=verdict["ok"] and bool((y == 1).all()))
     plan.call_for = lambda b, t, out: (lambda: calls.append("graph"))
@@ -1393,6 +1396,18 @@ def test_a_residual_graph_runs_its_legacy_capture_choice_only_inside_a_capture(m
         times.update(saved[0])
         verdict.update(saved[1])
     assert FU._legacy_for_capture(plan, top, algo="GEMM") is None, "an algo cuDNN does not offer"
+    assert plan._ref_r is None and plan._tune_tensors is None, "the check's memory is dropped"
+    # the search's filters apply to the capture choice too
+    from rawconv.cudnn.graph import search as S_
+
+    def opts(**f):
+        return S_.SearchOptions(workspace_limit=f.pop("workspace_limit", None),
+                                filters=dict(dict(no_tensor_cores=False), **f))
+    assert FU._legacy_for_capture(plan, top, opts=opts()) is not None
+    # (no_tensor_cores=None resolves as the search's default: True for this float32 plan without TF32)
+    for f in (dict(workspace_limit=0), dict(no_tensor_cores=True), dict(no_tensor_cores=None),
+              dict(no_reduced_precision=True)):
+        assert FU._legacy_for_capture(plan, top, opts=opts(**f)) is None, f
     n = len(calls)
     assert FU._legacy_for_capture(plan, None).median_ms is None, "a pinned name: checked, not timed"
     assert "graph" not in calls[n:]
@@ -1428,8 +1443,9 @@ def test_a_residual_graph_runs_its_legacy_capture_choice_only_inside_a_capture(m
     assert plan.selected_name == "eng4{k24=2}|capture=legacy:IMPLICIT_PRECOMP_GEMM"
     plan._select("eng4{k24=2}")
     assert plan.capture_choice is None and plan.selected_name == "eng4{k24=2}"
-    with pytest.raises(ArgumentError, match="legacy algo"):
-        plan._select("eng4{k24=2}|capture=eng5")
+    for bad in ("eng4{k24=2}|capture=eng5", "eng4{k24=2}|capture=legacy:FOO"):
+        with pytest.raises(ArgumentError, match="legacy forward algo"):
+            plan._select(bad)
     monkeypatch.setattr(FU, "CAPTURE_LEGACY_RESIDUAL", False)
     plan._select("eng4{k24=2}|capture=legacy:IMPLICIT_PRECOMP_GEMM")
     assert plan.capture_choice is None, "switched off"

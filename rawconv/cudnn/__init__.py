@@ -1249,6 +1249,7 @@ class ResidualBiasActivation:
             raise NotSupportedError(f"cuDNN does not fuse {algo} with bias and {activation or 'identity'} in one call "
                                     f"for {problem.describe()}")
         self.name = "legacy:" + algo
+        self.device_index = plan.device_index
         self.info = info
         self.descs = plan.descriptors(problem.n) + (plan._bias_desc(), plan._act_desc())
         self.one = ffi.new("double *" if problem.dtype == "float64" else "float *", 1.0)
@@ -1281,6 +1282,7 @@ class ResidualBiasActivation:
         if store["y"] in (store["x"], store["w"], store["b"], store["r"]):
             raise ArgumentError("y must not share memory with x, w, b or r")
 
+    @_cuda.on_plan_device
     def call(self, t: dict) -> None:
         """One call on the tensors ``t`` (roles x, w, b, r, y; each checked against the problem:
         :class:`ArgumentError` / :class:`ArgumentTypeError` when one does not fit), on torch's

@@ -152,21 +152,30 @@ class _ResidualGraphMixin:
     def _select(self, engine, warn: bool = True, stacklevel: int = 2):
         alt_name = None
         if isinstance(engine, str) and _CAPTURE_SEP in engine:
+            from .. import cudnn
+
             engine, alt_name = engine.split(_CAPTURE_SEP, 1)
-            if not alt_name.startswith("legacy:"):
-                raise ArgumentError(f"a capture choice names a legacy algo ('legacy:IMPLICIT_PRECOMP_GEMM'), got "
-                                    f"{alt_name!r}")
+            if not alt_name.startswith("legacy:") or alt_name[len("legacy:"):] not in cudnn.FwdAlgo.__members__:
+                raise ArgumentError(f"a capture choice names a legacy forward algo ('legacy:IMPLICIT_PRECOMP_GEMM'; "
+                                    f"algos: {', '.join(cudnn.FwdAlgo.__members__)}), got {alt_name!r}")
         ec = super()._select(engine, warn, stacklevel + 1)
         self._capture_legacy = None
         if alt_name is not None and CAPTURE_LEGACY_RESIDUAL:
             self._capture_legacy = _legacy_for_capture(self, None, algo=alt_name[len("legacy:"):])
         return ec
 
+    def _autotune_run(self, opts, progress):
+        self._search_opts = opts   # (the filters _commit's capture choice must also pass)
+        try:
+            return super()._autotune_run(opts, progress)
+        finally:
+            self._search_opts = None
+
     def _commit(self, top) -> None:
         super()._commit(top)
         self._capture_legacy = None
         if CAPTURE_LEGACY_RESIDUAL and not top.layout:
-            self._capture_legacy = _legacy_for_capture(self, top)
+            self._capture_legacy = _legacy_for_capture(self, top, opts=getattr(self, "_search_opts", None))
 
     def _record(self, key, row):
         rec = super()._record(key, row)
@@ -186,6 +195,7 @@ class _ResidualGraphMixin:
 
     def free(self) -> None:
         self._capture_legacy = None
+        self._ref_r = self._tune_tensors = None
         super().free()
 
     def run(self, x, w, bias, residual, out=None) -> torch.Tensor:
@@ -198,14 +208,12 @@ class _ResidualGraphMixin:
         self._pending_r = residual.unsqueeze(0) if p.unbatched and residual.dim() == p.ndim + 1 else residual
         try:
             alt = self._capture_legacy
-            if alt is not None and _capturing_now():
-                t, y = self._bind(x, w, bias, out, None)
+            if alt is not None and out is None and _capturing_now(self.device_index):
+                t, y = self._bind(x, w, bias, None, None)
                 try:
                     alt.call(t)
-                except ArgumentError:   # tensors the legacy call does not take (y sharing an input's memory)
+                except (ArgumentError, ArgumentTypeError):   # tensors the legacy call does not take
                     return self.execute(x, w, bias, out)
-                if out is not None:
-                    _guard.bump((out,))
                 return y
             return self.execute(x, w, bias, out)
         finally:
@@ -216,31 +224,56 @@ CAPTURE_LEGACY_RESIDUAL = True   # see ResidualGraphConvolution.capture_choice
 _CAPTURE_SEP = "|capture="
 
 
-def _capturing_now() -> bool:
-    """Whether torch's current stream (of the current device: the operators' kernels run with the
-    tensors' device current) is being captured into a CUDA graph."""
-    return torch.cuda.is_current_stream_capturing()
+def _capturing_now(device_index: int | None = None) -> bool:
+    """Whether torch's current stream of device ``device_index`` (None: the current device) is
+    being captured into a CUDA graph."""
+    if device_index is None or torch._C._cuda_getDevice() == device_index:
+        return torch.cuda.is_current_stream_capturing()
+    with torch.cuda.device(device_index):
+        return torch.cuda.is_current_stream_capturing()
 
 
-def _legacy_for_capture(plan, top, algo: str = "IMPLICIT_PRECOMP_GEMM"):
+def _legacy_for_capture(plan, top, algo: str = "IMPLICIT_PRECOMP_GEMM", opts=None):
     """For residual graph ``plan`` after its autotune selected ``top`` (a search row; None: a tuning
     record named the legacy call, ``algo``): the legacy fused call when it runs the autotune's
     example within the float64 check and can be captured, and (with ``top``) its GPU time
     (queued behind a busy GPU, interleaved with the selected config's, median of 3 rounds) is
-    below 97% of the selected config's: a :class:`rawconv.cudnn.ResidualBiasActivation`; else None."""
-    from ..core.bench import time_cuda_queued
+    below 97% of the config a capture would otherwise run (the selected one, or its capture
+    stand-in); ``opts``: the search's options, whose filters it must pass too (workspace limit,
+    no tensor cores, deterministic only, no reduced precision). Returns a
+    :class:`rawconv.cudnn.ResidualBiasActivation`, else None. The check's float64 reference and
+    example tensors are dropped afterwards (the plan keeps no memory for them)."""
     from .. import cudnn
 
     p = plan.problem
     try:
         if _capturing_now():   # (nothing can be run and checked inside a capture)
             return None
-    except RuntimeError:   # no CUDA driver
+    except Exception:   # noqa: BLE001  (no CUDA driver, or a CPU build of torch)
         return None
     try:
         alt = cudnn.ResidualBiasActivation(p, plan.activation, plan.allow_tf32, algo)
     except Exception:   # noqa: BLE001  (not offered, not fused, or cuDNN refused: the graph runs everywhere)
         return None
+    if opts is not None:
+        f, info = opts.filters, alt.info
+        no_tc = f.get("no_tensor_cores")
+        if no_tc is None:
+            no_tc = p.dtype == "float32" and not plan.allow_tf32
+        if (opts.workspace_limit is not None and info.workspace_bytes > opts.workspace_limit) \
+                or (no_tc and "tensor" in str(info.math)) or (f.get("deterministic_only") and not info.deterministic) \
+                or f.get("no_reduced_precision"):
+            return None
+    try:
+        return _legacy_checked(plan, alt, top)
+    finally:
+        plan._ref_r = plan._tune_tensors = None
+
+
+def _legacy_checked(plan, alt, top):
+    """:func:`_legacy_for_capture`'s check, capture probe and timing of ``alt``."""
+    from ..core.bench import time_cuda_queued
+
     with torch.cuda.device(plan.device_index):
         ex = getattr(plan, "_tune_tensors", None) or plan._example(0)
         plan._pending_r = ex["r"]
@@ -259,7 +292,8 @@ def _legacy_for_capture(plan, top, algo: str = "IMPLICIT_PRECOMP_GEMM"):
             if alt.capture_fails(t):
                 return None
             if top is not None:
-                mine = plan.call_for(plan._selected, ex, y2)
+                b = plan._selected
+                mine = plan.call_for(b.capture_alt or b, ex, y2)   # what a capture would run instead
                 a, g = [], []
                 for _ in range(3):
                     a.append(time_cuda_queued(lambda: alt.call(t), iterations=10, warmup=2, repeats=3).median_ms)

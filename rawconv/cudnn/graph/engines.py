@@ -253,6 +253,10 @@ class Engines:
 
     def _select(self, engine: Any, warn: bool = True, stacklevel: int = 2) -> _o.EngineConfig:
         self._check_live()
+        if isinstance(engine, str) and "|capture=" in engine:
+            # a fused residual graph's capture choice (rawconv.fused): a plan without a residual
+            # takes none, and runs the config named before it
+            engine = engine.split("|capture=", 1)[0]
         if isinstance(engine, str) and engine.strip().lower().startswith("nhwc:"):
             cl = self.channels_last()
             ec = cl._select(engine.strip()[5:], warn, stacklevel + 1)
