@@ -133,7 +133,8 @@ class _ResidualGraphMixin:
         Set by :meth:`autotune` (and restored from its tuning record) when cuDNN's legacy fused
         call ``cudnnConvolutionBiasActivationForward`` with the residual as its ``z`` input,
         ``"legacy:IMPLICIT_PRECOMP_GEMM"``, computed the example correctly (float64 check), can be
-        captured, and ran at least 3% faster on the GPU than the selected config: on an H100
+        captured, passes the search's filters, and ran at least 3% faster on the GPU than what a
+        capture would otherwise run (the selected config, or its capture stand-in): on an H100
         (cuDNN 9.19, fp16, ResNet-50's residual layers) it runs cuBLAS-style kernels with the
         epilogue built in, 3-20% faster than the runtime-compiled graph, but costs 140-230 µs of
         host time per call inside cuDNN, which only a captured graph leaves out; eager calls keep
