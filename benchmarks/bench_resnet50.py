@@ -642,6 +642,28 @@ def graph_train_step(m, x, tgt, lossf, amp):
     return g, loss, opt
 
 
+def time_steps(steps: dict, args) -> tuple[dict, dict]:
+    """``steps`` (name -> one training step) after 3 warm-up steps each: ``({name: [wall ms per step,
+    one per round]}, {name: GPU ms per step})``; the sides take turns, ``args.train_rounds`` rounds of
+    ``args.train_steps`` back-to-back steps (:func:`wall_ms`); GPU time (CUDA only, else empty):
+    steps queued behind a busy GPU, median of 7."""
+    dev = args.device
+    for f in steps.values():
+        for _ in range(3):
+            f()
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    walls = {k: [] for k in steps}
+    for _ in range(args.train_rounds):
+        for k, f in steps.items():
+            walls[k].append(wall_ms(f, dev, args.train_steps))
+    gpu = {}
+    if dev == "cuda":
+        for k, f in steps.items():
+            gpu[k] = time_cuda_queued(f, iterations=1, warmup=1, repeats=7).median_ms
+    return walls, gpu
+
+
 def train_table(args, log=print) -> dict:
     """One training step (forward, cross-entropy, backward, SGD) of ResNet-50 in train mode: torch
     (CUDA: cudnn.benchmark) against rawconv.nn.convert(model) (every conv on rawconv's operators,
@@ -726,20 +748,7 @@ def train_table(args, log=print) -> dict:
         lerr = (abs(check["rawconv"][0] - check["torch"][0]) / abs(check["torch"][0])).item()
         gerr = _grad_err(check["torch"][1], check["rawconv"][1])
         spread = _grad_err(check["torch"][1], check["torch_nchw"][1])
-        steps = {"torch": stepper(tm), "rawconv": stepper(rm)}
-        for f in steps.values():
-            for _ in range(3):
-                f()
-        if dev == "cuda":
-            torch.cuda.synchronize()
-        walls = {k: [] for k in steps}
-        for _ in range(args.train_rounds):
-            for k, f in steps.items():
-                walls[k].append(wall_ms(f, dev, args.train_steps))
-        gpu = {}
-        if dev == "cuda":
-            for k, f in steps.items():
-                gpu[k] = time_cuda_queued(f, iterations=1, warmup=1, repeats=7).median_ms
+        walls, gpu = time_steps({"torch": stepper(tm), "rawconv": stepper(rm)}, args)
         row = {"mode": label, "torch_wall_ms": min(walls["torch"]), "rawconv_wall_ms": min(walls["rawconv"]),
                "torch_gpu_ms": gpu.get("torch"), "rawconv_gpu_ms": gpu.get("rawconv"), "loss_err": lerr,
                "grad_err": gerr, "torch_spread": spread, "ok": lerr <= tol and gerr <= max(2 * spread, tol),
@@ -811,20 +820,7 @@ def compiled_train_row(args, label, model, converted, x, tgt, lossf, amp, steppe
     gerr = _grad_err(tg, comp["rawconv"][2])
     t_lerr = (abs(tl - check["torch"][0]) / abs(check["torch"][0])).item()
     t_gerr = _grad_err(check["torch"][1], tg)
-    steps = {k: stepper(v[0]) for k, v in comp.items()}
-    for f in steps.values():
-        for _ in range(3):
-            f()
-    if dev == "cuda":
-        torch.cuda.synchronize()
-    walls = {k: [] for k in steps}
-    for _ in range(args.train_rounds):
-        for k, f in steps.items():
-            walls[k].append(wall_ms(f, dev, args.train_steps))
-    gpu = {}
-    if dev == "cuda":
-        for k, f in steps.items():
-            gpu[k] = time_cuda_queued(f, iterations=1, warmup=1, repeats=7).median_ms
+    walls, gpu = time_steps({k: stepper(v[0]) for k, v in comp.items()}, args)
     ok = lerr <= tol and gerr <= max(2 * spread, tol)
     row = {"mode": label + ", torch.compile", "torch_wall_ms": min(walls["torch"]),
            "rawconv_wall_ms": min(walls["rawconv"]), "torch_gpu_ms": gpu.get("torch"), "rawconv_gpu_ms": gpu.get("rawconv"),
