@@ -56,7 +56,10 @@ __all__ = ["EngineConfig", "TimedConfig", "GraphConvolution", "engines", "forwar
 
 log = logging.getLogger("rawconv.cudnn_graph")
 HEURISTIC_MODES = ("instant", "b", "fallback")
-ACTIVATIONS = ("relu", "tanh", "sigmoid", "elu", "gelu", "swish")
+#: pointwise activation nodes a forward graph ends with (``"gelu"``: GELU_FWD, erf; ``"gelu_tanh"``:
+#: GELU_APPROX_TANH_FWD; ``"silu"`` = ``"swish"``: SWISH_FWD with beta 1; ``"relu6"``: RELU_FWD with
+#: upper clip 6; the ReLU family propagates NaN, as torch does)
+ACTIVATIONS = ("relu", "tanh", "sigmoid", "elu", "gelu", "swish", "silu", "gelu_tanh", "relu6")
 DIRECTIONS = ("forward", "backward_data", "backward_weights")   # "backward_filter" (cuDNN's word) is accepted
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 ALIGNMENT = 16  # bytes every data pointer bound to a graph tensor must be aligned to
@@ -433,8 +436,9 @@ class GraphConvolution(_Engines, _Autotune, PlanLifetime):
     (K, C/groups, *kernel), CUDA tensors of float32, float16, bfloat16 or float64, NCHW or
     channels_last (the weights are used in x's memory format; NHWC is what most engines take).
     ``padding``: as torch, or one ``(before, after)`` pair per spatial dim. ``bias`` (K,) and
-    ``activation`` (``"relu"``, ``"tanh"``, ``"sigmoid"``, ``"elu"``, ``"gelu"``, ``"swish"``) are
-    fused as pointwise nodes of the same graph.
+    ``activation`` (:data:`ACTIVATIONS`: ``"relu"``, ``"relu6"``, ``"tanh"``, ``"sigmoid"``,
+    ``"elu"``, ``"gelu"``, ``"gelu_tanh"``, ``"silu"`` / ``"swish"``) are fused as pointwise nodes
+    of the same graph.
 
     :meth:`engines` lists engine configs (:class:`EngineConfig`); :meth:`select` forces one;
     :meth:`autotune` times and checks candidates and selects the fastest correct one;
