@@ -50,6 +50,7 @@ import torch.nn.functional as F
 
 from . import autocast as _autocast
 from . import fused as _fused
+from . import fusion as _fusion
 from .. import onednn
 from ..core.grad import functorch_active as _functorch, has_tangent as _has_tangent
 from ..core.errors import ArgumentError, ArgumentTypeError, InternalError, NotSupportedError, RawconvError
@@ -744,15 +745,22 @@ class _ConvBiasAct(_RawconvConv):
             y = torch.ops.rawconv.conv_bias_act(x, w, b, None, stride, pads, dilation, self.groups,
                                                 "none", self.backend, None, self.precision)
             y = y + residual
-            return torch.relu(y) if self.activation == "relu" else y
+            return _fused.apply_activation(y, self.activation)
         if _RECORDING:
             _record(self, "fused", x=x, padding=padding, residual=residual, w=w, b=b)
         if not isinstance(x, torch.Tensor):
             raise ArgumentTypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-        if type(x) is torch.Tensor and not compiling and not _autocasting() and not (torch.is_grad_enabled() and (
-                x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)
-                or (residual is not None and residual.requires_grad))) \
-                and not _functorch() and not _has_tangent(x, residual):
+        eager = type(x) is torch.Tensor and not compiling and not _autocasting() and not (torch.is_grad_enabled() and (
+            x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)
+            or (residual is not None and residual.requires_grad))) and not _functorch() and not _has_tangent(x, residual)
+        unfused = d.get(_fusion.UNFUSED_ATTR)
+        if unfused and not recording and not _autocasting():
+            # convert(fuse=True, autotune=x) measured this problem faster unfused: the convolution with
+            # its bias, then torch's own add and activation (rawconv.pytorch.fusion)
+            c = unfused.get(_sig_of("fused", x, self.weight, residual is not None))
+            if c is not None:
+                return _fusion.run_unfused(self, x, w, b, residual, stride, pads, dilation, c, plans, eager)
+        if eager:
             # (a torch.func transform's batched tensors have no data pointer; a forward-mode tangent
             # would be dropped: both go through the operator, which runs or refuses them)
             # eager inference: the operator's kernel directly (the dispatcher's round trip costs host time)
@@ -794,7 +802,7 @@ class _ConvBiasAct(_RawconvConv):
             y = bn(y)
         if residual is not None:
             y = y + residual
-        return torch.relu(y) if self.activation == "relu" else y
+        return _fused.apply_activation(y, self.activation)
 
     def _frozen_choice(self, x, residual):
         """The forward choice of a frozen module's new oneDNN plan for this (padded) input: the
@@ -869,9 +877,11 @@ def _fused_module(base, name):
     Module.__name__ = Module.__qualname__ = name
     Module.__module__ = __name__
     Module.__doc__ = (f"``activation(conv(x) + bias + residual)`` as ONE library call: a ``torch.nn.{base.__name__}`` "
-                      "(same constructor and state_dict) plus ``activation`` (\"relu\" | \"none\"), ``backend``, "
-                      "``choice``, ``precision``; ``forward(x, residual=None)``. CPU: oneDNN post-ops (sum, "
-                      "eltwise_relu); CUDA: one cuDNN graph. Differentiable once (meant for inference).")
+                      "(same constructor and state_dict) plus ``activation`` (one of rawconv.fused.ACTIVATIONS: "
+                      "\"relu\", \"relu6\", \"silu\", \"gelu\", \"gelu_tanh\", \"hardswish\", \"hardsigmoid\", "
+                      "\"sigmoid\", \"tanh\", \"none\"), ``backend``, ``choice``, ``precision``; "
+                      "``forward(x, residual=None)``. CPU: oneDNN post-ops (sum, eltwise); CUDA: one cuDNN graph "
+                      "(hardswish and hardsigmoid in torch after it). Differentiable once (meant for inference).")
     return Module
 
 
@@ -902,7 +912,17 @@ class ConvertReport:
     show runs: ``"default"`` or ``"search"``). Each ``tuned`` entry (one per layer and distinct
     problem) also holds ``backward_choice`` (the pair pinned for its backward passes, None: the
     libraries' defaults), ``directions`` (every pinned choice by library direction) and
-    ``backward_searched``."""
+    ``backward_searched``.
+
+    ``fusion`` (module name -> dict; ``fuse=True`` with ``autotune=``, oneDNN layers): whether the
+    fused call was measured faster than the same convolution with only its bias fused followed by
+    torch's own add and activation (:func:`rawconv.pytorch.fusion.measure_cpu`): ``decision``
+    (``"fused"`` / ``"unfused"``), ``fused_ms`` / ``unfused_ms`` (median ms per call over the
+    rounds), ``fused_min_ms`` / ``unfused_min_ms``, ``rounds``, ``reason``, ``fused_choice`` /
+    ``unfused_choice``, ``measured`` (False: the decision of an earlier layer of the same problem);
+    or ``{"decision": "fused", "reason": ...}`` where it was not measured (cuDNN layers, nothing to
+    unfuse). ``fusion_measured``: False when ``fuse=True`` had no example input to measure on
+    (every fusable layer fused, as before)."""
 
     swapped: list = field(default_factory=list)
     folded: list = field(default_factory=list)
@@ -914,6 +934,8 @@ class ConvertReport:
     backward: bool = False
     autotune_new: str = "default"
     timing_warnings: list = field(default_factory=list)   # each search's TimingWarning text (a busy machine)
+    fusion: dict = field(default_factory=dict)
+    fusion_measured: bool | None = None
 
     def __str__(self) -> str:
         n = len(self.tuned)
@@ -935,7 +957,21 @@ class ConvertReport:
             lines.append("  other problems (batch size, layout, dtype, size) than the example's: "
                          + ("searched at their first call" if self.autotune_new == "search"
                             else "the libraries' defaults (autotune_new='search' searches them)"))
+        lines += self._fusion_lines()
         return "\n".join(lines)
+
+    def _fusion_lines(self) -> list:
+        if self.fused and self.fusion_measured is False:
+            return ["  fusion not measured (no example input; convert(..., autotune=x) keeps a fused layer only "
+                    "where it is measured faster): every fusable layer fused"]
+        if not self.fusion_measured:
+            return []
+        timed = [k for k, e in self.fusion.items() if "fused_ms" in e]
+        unf = [k for k in timed if self.fusion[k]["decision"] == "unfused"]
+        out = [f"  fusion measured on {len(timed)} layers (fused vs conv + bias, then torch's add and activation): "
+               f"{len(timed) - len(unf)} kept fused, {len(unf)} unfused"]
+        out += [f"    {k}: unfused: {self.fusion[k].get('reason', '')}" for k in unf]
+        return out
 
 
 def _swap_module(m: torch.nn.Module, backend, choice, precision) -> torch.nn.Module:
@@ -991,18 +1027,7 @@ def _fusable_conv(m) -> bool:
     return type(m) in _TORCH_CONVS or type(m) in (Conv1d, Conv2d, Conv3d)
 
 
-_RELU_FUNCS = (torch.relu, torch.relu_, F.relu, getattr(torch.nn.functional, "relu_", F.relu))
 _ADD_FUNCS = (operator.add, operator.iadd, torch.add)
-
-
-def _is_relu(node, modules) -> bool:
-    if node.op == "call_module":
-        return type(modules.get(node.target)) is torch.nn.ReLU
-    if node.op == "call_function":
-        return node.target in _RELU_FUNCS and len(node.args) == 1 and not {k for k in node.kwargs if k != "inplace"}
-    if node.op == "call_method":
-        return node.target in ("relu", "relu_") and len(node.args) == 1 and not node.kwargs
-    return False
 
 
 def _add_other(node, src):
@@ -1038,8 +1063,9 @@ def _depends_on(node, target) -> bool:
 
 
 def _fuse_fx(model, report: ConvertReport, backend, choice, precision):
-    """torch.fx pattern rewrite: conv -> BatchNorm folded; conv [-> add(residual)] [-> relu] as one
-    ConvBiasAct module. Returns the GraphModule."""
+    """torch.fx pattern rewrite: conv -> BatchNorm folded; conv [-> add(residual)] [-> activation] as one
+    ConvBiasAct module (the activations of :func:`rawconv.pytorch.fusion.activation_of_node`).
+    Returns the GraphModule."""
     import torch.fx as fx
 
     class Tracer(fx.Tracer):
@@ -1068,7 +1094,7 @@ def _fuse_fx(model, report: ConvertReport, backend, choice, precision):
     _mark_inplace_residuals(graph, modules)
     graph.lint()
     gm.recompile()
-    gm.delete_all_unused_submodules()   # ReLUs no longer called
+    gm.delete_all_unused_submodules()   # activations no longer called
     for bn_name, bn in bns.values():   # the folded BatchNorms stay, where they were: state_dict as the model's
         gm.add_submodule(bn_name, bn)
     return gm
@@ -1103,10 +1129,10 @@ def _fold_batchnorms_fx(graph, modules: dict, calls: dict, fusable, report: Conv
 
 def _fuse_chains_fx(gm, modules: dict, fusable, bns: dict, report: ConvertReport, backend, choice, precision) -> None:
     """:func:`_fuse_fx`'s second pass over ``gm``'s graph: each fusable conv node, with the residual
-    add and ReLU after it, becomes one call of a fused module (its BatchNorm from ``bns`` folded
+    add and activation after it, becomes one call of a fused module (its BatchNorm from ``bns`` folded
     in) set in ``gm`` and ``modules``, recorded in ``report.fused``. Returns None."""
     graph = gm.graph
-    # conv [+ residual] [relu] -> one module
+    # conv [+ residual] [activation] -> one module
     erased = set()
     for node in list(graph.nodes):
         if node in erased or not fusable(node):
@@ -1120,9 +1146,10 @@ def _fuse_chains_fx(gm, modules: dict, fusable, bns: dict, report: ConvertReport
                 residual, last, add_node = other, users[0], users[0]
                 kind.append("add")
         nxt = list(last.users)
-        if len(nxt) == 1 and _is_relu(nxt[0], modules) and nxt[0].args[0] is last:
-            act, last = "relu", nxt[0]
-            kind.append("relu")
+        a = _fusion.activation_of_node(nxt[0], modules) if len(nxt) == 1 else None
+        if a is not None and nxt[0].args[0] is last:
+            act, last = a, nxt[0]
+            kind.append(a)
         name = node.target
         fused = _FUSED[conv_m.weight.dim() - 2].from_conv(
             conv_m, activation=act, bn=bns.get(name, (None, None))[1], backend=backend,
@@ -1133,7 +1160,7 @@ def _fuse_chains_fx(gm, modules: dict, fusable, bns: dict, report: ConvertReport
             new = graph.call_module(name, (node.args[0],) + ((residual,) if residual is not None else ()))
         last.replace_all_uses_with(new)
         # erase the pattern's nodes, last first
-        chain = [node] + ([add_node] if add_node is not None else []) + ([last] if act == "relu" else [])
+        chain = [node] + ([add_node] if add_node is not None else []) + ([last] if act != "none" else [])
         for n in reversed(chain):
             graph.erase_node(n)
             erased.add(n)
@@ -1241,8 +1268,9 @@ def _fuse_sequential(model, report: ConvertReport, backend, choice, precision) -
                     bn = seq._modules[keys[j]]
                     report.folded.append((full, f"{seq_name}.{keys[j]}" if seq_name else keys[j]))
                     j += 1
-                if j < len(keys) and type(seq._modules[keys[j]]) is torch.nn.ReLU:
-                    act = "relu"
+                a = _fusion.activation_of_module(seq._modules[keys[j]]) if j < len(keys) else None
+                if a is not None:
+                    act = a
                     j += 1
                 helper = _FUSED[m.weight.dim() - 2].from_conv(m, activation=act, bn=bn, backend=backend,
                                                               choice=_choice_for(choice, full), precision=precision)
@@ -1254,7 +1282,7 @@ def _fuse_sequential(model, report: ConvertReport, backend, choice, precision) -
                 steps.append(helper)
                 pairs.append((m, helper))
                 watched += [seq._modules[k] for k in keys[i:j]]
-                report.fused[full] = "relu" if act == "relu" else "bias"
+                report.fused[full] = act if act != "none" else "bias"
                 found = True
                 i = j
                 continue
@@ -1359,7 +1387,9 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
         for _name, m in _fused_modules(model):
             _fused.freeze(m)
     if autotune is not None:
-        _autotune(model, autotune, report, autotune_budget_s, autotune_backward, autotune_new)
+        _autotune(model, autotune, report, autotune_budget_s, autotune_backward, autotune_new, fuse)
+    elif fuse:
+        report.fusion_measured = False
     model.rawconv_report = report
     return model
 
@@ -1500,8 +1530,10 @@ class TunedChoice:
 
 
 def clear_tuning() -> None:
-    """Forget the winners :func:`convert` remembers for this process."""
+    """Forget the winners :func:`convert` remembers for this process (and its fused / unfused
+    decisions)."""
     _TUNED.clear()
+    _fusion.clear()
 
 
 def _sig_of(kind: str, x, w, extra):
@@ -1899,7 +1931,7 @@ def _tune_call(m, kind: str, args: dict, backend: str, budget_s, backward: bool,
 
 
 def _autotune(model, example, report: ConvertReport, budget_s, backward: bool = False,
-              new: str = "default") -> None:
+              new: str = "default", fuse: bool = False) -> None:
     """Search each distinct problem of ``model``'s convolutions once (and, with ``backward``, each
     distinct backward problem) and pin the winners to their problems. On cuDNN, while one
     problem is searched, the next one's first runtime compilations (cuDNN's top heuristic
@@ -1922,6 +1954,8 @@ def _autotune(model, example, report: ConvertReport, budget_s, backward: bool = 
         # (one per search on a busy machine) are said once, summed up, below
         warnings.simplefilter("always", TimingWarning)
         _search_layers(model, layers, names, report, budget_s, backward)
+        if fuse:
+            _measure_fusion(layers, names, report, budget_s)
     for w in said:
         if issubclass(w.category, TimingWarning):
             report.timing_warnings.append(str(w.message))
@@ -1947,6 +1981,38 @@ def _autotune(model, example, report: ConvertReport, budget_s, backward: bool = 
     report.backward = backward
     report.autotune_new = new
     report.autotune_s = time.perf_counter() - t0
+
+
+def _measure_fusion(layers: list, names: dict, report: ConvertReport, budget_s) -> None:
+    """``convert(fuse=True, autotune=x)``: each fused oneDNN layer's recorded call measured fused
+    against unfused (:func:`rawconv.pytorch.fusion.measure_cpu`), the outcome pinned to its problem
+    and written into ``report.fusion`` and the layer's ``report.tuned`` entries. cuDNN layers are
+    not measured here (recorded as such)."""
+    report.fusion_measured = True
+    entries = {}
+    for t in report.tuned:
+        entries.setdefault((t["name"], t["key"]), []).append(t)
+    for m, kind, args, backend, _problem, key in layers:
+        if kind != "fused":
+            continue
+        name = names.get(id(m), "?")
+        if backend != "onednn" or not _fused.frozen(m):
+            e = {"decision": "fused", "reason": "fusion not measured: " + (
+                "cuDNN layers keep the fused graph" if backend != "onednn" else "the layer is not frozen")}
+        else:
+            t = m.__dict__.get(_TUNED_ATTR, {}).get(_call_key(m, kind, args))
+            choice = m.choice if m.choice is not None else (t.choice if t is not None else None)
+            try:
+                e, measured = _fusion.measure_cpu(m, args, choice, key, budget_s, _TUNED)
+                e["measured"] = measured
+            except NotSupportedError as exc:   # the plain convolution has no implementation: stays fused
+                e = {"decision": "fused", "reason": f"fusion not measured: {exc}"}
+        report.fusion[name if name not in report.fusion else f"{name} {_problem.describe()}"] = e
+        for t in entries.get((name, key), ()):
+            t["fusion"] = e["decision"]
+            for k in ("fused_ms", "unfused_ms", "fused_min_ms", "unfused_min_ms"):
+                if k in e:
+                    t[k] = e[k]
 
 
 def _search_layers(model, layers: list, names: dict, report: ConvertReport, budget_s, backward: bool) -> None:
@@ -2134,8 +2200,7 @@ def _torch_equivalent(m, x, residual=None, *, w=None, b=None, output_size=None):
             y = F.batch_norm(y, c(bn.running_mean), c(bn.running_var), c(bn.weight), c(bn.bias), False, 0.0, bn.eps)
         if residual is not None:
             y = y + residual
-        if m.activation == "relu":
-            y = torch.relu(y)
+        y = _fused.apply_activation(y, m.activation)
     return y
 
 
@@ -2189,7 +2254,7 @@ def _rawconv_runs(m, kind, args, backend, choice=None) -> str:
                                    m.groups, activation=m.activation, backend="cudnn", choice=choice,
                                    precision=m.precision)
             return f"graph {plan.selected_name} (conv+bias{'+add' if args.get('residual') is not None else ''}" \
-                   f"{'+relu' if m.activation == 'relu' else ''})"
+                   f"{'+' + m.activation if m.activation != 'none' else ''})"
         from .. import cudnn
 
         if isinstance(choice, str) and choice.startswith(("eng", "nhwc:eng")):
