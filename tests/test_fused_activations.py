@@ -613,3 +613,18 @@ def test_cuda_convert_fuse_on_torchvision_building_blocks(name):
         want, got = m(x), c(x)
     err = (got - want).abs().max().item()
     assert err <= 1e-3 * max(1.0, want.abs().max().item()), err
+
+
+def test_describe_says_which_layers_run_unfused(monkeypatch):
+    monkeypatch.setattr(FZ, "decide_fusion", lambda f, u, **kw: P.FusionDecision(False, 2.0, 1.0, 2.0, 1.0, 3, "forced"))
+    rnn.clear_tuning()
+    m = _randomized(_Chain(nn.SiLU(), nn.ReLU()))
+    x = torch.randn(2, 8, 7, 7)
+    c = rnn.convert(m, fuse=True, autotune=x)
+    rows = rnn.describe(c, x, timing=False)
+    runs = {r.name: r.rawconv_runs for r in rows}
+    errs = {r.name: r.rawconv_err for r in rows}
+    assert runs["c1"].startswith("unfused (measured faster): conv+bias ") and runs["c1"].endswith("then torch's silu")
+    assert runs["c2"].endswith("then torch's add+relu")
+    assert all(e is not None and e < 1e-5 for e in errs.values()), errs   # what ran (unfused) against float64
+    rnn.clear_tuning()

@@ -2229,6 +2229,11 @@ def _rawconv_runs(m, kind, args, backend, choice=None) -> str:
     forward choice the call ran with (:func:`_call_choices`)."""
     x = args["x"]
     w, b = _call_wb(m, args)
+    unfused = (m.__dict__.get(_fusion.UNFUSED_ATTR) or {}).get(_call_key(m, kind, args)) if kind == "fused" else None
+    if unfused is not None:   # convert measured this problem faster unfused (rawconv.pytorch.fusion)
+        tail = (["add"] if args.get("residual") is not None else []) + \
+            ([m.activation] if m.activation != "none" else [])
+        return f"unfused (measured faster): conv+bias {unfused}, then torch's {'+'.join(tail)}"
     try:
         if backend == "onednn":
             if kind == "fused":
