@@ -754,9 +754,10 @@ class _ConvBiasAct(_RawconvConv):
             x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)
             or (residual is not None and residual.requires_grad))) and not _functorch() and not _has_tangent(x, residual)
         unfused = d.get(_fusion.UNFUSED_ATTR)
-        if unfused and not recording and not _autocasting():
+        if unfused and not recording and self.choice is None and not _autocasting():
             # convert(fuse=True, autotune=x) measured this problem faster unfused: the convolution with
-            # its bias, then torch's own add and activation (rawconv.pytorch.fusion)
+            # its bias, then torch's own add and activation (rawconv.pytorch.fusion); a choice set on
+            # the module itself (pin_choices) names a fused implementation and runs it
             c = unfused.get(_sig_of("fused", x, self.weight, residual is not None))
             if c is not None:
                 return _fusion.run_unfused(self, x, w, b, residual, stride, pads, dilation, c, plans, eager)
@@ -2229,7 +2230,8 @@ def _rawconv_runs(m, kind, args, backend, choice=None) -> str:
     forward choice the call ran with (:func:`_call_choices`)."""
     x = args["x"]
     w, b = _call_wb(m, args)
-    unfused = (m.__dict__.get(_fusion.UNFUSED_ATTR) or {}).get(_call_key(m, kind, args)) if kind == "fused" else None
+    unfused = (m.__dict__.get(_fusion.UNFUSED_ATTR) or {}).get(_call_key(m, kind, args)) \
+        if kind == "fused" and m.choice is None else None
     if unfused is not None:   # convert measured this problem faster unfused (rawconv.pytorch.fusion)
         tail = (["add"] if args.get("residual") is not None else []) + \
             ([m.activation] if m.activation != "none" else [])
