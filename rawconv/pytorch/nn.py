@@ -9,8 +9,9 @@ Quick use::
     conv.cuda()                          # follows the device: cuDNN now (a oneDNN choice is dropped)
 
     model = rawconv.nn.convert(torchvision_model)                   # every conv swapped, weights kept
-    model = rawconv.nn.convert(model.eval(), fuse=True, autotune=x) # BN folded, conv+bias(+add)+ReLU fused,
-                                                                    # each distinct problem tuned once and
+    model = rawconv.nn.convert(model.eval(), fuse=True, autotune=x) # BN folded, conv+bias(+add)+activation
+                                                                    # fused where measured faster, each
+                                                                    # distinct problem tuned once and
                                                                     # pinned to that problem
     print(rawconv.nn.describe(model, x))                            # per layer: rawconv vs torch
 
@@ -1209,7 +1210,7 @@ _HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_a
 
 
 class _FusedSequential(torch.nn.Sequential):
-    """An ``nn.Sequential`` whose Conv -> BatchNorm -> ReLU runs are computed by fused modules when
+    """An ``nn.Sequential`` whose Conv -> BatchNorm -> activation runs are computed by fused modules when
     the Sequential itself is called (what :func:`convert` does where torch.fx cannot trace the
     model). Its children are not touched: a child called on its own (``self.seq[0](x)``) or from
     elsewhere (a shared module) computes as before, and the fused path reads the children's own
@@ -1248,7 +1249,7 @@ class _FusedSequential(torch.nn.Sequential):
 
 def _fuse_sequential(model, report: ConvertReport, backend, choice, precision) -> None:
     """Module-level fusion where torch.fx cannot trace: each ``nn.Sequential`` with Conv ->
-    BatchNorm -> ReLU runs becomes a :class:`_FusedSequential` (its class swapped in place; its
+    BatchNorm -> activation runs becomes a :class:`_FusedSequential` (its class swapped in place; its
     children, and so the state_dict, unchanged) that computes each run as one fused module when the
     Sequential is called as a whole. The convolutions of those runs are swapped to rawconv's."""
     for seq_name, seq in list(model.named_modules()):
@@ -1334,8 +1335,14 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
     ``fuse=True`` (inference: the model must be in eval mode): with torch.fx
     (``symbolic_trace``) each forward convolution becomes one :class:`ConvBiasAct2d` (1d/3d)
     call together with what follows it: a BatchNorm with running statistics, a residual ``add``
-    (``out + identity``: the other operand is passed as the residual) and/or a ``relu``. The
-    result is then a ``torch.fx.GraphModule``. Nothing of the model's state changes: the
+    (``out + identity``: the other operand is passed as the residual) and/or an activation (ReLU,
+    ReLU6, SiLU, GELU erf or tanh, hardswish, hardsigmoid, sigmoid, tanh, in their module,
+    functional and method forms: :func:`rawconv.pytorch.fusion.activation_of_node`). The
+    result is then a ``torch.fx.GraphModule``. With ``autotune`` on the CPU, each fused layer
+    is then measured against its unfused form (the convolution with its bias, then torch's own
+    add and activation) and keeps the fused call only where that was faster
+    (``report.fusion``; :func:`rawconv.pytorch.fusion.measure_cpu`); without an example input every
+    fusable layer is fused and the report says fusion was not measured. Nothing of the model's state changes: the
     parameters stay the convolutions' own, each folded BatchNorm stays where it was (only its
     call goes), so ``state_dict`` keys and values are the original model's and
     ``load_state_dict`` of the original's checkpoint works. The fused modules are **frozen**:
@@ -1344,10 +1351,10 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
     the parameters and BatchNorm it was taken from (the objects, their version counters,
     optimizer steps, ``.to()``; see :func:`refresh`) and takes a new one when not. With autograd
     recording, or a BatchNorm in training mode, a fused module runs the convolution, then the
-    BatchNorm module itself, the add and the ReLU (train the converted model as the original).
+    BatchNorm module itself, the add and the activation (train the converted model as the original).
     The model may already be converted (rawconv's conv modules are fx leaf modules).
     When tracing fails (data-dependent control flow...) a warning says so and each
-    ``nn.Sequential`` with Conv -> BatchNorm -> ReLU runs computes each run as one fused module
+    ``nn.Sequential`` with Conv -> BatchNorm -> activation runs computes each run as one fused module
     when the Sequential itself is called (its children are untouched: called alone, or shared,
     they compute as before; :class:`_FusedSequential`).
 
@@ -1443,7 +1450,7 @@ def _convert_fuse_fx(model: torch.nn.Module, report: ConvertReport, backend: str
         report.traced = False
         report.trace_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         warnings.warn(f"rawconv.nn.convert(fuse=True): torch.fx could not trace {type(model).__name__} "
-                      f"({report.trace_error}); fused at module level only (Conv -> BatchNorm -> ReLU runs of "
+                      f"({report.trace_error}); fused at module level only (Conv -> BatchNorm -> activation runs of "
                       "each nn.Sequential, when the Sequential is called as a whole); residual adds stay in "
                       "torch", RuntimeWarning, stacklevel=_guard.stacklevel())
         report.folded.clear()
@@ -2373,7 +2380,7 @@ def describe(model: torch.nn.Module, example_input: Any, *, iterations: int = 10
     its verbose log; on CUDA the kernel names torch's call launched, from ``torch.profiler``,
     with ``torch_kernels``), the median time of each (``iterations`` calls; CUDA: GPU time,
     calls queued behind a busy GPU) and the error of each against float64 (torch's float64
-    functional ops on the CPU, fused residual and ReLU included). Returns a
+    functional ops on the CPU, fused residual and activation included). Returns a
     :class:`DescribeTable` (a list whose repr is a table; :func:`print_table`).
     """
     if not isinstance(model, torch.nn.Module):
