@@ -105,14 +105,15 @@ def _sq_norm(t: torch.Tensor) -> float:
     slower). One pass over t's memory (a dense tensor as one vector, whatever its layout)."""
     if t.numel() == 0:
         return 0.0
-    if t.dtype not in (torch.float32, torch.float64):
-        t = t.float()
-    if t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last) or \
-            (t.dim() == 5 and t.is_contiguous(memory_format=torch.channels_last_3d)):
-        flat = t.as_strided((t.numel(),), (1,))
-    else:
-        flat = t.reshape(-1)
-    return float(torch.dot(flat, flat))
+    with torch.no_grad():
+        if t.dtype not in (torch.float32, torch.float64):
+            t = t.float()
+        if t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last) or \
+                (t.dim() == 5 and t.is_contiguous(memory_format=torch.channels_last_3d)):
+            flat = t.as_strided((t.numel(),), (1,))
+        else:
+            flat = t.reshape(-1)
+        return float(torch.dot(flat, flat))
 
 
 def weight_bound(w: torch.Tensor) -> float:

@@ -2004,9 +2004,10 @@ def _measure_fusion(layers: list, names: dict, report: ConvertReport, budget_s) 
         if kind != "fused":
             continue
         name = names.get(id(m), "?")
-        if backend != "onednn" or not _fused.frozen(m):
+        if backend != "onednn" or not _fused.frozen(m) or m.choice is not None:
             e = {"decision": "fused", "reason": "fusion not measured: " + (
-                "cuDNN layers keep the fused graph" if backend != "onednn" else "the layer is not frozen")}
+                "cuDNN layers keep the fused graph" if backend != "onednn" else "the layer is not frozen"
+                if not _fused.frozen(m) else "the module's own choice names a fused implementation")}
         else:
             t = m.__dict__.get(_TUNED_ATTR, {}).get(_call_key(m, kind, args))
             choice = m.choice if m.choice is not None else (t.choice if t is not None else None)
