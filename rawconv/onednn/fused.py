@@ -34,7 +34,7 @@ import torch
 from .. import onednn
 from ..core.errors import ArgumentError, ArgumentTypeError
 from ..core.postops import _check_activation, _check_residual, _torch_tail, apply_activation, finite_bound, \
-    weight_bound
+    vector_bound, weight_bound
 from ..core.problem import ConvProblem, dense_strides, empty_like_layout, strides_match
 
 __all__ = ["FusedConvolution", "ELTWISE", "NAN_GUARDED", "activation_of_post_ops"]
@@ -176,7 +176,7 @@ class FusedConvolution(onednn.Convolution):
         self._post_ops = tuple(ops)
         self.nan_guard = activation in NAN_GUARDED
         self._plain = None      # the plan without the activation, for calls the guard refuses (made on first need)
-        self._wbound = None     # (weights tensor, its version, weight_bound): the guard's weight factor
+        self._wbound = {}       # role -> (tensor, its version, bound): the guard's weight and bias factors
         self.unfused_calls = 0  # calls the guard ran unfused (a NaN or an infinity, or an overflow, was possible)
 
     def execute(self, x: torch.Tensor | None = None, w: torch.Tensor | None = None,
@@ -192,24 +192,30 @@ class FusedConvolution(onednn.Convolution):
             xx = x if x is not None else self._x
             ww = w if w is not None else (self._snap[0] if self._snap is not None else self._w)
             bb = bias if bias is not None else self._b
+            bb = bb if isinstance(bb, torch.Tensor) else None
             if isinstance(xx, torch.Tensor) and isinstance(ww, torch.Tensor) and \
-                    not finite_bound(xx, self._weight_bound(ww), bb if isinstance(bb, torch.Tensor) else None,
-                                     out if self.residual and isinstance(out, torch.Tensor) else None):
+                    not finite_bound(xx, self._bound("w", ww, weight_bound), None,
+                                     out if self.residual and isinstance(out, torch.Tensor) else None,
+                                     bias_bound=self._bound("b", bb, vector_bound)):
                 return self._execute_unguarded(xx, ww, bb, out)
         return super().execute(x, w, bias, out, grad_y=grad_y)
 
     __call__ = execute
 
-    def _weight_bound(self, w: torch.Tensor) -> float:
+    def _bound(self, role: str, t, fn) -> float:
+        """``fn(t)`` (the guard's bound of the weights or the bias), kept while ``t`` is the same
+        tensor at the same version (a frozen module's snapshot, a parameter between steps)."""
+        if t is None:
+            return 0.0
         try:
-            version = w._version
+            version = t._version
         except RuntimeError:   # an inference tensor keeps no version counter: computed on every call
-            return weight_bound(w)
-        c = self._wbound
-        if c is not None and c[0] is w and c[1] == version:
+            return fn(t)
+        c = self._wbound.get(role)
+        if c is not None and c[0] is t and c[1] == version:
             return c[2]
-        b = weight_bound(w)
-        self._wbound = (w, version, b)
+        b = fn(t)
+        self._wbound[role] = (t, version, b)
         return b
 
     def _execute_unguarded(self, x, w, bias, out):
@@ -239,7 +245,7 @@ class FusedConvolution(onednn.Convolution):
         plain, self._plain = self._plain, None
         if plain is not None:
             plain.free()
-        self._wbound = None
+        self._wbound = {}
         super().free()
 
     def _build(self, i: int):
