@@ -65,6 +65,9 @@ POINTWISE_MODES = {"add": "CUDNN_POINTWISE_ADD", "mul": "CUDNN_POINTWISE_MUL",
                    "elu": "CUDNN_POINTWISE_ELU_FWD", "gelu": "CUDNN_POINTWISE_GELU_FWD",
                    "swish": "CUDNN_POINTWISE_SWISH_FWD", "silu": "CUDNN_POINTWISE_SWISH_FWD",
                    "gelu_tanh": "CUDNN_POINTWISE_GELU_APPROX_TANH_FWD", "relu6": "CUDNN_POINTWISE_RELU_FWD"}
+#: set CUDNN_PROPAGATE_NAN on the ReLU family's nodes (torch keeps NaN through relu); False leaves
+#: cuDNN's default (which drops it), should an engine refuse the attribute
+RELU_PROPAGATE_NAN = True
 # the attributes a mode's descriptor is given besides mode and precision (name, type, value): NaN kept
 # through the ReLU family (cuDNN's default drops it, as cudnn-frontend's builder's does), the upper
 # clip of ReLU6, SiLU as swish with beta 1
@@ -367,6 +370,8 @@ def pointwise(mode: str, compute: str = "float32") -> Descriptor:
     d.set("POINTWISE_MODE", "POINTWISE_MODE", const(POINTWISE_MODES[mode]))
     d.set("POINTWISE_MATH_PREC", "DATA_TYPE", data_type(compute))
     for attr, typ, value in POINTWISE_ATTRIBUTES.get(mode, ()):
+        if attr == "POINTWISE_NAN_PROPAGATION" and not RELU_PROPAGATE_NAN:
+            continue
         d.set(attr, typ, const(value) if isinstance(value, str) else value)
     return d.finalize()
 
