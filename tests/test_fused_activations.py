@@ -470,12 +470,17 @@ def test_convert_autotune_keeps_a_fused_layer_only_where_measured_faster(monkeyp
     rnn.clear_tuning()
 
 
-def test_an_unfused_layer_runs_through_the_operator_under_torch_compile(monkeypatch):
+def _converted_all_unfused(monkeypatch, act1, act2):
+    """(model, its conversion with every fused layer decided unfused, the example input)."""
     monkeypatch.setattr(FZ, "decide_fusion", lambda f, u, **kw: P.FusionDecision(False, 2.0, 1.0, 2.0, 1.0, 3, "forced"))
     rnn.clear_tuning()
-    m = _randomized(_Chain(nn.GELU(), nn.Hardswish()))
+    m = _randomized(_Chain(act1, act2))
     x = torch.randn(2, 8, 7, 7)
-    c = rnn.convert(m, fuse=True, autotune=x)
+    return m, rnn.convert(m, fuse=True, autotune=x), x
+
+
+def test_an_unfused_layer_runs_through_the_operator_under_torch_compile(monkeypatch):
+    m, c, x = _converted_all_unfused(monkeypatch, nn.GELU(), nn.Hardswish())
     assert all(e["decision"] == "unfused" for e in c.rawconv_report.fusion.values())
     f = torch.compile(c, fullgraph=True, backend="aot_eager")
     with torch.no_grad():
@@ -619,11 +624,7 @@ def test_cuda_convert_fuse_on_torchvision_building_blocks(name):
 
 
 def test_describe_says_which_layers_run_unfused(monkeypatch):
-    monkeypatch.setattr(FZ, "decide_fusion", lambda f, u, **kw: P.FusionDecision(False, 2.0, 1.0, 2.0, 1.0, 3, "forced"))
-    rnn.clear_tuning()
-    m = _randomized(_Chain(nn.SiLU(), nn.ReLU()))
-    x = torch.randn(2, 8, 7, 7)
-    c = rnn.convert(m, fuse=True, autotune=x)
+    _m, c, x = _converted_all_unfused(monkeypatch, nn.SiLU(), nn.ReLU())
     rows = rnn.describe(c, x, timing=False)
     runs = {r.name: r.rawconv_runs for r in rows}
     errs = {r.name: r.rawconv_err for r in rows}
