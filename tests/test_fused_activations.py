@@ -647,3 +647,16 @@ def test_cuda_convert_autotune_keeps_the_fused_graphs_and_says_fusion_was_not_me
         want, got = m(x), c(x)
     assert (got - want).abs().max().item() <= 1e-3 * max(1.0, want.abs().max().item())
     rnn.clear_tuning()
+
+
+def test_every_graph_activation_has_torchs_epilogue_for_unfused_configs():
+    """An "unfused:<config>" selection of a fused graph runs the activation in torch
+    (rawconv.cudnn_graph.torch_epilogue): every graph activation has its torch op there."""
+    from rawconv import cudnn_graph as G
+
+    assert set(G.ACTIVATIONS) <= set(G._EPILOGUE_ACT)
+    torch.manual_seed(24)
+    z, b, r = torch.randn(2, 4, 5, 5) * 3, torch.randn(4), torch.randn(2, 4, 5, 5)
+    for act in set(G.ACTIVATIONS) & set(TORCH):
+        y = G.torch_epilogue(z.clone(), b, r, act, 2)
+        torch.testing.assert_close(y, TORCH[act](z + b.view(-1, 1, 1) + r), rtol=0, atol=0)

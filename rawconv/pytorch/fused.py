@@ -77,6 +77,15 @@ class _ResidualGraphMixin:
     def _describe(self) -> str:
         return super()._describe() + " residual"
 
+    def _has_residual(self) -> bool:
+        return True
+
+    def _execute_split(self, x, w, bias, out, grad_y, residual=None):
+        r = getattr(self, "_pending_r", None)
+        if r is None:
+            raise ArgumentError("this plan adds a residual: use run(x, w, bias, residual)")
+        return super()._execute_split(x, w, bias, out, grad_y, self._prepare("r", r, self.problem.y_shape))
+
     def _example(self, seed: int = 0) -> dict:
         t = super()._example(seed)
         p = self.problem

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import operator
 import threading
 import time
@@ -959,8 +960,33 @@ class ConvertReport:
             lines.append("  other problems (batch size, layout, dtype, size) than the example's: "
                          + ("searched at their first call" if self.autotune_new == "search"
                             else "the libraries' defaults (autotune_new='search' searches them)"))
+            vs = [t for t in self.tuned if t.get("searched") and t.get("vs_torch")]
+            if vs:
+                g = math.exp(sum(math.log(t["vs_torch"]) for t in vs) / len(vs))
+                worst = min(vs, key=lambda t: t["vs_torch"])
+                slow = sum(1 for t in vs if t["vs_torch"] < 0.97)
+                lines.append(f"  against torch's own call (cudnn.benchmark on), GPU time, {len(vs)} searched problems: "
+                             f"geomean {g:.3f}x (torch / rawconv), {slow} more than 3% slower than torch, worst "
+                             f"{worst['vs_torch']:.3f}x ({worst['name']}: rawconv {worst['choice']}, torch "
+                             f"{worst.get('torch_engine', '?')}); per layer: report.table()")
         lines += self._fusion_lines()
         return "\n".join(lines)
+
+    def table(self) -> str:
+        """One line per searched layer: what rawconv runs, what torch ran (its cuDNN engine, with
+        ``cudnn.benchmark`` on), both GPU times and their ratio (torch / rawconv), and any note."""
+        rows = [f"{'layer':<28} {'kind':<6} {'rawconv runs':<34} {'torch runs':<11} {'rawconv ms':>10} "
+                f"{'torch ms':>9} {'ratio':>6}"]
+        for t in self.tuned:
+            if not t.get("searched"):
+                continue
+            ratio = t.get("vs_torch")
+            rows.append(f"{t['name'][:28]:<28} {t['kind']:<6} {str(t['choice'])[:34]:<34} "
+                        f"{str(t.get('torch_engine', '-')):<11} "
+                        f"{t.get('rawconv_ms', float('nan')):>10.4f} {t.get('torch_ms', float('nan')):>9.4f} "
+                        f"{(f'{ratio:.3f}' if ratio else '-'):>6}"
+                        + (f"  {t['vs_torch_note']}" if t.get("vs_torch_note") else ""))
+        return "\n".join(rows)
 
     def _fusion_lines(self) -> list:
         if self.fused and self.fusion_measured is False:
@@ -1795,7 +1821,92 @@ def _tune_one(m, kind: str, args: dict, backend: str, budget_s: float | None, *,
         return rows[0].algorithm.choice
     if info is not None and rows:
         info.update(median_ms=getattr(rows[0], "median_ms", None), min_ms=getattr(rows[0], "min_ms", None))
+    if info is not None and kind in ("conv", "fused") and VERSUS_TORCH:
+        try:
+            info.update(_versus_torch(m, kind, args, plan))
+        except (RawconvError, RuntimeError) as exc:   # the tuned choice stands; the report says why
+            info["vs_torch_note"] = f"not compared with torch: {type(exc).__name__}: {str(exc).splitlines()[0]}"
     return plan.selected_name
+
+
+# convert(autotune=...) on CUDA times each searched layer's pinned call against torch's own call
+VERSUS_TORCH = True
+
+
+def _torch_peer(m, kind: str, args: dict, problem: ConvProblem):
+    """Torch's own call for a recorded conv or fused call (``F.conv{1,2,3}d`` on the same tensors,
+    then, for a fused call, the residual add and the activation by torch's ops): a callable."""
+    x = args["x"]
+    w, b = _call_wb(m, args)
+    r = args.get("residual")
+    nd = w.dim() - 2
+    conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nd]
+    if problem.symmetric:
+        pad, pads = problem.pad_before, None
+    else:
+        pad = 0
+        pads = [v for i in reversed(range(nd)) for v in (problem.pad_before[i], problem.pad_after[i])]
+    act = m.activation if kind == "fused" else "none"
+
+    def call():
+        xx = x if pads is None else F.pad(x, pads)
+        y = conv(xx, w, b, problem.stride, pad, problem.dilation, problem.groups)
+        if r is not None or act != "none":
+            y = _fused._torch_tail(y, None, r, act, problem)
+        return y
+    return call
+
+
+def _versus_torch(m, kind: str, args: dict, plan) -> dict:
+    """The GPU time of layer ``m``'s recorded call on its tuned cuDNN plan against torch's own call
+    (:func:`_torch_peer`, ``cudnn.benchmark`` on: torch's best pick), interleaved in 5 rounds
+    (calls queued behind a busy GPU), and the cuDNN engine torch's call ran (cuDNN's API log).
+    When rawconv's pinned call measured more than 3% slower, torch's engine (default knobs; after
+    the convolution alone, with torch's ops after it, for a plan with a bias, activation or
+    residual) is tried and kept if it measured faster. Returns ``torch_ms``, ``rawconv_ms``,
+    ``vs_torch`` (torch / rawconv: above 1, rawconv faster), ``torch_engine`` and, when the guard
+    changed the choice, ``vs_torch_note``."""
+    from ..cudnn.graph import search as _search
+    from .torch_choice import cudnn_api_log, parse_cudnn_log, torch_flags
+
+    x, r = args["x"], args.get("residual")
+    w, b = _call_wb(m, args)
+    problem = _problem_of(m, kind, args)
+    peer = _torch_peer(m, kind, args, problem)
+
+    def ours():
+        return plan.run(x, w, b, r) if r is not None else plan.execute(x, w, b)
+    out: dict = {}
+    with torch.no_grad(), torch_flags(benchmark=True):
+        peer()
+        peer()   # (the first call timed torch's candidates: cudnn.benchmark)
+        with cudnn_api_log() as log:
+            peer()
+            torch.cuda.synchronize(x.device)
+        engines = parse_cudnn_log(log.messages)["engines"] if log.available else ()
+        out["torch_engine"] = f"eng{engines[0]}" if engines else ("legacy API" if log.available else "?")
+        ours()
+        (t_ms, r_ms), _mins, _runs = _search._interleaved([peer, ours], 10)
+        out.update(torch_ms=t_ms, rawconv_ms=r_ms, vs_torch=t_ms / r_ms if r_ms else None)
+        if r_ms > 1.03 * t_ms and engines and not str(plan.selected_name).split("|")[0].endswith(f"eng{engines[0]}"):
+            before = plan.selected_name
+            alt = ("unfused:" if plan.has_epilogue() else "") + f"eng{engines[0]}"
+            try:
+                plan.select(alt)
+                ours()
+                (t2, a_ms), _mins, _runs = _search._interleaved([peer, ours], 10)
+            except (RawconvError, RuntimeError) as exc:
+                plan.select(before)
+                out["vs_torch_note"] = f"slower than torch; torch's engine {alt} did not run: {exc}"
+                return out
+            if a_ms < r_ms * t2 / t_ms:
+                out.update(torch_ms=t2, rawconv_ms=a_ms, vs_torch=t2 / a_ms,
+                           vs_torch_note=f"{before} measured {r_ms:.4f} ms against torch's {t_ms:.4f}: torch's "
+                                         f"engine {alt} kept instead")
+            else:
+                plan.select(before)
+                out["vs_torch_note"] = f"torch's engine {alt} measured no faster ({a_ms:.4f} ms)"
+    return out
 
 
 def _grad_problems(m, kind: str, args: dict, backend: str) -> dict:
@@ -2039,6 +2150,8 @@ def _search_layers(model, layers: list, names: dict, report: ConvertReport, budg
             if key not in plans:
                 try:
                     plans[key] = plan = _graph_plan(m, kind, args)
+                    if isinstance(plan, _fused._CudaFallback):
+                        return   # no cuDNN graph for it (the legacy API runs it): nothing to compile ahead
                     _search.prefetch(plan)
                 except (RawconvError, RuntimeError):   # its own search says what is wrong
                     plans.pop(key, None)
@@ -2272,8 +2385,20 @@ def _rawconv_runs(m, kind, args, backend, choice=None) -> str:
                    f"{'+' + m.activation if m.activation != 'none' else ''})"
         from .. import cudnn
 
-        if isinstance(choice, str) and choice.startswith(("eng", "nhwc:eng")):
+        if isinstance(choice, str) and cudnn._is_graph_choice(choice):
             return f"graph {choice}"
+        if kind == "conv" and (choice is None or choice == "") and m.backend == "auto":
+            # what the operator runs with no choice: the graph API's default (cudnn.forward would
+            # name the legacy API's heuristic, which only backend="cudnn" runs)
+            from ..cudnn import graph as G
+            from . import ops as _ops
+
+            try:
+                plan = G._forward_plan(x, w, b, m.stride, _norm_padding(args["padding"]), m.dilation, m.groups, None,
+                                       None, False, _ops._GRAPH_MATH[m.precision])
+                return f"graph {plan.selected_name}"
+            except NotSupportedError:
+                pass   # no graph config: the legacy API runs it (below)
         if kind == "conv":
             _, info = cudnn.forward(x, w, b, m.stride, _norm_padding(args["padding"]), m.dilation, m.groups,
                                     choice=choice, precision=m.precision, return_info=True)
