@@ -923,8 +923,8 @@ class ConvertReport:
     (``"fused"`` / ``"unfused"``), ``fused_ms`` / ``unfused_ms`` (median ms per call over the
     rounds), ``fused_min_ms`` / ``unfused_min_ms``, ``rounds``, ``reason``, ``fused_choice`` /
     ``unfused_choice``, ``measured`` (False: the decision of an earlier layer of the same problem);
-    or ``{"decision": "fused", "reason": ...}`` where it was not measured (cuDNN layers, nothing to
-    unfuse). ``fusion_measured``: False when ``fuse=True`` had no example input to measure on
+    or ``{"decision": ..., "reason": ...}`` where it was not measured here (cuDNN layers: their graph
+    autotune's choice, an ``"unfused:"`` config or a fused one; nothing to unfuse). ``fusion_measured``: False when ``fuse=True`` had no example input to measure on
     (every fusable layer fused, as before)."""
 
     swapped: list = field(default_factory=list)
@@ -2105,8 +2105,9 @@ def _autotune(model, example, report: ConvertReport, budget_s, backward: bool = 
 def _measure_fusion(layers: list, names: dict, report: ConvertReport, budget_s) -> None:
     """``convert(fuse=True, autotune=x)``: each fused oneDNN layer's recorded call measured fused
     against unfused (:func:`rawconv.pytorch.fusion.measure_cpu`), the outcome pinned to its problem
-    and written into ``report.fusion`` and the layer's ``report.tuned`` entries. cuDNN layers are
-    not measured here (recorded as such)."""
+    and written into ``report.fusion`` and the layer's ``report.tuned`` entries. A cuDNN layer's
+    decision is its graph autotune's (fused configs and ``"unfused:"`` ones searched together):
+    recorded as such, not measured again here."""
     report.fusion_measured = True
     entries = {}
     for t in report.tuned:
@@ -2115,13 +2116,17 @@ def _measure_fusion(layers: list, names: dict, report: ConvertReport, budget_s) 
         if kind != "fused":
             continue
         name = names.get(id(m), "?")
-        if backend != "onednn" or not _fused.frozen(m) or m.choice is not None:
+        t = m.__dict__.get(_TUNED_ATTR, {}).get(_call_key(m, kind, args))
+        choice = m.choice if m.choice is not None else (t.choice if t is not None else None)
+        if backend != "onednn":   # the graph autotune searched fused and "unfused:" configs (its choice says which)
+            split = isinstance(choice, str) and choice.startswith("unfused:")
+            e = {"decision": "unfused" if split else "fused",
+                 "reason": f"cuDNN graph autotune (fused and 'unfused:' configs searched): {choice}"}
+        elif not _fused.frozen(m) or m.choice is not None:
             e = {"decision": "fused", "reason": "fusion not measured: " + (
-                "cuDNN layers keep the fused graph" if backend != "onednn" else "the layer is not frozen"
-                if not _fused.frozen(m) else "the module's own choice names a fused implementation")}
+                "the layer is not frozen" if not _fused.frozen(m) else
+                "the module's own choice names a fused implementation")}
         else:
-            t = m.__dict__.get(_TUNED_ATTR, {}).get(_call_key(m, kind, args))
-            choice = m.choice if m.choice is not None else (t.choice if t is not None else None)
             try:
                 e, measured = _fusion.measure_cpu(m, args, choice, key, budget_s, _TUNED)
                 e["measured"] = measured
