@@ -935,7 +935,8 @@ def table_text(result: dict, markdown: bool = False) -> str:
                    "eager (train: torch's step) / compile with freezing over this row's (>1: faster).")
     out.append(f"err: max |y - ref| / max |ref| against the same model in float64 (train: the worst parameter's "
                f"gradient, normwise); torch err: torch eager's own (the noise floor); WRONG: err above "
-               f"max({FACTOR:g} x torch err, {FLOOR[m['dtype']]:g}) (train: {TRAIN_FLOOR[m['dtype']]:g}).")
+               f"max({FACTOR:g} x torch err, {FLOOR[m['dtype']]:g}) (train: parameter by parameter, above "
+               f"max({FACTOR:g} x torch's error on that parameter, {TRAIN_FLOOR[m['dtype']]:g})).")
     for s in result["skipped"]:
         out.append(f"skipped {s['model']}: {s['reason']}")
     out.append(summary_text(result))
