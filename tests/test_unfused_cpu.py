@@ -171,3 +171,91 @@ def test_convert_autotune_skips_prefetch_of_a_layer_with_no_cudnn_graph(monkeypa
     report = N.ConvertReport()
     N._search_layers(torch.nn.Sequential(m), layers, {id(m): "0"}, report, 0.1, False)
     assert [k for k, _ in tuned] == ["fused"] * 3 and len(report.tuned) == 3
+
+
+def test_split_search_ranks_both_halves_with_torchs_pick_end_to_end(monkeypatch):
+    """autotune's split search (GraphConvolution._search_split) with cuDNN, the GPU timing and the
+    two searches stubbed: half the budget each; the convolution-only rows named "unfused:<config>";
+    torch's pick (the convolution-only default) timed end to end even when not among the best four;
+    an unfused row wrong end to end marked "mismatch"; the fused rows timed as their plan runs them
+    (call_for: a residual graph binds its residual there); all ranked by their end-to-end times."""
+    from rawconv.cudnn.graph import autotune as A
+    from rawconv.cudnn.graph.search import TimedConfig
+
+    def row(name, ms, status="ok"):
+        return TimedConfig(G.EngineConfig.parse(name), ms, ms, 5, status)
+
+    budgets = []
+
+    def search(plan, deadline, budget_s, tensors, ref, ref_abs, opts, seeds=()):
+        budgets.append((plan.label, round(budget_s, 3)))
+        if plan.label == "fused":
+            return [row("eng4{k24=26}", 0.040), row("eng0", 0.600)]
+        return [row(f"eng57{{k2={i}}}", 0.020 + i * 0.001) for i in range(6)]
+    monkeypatch.setattr(A._search, "search", search)
+    monkeypatch.setattr(A._o, "reference", lambda p, d, t, **kw: ("REF-conv-only", None))
+    e2e = {}   # callable -> its end-to-end time
+
+    def interleaved(fns, final_iterations, rounds=5):
+        return [e2e[f] for f in fns], [e2e[f] for f in fns], 10
+    monkeypatch.setattr(A._search, "_interleaved", interleaved)
+
+    class Unf:
+        label = "unfused"
+        problem = types.SimpleNamespace(layout="nhwc")
+
+        def _torch_pick_row(self, rows, t, ref, ref_abs, opts):
+            assert ref == "REF-conv-only"
+            pick = row("eng5", 0.030)
+            pick.detail = "torch's pick"
+            rows.append(pick)
+            return pick
+
+    class Plan(A.Autotune):
+        label = "fused"
+        activation = "relu"
+        problem = types.SimpleNamespace(ndim=2)
+        _cl = None
+
+        def __init__(self):
+            self.built = {"eng4{k24=26}": "B4", "eng0": "B0"}
+            self._unf = Unf()
+
+        def unfused(self):
+            return self._unf
+
+        def output(self):
+            return torch.empty(1)
+
+        def call_for(self, b, t, out):
+            fn = lambda: None   # noqa: E731
+            e2e[fn] = {"B4": 0.041, "B0": 0.601}[b]
+            return fn
+
+        def _split_call(self, unf, r, t, out):
+            fn = lambda: None   # noqa: E731
+            # end to end: the convolution's time plus 0.012 ms of torch's ops; eng57{k2=1} is wrong
+            e2e[fn] = r.median_ms + 0.012
+            fn.config = r.config.name
+            return fn
+
+        def check_output(self, out, config, ref, ref_abs):
+            return types.SimpleNamespace(ok=config.name != "eng57{k2=1}")
+
+    opts = A._search.SearchOptions(budget_s=1.0, check=True)
+    rows = Plan()._search_split(0.0, 1.0, {"x": "X", "w": "W", "b": "B", "r": "R"}, "REF", None, opts, [], False)
+    assert budgets[0] == ("fused", 0.5), "half the budget to the fused graph"
+    assert budgets[1][0] == "unfused"
+    names = [r.name for r in rows]
+    assert names[0] == "unfused:eng57{k2=0}" and rows[0].median_ms == pytest.approx(0.032)
+    assert "unfused:eng5" in names and "eng4{k24=26}" in names
+    pick = rows[names.index("unfused:eng5")]
+    assert pick.median_ms == pytest.approx(0.042) and "torch's pick" in pick.detail, "timed end to end"
+    bad = rows[names.index("unfused:eng57{k2=1}")]
+    assert bad.status == "mismatch" and "end to end" in bad.detail
+    fused = rows[names.index("eng4{k24=26}")]
+    assert fused.median_ms == pytest.approx(0.041)
+    # rows not timed end to end get torch's ops' measured time added
+    late = rows[names.index("unfused:eng57{k2=5}")]
+    assert late.median_ms == pytest.approx(0.025 + 0.012) and "torch's ops" in late.detail
+    assert [r.status for r in rows].count("ok") == len(rows) - 1

@@ -295,8 +295,10 @@ class Autotune:
             engine_ms.append(r.median_ms)
         n_unf = len(fns)
         for r in top_n:
-            via = self._cl if r.layout == "nhwc" else None
-            fns.append((r, self.execute_call((via or self).built[r.config.name], tensors, out, via=via)))
+            if r.layout == "nhwc":   # (relayout) through the transforms, as execute runs it
+                fns.append((r, self.execute_call(self._cl.built[r.config.name], tensors, out, via=self._cl)))
+            else:   # (call_for binds a residual graph's residual too)
+                fns.append((r, self.call_for(self.built[r.config.name], tensors, out)))
         if fns:
             medians, mins, runs = _search._interleaved([fn for _, fn in fns], opts.final_iterations)
             for (r, _fn), med, mn in zip(fns, medians, mins):
