@@ -259,3 +259,47 @@ def test_split_search_ranks_both_halves_with_torchs_pick_end_to_end(monkeypatch)
     late = rows[names.index("unfused:eng57{k2=5}")]
     assert late.median_ms == pytest.approx(0.025 + 0.012) and "torch's ops" in late.detail
     assert [r.status for r in rows].count("ok") == len(rows) - 1
+
+
+def test_execute_and_hot_path_of_an_unfused_selection(graph_cpu):
+    """execute() of a bias-only graph takes the default "unfused:" path: the convolution-only plan
+    computes the convolution (stubbed here: no GPU), torch adds the bias in place; the operators'
+    hot path (_hot_forward) does the same when the bias fits and declines (None) when it does not;
+    a residual graph's hot path always declines (its residual is not in the pack)."""
+    plan = G.GraphConvolution.from_problem(_p(has_bias=True))
+    conv = torch.randn(2, 8, 9, 10)
+    b = torch.randn(8)
+    calls = []
+
+    class Unf:
+        def execute(self, x, w, bias, out):
+            calls.append(("execute", bias, out))
+            return conv.clone()
+
+        def _hot_forward(self, x, w, bias):
+            calls.append(("hot", bias))
+            return conv.clone()
+
+        def _current(self):
+            return types.SimpleNamespace(config=G.EngineConfig(5))
+
+        selected_name = "eng5"
+
+        def free(self):
+            pass
+    plan._unf = Unf()
+    plan._prepare = lambda role, t, shape: t   # (the bias's device check: CUDA tensors only)
+    y = plan.execute("x", "w", b)
+    torch.testing.assert_close(y, conv + b.view(1, -1, 1, 1))
+    assert calls[-1] == ("execute", None, None) and plan._split
+    assert plan.selected_name == "unfused:eng5"
+    plan._dev = b.device   # (the hot path's bias check compares devices)
+    plan.problem = plan.problem.with_(dtype="float32")
+    y = plan._hot_forward("x", "w", b)
+    torch.testing.assert_close(y, conv + b.view(1, -1, 1, 1))
+    assert calls[-1] == ("hot", None)
+    assert plan._hot_forward("x", "w", b[:4]) is None, "a bias of another shape takes the checked path"
+    assert plan._hot_forward("x", "w", b.double()) is None
+    assert plan._hot_forward("x", "w", None) is None
+    plan._has_residual = lambda: True
+    assert plan._hot_forward("x", "w", b) is None
