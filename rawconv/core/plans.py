@@ -53,13 +53,27 @@ class PlanCache:
 
 
 class PlanLifetime:
-    """``with plan: ...`` calls ``plan.free()`` on the way out."""
+    """``with plan: ...`` calls ``plan.free()`` on the way out. A plan holds the library's objects
+    (descriptors, primitives, buffers whose addresses they hold), which neither copy nor pickle:
+    ``copy.copy``, ``copy.deepcopy``, ``pickle`` and ``torch.save`` of a plan raise
+    :class:`~rawconv.errors.ArgumentTypeError` (a ``TypeError``, as pickle's own refusal) saying
+    what to keep instead."""
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.free()
+
+    def __reduce_ex__(self, protocol):
+        from .errors import ArgumentTypeError
+
+        name = f"{type(self).__module__}.{type(self).__qualname__}"
+        raise ArgumentTypeError(
+            f"a {name} plan cannot be copied or pickled: it holds the library's objects (descriptors, primitives, "
+            "buffers). Keep what makes one instead: its problem and choice (plan.problem, plan.selected; a new "
+            "plan from them, from_problem(problem, direction=..., choice=...)) or its tuning record "
+            "(plan.tuning_record.save(path), rawconv.tuning.replay(path))")
 
 
 def register_clear(name: str, clear) -> None:

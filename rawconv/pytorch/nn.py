@@ -497,16 +497,40 @@ class _RawconvConv:
             self._choice_backend = want
 
     def __getstate__(self):
-        """A copy (``copy.deepcopy``) or a pickle without the argument pack of :meth:`forward` (its
-        plans hold the library's objects, which neither copies nor pickles): the copy makes its own."""
+        """A pickle without the argument pack of :meth:`forward` (its plans hold the library's
+        objects, which neither copies nor pickles): the unpickled module makes its own."""
         state = super().__getstate__()
         state.pop("_rawconv_entry", None)
         return state
 
+    def __deepcopy__(self, memo):
+        """A copy (``copy.deepcopy``) as torch's default one (the same class, ``__setstate__`` of
+        the deep-copied ``__dict__``), without the argument pack of :meth:`forward`: the copy
+        makes its own. Defined here, not left to ``__getstate__``, so that it also holds under
+        ``torch.nn.utils.parametrize`` (whose injected class deep-copies ``__dict__`` unless the
+        module class has its own ``__deepcopy__``; ``weight_norm``, ``spectral_norm``,
+        ``AveragedModel``)."""
+        cls = type(self)
+        replica = cls.__new__(cls)
+        memo[id(self)] = replica
+        state = {k: v for k, v in self.__dict__.items() if k != "_rawconv_entry"}
+        replica.__setstate__(copy.deepcopy(state, memo))
+        return replica
+
     def _padded(self, x):
-        """(input, padding) for the library: non-'zeros' padding modes pad in torch first."""
+        """(input, padding) for the library: non-'zeros' padding modes pad in torch first
+        (``F.pad``; its refusal of the input, e.g. a reflect padding not smaller than the input,
+        is raised as :class:`ArgumentError` with torch's message: a ``RuntimeError`` as torch's)."""
         if self.padding_mode != "zeros":
-            return F.pad(x, self._reversed_padding_repeated_twice, mode=self.padding_mode), 0
+            try:
+                return F.pad(x, self._reversed_padding_repeated_twice, mode=self.padding_mode), 0
+            except (RuntimeError, ValueError, NotImplementedError) as exc:
+                new = _guard.translate(exc, f"rawconv.nn.{type(self).__name__}.forward")
+                if new is None or not isinstance(new, InternalError):
+                    raise
+                raise ArgumentError(f"{type(self).__name__}: padding_mode={self.padding_mode!r} with padding "
+                                    f"{self._reversed_padding_repeated_twice} on input {tuple(x.shape)}: torch's "
+                                    f"F.pad says: {exc}") from exc
         return x, self.padding
 
     def _tuned_for(self, kind: str, x, extra, args: dict, w=None):
@@ -1347,7 +1371,16 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
     autotune, autotune_backward = _convert_args(model, inplace, backend, precision, autotune, fuse, example_input,
                                                 autotune_budget_s, autotune_backward, autotune_new)
     if not inplace:
-        model = copy.deepcopy(model)
+        try:
+            model = copy.deepcopy(model)
+        except (RuntimeError, TypeError) as exc:   # torch's own refusal to copy this model
+            if isinstance(exc, RawconvError):
+                raise
+            raise ArgumentError(f"convert(inplace=False) converts a copy of the model, and copy.deepcopy of it "
+                                f"failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
+                                "(torch.nn.utils.weight_norm / spectral_norm leave a computed weight that torch "
+                                "cannot copy: use torch.nn.utils.parametrizations.weight_norm / spectral_norm, "
+                                "or convert the model itself with inplace=True)") from exc
     report = ConvertReport()
     traced = False
     if fuse:
