@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import operator
 import threading
 import time
@@ -58,6 +59,7 @@ from ..core.options import PRECISIONS
 from ..core.problem import ConvProblem, empty_like_layout, shape_only, tuple_arg
 
 _autocasting = torch._C._is_any_autocast_enabled
+log = logging.getLogger("rawconv.nn")
 
 __all__ = ["conv", "conv_transpose", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
            "ConvTranspose3d", "ConvBiasAct1d", "ConvBiasAct2d", "ConvBiasAct3d", "convert", "describe",
@@ -550,6 +552,8 @@ class _RawconvConv:
             if t is None and self.__dict__.get(_NEW_ATTR) is not None and _can_search_now(x):
                 t = _search_new(self, kind, args, key)
             if t is not None:
+                if t.backend == "onednn" and t.__dict__.get(_OFFERED_ON) != _onednn_here():
+                    t = _offered_here(self, kind, args, key, t)   # tuned on another CPU (or oneDNN)
                 return (t.choice if choice is None else choice), (t.backward_choice if bwd is None else bwd)
         return choice, bwd
 
@@ -1532,6 +1536,86 @@ class TunedChoice:
                 "backward_choice": self.backward_choice, "directions": dict(self.directions)}
 
 
+_OFFERED_ON = "_rawconv_offered_on"   # TunedChoice.__dict__: the oneDNN and CPU its choices are known offered on
+_HERE: list = []   # this process's oneDNN version and effective ISA (_onednn_here)
+_FALLBACK_WARNED: list = []   # a pinned choice not offered here was warned about (once per process)
+
+
+def _onednn_here() -> str:
+    """This process's oneDNN version and effective ISA (``"3.2.0 avx2"``): what decides which
+    implementations a pinned choice can name."""
+    if not _HERE:
+        env = onednn._environment()
+        _HERE.append(f"{env['library_version']} {env['device_arch']}")
+    return _HERE[0]
+
+
+def _offered(m, kind: str, args: dict, direction: str, choice: str) -> str | None:
+    """None when oneDNN offers ``choice`` here for layer ``m``'s call in library ``direction``, else
+    the name of what runs instead (oneDNN's first choice). Lists the implementations once."""
+    prec = _check_precision(m.precision)
+    if direction == _forward_direction(kind):
+        problem, wl = _problem_of(m, kind, args), onednn._w_layout(m.weight)
+    else:
+        problem, wl = _grad_problems(m, kind, args, "onednn")[direction]
+    if kind == "fused" and direction == "forward":
+        plan = _fused.FusedConvolution.for_problem(problem, residual=args.get("residual") is not None,
+                                                   activation=m.activation, fpmath=prec, w_layout=wl)
+    else:
+        plan = onednn.Convolution.from_problem(problem, direction=direction, fpmath=prec, w_layout=wl)
+    try:
+        try:
+            plan.select(choice)
+            return None
+        except NotSupportedError:   # (KnownBadError too)
+            first = plan.selected
+            return f"{first.name}@{first.layouts}"
+    finally:
+        plan.free()
+
+
+def _offered_here(m, kind: str, args: dict, key, t: "TunedChoice") -> "TunedChoice":
+    """``t`` (an autotuned oneDNN pin of layer ``m``, made with another oneDNN or on another CPU:
+    a saved model loaded elsewhere, ``ONEDNN_MAX_CPU_ISA``) checked against what oneDNN offers
+    here, once per process: a choice it does not offer for its problem is dropped (oneDNN's first
+    choice runs that direction), with one ``RuntimeWarning`` per process naming the layer, the
+    pinned choice and what runs instead (the others are logged on ``rawconv.nn``). The checked pin
+    replaces ``t`` in the layer's table and is returned."""
+    here = _onednn_here()
+    dirs = dict(t.directions)
+    dropped = []
+    for direction, choice in t.directions.items():
+        if choice is None:
+            continue
+        instead = _offered(m, kind, args, direction, str(choice))
+        if instead is not None:
+            dirs[direction] = None
+            dropped.append((direction, choice, instead))
+    if dropped:
+        fwd = _forward_direction(kind)
+        bwd = t.backward_choice
+        if bwd is not None:
+            pair = (dirs.get("forward"), dirs.get("backward_weights")) if kind == "transpose" else \
+                (dirs.get("backward_data"), dirs.get("backward_weights"))
+            bwd = None if pair == (None, None) else pair
+        t = TunedChoice(t.problem, t.kind, t.backend, dirs.get(fwd), bwd, dirs)
+        what = "; ".join(f"{d} {c!r} -> oneDNN's first choice {i!r}" for d, c, i in dropped)
+        msg = (f"rawconv.nn: {type(m).__name__} ({t.problem}) was autotuned to implementations that oneDNN "
+               f"{here.split()[0]} does not offer on this CPU (effective ISA {here.split()[-1]}): {what}; these run "
+               "instead (convert(model, autotune=...) here tunes for this CPU)")
+        log.info(msg)
+        if not _FALLBACK_WARNED:
+            _FALLBACK_WARNED.append(True)
+            warnings.warn(msg + ". Other layers whose pins are not offered here fall back the same way without "
+                          "another warning (logged on 'rawconv.nn'; rawconv.nn.describe(model) shows what runs)",
+                          RuntimeWarning, stacklevel=_guard.stacklevel())
+    object.__setattr__(t, _OFFERED_ON, here)
+    table = m.__dict__.get(_TUNED_ATTR)
+    if table is not None and key in table:
+        table[key] = t
+    return t
+
+
 def clear_tuning() -> None:
     """Forget the winners :func:`convert` remembers for this process."""
     _TUNED.clear()
@@ -1927,6 +2011,8 @@ def _tune_call(m, kind: str, args: dict, backend: str, budget_s, backward: bool,
         dirs = {("forward" if kind == "transpose" else "backward_data"): d, "backward_weights": wt}
     directions = {_forward_direction(kind): choice, **dirs}
     entry = TunedChoice(problem.describe(), kind, backend, choice, bwd, directions)
+    if backend == "onednn":   # searched (or pinned) here: offered here
+        object.__setattr__(entry, _OFFERED_ON, _onednn_here())
     _pin_tuned(m, kind, args, entry)
     return entry, searched, bsearched, note
 
