@@ -103,8 +103,10 @@ class Autotune:
 
     def _restore_selection(self, index) -> None:
         """Select ``index`` again (None: oneDNN's first choice, resolved on the next call) and drop
-        every other built implementation (their primitives and buffers)."""
+        every other built implementation (their primitives and buffers) and the random example
+        tensors the search made."""
         self._selected = index
+        self._examples = None
         for i in list(self._built):
             if i != index:
                 del self._built[i]
