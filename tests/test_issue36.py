@@ -91,6 +91,12 @@ def test_one_backward_and_fused_plan_from_four_threads():
     fp = fused.FusedConvolution(xs[0], w, b, padding=1, activation="relu")
     wrong, errors = _threaded(lambda i: fp.run(xs[i], w, b), xs, frefs)
     assert not errors and wrong == 0
+    # with a residual (reordered into the implementation's destination first, inside the call)
+    rs = [torch.randn(2, 8, 10, 10) for _ in range(4)]
+    rrefs = [torch.relu(F.conv2d(x, w, b, padding=1) + r) for x, r in zip(xs, rs)]
+    rp = fused.FusedConvolution(xs[0], w, b, padding=1, residual=True, activation="relu")
+    wrong, errors = _threaded(lambda i: rp.run(xs[i], w, b, rs[i]), xs, rrefs)
+    assert not errors and wrong == 0
 
 
 # ---------------------------------------------------------------------------- 3. interrupts
@@ -278,3 +284,43 @@ def test_reflect_padding_larger_than_the_input_is_torchs_error():
             m(x)
         assert not isinstance(got.value, InternalError)
         assert isinstance(got.value, ArgumentError) and str(want.value).split("\n")[0] in str(got.value)
+
+
+# ---------------------------------------------------------------------------- on a GPU
+@pytest.mark.gpu
+def test_gpu_interrupted_legacy_autotune_restores_and_plans_refuse_pickle(monkeypatch):
+    from rawconv import cudnn, cudnn_graph
+
+    torch.manual_seed(6)
+    x = torch.randn(2, 8, 16, 16, device="cuda")
+    w = torch.randn(8, 8, 3, 3, device="cuda")
+    plan = cudnn.Convolution(x, w, padding=1)
+    before = plan.info
+    y0 = plan.execute()
+    real = cudnn.gpu_time
+    calls = [0]
+
+    def interrupted(*a, **k):   # Ctrl-C while the second algo is being timed
+        calls[0] += 1
+        if calls[0] == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(cudnn, "gpu_time", interrupted)
+    try:
+        plan.autotune(use_cache=False)
+    except KeyboardInterrupt:
+        pass
+    else:
+        pytest.skip("cuDNN's Find offered one algo here: nothing to interrupt between")
+    assert calls[0] == 2
+    assert plan.info is before                      # what it ran before, not the algo being timed
+    torch.testing.assert_close(plan.execute(), y0)
+    monkeypatch.setattr(cudnn, "gpu_time", real)
+    rows = plan.autotune(use_cache=False)
+    assert plan.info.algo == rows[0].algorithm.algo
+    gplan = cudnn_graph.GraphConvolution(x, w, None, 1, 1)
+    for p in (plan, gplan):
+        for what in (copy.deepcopy, pickle.dumps, lambda q: torch.save(q, io.BytesIO())):
+            with pytest.raises(ArgumentTypeError, match="cannot be copied or pickled"):
+                what(p)
