@@ -458,7 +458,7 @@ class _Built:
         ``dnnl_stream_wait`` for an asynchronous runtime). Thread-safe: calls from several threads
         run one at a time (a lock per built implementation; the memory handles, reorder buffers
         and scratchpad are shared state), so a plan shared by threads gives every caller its own
-        right result (an uncontended lock: ~0.15 us a call on a 2-core EPYC)."""
+        right result (an uncontended lock: 0.15-0.2 us a call on a 2-core EPYC)."""
         lock = self._lock   # one call at a time: the handles, reorder buffers and scratchpad are this object's
         lock.acquire()
         try:
