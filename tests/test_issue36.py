@@ -100,6 +100,19 @@ def test_one_backward_and_fused_plan_from_four_threads():
 
 
 # ---------------------------------------------------------------------------- 3. interrupts
+def _interrupting(real, at: int):
+    """``real`` (a timing function), raising KeyboardInterrupt (as Ctrl-C does) at its ``at``-th
+    call instead; ``.calls`` counts the calls."""
+    def timed(*a, **k):
+        timed.calls += 1
+        if timed.calls == at:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    timed.calls = 0
+    return timed
+
+
 def test_interrupted_autotune_restores_the_selection(monkeypatch):
     torch.manual_seed(2)
     x, w = torch.randn(2, 8, 12, 12), torch.randn(8, 8, 3, 3)
@@ -109,18 +122,11 @@ def test_interrupted_autotune_restores_the_selection(monkeypatch):
     from rawconv.core import bench
 
     real = bench.time_cpu
-    calls = [0]
-
-    def interrupted(*a, **k):   # Ctrl-C while the third candidate is being timed
-        calls[0] += 1
-        if calls[0] == 3:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
+    interrupted = _interrupting(real, 3)   # Ctrl-C while the third candidate is being timed
     monkeypatch.setattr(bench, "time_cpu", interrupted)
     with pytest.raises(KeyboardInterrupt):
         plan.autotune(iterations=2, warmup=0, use_cache=False)
-    assert calls[0] == 3
+    assert interrupted.calls == 3
     assert plan.selected == first                       # not the candidate being timed
     assert list(plan._built) in ([], [first.index])     # the candidates' primitives and buffers dropped
     torch.testing.assert_close(plan.execute(), y0)
@@ -199,15 +205,30 @@ _SIGINT_SCRIPT = textwrap.dedent("""
     plan.autotune(iterations=20, warmup=1, isolate=iso, use_cache=False)   # starts the worker
     took = time.perf_counter() - t0
     first = plan.selected
+    armed = [False]
+
+    def on_sigint(signum, frame):   # Python's own handler, while an autotune runs
+        if armed[0]:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
     for frac in (0.5, 0.25, 0.1):   # a real SIGINT in the middle of an isolated autotune
         timer = threading.Timer(took * frac, os.kill, (os.getpid(), signal.SIGINT))
-        timer.start()
+        done = False
         try:
-            plan.autotune(iterations=20, warmup=1, isolate=iso, use_cache=False)
+            try:
+                armed[0] = True
+                timer.start()
+                plan.autotune(iterations=20, warmup=1, isolate=iso, use_cache=False)
+                done = True
+            finally:
+                armed[0] = False
         except KeyboardInterrupt:
-            timer.join()
-            break
+            pass
         timer.join()
+        if not done:
+            break
+        first = plan.selected   # (it finished first: its own choice stands)
     else:
         print("NOT INTERRUPTED")
         sys.exit(0)
@@ -298,14 +319,7 @@ def test_gpu_interrupted_legacy_autotune_restores_and_plans_refuse_pickle(monkey
     before = plan.info
     y0 = plan.execute()
     real = cudnn.gpu_time
-    calls = [0]
-
-    def interrupted(*a, **k):   # Ctrl-C while the second algo is being timed
-        calls[0] += 1
-        if calls[0] == 2:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
+    interrupted = _interrupting(real, 2)   # Ctrl-C while the second algo is being timed
     monkeypatch.setattr(cudnn, "gpu_time", interrupted)
     try:
         plan.autotune(use_cache=False)
@@ -313,7 +327,7 @@ def test_gpu_interrupted_legacy_autotune_restores_and_plans_refuse_pickle(monkey
         pass
     else:
         pytest.skip("cuDNN's Find offered one algo here: nothing to interrupt between")
-    assert calls[0] == 2
+    assert interrupted.calls == 2
     assert plan.info is before                      # what it ran before, not the algo being timed
     torch.testing.assert_close(plan.execute(), y0)
     monkeypatch.setattr(cudnn, "gpu_time", real)

@@ -30,16 +30,9 @@ ENV = {"library": "oneDNN", "library_version": "3.2.0", "device": "cpu", "device
 
 
 @pytest.fixture(autouse=True)
-def isolated(monkeypatch):
-    for name in (tuning.ENV_FILE, *tuning.ENV_FILE_ALIASES):
-        monkeypatch.delenv(name, raising=False)
-    tuning.set_cache_file(None)
-    tuning._cache.path = None
-    tuning._cache.clear()
+def isolated(fresh_tuning_cache):
+    """The process's tuning cache empty, in memory, before and after (conftest's fresh_tuning_cache)."""
     yield
-    tuning.set_cache_file(None)
-    tuning._cache.path = None
-    tuning._cache.clear()
 
 
 def rec(n=2, choice="jit:avx2", threads=2, **kw) -> TuningRecord:
