@@ -223,3 +223,16 @@ def test_a_put_merges_what_another_cache_wrote_to_the_file(tmp_path):
     a.put(rec(n=4))          # a's own older record of n=1 does not replace b's newer one
     on_disk = {r.key.problem["n"]: r.choice for r in TuningRecord.load(path)}
     assert on_disk == {1: "brgconv:avx2", 2: "jit:avx2", 3: "jit:avx2", 4: "jit:avx2"}
+
+
+def test_no_lock_file_beside_a_path_that_is_not_a_regular_file(tmp_path):
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    cache = TuningCache()
+    cache.put(rec())
+    with pytest.raises(ArgumentError, match="not a regular file"):
+        cache.save(fifo)
+    assert sorted(os.listdir(tmp_path)) == ["fifo.json"], "no fifo.json.lock, no temporary file"
+    with pytest.warns(RuntimeWarning, match="not a regular file"):
+        TuningCache(fifo).put(rec())
+    assert sorted(os.listdir(tmp_path)) == ["fifo.json"]

@@ -696,14 +696,20 @@ def _dumps(data, depth: int) -> str:
                                .replace("\n", "\n ") for k, v in data.items()) + "\n}"
 
 
+def _check_regular(path: str) -> None:
+    """Raise :class:`ArgumentError` when ``path`` exists and is not a regular file (the atomic
+    rename of a write would replace a device or a directory)."""
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise ArgumentError(f"{path} exists and is not a regular file: tuning records are written by replacing the "
+                            "file (write to a new path)")
+
+
 def _write_json(path, data, depth: int = 1) -> None:
     """Write ``data`` to ``path`` atomically: into a temporary file beside it, then renamed over it
     (a reader sees the old file or the new one, never half of one); the temporary file is removed
     when the write fails."""
     path = os.fspath(path)
-    if os.path.exists(path) and not os.path.isfile(path):   # the atomic rename would replace a device or dir
-        raise ArgumentError(f"{path} exists and is not a regular file: tuning records are written by replacing the "
-                            "file (write to a new path)")
+    _check_regular(path)
     tmp = f"{path}.tmp{os.getpid()}.{threading.get_ident()}"
     try:
         with open(tmp, "w", encoding="utf-8") as f:
@@ -722,6 +728,7 @@ def _file_lock(path: str):
     """An exclusive ``fcntl.flock`` on ``<path>.lock`` (created beside the file, left there) for
     the block: writers of one tuning file, in any process or thread, take turns. Waits at most
     :data:`LOCK_TIMEOUT_S` (then raises :class:`_UnusableFile`); no lock where fcntl is missing."""
+    _check_regular(path)   # (before a lock file appears beside a device: /dev/null.lock)
     try:
         import fcntl
     except ImportError:   # not POSIX: writes stay atomic, merges are not serialized
