@@ -56,6 +56,16 @@ def _pin_beyond_avx2(model) -> int:
             bwd = (dirs["backward_data"], dirs["backward_weights"]) if t.backward_choice is not None else None
             table[key] = dataclasses.replace(t, choice=dirs[_nn._forward_direction(t.kind)], backward_choice=bwd,
                                              directions=dirs)
+            if t.kind == "fused" and m.activation != "none":   # as if convert had measured it faster unfused
+                from rawconv import fused as _fu
+
+                plan = _fu.FusedConvolution.for_problem(probs["forward"][0], activation="none")
+                alt = next((f"{i.name}@{i.layouts}" for i in plan.implementations
+                            if "avx512" in i.name or "amx" in i.name), None)
+                if alt is not None:
+                    m.__dict__[_nn._fusion.UNFUSED_ATTR] = {key: alt}
+                    m.__dict__[_nn._UNFUSED_OFFERED_ON] = {key: _nn._onednn_here()}
+                    n += 1
     return n
 
 
@@ -83,6 +93,7 @@ _CHILD = textwrap.dedent("""
     out["grad"] = max(float((a.grad - b.grad).abs().max()) for a, b in zip(plain.parameters(), ref.parameters()))
     out["warnings"] = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     out["tuned"] = [t.as_dict() for m in plain.modules() for t in (m.__dict__.get("_rawconv_tuned") or {}).values()]
+    out["unfused"] = [c for m in fused.modules() for c in (m.__dict__.get("_rawconv_unfused") or {}).values()]
     print(json.dumps(out))
 """)
 
@@ -116,3 +127,5 @@ def test_a_model_tuned_beyond_avx2_runs_where_only_avx2_is_offered(tmp_path):
     # the layers now pin nothing beyond AVX2: what runs is oneDNN's own first choice there
     for t in out["tuned"]:
         assert all(c is None or ("avx512" not in c and "amx" not in c) for c in t["directions"].values()), t
+    # the layer measured faster unfused stays unfused, on an implementation offered here
+    assert out["unfused"] and all("avx512" not in c and "amx" not in c for c in out["unfused"]), out["unfused"]

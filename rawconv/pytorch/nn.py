@@ -788,8 +788,12 @@ class _ConvBiasAct(_RawconvConv):
             # convert(fuse=True, autotune=x) measured this problem faster unfused: the convolution with
             # its bias, then torch's own add and activation (rawconv.pytorch.fusion); a choice set on
             # the module itself (pin_choices) names a fused implementation and runs it
-            c = unfused.get(_sig_of("fused", x, self.weight, residual is not None))
+            key = _sig_of("fused", x, self.weight, residual is not None)
+            c = unfused.get(key)
             if c is not None:
+                if x.is_cpu and (d.get(_UNFUSED_OFFERED_ON) or {}).get(key) != _onednn_here():
+                    # (measured on another CPU or oneDNN: a saved model loaded here)
+                    c = _unfused_offered_here(self, key, c, {"x": x, "padding": padding, "w": w, "b": b})
                 return _fusion.run_unfused(self, x, w, b, residual, stride, pads, dilation, c, plans, eager)
         if eager:
             # (a torch.func transform's batched tensors have no data pointer; a forward-mode tangent
@@ -1614,9 +1618,11 @@ def _onednn_here() -> str:
     return _HERE[0]
 
 
-def _offered(m, kind: str, args: dict, direction: str, choice: str) -> str | None:
+def _offered(m, kind: str, args: dict, direction: str, choice: str, activation: str | None = None) -> str | None:
     """None when oneDNN offers ``choice`` here for layer ``m``'s call in library ``direction``, else
-    the name of what runs instead (oneDNN's first choice). Lists the implementations once."""
+    the name of what runs instead (oneDNN's first choice). Lists the implementations once.
+    ``activation``: a fused call's post-op activation when not the module's (``"none"``: the
+    convolution with its bias alone, as a call measured faster unfused runs it)."""
     prec = _check_precision(m.precision)
     if direction == _forward_direction(kind):
         problem, wl = _problem_of(m, kind, args), onednn._w_layout(m.weight)
@@ -1624,7 +1630,7 @@ def _offered(m, kind: str, args: dict, direction: str, choice: str) -> str | Non
         problem, wl = _grad_problems(m, kind, args, "onednn")[direction]
     if kind == "fused" and direction == "forward":
         plan = _fused.FusedConvolution.for_problem(problem, residual=args.get("residual") is not None,
-                                                   activation=m.activation, fpmath=prec, w_layout=wl)
+                                                   activation=activation or m.activation, fpmath=prec, w_layout=wl)
     else:
         plan = onednn.Convolution.from_problem(problem, direction=direction, fpmath=prec, w_layout=wl)
     try:
@@ -1663,21 +1669,50 @@ def _offered_here(m, kind: str, args: dict, key, t: "TunedChoice") -> "TunedChoi
                 (dirs.get("backward_data"), dirs.get("backward_weights"))
             bwd = None if pair == (None, None) else pair
         t = TunedChoice(t.problem, t.kind, t.backend, dirs.get(fwd), bwd, dirs)
-        what = "; ".join(f"{d} {c!r} -> oneDNN's first choice {i!r}" for d, c, i in dropped)
-        msg = (f"rawconv.nn: {type(m).__name__} ({t.problem}) was autotuned to implementations that oneDNN "
-               f"{here.split()[0]} does not offer on this CPU (effective ISA {here.split()[-1]}): {what}; these run "
-               "instead (convert(model, autotune=...) here tunes for this CPU)")
-        log.info(msg)
-        if not _FALLBACK_WARNED:
-            _FALLBACK_WARNED.append(True)
-            warnings.warn(msg + ". Other layers whose pins are not offered here fall back the same way without "
-                          "another warning (logged on 'rawconv.nn'; rawconv.nn.describe(model) shows what runs)",
-                          RuntimeWarning, stacklevel=_guard.stacklevel())
+        _say_fallback(m, t.problem, dropped)
     object.__setattr__(t, _OFFERED_ON, here)
     table = m.__dict__.get(_TUNED_ATTR)
     if table is not None and key in table:
         table[key] = t
     return t
+
+
+def _say_fallback(m, problem: str, dropped: list) -> None:
+    """Say that layer ``m``'s pins ``dropped`` (``(direction, pinned, instead)``) are not offered
+    here: logged on ``rawconv.nn``, and the first time in the process a ``RuntimeWarning``."""
+    here = _onednn_here()
+    what = "; ".join(f"{d} {c!r} -> oneDNN's first choice {i!r}" for d, c, i in dropped)
+    msg = (f"rawconv.nn: {type(m).__name__} ({problem}) was autotuned to implementations that oneDNN "
+           f"{here.split()[0]} does not offer on this CPU (effective ISA {here.split()[-1]}): {what}; these run "
+           "instead (convert(model, autotune=...) here tunes for this CPU)")
+    log.info(msg)
+    if not _FALLBACK_WARNED:
+        _FALLBACK_WARNED.append(True)
+        warnings.warn(msg + ". Other layers whose pins are not offered here fall back the same way without "
+                      "another warning (logged on 'rawconv.nn'; rawconv.nn.describe(model) shows what runs)",
+                      RuntimeWarning, stacklevel=_guard.stacklevel())
+
+
+_UNFUSED_OFFERED_ON = "_rawconv_unfused_offered_on"   # module.__dict__: {call key: where its unfused choice is offered}
+
+
+def _unfused_offered_here(m, key, choice: str, args: dict) -> str:
+    """The unfused choice ``choice`` of layer ``m``'s call ``key`` (:data:`rawconv.pytorch.fusion.UNFUSED_ATTR`:
+    convert measured it faster unfused), checked once per process against what oneDNN offers here as
+    :func:`_offered_here` checks the autotuned pins: one not offered is replaced in the table by
+    oneDNN's first choice (the call stays unfused), said as there. ``args``: the call's x, padding,
+    w and b."""
+    here = _onednn_here()
+    checked = m.__dict__.setdefault(_UNFUSED_OFFERED_ON, {})
+    instead = _offered(m, "fused", args, "forward", str(choice), activation="none")
+    if instead is not None:
+        table = m.__dict__.get(_fusion.UNFUSED_ATTR)
+        if table is not None and key in table:
+            table[key] = instead
+        _say_fallback(m, _problem_of(m, "fused", args).describe() + ", run unfused", [("forward", choice, instead)])
+        choice = instead
+    checked[key] = here
+    return choice
 
 
 def clear_tuning() -> None:
@@ -2249,6 +2284,10 @@ def _measure_fusion(layers: list, names: dict, report: ConvertReport, budget_s) 
             try:
                 e, measured = _fusion.measure_cpu(m, args, choice, key, budget_s, _TUNED)
                 e["measured"] = measured
+                # an unfused choice made here is offered here (_unfused_offered_here checks one made elsewhere)
+                ck = _call_key(m, "fused", args)
+                if ck is not None and ck in (m.__dict__.get(_fusion.UNFUSED_ATTR) or {}):
+                    m.__dict__.setdefault(_UNFUSED_OFFERED_ON, {})[ck] = _onednn_here()
             except NotSupportedError as exc:   # the plain convolution has no implementation: stays fused
                 e = {"decision": "fused", "reason": f"fusion not measured: {exc}"}
         report.fusion[name if name not in report.fusion else f"{name} {_problem.describe()}"] = e
