@@ -90,13 +90,22 @@ def cache_limit() -> int:
     if limit is not None:
         return limit
     raw = _env.get("RAWCONV_CACHE_LIMIT")
-    if raw:
+    if not raw:
+        return DEFAULT_CACHE_LIMIT
+    seen = _ENV_LIMIT.get(raw)
+    if seen is None:   # (read once per value: a bad one warns once)
         try:
-            return _parse_bytes(raw)
+            seen = _parse_bytes(raw)
         except (ValueError, OverflowError):
+            seen = DEFAULT_CACHE_LIMIT
             warnings.warn(f"RAWCONV_CACHE_LIMIT={raw!r} is not a number of bytes (an int, or with a K, M or G "
                           f"suffix): the default {DEFAULT_CACHE_LIMIT} applies", RuntimeWarning, stacklevel=2)
-    return DEFAULT_CACHE_LIMIT
+        _ENV_LIMIT.clear()
+        _ENV_LIMIT[raw] = seen
+    return seen
+
+
+_ENV_LIMIT: dict = {}   # $RAWCONV_CACHE_LIMIT as last read -> its bytes
 
 
 def set_cache_limit(nbytes) -> None:
