@@ -356,6 +356,13 @@ ROWS = [
     ("TuningRecord.load missing", lambda: tuning.TuningRecord.load("/nonexistent.json"), ArgumentError,
      ["does not exist"], True),
     ("set_cache_file int", lambda: tuning.set_cache_file(42), ArgumentTypeError, ["path"], True),
+    ("tuning load over a FIFO", lambda: tuning.cache().load(_fifo()), ArgumentError, ["not a regular file"], True),
+    ("tuning load nested too deeply", lambda: tuning.cache().load(_nested()), ArgumentError, ["nested"], True),
+    ("TuningRecord threads beyond the limit", lambda: tuning.TuningRecord.from_json(_many_threads()), ArgumentError,
+     ["options.threads", "1024"], True),
+    # ---- the plans' byte budget
+    ("set_cache_limit negative", lambda: rawconv.set_cache_limit(-1), ArgumentError, ["bytes >= 0"], True),
+    ("set_cache_limit str", lambda: rawconv.set_cache_limit("1G"), ArgumentTypeError, ["int number of bytes"], True),
     ("cudnn_graph load_tuning_cache missing", lambda: cudnn_graph.load_tuning_cache("/nonexistent.json"),
      ArgumentError, ["does not exist"], True),
     # ---- compare
@@ -363,6 +370,32 @@ ROWS = [
      ["No space left"], True),
     ("compare_problem x shape", lambda: compare.compare_problem(P, x=torch.randn(2, 2)), RawconvError, [], False),
 ]
+
+
+def _fifo():
+    import os
+    import tempfile
+
+    path = os.path.join(tempfile.mkdtemp(), "fifo.json")
+    os.mkfifo(path)
+    return path
+
+
+def _nested():
+    import tempfile
+
+    f = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+    f.write("[" * 50000 + "]" * 50000)
+    f.close()
+    return f.name
+
+
+def _many_threads():
+    key = tuning.TuningKey("onednn", "forward", P, None, {"threads": 2**31 - 1})
+    d = {"schema": 1, **key.to_dict(), "choice": "jit:avx2"}
+    import json
+
+    return json.dumps(d)
 
 
 def _malformed():

@@ -96,19 +96,15 @@ class _FusedBuilt(onednn._Built):
                     rargs[0].memory, rargs[1].memory = umem, mem
                     self.pre = (rprim, umem, rargs)
 
-    def run(self, tensors: dict, stream, packed=None) -> None:
-        if self.pre is not None:
-            from . import _ffi as _dnnl
-
-            _dnnl.check(onednn._set_handle_int()(self.pre[1], tensors["y"].data_ptr()), "dnnl_memory_set_data_handle")
-        super().run(tensors, stream, packed)
-
     def _run_now(self, stream, packed) -> None:
         # the residual's reorder runs first, under the thread count run_ptrs set for the whole call
+        # (and under its lock: the residual's memory handle takes y's pointer of this call)
         if self.pre is not None:
             from . import _ffi as _dnnl
 
-            rprim, _umem, rargs = self.pre
+            rprim, umem, rargs = self.pre
+            _dnnl.check(onednn._set_handle_int()(umem, self._lastp[self.roles.index("y")]),
+                        "dnnl_memory_set_data_handle")
             _dnnl.check(_dnnl.lib().dnnl_primitive_execute(rprim, stream, 2, rargs), "dnnl_primitive_execute",
                         self.impl.name + " (residual reorder)")
         super()._run_now(stream, packed)
@@ -254,6 +250,7 @@ class FusedConvolution(onednn.Convolution):
             with onednn._omp_threads(self._pd_threads()):   # as Convolution._build: the primitive cache's key
                 b = _FusedBuilt(self, self._impls[i], self._pds[i])
             self._built[i] = b
+            self._count_rebuild(i)
         return b
 
     def run(self, x: torch.Tensor | None = None, w: torch.Tensor | None = None, bias: torch.Tensor | None = None,

@@ -13,7 +13,7 @@ import torch
 from .. import onednn as _o   # the package face: read at call time (it is still being defined when this is imported)
 from . import _ffi as _dnnl
 from ._ffi import ffi
-from ..core import guard as _guard, known_bad as _known_bad
+from ..core import guard as _guard, known_bad as _known_bad, plans as _plans
 from ..core.errors import ArgumentError, NotSupportedError
 from ..core.problem import ConvProblem, dense_strides
 from ..core.results import ResultTable
@@ -293,7 +293,14 @@ class Listing:
             with _o._omp_threads(self._pd_threads()):   # the primitive cache's key holds the thread count
                 b = _o._Built(self, self._impls[i], self._pds[i])
             self._built[i] = b
+            self._count_rebuild(i)
         return b
+
+    def _count_rebuild(self, i: int) -> None:
+        """Tell the plans' byte budget when implementation ``i`` was built again after a release."""
+        if i in self._released:
+            self._released.discard(i)
+            _plans.rebuilt()
 
 
 # only rawconv's exceptions leave them (rawconv.core.guard), named as the public methods they are

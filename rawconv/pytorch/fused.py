@@ -514,6 +514,15 @@ _FROZEN_PLANS = "_rawconv_frozen_plans"
 _FROZEN_STATE = "_rawconv_frozen_state"   # module.__dict__: its _FrozenState
 BN_KEY = "_rawconv_bn"   # module.__dict__: the BatchNorm folded into the snapshot (convert(fuse=True)), or absent
 _FROZEN_MAX = 64   # plans per frozen module (one per input shape and layout); more: the oldest go
+_frozen_dicts = weakref.WeakValueDictionary()   # id -> every frozen module's _PlanDict (for clear_caches)
+
+
+def _clear_frozen_plans() -> None:
+    for d in list(_frozen_dicts.values()):
+        d.clear()
+
+
+_plans_mod.register_clear("rawconv.pytorch.fused:frozen modules' plans", _clear_frozen_plans)
 
 # bumped after every optimizer step in the process (torch.optim's global step hook, registered at the
 # first freeze): fused optimizers (Adam(fused=True), fused SGD) update parameters without moving their
@@ -540,9 +549,15 @@ def _watch_optimizers() -> None:
 class _PlanDict(dict):
     """A frozen module's oneDNN plans (problem -> :class:`FusedConvolution` holding the snapshot
     reordered), and its :class:`_FrozenState` (``state``). Copies and pickles of the module start
-    with none (plans hold C objects)."""
+    with none (plans hold C objects). :func:`rawconv.clear_caches` empties every one (the module
+    makes its plans again at its next call); their buffers count against the plans' byte budget
+    (:func:`rawconv.set_cache_limit`) as every oneDNN plan's do."""
 
     state = None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _frozen_dicts[id(self)] = self
 
     def __deepcopy__(self, memo):
         return _PlanDict()

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import math
 import operator
 import threading
@@ -61,6 +62,7 @@ from ..core.options import PRECISIONS
 from ..core.problem import ConvProblem, empty_like_layout, shape_only, tuple_arg
 
 _autocasting = torch._C._is_any_autocast_enabled
+log = logging.getLogger("rawconv.nn")
 
 __all__ = ["conv", "conv_transpose", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
            "ConvTranspose3d", "ConvBiasAct1d", "ConvBiasAct2d", "ConvBiasAct3d", "convert", "describe",
@@ -500,16 +502,40 @@ class _RawconvConv:
             self._choice_backend = want
 
     def __getstate__(self):
-        """A copy (``copy.deepcopy``) or a pickle without the argument pack of :meth:`forward` (its
-        plans hold the library's objects, which neither copies nor pickles): the copy makes its own."""
+        """A pickle without the argument pack of :meth:`forward` (its plans hold the library's
+        objects, which neither copies nor pickles): the unpickled module makes its own."""
         state = super().__getstate__()
         state.pop("_rawconv_entry", None)
         return state
 
+    def __deepcopy__(self, memo):
+        """A copy (``copy.deepcopy``) as torch's default one (the same class, ``__setstate__`` of
+        the deep-copied ``__dict__``), without the argument pack of :meth:`forward`: the copy
+        makes its own. Defined here, not left to ``__getstate__``, so that it also holds under
+        ``torch.nn.utils.parametrize`` (whose injected class deep-copies ``__dict__`` unless the
+        module class has its own ``__deepcopy__``; ``weight_norm``, ``spectral_norm``,
+        ``AveragedModel``)."""
+        cls = type(self)
+        replica = cls.__new__(cls)
+        memo[id(self)] = replica
+        state = {k: v for k, v in self.__dict__.items() if k != "_rawconv_entry"}
+        replica.__setstate__(copy.deepcopy(state, memo))
+        return replica
+
     def _padded(self, x):
-        """(input, padding) for the library: non-'zeros' padding modes pad in torch first."""
+        """(input, padding) for the library: non-'zeros' padding modes pad in torch first
+        (``F.pad``; its refusal of the input, e.g. a reflect padding not smaller than the input,
+        is raised as :class:`ArgumentError` with torch's message: a ``RuntimeError`` as torch's)."""
         if self.padding_mode != "zeros":
-            return F.pad(x, self._reversed_padding_repeated_twice, mode=self.padding_mode), 0
+            try:
+                return F.pad(x, self._reversed_padding_repeated_twice, mode=self.padding_mode), 0
+            except (RuntimeError, ValueError, NotImplementedError) as exc:
+                new = _guard.translate(exc, f"rawconv.nn.{type(self).__name__}.forward")
+                if new is None or not isinstance(new, InternalError):
+                    raise
+                raise ArgumentError(f"{type(self).__name__}: padding_mode={self.padding_mode!r} with padding "
+                                    f"{self._reversed_padding_repeated_twice} on input {tuple(x.shape)}: torch's "
+                                    f"F.pad says: {exc}") from exc
         return x, self.padding
 
     def _tuned_for(self, kind: str, x, extra, args: dict, w=None):
@@ -529,6 +555,8 @@ class _RawconvConv:
             if t is None and self.__dict__.get(_NEW_ATTR) is not None and _can_search_now(x):
                 t = _search_new(self, kind, args, key)
             if t is not None:
+                if t.backend == "onednn" and t.__dict__.get(_OFFERED_ON) != _onednn_here():
+                    t = _offered_here(self, kind, args, key, t)   # tuned on another CPU (or oneDNN)
                 return (t.choice if choice is None else choice), (t.backward_choice if bwd is None else bwd)
         return choice, bwd
 
@@ -760,8 +788,12 @@ class _ConvBiasAct(_RawconvConv):
             # convert(fuse=True, autotune=x) measured this problem faster unfused: the convolution with
             # its bias, then torch's own add and activation (rawconv.pytorch.fusion); a choice set on
             # the module itself (pin_choices) names a fused implementation and runs it
-            c = unfused.get(_sig_of("fused", x, self.weight, residual is not None))
+            key = _sig_of("fused", x, self.weight, residual is not None)
+            c = unfused.get(key)
             if c is not None:
+                if x.is_cpu and (d.get(_UNFUSED_OFFERED_ON) or {}).get(key) != _onednn_here():
+                    # (measured on another CPU or oneDNN: a saved model loaded here)
+                    c = _unfused_offered_here(self, key, c, {"x": x, "padding": padding, "w": w, "b": b})
                 return _fusion.run_unfused(self, x, w, b, residual, stride, pads, dilation, c, plans, eager)
         if eager:
             # (a torch.func transform's batched tensors have no data pointer; a forward-mode tangent
@@ -1409,7 +1441,16 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
     autotune, autotune_backward = _convert_args(model, inplace, backend, precision, autotune, fuse, example_input,
                                                 autotune_budget_s, autotune_backward, autotune_new)
     if not inplace:
-        model = copy.deepcopy(model)
+        try:
+            model = copy.deepcopy(model)
+        except (RuntimeError, TypeError) as exc:   # torch's own refusal to copy this model
+            if isinstance(exc, RawconvError):
+                raise
+            raise ArgumentError(f"convert(inplace=False) converts a copy of the model, and copy.deepcopy of it "
+                                f"failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
+                                "(torch.nn.utils.weight_norm / spectral_norm leave a computed weight that torch "
+                                "cannot copy: use torch.nn.utils.parametrizations.weight_norm / spectral_norm, "
+                                "or convert the model itself with inplace=True)") from exc
     report = ConvertReport()
     traced = False
     if fuse:
@@ -1561,6 +1602,117 @@ class TunedChoice:
     def as_dict(self) -> dict:
         return {"problem": self.problem, "kind": self.kind, "backend": self.backend, "choice": self.choice,
                 "backward_choice": self.backward_choice, "directions": dict(self.directions)}
+
+
+_OFFERED_ON = "_rawconv_offered_on"   # TunedChoice.__dict__: the oneDNN and CPU its choices are known offered on
+_HERE: list = []   # this process's oneDNN version and effective ISA (_onednn_here)
+_FALLBACK_WARNED: list = []   # a pinned choice not offered here was warned about (once per process)
+
+
+def _onednn_here() -> str:
+    """This process's oneDNN version and effective ISA (``"3.2.0 avx2"``): what decides which
+    implementations a pinned choice can name."""
+    if not _HERE:
+        env = onednn._environment()
+        _HERE.append(f"{env['library_version']} {env['device_arch']}")
+    return _HERE[0]
+
+
+def _offered(m, kind: str, args: dict, direction: str, choice: str, activation: str | None = None) -> str | None:
+    """None when oneDNN offers ``choice`` here for layer ``m``'s call in library ``direction``, else
+    the name of what runs instead (oneDNN's first choice). Lists the implementations once.
+    ``activation``: a fused call's post-op activation when not the module's (``"none"``: the
+    convolution with its bias alone, as a call measured faster unfused runs it)."""
+    prec = _check_precision(m.precision)
+    if direction == _forward_direction(kind):
+        problem, wl = _problem_of(m, kind, args), onednn._w_layout(m.weight)
+    else:
+        problem, wl = _grad_problems(m, kind, args, "onednn")[direction]
+    if kind == "fused" and direction == "forward":
+        plan = _fused.FusedConvolution.for_problem(problem, residual=args.get("residual") is not None,
+                                                   activation=activation or m.activation, fpmath=prec, w_layout=wl)
+    else:
+        plan = onednn.Convolution.from_problem(problem, direction=direction, fpmath=prec, w_layout=wl)
+    try:
+        try:
+            plan.select(choice)
+            return None
+        except NotSupportedError:   # (KnownBadError too)
+            first = plan.selected
+            return f"{first.name}@{first.layouts}"
+    finally:
+        plan.free()
+
+
+def _offered_here(m, kind: str, args: dict, key, t: "TunedChoice") -> "TunedChoice":
+    """``t`` (an autotuned oneDNN pin of layer ``m``, made with another oneDNN or on another CPU:
+    a saved model loaded elsewhere, ``ONEDNN_MAX_CPU_ISA``) checked against what oneDNN offers
+    here, once per process: a choice it does not offer for its problem is dropped (oneDNN's first
+    choice runs that direction), with one ``RuntimeWarning`` per process naming the layer, the
+    pinned choice and what runs instead (the others are logged on ``rawconv.nn``). The checked pin
+    replaces ``t`` in the layer's table and is returned."""
+    here = _onednn_here()
+    dirs = dict(t.directions)
+    dropped = []
+    for direction, choice in t.directions.items():
+        if choice is None:
+            continue
+        instead = _offered(m, kind, args, direction, str(choice))
+        if instead is not None:
+            dirs[direction] = None
+            dropped.append((direction, choice, instead))
+    if dropped:
+        fwd = _forward_direction(kind)
+        bwd = t.backward_choice
+        if bwd is not None:
+            pair = (dirs.get("forward"), dirs.get("backward_weights")) if kind == "transpose" else \
+                (dirs.get("backward_data"), dirs.get("backward_weights"))
+            bwd = None if pair == (None, None) else pair
+        t = TunedChoice(t.problem, t.kind, t.backend, dirs.get(fwd), bwd, dirs)
+        _say_fallback(m, t.problem, dropped)
+    object.__setattr__(t, _OFFERED_ON, here)
+    table = m.__dict__.get(_TUNED_ATTR)
+    if table is not None and key in table:
+        table[key] = t
+    return t
+
+
+def _say_fallback(m, problem: str, dropped: list) -> None:
+    """Say that layer ``m``'s pins ``dropped`` (``(direction, pinned, instead)``) are not offered
+    here: logged on ``rawconv.nn``, and the first time in the process a ``RuntimeWarning``."""
+    here = _onednn_here()
+    what = "; ".join(f"{d} {c!r} -> oneDNN's first choice {i!r}" for d, c, i in dropped)
+    msg = (f"rawconv.nn: {type(m).__name__} ({problem}) was autotuned to implementations that oneDNN "
+           f"{here.split()[0]} does not offer on this CPU (effective ISA {here.split()[-1]}): {what}; these run "
+           "instead (convert(model, autotune=...) here tunes for this CPU)")
+    log.info(msg)
+    if not _FALLBACK_WARNED:
+        _FALLBACK_WARNED.append(True)
+        warnings.warn(msg + ". Other layers whose pins are not offered here fall back the same way without "
+                      "another warning (logged on 'rawconv.nn'; rawconv.nn.describe(model) shows what runs)",
+                      RuntimeWarning, stacklevel=_guard.stacklevel())
+
+
+_UNFUSED_OFFERED_ON = "_rawconv_unfused_offered_on"   # module.__dict__: {call key: where its unfused choice is offered}
+
+
+def _unfused_offered_here(m, key, choice: str, args: dict) -> str:
+    """The unfused choice ``choice`` of layer ``m``'s call ``key`` (:data:`rawconv.pytorch.fusion.UNFUSED_ATTR`:
+    convert measured it faster unfused), checked once per process against what oneDNN offers here as
+    :func:`_offered_here` checks the autotuned pins: one not offered is replaced in the table by
+    oneDNN's first choice (the call stays unfused), said as there. ``args``: the call's x, padding,
+    w and b."""
+    here = _onednn_here()
+    checked = m.__dict__.setdefault(_UNFUSED_OFFERED_ON, {})
+    instead = _offered(m, "fused", args, "forward", str(choice), activation="none")
+    if instead is not None:
+        table = m.__dict__.get(_fusion.UNFUSED_ATTR)
+        if table is not None and key in table:
+            table[key] = instead
+        _say_fallback(m, _problem_of(m, "fused", args).describe() + ", run unfused", [("forward", choice, instead)])
+        choice = instead
+    checked[key] = here
+    return choice
 
 
 def clear_tuning() -> None:
@@ -2045,6 +2197,8 @@ def _tune_call(m, kind: str, args: dict, backend: str, budget_s, backward: bool,
         dirs = {("forward" if kind == "transpose" else "backward_data"): d, "backward_weights": wt}
     directions = {_forward_direction(kind): choice, **dirs}
     entry = TunedChoice(problem.describe(), kind, backend, choice, bwd, directions)
+    if backend == "onednn":   # searched (or pinned) here: offered here
+        object.__setattr__(entry, _OFFERED_ON, _onednn_here())
     _pin_tuned(m, kind, args, entry)
     return entry, searched, bsearched, note
 
@@ -2130,6 +2284,10 @@ def _measure_fusion(layers: list, names: dict, report: ConvertReport, budget_s) 
             try:
                 e, measured = _fusion.measure_cpu(m, args, choice, key, budget_s, _TUNED)
                 e["measured"] = measured
+                # an unfused choice made here is offered here (_unfused_offered_here checks one made elsewhere)
+                ck = _call_key(m, "fused", args)
+                if ck is not None and ck in (m.__dict__.get(_fusion.UNFUSED_ATTR) or {}):
+                    m.__dict__.setdefault(_UNFUSED_OFFERED_ON, {})[ck] = _onednn_here()
             except NotSupportedError as exc:   # the plain convolution has no implementation: stays fused
                 e = {"decision": "fused", "reason": f"fusion not measured: {exc}"}
         report.fusion[name if name not in report.fusion else f"{name} {_problem.describe()}"] = e
