@@ -36,6 +36,12 @@ def w(*s, **kw):
 P = ConvProblem(n=2, c=3, k=4, in_spatial=(8, 8), kernel=(3, 3), pad_before=(1, 1), pad_after=(1, 1))
 
 
+def _postops():
+    from rawconv.core import postops
+
+    return postops
+
+
 def _leaf():
     return torch.zeros(2, 4, 6, 6, requires_grad=True)
 
@@ -300,8 +306,14 @@ ROWS = [
     ("nn.ConvBiasAct2d.from_conv bn channels", lambda: rnn.ConvBiasAct2d.from_conv(
         torch.nn.Conv2d(3, 4, 3), bn=torch.nn.BatchNorm2d(5)), ArgumentError, ["output channels"], True),
     ("nn.refresh not a module", lambda: rnn.refresh(3), ArgumentTypeError, ["torch.nn.Module"], True),
-    ("fused activation", lambda: fu.conv_bias_act(x(), w(), torch.randn(4), activation="gelu"), ArgumentError,
+    ("fused activation", lambda: fu.conv_bias_act(x(), w(), torch.randn(4), activation="mish"), ArgumentError,
      ["activation"], True),
+    ("fused activation misspelt", lambda: fu.conv_bias_act(x(), w(), torch.randn(4), activation="gelu-tanh"),
+     ArgumentError, ["activation", "gelu_tanh"], True),
+    ("fused activation type", lambda: fu.conv_bias_act(x(), w(), torch.randn(4), activation=torch.relu),
+     ArgumentTypeError, ["activation"], True),
+    ("fusion decision not callables", lambda: _postops().decide_fusion(1, 2), ArgumentTypeError, ["callables"], True),
+    ("fusion decision rounds", lambda: _postops().decide_fusion(int, int, rounds=0), ArgumentError, ["rounds"], True),
     ("fused residual shape", lambda: fu.conv_bias_act(x(), w(), torch.randn(4), torch.randn(2, 4, 5, 5)),
      ArgumentError, ["residual", "shape"], True),
     ("fused residual type", lambda: fu.conv_bias_act(x(), w(), torch.randn(4), [1.0]), ArgumentTypeError,

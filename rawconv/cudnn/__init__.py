@@ -263,10 +263,10 @@ def _split_choice(direction: str, algo, choice, math):
 
 
 def _is_graph_choice(c) -> bool:
-    """Whether a choice names a graph-API engine config (``"eng28{k2=3}"``, ``"nhwc:eng72"``, an
-    ``EngineConfig``): those run through :mod:`rawconv.cudnn_graph`."""
+    """Whether a choice names a graph-API engine config (``"eng28{k2=3}"``, ``"nhwc:eng72"``,
+    ``"unfused:eng5"``, an ``EngineConfig``): those run through :mod:`rawconv.cudnn_graph`."""
     if isinstance(c, str):
-        return c.startswith(("eng", "nhwc:eng"))
+        return c.startswith(("eng", "nhwc:eng", "unfused:"))
     return type(c).__name__ == "EngineConfig"
 
 

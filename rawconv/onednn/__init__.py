@@ -1925,10 +1925,10 @@ def _registry_replay(key, problem: ConvProblem, choice: Any, options: dict):
     threads = _replay_threads(opts.get("threads"))
     post_ops = opts.get("post_ops")
     if post_ops:
-        from .fused import FusedConvolution
+        from .fused import FusedConvolution, activation_of_post_ops
 
         kinds = [op[0] for op in post_ops]
-        act = next((op[1] for op in post_ops if op[0] == "eltwise"), "none")
+        act = activation_of_post_ops(post_ops)
         return FusedConvolution.for_problem(problem, residual="sum" in kinds, activation=act, impl=choice,
                                             fpmath=opts.get("fpmath") or "strict",
                                             w_layout=opts.get("weights_layout") or "nchw", prepack=False,

@@ -9,8 +9,9 @@ Quick use::
     conv.cuda()                          # follows the device: cuDNN now (a oneDNN choice is dropped)
 
     model = rawconv.nn.convert(torchvision_model)                   # every conv swapped, weights kept
-    model = rawconv.nn.convert(model.eval(), fuse=True, autotune=x) # BN folded, conv+bias(+add)+ReLU fused,
-                                                                    # each distinct problem tuned once and
+    model = rawconv.nn.convert(model.eval(), fuse=True, autotune=x) # BN folded, conv+bias(+add)+activation
+                                                                    # fused where measured faster, each
+                                                                    # distinct problem tuned once and
                                                                     # pinned to that problem
     print(rawconv.nn.describe(model, x))                            # per layer: rawconv vs torch
 
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import operator
 import threading
 import time
@@ -50,6 +52,7 @@ import torch.nn.functional as F
 
 from . import autocast as _autocast
 from . import fused as _fused
+from . import fusion as _fusion
 from .. import onednn
 from ..core.grad import functorch_active as _functorch, has_tangent as _has_tangent
 from ..core.errors import ArgumentError, ArgumentTypeError, InternalError, NotSupportedError, RawconvError
@@ -744,15 +747,23 @@ class _ConvBiasAct(_RawconvConv):
             y = torch.ops.rawconv.conv_bias_act(x, w, b, None, stride, pads, dilation, self.groups,
                                                 "none", self.backend, None, self.precision)
             y = y + residual
-            return torch.relu(y) if self.activation == "relu" else y
+            return _fused.apply_activation(y, self.activation)
         if _RECORDING:
             _record(self, "fused", x=x, padding=padding, residual=residual, w=w, b=b)
         if not isinstance(x, torch.Tensor):
             raise ArgumentTypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-        if type(x) is torch.Tensor and not compiling and not _autocasting() and not (torch.is_grad_enabled() and (
-                x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)
-                or (residual is not None and residual.requires_grad))) \
-                and not _functorch() and not _has_tangent(x, residual):
+        eager = type(x) is torch.Tensor and not compiling and not _autocasting() and not (torch.is_grad_enabled() and (
+            x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)
+            or (residual is not None and residual.requires_grad))) and not _functorch() and not _has_tangent(x, residual)
+        unfused = d.get(_fusion.UNFUSED_ATTR)
+        if unfused and not recording and self.choice is None and not _autocasting():
+            # convert(fuse=True, autotune=x) measured this problem faster unfused: the convolution with
+            # its bias, then torch's own add and activation (rawconv.pytorch.fusion); a choice set on
+            # the module itself (pin_choices) names a fused implementation and runs it
+            c = unfused.get(_sig_of("fused", x, self.weight, residual is not None))
+            if c is not None:
+                return _fusion.run_unfused(self, x, w, b, residual, stride, pads, dilation, c, plans, eager)
+        if eager:
             # (a torch.func transform's batched tensors have no data pointer; a forward-mode tangent
             # would be dropped: both go through the operator, which runs or refuses them)
             # eager inference: the operator's kernel directly (the dispatcher's round trip costs host time)
@@ -794,7 +805,7 @@ class _ConvBiasAct(_RawconvConv):
             y = bn(y)
         if residual is not None:
             y = y + residual
-        return torch.relu(y) if self.activation == "relu" else y
+        return _fused.apply_activation(y, self.activation)
 
     def _frozen_choice(self, x, residual):
         """The forward choice of a frozen module's new oneDNN plan for this (padded) input: the
@@ -869,9 +880,11 @@ def _fused_module(base, name):
     Module.__name__ = Module.__qualname__ = name
     Module.__module__ = __name__
     Module.__doc__ = (f"``activation(conv(x) + bias + residual)`` as ONE library call: a ``torch.nn.{base.__name__}`` "
-                      "(same constructor and state_dict) plus ``activation`` (\"relu\" | \"none\"), ``backend``, "
-                      "``choice``, ``precision``; ``forward(x, residual=None)``. CPU: oneDNN post-ops (sum, "
-                      "eltwise_relu); CUDA: one cuDNN graph. Differentiable once (meant for inference).")
+                      "(same constructor and state_dict) plus ``activation`` (one of rawconv.fused.ACTIVATIONS: "
+                      "\"relu\", \"relu6\", \"silu\", \"gelu\", \"gelu_tanh\", \"hardswish\", \"hardsigmoid\", "
+                      "\"sigmoid\", \"tanh\", \"none\"), ``backend``, ``choice``, ``precision``; "
+                      "``forward(x, residual=None)``. CPU: oneDNN post-ops (sum, eltwise); CUDA: one cuDNN graph "
+                      "(hardswish and hardsigmoid in torch after it). Differentiable once (meant for inference).")
     return Module
 
 
@@ -902,7 +915,17 @@ class ConvertReport:
     show runs: ``"default"`` or ``"search"``). Each ``tuned`` entry (one per layer and distinct
     problem) also holds ``backward_choice`` (the pair pinned for its backward passes, None: the
     libraries' defaults), ``directions`` (every pinned choice by library direction) and
-    ``backward_searched``."""
+    ``backward_searched``.
+
+    ``fusion`` (module name -> dict; ``fuse=True`` with ``autotune=``, oneDNN layers): whether the
+    fused call was measured faster than the same convolution with only its bias fused followed by
+    torch's own add and activation (:func:`rawconv.pytorch.fusion.measure_cpu`): ``decision``
+    (``"fused"`` / ``"unfused"``), ``fused_ms`` / ``unfused_ms`` (median ms per call over the
+    rounds), ``fused_min_ms`` / ``unfused_min_ms``, ``rounds``, ``reason``, ``fused_choice`` /
+    ``unfused_choice``, ``measured`` (False: the decision of an earlier layer of the same problem);
+    or ``{"decision": ..., "reason": ...}`` where it was not measured here (cuDNN layers: their graph
+    autotune's choice, an ``"unfused:"`` config or a fused one; nothing to unfuse). ``fusion_measured``: False when ``fuse=True`` had no example input to measure on
+    (every fusable layer fused, as before)."""
 
     swapped: list = field(default_factory=list)
     folded: list = field(default_factory=list)
@@ -914,6 +937,8 @@ class ConvertReport:
     backward: bool = False
     autotune_new: str = "default"
     timing_warnings: list = field(default_factory=list)   # each search's TimingWarning text (a busy machine)
+    fusion: dict = field(default_factory=dict)
+    fusion_measured: bool | None = None
 
     def __str__(self) -> str:
         n = len(self.tuned)
@@ -935,7 +960,46 @@ class ConvertReport:
             lines.append("  other problems (batch size, layout, dtype, size) than the example's: "
                          + ("searched at their first call" if self.autotune_new == "search"
                             else "the libraries' defaults (autotune_new='search' searches them)"))
+            vs = [t for t in self.tuned if t.get("searched") and t.get("vs_torch")]
+            if vs:
+                g = math.exp(sum(math.log(t["vs_torch"]) for t in vs) / len(vs))
+                worst = min(vs, key=lambda t: t["vs_torch"])
+                slow = sum(1 for t in vs if t["vs_torch"] < 0.97)
+                lines.append(f"  against torch's own call (cudnn.benchmark on), GPU time, {len(vs)} searched problems: "
+                             f"geomean {g:.3f}x (torch / rawconv), {slow} more than 3% slower than torch, worst "
+                             f"{worst['vs_torch']:.3f}x ({worst['name']}: rawconv {worst['choice']}, torch "
+                             f"{worst.get('torch_engine', '?')}); per layer: report.table()")
+        lines += self._fusion_lines()
         return "\n".join(lines)
+
+    def table(self) -> str:
+        """One line per searched layer: what rawconv runs, what torch ran (its cuDNN engine, with
+        ``cudnn.benchmark`` on), both GPU times and their ratio (torch / rawconv), and any note."""
+        rows = [f"{'layer':<28} {'kind':<6} {'rawconv runs':<34} {'torch runs':<11} {'rawconv ms':>10} "
+                f"{'torch ms':>9} {'ratio':>6}"]
+        for t in self.tuned:
+            if not t.get("searched"):
+                continue
+            ratio = t.get("vs_torch")
+            rows.append(f"{t['name'][:28]:<28} {t['kind']:<6} {str(t['choice'])[:34]:<34} "
+                        f"{str(t.get('torch_engine', '-')):<11} "
+                        f"{t.get('rawconv_ms', float('nan')):>10.4f} {t.get('torch_ms', float('nan')):>9.4f} "
+                        f"{(f'{ratio:.3f}' if ratio else '-'):>6}"
+                        + (f"  {t['vs_torch_note']}" if t.get("vs_torch_note") else ""))
+        return "\n".join(rows)
+
+    def _fusion_lines(self) -> list:
+        if self.fused and self.fusion_measured is False:
+            return ["  fusion not measured (no example input; convert(..., autotune=x) keeps a fused layer only "
+                    "where it is measured faster): every fusable layer fused"]
+        if not self.fusion_measured:
+            return []
+        timed = [k for k, e in self.fusion.items() if "fused_ms" in e]
+        unf = [k for k in timed if self.fusion[k]["decision"] == "unfused"]
+        out = [f"  fusion measured on {len(timed)} layers (fused vs conv + bias, then torch's add and activation): "
+               f"{len(timed) - len(unf)} kept fused, {len(unf)} unfused"]
+        out += [f"    {k}: unfused: {self.fusion[k].get('reason', '')}" for k in unf]
+        return out
 
 
 def _swap_module(m: torch.nn.Module, backend, choice, precision) -> torch.nn.Module:
@@ -991,18 +1055,7 @@ def _fusable_conv(m) -> bool:
     return type(m) in _TORCH_CONVS or type(m) in (Conv1d, Conv2d, Conv3d)
 
 
-_RELU_FUNCS = (torch.relu, torch.relu_, F.relu, getattr(torch.nn.functional, "relu_", F.relu))
 _ADD_FUNCS = (operator.add, operator.iadd, torch.add)
-
-
-def _is_relu(node, modules) -> bool:
-    if node.op == "call_module":
-        return type(modules.get(node.target)) is torch.nn.ReLU
-    if node.op == "call_function":
-        return node.target in _RELU_FUNCS and len(node.args) == 1 and not {k for k in node.kwargs if k != "inplace"}
-    if node.op == "call_method":
-        return node.target in ("relu", "relu_") and len(node.args) == 1 and not node.kwargs
-    return False
 
 
 def _add_other(node, src):
@@ -1038,8 +1091,9 @@ def _depends_on(node, target) -> bool:
 
 
 def _fuse_fx(model, report: ConvertReport, backend, choice, precision):
-    """torch.fx pattern rewrite: conv -> BatchNorm folded; conv [-> add(residual)] [-> relu] as one
-    ConvBiasAct module. Returns the GraphModule."""
+    """torch.fx pattern rewrite: conv -> BatchNorm folded; conv [-> add(residual)] [-> activation] as one
+    ConvBiasAct module (the activations of :func:`rawconv.pytorch.fusion.activation_of_node`).
+    Returns the GraphModule."""
     import torch.fx as fx
 
     class Tracer(fx.Tracer):
@@ -1068,7 +1122,7 @@ def _fuse_fx(model, report: ConvertReport, backend, choice, precision):
     _mark_inplace_residuals(graph, modules)
     graph.lint()
     gm.recompile()
-    gm.delete_all_unused_submodules()   # ReLUs no longer called
+    gm.delete_all_unused_submodules()   # activations no longer called
     for bn_name, bn in bns.values():   # the folded BatchNorms stay, where they were: state_dict as the model's
         gm.add_submodule(bn_name, bn)
     return gm
@@ -1103,10 +1157,10 @@ def _fold_batchnorms_fx(graph, modules: dict, calls: dict, fusable, report: Conv
 
 def _fuse_chains_fx(gm, modules: dict, fusable, bns: dict, report: ConvertReport, backend, choice, precision) -> None:
     """:func:`_fuse_fx`'s second pass over ``gm``'s graph: each fusable conv node, with the residual
-    add and ReLU after it, becomes one call of a fused module (its BatchNorm from ``bns`` folded
+    add and activation after it, becomes one call of a fused module (its BatchNorm from ``bns`` folded
     in) set in ``gm`` and ``modules``, recorded in ``report.fused``. Returns None."""
     graph = gm.graph
-    # conv [+ residual] [relu] -> one module
+    # conv [+ residual] [activation] -> one module
     erased = set()
     for node in list(graph.nodes):
         if node in erased or not fusable(node):
@@ -1120,9 +1174,10 @@ def _fuse_chains_fx(gm, modules: dict, fusable, bns: dict, report: ConvertReport
                 residual, last, add_node = other, users[0], users[0]
                 kind.append("add")
         nxt = list(last.users)
-        if len(nxt) == 1 and _is_relu(nxt[0], modules) and nxt[0].args[0] is last:
-            act, last = "relu", nxt[0]
-            kind.append("relu")
+        a = _fusion.activation_of_node(nxt[0], modules) if len(nxt) == 1 else None
+        if a is not None and nxt[0].args[0] is last:
+            act, last = a, nxt[0]
+            kind.append(a)
         name = node.target
         fused = _FUSED[conv_m.weight.dim() - 2].from_conv(
             conv_m, activation=act, bn=bns.get(name, (None, None))[1], backend=backend,
@@ -1133,7 +1188,7 @@ def _fuse_chains_fx(gm, modules: dict, fusable, bns: dict, report: ConvertReport
             new = graph.call_module(name, (node.args[0],) + ((residual,) if residual is not None else ()))
         last.replace_all_uses_with(new)
         # erase the pattern's nodes, last first
-        chain = [node] + ([add_node] if add_node is not None else []) + ([last] if act == "relu" else [])
+        chain = [node] + ([add_node] if add_node is not None else []) + ([last] if act != "none" else [])
         for n in reversed(chain):
             graph.erase_node(n)
             erased.add(n)
@@ -1181,7 +1236,7 @@ _HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_a
 
 
 class _FusedSequential(torch.nn.Sequential):
-    """An ``nn.Sequential`` whose Conv -> BatchNorm -> ReLU runs are computed by fused modules when
+    """An ``nn.Sequential`` whose Conv -> BatchNorm -> activation runs are computed by fused modules when
     the Sequential itself is called (what :func:`convert` does where torch.fx cannot trace the
     model). Its children are not touched: a child called on its own (``self.seq[0](x)``) or from
     elsewhere (a shared module) computes as before, and the fused path reads the children's own
@@ -1220,7 +1275,7 @@ class _FusedSequential(torch.nn.Sequential):
 
 def _fuse_sequential(model, report: ConvertReport, backend, choice, precision) -> None:
     """Module-level fusion where torch.fx cannot trace: each ``nn.Sequential`` with Conv ->
-    BatchNorm -> ReLU runs becomes a :class:`_FusedSequential` (its class swapped in place; its
+    BatchNorm -> activation runs becomes a :class:`_FusedSequential` (its class swapped in place; its
     children, and so the state_dict, unchanged) that computes each run as one fused module when the
     Sequential is called as a whole. The convolutions of those runs are swapped to rawconv's."""
     for seq_name, seq in list(model.named_modules()):
@@ -1241,8 +1296,9 @@ def _fuse_sequential(model, report: ConvertReport, backend, choice, precision) -
                     bn = seq._modules[keys[j]]
                     report.folded.append((full, f"{seq_name}.{keys[j]}" if seq_name else keys[j]))
                     j += 1
-                if j < len(keys) and type(seq._modules[keys[j]]) is torch.nn.ReLU:
-                    act = "relu"
+                a = _fusion.activation_of_module(seq._modules[keys[j]]) if j < len(keys) else None
+                if a is not None:
+                    act = a
                     j += 1
                 helper = _FUSED[m.weight.dim() - 2].from_conv(m, activation=act, bn=bn, backend=backend,
                                                               choice=_choice_for(choice, full), precision=precision)
@@ -1254,7 +1310,7 @@ def _fuse_sequential(model, report: ConvertReport, backend, choice, precision) -
                 steps.append(helper)
                 pairs.append((m, helper))
                 watched += [seq._modules[k] for k in keys[i:j]]
-                report.fused[full] = "relu" if act == "relu" else "bias"
+                report.fused[full] = act if act != "none" else "bias"
                 found = True
                 i = j
                 continue
@@ -1305,8 +1361,14 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
     ``fuse=True`` (inference: the model must be in eval mode): with torch.fx
     (``symbolic_trace``) each forward convolution becomes one :class:`ConvBiasAct2d` (1d/3d)
     call together with what follows it: a BatchNorm with running statistics, a residual ``add``
-    (``out + identity``: the other operand is passed as the residual) and/or a ``relu``. The
-    result is then a ``torch.fx.GraphModule``. Nothing of the model's state changes: the
+    (``out + identity``: the other operand is passed as the residual) and/or an activation (ReLU,
+    ReLU6, SiLU, GELU erf or tanh, hardswish, hardsigmoid, sigmoid, tanh, in their module,
+    functional and method forms: :func:`rawconv.pytorch.fusion.activation_of_node`). The
+    result is then a ``torch.fx.GraphModule``. With ``autotune`` on the CPU, each fused layer
+    is then measured against its unfused form (the convolution with its bias, then torch's own
+    add and activation) and keeps the fused call only where that was faster
+    (``report.fusion``; :func:`rawconv.pytorch.fusion.measure_cpu`); without an example input every
+    fusable layer is fused and the report says fusion was not measured. Nothing of the model's state changes: the
     parameters stay the convolutions' own, each folded BatchNorm stays where it was (only its
     call goes), so ``state_dict`` keys and values are the original model's and
     ``load_state_dict`` of the original's checkpoint works. The fused modules are **frozen**:
@@ -1315,10 +1377,10 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
     the parameters and BatchNorm it was taken from (the objects, their version counters,
     optimizer steps, ``.to()``; see :func:`refresh`) and takes a new one when not. With autograd
     recording, or a BatchNorm in training mode, a fused module runs the convolution, then the
-    BatchNorm module itself, the add and the ReLU (train the converted model as the original).
+    BatchNorm module itself, the add and the activation (train the converted model as the original).
     The model may already be converted (rawconv's conv modules are fx leaf modules).
     When tracing fails (data-dependent control flow...) a warning says so and each
-    ``nn.Sequential`` with Conv -> BatchNorm -> ReLU runs computes each run as one fused module
+    ``nn.Sequential`` with Conv -> BatchNorm -> activation runs computes each run as one fused module
     when the Sequential itself is called (its children are untouched: called alone, or shared,
     they compute as before; :class:`_FusedSequential`).
 
@@ -1359,7 +1421,9 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
         for _name, m in _fused_modules(model):
             _fused.freeze(m)
     if autotune is not None:
-        _autotune(model, autotune, report, autotune_budget_s, autotune_backward, autotune_new)
+        _autotune(model, autotune, report, autotune_budget_s, autotune_backward, autotune_new, fuse)
+    elif fuse:
+        report.fusion_measured = False
     model.rawconv_report = report
     return model
 
@@ -1412,7 +1476,7 @@ def _convert_fuse_fx(model: torch.nn.Module, report: ConvertReport, backend: str
         report.traced = False
         report.trace_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         warnings.warn(f"rawconv.nn.convert(fuse=True): torch.fx could not trace {type(model).__name__} "
-                      f"({report.trace_error}); fused at module level only (Conv -> BatchNorm -> ReLU runs of "
+                      f"({report.trace_error}); fused at module level only (Conv -> BatchNorm -> activation runs of "
                       "each nn.Sequential, when the Sequential is called as a whole); residual adds stay in "
                       "torch", RuntimeWarning, stacklevel=_guard.stacklevel())
         report.folded.clear()
@@ -1500,8 +1564,10 @@ class TunedChoice:
 
 
 def clear_tuning() -> None:
-    """Forget the winners :func:`convert` remembers for this process."""
+    """Forget the winners :func:`convert` remembers for this process (and its fused / unfused
+    decisions)."""
     _TUNED.clear()
+    _fusion.clear()
 
 
 def _sig_of(kind: str, x, w, extra):
@@ -1755,7 +1821,92 @@ def _tune_one(m, kind: str, args: dict, backend: str, budget_s: float | None, *,
         return rows[0].algorithm.choice
     if info is not None and rows:
         info.update(median_ms=getattr(rows[0], "median_ms", None), min_ms=getattr(rows[0], "min_ms", None))
+    if info is not None and kind in ("conv", "fused") and VERSUS_TORCH:
+        try:
+            info.update(_versus_torch(m, kind, args, plan))
+        except (RawconvError, RuntimeError) as exc:   # the tuned choice stands; the report says why
+            info["vs_torch_note"] = f"not compared with torch: {type(exc).__name__}: {str(exc).splitlines()[0]}"
     return plan.selected_name
+
+
+# convert(autotune=...) on CUDA times each searched layer's pinned call against torch's own call
+VERSUS_TORCH = True
+
+
+def _torch_peer(m, kind: str, args: dict, problem: ConvProblem):
+    """Torch's own call for a recorded conv or fused call (``F.conv{1,2,3}d`` on the same tensors,
+    then, for a fused call, the residual add and the activation by torch's ops): a callable."""
+    x = args["x"]
+    w, b = _call_wb(m, args)
+    r = args.get("residual")
+    nd = w.dim() - 2
+    conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nd]
+    if problem.symmetric:
+        pad, pads = problem.pad_before, None
+    else:
+        pad = 0
+        pads = [v for i in reversed(range(nd)) for v in (problem.pad_before[i], problem.pad_after[i])]
+    act = m.activation if kind == "fused" else "none"
+
+    def call():
+        xx = x if pads is None else F.pad(x, pads)
+        y = conv(xx, w, b, problem.stride, pad, problem.dilation, problem.groups)
+        if r is not None or act != "none":
+            y = _fused._torch_tail(y, None, r, act, problem)
+        return y
+    return call
+
+
+def _versus_torch(m, kind: str, args: dict, plan) -> dict:
+    """The GPU time of layer ``m``'s recorded call on its tuned cuDNN plan against torch's own call
+    (:func:`_torch_peer`, ``cudnn.benchmark`` on: torch's best pick), interleaved in 5 rounds
+    (calls queued behind a busy GPU), and the cuDNN engine torch's call ran (cuDNN's API log).
+    When rawconv's pinned call measured more than 3% slower, torch's engine (default knobs; after
+    the convolution alone, with torch's ops after it, for a plan with a bias, activation or
+    residual) is tried and kept if it measured faster. Returns ``torch_ms``, ``rawconv_ms``,
+    ``vs_torch`` (torch / rawconv: above 1, rawconv faster), ``torch_engine`` and, when the guard
+    changed the choice, ``vs_torch_note``."""
+    from ..cudnn.graph import search as _search
+    from .torch_choice import cudnn_api_log, parse_cudnn_log, torch_flags
+
+    x, r = args["x"], args.get("residual")
+    w, b = _call_wb(m, args)
+    problem = _problem_of(m, kind, args)
+    peer = _torch_peer(m, kind, args, problem)
+
+    def ours():
+        return plan.run(x, w, b, r) if r is not None else plan.execute(x, w, b)
+    out: dict = {}
+    with torch.no_grad(), torch_flags(benchmark=True):
+        peer()
+        peer()   # (the first call timed torch's candidates: cudnn.benchmark)
+        with cudnn_api_log() as log:
+            peer()
+            torch.cuda.synchronize(x.device)
+        engines = parse_cudnn_log(log.messages)["engines"] if log.available else ()
+        out["torch_engine"] = f"eng{engines[0]}" if engines else ("legacy API" if log.available else "?")
+        ours()
+        (t_ms, r_ms), _mins, _runs = _search._interleaved([peer, ours], 10)
+        out.update(torch_ms=t_ms, rawconv_ms=r_ms, vs_torch=t_ms / r_ms if r_ms else None)
+        if r_ms > 1.03 * t_ms and engines and not str(plan.selected_name).split("|")[0].endswith(f"eng{engines[0]}"):
+            before = plan.selected_name
+            alt = ("unfused:" if plan.has_epilogue() else "") + f"eng{engines[0]}"
+            try:
+                plan.select(alt)
+                ours()
+                (t2, a_ms), _mins, _runs = _search._interleaved([peer, ours], 10)
+            except (RawconvError, RuntimeError) as exc:
+                plan.select(before)
+                out["vs_torch_note"] = f"slower than torch; torch's engine {alt} did not run: {exc}"
+                return out
+            if a_ms < r_ms * t2 / t_ms:
+                out.update(torch_ms=t2, rawconv_ms=a_ms, vs_torch=t2 / a_ms,
+                           vs_torch_note=f"{before} measured {r_ms:.4f} ms against torch's {t_ms:.4f}: torch's "
+                                         f"engine {alt} kept instead")
+            else:
+                plan.select(before)
+                out["vs_torch_note"] = f"torch's engine {alt} measured no faster ({a_ms:.4f} ms)"
+    return out
 
 
 def _grad_problems(m, kind: str, args: dict, backend: str) -> dict:
@@ -1899,7 +2050,7 @@ def _tune_call(m, kind: str, args: dict, backend: str, budget_s, backward: bool,
 
 
 def _autotune(model, example, report: ConvertReport, budget_s, backward: bool = False,
-              new: str = "default") -> None:
+              new: str = "default", fuse: bool = False) -> None:
     """Search each distinct problem of ``model``'s convolutions once (and, with ``backward``, each
     distinct backward problem) and pin the winners to their problems. On cuDNN, while one
     problem is searched, the next one's first runtime compilations (cuDNN's top heuristic
@@ -1922,6 +2073,8 @@ def _autotune(model, example, report: ConvertReport, budget_s, backward: bool = 
         # (one per search on a busy machine) are said once, summed up, below
         warnings.simplefilter("always", TimingWarning)
         _search_layers(model, layers, names, report, budget_s, backward)
+        if fuse:
+            _measure_fusion(layers, names, report, budget_s)
     for w in said:
         if issubclass(w.category, TimingWarning):
             report.timing_warnings.append(str(w.message))
@@ -1949,6 +2102,44 @@ def _autotune(model, example, report: ConvertReport, budget_s, backward: bool = 
     report.autotune_s = time.perf_counter() - t0
 
 
+def _measure_fusion(layers: list, names: dict, report: ConvertReport, budget_s) -> None:
+    """``convert(fuse=True, autotune=x)``: each fused oneDNN layer's recorded call measured fused
+    against unfused (:func:`rawconv.pytorch.fusion.measure_cpu`), the outcome pinned to its problem
+    and written into ``report.fusion`` and the layer's ``report.tuned`` entries. A cuDNN layer's
+    decision is its graph autotune's (fused configs and ``"unfused:"`` ones searched together):
+    recorded as such, not measured again here."""
+    report.fusion_measured = True
+    entries = {}
+    for t in report.tuned:
+        entries.setdefault((t["name"], t["key"]), []).append(t)
+    for m, kind, args, backend, _problem, key in layers:
+        if kind != "fused":
+            continue
+        name = names.get(id(m), "?")
+        t = m.__dict__.get(_TUNED_ATTR, {}).get(_call_key(m, kind, args))
+        choice = m.choice if m.choice is not None else (t.choice if t is not None else None)
+        if backend != "onednn":   # the graph autotune searched fused and "unfused:" configs (its choice says which)
+            split = isinstance(choice, str) and choice.startswith("unfused:")
+            e = {"decision": "unfused" if split else "fused",
+                 "reason": f"cuDNN graph autotune (fused and 'unfused:' configs searched): {choice}"}
+        elif not _fused.frozen(m) or m.choice is not None:
+            e = {"decision": "fused", "reason": "fusion not measured: " + (
+                "the layer is not frozen" if not _fused.frozen(m) else
+                "the module's own choice names a fused implementation")}
+        else:
+            try:
+                e, measured = _fusion.measure_cpu(m, args, choice, key, budget_s, _TUNED)
+                e["measured"] = measured
+            except NotSupportedError as exc:   # the plain convolution has no implementation: stays fused
+                e = {"decision": "fused", "reason": f"fusion not measured: {exc}"}
+        report.fusion[name if name not in report.fusion else f"{name} {_problem.describe()}"] = e
+        for t in entries.get((name, key), ()):
+            t["fusion"] = e["decision"]
+            for k in ("fused_ms", "unfused_ms", "fused_min_ms", "unfused_min_ms"):
+                if k in e:
+                    t[k] = e[k]
+
+
 def _search_layers(model, layers: list, names: dict, report: ConvertReport, budget_s, backward: bool) -> None:
     from ..cudnn.graph import search as _search
 
@@ -1964,6 +2155,8 @@ def _search_layers(model, layers: list, names: dict, report: ConvertReport, budg
             if key not in plans:
                 try:
                     plans[key] = plan = _graph_plan(m, kind, args)
+                    if isinstance(plan, _fused._CudaFallback):
+                        return   # no cuDNN graph for it (the legacy API runs it): nothing to compile ahead
                     _search.prefetch(plan)
                 except (RawconvError, RuntimeError):   # its own search says what is wrong
                     plans.pop(key, None)
@@ -2134,8 +2327,7 @@ def _torch_equivalent(m, x, residual=None, *, w=None, b=None, output_size=None):
             y = F.batch_norm(y, c(bn.running_mean), c(bn.running_var), c(bn.weight), c(bn.bias), False, 0.0, bn.eps)
         if residual is not None:
             y = y + residual
-        if m.activation == "relu":
-            y = torch.relu(y)
+        y = _fused.apply_activation(y, m.activation)
     return y
 
 
@@ -2164,6 +2356,12 @@ def _rawconv_runs(m, kind, args, backend, choice=None) -> str:
     forward choice the call ran with (:func:`_call_choices`)."""
     x = args["x"]
     w, b = _call_wb(m, args)
+    unfused = (m.__dict__.get(_fusion.UNFUSED_ATTR) or {}).get(_call_key(m, kind, args)) \
+        if kind == "fused" and m.choice is None else None
+    if unfused is not None:   # convert measured this problem faster unfused (rawconv.pytorch.fusion)
+        tail = (["add"] if args.get("residual") is not None else []) + \
+            ([m.activation] if m.activation != "none" else [])
+        return f"unfused (measured faster): conv+bias {unfused}, then torch's {'+'.join(tail)}"
     try:
         if backend == "onednn":
             if kind == "fused":
@@ -2189,11 +2387,23 @@ def _rawconv_runs(m, kind, args, backend, choice=None) -> str:
                                    m.groups, activation=m.activation, backend="cudnn", choice=choice,
                                    precision=m.precision)
             return f"graph {plan.selected_name} (conv+bias{'+add' if args.get('residual') is not None else ''}" \
-                   f"{'+relu' if m.activation == 'relu' else ''})"
+                   f"{'+' + m.activation if m.activation != 'none' else ''})"
         from .. import cudnn
 
-        if isinstance(choice, str) and choice.startswith(("eng", "nhwc:eng")):
+        if isinstance(choice, str) and cudnn._is_graph_choice(choice):
             return f"graph {choice}"
+        if kind == "conv" and (choice is None or choice == "") and m.backend == "auto":
+            # what the operator runs with no choice: the graph API's default (cudnn.forward would
+            # name the legacy API's heuristic, which only backend="cudnn" runs)
+            from ..cudnn import graph as G
+            from . import ops as _ops
+
+            try:
+                plan = G._forward_plan(x, w, b, m.stride, _norm_padding(args["padding"]), m.dilation, m.groups, None,
+                                       None, False, _ops._GRAPH_MATH[m.precision])
+                return f"graph {plan.selected_name}"
+            except NotSupportedError:
+                pass   # no graph config: the legacy API runs it (below)
         if kind == "conv":
             _, info = cudnn.forward(x, w, b, m.stride, _norm_padding(args["padding"]), m.dilation, m.groups,
                                     choice=choice, precision=m.precision, return_info=True)
@@ -2301,7 +2511,7 @@ def describe(model: torch.nn.Module, example_input: Any, *, iterations: int = 10
     its verbose log; on CUDA the kernel names torch's call launched, from ``torch.profiler``,
     with ``torch_kernels``), the median time of each (``iterations`` calls; CUDA: GPU time,
     calls queued behind a busy GPU) and the error of each against float64 (torch's float64
-    functional ops on the CPU, fused residual and ReLU included). Returns a
+    functional ops on the CPU, fused residual and activation included). Returns a
     :class:`DescribeTable` (a list whose repr is a table; :func:`print_table`).
     """
     if not isinstance(model, torch.nn.Module):
