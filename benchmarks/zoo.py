@@ -503,8 +503,15 @@ def build_variants(model, x, args, run: Run, name: str) -> dict:
                     "fused": len(rep.fused), "folded": len(rep.folded), "traced": rep.traced,
                     "warnings": [str(w.message).splitlines()[0][:200] for w in caught
                                  if issubclass(w.category, RuntimeWarning)]}
+            if callable(getattr(rep, "table", None)):   # per searched layer: rawconv's and torch's pick, both times
+                try:
+                    info["layers"] = rep.table()
+                except Exception as exc:   # noqa: BLE001
+                    info["layers"] = error_line(exc)
             run.models.setdefault(name, {})["convert"] = info
             run.log(f"  {name} " + str(rep).replace("\n", f"\n  {name} "))
+            if args.layers and info.get("layers"):
+                run.log(f"  {name} " + info["layers"].replace("\n", f"\n  {name} "))
             total = sum(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
             info["convs"] = total
             note = (f"{info['swapped']}/{total} convs on rawconv, {info['fused']} fused, {info['folded']} BN folded, "
@@ -1060,6 +1067,8 @@ def parse(argv=None):
                     help="--depthwise: what torch ran (rawconv.torch_choice)")
     ap.add_argument("--json", default=None, help="write the rows here (rewritten after each row)")
     ap.add_argument("--markdown", action="store_true", help="also print the tables as Markdown (for the docs)")
+    ap.add_argument("--layers", action="store_true",
+                    help="print convert's per-layer table (rawconv's and torch's pick, both times; always in --json)")
     ap.add_argument("--traceback", action="store_true", help="print each exception's traceback")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():

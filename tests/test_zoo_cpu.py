@@ -114,6 +114,9 @@ MODELS = {
     "dilated_aspp": (_dilated, (2, 3, 32, 32), "dilation 2/4/6, ASPP pooling branch"),
 }
 AUTOTUNED = ("tiny1d", "unet")
+#: efficientnet_b0's training step is left out: its float64 step alone takes ~15 CPU seconds here (torch's CPU
+#: float64 grouped convolution runs group by group), and mobilenetv3_small_050 trains the same kinds of layers
+TRAINED = [m for m in MODELS if m != "efficientnet_b0"]
 
 
 def _build(name: str, train: bool = False):
@@ -175,7 +178,7 @@ def test_autotuned_fused_within_torchs_noise(name):
         _check(name, "convert(fuse=True, autotune=x)", _rel(_zoo().first_tensor(rm(x)), ref), torch_err)
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", TRAINED)
 def test_training_step_within_torchs_noise(name):
     """One step (MSE against a fixed target, backward, SGD): rawconv's gradients against a float64
     step within 5x torch's own error or 1e-4; then the output of a second forward, after each

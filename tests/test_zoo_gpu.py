@@ -10,6 +10,7 @@ from test_zoo_cpu import _zoo   # benchmarks/zoo.py, loaded once
 
 
 @pytest.mark.gpu
+@pytest.mark.slow   # four torch.compile calls (about a minute)
 def test_zoo_every_cuda_variant_runs_right_at_a_tiny_size(tmp_path, capsys):
     zoo = _zoo()
     bench = torch.backends.cudnn.benchmark
