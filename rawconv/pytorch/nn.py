@@ -1034,9 +1034,80 @@ class ConvertReport:
         return out
 
 
+def _plain_subclass_base(t: type):
+    """The torch conv class ``t`` subclasses without changing how it computes (no ``forward``,
+    ``_conv_forward`` or ``_output_padding`` of its own, not rawconv's: torchvision's
+    ``Conv3DSimple``, which r3d_18 is made of), else None."""
+    if t in _SWAP or issubclass(t, _RawconvConv):
+        return None
+    for base in _SWAP:
+        if issubclass(t, base):
+            same = all(getattr(t, a, None) is getattr(base, a, None) for a in ("forward", "_conv_forward",
+                                                                                 "_output_padding"))
+            return base if same else None
+    return None
+
+
+_SUBCLASS_PREFIX = "_Rawconv__"
+
+
+def _subclass_name(t: type) -> str:
+    """An importable name in this module for the rawconv twin of a plain subclass ``t`` (the name
+    says where ``t`` lives, so that an unpickling process can make the class again)."""
+    return _SUBCLASS_PREFIX + f"{t.__module__}.{t.__qualname__}".replace("_", "_u").replace(".", "_d")
+
+
+def _subclass_twin(t: type, base: type) -> type:
+    """The rawconv twin of ``t`` (a plain subclass of torch's ``base``), made once: a subclass of
+    both rawconv's class for ``base`` and ``t`` (``isinstance(m, t)`` still holds, ``t``'s other
+    methods stay), computing as rawconv's class; registered in this module so that pickles find it."""
+    name = _subclass_name(t)
+    cls = globals().get(name)
+    if cls is None:
+        cls = type(t.__name__, (_SWAP[base], t), {"__module__": __name__, "__qualname__": name,
+                                                  "__doc__": f"{t.__module__}.{t.__qualname__} on rawconv "
+                                                             f"(as {_SWAP[base].__name__})"})
+        globals()[name] = cls
+    return cls
+
+
+def __getattr__(name: str):   # an unpickled model's subclass twin, made again in a fresh process
+    if name.startswith(_SUBCLASS_PREFIX):
+        import importlib
+
+        path = name[len(_SUBCLASS_PREFIX):].replace("_d", ".").replace("_u", "_")
+        mod, _, qual = path.rpartition(".")
+        for cut in range(path.count(".")):   # the module part is the longest importable prefix
+            try:
+                t = importlib.import_module(mod)
+                for part in qual.split("."):
+                    t = getattr(t, part)
+                base = _plain_subclass_base(t) if isinstance(t, type) else None
+                if base is not None:
+                    return _subclass_twin(t, base)
+                break
+            except (ImportError, AttributeError):
+                mod, _, head = mod.rpartition(".")
+                qual = f"{head}.{qual}"
+                if not mod:
+                    break
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _swap_class(m: torch.nn.Module):
+    """The rawconv class ``m`` becomes, or None: an exact torch conv class's twin, or a plain
+    subclass's (:func:`_subclass_twin`)."""
+    cls = _SWAP.get(type(m))
+    if cls is not None:
+        return cls
+    base = _plain_subclass_base(type(m))
+    return None if base is None else _subclass_twin(type(m), base)
+
+
 def _swap_module(m: torch.nn.Module, backend, choice, precision) -> torch.nn.Module:
-    """``m`` (an exact torch conv class) as the rawconv class, sharing its parameters and buffers."""
-    cls = _SWAP[type(m)]
+    """``m`` (a torch conv class, or a plain subclass of one: :func:`_swap_class`) as the rawconv
+    class, sharing its parameters and buffers."""
+    cls = _swap_class(m)
     new = cls.__new__(cls)
     new.__dict__.update(m.__dict__)
     new._rawconv_init(backend, choice, None, precision)
@@ -1083,8 +1154,16 @@ def _foldable_bn(conv, bn) -> bool:
 
 
 def _fusable_conv(m) -> bool:
-    """A forward conv whose forward is torch's or rawconv's (not a user subclass, not fused yet)."""
-    return type(m) in _TORCH_CONVS or type(m) in (Conv1d, Conv2d, Conv3d)
+    """A forward conv whose forward is torch's or rawconv's (not a user subclass that computes its
+    own way, not fused yet)."""
+    t = type(m)
+    if t in _TORCH_CONVS or t in (Conv1d, Conv2d, Conv3d):
+        return True
+    base = _plain_subclass_base(t)
+    if base is not None:
+        return base in _TORCH_CONVS
+    return isinstance(m, (Conv1d, Conv2d, Conv3d)) and not isinstance(m, _ConvBiasAct) and \
+        t.__qualname__.startswith(_SUBCLASS_PREFIX)
 
 
 _ADD_FUNCS = (operator.add, operator.iadd, torch.add)
@@ -1131,8 +1210,9 @@ def _fuse_fx(model, report: ConvertReport, backend, choice, precision):
     class Tracer(fx.Tracer):
         # rawconv's own modules are calls to keep (a model converted before): fx must not trace into
         # their forward, which checks its input is a real tensor
-        def is_leaf_module(self, m, qualname):
-            return isinstance(m, _RawconvConv) or super().is_leaf_module(m, qualname)
+        def is_leaf_module(self, m, qualname):   # (and plain subclasses of torch's convs: convert swaps them)
+            return isinstance(m, _RawconvConv) or _plain_subclass_base(type(m)) is not None or \
+                super().is_leaf_module(m, qualname)
 
     tracer = Tracer()
     graph = tracer.trace(model)
@@ -1320,7 +1400,7 @@ def _fuse_sequential(model, report: ConvertReport, backend, choice, precision) -
             m = seq._modules[keys[i]]
             full = f"{seq_name}.{keys[i]}" if seq_name else keys[i]
             if _fusable_conv(m) and m.weight.dim() - 2 in _FUSED:
-                if type(m) in _SWAP:
+                if _swap_class(m) is not None:
                     m = seq._modules[keys[i]] = _swap_module(m, backend, _choice_for(choice, full), precision)
                 j, bn, act = i + 1, None, "none"
                 if j < len(keys) and type(seq._modules[keys[j]]) in _BATCHNORMS and \
@@ -1384,9 +1464,11 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
             autotune_new: str = "default") -> torch.nn.Module:
     """Run every convolution of ``model`` on rawconv, keeping its weights.
 
-    Every ``torch.nn.Conv1d/2d/3d`` and ``ConvTranspose1d/2d/3d`` (exact classes; subclasses with
-    their own forward are left alone) becomes the :mod:`rawconv.nn` module of the same class
-    family, sharing parameters and buffers (``state_dict`` keys unchanged). ``inplace=False``
+    Every ``torch.nn.Conv1d/2d/3d`` and ``ConvTranspose1d/2d/3d`` becomes the :mod:`rawconv.nn`
+    module of the same class family, sharing parameters and buffers (``state_dict`` keys
+    unchanged). A subclass that computes as torch's class (no ``forward`` or ``_conv_forward`` of
+    its own, e.g. torchvision's ``Conv3DSimple``) becomes a subclass of both (``isinstance`` with
+    the user's class holds, pickles find it); subclasses with their own forward are left alone. ``inplace=False``
     converts a deep copy. ``backend``, ``precision``: for every layer; ``choice``: one value for
     every layer, a dict {module name: choice} or a callable(name) -> choice.
 
@@ -1531,7 +1613,7 @@ def _swap_modules(model: torch.nn.Module, report: ConvertReport, backend: str, c
     twin (sharing parameters and buffers), recording in ``report.swapped`` those swapped and those
     already rawconv's. Returns the model (the new module when ``model`` itself is one)."""
     for name, m in list(model.named_modules()):
-        if type(m) in _SWAP:
+        if _swap_class(m) is not None:
             new = _swap_module(m, backend, _choice_for(choice, name), precision)
             if name:
                 _set_submodule(model, name, new)
