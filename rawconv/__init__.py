@@ -24,7 +24,7 @@ _aliases.install()   # the old flat module paths (rawconv.nn, rawconv._cuda...) 
 
 from .core.errors import (AllocationError, ArgumentError, ArgumentTypeError, DeviceNotAvailableError, FileAccessError,
                      InternalError, IsolationError, KnownBadError, LibraryError, LibraryNotFoundError,
-                     NotSupportedError, RawconvError, SlowReferenceWarning)
+                     NotSupportedError, RawconvError, SlowReferenceWarning, TorchFallbackWarning)
 from .core.plans import clear_caches
 from .core.problem import ConvProblem
 from .core import grad as _grad
@@ -41,7 +41,8 @@ logging.getLogger("rawconv").addHandler(logging.NullHandler())
 
 __all__ = ["ConvProblem", "Options", "RawconvError", "ArgumentError", "ArgumentTypeError", "LibraryError",
            "LibraryNotFoundError", "NotSupportedError", "KnownBadError", "IsolationError", "AllocationError",
-           "DeviceNotAvailableError", "InternalError", "FileAccessError", "SlowReferenceWarning", "info", "onednn",
+           "DeviceNotAvailableError", "InternalError", "FileAccessError", "SlowReferenceWarning", "TorchFallbackWarning", "info",
+           "onednn",
            "cudnn", "torch_choice", "torch_flags", "clear_caches", "__version__"]
 
 
