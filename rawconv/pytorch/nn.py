@@ -2703,12 +2703,7 @@ def _describe_layer(m, args: tuple, kwargs: dict, name: str, iterations: int, ti
         with torch.no_grad():
             return _torch_equivalent(m, x, residual, output_size=output_size)
 
-    x64 = x.detach().to("cpu", torch.float64)
-    r64 = residual.detach().to("cpu", torch.float64) if residual is not None else None
-    with torch.no_grad():
-        ref = _torch_equivalent(m, x64, r64, w=m.weight.detach().to("cpu", torch.float64),
-                                b=m.bias.detach().to("cpu", torch.float64) if m.bias is not None else None,
-                                output_size=output_size)
+    ref = _reference64(m, x, residual, output_size)
     label = type(m).__name__ + (f"({m.activation}{', residual' if residual is not None else ''})"
                                 if isinstance(m, _ConvBiasAct) else "")
     row = LayerReport(name, label, problem, backend, runs, _torch_backend(m, x),
@@ -2726,6 +2721,16 @@ def _describe_layer(m, args: tuple, kwargs: dict, name: str, iterations: int, ti
     return row
 
 
+def _reference64(m, x, residual, output_size):
+    """What torch computes for layer ``m``'s call in float64 on the CPU (:func:`describe`'s reference)."""
+    x64 = x.detach().to("cpu", torch.float64)
+    r64 = residual.detach().to("cpu", torch.float64) if residual is not None else None
+    with torch.no_grad():
+        return _torch_equivalent(m, x64, r64, w=m.weight.detach().to("cpu", torch.float64),
+                                 b=m.bias.detach().to("cpu", torch.float64) if m.bias is not None else None,
+                                 output_size=output_size)
+
+
 def _describe_fallback(m, x, residual, output_size, name: str, why: str, iterations: int,
                        timing: bool) -> LayerReport:
     """:func:`describe`'s row for a call that runs on torch's own kernel (``why``): what torch runs,
@@ -2740,13 +2745,7 @@ def _describe_fallback(m, x, residual, output_size, name: str, why: str, iterati
     row = LayerReport(name, type(m).__name__, problem, "torch (fallback)", f"{runs}: {why}", runs,
                       "torch's own kernel", note=f"runs on torch's own kernel: {why}")
     if x.dtype != torch.float64 and not x.dtype.is_complex and x.device.type in ("cpu", "cuda"):
-        x64 = x.detach().to("cpu", torch.float64)
-        r64 = residual.detach().to("cpu", torch.float64) if residual is not None else None
-        with torch.no_grad():
-            ref = _torch_equivalent(m, x64, r64, w=m.weight.detach().to("cpu", torch.float64),
-                                    b=m.bias.detach().to("cpu", torch.float64) if m.bias is not None else None,
-                                    output_size=output_size)
-        row.torch_err = row.rawconv_err = _rel_err(run_torch(), ref)
+        row.torch_err = row.rawconv_err = _rel_err(run_torch(), _reference64(m, x, residual, output_size))
     if timing and x.device.type in ("cpu", "cuda"):
         row.torch_ms = row.rawconv_ms = _timer(run_torch, x.device, iterations)
     return row
