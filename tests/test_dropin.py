@@ -258,3 +258,37 @@ def test_cli_problem_from_input_and_weight_is_named_by_its_descriptor():
     back = rawconv.ConvProblem.from_benchdnn(p.name.split(" ")[0])
     assert (back.x_shape, back.w_shape, back.pad_before, back.pad_after) == \
         (p.x_shape, p.w_shape, p.pad_before, p.pad_after)
+
+
+# ---------------------------------------------------------------------------- on a GPU
+@pytest.mark.gpu
+def test_gpu_cudnn_name_given_on_the_cpu_runs_after_cuda_and_torch_names_work():
+    # kept through the dtype moves on the CPU, then run by cuDNN
+    m = rnn.Conv2d(8, 8, 3, padding=1, choice="IMPLICIT_PRECOMP_GEMM@fma").double().float().cuda()
+    assert m.choice == "IMPLICIT_PRECOMP_GEMM@fma"
+    x = torch.randn(2, 8, 10, 10, device="cuda")
+    with torch.no_grad():
+        y = m(x)
+        ref = F.conv2d(x.double(), m.weight.double(), m.bias.double(), padding=1)
+    torch.testing.assert_close(y.double(), ref, rtol=1e-4, atol=1e-4)
+    from rawconv import cudnn
+
+    xf, wf = x, m.weight.detach()
+    torch.testing.assert_close(cudnn.forward(input=xf, weight=wf, padding=1), F.conv2d(xf, wf, padding=1),
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+def test_gpu_complex_falls_back_and_float64_runs_on_cudnn():
+    m = rnn.Conv2d(3, 4, 3, dtype=torch.complex64, device="cuda")
+    x = torch.randn(1, 3, 8, 8, dtype=torch.complex64, device="cuda")
+    with pytest.warns(TorchFallbackWarning, match="complex"):
+        y = m(x)
+    torch.testing.assert_close(y, torch.nn.Conv2d.forward(m, x))
+    m = rnn.Conv2d(3, 4, 3, dtype=torch.float64, device="cuda")   # cuDNN takes float64: no fallback
+    x = torch.randn(1, 3, 8, 8, dtype=torch.float64, device="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TorchFallbackWarning)
+        y = m(x)
+    torch.testing.assert_close(y, F.conv2d(x, m.weight, m.bias))
+    assert "torch_fallbacks" not in m.__dict__
