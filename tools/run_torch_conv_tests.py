@@ -116,8 +116,10 @@ def _compare(what: str, y, ref) -> None:
         return
     if y.numel():
         yd, rd = y.detach().double(), ref.detach().double()
-        # equal values (infinities too: torch.empty inputs hold anything) differ by nothing
-        err = torch.where(yd == rd, 0.0, (yd - rd).abs()).nan_to_num(nan=float("inf")).max().item()
+        # equal values differ by nothing: infinities too, and NaNs in the same places (torch.empty inputs
+        # hold anything)
+        same = (yd == rd) | (yd.isnan() & rd.isnan())
+        err = torch.where(same, 0.0, (yd - rd).abs()).nan_to_num(nan=float("inf")).max().item()
         scale = max(1.0, rd.abs().nan_to_num(nan=0.0).max().item())
         if (yd.isnan() != rd.isnan()).any() or err > _TOL.get(str(y.dtype), 1e-4) * scale:
             _note("wrong-number", f"{what}: max abs err {err:.3g} (scale {scale:.3g}) vs torch")
