@@ -104,6 +104,24 @@ def test_float16_where_onednn_has_none_runs_on_torch():
     torch.testing.assert_close(y, torch.nn.Conv2d.forward(m, x), rtol=0, atol=0)
 
 
+def test_a_problem_the_library_refuses_at_the_call_falls_back_too(monkeypatch):
+    """What the capabilities probe does not predict (a shape the library has no implementation for):
+    oneDNN's own refusal (dnnl_unimplemented) at the call runs torch's kernel, with oneDNN's words;
+    rawconv's own NotSupportedError (a tracer, a mode) does not."""
+    caps = onednn.capabilities()
+    row = caps.row("forward", torch.float16)
+    if row.offered or row.reference:
+        pytest.skip(f"oneDNN offers float16 here: {caps.reason('forward', torch.float16)}")
+    monkeypatch.setattr(fallback, "_reason", lambda *a: None)   # the probe says nothing: the call finds out
+    m = rnn.Conv2d(3, 4, 3, dtype=torch.float16)
+    x = torch.randn(1, 3, 8, 8, dtype=torch.float16)
+    with pytest.warns(TorchFallbackWarning, match=r"the library offers no implementation for this problem \("
+                                                  r"dnnl_convolution_forward_primitive_desc_create failed"):
+        y = m(x)
+    torch.testing.assert_close(y, torch.nn.Conv2d.forward(m, x), rtol=0, atol=0)
+    assert not fallback.library_refused(NotSupportedError("torch.jit.trace cannot record it"))
+
+
 def test_pinned_choice_and_fallback_error_refuse():
     x = torch.randn(1, 3, 8, 8, dtype=torch.float64)
     with pytest.raises(ArgumentError, match="no float64 convolution"):

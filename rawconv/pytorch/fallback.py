@@ -29,7 +29,7 @@ from .. import onednn
 from ..core.errors import NotSupportedError, TorchFallbackWarning
 
 __all__ = ["MODES", "reason_for", "reason_for_parameters", "run", "note", "counts", "reset", "unsupported_reason",
-           "may_fall_back"]
+           "may_fall_back", "library_refused"]
 
 MODES = ("torch", "error")   # a module's ``fallback``: run torch's kernel, or raise rawconv's error
 
@@ -93,6 +93,13 @@ def reason_for_parameters(m) -> str | None:
     w = m.weight
     return _reason(w.device.type, w.dtype, getattr(m, "in_channels", 1), m._transposed,
                    m.training and w.requires_grad)
+
+
+def library_refused(exc: NotSupportedError) -> bool:
+    """Whether ``exc`` is oneDNN's or cuDNN's own refusal of the problem (``dnnl_unimplemented``,
+    ``CUDNN_STATUS_NOT_SUPPORTED``...), not rawconv's word on something else it does not support
+    (a tracer, a mode, a pinned name)."""
+    return getattr(exc, "library", "") in ("oneDNN", "cuDNN") and bool(getattr(exc, "status_name", ""))
 
 
 def unsupported_reason(exc: NotSupportedError) -> str:

@@ -612,7 +612,8 @@ class _RawconvConv:
         try:
             return self._rawconv_forward(x)
         except NotSupportedError as exc:   # the library has no implementation of this problem, none pinned
-            if not _fallback.may_fall_back(self) or self.__dict__.get(_TUNED_ATTR) or type(x) not in _PLAIN_TENSORS:
+            if not _fallback.library_refused(exc) or not _fallback.may_fall_back(self) or \
+                    self.__dict__.get(_TUNED_ATTR) or type(x) not in _PLAIN_TENSORS:
                 raise
             return _fallback.run(self, _fallback.unsupported_reason(exc), self._torch_base, x)
 
@@ -690,7 +691,8 @@ class _RawconvConvTranspose(_RawconvConv):
         try:
             return self._rawconv_forward(x, output_size)
         except NotSupportedError as exc:
-            if not _fallback.may_fall_back(self) or self.__dict__.get(_TUNED_ATTR) or type(x) not in _PLAIN_TENSORS:
+            if not _fallback.library_refused(exc) or not _fallback.may_fall_back(self) or \
+                    self.__dict__.get(_TUNED_ATTR) or type(x) not in _PLAIN_TENSORS:
                 raise
             return _fallback.run(self, _fallback.unsupported_reason(exc), self._torch_base, x, output_size)
 
