@@ -42,7 +42,7 @@ from ..core.backend import Candidate
 from ..core import plans as _plans
 from ..core.plans import PlanCache, PlanLifetime, arg_key
 from ..core.results import Result, ResultTable
-from ..core.problem import ConvProblem, _int, check_tensor, empty_like_layout, layout_of, shape_arg, to_layout, dense_strides, strides_match, shape_only
+from ..core.problem import ConvProblem, _int, check_tensor, empty_like_layout, layout_of, shape_arg, to_layout, dense_strides, strides_match, shape_only, torch_names
 from ..core.problem import backward_data_layout
 
 log = logging.getLogger("rawconv.onednn")
@@ -1296,11 +1296,12 @@ def _flush_primitive_cache() -> None:
 _plans.register_clear("rawconv.onednn:oneDNN's primitive cache", _flush_primitive_cache)
 
 
-def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
+def forward(x: torch.Tensor = None, w: torch.Tensor = None, bias: torch.Tensor | None = None, stride: Any = 1,
             padding: Any = 0, dilation: Any = 1, groups: int = 1, *, impl: Any = None,
             algorithm: str = "direct", fpmath: str = "strict", out: torch.Tensor | None = None,
             allow_known_bad: bool = False, choice: Any = None, precision: str | None = None,
-            options: Any = None) -> torch.Tensor:
+            options: Any = None, return_info: bool = False, input: torch.Tensor | None = None,
+            weight: torch.Tensor | None = None):
     """oneDNN forward convolution with the semantics of ``torch.nn.functional.conv{1,2,3}d``.
 
     ``x``: (N, C, *spatial) or unbatched (C, *spatial), CPU, float32 / bfloat16 / float16 (where
@@ -1320,8 +1321,16 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
     Tensors that require grad (grad mode on) run as :func:`rawconv.ops.conv` (autograd recorded).
     rawconv's words work too: ``choice`` (= ``impl``: a position, a name or ``"name@layouts"``, an
     :class:`Implementation`), ``precision`` (= ``fpmath``), ``options`` (:class:`rawconv.Options`).
+    torch's names work too: ``input=`` / ``weight=`` (``F.conv2d``'s) for ``x`` / ``w``.
+    ``return_info=True`` returns ``(y, Implementation)``: the implementation that ran (name,
+    layouts, formats, reorders, scratchpad), as :func:`rawconv.cudnn.forward` returns its ``RunInfo``.
     """
     try:   # rawconv._guard.public's translation, inline (one frame less on the hot path)
+        if x is None or w is None or input is not None or weight is not None:
+            x, w = torch_names(x, w, input, weight, "rawconv.onednn.forward")
+        if return_info is not False:
+            return _forward_info(x, w, bias, stride, padding, dilation, groups, impl, algorithm, fpmath, out,
+                                 allow_known_bad, choice, precision, options, return_info)
         if choice is not None or precision is not None or options is not None:
             impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
         if _needs_grad(x, w, bias):   # record a differentiable op, never a silent detach
@@ -1373,6 +1382,25 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
 
 
 forward.__rawconv_public__ = True
+
+
+def _forward_info(x, w, bias, stride, padding, dilation, groups, impl, algorithm, fpmath, out, allow_known_bad,
+                  choice, precision, options, return_info) -> tuple:
+    """:func:`forward` with ``return_info``: ``(y, Implementation)``, the implementation its plan
+    selected (the same selection the call runs: oneDNN's first choice, or ``impl``)."""
+    if not isinstance(return_info, bool):
+        raise ArgumentTypeError(f"return_info must be True or False, got {return_info!r}")
+    if choice is not None or precision is not None or options is not None:
+        impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
+    problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
+    _check_device(problem)
+    plan = _plan(problem, "forward", algorithm, fpmath, _w_layout(w), impl, allow_known_bad)
+    if _needs_grad(x, w, bias):   # recorded by the operator, which selects the same way
+        y = forward(x, w, bias, stride, padding, dilation, groups, impl=impl, algorithm=algorithm, fpmath=fpmath,
+                    out=out, allow_known_bad=allow_known_bad)
+    else:
+        y = plan.execute(x, w, bias, out)
+    return y, plan.selected
 
 _get_num_threads = torch.get_num_threads
 
@@ -1996,4 +2024,6 @@ from ..core.backend import Backend as _Backend, register as _register  # noqa: E
 _register(_Backend("onednn", "cpu", __name__, "oneDNN", _registry_candidates, _registry_plan, info,
                    "oneDNN (libdnnl) on CPU tensors: every implementation of a primitive descriptor",
                    {"candidates": "implementations", "choice": "impl", "precision": "fpmath"},
-                   rows="rawconv.explore.compare:_onednn_rows", replay=_registry_replay))
+                   rows="rawconv.explore.compare:_onednn_rows", replay=_registry_replay,
+                   # implementation names: lowercase "kind:isa" ("jit:avx2", "x64:gemm:jit", "ref:any"), "@layouts"
+                   choice_names=r"(?!unfused:|nhwc:)[a-z0-9_.+-]+(:[a-z0-9_.+-]+)+(@(any|user))?"))

@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from . import autocast as _autocast
+from . import fallback as _fallback
 from . import fused as _fused
 from . import fusion as _fusion
 from .. import onednn
@@ -67,7 +68,7 @@ log = logging.getLogger("rawconv.nn")
 __all__ = ["conv", "conv_transpose", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
            "ConvTranspose3d", "ConvBiasAct1d", "ConvBiasAct2d", "ConvBiasAct3d", "convert", "describe",
            "LayerReport", "ConvertReport", "print_table", "BACKENDS", "pinned_choices", "pin_choices",
-           "refresh", "TunedChoice", "AUTOTUNE_NEW"]
+           "refresh", "TunedChoice", "AUTOTUNE_NEW", "torch_fallbacks"]
 
 BACKENDS = ("auto", "onednn", "cudnn")
 
@@ -123,6 +124,32 @@ def _check_choice(c: Any, what: str, pair: bool = False) -> Any:
                 "function forms (rawconv.onednn.forward(x, w, impl=0), rawconv.cudnn.forward(..., algo=0)): "
                 "pass the listed row or its name, e.g. rawconv.onednn.implementations(x, w)[0].name")
     raise ArgumentTypeError(msg)
+
+
+def _choice_library(c: Any, what: str) -> str | None:
+    """The library a choice string is written for, by its grammar alone (no tensors needed):
+    ``"onednn"`` (``"jit:avx2@any"``), ``"cudnn"`` (``"IMPLICIT_PRECOMP_GEMM@fma"``,
+    ``"eng28{k2=3}"``), or None (not a string; a (data, weights) pair: its first string). Raises
+    :class:`ArgumentError` for a string no backend's grammar fits, with the spelling it may mean
+    (``"JIT:AVX512_CORE"``: oneDNN's names are lowercase) and the forms each library's names take."""
+    if isinstance(c, (tuple, list)):
+        libs = [_choice_library(p, f"{what}[{i}]") for i, p in enumerate(c)]
+        return next((lib for lib in libs if lib is not None), None)
+    if not isinstance(c, str):
+        return None
+    from ..core.backend import backends_naming, spelling_suggestions
+
+    named = backends_naming(c)
+    if named:
+        return "cudnn" if named[0].device_type == "cuda" else "onednn"
+    near = spelling_suggestions(c)
+    raise ArgumentError(
+        f"{what}={c!r} is not a name of any rawconv backend" + (f": did you mean {' or '.join(map(repr, near))}?"
+                                                                if near else "")
+        + " (oneDNN implementations are lowercase 'kind:isa', optionally with '@any' / '@user': 'jit:avx2', "
+        "'x64:gemm:jit@any', listed by rawconv.onednn.implementations(x, w); cuDNN algorithms 'ALGO@math': "
+        "'IMPLICIT_PRECOMP_GEMM@fma', listed by rawconv.cudnn.algorithms(x, w); cuDNN graph engine configs "
+        "'eng28{k2=3}', listed by rawconv.cudnn_graph.engines(x, w))")
 
 
 def _resolve_backend(backend: str, device: torch.device) -> str:
@@ -250,6 +277,7 @@ def _ops_module():
 USE_OPS = True   # route through rawconv.ops (torch.library operators) when that module exists
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 _get_ident = onednn._get_ident   # (thread, its OpenMP count): the modules' argument packs are per thread
+_F32 = torch.float32
 _OPS: list = [None]   # rawconv.ops, once loaded (the modules' per-call path)
 
 
@@ -451,7 +479,11 @@ class _RawconvConv:
     _transposed = False
 
     def _rawconv_init(self, backend="auto", choice=None, backward_choice=None, precision=None, impl=None,
-                      backward_impl=None, fpmath=None):
+                      backward_impl=None, fpmath=None, fallback="torch"):
+        if fallback not in _fallback.MODES:
+            raise ArgumentError(f"fallback must be one of {list(_fallback.MODES)} (\"torch\": what rawconv cannot run "
+                                f"runs on torch's own kernel, said once and counted), got {fallback!r}")
+        self.fallback = fallback
         self.backend = _check_backend(backend)
         self.choice = _check_choice(_alias(choice, impl, "choice", "impl"), "impl" if impl is not None else "choice")
         self.backward_choice = _check_choice(
@@ -459,6 +491,13 @@ class _RawconvConv:
             "backward_impl" if backward_impl is not None else "backward_choice", pair=True)
         self.precision = _check_precision(_alias(precision, fpmath, "precision", "fpmath", "strict"))
         self._choice_backend = self._device_backend()
+        named = _choice_library(self.choice, "impl" if impl is not None else "choice") or \
+            _choice_library(self.backward_choice, "backward_choice")
+        if named is not None and self.backend == "auto":
+            # a name of the other device's library (a cuDNN algorithm on a module built on the CPU, to
+            # be moved with .cuda()): kept for that device; a call on this one says what it needs
+            self._choice_backend = named
+        self.__dict__["_rawconv_device"] = self.weight.device.type if self.weight is not None else "cpu"
 
     # old names
     impl = property(lambda self: self.choice, lambda self, v: setattr(self, "choice", v))
@@ -483,8 +522,12 @@ class _RawconvConv:
         if not hasattr(self, "backend"):   # during __init__ (torch moves parameters before _rawconv_init)
             return
         dev = self.weight.device.type
+        stayed = self.__dict__.get("_rawconv_device") == dev
+        self.__dict__["_rawconv_device"] = dev
         want = "cudnn" if dev == "cuda" else "onednn" if dev == "cpu" else None
-        if want is None:
+        if want is None or (stayed and self.backend in ("auto", want)):
+            # (.half(), .float(), .to(dtype): the device stays, and so do choices named for the other
+            # device's library, e.g. a cuDNN algorithm on a module built on the CPU to be moved later)
             return
         if self.backend != "auto" and self.backend != want:
             self.backend = want
@@ -590,6 +633,19 @@ class _RawconvConv:
         return self._tuned_for(kind, x, extra, args)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if type(x) in _PLAIN_TENSORS and (x.dtype is not _F32 or not (x.is_cpu or x.is_cuda) or not self.in_channels):
+            why = _fallback.reason_for(self, x)   # (float32 CPU/CUDA tensors never fall back: no look-up)
+            if why is not None:   # float64 on the CPU, complex, no f16 here...: torch's own kernel
+                return _fallback.run(self, why, self._torch_base, x)
+        try:
+            return self._rawconv_forward(x)
+        except NotSupportedError as exc:   # the library has no implementation of this problem, none pinned
+            if not _fallback.library_refused(exc) or not _fallback.may_fall_back(self) or \
+                    self.__dict__.get(_TUNED_ATTR) or type(x) not in _PLAIN_TENSORS:
+                raise
+            return _fallback.run(self, _fallback.unsupported_reason(exc), self._torch_base, x)
+
+    def _rawconv_forward(self, x: torch.Tensor) -> torch.Tensor:
         d = self.__dict__
         if self.padding_mode == "zeros" and not _RECORDING and type(x) in _PLAIN_TENSORS and USE_OPS \
                 and not torch.compiler.is_compiling():
@@ -656,6 +712,19 @@ class _RawconvConvTranspose(_RawconvConv):
     _transposed = True
 
     def forward(self, x: torch.Tensor, output_size: Sequence[int] | None = None) -> torch.Tensor:
+        if type(x) in _PLAIN_TENSORS and (x.dtype is not _F32 or not (x.is_cpu or x.is_cuda) or not self.in_channels):
+            why = _fallback.reason_for(self, x)
+            if why is not None:
+                return _fallback.run(self, why, self._torch_base, x, output_size)
+        try:
+            return self._rawconv_forward(x, output_size)
+        except NotSupportedError as exc:
+            if not _fallback.library_refused(exc) or not _fallback.may_fall_back(self) or \
+                    self.__dict__.get(_TUNED_ATTR) or type(x) not in _PLAIN_TENSORS:
+                raise
+            return _fallback.run(self, _fallback.unsupported_reason(exc), self._torch_base, x, output_size)
+
+    def _rawconv_forward(self, x: torch.Tensor, output_size: Sequence[int] | None = None) -> torch.Tensor:
         if self.padding_mode != "zeros":
             raise ArgumentError(f"only 'zeros' padding mode is supported for {type(self).__name__}")
         nd = len(self.kernel_size)
@@ -681,15 +750,18 @@ def _module(base, mixin, doc: str):
     class Module(mixin, base):
         def __init__(self, *args, backend: str = "auto", choice: Any = None, backward_choice: Any = None,
                      precision: str | None = None, impl: Any = None, backward_impl: Any = None,
-                     fpmath: str | None = None, **kwargs):
+                     fpmath: str | None = None, fallback: str = "torch", **kwargs):
             base.__init__(self, *args, **kwargs)
-            self._rawconv_init(backend, choice, backward_choice, precision, impl, backward_impl, fpmath)
+            self._rawconv_init(backend, choice, backward_choice, precision, impl, backward_impl, fpmath, fallback)
 
     Module.__name__ = Module.__qualname__ = base.__name__
     Module.__module__ = __name__
+    Module._torch_base = base
     Module.__doc__ = (f"``torch.nn.{base.__name__}`` on rawconv: same arguments and state_dict, plus ``backend`` "
                       "(\"auto\" | \"onednn\" | \"cudnn\"), ``choice``, ``backward_choice``, ``precision`` "
-                      "(old names ``impl``, ``backward_impl``, ``fpmath``). " + doc)
+                      "(old names ``impl``, ``backward_impl``, ``fpmath``) and ``fallback`` (\"torch\": a call no "
+                      "rawconv library can run, such as float64 on the CPU, runs on torch's own kernel, said once "
+                      "and counted, :mod:`rawconv.pytorch.fallback`; \"error\": refused). " + doc)
     return Module
 
 
@@ -732,6 +804,14 @@ class _ConvBiasAct(_RawconvConv):
         return args
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        if type(x) in _PLAIN_TENSORS and (x.dtype is not _F32 or not (x.is_cpu or x.is_cuda) or not self.in_channels):
+            why = _fallback.reason_for(self, x)
+            if why is not None:   # torch's convolution, then the BatchNorm, the add and the activation
+                _fallback.note(self, why)
+                y = self._torch_base._conv_forward(self, x, self.weight, self.bias)
+                bn = self.__dict__.get(_fused.BN_KEY)
+                y = bn(y) if bn is not None else y
+                return _fused.apply_activation(y + residual if residual is not None else y, self.activation)
         x, padding = self._padded(x)
         stride, pads, dilation = self._op_args()
         w, b, d = self.weight, self.bias, self.__dict__
@@ -911,6 +991,7 @@ def _fused_module(base, name):
 
     Module.__name__ = Module.__qualname__ = name
     Module.__module__ = __name__
+    Module._torch_base = base
     Module.__doc__ = (f"``activation(conv(x) + bias + residual)`` as ONE library call: a ``torch.nn.{base.__name__}`` "
                       "(same constructor and state_dict) plus ``activation`` (one of rawconv.fused.ACTIVATIONS: "
                       "\"relu\", \"relu6\", \"silu\", \"gelu\", \"gelu_tanh\", \"hardswish\", \"hardsigmoid\", "
@@ -957,7 +1038,12 @@ class ConvertReport:
     ``unfused_choice``, ``measured`` (False: the decision of an earlier layer of the same problem);
     or ``{"decision": ..., "reason": ...}`` where it was not measured here (cuDNN layers: their graph
     autotune's choice, an ``"unfused:"`` config or a fused one; nothing to unfuse). ``fusion_measured``: False when ``fuse=True`` had no example input to measure on
-    (every fusable layer fused, as before)."""
+    (every fusable layer fused, as before).
+
+    ``fallback`` (layer name -> reason): the layers whose calls run on torch's own kernel because no
+    rawconv library can run them (their parameters' dtype or device: float64 on the CPU, a
+    float16 model where this CPU's oneDNN has no float16...; or seen so during the autotune's
+    example run): :mod:`rawconv.pytorch.fallback`."""
 
     swapped: list = field(default_factory=list)
     folded: list = field(default_factory=list)
@@ -971,6 +1057,7 @@ class ConvertReport:
     timing_warnings: list = field(default_factory=list)   # each search's TimingWarning text (a busy machine)
     fusion: dict = field(default_factory=dict)
     fusion_measured: bool | None = None
+    fallback: dict = field(default_factory=dict)   # layer name -> why its calls run on torch's own kernel
 
     def __str__(self) -> str:
         n = len(self.tuned)
@@ -980,6 +1067,13 @@ class ConvertReport:
                  f"folded, {len(self.fused)} fused ({', '.join(sorted(set(self.fused.values()))) or 'none'})"]
         if self.traced is False:
             lines.append(f"  torch.fx could not trace the model ({self.trace_error}): module-level fusion only")
+        if self.fallback:
+            by: dict = {}
+            for name, why in self.fallback.items():
+                by.setdefault(why, []).append(name or "(the model)")
+            for why, names in by.items():
+                lines.append(f"  {len(names)} layer(s) run on torch's own kernel: {why} ({', '.join(names[:6])}"
+                             f"{', ...' if len(names) > 6 else ''})")
         if n:
             lines.append(f"  autotune: {n} layers, {distinct} distinct problems, {searched} searched, "
                          f"{self.autotune_s:.2f} s")
@@ -1547,6 +1641,10 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
         _autotune(model, autotune, report, autotune_budget_s, autotune_backward, autotune_new, fuse)
     elif fuse:
         report.fusion_measured = False
+    for name, m in _conv_modules(model).items():   # what torch's kernel runs (predicted, or seen in the autotune)
+        why = _fallback.reason_for_parameters(m) or next(iter(m.__dict__.get("torch_fallbacks") or ()), None)
+        if why is not None:
+            report.fallback[name] = why
     model.rawconv_report = report
     return model
 
@@ -1626,6 +1724,19 @@ def _swap_modules(model: torch.nn.Module, report: ConvertReport, backend: str, c
 
 
 AUTOTUNE_NEW = ("default", "search")
+
+
+def torch_fallbacks(model: torch.nn.Module | None = None) -> dict:
+    """Calls that rawconv's modules ran on torch's own kernel (no rawconv library can run them:
+    :mod:`rawconv.pytorch.fallback`). Without ``model``: {reason: calls} in this process; with
+    it: {layer name: {reason: calls}} for its modules that fell back (each module keeps its own
+    counts in its ``torch_fallbacks`` attribute)."""
+    if model is None:
+        return _fallback.counts()
+    if not isinstance(model, torch.nn.Module):
+        raise ArgumentTypeError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
+    return {name: dict(m.__dict__["torch_fallbacks"]) for name, m in _conv_modules(model).items()
+            if m.__dict__.get("torch_fallbacks")}
 
 
 def refresh(model: torch.nn.Module) -> torch.nn.Module:
@@ -2802,6 +2913,10 @@ def _describe_layer(m, args: tuple, kwargs: dict, name: str, iterations: int, ti
     residual = args[1] if len(args) > 1 else kwargs.get("residual")
     output_size = args[1] if isinstance(m, _TORCH_TRANSPOSED) and len(args) > 1 else kwargs.get("output_size")
     rm = m if isinstance(m, _RawconvConv) else _swap_module(copy.copy(m), "auto", None, "strict")
+    with torch.no_grad():
+        fell_back = _fallback.reason_for(rm, x)
+    if fell_back is not None:   # a call no rawconv library runs: torch's own kernel, on both sides
+        return _describe_fallback(m, x, residual, output_size, name, fell_back, iterations, timing)
     backend = _resolve_backend(rm.backend, x.device)
     # the exact library call of the rawconv module
     with _recording() as rec, torch.no_grad():
@@ -2830,12 +2945,7 @@ def _describe_layer(m, args: tuple, kwargs: dict, name: str, iterations: int, ti
         with torch.no_grad():
             return _torch_equivalent(m, x, residual, output_size=output_size)
 
-    x64 = x.detach().to("cpu", torch.float64)
-    r64 = residual.detach().to("cpu", torch.float64) if residual is not None else None
-    with torch.no_grad():
-        ref = _torch_equivalent(m, x64, r64, w=m.weight.detach().to("cpu", torch.float64),
-                                b=m.bias.detach().to("cpu", torch.float64) if m.bias is not None else None,
-                                output_size=output_size)
+    ref = _reference64(m, x, residual, output_size)
     label = type(m).__name__ + (f"({m.activation}{', residual' if residual is not None else ''})"
                                 if isinstance(m, _ConvBiasAct) else "")
     row = LayerReport(name, label, problem, backend, runs, _torch_backend(m, x),
@@ -2853,10 +2963,40 @@ def _describe_layer(m, args: tuple, kwargs: dict, name: str, iterations: int, ti
     return row
 
 
+def _reference64(m, x, residual, output_size):
+    """What torch computes for layer ``m``'s call in float64 on the CPU (:func:`describe`'s reference)."""
+    x64 = x.detach().to("cpu", torch.float64)
+    r64 = residual.detach().to("cpu", torch.float64) if residual is not None else None
+    with torch.no_grad():
+        return _torch_equivalent(m, x64, r64, w=m.weight.detach().to("cpu", torch.float64),
+                                 b=m.bias.detach().to("cpu", torch.float64) if m.bias is not None else None,
+                                 output_size=output_size)
+
+
+def _describe_fallback(m, x, residual, output_size, name: str, why: str, iterations: int,
+                       timing: bool) -> LayerReport:
+    """:func:`describe`'s row for a call that runs on torch's own kernel (``why``): what torch runs,
+    its time and its error against float64 (the CPU's float64 reference is torch's own kernel too:
+    no error is computed for a float64 call there)."""
+    def run_torch():
+        with torch.no_grad():
+            return _torch_equivalent(m, x, residual, output_size=output_size)
+
+    problem = f"{x.dtype} {x.device.type} x{tuple(x.shape)} w{tuple(m.weight.shape)}"
+    runs = _torch_backend(m, x)
+    row = LayerReport(name, type(m).__name__, problem, "torch (fallback)", f"{runs}: {why}", runs,
+                      "torch's own kernel", note=f"runs on torch's own kernel: {why}")
+    if x.dtype != torch.float64 and not x.dtype.is_complex and x.device.type in ("cpu", "cuda"):
+        row.torch_err = row.rawconv_err = _rel_err(run_torch(), _reference64(m, x, residual, output_size))
+    if timing and x.device.type in ("cpu", "cuda"):
+        row.torch_ms = row.rawconv_ms = _timer(run_torch, x.device, iterations)
+    return row
+
+
 # every public entry point raises only rawconv's exception classes (rawconv._guard)
 from ..core import guard as _guard  # noqa: E402
 
 _guard.guard_module(globals(), "conv", "conv_transpose", "convert", "refresh", "describe", "print_table", "pinned_choices",
-                    "pin_choices",
+                    "pin_choices", "torch_fallbacks",
                     "_RawconvConv.forward", "_RawconvConvTranspose.forward", "_ConvBiasAct.forward",
                     "_ConvBiasAct.from_conv")
