@@ -431,8 +431,8 @@ def _warn_if_busy(console, nthreads: int, hint: str = _LOAD_HINT) -> dict:
     time.sleep(0.3)
     before = pre.report()
     if before.other_cpus is not None and before.oversubscribed:
-        _warn(console, f"the machine is busy before the start: {before.describe(timing=False)}; "
-                       f"timings will include waits for a CPU ({load_hint(before, hint)})")
+        _warn(console, f"the machine is busy before the start: {before.describe(timing=False)}; calls that wait "
+                       f"for a CPU are retried and flagged ({load_hint(before, hint)})")
     return before.as_dict()
 
 
@@ -817,8 +817,8 @@ def cmd_list(args) -> int:
                                        allow_known_bad=args.allow_known_bad)
         bad = any(i.known_bad for i in impls)
         cols = [Column("#", [str(i.index) for i in impls], justify="right"),
-                Column("implementation", [i.name for i in impls]),
-                Column("layouts", [i.layouts for i in impls]),
+                # the candidate's one name (what choice= takes, every table shows): name@layouts
+                Column("implementation", [i.choice for i in impls]),
                 Column("formats", [" ".join(f"{k}={v}" for k, v in i.formats.items()) for i in impls], flex=True,
                        flex_min=12),
                 Column("reorders", [",".join(i.reorders) or "none" for i in impls], wrap=True),

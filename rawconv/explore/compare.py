@@ -1047,16 +1047,23 @@ def summary(rows: list[Row], *, hint: str | None = None) -> dict:
         per.append(entry)
         for k, v in figures.items():
             got[k].append(v)
-    ratios = [v for v, _ in got["best"]]
-    first_ratios = [v for v, _ in got["first_choice"]]
-    packed_ratios = [v for v, _ in got["prepacked"]]
+    ratios = [v for v, _, _ in got["best"]]
+    first_ratios = [v for v, _, _ in got["first_choice"]]
+    packed_ratios = [v for v, _, _ in got["prepacked"]]
     from ..core.bench import geomean_interval
 
-    def interval(k):
-        lists = [pr for v, pr in got[k] if v is not None]
+    def interval(k, clean_only=False):
+        lists = [pr for v, pr, c in got[k] if v is not None and (c or not clean_only)]
         if not lists or all(len(pr) < 2 for pr in lists):
             return None
         return list(geomean_interval(lists))
+
+    def clean_mean(k):
+        return _geomean_or_none([v for v, _, c in got[k] if c])
+
+    # the problems whose headline rows (best, first choice, prepacked) were all measured in clean rounds
+    clean_problems = sum(all(c for v, _, c in (got[k][i] for k in got) if v is not None) and
+                         got["best"][i][0] is not None for i in range(len(per)))
 
     def label(r):
         return f"{r.problem}: {r.backend} {r.implementation}"
@@ -1092,6 +1099,14 @@ def summary(rows: list[Row], *, hint: str | None = None) -> dict:
             "geomean_torch_over_best_prepacked_interval": interval("prepacked"),
             "prepacked_problems": sum(v is not None for v in packed_ratios),
             "confirmed_problems": sum(p["ratio_confirmed"] for p in per if p["ratio"] is not None),
+            # the same figures over the problems whose rounds had clean calls (what the headline shows)
+            "clean_problems": clean_problems,
+            "geomean_torch_over_best_clean": clean_mean("best"),
+            "geomean_torch_over_best_clean_interval": interval("best", True),
+            "geomean_torch_over_first_choice_clean": clean_mean("first_choice"),
+            "geomean_torch_over_first_choice_clean_interval": interval("first_choice", True),
+            "geomean_torch_over_best_prepacked_clean": clean_mean("prepacked"),
+            "geomean_torch_over_best_prepacked_clean_interval": interval("prepacked", True),
             "rounds_problems": sum(any(isinstance(r.extra.get("rounds"), dict) for r in rs)
                                    for rs in by_problem.values()),
             "confirm_rounds": max((r.extra["confirmed"]["rounds"]["rounds"] for r in rows
@@ -1162,14 +1177,20 @@ def _summary_problem(name: str, rs: list[Row], any_packed: bool) -> tuple:
              "unstable": bool(out["best"][0] is not None and (torch_def.unstable or best.unstable)),
              "rawconv_rows": sum(r.backend != "torch" for r in rs),
              "rawconv_ran": any(r.backend != "torch" and r.ran for r in rs)}
-    return entry, {k: (v[0], v[1]) for k, v in out.items()}
+    # a figure from rounds where both sides had a clean call (bench.ratio's "clean"); one measured
+    # without rounds (GPU rows, rows built by hand) is taken as it is
+    entry["ratio_clean"] = bool(out["best"][2].get("clean", True)) if out["best"][2] is not None else True
+    return entry, {k: (v[0], v[1], bool(v[2].get("clean", True)) if v[2] is not None else True) for k, v in out.items()}
 
 
 def headline(s: dict) -> list[str]:
     """The summary's ratios as lines that say what each side did, each with its interval from the
     rounds, and mark a best-of-N selection as such: confirmed on fresh rounds (the figure then
     carries no winner's curse) or, where no rounds ran (GPU rows, rows built by hand), picked on
-    the same timings (``rawconv compare`` prints them; docs/guides/compare-cli.md quotes them)."""
+    the same timings (``rawconv compare`` prints them; docs/guides/compare-cli.md quotes them).
+    Where some problems' rounds had no clean calls (their rows waited for a CPU in most rounds),
+    the figures shown are over the others (``*_clean`` in the summary), and the figure over every
+    problem follows, marked not to be trusted; with none left, no figure leads."""
     if s["geomean_torch_over_best"] is None:
         return ["torch default / rawconv: no comparable rows (no problem where torch default and a rawconv "
                 "candidate both ran within tolerance)"]
@@ -1177,36 +1198,55 @@ def headline(s: dict) -> list[str]:
     n = f"{bo[0]}" if bo[0] == bo[1] else f"{bo[0]}-{bo[1]}"
     mark = "" if s["timings_trustworthy"] else " [UNRELIABLE: see the timing warnings]"
     dirn = "" if s.get("directions", ["forward"]) == ["forward"] else f" ({', '.join(s['directions'])})"
-    confirmed = s.get("confirmed_problems", 0) == s["comparable_problems"] and s["comparable_problems"] > 0
-    how = ("time per call, ratio taken within each interleaved round, median over rounds"
-           if s.get("rounds_problems") else "median time")
-    out = [f"torch default / rawconv{dirn}, {how}, geometric mean over {s['comparable_problems']} "
-           f"problem(s){mark}:"]
+    total = s["comparable_problems"]
+    confirmed = s.get("confirmed_problems", 0) == total and total > 0
+    rounds = bool(s.get("rounds_problems"))
+    clean = s.get("clean_problems", total) if rounds else total
+    how = ("time per call, ratio taken within each interleaved round, median over rounds" if rounds
+           else "median time")
+    over = (f"{total} problem(s)" if clean == total else
+            f"the {clean} of {total} problem(s) whose rounds had calls during which our threads did not wait for "
+            f"a CPU" if clean else f"{total} problem(s)")
+    out = [f"torch default / rawconv{dirn}, {how}, geometric mean over {over}{mark}:"]
+    if rounds and clean == 0:
+        out.append("  no figure to trust: every problem's rounds waited for a CPU (the figures below are from those "
+                   "rounds; run again on a quieter machine)")
+    suffix = "_clean" if rounds and 0 < clean < total else ""
 
-    def iv(key):
-        v = s.get(key + "_interval")
-        return f" [{v[0]:.2f}-{v[1]:.2f}]" if v else ""
+    def fig(key):
+        v = s.get(key + suffix)
+        iv = s.get(key + suffix + "_interval")
+        return None if v is None else f"{v:.2f}x" + (f" [{iv[0]:.2f}-{iv[1]:.2f}]" if iv else "")
 
     like = []
-    if s.get("geomean_torch_over_first_choice") is not None:
-        like.append(f"oneDNN's first choice {s['geomean_torch_over_first_choice']:.2f}x"
-                    + iv("geomean_torch_over_first_choice"))
+    if fig("geomean_torch_over_first_choice") is not None:
+        like.append(f"oneDNN's first choice {fig('geomean_torch_over_first_choice')}")
+    best = fig("geomean_torch_over_best")
     if confirmed:
         picked = s.get("geomean_torch_over_best_where_picked")
-        like.append(f"best of {n} per problem {s['geomean_torch_over_best']:.2f}x" + iv("geomean_torch_over_best")
-                    + f" (picked on the first rounds{f', where it read {picked:.2f}x' if picked else ''}; "
-                    f"this figure is from {s.get('confirm_rounds') or 'fresh'} fresh rounds)")
-    else:
-        like.append(f"best of {n} per problem {s['geomean_torch_over_best']:.2f}x{iv('geomean_torch_over_best')} "
-                    "(picked on these timings: a best-of-N favours rawconv by the noise alone)")
+        like.append(f"best of {n} per problem {best} (picked on the first rounds"
+                    f"{f', where it read {picked:.2f}x over all problems' if picked else ''}; this figure is from "
+                    f"{s.get('confirm_rounds') or 'fresh'} fresh rounds)")
+    elif best is not None:
+        like.append(f"best of {n} per problem {best} (picked on these timings: a best-of-N favours rawconv by the "
+                    "noise alone)")
     both = "weights read on every call by both, as torch's call does" if "backward_weights" not in \
         s.get("directions", []) else "same inputs on every call"
     out.append(f"  like for like ({both}): " + "; ".join(like))
-    if s.get("geomean_torch_over_best_prepacked") is not None:
+    packed = fig("geomean_torch_over_best_prepacked")
+    if packed is not None:
         out.append(f"  rawconv's weights prepacked (reordered once, which torch's call cannot do): best of {n} "
-                   f"{s['geomean_torch_over_best_prepacked']:.2f}x{iv('geomean_torch_over_best_prepacked')}"
-                   + (" (confirmed on fresh rounds)" if confirmed else ""))
-    if any(s.get(k + "_interval") for k in ("geomean_torch_over_first_choice", "geomean_torch_over_best")):
+                   f"{packed}" + (" (confirmed on fresh rounds)" if confirmed else ""))
+    if suffix:
+        def every(key):
+            v = s.get(key)
+            return f"{v:.2f}x" if v is not None else "-"
+        out.append(f"  over all {total} problems, including those whose rows waited for a CPU (not to be trusted): "
+                   f"first choice {every('geomean_torch_over_first_choice')}, best of {n} "
+                   f"{every('geomean_torch_over_best')}"
+                   + (f", prepacked {every('geomean_torch_over_best_prepacked')}"
+                      if s.get("geomean_torch_over_best_prepacked") is not None else ""))
+    if any(s.get(k + suffix + "_interval") for k in ("geomean_torch_over_first_choice", "geomean_torch_over_best")):
         out.append("  [a-b]: 90% bootstrap interval over the rounds (each problem's per-round ratios resampled)")
     return out
 
@@ -1288,7 +1328,8 @@ def records(rows: Iterable[Row], problems: Iterable[ConvProblem], *, fpmath: str
     the options ``compare`` ran it with (oneDNN: ``fpmath``, weights layout, ``threads``: the
     plan's count, one for a problem under 2**17 FLOPs, else ``threads``, default torch's current
     count; cuDNN: the math type set), the library version and device, its
-    median/min time and error against float64, the layer's name as ``label``, and ``timing``:
+    median time (from the confirmation rounds where they ran: picked on other rounds) and min
+    time, its error against float64, the layer's name as ``label``, and ``timing``:
     whether the run's timings (:func:`rawconv.results.reliability` of ``rows``; ``hint`` ends its
     oversubscription warning) and this row's own (:attr:`Result.timing_flags`) can be trusted,
     so that :func:`replay` withholds a drift against a noisy time.
@@ -1344,7 +1385,10 @@ def records(rows: Iterable[Row], problems: Iterable[ConvProblem], *, fpmath: str
         timing = {"trustworthy": bool(run["trustworthy"] is not False and not flags),
                   "run_trustworthy": run["trustworthy"], "run_warnings": list(run["warnings"]),
                   "row_flags": flags, "machine": best.extra.get("machine")}
-        out.append(tuning.TuningRecord(key, best.choice, _finite_json(detail), p.layout, best.median_ms, best.min_ms,
+        # the time fresh rounds measured where they ran (the best was picked on others: no winner's curse)
+        conf = best.extra.get("confirmed")
+        med = conf["median_ms"] if isinstance(conf, dict) and conf.get("median_ms") is not None else best.median_ms
+        out.append(tuning.TuningRecord(key, best.choice, _finite_json(detail), p.layout, med, best.min_ms,
                                        err, label=name, timing=_finite_json(timing)))
     return out
 
