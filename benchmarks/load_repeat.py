@@ -25,6 +25,7 @@ others stop.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import subprocess
@@ -92,6 +93,8 @@ def compare_run(label: str, args, extra: list) -> dict:
             "loadavg_after": after, "machine": s.get("machine"), "flagged_rows": flagged, "timed_rows": timed,
             "timing_warnings": s.get("timing_warnings") or [], "headline": headline,
             "problems": total, "clean_problems": clean,
+            # which row was the best of N where, and what it read: a load can change the answer itself
+            "best": collections.Counter(p["best"] for p in s.get("per_problem") or [] if p.get("best")),
             "ratios": {name: (s.get(key + suffix), s.get(key + suffix + "_interval")) for name, key in KEYS},
             "all_problems": {name: (s.get(key), s.get(key + "_interval")) for name, key in KEYS},
             "trustworthy": s.get("timings_trustworthy")}
@@ -172,6 +175,7 @@ def main(argv=None) -> int:
               f"flagged; headline {'trusted' if r['trustworthy'] else 'marked UNRELIABLE'}")
         for line in r["headline"]:
             print(f"    {line}")
+        print("    best of N per problem: " + ", ".join(f"{k} {v}" for k, v in r["best"].most_common()))
         for w in r["timing_warnings"]:
             print(f"    warning: {w}")
     verdict = {"headline": report(runs), "all_problems": report(runs, which="all_problems")}

@@ -635,7 +635,7 @@ def round_plan(iterations: int, max_rounds: int = MAX_ROUNDS) -> tuple[int, int]
 
 
 def time_rounds(candidates, *, rounds: int = 5, calls: int = 2, retries: int | None = None, warmup: int = 1,
-                budget_s: float | None = None, clock: Clock | None = None) -> dict[str, Timed]:
+                budget_s: float | None = None, min_rounds: int = 3, clock: Clock | None = None) -> dict[str, Timed]:
     """Time several callables in interleaved rounds: ``candidates`` maps a name to ``fn`` or to
     ``(fn, setup)`` (``setup()`` runs untimed before the candidate's calls in each round, e.g. a
     plan's ``select``). After ``warmup`` untimed calls each, every round calls each candidate in
@@ -643,7 +643,9 @@ def time_rounds(candidates, *, rounds: int = 5, calls: int = 2, retries: int | N
     ``calls`` calls with at least one clean, or ``calls + retries`` calls (default ``retries =
     calls``): a call during which our threads waited for a CPU is tried again. With
     ``budget_s``, a candidate's calls in one round stop after ``budget_s / rounds`` seconds (at
-    least one call). Each call records wall time (``time.perf_counter``), process CPU time
+    least one call), and after ``min_rounds`` rounds the rounds stop once every candidate has
+    spent ``budget_s`` (calls that wait for whole scheduler slices on a busy machine: fewer
+    rounds, each row then flagged by what they measured). Each call records wall time (``time.perf_counter``), process CPU time
     (``time.process_time``) and the time our threads waited for a CPU (schedstat). Returns
     ``{name: Timed}`` in the order given (:meth:`Timed.stats`, :func:`ratio`,
     :meth:`Timed.flags`). Raises ValueError for ``rounds`` or ``calls`` below 1."""
@@ -665,7 +667,10 @@ def time_rounds(candidates, *, rounds: int = 5, calls: int = 2, retries: int | N
                 fn()
     per_round = budget_s / rounds if budget_s else None
     n = len(items)
+    spent_all = {name: 0.0 for name, _, _ in items}
     for r in range(rounds):
+        if budget_s and r >= max(1, min_rounds) and all(v >= budget_s for v in spent_all.values()):
+            break
         for k in range(n):
             name, fn, setup = items[(k + r) % n]
             if setup is not None:
@@ -689,6 +694,7 @@ def time_rounds(candidates, *, rounds: int = 5, calls: int = 2, retries: int | N
                         or (per_round is not None and spent >= per_round)):
                     break
             out[name].rounds.append(got)
+            spent_all[name] += spent
     return out
 
 

@@ -368,13 +368,16 @@ def reliability(rows, hint: str | None = None) -> dict:
     rows = [as_result(r) for r in rows]
     timed = [r for r in rows if r.ran and _finite(r.median_ms)]
     report = machine_report(rows)
-    rounds = [r for r in timed if isinstance(r.extra, dict) and isinstance(r.extra.get("rounds"), dict)]
-    if rounds and len(rounds) == len([r for r in timed if r.runs > 1 or r.extra.get("rounds")]):
-        # interleaved rounds keep the calls during which our threads did not wait for a CPU: a
-        # busy machine alone says nothing against them, what each row's rounds measured does
-        warn = flag_warnings(r.timing_flags for r in timed)
-    else:
-        warn = timing_warnings(report, [r.spread for r in rows if r.ran], hint=hint)
+    def in_rounds(r):
+        return isinstance(r.extra, dict) and isinstance(r.extra.get("rounds"), dict)
+
+    # interleaved rounds keep the calls during which our threads did not wait for a CPU: a busy
+    # machine alone says nothing against those rows, what each one's rounds measured does; the
+    # other rows (GPU, isolated, listings) by the machine and their spread, as before
+    warn = flag_warnings(r.timing_flags for r in timed if in_rounds(r))
+    others = [r for r in rows if not in_rounds(r)]
+    if others:
+        warn += timing_warnings(machine_report(others), [r.spread for r in others if r.ran], hint=hint)
     return {"trustworthy": (not warn) if timed else None, "warnings": warn,
             "machine": report.as_dict() if report is not None else None,
             "unreliable_rows": sum(r.unstable for r in timed), "timed_rows": len(timed)}

@@ -229,12 +229,12 @@ def _error_row(problem_name: str, backend: str, impl: str, exc: BaseException, d
 
 def _measure(problem, label_backend, label_impl, detail, fn, ref, ref_abs, timer, *, tol=None,
              workspace=None, extra=None, slow_s: float | None = None, direction: str = "forward",
-             setup: Callable[[], object] | None = None, mkldnn: bool = True) -> Row:
+             setup: Callable[[], object] | None = None, mkldnn: bool | None = None) -> Row:
     """Run one candidate once (which also builds it) and check its result against the float64
     reference; time it with ``timer`` (a function of ``fn`` giving :class:`TimeStats`), or, with
     ``timer=None``, leave the timing to :func:`_time_rounds` (the row keeps ``fn``, ``setup``,
     run untimed before its calls in each round, and ``mkldnn``, torch's mkldnn flag during its
-    calls). A candidate whose first call takes longer than ``slow_s`` is timed by one more call
+    calls: None leaves the caller's). A candidate whose first call takes longer than ``slow_s`` is timed by one more call
     alone (oneDNN's ref:any). Returns the :class:`Row`."""
     extra = dict(extra or {}, problem=problem.describe(), benchdnn=problem.to_benchdnn(strict=False), device=problem.device)
     name = str(problem.name or problem.describe())
@@ -328,7 +328,7 @@ def _time_rounds(problem: ConvProblem, rows: list[Row], *, iterations: int, warm
         fn, setup, mk = r._pending
 
         def prepare():
-            torch._C._set_mkldnn_enabled(mk)
+            torch._C._set_mkldnn_enabled(old_mk if mk is None else mk)
             if setup is not None:
                 setup()
         return fn, prepare
@@ -358,7 +358,7 @@ def _time_rounds(problem: ConvProblem, rows: list[Row], *, iterations: int, warm
         monitor = LoadMonitor()
         # a few rows: more tries per round for a call during which our threads did not wait for a CPU
         again = bench.time_rounds({keys[id(r)]: entry(r) for r in [torch_def] + chosen}, rounds=confirm_rounds,
-                                  calls=calls, retries=3 * calls, warmup=1, budget_s=budget_s)
+                                  calls=calls, retries=3 * calls, warmup=0, budget_s=budget_s)
         machine = monitor.report().as_dict()
         base2 = again[keys[id(torch_def)]]
         torch_def.extra["confirmed"] = {"median_ms": base2.stats().median_ms, "rounds": base2.as_dict(),
