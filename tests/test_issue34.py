@@ -82,11 +82,16 @@ def test_rounds_interleave_keep_clean_calls_and_retry_those_that_waited():
     sim = Sim()
     t = bench.time_rounds({"slow": sim.fn("slow", 0.05)}, rounds=2, calls=5, warmup=0, budget_s=0.02,
                           clock=sim.clock)
-    assert [len(r) for r in t["slow"].rounds] == [1, 1]
+    assert [len(r) for r in t["slow"].rounds] == [1, 0]       # its budget spent: it sits round 2 out
+    assert t["slow"].timed_rounds == 1 and t["slow"].stats().runs == 1 and t["slow"].flags() == []
     # ... and once every candidate spent its budget, no more rounds than min_rounds (a busy machine)
+    t = bench.time_rounds({"slow": sim.fn("slow", 0.05), "fast": sim.fn("fast", 1e-3)}, rounds=9, calls=2,
+                          warmup=0, budget_s=0.1, min_rounds=3, clock=sim.clock)
+    assert [len(r) for r in t["slow"].rounds] == [1, 1, 0, 0, 0, 0, 0, 0, 0]    # the fast one keeps going
+    assert t["fast"].timed_rounds == 9 and bench.ratio(t["slow"], t["fast"]).rounds == 2
     t = bench.time_rounds({"slow": sim.fn("slow", 0.05)}, rounds=9, calls=2, warmup=0, budget_s=0.1, min_rounds=3,
                           clock=sim.clock)
-    assert len(t["slow"].rounds) == 3
+    assert len(t["slow"].rounds) == 3 and t["slow"].timed_rounds == 2
     with pytest.raises(ValueError):
         bench.time_rounds({"a": sim.fn("a", 1e-3)}, rounds=0)
 

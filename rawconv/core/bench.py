@@ -474,7 +474,8 @@ def percentile(values: Sequence[float], q: float) -> float:
 @dataclass
 class Timed:
     """One candidate's calls in :func:`time_rounds`: ``rounds[r]`` holds its :class:`Call` s of
-    round ``r`` (every candidate has one entry per round, so rounds line up across candidates)."""
+    round ``r`` (every candidate has one entry per round, so rounds line up across candidates; an
+    empty one: a round it sat out, its budget spent)."""
 
     name: str
     rounds: list = field(default_factory=list)
@@ -483,9 +484,14 @@ class Timed:
     def calls(self) -> list:
         return [c for rnd in self.rounds for c in rnd]
 
-    def round_clean(self) -> list[bool]:
-        """Per round: whether it had a clean call."""
-        return [any(c.clean for c in rnd) for rnd in self.rounds]
+    def round_clean(self) -> list:
+        """Per round: whether it had a clean call (None for a round it sat out)."""
+        return [any(c.clean for c in rnd) if rnd else None for rnd in self.rounds]
+
+    @property
+    def timed_rounds(self) -> int:
+        """The rounds in which it was called."""
+        return sum(bool(rnd) for rnd in self.rounds)
 
     def round_ms(self) -> list[float]:
         """Per round, in ms: its fastest clean call, else (every call waited) its fastest call."""
@@ -497,7 +503,7 @@ class Timed:
 
     @property
     def clean_rounds(self) -> int:
-        return sum(self.round_clean())
+        return sum(c is True for c in self.round_clean())
 
     def stats(self) -> TimeStats:
         """``median_ms``: the median over rounds of :meth:`round_ms` (from the clean rounds when
@@ -512,8 +518,9 @@ class Timed:
 
     def _used_round_ms(self) -> list[float]:
         per, clean = self.round_ms(), self.round_clean()
+        timed = [t for t in per if math.isfinite(t)]
         kept = [t for t, c in zip(per, clean) if c]
-        return kept if 2 * len(kept) >= len(per) and kept else [t for t in per if math.isfinite(t)]
+        return kept if 2 * len(kept) >= len(timed) and kept else timed
 
     def waited_share(self) -> float | None:
         """The fraction of our threads' run time spent waiting for a CPU over every call:
@@ -546,7 +553,7 @@ class Timed:
         waits: wall time well above the CPU time it got), ``"rounds disagree: ..."`` when its
         per-round times spread (:data:`ROUNDS_DISAGREE`)."""
         out = []
-        n = len(self.rounds)
+        n = self.timed_rounds
         if n and 2 * self.clean_rounds < n:
             wall, cpu = self.wall_cpu_ms()
             share = self.waited_share()
@@ -564,7 +571,7 @@ class Timed:
         """JSON-friendly: rounds, per-round ms and cleanliness, calls, clean calls, median wall and
         CPU ms per call, the waited share and :meth:`flags`."""
         wall, cpu = self.wall_cpu_ms()
-        return {"rounds": len(self.rounds), "round_ms": self.round_ms(), "round_clean": self.round_clean(),
+        return {"rounds": self.timed_rounds, "round_ms": self.round_ms(), "round_clean": self.round_clean(),
                 "calls": len(self.calls), "clean_calls": sum(c.clean for c in self.calls),
                 "wall_ms": wall, "cpu_ms": cpu, "waited_share": self.waited_share(), "flags": self.flags()}
 
@@ -596,7 +603,7 @@ def ratio(base: Timed, other: Timed) -> Ratio | None:
     where both had a clean call when those are at least half of them, else from every round.
     None when no round timed both."""
     bt, ot, bc, oc = base.round_ms(), other.round_ms(), base.round_clean(), other.round_clean()
-    pairs = [(a / b, ca and cb) for a, b, ca, cb in zip(bt, ot, bc, oc)
+    pairs = [(a / b, bool(ca and cb)) for a, b, ca, cb in zip(bt, ot, bc, oc)
              if math.isfinite(a) and math.isfinite(b) and a > 0 and b > 0]
     if not pairs:
         return None
@@ -643,9 +650,11 @@ def time_rounds(candidates, *, rounds: int = 5, calls: int = 2, retries: int | N
     ``calls`` calls with at least one clean, or ``calls + retries`` calls (default ``retries =
     calls``): a call during which our threads waited for a CPU is tried again. With
     ``budget_s``, a candidate's calls in one round stop after ``budget_s / rounds`` seconds (at
-    least one call), and after ``min_rounds`` rounds the rounds stop once every candidate has
-    spent ``budget_s`` (calls that wait for whole scheduler slices on a busy machine: fewer
-    rounds, each row then flagged by what they measured). Each call records wall time (``time.perf_counter``), process CPU time
+    least one call), a candidate that has spent ``budget_s`` (its warm-up included) sits out the
+    rounds left (after at least one), and after ``min_rounds`` rounds the rounds stop once every
+    candidate has (calls that wait for whole scheduler slices on a busy machine, a slow reference
+    implementation: fewer calls, each row flagged by what its calls measured). Each call records
+    wall time (``time.perf_counter``), process CPU time
     (``time.process_time``) and the time our threads waited for a CPU (schedstat). Returns
     ``{name: Timed}`` in the order given (:meth:`Timed.stats`, :func:`ratio`,
     :meth:`Timed.flags`). Raises ValueError for ``rounds`` or ``calls`` below 1."""
@@ -659,20 +668,25 @@ def time_rounds(candidates, *, rounds: int = 5, calls: int = 2, retries: int | N
         fn, setup = c if isinstance(c, tuple) else (c, None)
         items.append((name, fn, setup))
     out = {name: Timed(name) for name, _, _ in items}
-    for _name, fn, setup in items:
+    spent_all = {name: 0.0 for name, _, _ in items}
+    for name, fn, setup in items:
         if warmup > 0:
             if setup is not None:
                 setup()
+            t0 = clk.wall()
             for _ in range(warmup):
                 fn()
+            spent_all[name] += clk.wall() - t0
     per_round = budget_s / rounds if budget_s else None
     n = len(items)
-    spent_all = {name: 0.0 for name, _, _ in items}
     for r in range(rounds):
         if budget_s and r >= max(1, min_rounds) and all(v >= budget_s for v in spent_all.values()):
             break
         for k in range(n):
             name, fn, setup = items[(k + r) % n]
+            if budget_s and spent_all[name] >= budget_s and out[name].timed_rounds:
+                out[name].rounds.append([])   # its budget spent: it sits this round out
+                continue
             if setup is not None:
                 setup()
             got: list = []
