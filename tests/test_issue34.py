@@ -92,6 +92,10 @@ def test_rounds_interleave_keep_clean_calls_and_retry_those_that_waited():
     t = bench.time_rounds({"slow": sim.fn("slow", 0.05)}, rounds=9, calls=2, warmup=0, budget_s=0.1, min_rounds=3,
                           clock=sim.clock)
     assert len(t["slow"].rounds) == 3 and t["slow"].timed_rounds == 2
+    # compare's confirmation: every round, one call at least, whatever the budget
+    t = bench.time_rounds({"slow": sim.fn("slow", 0.05)}, rounds=9, calls=2, warmup=0, budget_s=0.1, min_rounds=9,
+                          sit_out=False, clock=sim.clock)
+    assert [len(r) for r in t["slow"].rounds] == [1] * 9
     with pytest.raises(ValueError):
         bench.time_rounds({"a": sim.fn("a", 1e-3)}, rounds=0)
 

@@ -642,7 +642,8 @@ def round_plan(iterations: int, max_rounds: int = MAX_ROUNDS) -> tuple[int, int]
 
 
 def time_rounds(candidates, *, rounds: int = 5, calls: int = 2, retries: int | None = None, warmup: int = 1,
-                budget_s: float | None = None, min_rounds: int = 3, clock: Clock | None = None) -> dict[str, Timed]:
+                budget_s: float | None = None, min_rounds: int = 3, sit_out: bool = True,
+                clock: Clock | None = None) -> dict[str, Timed]:
     """Time several callables in interleaved rounds: ``candidates`` maps a name to ``fn`` or to
     ``(fn, setup)`` (``setup()`` runs untimed before the candidate's calls in each round, e.g. a
     plan's ``select``). After ``warmup`` untimed calls each, every round calls each candidate in
@@ -651,10 +652,10 @@ def time_rounds(candidates, *, rounds: int = 5, calls: int = 2, retries: int | N
     calls``): a call during which our threads waited for a CPU is tried again. With
     ``budget_s``, a candidate's calls in one round stop after ``budget_s / rounds`` seconds (at
     least one call), a candidate that has spent ``budget_s`` (its warm-up included) sits out the
-    rounds left (after at least one), and after ``min_rounds`` rounds the rounds stop once every
-    candidate has (calls that wait for whole scheduler slices on a busy machine, a slow reference
-    implementation: fewer calls, each row flagged by what its calls measured). Each call records
-    wall time (``time.perf_counter``), process CPU time
+    rounds left (after at least one; not with ``sit_out=False``), and after ``min_rounds`` rounds
+    the rounds stop once every candidate has (calls that wait for whole scheduler slices on a busy
+    machine, a slow reference implementation: fewer calls, each row flagged by what its calls
+    measured). Each call records wall time (``time.perf_counter``), process CPU time
     (``time.process_time``) and the time our threads waited for a CPU (schedstat). Returns
     ``{name: Timed}`` in the order given (:meth:`Timed.stats`, :func:`ratio`,
     :meth:`Timed.flags`). Raises ValueError for ``rounds`` or ``calls`` below 1."""
@@ -684,7 +685,7 @@ def time_rounds(candidates, *, rounds: int = 5, calls: int = 2, retries: int | N
             break
         for k in range(n):
             name, fn, setup = items[(k + r) % n]
-            if budget_s and spent_all[name] >= budget_s and out[name].timed_rounds:
+            if sit_out and budget_s and spent_all[name] >= budget_s and out[name].timed_rounds:
                 out[name].rounds.append([])   # its budget spent: it sits this round out
                 continue
             if setup is not None:

@@ -356,9 +356,11 @@ def _time_rounds(problem: ConvProblem, rows: list[Row], *, iterations: int, warm
         if not chosen:
             return
         monitor = LoadMonitor()
-        # a few rows: more tries per round for a call during which our threads did not wait for a CPU
+        # a few rows, the headline's: every one in every round (at least one call each, however busy the
+        # machine), more tries per round for a call during which our threads did not wait for a CPU
         again = bench.time_rounds({keys[id(r)]: entry(r) for r in [torch_def] + chosen}, rounds=confirm_rounds,
-                                  calls=calls, retries=3 * calls, warmup=0, budget_s=budget_s)
+                                  calls=calls, retries=3 * calls, warmup=1, budget_s=budget_s,
+                                  min_rounds=confirm_rounds, sit_out=False)
         machine = monitor.report().as_dict()
         base2 = again[keys[id(torch_def)]]
         torch_def.extra["confirmed"] = {"median_ms": base2.stats().median_ms, "rounds": base2.as_dict(),
