@@ -87,8 +87,8 @@ def compare_run(label: str, args, extra: list) -> dict:
     headline = [ln for ln in proc.stdout.splitlines() if ln.startswith(("torch default / rawconv", "  like for like",
                                                                        "  rawconv's weights prepacked"))]
     total, clean = s.get("comparable_problems") or 0, s.get("clean_problems") or 0
-    # what the headline shows: over the problems whose rounds had clean calls when some had none
-    suffix = "_clean" if 0 < clean < total else ""
+    # what the headline shows: over the problems whose rounds had clean calls when most (not all) had
+    suffix = "_clean" if 2 * clean >= total and clean < total else ""
     return {"label": label, "command": " ".join(cmd[1:]), "wall_s": wall, "loadavg_before": before,
             "loadavg_after": after, "machine": s.get("machine"), "flagged_rows": flagged, "timed_rows": timed,
             "timing_warnings": s.get("timing_warnings") or [], "headline": headline,

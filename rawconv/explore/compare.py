@@ -1190,9 +1190,10 @@ def headline(s: dict) -> list[str]:
     rounds, and mark a best-of-N selection as such: confirmed on fresh rounds (the figure then
     carries no winner's curse) or, where no rounds ran (GPU rows, rows built by hand), picked on
     the same timings (``rawconv compare`` prints them; docs/guides/compare-cli.md quotes them).
-    Where some problems' rounds had no clean calls (their rows waited for a CPU in most rounds),
-    the figures shown are over the others (``*_clean`` in the summary), and the figure over every
-    problem follows, marked not to be trusted; with none left, no figure leads."""
+    Where some problems' rounds had no clean calls (their rows waited for a CPU in most rounds)
+    but most did, the figures shown are over those (``*_clean`` in the summary), and the figure
+    over every problem follows, marked not to be trusted; where most did not, the figures are over
+    every problem, after a line that says there is no figure to trust."""
     if s["geomean_torch_over_best"] is None:
         return ["torch default / rawconv: no comparable rows (no problem where torch default and a rawconv "
                 "candidate both ran within tolerance)"]
@@ -1206,14 +1207,17 @@ def headline(s: dict) -> list[str]:
     clean = s.get("clean_problems", total) if rounds else total
     how = ("time per call, ratio taken within each interleaved round, median over rounds" if rounds
            else "median time")
-    over = (f"{total} problem(s)" if clean == total else
-            f"the {clean} of {total} problem(s) whose rounds had calls during which our threads did not wait for "
-            f"a CPU" if clean else f"{total} problem(s)")
+    # the problems measured clean lead when they are most of them; fewer would make a figure of a few
+    # problems, not comparable with another run's
+    subset = rounds and 2 * clean >= total and clean < total
+    over = (f"the {clean} of {total} problem(s) whose rounds had calls during which our threads did not wait for "
+            f"a CPU" if subset else f"{total} problem(s)")
     out = [f"torch default / rawconv{dirn}, {how}, geometric mean over {over}{mark}:"]
-    if rounds and clean == 0:
-        out.append("  no figure to trust: every problem's rounds waited for a CPU (the figures below are from those "
-                   "rounds; run again on a quieter machine)")
-    suffix = "_clean" if rounds and 0 < clean < total else ""
+    if rounds and 2 * clean < total:
+        out.append(f"  no figure to trust: {'every' if clean == 0 else f'{total - clean} of {total}'} problems' "
+                   "rounds waited for a CPU (the figures below are from those rounds; run again on a quieter "
+                   "machine)")
+    suffix = "_clean" if subset else ""
 
     def fig(key):
         v = s.get(key + suffix)
