@@ -84,8 +84,10 @@ def compare_run(label: str, args, extra: list) -> dict:
     rows = data["rows"]
     flagged = sum(bool(r.get("timing_flags")) for r in rows if r.get("median_ms") is not None)
     timed = sum(r.get("median_ms") is not None for r in rows)
-    headline = [ln for ln in proc.stdout.splitlines() if ln.startswith(("torch default / rawconv", "  like for like",
-                                                                       "  rawconv's weights prepacked"))]
+    lines = proc.stdout.splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith("torch default / rawconv")), len(lines))
+    headline = [ln for ln in lines[start:] if ln.startswith(("torch default / rawconv", "  "))
+                and not ln.startswith(("  outside tolerance", "  failed", "  library not loaded", "  no rawconv"))]
     total, clean = s.get("comparable_problems") or 0, s.get("clean_problems") or 0
     # what the headline shows: over the problems whose rounds had clean calls when most (not all) had
     suffix = "_clean" if 2 * clean >= total and clean < total else ""
