@@ -2,10 +2,11 @@
 
 Pages are Markdown (MyST, through myst-nb), the API reference is autodoc over rawconv's public
 module names (``rawconv.onednn``, ``rawconv.nn``, ...: whatever file defines them), and the notebook
-under ``examples/`` is rendered as stored: nothing runs at build time. ``tests/test_docs.py`` builds
-it with warnings as errors.
+``docs/notebooks/explore.ipynb`` (``examples/explore.ipynb`` with the outputs of one run, written by
+``tools/execute_notebooks.py``) is rendered as stored: nothing runs at build time.
+``tests/test_docs.py`` builds it with warnings as errors.
 
-Build: ``python -m sphinx -W --keep-going -b html docs docs/_build/html``
+Build: ``.venv/bin/python -m sphinx -W --keep-going -b html docs docs/_build/html``
 """
 from __future__ import annotations
 
@@ -23,21 +24,25 @@ release = "0.1.0"
 
 extensions = ["myst_nb", "sphinx.ext.autodoc"]
 source_suffix = {".rst": "restructuredtext", ".md": "myst-nb", ".ipynb": "myst-nb"}
-exclude_patterns = ["_build", "**.ipynb_checkpoints"]
+exclude_patterns = ["_build", "**.ipynb_checkpoints", "_screenshots"]
 
 # MyST: heading anchors so that [text](page.md#a-heading) links resolve; ::: fences for directives
 myst_heading_anchors = 3
 myst_enable_extensions = ["colon_fence", "deflist"]
 
-# myst-nb: render notebooks with the outputs they were saved with, never execute them here
+# myst-nb: render notebooks with the outputs they were saved with (tools/execute_notebooks.py runs
+# examples/explore.ipynb once on the CPU and stores it, outputs included, as docs/notebooks/explore.ipynb),
+# never execute them here: a build takes seconds and needs no kernel
 nb_execution_mode = "off"
 nb_merge_streams = True
 
 html_theme = "alabaster"
 html_title = "rawconv"
 html_theme_options = {"description": "every convolution algorithm of oneDNN and cuDNN, on torch tensors",
-                      "fixed_sidebar": True, "page_width": "1180px", "sidebar_width": "240px"}
-html_static_path: list[str] = []
+                      "fixed_sidebar": True, "page_width": "1240px", "sidebar_width": "240px"}
+# code blocks wrap their long lines (docs/_static/rawconv.css); wide outputs scroll with a visible bar
+html_static_path = ["_static"]
+html_css_files = ["rawconv.css"]
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"

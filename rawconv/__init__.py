@@ -24,8 +24,8 @@ _aliases.install()   # the old flat module paths (rawconv.nn, rawconv._cuda...) 
 
 from .core.errors import (AllocationError, ArgumentError, ArgumentTypeError, DeviceNotAvailableError, FileAccessError,
                      InternalError, IsolationError, KnownBadError, LibraryError, LibraryNotFoundError,
-                     NotSupportedError, RawconvError, SlowReferenceWarning)
-from .core.plans import clear_caches
+                     NotSupportedError, RawconvError, SlowReferenceWarning, TorchFallbackWarning)
+from .core.plans import cache_info, cache_limit, clear_caches, set_cache_limit
 from .core.problem import ConvProblem
 from .core import grad as _grad
 
@@ -41,8 +41,9 @@ logging.getLogger("rawconv").addHandler(logging.NullHandler())
 
 __all__ = ["ConvProblem", "Options", "RawconvError", "ArgumentError", "ArgumentTypeError", "LibraryError",
            "LibraryNotFoundError", "NotSupportedError", "KnownBadError", "IsolationError", "AllocationError",
-           "DeviceNotAvailableError", "InternalError", "FileAccessError", "SlowReferenceWarning", "info", "onednn",
-           "cudnn", "torch_choice", "torch_flags", "clear_caches", "__version__"]
+           "DeviceNotAvailableError", "InternalError", "FileAccessError", "SlowReferenceWarning",
+           "TorchFallbackWarning", "info", "onednn", "cudnn", "torch_choice", "torch_flags", "clear_caches",
+           "set_cache_limit", "cache_limit", "cache_info", "__version__"]
 
 
 def __getattr__(name):  # lazy submodules: rawconv.onednn, rawconv.cudnn

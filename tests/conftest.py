@@ -74,3 +74,23 @@ def requires_onednn(direction: str, dtype="float32", fpmath: str = "strict", *, 
 def requires_onednn_fixture():
     """:func:`requires_onednn` as a fixture: ``def test_x(requires_onednn): requires_onednn("forward", torch.bfloat16)``."""
     return requires_onednn
+
+
+@pytest.fixture
+def fresh_tuning_cache(monkeypatch):
+    """The process's tuning cache empty and in memory (no file from the environment or
+    ``set_cache_file``), before and after the test."""
+    from rawconv import tuning
+
+    for name in (tuning.ENV_FILE, *tuning.ENV_FILE_ALIASES):
+        monkeypatch.delenv(name, raising=False)
+
+    def reset():
+        tuning.set_cache_file(None)
+        tuning._cache.path = None
+        tuning._cache.clear()
+        tuning._unusable.clear()   # (files given up on by an earlier test)
+
+    reset()
+    yield
+    reset()

@@ -13,16 +13,9 @@ from rawconv.errors import NotSupportedError
 
 
 @pytest.fixture(autouse=True)
-def fresh_cache(monkeypatch):
-    for name in (tuning.ENV_FILE, *tuning.ENV_FILE_ALIASES):
-        monkeypatch.delenv(name, raising=False)
-    tuning.set_cache_file(None)
-    tuning._cache.path = None
-    tuning._cache.clear()
+def fresh_cache(fresh_tuning_cache):
+    """The process's tuning cache empty, in memory, before and after (conftest's fresh_tuning_cache)."""
     yield
-    tuning.set_cache_file(None)
-    tuning._cache.path = None
-    tuning._cache.clear()
 
 
 class _Table(list):

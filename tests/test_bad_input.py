@@ -36,6 +36,12 @@ def w(*s, **kw):
 P = ConvProblem(n=2, c=3, k=4, in_spatial=(8, 8), kernel=(3, 3), pad_before=(1, 1), pad_after=(1, 1))
 
 
+def _postops():
+    from rawconv.core import postops
+
+    return postops
+
+
 def _leaf():
     return torch.zeros(2, 4, 6, 6, requires_grad=True)
 
@@ -311,8 +317,14 @@ ROWS = [
     ("nn.ConvBiasAct2d.from_conv bn channels", lambda: rnn.ConvBiasAct2d.from_conv(
         torch.nn.Conv2d(3, 4, 3), bn=torch.nn.BatchNorm2d(5)), ArgumentError, ["output channels"], True),
     ("nn.refresh not a module", lambda: rnn.refresh(3), ArgumentTypeError, ["torch.nn.Module"], True),
-    ("fused activation", lambda: fu.conv_bias_act(x(), w(), torch.randn(4), activation="gelu"), ArgumentError,
+    ("fused activation", lambda: fu.conv_bias_act(x(), w(), torch.randn(4), activation="mish"), ArgumentError,
      ["activation"], True),
+    ("fused activation misspelt", lambda: fu.conv_bias_act(x(), w(), torch.randn(4), activation="gelu-tanh"),
+     ArgumentError, ["activation", "gelu_tanh"], True),
+    ("fused activation type", lambda: fu.conv_bias_act(x(), w(), torch.randn(4), activation=torch.relu),
+     ArgumentTypeError, ["activation"], True),
+    ("fusion decision not callables", lambda: _postops().decide_fusion(1, 2), ArgumentTypeError, ["callables"], True),
+    ("fusion decision rounds", lambda: _postops().decide_fusion(int, int, rounds=0), ArgumentError, ["rounds"], True),
     ("fused residual shape", lambda: fu.conv_bias_act(x(), w(), torch.randn(4), torch.randn(2, 4, 5, 5)),
      ArgumentError, ["residual", "shape"], True),
     ("fused residual type", lambda: fu.conv_bias_act(x(), w(), torch.randn(4), [1.0]), ArgumentTypeError,
@@ -355,6 +367,13 @@ ROWS = [
     ("TuningRecord.load missing", lambda: tuning.TuningRecord.load("/nonexistent.json"), ArgumentError,
      ["does not exist"], True),
     ("set_cache_file int", lambda: tuning.set_cache_file(42), ArgumentTypeError, ["path"], True),
+    ("tuning load over a FIFO", lambda: tuning.cache().load(_fifo()), ArgumentError, ["not a regular file"], True),
+    ("tuning load nested too deeply", lambda: tuning.cache().load(_nested()), ArgumentError, ["nested"], True),
+    ("TuningRecord threads beyond the limit", lambda: tuning.TuningRecord.from_json(_many_threads()), ArgumentError,
+     ["options.threads", "1024"], True),
+    # ---- the plans' byte budget
+    ("set_cache_limit negative", lambda: rawconv.set_cache_limit(-1), ArgumentError, ["bytes >= 0"], True),
+    ("set_cache_limit str", lambda: rawconv.set_cache_limit("1G"), ArgumentTypeError, ["int number of bytes"], True),
     ("cudnn_graph load_tuning_cache missing", lambda: cudnn_graph.load_tuning_cache("/nonexistent.json"),
      ArgumentError, ["does not exist"], True),
     # ---- compare
@@ -362,6 +381,32 @@ ROWS = [
      ["No space left"], True),
     ("compare_problem x shape", lambda: compare.compare_problem(P, x=torch.randn(2, 2)), RawconvError, [], False),
 ]
+
+
+def _fifo():
+    import os
+    import tempfile
+
+    path = os.path.join(tempfile.mkdtemp(), "fifo.json")
+    os.mkfifo(path)
+    return path
+
+
+def _nested():
+    import tempfile
+
+    f = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+    f.write("[" * 50000 + "]" * 50000)
+    f.close()
+    return f.name
+
+
+def _many_threads():
+    key = tuning.TuningKey("onednn", "forward", P, None, {"threads": 2**31 - 1})
+    d = {"schema": 1, **key.to_dict(), "choice": "jit:avx2"}
+    import json
+
+    return json.dumps(d)
 
 
 def _malformed():

@@ -1251,6 +1251,12 @@ def test_autotune_runs_one_search_within_its_budget(monkeypatch, relayout):
         def _describe(self):
             return "a stubbed plan"
 
+        def has_epilogue(self):   # a convolution alone: no "unfused:" half
+            return False
+
+        def _default_name(self):
+            return None
+
     rows = Plan().autotune(budget_s=0.25, check=False, use_cache=False, seed_from_cache=False, progress=False,
                            relayout=relayout)
     assert searches == [("relayout" if relayout else "one", 0.25)], "exactly one search, with the whole budget"

@@ -1,11 +1,13 @@
-"""The documentation: the site under docs/ builds with warnings as errors, its API reference holds
-every public name, and README.md stays short, keeps the two set-up commands and its first-screen
-answer runs as written (on the CPU)."""
+"""The documentation: the site under docs/ builds with warnings as errors, with the README's own
+command; its API reference holds every public name; the notebook page shows the stored run's
+tables and figures; README.md stays short and keeps the two set-up commands. (Every code block of
+the README and the guides runs as pasted in tests/test_docs_blocks.py.)"""
 from __future__ import annotations
 
 import inspect
-import os
+import json
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -21,15 +23,63 @@ pytest.importorskip("sphinx", reason="the docs build needs sphinx (pip install '
 pytest.importorskip("myst_nb", reason="the docs build needs myst-nb (pip install '.[test]')")
 
 
+def _readme_docs_command() -> list[str]:
+    """The README's docs-build command, split: ``.venv/bin/python -m sphinx ... docs <out>``."""
+    found = re.findall(r"`(\.venv/bin/python -m sphinx [^`]+)`", _readme())
+    assert len(found) == 1, f"README.md should give one docs-build command, found {found}"
+    return shlex.split(found[0])
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    """One build of docs/ (HTML, ``-W --keep-going``) into a temporary folder: (returncode, output, folder)."""
+    """One build of docs/ with the README's own command (``.venv/bin/python`` being this
+    interpreter, the output folder a temporary one): (returncode, output, folder)."""
     out = tmp_path_factory.mktemp("site")
+    cmd = _readme_docs_command()
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-b", "html", str(ROOT / "docs"),
-                        str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
-    print(f"sphinx-build -W --keep-going -b html docs: rc {r.returncode}, {time.perf_counter() - t0:.1f} s")
+    r = subprocess.run([sys.executable] + cmd[1:-1] + [str(out)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=900)
+    print(f"{' '.join(cmd[1:-1])} <tmp>: rc {r.returncode}, {time.perf_counter() - t0:.1f} s")
     return r.returncode, r.stdout + r.stderr, out
+
+
+def test_readme_docs_command_is_the_venvs_like_the_others():
+    """``.venv/bin/python -m sphinx -W -b html docs docs/_build/html``: the venv of the set-up
+    commands (a bare ``python`` has no sphinx), warnings as errors, the docs folder."""
+    cmd = _readme_docs_command()
+    assert cmd[:3] == [".venv/bin/python", "-m", "sphinx"] and "-W" in cmd and cmd[-2:] == ["docs", "docs/_build/html"]
+
+
+def test_notebook_page_shows_the_stored_runs_tables_and_figures(site):
+    """The rendered notebook shows outputs: figures (PNG images) and tables (HTML), not code only."""
+    rc, output, out = site
+    assert rc == 0, output[-3000:]
+    html = (out / "notebooks" / "explore.html").read_text()
+    # each cell's output: from its cell_output div to the next cell
+    outputs = [part.split('<div class="cell docutils container">')[0] for part in html.split('class="cell_output')[1:]]
+    images = [src for o in outputs for src in re.findall(r'<img [^>]*src="([^"]+)"', o)]
+    assert len(images) >= 3, f"{len(images)} figures in the notebook page's outputs (autotune, compare, heat map)"
+    for src in images:
+        assert src.startswith("data:image/png") or (out / "notebooks" / src).resolve().is_file(), src
+    tables = sum("<table" in o for o in outputs)
+    assert tables >= 4, f"{tables} of the notebook page's {len(outputs)} cell outputs hold a table"
+    assert '_static/rawconv.css' in html   # code blocks wrap (docs/_static/rawconv.css)
+
+
+def test_rendered_notebook_holds_the_examples_code():
+    """docs/notebooks/explore.ipynb is examples/explore.ipynb with the outputs of one run
+    (tools/execute_notebooks.py): the same code cells, every code cell executed, no error output."""
+    src = json.loads((ROOT / "examples" / "explore.ipynb").read_text())
+    page = json.loads((ROOT / "docs" / "notebooks" / "explore.ipynb").read_text())
+
+    def code(nb):
+        return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+    assert code(page) == code(src), "docs/notebooks/explore.ipynb is out of date: run tools/execute_notebooks.py"
+    cells = [c for c in page["cells"] if c["cell_type"] == "code"]
+    assert all(c.get("execution_count") for c in cells), "a code cell of the stored page was not executed"
+    assert not any(o["output_type"] == "error" for c in cells for o in c.get("outputs", []))
+    assert not any(c.get("outputs") for c in src["cells"] if c["cell_type"] == "code"), \
+        "examples/explore.ipynb is kept without outputs (what a user opens and runs)"
 
 
 def test_docs_build_with_warnings_as_errors(site):
@@ -127,32 +177,3 @@ def test_readme_links_point_at_files_that_exist():
     for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", prose):
         if "://" not in target:
             assert (ROOT / target).exists(), target
-
-
-def _python_blocks(text: str) -> list[str]:
-    return re.findall(r"```python\n(.*?)```", text, re.S)
-
-
-def _run_snippet(code: str, tmp_path: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "RAWCONV_TUNING_CACHE"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
-                          timeout=600)
-
-
-def test_readme_first_answer_runs_as_written_on_the_cpu(tmp_path):
-    """The first-screen snippet: torch's flags, torch_choice, then that candidate pinned through the
-    operator, its function form, a module and convert()."""
-    code = _python_blocks(_readme())[0]
-    assert "torch.ops.rawconv.conv_forward" in code
-    r = _run_snippet(code, tmp_path)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    assert "-> rawconv " in r.stdout, r.stdout     # torch's oneDNN implementation mapped to a rawconv name
-
-
-def test_readme_cpu_quickstart_runs_as_written(tmp_path):
-    blocks = _python_blocks(_readme())
-    code = next(b for b in blocks if "from rawconv import onednn" in b)
-    r = _run_snippet(code, tmp_path)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    assert "x64:gemm:jit" in r.stdout, r.stdout     # listed: oneDNN 3.2 offers it on every x86-64 CPU

@@ -385,13 +385,13 @@ def test_pin_choices_and_a_transposed_module_take_library_directions():
     import rawconv.nn as rnn
     import rawconv.ops as ops
 
-    m = rnn.ConvTranspose2d(4, 4, 3, choice={"forward": "a@any", "backward_data": "b@any",
-                                             "backward_weights": "c@any"})
+    a, b, c = "x64:gemm:jit@any", "jit:avx2@any", "jit:sse41@any"
+    m = rnn.ConvTranspose2d(4, 4, 3, choice={"forward": a, "backward_data": b, "backward_weights": c})
     # a transposed convolution runs its matching convolution's backward data; its input gradient the forward
-    assert m.choice == "b@any" and m.backward_choice == ("a@any", "c@any")
+    assert m.choice == b and m.backward_choice == (a, c)
     model = rnn.convert(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)))
-    rnn.pin_choices(model, {"0": ops.TrainingChoice("f@any", None, "w@any")})
-    assert model[0].choice == "f@any" and model[0].backward_choice == (None, "w@any")
+    rnn.pin_choices(model, {"0": ops.TrainingChoice(a, None, c)})
+    assert model[0].choice == a and model[0].backward_choice == (None, c)
 
 
 def test_convert_backward_search_pins_and_reports_all_three():

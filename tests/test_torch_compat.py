@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 import rawconv.nn as rnn
 import rawconv.ops as ops
-from rawconv.errors import ArgumentError, InternalError, RawconvError
+from rawconv.errors import ArgumentError, InternalError, RawconvError, TorchFallbackWarning
 
 pytestmark = pytest.mark.usefixtures("dnnl")
 
@@ -360,18 +360,29 @@ def test_zero_input_channels_give_the_bias(case):
 
 @pytest.mark.parametrize("nd", [1, 2, 3])
 def test_zero_in_channels_modules_run_and_other_channel_counts_still_raise(nd):
-    """torch's test_conv_empty_channel: ConvNd(0, K, ...) runs on an (N, 0, ...) input; an input of
-    another channel count raises the RuntimeError torch raises ("Given groups=1, weight")."""
+    """torch's test_conv_empty_channel: ConvNd(0, K, ...) runs on an (N, 0, ...) input as torch's own
+    module does (the module runs torch's kernel: rawconv.pytorch.fallback); an input of another channel
+    count raises the RuntimeError torch raises ("Given groups=1, weight"). A pinned choice runs
+    rawconv's own zero-channel convolution: y is the bias."""
+    from rawconv.pytorch import fallback
+
+    fallback.reset()   # (said once per reason and process)
     cls = getattr(rnn, f"Conv{nd}d")
     mod = cls(0, 8, 2, stride=2)
+    ref = getattr(torch.nn, f"Conv{nd}d")(0, 8, 2, stride=2)
+    ref.load_state_dict(mod.state_dict())
     inp = torch.randn(2, 0, *[9] * nd, requires_grad=True)
-    y = mod(inp)
-    assert y.shape == (2, 8) + (4,) * nd
-    torch.testing.assert_close(y, mod.bias.detach().view(1, -1, *[1] * nd).expand(y.shape))
-    y.backward(torch.ones_like(y))
-    assert inp.grad.shape == inp.shape and torch.count_nonzero(mod.weight.grad) == 0
+    with pytest.warns(TorchFallbackWarning, match="in_channels=0"):
+        y = mod(inp)
+    assert y.shape == ref(inp).shape
+    y.sum().backward()
+    assert inp.grad.shape == inp.shape
     with pytest.raises(RuntimeError, match="Given groups=1, weight"):
         mod(torch.randn(2, 1, *[9] * nd))
+    pinned = cls(0, 8, 2, stride=2, choice="x64:gemm:jit")
+    y = pinned(inp)
+    assert y.shape == (2, 8) + (4,) * nd
+    torch.testing.assert_close(y, pinned.bias.detach().view(1, -1, *[1] * nd).expand(y.shape))
 
 
 def test_zero_output_channels_are_refused_as_in_torch():

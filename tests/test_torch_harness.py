@@ -40,7 +40,13 @@ class T(unittest.TestCase):
         self.assertTrue(m(torch.randn(2, 3, 8, 8)).is_contiguous(memory_format=torch.channels_last))
 
     def test_float64_refused(self):
-        nn.Conv2d(3, 4, 3).double()(torch.randn(1, 3, 8, 8, dtype=torch.float64))
+        # a pinned choice never falls back to torch's kernel: rawconv refuses what torch runs
+        nn.Conv2d(3, 4, 3, choice="x64:gemm:jit").double()(torch.randn(1, 3, 8, 8, dtype=torch.float64))
+
+    def test_float64_on_torchs_kernel(self):
+        m = nn.Conv2d(3, 4, 3).double()
+        x = torch.randn(1, 3, 8, 8, dtype=torch.float64)
+        self.assertTrue(torch.equal(m(x), torch.nn.functional.conv2d(x, m.weight, m.bias)))
 
     def test_internal_error_seen_even_when_caught(self):
         from rawconv.errors import InternalError
@@ -69,13 +75,16 @@ def test_harness_reports_status_and_tags(tmp_path):
     assert st == {"test_forward": "pass", "test_output_size_value_error": "pass",
                   "test_kernel_too_large_runtime_error": "pass", "test_channels_last_weight": "pass",
                   "test_float64_refused": "error", "test_internal_error_seen_even_when_caught": "pass",
-                  "test_error_type_mismatch": "error"}, r.stdout
+                  "test_error_type_mismatch": "error", "test_float64_on_torchs_kernel": "pass"}, r.stdout
     assert rows["test_float64_refused"]["tags"] == ["refused"]
     assert "float64" in rows["test_float64_refused"]["known"]
     assert rows["test_internal_error_seen_even_when_caught"]["tags"] == ["internal"]
     assert rows["test_error_type_mismatch"]["tags"] == ["error-type"]
     assert rows["test_forward"]["rawconv_calls"] == 1 and rows["test_forward"]["tags"] == []
-    assert "summary" in r.stdout and "5 pass, 2 error" in r.stdout
+    assert rows["test_float64_on_torchs_kernel"]["tags"] == [] and \
+        rows["test_float64_on_torchs_kernel"]["rawconv_calls"] == 1
+    assert "summary" in r.stdout and "6 pass, 2 error" in r.stdout
+    assert "module calls run on torch's own kernel: 1 (1: float64 on the CPU" in r.stdout
     assert r.stdout.count("\n") < 60
 
 

@@ -19,17 +19,9 @@ ENV = {"library": "cuDNN", "library_version": "9.19.0", "device": "NVIDIA H200",
 
 
 @pytest.fixture(autouse=True)
-def isolated(monkeypatch):
-    """No cache file from the environment; the process's cache empty, in memory, before and after."""
-    for name in (tuning.ENV_FILE, *tuning.ENV_FILE_ALIASES):
-        monkeypatch.delenv(name, raising=False)
-    tuning.set_cache_file(None)
-    tuning._cache.path = None
-    tuning._cache.clear()
+def isolated(fresh_tuning_cache):
+    """The process's tuning cache empty, in memory, before and after (conftest's fresh_tuning_cache)."""
     yield
-    tuning.set_cache_file(None)
-    tuning._cache.path = None
-    tuning._cache.clear()
 
 
 def P(**kw) -> ConvProblem:

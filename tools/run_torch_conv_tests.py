@@ -24,6 +24,9 @@ What it does:
   when the test catches it (it is a RuntimeError); an ``assertRaises`` that a rawconv error of another
   class escaped is an **error type** mismatch; one whose message regex a rawconv error missed, a
   **message** mismatch.
+* A module call that no rawconv library can run (float64 or complex on the CPU, float16 where this
+  CPU's oneDNN has none...) runs on torch's own kernel (:mod:`rawconv.pytorch.fallback`), as a
+  user's model would: the summary says how many calls did, per reason.
 
 Per test: pass / fail / error / skip / xfail / xpass, the tags above, and the first line of the
 reason; then summary counts. Exit status 0 unless ``--strict`` and a test failed or an
@@ -62,16 +65,16 @@ KNOWN = {
     "test_grad_conv": "float32 rounding: the test compares rawconv's gradient with torch.nn.grad's, two float32 "
                       "results, at assertEqual's default tolerance (rtol 1.3e-6, atol 1e-5); against float64 "
                       "rawconv's was the closer of the two where this failed (4.8e-6 vs torch's 8.2e-6 relative)",
-    "complex": "complex dtypes: rawconv handles float32, float16, bfloat16 (and float64 on cuDNN) only",
-    "test_conv_empty_channel": "C=0 input: rawconv returns y = bias over (N, K, *out) (the reduction over no "
-                               "channels is 0), so d bias = sum(grad_y); torch returns an empty (N, 0, *out) "
-                               "tensor and its test asserts a zero bias gradient",
-    "float64": "float64 on CPU: oneDNN 3.2 has no f64 convolution; rawconv refuses it (ArgumentError)",
-    "double": "float64 on CPU: oneDNN 3.2 has no f64 convolution; rawconv refuses it (ArgumentError)",
+    "complex": "complex dtypes: the modules run them on torch's kernel (rawconv.pytorch.fallback); rawconv.ops "
+               "(--functional) takes float32, float16, bfloat16 (and float64 on cuDNN) only",
+    "float64": "float64 on CPU: oneDNN 3.2 has no f64 convolution; the modules run it on torch's kernel, "
+               "rawconv.ops (--functional) refuses it (ArgumentError)",
+    "double": "float64 on CPU: oneDNN 3.2 has no f64 convolution; the modules run it on torch's kernel, "
+              "rawconv.ops (--functional) refuses it (ArgumentError)",
     "bfloat16": "bfloat16: oneDNN 3.2 offers no bf16 convolution on this CPU (rawconv.onednn.capabilities(); "
-                "none at all on AVX2); rawconv raises NotSupportedError where torch runs its own kernels",
+                "none at all on AVX2): the modules run it on torch's kernel, rawconv.ops raises NotSupportedError",
     "float16": "float16: oneDNN 3.2 offers no f16 convolution on this CPU (rawconv.onednn.capabilities(); "
-               "none at all on AVX2); rawconv raises NotSupportedError where torch runs its own kernels",
+               "none at all on AVX2): the modules run it on torch's kernel, rawconv.ops raises NotSupportedError",
 }
 
 # ---------------------------------------------------------------------------- records per test
@@ -113,7 +116,10 @@ def _compare(what: str, y, ref) -> None:
         return
     if y.numel():
         yd, rd = y.detach().double(), ref.detach().double()
-        err = (yd - rd).abs().nan_to_num(nan=float("inf")).max().item()
+        # equal values differ by nothing: infinities too, and NaNs in the same places (torch.empty inputs
+        # hold anything)
+        same = (yd == rd) | (yd.isnan() & rd.isnan())
+        err = torch.where(same, 0.0, (yd - rd).abs()).nan_to_num(nan=float("inf")).max().item()
         scale = max(1.0, rd.abs().nan_to_num(nan=0.0).max().item())
         if (yd.isnan() != rd.isnan()).any() or err > _TOL.get(str(y.dtype), 1e-4) * scale:
             _note("wrong-number", f"{what}: max abs err {err:.3g} (scale {scale:.3g}) vs torch")
@@ -427,9 +433,14 @@ def main(argv=None) -> int:
                                                   ("pass", "fail", "error", "skip", "xfail", "xpass") if counts[s]))
     print(f"rawconv reached by {reached} tests; tests with: " +
           (", ".join(f"{n} {t}" for t, n in sorted(tag_counts.items())) or "no rawconv events"))
+    fallbacks = rnn.torch_fallbacks() if not args.torch and hasattr(rnn, "torch_fallbacks") else {}
+    if fallbacks:   # module calls no rawconv library runs, run on torch's own kernel (rawconv.pytorch.fallback)
+        print(f"module calls run on torch's own kernel: {sum(fallbacks.values())} ("
+              + "; ".join(f"{n}: {why}" for why, n in fallbacks.items()) + ")")
     if args.json:
         args.json.write_text(json.dumps({"file": str(path), "sha256": digest, "torch": torch.__version__,
                                          "mode": mode, "counts": dict(counts), "tags": dict(tag_counts),
+                                         "torch_fallbacks": fallbacks,
                                          "tests": rows_out}, indent=1))
     failed = counts["fail"] + counts["error"] + counts["xpass"]
     return 1 if args.strict and (failed or internal) else 0

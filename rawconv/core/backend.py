@@ -18,14 +18,17 @@ Nothing here loads a native library.
 """
 from __future__ import annotations
 
+import difflib
 import importlib
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .errors import ArgumentError, ArgumentTypeError
 
-__all__ = ["DIRECTIONS", "canonical_direction", "Candidate", "Plan", "Backend", "register", "backends", "get"]
+__all__ = ["DIRECTIONS", "canonical_direction", "Candidate", "Plan", "Backend", "register", "backends", "get",
+           "backends_naming", "spelling_suggestions", "close_names"]
 
 DIRECTIONS = ("forward", "backward_data", "backward_weights")
 DIRECTION_ALIASES = {"backward_filter": "backward_weights", "fwd": "forward", "fwd_d": "forward",
@@ -137,7 +140,10 @@ class Backend:
     plan :func:`rawconv.tuning.replay` gives for a record (its :class:`~rawconv.tuning.TuningKey`,
     problem, choice, and the :class:`rawconv.Options` fields the key implies) where the key holds
     more than ``plan`` takes (oneDNN's thread count and post-ops, the graph's activation); None:
-    ``plan`` is called."""
+    ``plan`` is called. ``choice_names``: a regular expression every choice name of this backend
+    matches whole (its grammar: oneDNN's lowercase ``kind:isa[@layouts]``, cuDNN's ``ALGO@math``,
+    the graph API's ``eng28{k2=3}``), so that a name can be checked, and a name of another
+    backend recognised, before any tensor is seen (:func:`backends_naming`)."""
 
     name: str
     device_type: str
@@ -150,6 +156,7 @@ class Backend:
     vendor_words: dict = field(default_factory=dict)
     rows: str = ""     # "module:function" giving compare's rows for this backend (see rawconv.compare)
     replay: Callable | None = None   # replay(key, problem, choice, options): a tuning record's plan (see below)
+    choice_names: str = ""   # the grammar of this backend's choice names (a regex matched whole); "": any
 
     def rows_function(self):
         """The function ``compare`` calls for this backend's rows (None when it has none)."""
@@ -188,6 +195,44 @@ def backends(device_type: str | None = None) -> list[Backend]:
     with _lock:
         out = list(_registry.values())
     return [b for b in out if device_type is None or b.device_type == device_type]
+
+
+def backends_naming(choice: str) -> list[Backend]:
+    """The backends (built-in ones imported first) whose choice-name grammar ``choice`` fits, e.g.
+    ``[cudnn]`` for ``"IMPLICIT_PRECOMP_GEMM@fma"``, ``[onednn]`` for ``"jit:avx2@any"``, ``[]``
+    for ``"JIT:AVX2"`` (oneDNN's names are lowercase). Only the grammar: whether the library offers
+    the name for a problem is known once the problem is."""
+    if not isinstance(choice, str):
+        return []
+    return [b for b in backends() if b.choice_names and re.fullmatch(b.choice_names, choice)]
+
+
+def spelling_suggestions(choice: str) -> list[str]:
+    """Spellings of ``choice`` in another case that fit a backend's grammar (``"JIT:AVX512_CORE"``
+    -> ``["jit:avx512_core"]``, ``"implicit_gemm@fma"`` -> ``["IMPLICIT_GEMM@fma"]``)."""
+    if not isinstance(choice, str):
+        return []
+    head, at, tail = choice.partition("@")
+    seen, out = {choice}, []
+    for s in (choice.lower(), choice.upper(), head.upper() + at + tail.lower(), head.lower() + at + tail.lower()):
+        if s not in seen:
+            seen.add(s)
+            if backends_naming(s):
+                out.append(s)
+    return out
+
+
+def close_names(name: str, names, n: int = 3) -> list[str]:
+    """Up to ``n`` of ``names`` closest to ``name``, ignoring case (``difflib``): the "did you mean"
+    of an unknown keyword or a choice a library does not offer."""
+    names = list(dict.fromkeys(names))
+    lower = {}
+    for c in names:
+        lower.setdefault(c.lower(), c)
+    exact = [c for c in names if c.lower() == name.lower() and c != name]
+    if exact:   # the same name in another case: that one
+        return exact[:n]
+    return [lower[c] for c in difflib.get_close_matches(name.lower(), list(lower), n=n, cutoff=0.6)]
 
 
 def get(name: str) -> Backend:

@@ -51,6 +51,11 @@ KNOBS: tuple[Knob, ...] = (
          "in memory only (rawconv.tuning.set_cache_file overrides it).", "rawconv.core.tuning"),
     Knob("RAWCONV_CUDNN_TUNING_CACHE", "path", None,
          "The older name of RAWCONV_TUNING_CACHE, still read when that one is unset.", "rawconv.core.tuning"),
+    Knob("RAWCONV_CACHE_LIMIT", "text", None,
+         "The bytes of buffers (reorder buffers, scratchpads) rawconv's cached CPU plans may hold in all, as an "
+         "int or with a K, M or G suffix (\"512M\"); unset: rawconv.core.plans.DEFAULT_CACHE_LIMIT (512 MiB). "
+         "Past it the least recently used are released (rawconv.set_cache_limit overrides it).",
+         "rawconv.core.plans"),
     Knob("RAWCONV_PROGRESS", "switch", True,
          "0 (false, no, off) turns every automatic progress bar off (progress=True still shows one).",
          "rawconv.core.progress"),

@@ -126,6 +126,14 @@ class SlowReferenceWarning(UserWarning):
     (:func:`rawconv.onednn.reference_seconds`). Issued before the call; the call still runs."""
 
 
+class TorchFallbackWarning(RuntimeWarning):
+    """A :mod:`rawconv.nn` module ran a call on torch's own kernel because no rawconv library can
+    run it (float64 or complex on the CPU, float16 / bfloat16 where this CPU's oneDNN offers none,
+    another device than CPU and CUDA...). Issued once per reason per process; the calls are
+    counted (``rawconv.nn.torch_fallbacks()``) and named by ``describe()`` and ``convert``'s
+    report. A module with a pinned ``choice`` or ``fallback="error"`` raises instead."""
+
+
 class FileAccessError(RawconvError, OSError):
     """A file rawconv was asked to write (or read) could not be: disk full, permission denied, a
     directory... The OS's error is chained (``__cause__``); ``errno`` and ``filename`` are kept."""

@@ -21,7 +21,7 @@ import torch
 from .errors import (AllocationError, ArgumentError, ArgumentTypeError, DeviceNotAvailableError, FileAccessError,
                      InternalError, RawconvError)
 
-__all__ = ["public", "public_methods", "translate", "bad_call", "check_out", "check_no_overlap", "extent", "bump"]
+__all__ = ["public", "public_methods", "translate", "as_torch_raised", "bad_call", "check_out", "check_no_overlap", "extent", "bump"]
 
 # words of torch's (and the C++ runtime's) allocation failures, in RuntimeError messages
 _ALLOC_WORDS = ("can't allocate memory", "out of memory", "not enough memory", "cannot allocate memory",
@@ -45,11 +45,26 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:500] if text else type(exc).__name__
 
 
+_TORCH_RAISED = "_rawconv_torch_raised"
+
+
+def as_torch_raised(exc: BaseException) -> BaseException:
+    """``exc``, marked as torch's own answer to the caller (raised by torch's kernel that a
+    :mod:`rawconv.nn` module fell back to): :func:`translate` lets it pass as it is."""
+    try:
+        setattr(exc, _TORCH_RAISED, True)
+    except AttributeError:   # (an exception class with __slots__)
+        pass
+    return exc
+
+
 def translate(exc: BaseException, where: str) -> RawconvError | None:
     """The rawconv error that means what ``exc`` (raised below ``where``, a public function's
     name) means, or None when ``exc`` must pass as it is (a rawconv error, a warning, a
-    ``BaseException`` that is not an ``Exception``)."""
-    if isinstance(exc, RawconvError) or isinstance(exc, Warning) or not isinstance(exc, Exception):
+    ``BaseException`` that is not an ``Exception``, an error of torch's kernel that a module fell
+    back to: :func:`as_torch_raised`)."""
+    if isinstance(exc, RawconvError) or isinstance(exc, Warning) or not isinstance(exc, Exception) \
+            or getattr(exc, _TORCH_RAISED, False):
         return None
     if type(exc).__module__ == "torch.utils.checkpoint":
         # torch's checkpoint signals through rawconv's calls (its saved-tensor hooks run inside an
@@ -137,12 +152,49 @@ def bad_call(fn, args, kwargs, exc: BaseException, where: str) -> ArgumentTypeEr
     import inspect
 
     try:
-        inspect.signature(fn).bind(*args, **kwargs)
-    except TypeError as bind_exc:
-        return ArgumentTypeError(f"{where}: {bind_exc}")
+        sig = inspect.signature(fn)
     except ValueError:   # no signature to check against (a builtin)
         return None
+    unknown = unknown_keywords(sig, kwargs, where)
+    if unknown:
+        return ArgumentTypeError(unknown)
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as bind_exc:
+        return ArgumentTypeError(f"{where}: {bind_exc}")
     return None
+
+
+# torch's (and other libraries') names for what rawconv's functions call otherwise
+TORCH_NAMES = {"input": "x", "weight": "w", "grad_output": "grad_y", "input_size": "x_shape",
+               "weight_size": "w_shape", "cudnn_benchmark": "benchmark", "cudnn_deterministic": "deterministic",
+               "cudnn_enabled": "cudnn", "mkldnn_enabled": "mkldnn", "num_threads": "threads",
+               "algorithm": "algo", "algo": "impl", "impl": "choice", "fpmath": "precision", "math": "precision"}
+
+
+def unknown_keywords(sig, kwargs: dict, where: str) -> str:
+    """A message for the keywords in ``kwargs`` that ``sig`` does not take ('' when there are none),
+    each with what the caller may mean: the parameter of the same meaning under torch's name
+    (``input`` -> ``x``, ``cudnn_benchmark`` -> ``benchmark``) or the closest names, ignoring case,
+    then every keyword the function takes."""
+    import inspect
+
+    from .backend import close_names
+
+    params = [n for n, p in sig.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
+        return ""
+    bad = [k for k in kwargs if k not in params]
+    if not bad:
+        return ""
+    parts = []
+    for k in bad:
+        mean = TORCH_NAMES.get(k)
+        near = [mean] if mean in params else close_names(k, params)
+        parts.append(f"{k!r}" + (f" (did you mean {' or '.join(map(repr, near))}?)" if near else ""))
+    kw_ok = [n for n in params if sig.parameters[n].kind != inspect.Parameter.POSITIONAL_ONLY]
+    return (f"{where}: unexpected keyword argument{'s' if len(bad) > 1 else ''} {', '.join(parts)}; it takes: "
+            f"{', '.join(kw_ok)}")
 
 
 def public(fn=None, *, where: str | None = None):

@@ -216,6 +216,9 @@ class Worker:
             msg = pickle.loads(self._recv.recv_bytes()) if ready else None
         except (OSError, EOFError):
             msg = None
+        except BaseException:   # interrupted while it starts: no half-started child is kept
+            self.kill()
+            raise
         if msg != ("ready",):
             rc = self.proc.poll()
             tail = self._log_tail(0)
@@ -258,22 +261,29 @@ class Worker:
         threads = self.threads or torch.get_num_threads()
         t0 = time.perf_counter()
         try:
-            self._send.send_bytes(pickle.dumps(("call", target, tuple(args), dict(kwargs or {}), threads),
-                                               protocol=pickle.HIGHEST_PROTOCOL))
-        except (OSError, EOFError, BrokenPipeError):
-            return self._died(pos, t0)
-        try:
-            ready = self._recv.poll(timeout_s)
-        except (OSError, EOFError):
-            ready = True
-        if not ready:
+            try:
+                self._send.send_bytes(pickle.dumps(("call", target, tuple(args), dict(kwargs or {}), threads),
+                                                   protocol=pickle.HIGHEST_PROTOCOL))
+            except (OSError, EOFError, BrokenPipeError):
+                return self._died(pos, t0)
+            try:
+                ready = self._recv.poll(timeout_s)
+            except (OSError, EOFError):
+                ready = True
+            if not ready:
+                self.kill()
+                return Outcome(f"timed out after {_fmt_s(timeout_s)} s", detail=self._log_tail(pos),
+                               seconds=time.perf_counter() - t0)
+            try:
+                kind, payload = pickle.loads(self._recv.recv_bytes())
+            except (OSError, EOFError):
+                return self._died(pos, t0)
+        except BaseException:
+            # interrupted (KeyboardInterrupt, SystemExit...) between the request and its answer: the
+            # child may still be running it and would answer it to the next call. Out of step, it
+            # is killed; the next call starts a fresh child
             self.kill()
-            return Outcome(f"timed out after {_fmt_s(timeout_s)} s", detail=self._log_tail(pos),
-                           seconds=time.perf_counter() - t0)
-        try:
-            kind, payload = pickle.loads(self._recv.recv_bytes())
-        except (OSError, EOFError):
-            return self._died(pos, t0)
+            raise
         self.calls += 1
         dt = time.perf_counter() - t0
         if kind == "ok":

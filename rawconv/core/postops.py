@@ -1,14 +1,47 @@
 """What every fused convolution (conv + bias (+ residual) (+ activation)) checks, and its result
 computed in torch (zero-sized problems: no library call). Shared by the oneDNN post-op plan
-(:mod:`rawconv.onednn.fused`), the cuDNN residual graph and the operator (:mod:`rawconv.fused`)."""
+(:mod:`rawconv.onednn.fused`), the cuDNN residual graph and the operator (:mod:`rawconv.fused`).
+
+* :data:`ACTIVATIONS`: the activations a fused convolution takes, named as torch names them
+  (``"gelu"`` is torch's default, erf-based GELU; ``"gelu_tanh"`` is ``F.gelu(approximate="tanh")``:
+  the two are different functions and are never fused one for the other).
+* :func:`apply_activation`: torch's own op for each (the tails that run in torch, the fallbacks).
+* :func:`finite_bound`: whether a convolution's result is bounded away from overflow (so that it
+  holds no NaN and no infinity): the guard that lets a library activation that turns NaN into 0
+  (oneDNN's ``eltwise_relu``, ``eltwise_clip``...) run fused only where no NaN or infinity can reach it.
+* :func:`decide_fusion`: fused against unfused, timed interleaved in rounds (:class:`FusionDecision`).
+"""
 from __future__ import annotations
 
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
 import torch
+import torch.nn.functional as F
 
 from .errors import ArgumentError, ArgumentTypeError
 from .problem import ConvProblem, to_layout
 
-ACTIVATIONS = ("none", "relu")
+ACTIVATIONS = ("none", "relu", "relu6", "silu", "gelu", "gelu_tanh", "hardswish", "hardsigmoid", "sigmoid",
+               "tanh")
+#: other names taken for the same functions (``"swish"``: SiLU, x * sigmoid(x))
+ACTIVATION_ALIASES = {"identity": "none", "swish": "silu", "gelu_erf": "gelu"}
+
+# torch's own ops (out of place, in place): what an unfused tail runs, what the fused result must equal
+_TORCH_ACT = {
+    "relu": (torch.relu, torch.relu_),
+    "relu6": (F.relu6, lambda t: F.relu6(t, inplace=True)),
+    "silu": (F.silu, lambda t: F.silu(t, inplace=True)),
+    "gelu": (F.gelu, None),
+    "gelu_tanh": (lambda t: F.gelu(t, approximate="tanh"), None),
+    "hardswish": (F.hardswish, lambda t: F.hardswish(t, inplace=True)),
+    "hardsigmoid": (F.hardsigmoid, lambda t: F.hardsigmoid(t, inplace=True)),
+    "sigmoid": (torch.sigmoid, torch.sigmoid_),
+    "tanh": (torch.tanh, torch.tanh_),
+}
 
 
 def _check_activation(activation) -> str:
@@ -16,11 +49,20 @@ def _check_activation(activation) -> str:
         return "none"
     if not isinstance(activation, str):
         raise ArgumentTypeError(f"activation must be one of {list(ACTIVATIONS)}, got {type(activation).__name__}")
-    if activation == "identity":
-        activation = "none"
+    activation = ACTIVATION_ALIASES.get(activation, activation)
     if activation not in ACTIVATIONS:
         raise ArgumentError(f"activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
     return activation
+
+
+def apply_activation(y: torch.Tensor, activation: str, inplace: bool = False) -> torch.Tensor:
+    """``activation(y)`` with torch's own op (``"none"``: y itself). ``inplace``: written into y
+    where torch has an in-place form (y must then be a fresh tensor nothing else reads, and record
+    no autograd); GELU has none and returns a new tensor."""
+    if activation == "none":
+        return y
+    fn, fn_ = _TORCH_ACT[activation]
+    return fn_(y) if inplace and fn_ is not None else fn(y)
 
 
 def _check_residual(residual, p: ConvProblem) -> torch.Tensor:
@@ -46,7 +88,139 @@ def _torch_tail(z: torch.Tensor, bias, residual, activation: str, p: ConvProblem
         y = y + bias.view(1, -1, *([1] * p.ndim))
     if residual is not None:
         y = y + _check_residual(residual, p)
-    if activation == "relu":
-        y = torch.relu(y)
+    y = apply_activation(y, activation)
     y = to_layout(y.contiguous(), p.layout) if p.layout == "nchw" else to_layout(y, p.layout)
     return y.squeeze(0) if p.unbatched else y
+
+
+# ---------------------------------------------------------------------------- the NaN / overflow guard
+#: |conv(x, w) + b + r| stays below this (float32's largest value over 4: the rounding of every
+#: partial sum is far inside it), so the library sees no NaN and no infinity before its activation
+FINITE_LIMIT = torch.finfo(torch.float32).max / 4
+
+
+def _sq_norm(t: torch.Tensor) -> float:
+    """sum(t*t) of a tensor's elements, as a Python float: NaN when t holds a NaN, inf when it holds
+    an infinity (or its squares overflow float32: the guard then says "not bounded", which is only
+    slower). One pass over t's memory (a dense tensor as one vector, whatever its layout); a few
+    microseconds of host time (no autograd, no copy of a float32 tensor)."""
+    n = t.numel()
+    if n == 0:
+        return 0.0
+    if t.requires_grad:
+        t = t.detach()
+    if t.dtype is not torch.float32 and t.dtype is not torch.float64:
+        t = t.float()
+    if t.is_contiguous():
+        flat = t.view(-1)
+    elif t.is_contiguous(memory_format=torch.channels_last) or \
+            (t.dim() == 5 and t.is_contiguous(memory_format=torch.channels_last_3d)):
+        flat = t.as_strided((n,), (1,))
+    else:
+        flat = t.reshape(-1)
+    return float(torch.dot(flat, flat))
+
+
+def vector_bound(t: torch.Tensor | None) -> float:
+    """An upper bound of max|t| (its 2-norm); NaN or inf when t holds a NaN or an infinity; 0 for None."""
+    return 0.0 if t is None else math.sqrt(_sq_norm(t))
+
+
+def weight_bound(w: torch.Tensor) -> float:
+    """An upper bound of max over output channels of sum |w[k]| (the factor one output's magnitude
+    can grow by over the input's largest one): sqrt(sum w^2) * sqrt(fan-in), by Cauchy-Schwarz.
+    NaN or inf when w holds a NaN or an infinity."""
+    fan_in = max(1, w[0].numel()) if w.dim() and w.shape[0] else 1
+    return math.sqrt(_sq_norm(w)) * math.sqrt(fan_in)
+
+
+def finite_bound(x: torch.Tensor, w_bound: float, bias: torch.Tensor | None = None,
+                 residual: torch.Tensor | None = None, *, bias_bound: float | None = None) -> bool:
+    """Whether ``conv(x, w) + bias + residual`` is finite in every element and in every partial
+    sum of every order of summation: x, bias and residual hold no NaN and no infinity and
+    ``max|x| * w_bound + max|bias| + max|residual|`` (each max bounded by the vector's 2-norm) is
+    below :data:`FINITE_LIMIT`. ``w_bound``: :func:`weight_bound` of the weights; ``bias_bound``:
+    :func:`vector_bound` of the bias when the caller keeps it (else the bias is read). Reads x (and
+    the bias and residual) once; False (never a wrong True) when any of them holds a NaN or an
+    infinity, or the bound overflows."""
+    if not (w_bound == w_bound and w_bound < math.inf):
+        return False
+    total = math.sqrt(_sq_norm(x)) * w_bound
+    total += vector_bound(bias) if bias_bound is None else bias_bound
+    if residual is not None:
+        total += math.sqrt(_sq_norm(residual))
+    return total < FINITE_LIMIT   # (False for NaN)
+
+
+# ---------------------------------------------------------------------------- fused or not: measured
+@dataclass
+class FusionDecision:
+    """What :func:`decide_fusion` measured: ``fused`` (True: keep the fused call), the median and
+    min over rounds of each variant's time per call (ms), ``rounds``, and ``reason`` (one line)."""
+
+    fused: bool
+    fused_ms: float
+    unfused_ms: float
+    fused_min_ms: float
+    unfused_min_ms: float
+    rounds: int
+    reason: str = ""
+    samples: dict = field(default_factory=dict, repr=False)
+
+    def as_dict(self) -> dict:
+        return {"decision": "fused" if self.fused else "unfused", "fused_ms": self.fused_ms,
+                "unfused_ms": self.unfused_ms, "fused_min_ms": self.fused_min_ms,
+                "unfused_min_ms": self.unfused_min_ms, "rounds": self.rounds, "reason": self.reason}
+
+
+def _time_cpu(fn: Callable[[], object], iterations: int):
+    from .bench import time_cpu
+
+    return time_cpu(fn, iterations=iterations, warmup=1)
+
+
+def decide_fusion(fused: Callable[[], object], unfused: Callable[[], object], *, rounds: int = 5,
+                  iterations: int = 3, budget_s: float | None = None,
+                  timer: Callable[[Callable[[], object], int], object] | None = None) -> FusionDecision:
+    """Time ``fused`` (one call: the fused convolution) against ``unfused`` (one call: the
+    convolution at its best choice, then the epilogue as separate ops) interleaved in one process:
+    ``rounds`` rounds, each timing ``iterations`` calls of one then the other (the order alternating
+    round by round, ABBA, so that drift and warm caches favour neither). Per variant, the median of
+    the rounds' medians and the min of their mins (ms per call). The fused call is kept only when
+    it is faster by both (a disagreement, a tie: unfused, which is what the model's own ops do).
+    ``budget_s``: stop after the round that crosses it (at least 3 rounds, or ``rounds`` if fewer).
+    ``timer(fn, iterations)``: returns an object with ``median_ms`` and ``min_ms`` (default:
+    :func:`rawconv.core.bench.time_cpu` with one warm-up call; on a GPU pass e.g. a wrapper of
+    :func:`rawconv.core.bench.time_cuda_queued`). Generic: it knows nothing of convolutions."""
+    if not callable(fused) or not callable(unfused):
+        raise ArgumentTypeError("decide_fusion takes two callables (fused, unfused)")
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1 or not isinstance(iterations, int) \
+            or isinstance(iterations, bool) or iterations < 1:
+        raise ArgumentError(f"rounds and iterations must be positive ints, got {rounds!r}, {iterations!r}")
+    timer = timer or _time_cpu
+    f_med, f_min, u_med, u_min = [], [], [], []
+    t0 = time.perf_counter()
+    done = 0
+    for r in range(rounds):
+        order = ((fused, f_med, f_min), (unfused, u_med, u_min))
+        if r % 2:
+            order = order[::-1]
+        for fn, med, mn in order:
+            s = timer(fn, iterations)
+            med.append(float(s.median_ms))
+            mn.append(float(s.min_ms))
+        done += 1
+        if budget_s is not None and done >= min(3, rounds) and time.perf_counter() - t0 > budget_s:
+            break
+    fm, um = statistics.median(f_med), statistics.median(u_med)
+    fmin, umin = min(f_min), min(u_min)
+    keep = fm < um and fmin < umin
+    if keep:
+        reason = f"fused faster: median {fm:.4f} vs {um:.4f} ms, min {fmin:.4f} vs {umin:.4f} ms"
+    elif fm >= um and fmin >= umin:
+        reason = f"unfused faster: median {um:.4f} vs {fm:.4f} ms (fused), min {umin:.4f} vs {fmin:.4f} ms"
+    else:
+        reason = (f"median and min disagree (fused {fm:.4f}/{fmin:.4f} ms, unfused {um:.4f}/{umin:.4f} ms "
+                  "median/min): not measured faster, unfused kept")
+    return FusionDecision(keep, fm, um, fmin, umin, done, reason,
+                          {"fused_median": f_med, "fused_min": f_min, "unfused_median": u_med, "unfused_min": u_min})

@@ -60,6 +60,26 @@ def int_arg(v: Any):
     return None
 
 
+def torch_names(x: Any, w: Any, input: Any, weight: Any, where: str) -> tuple:
+    """``(x, w)`` of a function form that also takes ``torch.nn.functional.conv*d``'s names for them
+    (``input=``, ``weight=``). Raises :class:`ArgumentTypeError` when a tensor is given under both
+    names or under neither (saying both names)."""
+    if input is not None:
+        if x is not None:
+            raise ArgumentTypeError(f"{where}: got both x and input (torch's name for x); pass one")
+        x = input
+    if weight is not None:
+        if w is not None:
+            raise ArgumentTypeError(f"{where}: got both w and weight (torch's name for w); pass one")
+        w = weight
+    if x is None or w is None:
+        missing = [n for n, v in (("x (torch's input)", x), ("w (torch's weight)", w)) if v is None]
+        raise ArgumentTypeError(f"{where}: {' and '.join(missing)} must be a torch.Tensor, got None or nothing: pass "
+                                "the input and the weight tensors positionally, as x=, w=, or with torch's names "
+                                "input=, weight=")
+    return x, w
+
+
 def tuple_arg(value: Any, n: int, name: str, minimum: int) -> tuple[int, ...]:
     """``value`` (an int, or a tuple/list of ``n`` ints; one element repeats) as a tuple of ``n``
     ints, each >= ``minimum`` and below 2**31. Raises :class:`ArgumentTypeError` /

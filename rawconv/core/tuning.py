@@ -24,7 +24,9 @@ search), :meth:`~TuningCache.save` / :meth:`~TuningCache.load`. The process-wide
 :func:`cache`; it lives in memory only unless a file is configured with
 ``$RAWCONV_TUNING_CACHE`` (``$RAWCONV_CUDNN_TUNING_CACHE``, the older name, is read too) or
 :func:`set_cache_file`: then it is loaded from that file on first use and written back after
-each :meth:`~TuningCache.put`.
+each :meth:`~TuningCache.put` (merged with what other processes wrote there, under a file lock,
+and replaced atomically; a location that cannot be used leaves the cache in memory, with one
+warning). Every number of a record is checked when it is made or read (:data:`MAX_THREADS`...).
 
 Nothing here is backend-specific: a backend builds its keys and records (and registers how to
 read its current library version and device with :func:`register_environment`). Cache hits,
@@ -38,13 +40,16 @@ the GPU's compute capability, so they cannot be converted faithfully.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
 import logging
 import math
 import os
+import stat
 import threading
+import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -58,9 +63,16 @@ log = logging.getLogger("rawconv.tuning")
 
 __all__ = ["SCHEMA", "CACHE_FORMAT", "CACHE_VERSION", "ENV_FILE", "ENV_FILE_ALIASES", "BACKENDS", "DIRECTIONS",
            "TuningKey", "TuningRecord", "TuningCache", "TuningEnvironmentError", "canonical_direction",
-           "cache", "cache_file", "set_cache_file", "register_environment", "current_environment", "replay"]
+           "cache", "cache_file", "set_cache_file", "register_environment", "current_environment", "replay",
+           "MAX_THREADS", "MAX_FILE_BYTES", "MAX_DEPTH"]
 
 SCHEMA = 1                          # TuningRecord JSON schema this rawconv writes and reads
+MAX_THREADS = 1024                  # options.threads of a record: the OpenMP count a replay runs on
+MAX_FILE_BYTES = 64 << 20           # a tuning file larger than this is refused (about 100k records)
+MAX_DEPTH = 16                      # JSON nesting of a record / file (rawconv writes at most 6 levels)
+_C_INT = 2**31 - 1                  # a problem's sizes: the libraries take them as C ints
+_INT64 = 2**63 - 1                  # any other integer of a record (JSON allows bignums)
+LOCK_TIMEOUT_S = 30.0               # how long a write waits for another process's lock on the file
 CACHE_FORMAT = "rawconv-tuning-cache"
 CACHE_VERSION = 1
 ENV_FILE = "RAWCONV_TUNING_CACHE"
@@ -285,6 +297,80 @@ def _time(v, name: str) -> float | None:
     return float(v)
 
 
+def _walk_numbers(v, where: str):
+    """``(where, number)`` for every int and float inside a JSON-like value (bools are not numbers)."""
+    stack = [(where, v)]
+    while stack:
+        w, v = stack.pop()
+        if isinstance(v, bool) or v is None or isinstance(v, str):
+            continue
+        if isinstance(v, (int, float)):
+            yield w, v
+        elif isinstance(v, Mapping):
+            stack.extend((f"{w}.{k}", i) for k, i in v.items())
+        elif isinstance(v, (list, tuple)):
+            stack.extend((f"{w}[{j}]", i) for j, i in enumerate(v))
+
+
+def _check_numbers(rec: "TuningRecord") -> None:
+    """Limits on every number a record holds (it may come from a file: a replay builds a plan from
+    it). The problem's sizes are C ints >= 0; ``options.threads`` an int from 1 to
+    :data:`MAX_THREADS`; ``options.workspace_limit`` None or an int from 0 to 2**63 - 1; the error
+    against float64 finite and >= 0; any other number (options, detail, timing) a finite float or
+    an int within int64. Raises :class:`ArgumentError` naming the field."""
+    k = rec.key
+    for where, v in _walk_numbers(k.problem, "problem"):
+        if not isinstance(v, int) or not 0 <= v <= _C_INT:
+            raise ArgumentError(f"{where} must be an int from 0 to {_C_INT} (a size the libraries take as a C int), "
+                                f"got {v!r}")
+    threads = k.options.get("threads")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or not 1 <= threads <= MAX_THREADS):
+        raise ArgumentError(f"options.threads must be None or an int from 1 to {MAX_THREADS} (the OpenMP thread "
+                            f"count a replay runs on; rawconv.tuning.MAX_THREADS), got {threads!r}")
+    ws = k.options.get("workspace_limit")
+    if ws is not None and (isinstance(ws, bool) or not isinstance(ws, int) or not 0 <= ws <= _INT64):
+        raise ArgumentError(f"options.workspace_limit must be None or a number of bytes from 0 to 2**63 - 1, "
+                            f"got {ws!r}")
+    for where, v in _walk_numbers(rec.error, "error"):
+        if not math.isfinite(v) or v < 0:
+            raise ArgumentError(f"{where} must be a finite number >= 0, got {v!r}")
+    for what, value in (("options", k.options), ("detail", rec.detail), ("timing", rec.timing)):
+        for where, v in _walk_numbers(value, what):
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ArgumentError(f"{where} must be a finite number, got {v!r}")
+            if isinstance(v, int) and not -_INT64 - 1 <= v <= _INT64:
+                raise ArgumentError(f"{where} must fit a 64-bit integer, got {v!r}")
+    for name in ("median_ms", "min_ms"):
+        v = getattr(rec, name)
+        if v is not None and v > 1e9:
+            raise ArgumentError(f"{name} must be at most 1e9 ms, got {v!r}")
+
+
+def _depth(data) -> int:
+    """How deeply JSON-like ``data`` nests (a scalar: 0), counted without recursion."""
+    deepest, stack = 0, [(data, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, Mapping):
+            items = v.values()
+        elif isinstance(v, (list, tuple)):
+            items = v
+        else:
+            continue
+        deepest = max(deepest, d)
+        if d > MAX_DEPTH:
+            return d
+        stack.extend((i, d + 1) for i in items)
+    return deepest
+
+
+def _check_depth(data, what: str) -> None:
+    if _depth(data) > MAX_DEPTH:
+        raise ArgumentError(f"{what} is nested deeper than {MAX_DEPTH} levels (rawconv.tuning.MAX_DEPTH): not a "
+                            "tuning record or cache rawconv wrote")
+
+
 @dataclass(frozen=True)
 class TuningRecord:
     """The outcome of one autotune: ``key`` (:class:`TuningKey`) and the choice.
@@ -359,6 +445,7 @@ class TuningRecord:
         except ValueError:
             raise ArgumentError(f"created must be an ISO 8601 time, got {self.created!r}") from None
         object.__setattr__(self, "rawconv_version", self.rawconv_version or _rawconv_version())
+        _check_numbers(self)
 
     @property
     def created_ts(self) -> float:
@@ -386,6 +473,7 @@ class TuningRecord:
         missing / mistyped fields."""
         if not isinstance(d, Mapping):
             raise ArgumentTypeError(f"a tuning record is a JSON object, got {type(d).__name__}")
+        _check_depth(d, "the tuning record")
         if "schema" not in d:
             raise ArgumentError("not a tuning record: no 'schema' field")
         if d["schema"] != SCHEMA:
@@ -411,6 +499,9 @@ class TuningRecord:
             data = json.loads(text)
         except (TypeError, ValueError) as exc:
             raise ArgumentError(f"not a JSON tuning record: {exc}") from None
+        except RecursionError:
+            raise ArgumentError(f"not a tuning record: its JSON is nested too deeply to read (a record nests at "
+                                f"most {MAX_DEPTH} levels)") from None
         return cls.from_dict(data)
 
     # ------------------------------------------------------------------ files
@@ -545,20 +636,52 @@ def current_environment(backend: str) -> dict:
 
 
 # ---------------------------------------------------------------------------- files
+class _UnusableFile(ArgumentError):
+    """The tuning file's location cannot be used at all (not a regular file, unreadable, too large):
+    the process's cache then runs in memory only (see :func:`cache`)."""
+
+
 def _read_json(path):
-    """The JSON content of ``path``; :class:`ArgumentError` naming it when it is missing,
-    unreadable or not JSON."""
+    """The JSON content of ``path``; :class:`ArgumentError` naming it when it is missing, not a
+    regular file (a device, a FIFO: refused before reading, never waited on), larger than
+    :data:`MAX_FILE_BYTES`, unreadable, not JSON or nested deeper than :data:`MAX_DEPTH`."""
+    p = os.fspath(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        # O_NONBLOCK: opening a FIFO does not wait for a writer; the file is then checked before reading
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
-        raise ArgumentError(f"tuning file {os.fspath(path)!s} does not exist") from None
+        raise ArgumentError(f"tuning file {p!s} does not exist") from None
     except IsADirectoryError:
-        raise ArgumentError(f"tuning file {os.fspath(path)!s} is a directory") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ArgumentError(f"cannot read tuning file {os.fspath(path)!s}: {exc}") from None
+        raise ArgumentError(f"tuning file {p!s} is a directory") from None
+    except OSError as exc:
+        raise _UnusableFile(f"cannot read tuning file {p!s}: {exc}") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise ArgumentError(f"tuning file {p!s} is a directory")
+        if not stat.S_ISREG(st.st_mode):
+            raise _UnusableFile(f"tuning file {p!s} is not a regular file (a device, a FIFO or a socket): rawconv "
+                                "reads and writes tuning records in regular files only")
+        if st.st_size > MAX_FILE_BYTES:
+            raise _UnusableFile(f"tuning file {p!s} holds {st.st_size} bytes, more than rawconv reads "
+                                f"({MAX_FILE_BYTES}: rawconv.tuning.MAX_FILE_BYTES)")
+        with open(fd, "rb", closefd=False) as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise _UnusableFile(f"cannot read tuning file {p!s}: {exc}") from None
+    finally:
+        os.close(fd)
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ArgumentError(f"cannot read tuning file {p!s}: {exc}") from None
     except ValueError as exc:  # json.JSONDecodeError
-        raise ArgumentError(f"tuning file {os.fspath(path)!s} is not valid JSON: {exc}") from None
+        raise ArgumentError(f"tuning file {p!s} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ArgumentError(f"tuning file {p!s} is nested too deeply to read: not a tuning file rawconv wrote (a "
+                            f"record nests at most {MAX_DEPTH} levels)") from None
+    _check_depth(data, f"tuning file {p!s}")
+    return data
 
 
 def _dumps(data, depth: int) -> str:
@@ -573,15 +696,86 @@ def _dumps(data, depth: int) -> str:
                                .replace("\n", "\n ") for k, v in data.items()) + "\n}"
 
 
-def _write_json(path, data, depth: int = 1) -> None:
-    path = os.fspath(path)
-    if os.path.exists(path) and not os.path.isfile(path):   # the atomic rename would replace a device or dir
+def _check_regular(path: str) -> None:
+    """Raise :class:`ArgumentError` when ``path`` exists and is not a regular file (the atomic
+    rename of a write would replace a device or a directory)."""
+    if os.path.exists(path) and not os.path.isfile(path):
         raise ArgumentError(f"{path} exists and is not a regular file: tuning records are written by replacing the "
                             "file (write to a new path)")
+
+
+def _write_json(path, data, depth: int = 1) -> None:
+    """Write ``data`` to ``path`` atomically: into a temporary file beside it, then renamed over it
+    (a reader sees the old file or the new one, never half of one); the temporary file is removed
+    when the write fails."""
+    path = os.fspath(path)
+    _check_regular(path)
     tmp = f"{path}.tmp{os.getpid()}.{threading.get_ident()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(_dumps(data, depth) + "\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(_dumps(data, depth) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+@contextlib.contextmanager
+def _file_lock(path: str):
+    """An exclusive ``fcntl.flock`` on ``<path>.lock`` (created beside the file, left there) for
+    the block: writers of one tuning file, in any process or thread, take turns. Waits at most
+    :data:`LOCK_TIMEOUT_S` (then raises :class:`_UnusableFile`); no lock where fcntl is missing."""
+    _check_regular(path)   # (before a lock file appears beside a device: /dev/null.lock)
+    try:
+        import fcntl
+    except ImportError:   # not POSIX: writes stay atomic, merges are not serialized
+        yield
+        return
+    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        deadline = time.monotonic() + LOCK_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise _UnusableFile(f"tuning file {path}: another process held its lock ({path}.lock) for "
+                                        f"more than {LOCK_TIMEOUT_S:g} s") from None
+                time.sleep(0.005)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _file_signature(path: str):
+    """What changes when a file is replaced or written: (inode, size, mtime in ns); None when missing."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+_unusable: dict = {}   # tuning file path -> why it cannot be used (warned once; the cache stays in memory)
+_unusable_lock = threading.Lock()
+
+
+def _give_up_on(path: str, why) -> None:
+    """Stop using tuning file ``path`` in this process, with one ``RuntimeWarning`` saying why."""
+    with _unusable_lock:
+        if path in _unusable:
+            return
+        _unusable[path] = str(why)
+    log.debug("tuning cache file %s given up: %s", path, why)
+    warnings.warn(f"rawconv's tuning cache file {path} cannot be used ({why}); this process keeps its tuning "
+                  "records in memory only", RuntimeWarning, stacklevel=_guard.stacklevel())
 
 
 def _records_in(path, data) -> list[TuningRecord]:
@@ -629,6 +823,7 @@ class TuningCache:
         self.path = None if path is None else os.fspath(path)
         self._records: dict[TuningKey, TuningRecord] = {}
         self._lock = threading.RLock()
+        self._seen = None   # the file's signature when this cache last read or wrote it (_file_signature)
 
     def get(self, key: TuningKey) -> TuningRecord | None:
         """The record stored for ``key``, or None."""
@@ -642,7 +837,14 @@ class TuningCache:
         return rec
 
     def put(self, record: TuningRecord) -> None:
-        """Store ``record`` under its key (replacing one there); then write the file, if any."""
+        """Store ``record`` under its key (replacing one there); then write the file, if any: under
+        a lock on it (``fcntl.flock`` of ``<path>.lock``) the records another process or cache
+        wrote there since this one last read it are merged in first (per key the newest
+        ``created`` wins, this cache's on a tie), then the file is replaced atomically, so that
+        concurrent writers keep every record. A file that cannot be written (a read-only or missing
+        directory, a device, a FIFO, a disk error) or read back (content rawconv cannot read:
+        never overwritten) is given up for the process with one ``RuntimeWarning``: the records stay
+        in memory."""
         if not isinstance(record, TuningRecord):
             raise ArgumentTypeError(f"put takes a TuningRecord, got {type(record).__name__}")
         with self._lock:
@@ -650,8 +852,37 @@ class TuningCache:
             self._records[record.key] = record
             log.debug("put %s %s %s: %s", record.key.backend, record.key.direction, _describe(record.key),
                       record.choice)
-            if self.path:
-                self.save(self.path)
+            if self.path and self.path not in _unusable:
+                try:
+                    self._write_merged(self.path)
+                except (OSError, ArgumentError) as exc:
+                    _give_up_on(self.path, exc)
+
+    def _write_merged(self, path: str) -> None:
+        """Merge the records of ``path`` (when it changed since this cache last read or wrote it)
+        into this cache, then write them all there; under the file's lock (see :meth:`put`)."""
+        with _file_lock(path):
+            sig = _file_signature(path)
+            if sig is not None and sig != self._seen:
+                self._merge(_records_in(path, _read_json(path)))
+            data = {"format": CACHE_FORMAT, "version": CACHE_VERSION,
+                    "records": [r.to_dict() for r in self._records.values()]}
+            _write_json(path, data)
+            self._seen = _file_signature(path)
+        log.debug("saved %d records to %s", len(data["records"]), path)
+
+    def _merge(self, records) -> None:
+        """Take ``records`` (another writer's) in: a key this cache lacks is added before its own
+        records; a key it holds takes the other record only when that one is newer (``created``)."""
+        mine = self._records
+        merged = {r.key: r for r in records if r.key not in mine}
+        for k, r in mine.items():
+            merged[k] = r
+        for r in records:
+            own = mine.get(r.key)
+            if own is not None and own is not r and r.created_ts > own.created_ts:
+                merged[r.key] = r
+        self._records = merged
 
     def records(self) -> list[TuningRecord]:
         """Every record, oldest put first."""
@@ -708,14 +939,19 @@ class TuningCache:
         with self._lock:
             data = {"format": CACHE_FORMAT, "version": CACHE_VERSION,
                     "records": [r.to_dict() for r in self._records.values()]}
-            _write_json(path, data)
-        log.debug("saved %d records to %s", len(data["records"]), os.fspath(path))
+            path = os.fspath(path)
+            with _file_lock(path):
+                _write_json(path, data)
+                if path == self.path:
+                    self._seen = _file_signature(path)
+        log.debug("saved %d records to %s", len(data["records"]), path)
 
     def load(self, path, merge: bool = True) -> int:
         """Read the records of ``path`` (a cache file, a record or a list of records) into the cache
         (``merge=False``: replacing what it held); returns how many were read. Raises
         :class:`ArgumentError` naming ``path`` when it is missing, not JSON, of the old format, or
         holds something else; the cache is then unchanged."""
+        sig = _file_signature(os.fspath(path))
         records = _records_in(path, _read_json(path))
         with self._lock:
             if not merge:
@@ -723,6 +959,8 @@ class TuningCache:
             for r in records:
                 self._records.pop(r.key, None)
                 self._records[r.key] = r
+            if os.fspath(path) == self.path:
+                self._seen = sig
         log.debug("loaded %d records from %s", len(records), os.fspath(path))
         return len(records)
 
@@ -765,14 +1003,24 @@ def cache_file() -> str | None:
 def cache() -> TuningCache:
     """The process's :class:`TuningCache`. When the configured file (:func:`cache_file`) changed
     since the last call, that file is read into it first (when it exists; a missing file is
-    created by the next put). Raises :class:`ArgumentError` naming the file when it exists but
-    cannot be read (not JSON, the old format, ...); the cache then keeps its previous file."""
+    created by the next put). Raises :class:`ArgumentError` naming the file when its content
+    cannot be read (not JSON, the old format, a record out of limits, nested too deeply...); the
+    cache then keeps its previous file. A location that cannot be used at all (not a regular
+    file: ``/dev/zero``, a FIFO; unreadable; larger than :data:`MAX_FILE_BYTES`) is given up for
+    the process with one ``RuntimeWarning``, never waited on: the cache stays in memory, as it
+    does when a later put cannot write the file (:meth:`TuningCache.put`)."""
     path = cache_file()
+    if path in _unusable:   # given up (see below): in memory only
+        path = None
     if path != _cache.path:
         with _cache_lock:
             if path != _cache.path:
-                if path and os.path.exists(path):
-                    _cache.load(path, merge=True)
+                if path and os.path.lexists(path):
+                    try:
+                        _cache.load(path, merge=True)
+                    except _UnusableFile as exc:   # not a regular file, unreadable: never waited on
+                        _give_up_on(path, exc)
+                        path = None
                 _cache.path = path
                 log.debug("tuning cache file: %s", path or "none (in memory only)")
     return _cache

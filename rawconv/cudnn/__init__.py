@@ -42,7 +42,7 @@ from ..core.plans import PlanCache, PlanLifetime, arg_key
 from ..core.backend import Candidate, canonical_direction
 from ..core.results import Result, ResultTable
 from ..core.grad import grad_function as _grad_slot, needs_grad as _needs_grad
-from ..core.problem import ConvProblem, check_tensor, empty_like_layout, layout_of, to_layout, dense_strides, strides_match, shape_only
+from ..core.problem import ConvProblem, check_tensor, empty_like_layout, layout_of, to_layout, dense_strides, strides_match, shape_only, torch_names
 
 __all__ = ["Algorithm", "TimedAlgorithm", "RunInfo", "Convolution", "forward", "backward_data",
            "backward_weights", "backward_filter", "candidates", "conv_transpose", "algorithms", "info", "clear_cache", "MATH_TYPES",
@@ -263,10 +263,10 @@ def _split_choice(direction: str, algo, choice, math):
 
 
 def _is_graph_choice(c) -> bool:
-    """Whether a choice names a graph-API engine config (``"eng28{k2=3}"``, ``"nhwc:eng72"``, an
-    ``EngineConfig``): those run through :mod:`rawconv.cudnn_graph`."""
+    """Whether a choice names a graph-API engine config (``"eng28{k2=3}"``, ``"nhwc:eng72"``,
+    ``"unfused:eng5"``, an ``EngineConfig``): those run through :mod:`rawconv.cudnn_graph`."""
     if isinstance(c, str):
-        return c.startswith(("eng", "nhwc:eng"))
+        return c.startswith(("eng", "nhwc:eng", "unfused:"))
     return type(c).__name__ == "EngineConfig"
 
 
@@ -929,11 +929,11 @@ def _forward_plan(x, w, bias, stride, padding, dilation, groups, algo, math, det
     return plan
 
 
-def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
+def forward(x: torch.Tensor = None, w: torch.Tensor = None, bias: torch.Tensor | None = None, stride: Any = 1,
             padding: Any = 0, dilation: Any = 1, groups: int = 1, *, algo: Any = None, math: str | None = None,
             deterministic: bool = False, workspace_limit: int | None = None, activation: str | None = None,
             out: torch.Tensor | None = None, engine: Any = None, return_info: bool = False, choice: Any = None,
-            precision: str | None = None):
+            precision: str | None = None, input: torch.Tensor | None = None, weight: torch.Tensor | None = None):
     """cuDNN forward convolution with the semantics of ``torch.nn.functional.conv{1,2,3}d``.
 
     ``x``: (N, C, *spatial) or unbatched (C, *spatial), CUDA, float32 / float16 / bfloat16 / float64,
@@ -960,7 +960,10 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
     Wraps ``cudnnConvolutionForward``. Tensors that require grad (grad mode on) run as
     :func:`rawconv.ops.conv` (autograd recorded; ``out``, ``return_info``, ``activation``,
     ``deterministic`` and ``workspace_limit`` are then refused with :class:`ArgumentError`).
+    torch's names work too: ``input=`` / ``weight=`` (``F.conv2d``'s) for ``x`` / ``w``.
     """
+    if x is None or w is None or input is not None or weight is not None:
+        x, w = torch_names(x, w, input, weight, "rawconv.cudnn.forward")
     if _needs_grad(x, w, bias):   # record a differentiable op, never a silent detach
         _cudnn_function = _grad_slot("cudnn")
         return _cudnn_function("forward", x, w, bias, stride, padding, dilation, groups, algo=algo, math=math,
@@ -1426,4 +1429,8 @@ from ..core.backend import Backend as _Backend, register as _register  # noqa: E
 _register(_Backend("cudnn", "cuda", __name__, "cuDNN", _registry_candidates, _registry_plan, info,
                    "cuDNN's legacy API on CUDA tensors: every (algo, math type)",
                    {"candidates": "algorithms", "choice": "algo", "precision": "math",
-                    "backward_weights": "backward_filter"}, rows="rawconv.explore.compare:_cudnn_rows"))
+                    "backward_weights": "backward_filter"}, rows="rawconv.explore.compare:_cudnn_rows",
+                   # "ALGO@math": an algorithm of cuDNN's enums (any direction), a math type
+                   choice_names="(" + "|".join(sorted({n for d in DIRECTIONS for n in ALGOS[d].values()}, key=len,
+                                                      reverse=True))
+                   + ")(@(" + "|".join(MATH_TYPES) + "))?"))

@@ -83,8 +83,8 @@ def _problems_on(args, device) -> list:
         w = torch.empty(args.weight, device="meta")
         b = torch.empty(args.weight[0], device="meta") if args.bias else None
         p = ConvProblem.from_torch(x, w, b, args.stride, args.padding, args.dilation, args.groups)
-        p = p.with_(dtype=dtype, layout=layout, device=device, name="cli")
-        return [p]
+        p = p.with_(dtype=dtype, layout=layout, device=device)
+        return [p.with_(name=_cli_label(p))]
     spec = args.problem or "resnet50"
     if spec in presets.PRESETS:
         ps = presets.get(spec, args.batch, dtype=dtype, layout=layout, bias=args.bias)
@@ -105,6 +105,23 @@ def _problems_on(args, device) -> list:
     except RawconvError as exc:
         raise RawconvError(f"{exc} (known presets: {', '.join(sorted(presets.PRESETS))})") from None
     return [p.with_(device=device, name=p.name or spec)]
+
+
+def _cli_label(p) -> str:
+    """The name of a problem given by ``--input/--weight``: its benchdnn descriptor (what ``rawconv
+    list`` and ``compare`` take back as the problem argument), or, where that notation cannot
+    carry it (some asymmetric paddings), its one-line description; a layout other than NCHW or a
+    dtype other than float32 is added, since a descriptor has neither."""
+    from ..core.errors import RawconvError as _E
+
+    try:
+        label = p.to_benchdnn(strict=True)
+    except _E:
+        label = None
+    if not label:
+        return p.describe()
+    extra = [v for v, default in ((str(p.dtype).replace("torch.", ""), "float32"), (p.layout, "nchw")) if v != default]
+    return label + (f" ({', '.join(extra)})" if extra else "")
 
 
 def _devices(args) -> list[str]:

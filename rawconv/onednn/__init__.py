@@ -27,6 +27,7 @@ import math
 import threading
 import time
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -38,9 +39,10 @@ from ..core.grad import grad_function as _grad_slot, needs_grad as _needs_grad
 from ._ffi import ffi
 from ..core.errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from ..core.backend import Candidate
+from ..core import plans as _plans
 from ..core.plans import PlanCache, PlanLifetime, arg_key
 from ..core.results import Result, ResultTable
-from ..core.problem import ConvProblem, _int, check_tensor, empty_like_layout, layout_of, shape_arg, to_layout, dense_strides, strides_match, shape_only
+from ..core.problem import ConvProblem, _int, check_tensor, empty_like_layout, layout_of, shape_arg, to_layout, dense_strides, strides_match, shape_only, torch_names
 from ..core.problem import backward_data_layout
 
 log = logging.getLogger("rawconv.onednn")
@@ -340,6 +342,8 @@ class _Built:
         L = _dnnl.lib()
         self.impl = impl
         self.pd = pd
+        self._owner = weakref.ref(plan)   # (for _cache_release; the plan holds this object)
+        self.used = True   # run since the last sweep of the cache limit (rawconv.core.plans)
         self.prim = _dnnl.primitive(pd)
         self.args = []          # (role, arg id, memory, is_output, reorder or None, buffer or None)
         self._guarded = []      # (name, buffer, size in bytes): the buffers with a guard band after them
@@ -395,6 +399,7 @@ class _Built:
         self._mems = tuple(st[0] for st in self._steps)
         self._pre = tuple((rp, ra, is_w) for _m, is_out, is_w, rp, ra in self._steps if not is_out and rp is not None)
         self._lastp = None
+        self._lock = threading.Lock()   # run_ptrs: one call at a time (see there)
         self._set_handle = _set_handle_int()
         self._execute = L.dnnl_primitive_execute
         # oneDNN's CPU streams execute synchronously except with the threadpool runtime
@@ -415,6 +420,26 @@ class _Built:
                         for role, _a, _m, _o, reorder, _b in self.args if reorder is not None)
             # (a one-thread plan's reorders already run on one thread: nothing to set around them)
             self._omp = _dnnl.omp_thread_controls() if small and plan.threads != 1 else None
+        # the buffers count against the plans' byte budget (rawconv.core.plans.charge): past it the
+        # least recently used built implementations of any plan are released (_cache_release)
+        self.nbytes = sum(int(b.numel()) for *_r, b in self.args if b is not None) + int(self.scratchpad.numel())
+        _plans.charge(self, self.nbytes)
+
+    def _cache_release(self) -> None:
+        """Drop this built implementation from its plan (past the plans' byte budget, or
+        :func:`rawconv.clear_caches`): its buffers and primitive go once no call is running on them;
+        the plan builds the implementation again at its next call."""
+        plan = self._owner()
+        if plan is None:
+            return
+        i = self.impl.index
+        if plan._built.get(i) is self:
+            plan._built.pop(i, None)
+            plan._released.add(i)
+        for name in ("_hot", "_ghot"):
+            pack = getattr(plan, name, None)
+            if pack is not None and pack.built is self:
+                setattr(plan, name, None)
 
     def run(self, tensors: dict, stream, packed=None) -> None:
         """Run on ``tensors`` (role -> prepared tensor): see :meth:`run_list`."""
@@ -438,34 +463,43 @@ class _Built:
         descriptors were listed under. Reorders of small tensors run on the calling thread alone
         (OpenMP's thread count set to 1 around them, then restored). Wraps
         ``dnnl_memory_set_data_handle``, ``dnnl_primitive_execute``, ``omp_set_num_threads`` (and
-        ``dnnl_stream_wait`` for an asynchronous runtime)."""
-        lastp = self._lastp
-        if ptrs != lastp:
-            self._lastp = None   # until every handle is set (a failure leaves them to be set again)
-            set_handle = self._set_handle
-            i = 0
-            for mem in self._mems:
-                ptr = ptrs[i]
-                if lastp is None or ptr != lastp[i]:
-                    st = set_handle(mem, ptr)
-                    if st:
-                        _dnnl.check(st, "dnnl_memory_set_data_handle")
-                i += 1
-            self._lastp = ptrs
-        fixed = self._nthr
-        if fixed is not None or self._cap is not None:
-            ctl = self._ctl
-            caller = ctl[0]()
-            if fixed is None:
-                fixed = min(caller, self._cap)
-            if caller != fixed:
-                ctl[1](fixed)
-                try:
-                    self._run_now(stream, packed)
-                finally:
-                    ctl[1](caller)
-                return
-        self._run_now(stream, packed)
+        ``dnnl_stream_wait`` for an asynchronous runtime). Thread-safe: calls from several threads
+        run one at a time (a lock per built implementation; the memory handles, reorder buffers
+        and scratchpad are shared state), so a plan shared by threads gives every caller its own
+        right result (an uncontended lock: 0.15-0.2 us a call on a 2-core EPYC)."""
+        lock = self._lock   # one call at a time: the handles, reorder buffers and scratchpad are this object's
+        lock.acquire()
+        try:
+            self.used = True
+            lastp = self._lastp
+            if ptrs != lastp:
+                self._lastp = None   # until every handle is set (a failure leaves them to be set again)
+                set_handle = self._set_handle
+                i = 0
+                for mem in self._mems:
+                    ptr = ptrs[i]
+                    if lastp is None or ptr != lastp[i]:
+                        st = set_handle(mem, ptr)
+                        if st:
+                            _dnnl.check(st, "dnnl_memory_set_data_handle")
+                    i += 1
+                self._lastp = ptrs
+            fixed = self._nthr
+            if fixed is not None or self._cap is not None:
+                ctl = self._ctl
+                caller = ctl[0]()
+                if fixed is None:
+                    fixed = min(caller, self._cap)
+                if caller != fixed:
+                    ctl[1](fixed)
+                    try:
+                        self._run_now(stream, packed)
+                    finally:
+                        ctl[1](caller)
+                    return
+            self._run_now(stream, packed)
+        finally:
+            lock.release()
 
     def _run_now(self, stream, packed) -> None:
         execute = self._execute
@@ -793,6 +827,7 @@ class Convolution(_Listing, _Autotune, PlanLifetime):
         self._pds: list = []
         self._hints: list = []
         self._built: dict[int, _Built] = {}
+        self._released: set = set()   # indices whose built implementation the byte budget released
         self._selected: int | None = None
         self._freed = False
         self._lock = threading.Lock()
@@ -1255,11 +1290,26 @@ def clear_cache() -> None:
     _last_plans.clear()
 
 
-def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
+def _flush_primitive_cache() -> None:
+    """Empty oneDNN's own primitive cache (its JIT-compiled primitives, up to its capacity, 1024 by
+    default) when the library is loaded: its capacity set to 0, then back. Wraps
+    ``dnnl_get_primitive_cache_capacity``, ``dnnl_set_primitive_cache_capacity``."""
+    if _dnnl._state.get("loaded") is None:
+        return
+    cap = _dnnl.primitive_cache_capacity()
+    _dnnl.set_primitive_cache_capacity(0)
+    _dnnl.set_primitive_cache_capacity(cap)
+
+
+_plans.register_clear("rawconv.onednn:oneDNN's primitive cache", _flush_primitive_cache)
+
+
+def forward(x: torch.Tensor = None, w: torch.Tensor = None, bias: torch.Tensor | None = None, stride: Any = 1,
             padding: Any = 0, dilation: Any = 1, groups: int = 1, *, impl: Any = None,
             algorithm: str = "direct", fpmath: str = "strict", out: torch.Tensor | None = None,
             allow_known_bad: bool = False, choice: Any = None, precision: str | None = None,
-            options: Any = None) -> torch.Tensor:
+            options: Any = None, return_info: bool = False, input: torch.Tensor | None = None,
+            weight: torch.Tensor | None = None):
     """oneDNN forward convolution with the semantics of ``torch.nn.functional.conv{1,2,3}d``.
 
     ``x``: (N, C, *spatial) or unbatched (C, *spatial), CPU, float32 / bfloat16 / float16 (where
@@ -1279,8 +1329,16 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
     Tensors that require grad (grad mode on) run as :func:`rawconv.ops.conv` (autograd recorded).
     rawconv's words work too: ``choice`` (= ``impl``: a position, a name or ``"name@layouts"``, an
     :class:`Implementation`), ``precision`` (= ``fpmath``), ``options`` (:class:`rawconv.Options`).
+    torch's names work too: ``input=`` / ``weight=`` (``F.conv2d``'s) for ``x`` / ``w``.
+    ``return_info=True`` returns ``(y, Implementation)``: the implementation that ran (name,
+    layouts, formats, reorders, scratchpad), as :func:`rawconv.cudnn.forward` returns its ``RunInfo``.
     """
     try:   # rawconv._guard.public's translation, inline (one frame less on the hot path)
+        if x is None or w is None or input is not None or weight is not None:
+            x, w = torch_names(x, w, input, weight, "rawconv.onednn.forward")
+        if return_info is not False:
+            return _forward_info(x, w, bias, stride, padding, dilation, groups, impl, algorithm, fpmath, out,
+                                 allow_known_bad, choice, precision, options, return_info)
         if choice is not None or precision is not None or options is not None:
             impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
         if _needs_grad(x, w, bias):   # record a differentiable op, never a silent detach
@@ -1332,6 +1390,25 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
 
 
 forward.__rawconv_public__ = True
+
+
+def _forward_info(x, w, bias, stride, padding, dilation, groups, impl, algorithm, fpmath, out, allow_known_bad,
+                  choice, precision, options, return_info) -> tuple:
+    """:func:`forward` with ``return_info``: ``(y, Implementation)``, the implementation its plan
+    selected (the same selection the call runs: oneDNN's first choice, or ``impl``)."""
+    if not isinstance(return_info, bool):
+        raise ArgumentTypeError(f"return_info must be True or False, got {return_info!r}")
+    if choice is not None or precision is not None or options is not None:
+        impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
+    problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
+    _check_device(problem)
+    plan = _plan(problem, "forward", algorithm, fpmath, _w_layout(w), impl, allow_known_bad)
+    if _needs_grad(x, w, bias):   # recorded by the operator, which selects the same way
+        y = forward(x, w, bias, stride, padding, dilation, groups, impl=impl, algorithm=algorithm, fpmath=fpmath,
+                    out=out, allow_known_bad=allow_known_bad)
+    else:
+        y = plan.execute(x, w, bias, out)
+    return y, plan.selected
 
 _get_num_threads = torch.get_num_threads
 
@@ -1933,10 +2010,10 @@ def _registry_replay(key, problem: ConvProblem, choice: Any, options: dict):
     threads = _replay_threads(opts.get("threads"))
     post_ops = opts.get("post_ops")
     if post_ops:
-        from .fused import FusedConvolution
+        from .fused import FusedConvolution, activation_of_post_ops
 
         kinds = [op[0] for op in post_ops]
-        act = next((op[1] for op in post_ops if op[0] == "eltwise"), "none")
+        act = activation_of_post_ops(post_ops)
         return FusedConvolution.for_problem(problem, residual="sum" in kinds, activation=act, impl=choice,
                                             fpmath=opts.get("fpmath") or "strict",
                                             w_layout=opts.get("weights_layout") or "nchw", prepack=False,
@@ -1955,4 +2032,6 @@ from ..core.backend import Backend as _Backend, register as _register  # noqa: E
 _register(_Backend("onednn", "cpu", __name__, "oneDNN", _registry_candidates, _registry_plan, info,
                    "oneDNN (libdnnl) on CPU tensors: every implementation of a primitive descriptor",
                    {"candidates": "implementations", "choice": "impl", "precision": "fpmath"},
-                   rows="rawconv.explore.compare:_onednn_rows", replay=_registry_replay))
+                   rows="rawconv.explore.compare:_onednn_rows", replay=_registry_replay,
+                   # implementation names: lowercase "kind:isa" ("jit:avx2", "x64:gemm:jit", "ref:any"), "@layouts"
+                   choice_names=r"(?!unfused:|nhwc:)[a-z0-9_.+-]+(:[a-z0-9_.+-]+)+(@(any|user))?"))

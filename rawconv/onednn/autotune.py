@@ -81,18 +81,35 @@ class Autotune:
         checked = self._autotune_reference(tensors, check, iso)
         wrong, skipped = [], []
         monitor = LoadMonitor() if iso is None else None
-        session = self._autotune_session(tensors, iso)
         impls = [i for i in self.implementations if include_ref or not i.name.startswith("ref")]
+        before = self._selected
         try:
-            rows = self._autotune_search(impls, allow, session, call, checked, iterations, warmup,
-                                         budget_s, progress, wrong, skipped)
-        finally:
-            if session is not None:
-                session.close()
-            if temporary_snap:
-                self._snap = None
-                self._hot = None
+            session = self._autotune_session(tensors, iso)
+            try:
+                rows = self._autotune_search(impls, allow, session, call, checked, iterations, warmup,
+                                             budget_s, progress, wrong, skipped)
+            finally:
+                if session is not None:
+                    session.close()
+                if temporary_snap:
+                    self._snap = None
+                    self._hot = None
+        except BaseException:
+            # interrupted (KeyboardInterrupt) or failed: the plan runs what it ran before, not the
+            # candidate that was being timed, and keeps no candidate's primitive and buffers
+            self._restore_selection(before)
+            raise
         return self._autotune_select(key, monitor, rows, wrong, skipped)
+
+    def _restore_selection(self, index) -> None:
+        """Select ``index`` again (None: oneDNN's first choice, resolved on the next call) and drop
+        every other built implementation (their primitives and buffers) and the random example
+        tensors the search made."""
+        self._selected = index
+        self._examples = None
+        for i in list(self._built):
+            if i != index:
+                del self._built[i]
 
     def _autotune_session(self, tensors: dict, iso):
         """The child-process session :meth:`autotune` times in with ``iso`` (the isolation options;
@@ -111,10 +128,7 @@ class Autotune:
         ``key`` (the tuning cache). Returns the table: ``rows``, then ``wrong`` (sorted), then
         ``skipped``."""
         warned = _o._warn_timings(monitor, rows)
-        self._selected = rows[0].impl.index
-        for i in list(self._built):
-            if i != self._selected:
-                del self._built[i]
+        self._restore_selection(rows[0].impl.index)
         wrong.sort(key=lambda r: r.median_ms)
         out = self._table(rows + wrong + skipped)
         return _autotune.keep(self, out, self._record(key, out[0], warned))

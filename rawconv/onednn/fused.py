@@ -1,7 +1,30 @@
 """oneDNN's fused convolution: a forward primitive with the bias inside it and the post-ops ``sum``
-(a residual) then ``eltwise_relu``, ``y = act(conv(x, w) + b + r)``: :class:`FusedConvolution`, the plan
-behind :func:`rawconv.fused.conv_bias_act` on CPU (what the torch operator and the frozen modules of
-``rawconv.nn.convert(..., fuse=True)`` run)."""
+(a residual) then one ``eltwise`` (the activation), ``y = act(conv(x, w) + b + r)``:
+:class:`FusedConvolution`, the plan behind :func:`rawconv.fused.conv_bias_act` on CPU (what the torch
+operator and the frozen modules of ``rawconv.nn.convert(..., fuse=True)`` run).
+
+The activations and the oneDNN 3.2 eltwise algorithm each one is (:data:`ELTWISE`; alpha and beta as
+``dnnl_post_ops_append_eltwise`` takes them)::
+
+    relu         eltwise_relu       (0, 0)         relu6       eltwise_clip_v2   (0, 6)
+    silu         eltwise_swish      (1, 0)         gelu        eltwise_gelu_erf  (0, 0)
+    gelu_tanh    eltwise_gelu_tanh  (0, 0)         hardswish   eltwise_hardswish (1/6, 1/2)
+    hardsigmoid  eltwise_hardsigmoid (1/6, 1/2)    sigmoid     eltwise_logistic  (0, 0)
+    tanh         eltwise_tanh       (0, 0)
+
+**NaN and infinity.** torch keeps a NaN through every activation (``relu(nan) = nan``) and maps
+``relu(-inf) = 0``. oneDNN 3.2 does not always (measured on every implementation it offers, float32
+and bfloat16, tests/test_fused_activations.py): its JIT ``eltwise_relu`` is ``max(x, 0)`` with the
+NaN-dropping operand order (NaN -> 0), its reference and gemm implementations compute ``x > 0 ? x :
+alpha * x`` (-inf -> NaN), ``eltwise_clip_v2`` turns NaN into 0 everywhere, the reference
+``eltwise_logistic`` turns NaN into 0, and the JIT ``eltwise_gelu_erf`` gives NaN for +inf. Those
+activations (:data:`NAN_GUARDED`) run fused only when the convolution's result is provably finite
+(:func:`rawconv.core.postops.finite_bound`: no NaN or infinity in x, w, the bias or the residual,
+and no overflow possible; one read of x per call); otherwise that call runs the convolution
+with the bias and residual but without the activation (a second plan, made on first need) and
+torch's own activation after it. SiLU, tanh-GELU, hardswish and tanh gave torch's result for
+NaN, +-inf and finite inputs on every implementation, and run fused always.
+"""
 from __future__ import annotations
 
 from typing import Any
@@ -10,10 +33,42 @@ import torch
 
 from .. import onednn
 from ..core.errors import ArgumentError, ArgumentTypeError
-from ..core.postops import _check_activation, _check_residual, _torch_tail
+from ..core.postops import _check_activation, _check_residual, _torch_tail, apply_activation, finite_bound, \
+    vector_bound, weight_bound
 from ..core.problem import ConvProblem, dense_strides, empty_like_layout, strides_match
 
-__all__ = ["FusedConvolution"]
+__all__ = ["FusedConvolution", "ELTWISE", "NAN_GUARDED", "activation_of_post_ops"]
+
+#: activation -> (oneDNN eltwise algorithm without its ``dnnl_eltwise_`` prefix, alpha, beta)
+ELTWISE = {
+    "relu": ("relu", 0.0, 0.0),
+    "relu6": ("clip_v2", 0.0, 6.0),
+    "silu": ("swish", 1.0, 0.0),
+    "gelu": ("gelu_erf", 0.0, 0.0),
+    "gelu_tanh": ("gelu_tanh", 0.0, 0.0),
+    "hardswish": ("hardswish", 1.0 / 6.0, 0.5),      # x * max(0, min(1, alpha * x + beta)) in oneDNN 3.x
+    "hardsigmoid": ("hardsigmoid", 1.0 / 6.0, 0.5),  # max(0, min(1, alpha * x + beta))
+    "sigmoid": ("logistic", 0.0, 0.0),
+    "tanh": ("tanh", 0.0, 0.0),
+}
+_BY_ALG = {alg: act for act, (alg, _a, _b) in ELTWISE.items()}
+
+#: activations oneDNN 3.2 does not compute as torch does for a NaN or an infinity (module notes):
+#: fused only where the convolution's result is provably finite
+NAN_GUARDED = frozenset({"relu", "relu6", "gelu", "hardsigmoid", "sigmoid"})
+
+
+def activation_of_post_ops(post_ops) -> str:
+    """The activation a post-op chain (``[("sum", scale), ("eltwise", alg, alpha, beta)]``, as
+    tuning records keep it) computes: ``"none"`` without an eltwise. Raises
+    :class:`ArgumentError` for an eltwise that is none of :data:`ELTWISE`'s."""
+    for op in post_ops or ():
+        if op[0] == "eltwise":
+            act = _BY_ALG.get(op[1])
+            if act is None or tuple(float(v) for v in op[2:4]) != ELTWISE[act][1:]:
+                raise ArgumentError(f"post-op {tuple(op)!r} is no activation rawconv fuses")
+            return act
+    return "none"
 
 
 # ---------------------------------------------------------------------------- oneDNN: post-ops
@@ -41,19 +96,15 @@ class _FusedBuilt(onednn._Built):
                     rargs[0].memory, rargs[1].memory = umem, mem
                     self.pre = (rprim, umem, rargs)
 
-    def run(self, tensors: dict, stream, packed=None) -> None:
-        if self.pre is not None:
-            from . import _ffi as _dnnl
-
-            _dnnl.check(onednn._set_handle_int()(self.pre[1], tensors["y"].data_ptr()), "dnnl_memory_set_data_handle")
-        super().run(tensors, stream, packed)
-
     def _run_now(self, stream, packed) -> None:
         # the residual's reorder runs first, under the thread count run_ptrs set for the whole call
+        # (and under its lock: the residual's memory handle takes y's pointer of this call)
         if self.pre is not None:
             from . import _ffi as _dnnl
 
-            rprim, _umem, rargs = self.pre
+            rprim, umem, rargs = self.pre
+            _dnnl.check(onednn._set_handle_int()(umem, self._lastp[self.roles.index("y")]),
+                        "dnnl_memory_set_data_handle")
             _dnnl.check(_dnnl.lib().dnnl_primitive_execute(rprim, stream, 2, rargs), "dnnl_primitive_execute",
                         self.impl.name + " (residual reorder)")
         super()._run_now(stream, packed)
@@ -61,13 +112,16 @@ class _FusedBuilt(onednn._Built):
 
 class FusedConvolution(onednn.Convolution):
     """A oneDNN forward convolution plan with the bias in the primitive and post-ops for a residual
-    add (``sum``) and an activation (``eltwise_relu``): ``y = act(conv(x, w) + b + r)``.
+    add (``sum``) and an activation (one ``eltwise``, :data:`ELTWISE`): ``y = act(conv(x, w) + b + r)``.
 
     ``FusedConvolution(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, *,
     residual=False, activation="relu", impl=None, fpmath="strict", prepack=False, threads="auto")``: arguments as
     :class:`rawconv.onednn.Convolution`; ``residual`` (bool): whether :meth:`run` takes a residual
-    tensor of y's shape; ``activation``: ``"relu"`` or ``"none"``. :meth:`run` ``(x, w=None,
-    bias=None, residual=None)`` returns y in x's layout. ``implementations``, ``select``,
+    tensor of y's shape; ``activation``: one of :data:`rawconv.core.postops.ACTIVATIONS` (``"relu"``,
+    ``"silu"``, ``"gelu"``, ``"gelu_tanh"``, ``"hardswish"``, ``"relu6"``, ``"sigmoid"``, ``"tanh"``,
+    ``"hardsigmoid"``, ``"none"``). :meth:`run` ``(x, w=None, bias=None, residual=None)`` returns y in
+    x's layout; an activation of :data:`NAN_GUARDED` checks first that the convolution's result is
+    finite, and otherwise computes that call unfused (the module notes). ``implementations``, ``select``,
     ``autotune`` and the weight snapshot (``prepack=True``, :meth:`repack`) work as in the base
     class (the implementations are those oneDNN
     offers for the primitive WITH these post-ops). Raises :class:`ArgumentError` for bad input
@@ -113,9 +167,82 @@ class FusedConvolution(onednn.Convolution):
         ops = []
         if residual:
             ops.append(("sum", 1.0))
-        if activation == "relu":
-            ops.append(("eltwise", "relu", 0.0, 0.0))
+        if activation != "none":
+            ops.append(("eltwise",) + ELTWISE[activation])
         self._post_ops = tuple(ops)
+        self.nan_guard = activation in NAN_GUARDED
+        self._plain = None      # the plan without the activation, for calls the guard refuses (made on first need)
+        self._wbound = {}       # role -> (tensor, its version, bound): the guard's weight and bias factors
+        self.unfused_calls = 0  # calls the guard ran unfused (a NaN or an infinity, or an overflow, was possible)
+
+    def execute(self, x: torch.Tensor | None = None, w: torch.Tensor | None = None,
+                bias: torch.Tensor | None = None, out: torch.Tensor | None = None, *,
+                grad_y: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`rawconv.onednn.Convolution.execute` with the post-ops; with a residual, ``out``
+        holds it (the ``sum`` post-op reads the destination). For an activation of
+        :data:`NAN_GUARDED`: when the convolution's result is not provably finite
+        (:func:`rawconv.core.postops.finite_bound` on x, w, the bias and the residual), the call runs
+        the convolution with bias and residual but no activation, then torch's activation on the
+        result (torch's NaN and infinity semantics)."""
+        if self.nan_guard and grad_y is None and not self._freed and not self.problem.is_empty:
+            xx = x if x is not None else self._x
+            ww = w if w is not None else (self._snap[0] if self._snap is not None else self._w)
+            bb = bias if bias is not None else self._b
+            bb = bb if isinstance(bb, torch.Tensor) else None
+            if isinstance(xx, torch.Tensor) and isinstance(ww, torch.Tensor) and \
+                    not finite_bound(xx, self._bound("w", ww, weight_bound), None,
+                                     out if self.residual and isinstance(out, torch.Tensor) else None,
+                                     bias_bound=self._bound("b", bb, vector_bound)):
+                return self._execute_unguarded(xx, ww, bb, out)
+        return super().execute(x, w, bias, out, grad_y=grad_y)
+
+    __call__ = execute
+
+    def _bound(self, role: str, t, fn) -> float:
+        """``fn(t)`` (the guard's bound of the weights or the bias), kept while ``t`` is the same
+        tensor at the same version (a frozen module's snapshot, a parameter between steps)."""
+        if t is None:
+            return 0.0
+        try:
+            version = t._version
+        except RuntimeError:   # an inference tensor keeps no version counter: computed on every call
+            return fn(t)
+        c = self._wbound.get(role)
+        if c is not None and c[0] is t and c[1] == version:
+            return c[2]
+        b = fn(t)
+        self._wbound[role] = (t, version, b)
+        return b
+
+    def _execute_unguarded(self, x, w, bias, out):
+        """One call computed as ``act(conv + b + r)`` with the activation in torch: the plan
+        without the eltwise post-op (the same implementation when oneDNN offers it there), then
+        torch's activation in place on the result."""
+        plain = self._plain
+        if plain is None or plain._freed:
+            plain = FusedConvolution.for_problem(self.problem, residual=self.residual, activation="none",
+                                                 fpmath=self.fpmath, w_layout=self.w_layout, threads=self.threads_arg)
+            plain.allow_known_bad = self.allow_known_bad
+            if self._selected is not None:
+                mine = self.selected
+                same = [i for i in plain.implementations if i.name == mine.name and i.layouts == mine.layouts]
+                if same:
+                    plain.select(same[0].index, allow_known_bad=True)
+            self._plain = plain
+        self.unfused_calls += 1
+        y = plain.execute(x, w, bias, out)
+        with torch.no_grad():
+            a = apply_activation(y, self.activation, inplace=True)
+            if a is not y:   # (GELU has no in-place form)
+                y.copy_(a)
+        return y
+
+    def free(self) -> None:
+        plain, self._plain = self._plain, None
+        if plain is not None:
+            plain.free()
+        self._wbound = {}
+        super().free()
 
     def _build(self, i: int):
         b = self._built.get(i)
@@ -123,6 +250,7 @@ class FusedConvolution(onednn.Convolution):
             with onednn._omp_threads(self._pd_threads()):   # as Convolution._build: the primitive cache's key
                 b = _FusedBuilt(self, self._impls[i], self._pds[i])
             self._built[i] = b
+            self._count_rebuild(i)
         return b
 
     def run(self, x: torch.Tensor | None = None, w: torch.Tensor | None = None, bias: torch.Tensor | None = None,
@@ -180,4 +308,5 @@ class FusedConvolution(onednn.Convolution):
 # every public entry point raises only rawconv's exception classes (rawconv.core.guard)
 from ..core import guard as _guard  # noqa: E402
 
-_guard.guard_module(globals(), "FusedConvolution.__init__", "FusedConvolution.for_problem", "FusedConvolution.run")
+_guard.guard_module(globals(), "FusedConvolution.__init__", "FusedConvolution.for_problem", "FusedConvolution.run",
+                    "FusedConvolution.execute", "FusedConvolution.__call__")

@@ -35,10 +35,10 @@ def _child_setup(key, problem, direction, algorithm, fpmath, w_layout, prepack, 
     # counted in its own row, instead of corrupting the heap and crashing a later candidate's row
     onednn._Built.guard_bytes = GUARD_BYTES
     if post_ops:
-        from .fused import FusedConvolution
+        from .fused import FusedConvolution, activation_of_post_ops
 
         plan = FusedConvolution.for_problem(problem, residual=any(op[0] == "sum" for op in post_ops),
-                                            activation=next((op[1] for op in post_ops if op[0] == "eltwise"), "none"),
+                                            activation=activation_of_post_ops(post_ops),
                                             fpmath=fpmath, w_layout=w_layout, prepack=prepack, threads=plan_threads)
         plan.allow_known_bad = True
     else:

@@ -13,7 +13,7 @@ import torch
 from .. import onednn as _o   # the package face: read at call time (it is still being defined when this is imported)
 from . import _ffi as _dnnl
 from ._ffi import ffi
-from ..core import guard as _guard, known_bad as _known_bad
+from ..core import guard as _guard, known_bad as _known_bad, plans as _plans
 from ..core.errors import ArgumentError, NotSupportedError
 from ..core.problem import ConvProblem, dense_strides
 from ..core.results import ResultTable
@@ -21,6 +21,26 @@ from ..core.results import ResultTable
 __all__ = ["Listing"]
 
 log = logging.getLogger("rawconv.onednn")
+
+
+def _name_hint(impl: str, name: str, names: list) -> str:
+    """What follows "not offered" for a name: another library's name for what it is (a cuDNN
+    algorithm or engine config needs CUDA tensors), or the offered names it is closest to
+    (ignoring case)."""
+    from ..core.backend import backends_naming, close_names, spelling_suggestions
+
+    other = [b for b in backends_naming(impl) if b.device_type != "cpu"]
+    if other:
+        what = "an engine config of cuDNN's graph API" if other[0].name == "cudnn_graph" else \
+            "a cuDNN algorithm name (ALGO@math)"
+        return (f"; {impl!r} is {what}: it runs on CUDA tensors (backend 'cudnn' or 'auto' with the tensors on a "
+                "GPU), and these tensors are on the CPU, where oneDNN runs")
+    near = close_names(name, names) or [s.partition("@")[0] for s in spelling_suggestions(impl)
+                                        if s.partition("@")[0] in names]
+    if near:
+        return f"; did you mean {' or '.join(repr(n) for n in near)}? (oneDNN's names are lowercase)" \
+            if name != name.lower() else f"; did you mean {' or '.join(repr(n) for n in near)}?"
+    return ""
 
 
 class Listing:
@@ -261,8 +281,8 @@ class Listing:
             names = sorted({r.name for r in impls}, key=[r.name for r in impls].index)
             raise NotSupportedError(
                 f"implementation {impl!r} is not offered by oneDNN {_dnnl.version()['version']} for "
-                f"{self.problem.describe()} ({self.direction}, fpmath {self.fpmath}); offered: {', '.join(names)}",
-                library="oneDNN", offered=names)
+                f"{self.problem.describe()} ({self.direction}, fpmath {self.fpmath}); offered: {', '.join(names)}"
+                + _name_hint(impl, name, names), library="oneDNN", offered=names)
         # several entries with this name: the one with the fewest per-call reorders, then oneDNN's order
         return min(matches, key=lambda i: (len([r for r in impls[i].reorders if r not in ("w",)]), i))
 
@@ -303,7 +323,14 @@ class Listing:
             with _o._omp_threads(self._pd_threads()):   # the primitive cache's key holds the thread count
                 b = _o._Built(self, self._impls[i], self._pds[i])
             self._built[i] = b
+            self._count_rebuild(i)
         return b
+
+    def _count_rebuild(self, i: int) -> None:
+        """Tell the plans' byte budget when implementation ``i`` was built again after a release."""
+        if i in self._released:
+            self._released.discard(i)
+            _plans.rebuilt()
 
 
 # only rawconv's exceptions leave them (rawconv.core.guard), named as the public methods they are

@@ -1,21 +1,29 @@
-"""Fused convolution + bias (+ residual) (+ ReLU) as ONE library call, and the torch operator over it.
+"""Fused convolution + bias (+ residual) (+ activation) as ONE library call, and the torch operator over it.
 
     y = rawconv.fused.conv_bias_act(x, w, b, residual=r, padding=1, activation="relu")
     # = relu(conv(x, w) + b + r), one oneDNN primitive (CPU) or one cuDNN graph (CUDA)
 
-    torch.ops.rawconv.conv_bias_act(x, w, b, r, [1, 1], [1, 1], [1, 1], 1, "relu", "auto", None, "strict")
+    torch.ops.rawconv.conv_bias_act(x, w, b, r, [1, 1], [1, 1], [1, 1], 1, "silu", "auto", None, "strict")
+
+Activations (:data:`ACTIVATIONS`, torch's names): ``"relu"``, ``"relu6"``, ``"silu"``, ``"gelu"``
+(erf), ``"gelu_tanh"`` (torch's ``approximate="tanh"``: never fused as the erf one, nor the other way),
+``"hardswish"``, ``"hardsigmoid"``, ``"sigmoid"``, ``"tanh"``, ``"none"``.
 
 * CPU: a oneDNN convolution primitive with the bias inside it and the post-ops ``sum`` (the
-  residual, which oneDNN reads from the destination buffer before writing it) then ``eltwise_relu``:
-  oneDNN applies post-ops in the order they are appended, so the result is
-  ``relu(conv(x, w) + b + r)`` (checked against float64 in tests/test_fused.py).
-  :class:`FusedConvolution` is the plan: a :class:`rawconv.onednn.Convolution` whose primitive
-  carries those post-ops (implementations, ``select``, ``autotune``, the weight snapshot of
-  ``prepack=True`` as there).
+  residual, which oneDNN reads from the destination buffer before writing it) then one ``eltwise``
+  (:data:`rawconv.onednn.fused.ELTWISE`): oneDNN applies post-ops in the order they are appended,
+  so the result is ``act(conv(x, w) + b + r)`` (checked against float64 in tests/test_fused.py and
+  tests/test_fused_activations.py). :class:`FusedConvolution` is the plan: a
+  :class:`rawconv.onednn.Convolution` whose primitive carries those post-ops (implementations,
+  ``select``, ``autotune``, the weight snapshot of ``prepack=True`` as there). oneDNN's ReLU, ReLU6,
+  erf-GELU, sigmoid and hardsigmoid do not keep a NaN (or an infinity) as torch does: those run
+  fused only where the convolution's result is provably finite, else unfused for that call
+  (:data:`rawconv.onednn.fused.NAN_GUARDED`).
 * CUDA: one cuDNN graph: convolution, pointwise ``add`` of the bias, pointwise ``add`` of the
-  residual (a second input tensor of the graph), pointwise ``relu``
+  residual (a second input tensor of the graph), one pointwise activation node
   (:class:`ResidualGraphConvolution`; without a residual, :class:`rawconv.cudnn_graph.GraphConvolution`
-  with ``activation="relu"``).
+  with ``activation=...``). Hardswish and hardsigmoid have no pointwise mode: the graph ends before
+  them and torch's op runs on its result (:data:`CUDNN_UNFUSED` says why).
 
 The operator ``rawconv::conv_bias_act`` has a fake (meta) kernel computed from the arguments alone
 (no library call), so ``torch.compile(fullgraph=True)`` traces it, and a backward (gradients of x,
@@ -48,7 +56,7 @@ from ..core import plans as _plans_mod
 from ..core.plans import PlanCache
 from ..core.errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from ..core.problem import ConvProblem, layout_of, random_tensor, seed_offset
-from ..core.postops import ACTIVATIONS, _check_activation, _check_residual, _torch_tail  # noqa: F401
+from ..core.postops import ACTIVATIONS, _check_activation, _check_residual, _torch_tail, apply_activation  # noqa: F401
 from ..onednn.fused import FusedConvolution  # the oneDNN post-op plan lives there
 
 __all__ = ["conv_bias_act", "FusedConvolution", "ResidualGraphConvolution", "ACTIVATIONS", "BACKENDS",
@@ -68,6 +76,15 @@ class _ResidualGraphMixin:
 
     def _describe(self) -> str:
         return super()._describe() + " residual"
+
+    def _has_residual(self) -> bool:
+        return True
+
+    def _execute_split(self, x, w, bias, out, grad_y, residual=None):
+        r = getattr(self, "_pending_r", None)
+        if r is None:
+            raise ArgumentError("this plan adds a residual: use run(x, w, bias, residual)")
+        return super()._execute_split(x, w, bias, out, grad_y, self._prepare("r", r, self.problem.y_shape))
 
     def _example(self, seed: int = 0) -> dict:
         t = super()._example(seed)
@@ -420,7 +437,9 @@ def plan_for(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, residu
     key = (problem, has_r, activation, choice, allow_tf32, threading.get_ident())
     plan = _gpu_plans.get(key)
     if plan is None or plan._freed:
-        act = None if activation == "none" else activation
+        # an activation cuDNN's graphs have no pointwise mode for ends the graph before it: torch's
+        # own op runs on the graph's result (CUDNN_UNFUSED says why)
+        act = None if activation == "none" or activation in CUDNN_UNFUSED else activation
         if has_r:
             plan = _graph_class().for_problem(problem, activation=act, allow_tf32=allow_tf32)
         else:
@@ -432,16 +451,30 @@ def plan_for(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, residu
                 plan._current()   # cuDNN's default config for this graph
             except NotSupportedError as exc:
                 plan = _CudaFallback(problem, activation, precision, str(exc))
+        if activation in CUDNN_UNFUSED and not isinstance(plan, _CudaFallback):
+            plan.torch_activation = activation   # (_run applies it to the graph's result)
         _gpu_plans.put(key, plan)
     return plan
+
+
+#: activations cuDNN's graph API (cuDNN 9) has no pointwise mode for, and why they run in torch after
+#: the graph (conv + bias + residual) instead of inside it. RELU_FWD with an upper clip (ReLU6), SWISH_FWD
+#: (SiLU, beta 1), GELU_FWD (erf), GELU_APPROX_TANH_FWD, SIGMOID_FWD and TANH_FWD fuse.
+CUDNN_UNFUSED = {
+    "hardswish": "no HARDSWISH pointwise mode; x * relu6(x + 3) / 6 as a chain of pointwise nodes needs scalar "
+                 "constant tensors (pass-by-value) that rawconv's graphs do not build",
+    "hardsigmoid": "no HARDSIGMOID pointwise mode; relu6(x + 3) / 6 as a chain needs scalar constant tensors "
+                   "(pass-by-value) that rawconv's graphs do not build",
+}
 
 
 class _CudaFallback:
     """When cuDNN offers no engine for the fused graph (NCHW graphs often have none; some
     residual graphs may not fuse): the legacy API's convolution with bias and ReLU
-    (``rawconv.cudnn.forward(..., activation=...)``, fused by
-    ``cudnnConvolutionBiasActivationForward`` where cuDNN allows), and the residual added in torch
-    before the activation. Said once per problem by a ``RuntimeWarning``."""
+    (``rawconv.cudnn.forward(..., activation="relu")``, fused by
+    ``cudnnConvolutionBiasActivationForward`` where cuDNN allows; that call fuses ReLU only), and
+    the residual added and any other activation applied in torch (torch's own op). Said once per
+    problem by a ``RuntimeWarning``."""
 
     _freed = False
 
@@ -460,13 +493,14 @@ class _CudaFallback:
 
         p = self.problem
         pad = tuple(zip(p.pad_before, p.pad_after)) if not p.symmetric else p.pad_before
-        if residual is None:
+        if residual is None and self.activation in ("none", "relu"):
             act = None if self.activation == "none" else self.activation
             return cudnn.forward(x, w, bias, p.stride, pad, p.dilation, p.groups, activation=act,
                                  precision=self.precision)
         y = cudnn.forward(x, w, bias, p.stride, pad, p.dilation, p.groups, precision=self.precision)
-        y = y + residual
-        return torch.relu(y) if self.activation == "relu" else y
+        if residual is not None:
+            y = y + residual
+        return apply_activation(y, self.activation, inplace=residual is None)
 
     execute = run
 
@@ -480,6 +514,15 @@ _FROZEN_PLANS = "_rawconv_frozen_plans"
 _FROZEN_STATE = "_rawconv_frozen_state"   # module.__dict__: its _FrozenState
 BN_KEY = "_rawconv_bn"   # module.__dict__: the BatchNorm folded into the snapshot (convert(fuse=True)), or absent
 _FROZEN_MAX = 64   # plans per frozen module (one per input shape and layout); more: the oldest go
+_frozen_dicts = weakref.WeakValueDictionary()   # id -> every frozen module's _PlanDict (for clear_caches)
+
+
+def _clear_frozen_plans() -> None:
+    for d in list(_frozen_dicts.values()):
+        d.clear()
+
+
+_plans_mod.register_clear("rawconv.pytorch.fused:frozen modules' plans", _clear_frozen_plans)
 
 # bumped after every optimizer step in the process (torch.optim's global step hook, registered at the
 # first freeze): fused optimizers (Adam(fused=True), fused SGD) update parameters without moving their
@@ -506,9 +549,15 @@ def _watch_optimizers() -> None:
 class _PlanDict(dict):
     """A frozen module's oneDNN plans (problem -> :class:`FusedConvolution` holding the snapshot
     reordered), and its :class:`_FrozenState` (``state``). Copies and pickles of the module start
-    with none (plans hold C objects)."""
+    with none (plans hold C objects). :func:`rawconv.clear_caches` empties every one (the module
+    makes its plans again at its next call); their buffers count against the plans' byte budget
+    (:func:`rawconv.set_cache_limit`) as every oneDNN plan's do."""
 
     state = None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _frozen_dicts[id(self)] = self
 
     def __deepcopy__(self, memo):
         return _PlanDict()
@@ -783,12 +832,12 @@ def _run(x, w, bias, residual, stride, padding, dilation, groups, activation, ba
         return plan.run(x, w, bias, residual, inplace=residual_inplace)
     if isinstance(plan, _CudaFallback):
         return plan.run(x, w, bias, residual)
-    if residual is not None:
-        return plan.run(x, w, bias, residual)
     if plan.problem.is_empty:
-        return _torch_tail(torch.zeros(plan.problem.y_shape, dtype=x.dtype, device=x.device), bias, None,
+        return _torch_tail(torch.zeros(plan.problem.y_shape, dtype=x.dtype, device=x.device), bias, residual,
                            activation, plan.problem)
-    return plan.execute(x, w, bias)
+    y = plan.run(x, w, bias, residual) if residual is not None else plan.execute(x, w, bias)
+    tail = getattr(plan, "torch_activation", None)   # an activation the graph does not hold (CUDNN_UNFUSED)
+    return apply_activation(y, tail, inplace=True) if tail else y
 
 
 # ---------------------------------------------------------------------------- the torch operator
@@ -915,20 +964,61 @@ def _(x, w, bias, residual, stride, padding, dilation, groups, activation, backe
     return y
 
 
+# activations whose derivative torch computes from the result (relu, sigmoid, tanh: aten's own
+# backward ops); the others need the pre-activation, recomputed in the backward (one more
+# convolution: the operator is meant for inference)
+_GRAD_FROM_OUTPUT = ("none", "relu", "sigmoid", "tanh")
+
+
 def _setup_context(ctx, inputs, output):
     x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision = inputs
-    ctx.save_for_backward(x, w, output if activation == "relu" else None)
+    activation = _check_activation(activation)
+    if activation in _GRAD_FROM_OUTPUT:
+        ctx.save_for_backward(x, w, output if activation != "none" else None, None, None)
+    else:
+        ctx.save_for_backward(x, w, None, bias, residual)
     ctx.conf = (tuple(stride), tuple(padding), tuple(dilation), groups, activation, backend, precision,
                 bias is not None, residual is not None)
 
 
+def _activation_grad(gy, y, z_of, activation: str):
+    """dL/dz of ``y = activation(z)`` as torch's own backward ops compute it (``z_of()``: the
+    pre-activation, recomputed, for those that need it)."""
+    aten = torch.ops.aten
+    if activation == "none":
+        return gy
+    if activation == "relu":
+        return aten.threshold_backward(gy, y, 0)
+    if activation == "sigmoid":
+        return aten.sigmoid_backward(gy, y)
+    if activation == "tanh":
+        return aten.tanh_backward(gy, y)
+    z = z_of()
+    if activation == "relu6":
+        return aten.hardtanh_backward(gy, z, 0.0, 6.0)
+    if activation == "silu":
+        return aten.silu_backward(gy, z)
+    if activation in ("gelu", "gelu_tanh"):
+        return aten.gelu_backward(gy, z, approximate="tanh" if activation == "gelu_tanh" else "none")
+    if activation == "hardswish":
+        return aten.hardswish_backward(gy, z)
+    if activation == "hardsigmoid":
+        return aten.hardsigmoid_backward(gy, z)
+    raise NotSupportedError(f"no backward for activation {activation!r}")
+
+
 def _backward(ctx, gy):
-    x, w, y = ctx.saved_tensors
+    x, w, y, bias, residual = ctx.saved_tensors
     stride, padding, dilation, groups, activation, backend, precision, has_b, has_r = ctx.conf
     if torch.is_grad_enabled():
         raise NotSupportedError("double backward through rawconv::conv_bias_act is not implemented "
                                 "(convert(..., fuse=False) for higher-order gradients)")
-    gz = gy * (y > 0) if activation == "relu" else gy
+
+    def z_of():   # the pre-activation conv(x, w) + b + r, through the operator itself (no activation)
+        return torch.ops.rawconv.conv_bias_act(x, w, bias, residual, list(stride), list(padding), list(dilation),
+                                               groups, "none", backend, None, precision)
+
+    gz = _activation_grad(gy, y, z_of, activation)
     # through the registered backward operators (their fake kernels let torch.compile trace this
     # backward: a direct library call would ask a FakeTensor for its data pointer)
     from . import ops as _ops
@@ -1000,7 +1090,8 @@ def conv_bias_act(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = 
     ``x``: (N, C, *spatial) or unbatched, NCHW or channels_last; ``w``: (K, C/groups, *kernel);
     ``bias``: (K,) or None; ``residual``: a tensor of the output's shape (N, K, *out) or None;
     ``padding``: int, tuple, ``"same"``/``"valid"`` or one ``(before, after)`` pair per spatial
-    dim; ``activation``: ``"relu"`` or ``"none"``; ``backend``: ``"auto"`` (by x's device),
+    dim; ``activation``: one of :data:`ACTIVATIONS` (``"relu"``, ``"silu"``, ``"gelu"``, ...; the
+    module notes say where each fuses); ``backend``: ``"auto"`` (by x's device),
     ``"onednn"`` (CPU: float32/bfloat16 where the CPU has it), ``"cudnn"`` (CUDA: one graph;
     float32/float16/bfloat16/float64); ``choice``: the oneDNN implementation (name, ``"name@user"``,
     position) or the cuDNN engine config name (``"eng28{k2=3}"``); ``precision``: ``"strict"``,

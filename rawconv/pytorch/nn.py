@@ -9,8 +9,9 @@ Quick use::
     conv.cuda()                          # follows the device: cuDNN now (a oneDNN choice is dropped)
 
     model = rawconv.nn.convert(torchvision_model)                   # every conv swapped, weights kept
-    model = rawconv.nn.convert(model.eval(), fuse=True, autotune=x) # BN folded, conv+bias(+add)+ReLU fused,
-                                                                    # each distinct problem tuned once and
+    model = rawconv.nn.convert(model.eval(), fuse=True, autotune=x) # BN folded, conv+bias(+add)+activation
+                                                                    # fused where measured faster, each
+                                                                    # distinct problem tuned once and
                                                                     # pinned to that problem
     print(rawconv.nn.describe(model, x))                            # per layer: rawconv vs torch
 
@@ -38,6 +39,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
+import math
 import operator
 import threading
 import time
@@ -49,7 +52,9 @@ import torch
 import torch.nn.functional as F
 
 from . import autocast as _autocast
+from . import fallback as _fallback
 from . import fused as _fused
+from . import fusion as _fusion
 from .. import onednn
 from ..core.grad import functorch_active as _functorch, has_tangent as _has_tangent
 from ..core.errors import ArgumentError, ArgumentTypeError, InternalError, NotSupportedError, RawconvError
@@ -58,11 +63,12 @@ from ..core.options import PRECISIONS
 from ..core.problem import ConvProblem, empty_like_layout, shape_only, tuple_arg
 
 _autocasting = torch._C._is_any_autocast_enabled
+log = logging.getLogger("rawconv.nn")
 
 __all__ = ["conv", "conv_transpose", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
            "ConvTranspose3d", "ConvBiasAct1d", "ConvBiasAct2d", "ConvBiasAct3d", "convert", "describe",
            "LayerReport", "ConvertReport", "print_table", "BACKENDS", "pinned_choices", "pin_choices",
-           "refresh", "TunedChoice", "AUTOTUNE_NEW"]
+           "refresh", "TunedChoice", "AUTOTUNE_NEW", "torch_fallbacks"]
 
 BACKENDS = ("auto", "onednn", "cudnn")
 
@@ -133,6 +139,32 @@ def _is_step(c) -> bool:
     from .ops import _is_step as is_step
 
     return is_step(c)
+
+
+def _choice_library(c: Any, what: str) -> str | None:
+    """The library a choice string is written for, by its grammar alone (no tensors needed):
+    ``"onednn"`` (``"jit:avx2@any"``), ``"cudnn"`` (``"IMPLICIT_PRECOMP_GEMM@fma"``,
+    ``"eng28{k2=3}"``), or None (not a string; a (data, weights) pair: its first string). Raises
+    :class:`ArgumentError` for a string no backend's grammar fits, with the spelling it may mean
+    (``"JIT:AVX512_CORE"``: oneDNN's names are lowercase) and the forms each library's names take."""
+    if isinstance(c, (tuple, list)):
+        libs = [_choice_library(p, f"{what}[{i}]") for i, p in enumerate(c)]
+        return next((lib for lib in libs if lib is not None), None)
+    if not isinstance(c, str):
+        return None
+    from ..core.backend import backends_naming, spelling_suggestions
+
+    named = backends_naming(c)
+    if named:
+        return "cudnn" if named[0].device_type == "cuda" else "onednn"
+    near = spelling_suggestions(c)
+    raise ArgumentError(
+        f"{what}={c!r} is not a name of any rawconv backend" + (f": did you mean {' or '.join(map(repr, near))}?"
+                                                                if near else "")
+        + " (oneDNN implementations are lowercase 'kind:isa', optionally with '@any' / '@user': 'jit:avx2', "
+        "'x64:gemm:jit@any', listed by rawconv.onednn.implementations(x, w); cuDNN algorithms 'ALGO@math': "
+        "'IMPLICIT_PRECOMP_GEMM@fma', listed by rawconv.cudnn.algorithms(x, w); cuDNN graph engine configs "
+        "'eng28{k2=3}', listed by rawconv.cudnn_graph.engines(x, w))")
 
 
 def _resolve_backend(backend: str, device: torch.device) -> str:
@@ -260,6 +292,7 @@ def _ops_module():
 USE_OPS = True   # route through rawconv.ops (torch.library operators) when that module exists
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 _get_ident = onednn._get_ident   # (thread, its OpenMP count): the modules' argument packs are per thread
+_F32 = torch.float32
 _OPS: list = [None]   # rawconv.ops, once loaded (the modules' per-call path)
 
 
@@ -467,7 +500,11 @@ class _RawconvConv:
     _transposed = False
 
     def _rawconv_init(self, backend="auto", choice=None, backward_choice=None, precision=None, impl=None,
-                      backward_impl=None, fpmath=None):
+                      backward_impl=None, fpmath=None, fallback="torch"):
+        if fallback not in _fallback.MODES:
+            raise ArgumentError(f"fallback must be one of {list(_fallback.MODES)} (\"torch\": what rawconv cannot run "
+                                f"runs on torch's own kernel, said once and counted), got {fallback!r}")
+        self.fallback = fallback
         self.backend = _check_backend(backend)
         what, bwhat = ("impl" if impl is not None else "choice"), ("backward_impl" if backward_impl is not None
                                                                    else "backward_choice")
@@ -479,6 +516,13 @@ class _RawconvConv:
         self.backward_choice = _check_choice(backward_choice, bwhat, pair=True)
         self.precision = _check_precision(_alias(precision, fpmath, "precision", "fpmath", "strict"))
         self._choice_backend = self._device_backend()
+        named = _choice_library(self.choice, "impl" if impl is not None else "choice") or \
+            _choice_library(self.backward_choice, "backward_choice")
+        if named is not None and self.backend == "auto":
+            # a name of the other device's library (a cuDNN algorithm on a module built on the CPU, to
+            # be moved with .cuda()): kept for that device; a call on this one says what it needs
+            self._choice_backend = named
+        self.__dict__["_rawconv_device"] = self.weight.device.type if self.weight is not None else "cpu"
 
     # old names
     impl = property(lambda self: self.choice, lambda self, v: setattr(self, "choice", v))
@@ -503,8 +547,12 @@ class _RawconvConv:
         if not hasattr(self, "backend"):   # during __init__ (torch moves parameters before _rawconv_init)
             return
         dev = self.weight.device.type
+        stayed = self.__dict__.get("_rawconv_device") == dev
+        self.__dict__["_rawconv_device"] = dev
         want = "cudnn" if dev == "cuda" else "onednn" if dev == "cpu" else None
-        if want is None:
+        if want is None or (stayed and self.backend in ("auto", want)):
+            # (.half(), .float(), .to(dtype): the device stays, and so do choices named for the other
+            # device's library, e.g. a cuDNN algorithm on a module built on the CPU to be moved later)
             return
         if self.backend != "auto" and self.backend != want:
             self.backend = want
@@ -522,16 +570,40 @@ class _RawconvConv:
             self._choice_backend = want
 
     def __getstate__(self):
-        """A copy (``copy.deepcopy``) or a pickle without the argument pack of :meth:`forward` (its
-        plans hold the library's objects, which neither copies nor pickles): the copy makes its own."""
+        """A pickle without the argument pack of :meth:`forward` (its plans hold the library's
+        objects, which neither copies nor pickles): the unpickled module makes its own."""
         state = super().__getstate__()
         state.pop("_rawconv_entry", None)
         return state
 
+    def __deepcopy__(self, memo):
+        """A copy (``copy.deepcopy``) as torch's default one (the same class, ``__setstate__`` of
+        the deep-copied ``__dict__``), without the argument pack of :meth:`forward`: the copy
+        makes its own. Defined here, not left to ``__getstate__``, so that it also holds under
+        ``torch.nn.utils.parametrize`` (whose injected class deep-copies ``__dict__`` unless the
+        module class has its own ``__deepcopy__``; ``weight_norm``, ``spectral_norm``,
+        ``AveragedModel``)."""
+        cls = type(self)
+        replica = cls.__new__(cls)
+        memo[id(self)] = replica
+        state = {k: v for k, v in self.__dict__.items() if k != "_rawconv_entry"}
+        replica.__setstate__(copy.deepcopy(state, memo))
+        return replica
+
     def _padded(self, x):
-        """(input, padding) for the library: non-'zeros' padding modes pad in torch first."""
+        """(input, padding) for the library: non-'zeros' padding modes pad in torch first
+        (``F.pad``; its refusal of the input, e.g. a reflect padding not smaller than the input,
+        is raised as :class:`ArgumentError` with torch's message: a ``RuntimeError`` as torch's)."""
         if self.padding_mode != "zeros":
-            return F.pad(x, self._reversed_padding_repeated_twice, mode=self.padding_mode), 0
+            try:
+                return F.pad(x, self._reversed_padding_repeated_twice, mode=self.padding_mode), 0
+            except (RuntimeError, ValueError, NotImplementedError) as exc:
+                new = _guard.translate(exc, f"rawconv.nn.{type(self).__name__}.forward")
+                if new is None or not isinstance(new, InternalError):
+                    raise
+                raise ArgumentError(f"{type(self).__name__}: padding_mode={self.padding_mode!r} with padding "
+                                    f"{self._reversed_padding_repeated_twice} on input {tuple(x.shape)}: torch's "
+                                    f"F.pad says: {exc}") from exc
         return x, self.padding
 
     def _tuned_for(self, kind: str, x, extra, args: dict, w=None):
@@ -551,6 +623,8 @@ class _RawconvConv:
             if t is None and self.__dict__.get(_NEW_ATTR) is not None and _can_search_now(x):
                 t = _search_new(self, kind, args, key)
             if t is not None:
+                if t.backend == "onednn" and t.__dict__.get(_OFFERED_ON) != _onednn_here():
+                    t = _offered_here(self, kind, args, key, t)   # tuned on another CPU (or oneDNN)
                 return (t.choice if choice is None else choice), (t.backward_choice if bwd is None else bwd)
         return choice, bwd
 
@@ -584,6 +658,19 @@ class _RawconvConv:
         return self._tuned_for(kind, x, extra, args)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if type(x) in _PLAIN_TENSORS and (x.dtype is not _F32 or not (x.is_cpu or x.is_cuda) or not self.in_channels):
+            why = _fallback.reason_for(self, x)   # (float32 CPU/CUDA tensors never fall back: no look-up)
+            if why is not None:   # float64 on the CPU, complex, no f16 here...: torch's own kernel
+                return _fallback.run(self, why, self._torch_base, x)
+        try:
+            return self._rawconv_forward(x)
+        except NotSupportedError as exc:   # the library has no implementation of this problem, none pinned
+            if not _fallback.library_refused(exc) or not _fallback.may_fall_back(self) or \
+                    self.__dict__.get(_TUNED_ATTR) or type(x) not in _PLAIN_TENSORS:
+                raise
+            return _fallback.run(self, _fallback.unsupported_reason(exc), self._torch_base, x)
+
+    def _rawconv_forward(self, x: torch.Tensor) -> torch.Tensor:
         d = self.__dict__
         if self.padding_mode == "zeros" and not _RECORDING and type(x) in _PLAIN_TENSORS and USE_OPS \
                 and not torch.compiler.is_compiling():
@@ -650,6 +737,19 @@ class _RawconvConvTranspose(_RawconvConv):
     _transposed = True
 
     def forward(self, x: torch.Tensor, output_size: Sequence[int] | None = None) -> torch.Tensor:
+        if type(x) in _PLAIN_TENSORS and (x.dtype is not _F32 or not (x.is_cpu or x.is_cuda) or not self.in_channels):
+            why = _fallback.reason_for(self, x)
+            if why is not None:
+                return _fallback.run(self, why, self._torch_base, x, output_size)
+        try:
+            return self._rawconv_forward(x, output_size)
+        except NotSupportedError as exc:
+            if not _fallback.library_refused(exc) or not _fallback.may_fall_back(self) or \
+                    self.__dict__.get(_TUNED_ATTR) or type(x) not in _PLAIN_TENSORS:
+                raise
+            return _fallback.run(self, _fallback.unsupported_reason(exc), self._torch_base, x, output_size)
+
+    def _rawconv_forward(self, x: torch.Tensor, output_size: Sequence[int] | None = None) -> torch.Tensor:
         if self.padding_mode != "zeros":
             raise ArgumentError(f"only 'zeros' padding mode is supported for {type(self).__name__}")
         nd = len(self.kernel_size)
@@ -675,15 +775,18 @@ def _module(base, mixin, doc: str):
     class Module(mixin, base):
         def __init__(self, *args, backend: str = "auto", choice: Any = None, backward_choice: Any = None,
                      precision: str | None = None, impl: Any = None, backward_impl: Any = None,
-                     fpmath: str | None = None, **kwargs):
+                     fpmath: str | None = None, fallback: str = "torch", **kwargs):
             base.__init__(self, *args, **kwargs)
-            self._rawconv_init(backend, choice, backward_choice, precision, impl, backward_impl, fpmath)
+            self._rawconv_init(backend, choice, backward_choice, precision, impl, backward_impl, fpmath, fallback)
 
     Module.__name__ = Module.__qualname__ = base.__name__
     Module.__module__ = __name__
+    Module._torch_base = base
     Module.__doc__ = (f"``torch.nn.{base.__name__}`` on rawconv: same arguments and state_dict, plus ``backend`` "
                       "(\"auto\" | \"onednn\" | \"cudnn\"), ``choice``, ``backward_choice``, ``precision`` "
-                      "(old names ``impl``, ``backward_impl``, ``fpmath``). " + doc)
+                      "(old names ``impl``, ``backward_impl``, ``fpmath``) and ``fallback`` (\"torch\": a call no "
+                      "rawconv library can run, such as float64 on the CPU, runs on torch's own kernel, said once "
+                      "and counted, :mod:`rawconv.pytorch.fallback`; \"error\": refused). " + doc)
     return Module
 
 
@@ -726,6 +829,14 @@ class _ConvBiasAct(_RawconvConv):
         return args
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        if type(x) in _PLAIN_TENSORS and (x.dtype is not _F32 or not (x.is_cpu or x.is_cuda) or not self.in_channels):
+            why = _fallback.reason_for(self, x)
+            if why is not None:   # torch's convolution, then the BatchNorm, the add and the activation
+                _fallback.note(self, why)
+                y = self._torch_base._conv_forward(self, x, self.weight, self.bias)
+                bn = self.__dict__.get(_fused.BN_KEY)
+                y = bn(y) if bn is not None else y
+                return _fused.apply_activation(y + residual if residual is not None else y, self.activation)
         x, padding = self._padded(x)
         stride, pads, dilation = self._op_args()
         w, b, d = self.weight, self.bias, self.__dict__
@@ -769,15 +880,27 @@ class _ConvBiasAct(_RawconvConv):
             y = torch.ops.rawconv.conv_bias_act(x, w, b, None, stride, pads, dilation, self.groups,
                                                 "none", self.backend, None, self.precision)
             y = y + residual
-            return torch.relu(y) if self.activation == "relu" else y
+            return _fused.apply_activation(y, self.activation)
         if _RECORDING:
             _record(self, "fused", x=x, padding=padding, residual=residual, w=w, b=b)
         if not isinstance(x, torch.Tensor):
             raise ArgumentTypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-        if type(x) is torch.Tensor and not compiling and not _autocasting() and not (torch.is_grad_enabled() and (
-                x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)
-                or (residual is not None and residual.requires_grad))) \
-                and not _functorch() and not _has_tangent(x, residual):
+        eager = type(x) is torch.Tensor and not compiling and not _autocasting() and not (torch.is_grad_enabled() and (
+            x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)
+            or (residual is not None and residual.requires_grad))) and not _functorch() and not _has_tangent(x, residual)
+        unfused = d.get(_fusion.UNFUSED_ATTR)
+        if unfused and not recording and self.choice is None and not _autocasting():
+            # convert(fuse=True, autotune=x) measured this problem faster unfused: the convolution with
+            # its bias, then torch's own add and activation (rawconv.pytorch.fusion); a choice set on
+            # the module itself (pin_choices) names a fused implementation and runs it
+            key = _sig_of("fused", x, self.weight, residual is not None)
+            c = unfused.get(key)
+            if c is not None:
+                if x.is_cpu and (d.get(_UNFUSED_OFFERED_ON) or {}).get(key) != _onednn_here():
+                    # (measured on another CPU or oneDNN: a saved model loaded here)
+                    c = _unfused_offered_here(self, key, c, {"x": x, "padding": padding, "w": w, "b": b})
+                return _fusion.run_unfused(self, x, w, b, residual, stride, pads, dilation, c, plans, eager)
+        if eager:
             # (a torch.func transform's batched tensors have no data pointer; a forward-mode tangent
             # would be dropped: both go through the operator, which runs or refuses them)
             # eager inference: the operator's kernel directly (the dispatcher's round trip costs host time)
@@ -819,7 +942,7 @@ class _ConvBiasAct(_RawconvConv):
             y = bn(y)
         if residual is not None:
             y = y + residual
-        return torch.relu(y) if self.activation == "relu" else y
+        return _fused.apply_activation(y, self.activation)
 
     def _frozen_choice(self, x, residual):
         """The forward choice of a frozen module's new oneDNN plan for this (padded) input: the
@@ -893,10 +1016,13 @@ def _fused_module(base, name):
 
     Module.__name__ = Module.__qualname__ = name
     Module.__module__ = __name__
+    Module._torch_base = base
     Module.__doc__ = (f"``activation(conv(x) + bias + residual)`` as ONE library call: a ``torch.nn.{base.__name__}`` "
-                      "(same constructor and state_dict) plus ``activation`` (\"relu\" | \"none\"), ``backend``, "
-                      "``choice``, ``precision``; ``forward(x, residual=None)``. CPU: oneDNN post-ops (sum, "
-                      "eltwise_relu); CUDA: one cuDNN graph. Differentiable once (meant for inference).")
+                      "(same constructor and state_dict) plus ``activation`` (one of rawconv.fused.ACTIVATIONS: "
+                      "\"relu\", \"relu6\", \"silu\", \"gelu\", \"gelu_tanh\", \"hardswish\", \"hardsigmoid\", "
+                      "\"sigmoid\", \"tanh\", \"none\"), ``backend``, ``choice``, ``precision``; "
+                      "``forward(x, residual=None)``. CPU: oneDNN post-ops (sum, eltwise); CUDA: one cuDNN graph "
+                      "(hardswish and hardsigmoid in torch after it). Differentiable once (meant for inference).")
     return Module
 
 
@@ -927,7 +1053,22 @@ class ConvertReport:
     show runs: ``"default"`` or ``"search"``). Each ``tuned`` entry (one per layer and distinct
     problem) also holds ``backward_choice`` (the pair pinned for its backward passes, None: the
     libraries' defaults), ``directions`` (every pinned choice by library direction) and
-    ``backward_searched``."""
+    ``backward_searched``.
+
+    ``fusion`` (module name -> dict; ``fuse=True`` with ``autotune=``, oneDNN layers): whether the
+    fused call was measured faster than the same convolution with only its bias fused followed by
+    torch's own add and activation (:func:`rawconv.pytorch.fusion.measure_cpu`): ``decision``
+    (``"fused"`` / ``"unfused"``), ``fused_ms`` / ``unfused_ms`` (median ms per call over the
+    rounds), ``fused_min_ms`` / ``unfused_min_ms``, ``rounds``, ``reason``, ``fused_choice`` /
+    ``unfused_choice``, ``measured`` (False: the decision of an earlier layer of the same problem);
+    or ``{"decision": ..., "reason": ...}`` where it was not measured here (cuDNN layers: their graph
+    autotune's choice, an ``"unfused:"`` config or a fused one; nothing to unfuse). ``fusion_measured``: False when ``fuse=True`` had no example input to measure on
+    (every fusable layer fused, as before).
+
+    ``fallback`` (layer name -> reason): the layers whose calls run on torch's own kernel because no
+    rawconv library can run them (their parameters' dtype or device: float64 on the CPU, a
+    float16 model where this CPU's oneDNN has no float16...; or seen so during the autotune's
+    example run): :mod:`rawconv.pytorch.fallback`."""
 
     swapped: list = field(default_factory=list)
     folded: list = field(default_factory=list)
@@ -939,6 +1080,9 @@ class ConvertReport:
     backward: bool = False
     autotune_new: str = "default"
     timing_warnings: list = field(default_factory=list)   # each search's TimingWarning text (a busy machine)
+    fusion: dict = field(default_factory=dict)
+    fusion_measured: bool | None = None
+    fallback: dict = field(default_factory=dict)   # layer name -> why its calls run on torch's own kernel
 
     def __str__(self) -> str:
         n = len(self.tuned)
@@ -948,6 +1092,13 @@ class ConvertReport:
                  f"folded, {len(self.fused)} fused ({', '.join(sorted(set(self.fused.values()))) or 'none'})"]
         if self.traced is False:
             lines.append(f"  torch.fx could not trace the model ({self.trace_error}): module-level fusion only")
+        if self.fallback:
+            by: dict = {}
+            for name, why in self.fallback.items():
+                by.setdefault(why, []).append(name or "(the model)")
+            for why, names in by.items():
+                lines.append(f"  {len(names)} layer(s) run on torch's own kernel: {why} ({', '.join(names[:6])}"
+                             f"{', ...' if len(names) > 6 else ''})")
         if n:
             lines.append(f"  autotune: {n} layers, {distinct} distinct problems, {searched} searched, "
                          f"{self.autotune_s:.2f} s")
@@ -960,12 +1111,122 @@ class ConvertReport:
             lines.append("  other problems (batch size, layout, dtype, size) than the example's: "
                          + ("searched at their first call" if self.autotune_new == "search"
                             else "the libraries' defaults (autotune_new='search' searches them)"))
+            vs = [t for t in self.tuned if t.get("searched") and t.get("vs_torch")]
+            if vs:
+                g = math.exp(sum(math.log(t["vs_torch"]) for t in vs) / len(vs))
+                worst = min(vs, key=lambda t: t["vs_torch"])
+                slow = sum(1 for t in vs if t["vs_torch"] < 0.97)
+                lines.append(f"  against torch's own call (cudnn.benchmark on), GPU time, {len(vs)} searched problems: "
+                             f"geomean {g:.3f}x (torch / rawconv), {slow} more than 3% slower than torch, worst "
+                             f"{worst['vs_torch']:.3f}x ({worst['name']}: rawconv {worst['choice']}, torch "
+                             f"{worst.get('torch_engine', '?')}); per layer: report.table()")
+        lines += self._fusion_lines()
         return "\n".join(lines)
+
+    def table(self) -> str:
+        """One line per searched layer: what rawconv runs, what torch ran (its cuDNN engine, with
+        ``cudnn.benchmark`` on), both GPU times and their ratio (torch / rawconv), and any note."""
+        rows = [f"{'layer':<28} {'kind':<6} {'rawconv runs':<34} {'torch runs':<11} {'rawconv ms':>10} "
+                f"{'torch ms':>9} {'ratio':>6}"]
+        for t in self.tuned:
+            if not t.get("searched"):
+                continue
+            ratio = t.get("vs_torch")
+            rows.append(f"{t['name'][:28]:<28} {t['kind']:<6} {str(t['choice'])[:34]:<34} "
+                        f"{str(t.get('torch_engine', '-')):<11} "
+                        f"{t.get('rawconv_ms', float('nan')):>10.4f} {t.get('torch_ms', float('nan')):>9.4f} "
+                        f"{(f'{ratio:.3f}' if ratio else '-'):>6}"
+                        + (f"  {t['vs_torch_note']}" if t.get("vs_torch_note") else ""))
+        return "\n".join(rows)
+
+    def _fusion_lines(self) -> list:
+        if self.fused and self.fusion_measured is False:
+            return ["  fusion not measured (no example input; convert(..., autotune=x) keeps a fused layer only "
+                    "where it is measured faster): every fusable layer fused"]
+        if not self.fusion_measured:
+            return []
+        timed = [k for k, e in self.fusion.items() if "fused_ms" in e]
+        unf = [k for k in timed if self.fusion[k]["decision"] == "unfused"]
+        out = [f"  fusion measured on {len(timed)} layers (fused vs conv + bias, then torch's add and activation): "
+               f"{len(timed) - len(unf)} kept fused, {len(unf)} unfused"]
+        out += [f"    {k}: unfused: {self.fusion[k].get('reason', '')}" for k in unf]
+        return out
+
+
+def _plain_subclass_base(t: type):
+    """The torch conv class ``t`` subclasses without changing how it computes (no ``forward``,
+    ``_conv_forward`` or ``_output_padding`` of its own, not rawconv's: torchvision's
+    ``Conv3DSimple``, which r3d_18 is made of), else None."""
+    if t in _SWAP or issubclass(t, _RawconvConv):
+        return None
+    for base in _SWAP:
+        if issubclass(t, base):
+            same = all(getattr(t, a, None) is getattr(base, a, None) for a in ("forward", "_conv_forward",
+                                                                                 "_output_padding"))
+            return base if same else None
+    return None
+
+
+_SUBCLASS_PREFIX = "_Rawconv__"
+
+
+def _subclass_name(t: type) -> str:
+    """An importable name in this module for the rawconv twin of a plain subclass ``t`` (the name
+    says where ``t`` lives, so that an unpickling process can make the class again)."""
+    return _SUBCLASS_PREFIX + f"{t.__module__}.{t.__qualname__}".replace("_", "_u").replace(".", "_d")
+
+
+def _subclass_twin(t: type, base: type) -> type:
+    """The rawconv twin of ``t`` (a plain subclass of torch's ``base``), made once: a subclass of
+    both rawconv's class for ``base`` and ``t`` (``isinstance(m, t)`` still holds, ``t``'s other
+    methods stay), computing as rawconv's class; registered in this module so that pickles find it."""
+    name = _subclass_name(t)
+    cls = globals().get(name)
+    if cls is None:
+        cls = type(t.__name__, (_SWAP[base], t), {"__module__": __name__, "__qualname__": name,
+                                                  "__doc__": f"{t.__module__}.{t.__qualname__} on rawconv "
+                                                             f"(as {_SWAP[base].__name__})"})
+        globals()[name] = cls
+    return cls
+
+
+def __getattr__(name: str):   # an unpickled model's subclass twin, made again in a fresh process
+    if name.startswith(_SUBCLASS_PREFIX):
+        import importlib
+
+        path = name[len(_SUBCLASS_PREFIX):].replace("_d", ".").replace("_u", "_")
+        mod, _, qual = path.rpartition(".")
+        for cut in range(path.count(".")):   # the module part is the longest importable prefix
+            try:
+                t = importlib.import_module(mod)
+                for part in qual.split("."):
+                    t = getattr(t, part)
+                base = _plain_subclass_base(t) if isinstance(t, type) else None
+                if base is not None:
+                    return _subclass_twin(t, base)
+                break
+            except (ImportError, AttributeError):
+                mod, _, head = mod.rpartition(".")
+                qual = f"{head}.{qual}"
+                if not mod:
+                    break
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _swap_class(m: torch.nn.Module):
+    """The rawconv class ``m`` becomes, or None: an exact torch conv class's twin, or a plain
+    subclass's (:func:`_subclass_twin`)."""
+    cls = _SWAP.get(type(m))
+    if cls is not None:
+        return cls
+    base = _plain_subclass_base(type(m))
+    return None if base is None else _subclass_twin(type(m), base)
 
 
 def _swap_module(m: torch.nn.Module, backend, choice, precision) -> torch.nn.Module:
-    """``m`` (an exact torch conv class) as the rawconv class, sharing its parameters and buffers."""
-    cls = _SWAP[type(m)]
+    """``m`` (a torch conv class, or a plain subclass of one: :func:`_swap_class`) as the rawconv
+    class, sharing its parameters and buffers."""
+    cls = _swap_class(m)
     new = cls.__new__(cls)
     new.__dict__.update(m.__dict__)
     new._rawconv_init(backend, choice, None, precision)
@@ -1012,22 +1273,19 @@ def _foldable_bn(conv, bn) -> bool:
 
 
 def _fusable_conv(m) -> bool:
-    """A forward conv whose forward is torch's or rawconv's (not a user subclass, not fused yet)."""
-    return type(m) in _TORCH_CONVS or type(m) in (Conv1d, Conv2d, Conv3d)
+    """A forward conv whose forward is torch's or rawconv's (not a user subclass that computes its
+    own way, not fused yet)."""
+    t = type(m)
+    if t in _TORCH_CONVS or t in (Conv1d, Conv2d, Conv3d):
+        return True
+    base = _plain_subclass_base(t)
+    if base is not None:
+        return base in _TORCH_CONVS
+    return isinstance(m, (Conv1d, Conv2d, Conv3d)) and not isinstance(m, _ConvBiasAct) and \
+        t.__qualname__.startswith(_SUBCLASS_PREFIX)
 
 
-_RELU_FUNCS = (torch.relu, torch.relu_, F.relu, getattr(torch.nn.functional, "relu_", F.relu))
 _ADD_FUNCS = (operator.add, operator.iadd, torch.add)
-
-
-def _is_relu(node, modules) -> bool:
-    if node.op == "call_module":
-        return type(modules.get(node.target)) is torch.nn.ReLU
-    if node.op == "call_function":
-        return node.target in _RELU_FUNCS and len(node.args) == 1 and not {k for k in node.kwargs if k != "inplace"}
-    if node.op == "call_method":
-        return node.target in ("relu", "relu_") and len(node.args) == 1 and not node.kwargs
-    return False
 
 
 def _add_other(node, src):
@@ -1063,15 +1321,17 @@ def _depends_on(node, target) -> bool:
 
 
 def _fuse_fx(model, report: ConvertReport, backend, choice, precision):
-    """torch.fx pattern rewrite: conv -> BatchNorm folded; conv [-> add(residual)] [-> relu] as one
-    ConvBiasAct module. Returns the GraphModule."""
+    """torch.fx pattern rewrite: conv -> BatchNorm folded; conv [-> add(residual)] [-> activation] as one
+    ConvBiasAct module (the activations of :func:`rawconv.pytorch.fusion.activation_of_node`).
+    Returns the GraphModule."""
     import torch.fx as fx
 
     class Tracer(fx.Tracer):
         # rawconv's own modules are calls to keep (a model converted before): fx must not trace into
         # their forward, which checks its input is a real tensor
-        def is_leaf_module(self, m, qualname):
-            return isinstance(m, _RawconvConv) or super().is_leaf_module(m, qualname)
+        def is_leaf_module(self, m, qualname):   # (and plain subclasses of torch's convs: convert swaps them)
+            return isinstance(m, _RawconvConv) or _plain_subclass_base(type(m)) is not None or \
+                super().is_leaf_module(m, qualname)
 
     tracer = Tracer()
     graph = tracer.trace(model)
@@ -1093,7 +1353,7 @@ def _fuse_fx(model, report: ConvertReport, backend, choice, precision):
     _mark_inplace_residuals(graph, modules)
     graph.lint()
     gm.recompile()
-    gm.delete_all_unused_submodules()   # ReLUs no longer called
+    gm.delete_all_unused_submodules()   # activations no longer called
     for bn_name, bn in bns.values():   # the folded BatchNorms stay, where they were: state_dict as the model's
         gm.add_submodule(bn_name, bn)
     return gm
@@ -1128,10 +1388,10 @@ def _fold_batchnorms_fx(graph, modules: dict, calls: dict, fusable, report: Conv
 
 def _fuse_chains_fx(gm, modules: dict, fusable, bns: dict, report: ConvertReport, backend, choice, precision) -> None:
     """:func:`_fuse_fx`'s second pass over ``gm``'s graph: each fusable conv node, with the residual
-    add and ReLU after it, becomes one call of a fused module (its BatchNorm from ``bns`` folded
+    add and activation after it, becomes one call of a fused module (its BatchNorm from ``bns`` folded
     in) set in ``gm`` and ``modules``, recorded in ``report.fused``. Returns None."""
     graph = gm.graph
-    # conv [+ residual] [relu] -> one module
+    # conv [+ residual] [activation] -> one module
     erased = set()
     for node in list(graph.nodes):
         if node in erased or not fusable(node):
@@ -1145,9 +1405,10 @@ def _fuse_chains_fx(gm, modules: dict, fusable, bns: dict, report: ConvertReport
                 residual, last, add_node = other, users[0], users[0]
                 kind.append("add")
         nxt = list(last.users)
-        if len(nxt) == 1 and _is_relu(nxt[0], modules) and nxt[0].args[0] is last:
-            act, last = "relu", nxt[0]
-            kind.append("relu")
+        a = _fusion.activation_of_node(nxt[0], modules) if len(nxt) == 1 else None
+        if a is not None and nxt[0].args[0] is last:
+            act, last = a, nxt[0]
+            kind.append(a)
         name = node.target
         fused = _FUSED[conv_m.weight.dim() - 2].from_conv(
             conv_m, activation=act, bn=bns.get(name, (None, None))[1], backend=backend,
@@ -1158,7 +1419,7 @@ def _fuse_chains_fx(gm, modules: dict, fusable, bns: dict, report: ConvertReport
             new = graph.call_module(name, (node.args[0],) + ((residual,) if residual is not None else ()))
         last.replace_all_uses_with(new)
         # erase the pattern's nodes, last first
-        chain = [node] + ([add_node] if add_node is not None else []) + ([last] if act == "relu" else [])
+        chain = [node] + ([add_node] if add_node is not None else []) + ([last] if act != "none" else [])
         for n in reversed(chain):
             graph.erase_node(n)
             erased.add(n)
@@ -1206,7 +1467,7 @@ _HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_a
 
 
 class _FusedSequential(torch.nn.Sequential):
-    """An ``nn.Sequential`` whose Conv -> BatchNorm -> ReLU runs are computed by fused modules when
+    """An ``nn.Sequential`` whose Conv -> BatchNorm -> activation runs are computed by fused modules when
     the Sequential itself is called (what :func:`convert` does where torch.fx cannot trace the
     model). Its children are not touched: a child called on its own (``self.seq[0](x)``) or from
     elsewhere (a shared module) computes as before, and the fused path reads the children's own
@@ -1245,7 +1506,7 @@ class _FusedSequential(torch.nn.Sequential):
 
 def _fuse_sequential(model, report: ConvertReport, backend, choice, precision) -> None:
     """Module-level fusion where torch.fx cannot trace: each ``nn.Sequential`` with Conv ->
-    BatchNorm -> ReLU runs becomes a :class:`_FusedSequential` (its class swapped in place; its
+    BatchNorm -> activation runs becomes a :class:`_FusedSequential` (its class swapped in place; its
     children, and so the state_dict, unchanged) that computes each run as one fused module when the
     Sequential is called as a whole. The convolutions of those runs are swapped to rawconv's."""
     for seq_name, seq in list(model.named_modules()):
@@ -1258,7 +1519,7 @@ def _fuse_sequential(model, report: ConvertReport, backend, choice, precision) -
             m = seq._modules[keys[i]]
             full = f"{seq_name}.{keys[i]}" if seq_name else keys[i]
             if _fusable_conv(m) and m.weight.dim() - 2 in _FUSED:
-                if type(m) in _SWAP:
+                if _swap_class(m) is not None:
                     m = seq._modules[keys[i]] = _swap_module(m, backend, _choice_for(choice, full), precision)
                 j, bn, act = i + 1, None, "none"
                 if j < len(keys) and type(seq._modules[keys[j]]) in _BATCHNORMS and \
@@ -1266,8 +1527,9 @@ def _fuse_sequential(model, report: ConvertReport, backend, choice, precision) -
                     bn = seq._modules[keys[j]]
                     report.folded.append((full, f"{seq_name}.{keys[j]}" if seq_name else keys[j]))
                     j += 1
-                if j < len(keys) and type(seq._modules[keys[j]]) is torch.nn.ReLU:
-                    act = "relu"
+                a = _fusion.activation_of_module(seq._modules[keys[j]]) if j < len(keys) else None
+                if a is not None:
+                    act = a
                     j += 1
                 helper = _FUSED[m.weight.dim() - 2].from_conv(m, activation=act, bn=bn, backend=backend,
                                                               choice=_choice_for(choice, full), precision=precision)
@@ -1279,7 +1541,7 @@ def _fuse_sequential(model, report: ConvertReport, backend, choice, precision) -
                 steps.append(helper)
                 pairs.append((m, helper))
                 watched += [seq._modules[k] for k in keys[i:j]]
-                report.fused[full] = "relu" if act == "relu" else "bias"
+                report.fused[full] = act if act != "none" else "bias"
                 found = True
                 i = j
                 continue
@@ -1321,17 +1583,25 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
             autotune_new: str = "default") -> torch.nn.Module:
     """Run every convolution of ``model`` on rawconv, keeping its weights.
 
-    Every ``torch.nn.Conv1d/2d/3d`` and ``ConvTranspose1d/2d/3d`` (exact classes; subclasses with
-    their own forward are left alone) becomes the :mod:`rawconv.nn` module of the same class
-    family, sharing parameters and buffers (``state_dict`` keys unchanged). ``inplace=False``
+    Every ``torch.nn.Conv1d/2d/3d`` and ``ConvTranspose1d/2d/3d`` becomes the :mod:`rawconv.nn`
+    module of the same class family, sharing parameters and buffers (``state_dict`` keys
+    unchanged). A subclass that computes as torch's class (no ``forward`` or ``_conv_forward`` of
+    its own, e.g. torchvision's ``Conv3DSimple``) becomes a subclass of both (``isinstance`` with
+    the user's class holds, pickles find it); subclasses with their own forward are left alone. ``inplace=False``
     converts a deep copy. ``backend``, ``precision``: for every layer; ``choice``: one value for
     every layer, a dict {module name: choice} or a callable(name) -> choice.
 
     ``fuse=True`` (inference: the model must be in eval mode): with torch.fx
     (``symbolic_trace``) each forward convolution becomes one :class:`ConvBiasAct2d` (1d/3d)
     call together with what follows it: a BatchNorm with running statistics, a residual ``add``
-    (``out + identity``: the other operand is passed as the residual) and/or a ``relu``. The
-    result is then a ``torch.fx.GraphModule``. Nothing of the model's state changes: the
+    (``out + identity``: the other operand is passed as the residual) and/or an activation (ReLU,
+    ReLU6, SiLU, GELU erf or tanh, hardswish, hardsigmoid, sigmoid, tanh, in their module,
+    functional and method forms: :func:`rawconv.pytorch.fusion.activation_of_node`). The
+    result is then a ``torch.fx.GraphModule``. With ``autotune`` on the CPU, each fused layer
+    is then measured against its unfused form (the convolution with its bias, then torch's own
+    add and activation) and keeps the fused call only where that was faster
+    (``report.fusion``; :func:`rawconv.pytorch.fusion.measure_cpu`); without an example input every
+    fusable layer is fused and the report says fusion was not measured. Nothing of the model's state changes: the
     parameters stay the convolutions' own, each folded BatchNorm stays where it was (only its
     call goes), so ``state_dict`` keys and values are the original model's and
     ``load_state_dict`` of the original's checkpoint works. The fused modules are **frozen**:
@@ -1340,10 +1610,10 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
     the parameters and BatchNorm it was taken from (the objects, their version counters,
     optimizer steps, ``.to()``; see :func:`refresh`) and takes a new one when not. With autograd
     recording, or a BatchNorm in training mode, a fused module runs the convolution, then the
-    BatchNorm module itself, the add and the ReLU (train the converted model as the original).
+    BatchNorm module itself, the add and the activation (train the converted model as the original).
     The model may already be converted (rawconv's conv modules are fx leaf modules).
     When tracing fails (data-dependent control flow...) a warning says so and each
-    ``nn.Sequential`` with Conv -> BatchNorm -> ReLU runs computes each run as one fused module
+    ``nn.Sequential`` with Conv -> BatchNorm -> activation runs computes each run as one fused module
     when the Sequential itself is called (its children are untouched: called alone, or shared,
     they compute as before; :class:`_FusedSequential`).
 
@@ -1372,7 +1642,16 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
     autotune, autotune_backward = _convert_args(model, inplace, backend, precision, autotune, fuse, example_input,
                                                 autotune_budget_s, autotune_backward, autotune_new)
     if not inplace:
-        model = copy.deepcopy(model)
+        try:
+            model = copy.deepcopy(model)
+        except (RuntimeError, TypeError) as exc:   # torch's own refusal to copy this model
+            if isinstance(exc, RawconvError):
+                raise
+            raise ArgumentError(f"convert(inplace=False) converts a copy of the model, and copy.deepcopy of it "
+                                f"failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
+                                "(torch.nn.utils.weight_norm / spectral_norm leave a computed weight that torch "
+                                "cannot copy: use torch.nn.utils.parametrizations.weight_norm / spectral_norm, "
+                                "or convert the model itself with inplace=True)") from exc
     report = ConvertReport()
     traced = False
     if fuse:
@@ -1384,7 +1663,13 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
         for _name, m in _fused_modules(model):
             _fused.freeze(m)
     if autotune is not None:
-        _autotune(model, autotune, report, autotune_budget_s, autotune_backward, autotune_new)
+        _autotune(model, autotune, report, autotune_budget_s, autotune_backward, autotune_new, fuse)
+    elif fuse:
+        report.fusion_measured = False
+    for name, m in _conv_modules(model).items():   # what torch's kernel runs (predicted, or seen in the autotune)
+        why = _fallback.reason_for_parameters(m) or next(iter(m.__dict__.get("torch_fallbacks") or ()), None)
+        if why is not None:
+            report.fallback[name] = why
     model.rawconv_report = report
     return model
 
@@ -1437,7 +1722,7 @@ def _convert_fuse_fx(model: torch.nn.Module, report: ConvertReport, backend: str
         report.traced = False
         report.trace_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         warnings.warn(f"rawconv.nn.convert(fuse=True): torch.fx could not trace {type(model).__name__} "
-                      f"({report.trace_error}); fused at module level only (Conv -> BatchNorm -> ReLU runs of "
+                      f"({report.trace_error}); fused at module level only (Conv -> BatchNorm -> activation runs of "
                       "each nn.Sequential, when the Sequential is called as a whole); residual adds stay in "
                       "torch", RuntimeWarning, stacklevel=_guard.stacklevel())
         report.folded.clear()
@@ -1451,7 +1736,7 @@ def _swap_modules(model: torch.nn.Module, report: ConvertReport, backend: str, c
     twin (sharing parameters and buffers), recording in ``report.swapped`` those swapped and those
     already rawconv's. Returns the model (the new module when ``model`` itself is one)."""
     for name, m in list(model.named_modules()):
-        if type(m) in _SWAP:
+        if _swap_class(m) is not None:
             new = _swap_module(m, backend, _choice_for(choice, name), precision)
             if name:
                 _set_submodule(model, name, new)
@@ -1464,6 +1749,19 @@ def _swap_modules(model: torch.nn.Module, report: ConvertReport, backend: str, c
 
 
 AUTOTUNE_NEW = ("default", "search")
+
+
+def torch_fallbacks(model: torch.nn.Module | None = None) -> dict:
+    """Calls that rawconv's modules ran on torch's own kernel (no rawconv library can run them:
+    :mod:`rawconv.pytorch.fallback`). Without ``model``: {reason: calls} in this process; with
+    it: {layer name: {reason: calls}} for its modules that fell back (each module keeps its own
+    counts in its ``torch_fallbacks`` attribute)."""
+    if model is None:
+        return _fallback.counts()
+    if not isinstance(model, torch.nn.Module):
+        raise ArgumentTypeError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
+    return {name: dict(m.__dict__["torch_fallbacks"]) for name, m in _conv_modules(model).items()
+            if m.__dict__.get("torch_fallbacks")}
 
 
 def refresh(model: torch.nn.Module) -> torch.nn.Module:
@@ -1524,9 +1822,122 @@ class TunedChoice:
                 "backward_choice": self.backward_choice, "directions": dict(self.directions)}
 
 
+_OFFERED_ON = "_rawconv_offered_on"   # TunedChoice.__dict__: the oneDNN and CPU its choices are known offered on
+_HERE: list = []   # this process's oneDNN version and effective ISA (_onednn_here)
+_FALLBACK_WARNED: list = []   # a pinned choice not offered here was warned about (once per process)
+
+
+def _onednn_here() -> str:
+    """This process's oneDNN version and effective ISA (``"3.2.0 avx2"``): what decides which
+    implementations a pinned choice can name."""
+    if not _HERE:
+        env = onednn._environment()
+        _HERE.append(f"{env['library_version']} {env['device_arch']}")
+    return _HERE[0]
+
+
+def _offered(m, kind: str, args: dict, direction: str, choice: str, activation: str | None = None) -> str | None:
+    """None when oneDNN offers ``choice`` here for layer ``m``'s call in library ``direction``, else
+    the name of what runs instead (oneDNN's first choice). Lists the implementations once.
+    ``activation``: a fused call's post-op activation when not the module's (``"none"``: the
+    convolution with its bias alone, as a call measured faster unfused runs it)."""
+    prec = _check_precision(m.precision)
+    if direction == _forward_direction(kind):
+        problem, wl = _problem_of(m, kind, args), onednn._w_layout(m.weight)
+    else:
+        problem, wl = _grad_problems(m, kind, args, "onednn")[direction]
+    if kind == "fused" and direction == "forward":
+        plan = _fused.FusedConvolution.for_problem(problem, residual=args.get("residual") is not None,
+                                                   activation=activation or m.activation, fpmath=prec, w_layout=wl)
+    else:
+        plan = onednn.Convolution.from_problem(problem, direction=direction, fpmath=prec, w_layout=wl)
+    try:
+        try:
+            plan.select(choice)
+            return None
+        except NotSupportedError:   # (KnownBadError too)
+            first = plan.selected
+            return f"{first.name}@{first.layouts}"
+    finally:
+        plan.free()
+
+
+def _offered_here(m, kind: str, args: dict, key, t: "TunedChoice") -> "TunedChoice":
+    """``t`` (an autotuned oneDNN pin of layer ``m``, made with another oneDNN or on another CPU:
+    a saved model loaded elsewhere, ``ONEDNN_MAX_CPU_ISA``) checked against what oneDNN offers
+    here, once per process: a choice it does not offer for its problem is dropped (oneDNN's first
+    choice runs that direction), with one ``RuntimeWarning`` per process naming the layer, the
+    pinned choice and what runs instead (the others are logged on ``rawconv.nn``). The checked pin
+    replaces ``t`` in the layer's table and is returned."""
+    here = _onednn_here()
+    dirs = dict(t.directions)
+    dropped = []
+    for direction, choice in t.directions.items():
+        if choice is None:
+            continue
+        instead = _offered(m, kind, args, direction, str(choice))
+        if instead is not None:
+            dirs[direction] = None
+            dropped.append((direction, choice, instead))
+    if dropped:
+        fwd = _forward_direction(kind)
+        bwd = t.backward_choice
+        if bwd is not None:
+            pair = (dirs.get("forward"), dirs.get("backward_weights")) if kind == "transpose" else \
+                (dirs.get("backward_data"), dirs.get("backward_weights"))
+            bwd = None if pair == (None, None) else pair
+        t = TunedChoice(t.problem, t.kind, t.backend, dirs.get(fwd), bwd, dirs)
+        _say_fallback(m, t.problem, dropped)
+    object.__setattr__(t, _OFFERED_ON, here)
+    table = m.__dict__.get(_TUNED_ATTR)
+    if table is not None and key in table:
+        table[key] = t
+    return t
+
+
+def _say_fallback(m, problem: str, dropped: list) -> None:
+    """Say that layer ``m``'s pins ``dropped`` (``(direction, pinned, instead)``) are not offered
+    here: logged on ``rawconv.nn``, and the first time in the process a ``RuntimeWarning``."""
+    here = _onednn_here()
+    what = "; ".join(f"{d} {c!r} -> oneDNN's first choice {i!r}" for d, c, i in dropped)
+    msg = (f"rawconv.nn: {type(m).__name__} ({problem}) was autotuned to implementations that oneDNN "
+           f"{here.split()[0]} does not offer on this CPU (effective ISA {here.split()[-1]}): {what}; these run "
+           "instead (convert(model, autotune=...) here tunes for this CPU)")
+    log.info(msg)
+    if not _FALLBACK_WARNED:
+        _FALLBACK_WARNED.append(True)
+        warnings.warn(msg + ". Other layers whose pins are not offered here fall back the same way without "
+                      "another warning (logged on 'rawconv.nn'; rawconv.nn.describe(model) shows what runs)",
+                      RuntimeWarning, stacklevel=_guard.stacklevel())
+
+
+_UNFUSED_OFFERED_ON = "_rawconv_unfused_offered_on"   # module.__dict__: {call key: where its unfused choice is offered}
+
+
+def _unfused_offered_here(m, key, choice: str, args: dict) -> str:
+    """The unfused choice ``choice`` of layer ``m``'s call ``key`` (:data:`rawconv.pytorch.fusion.UNFUSED_ATTR`:
+    convert measured it faster unfused), checked once per process against what oneDNN offers here as
+    :func:`_offered_here` checks the autotuned pins: one not offered is replaced in the table by
+    oneDNN's first choice (the call stays unfused), said as there. ``args``: the call's x, padding,
+    w and b."""
+    here = _onednn_here()
+    checked = m.__dict__.setdefault(_UNFUSED_OFFERED_ON, {})
+    instead = _offered(m, "fused", args, "forward", str(choice), activation="none")
+    if instead is not None:
+        table = m.__dict__.get(_fusion.UNFUSED_ATTR)
+        if table is not None and key in table:
+            table[key] = instead
+        _say_fallback(m, _problem_of(m, "fused", args).describe() + ", run unfused", [("forward", choice, instead)])
+        choice = instead
+    checked[key] = here
+    return choice
+
+
 def clear_tuning() -> None:
-    """Forget the winners :func:`convert` remembers for this process."""
+    """Forget the winners :func:`convert` remembers for this process (and its fused / unfused
+    decisions)."""
     _TUNED.clear()
+    _fusion.clear()
 
 
 def _sig_of(kind: str, x, w, extra):
@@ -1780,7 +2191,92 @@ def _tune_one(m, kind: str, args: dict, backend: str, budget_s: float | None, *,
         return rows[0].algorithm.choice
     if info is not None and rows:
         info.update(median_ms=getattr(rows[0], "median_ms", None), min_ms=getattr(rows[0], "min_ms", None))
+    if info is not None and kind in ("conv", "fused") and VERSUS_TORCH:
+        try:
+            info.update(_versus_torch(m, kind, args, plan))
+        except (RawconvError, RuntimeError) as exc:   # the tuned choice stands; the report says why
+            info["vs_torch_note"] = f"not compared with torch: {type(exc).__name__}: {str(exc).splitlines()[0]}"
     return plan.selected_name
+
+
+# convert(autotune=...) on CUDA times each searched layer's pinned call against torch's own call
+VERSUS_TORCH = True
+
+
+def _torch_peer(m, kind: str, args: dict, problem: ConvProblem):
+    """Torch's own call for a recorded conv or fused call (``F.conv{1,2,3}d`` on the same tensors,
+    then, for a fused call, the residual add and the activation by torch's ops): a callable."""
+    x = args["x"]
+    w, b = _call_wb(m, args)
+    r = args.get("residual")
+    nd = w.dim() - 2
+    conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nd]
+    if problem.symmetric:
+        pad, pads = problem.pad_before, None
+    else:
+        pad = 0
+        pads = [v for i in reversed(range(nd)) for v in (problem.pad_before[i], problem.pad_after[i])]
+    act = m.activation if kind == "fused" else "none"
+
+    def call():
+        xx = x if pads is None else F.pad(x, pads)
+        y = conv(xx, w, b, problem.stride, pad, problem.dilation, problem.groups)
+        if r is not None or act != "none":
+            y = _fused._torch_tail(y, None, r, act, problem)
+        return y
+    return call
+
+
+def _versus_torch(m, kind: str, args: dict, plan) -> dict:
+    """The GPU time of layer ``m``'s recorded call on its tuned cuDNN plan against torch's own call
+    (:func:`_torch_peer`, ``cudnn.benchmark`` on: torch's best pick), interleaved in 5 rounds
+    (calls queued behind a busy GPU), and the cuDNN engine torch's call ran (cuDNN's API log).
+    When rawconv's pinned call measured more than 3% slower, torch's engine (default knobs; after
+    the convolution alone, with torch's ops after it, for a plan with a bias, activation or
+    residual) is tried and kept if it measured faster. Returns ``torch_ms``, ``rawconv_ms``,
+    ``vs_torch`` (torch / rawconv: above 1, rawconv faster), ``torch_engine`` and, when the guard
+    changed the choice, ``vs_torch_note``."""
+    from ..cudnn.graph import search as _search
+    from .torch_choice import cudnn_api_log, parse_cudnn_log, torch_flags
+
+    x, r = args["x"], args.get("residual")
+    w, b = _call_wb(m, args)
+    problem = _problem_of(m, kind, args)
+    peer = _torch_peer(m, kind, args, problem)
+
+    def ours():
+        return plan.run(x, w, b, r) if r is not None else plan.execute(x, w, b)
+    out: dict = {}
+    with torch.no_grad(), torch_flags(benchmark=True):
+        peer()
+        peer()   # (the first call timed torch's candidates: cudnn.benchmark)
+        with cudnn_api_log() as log:
+            peer()
+            torch.cuda.synchronize(x.device)
+        engines = parse_cudnn_log(log.messages)["engines"] if log.available else ()
+        out["torch_engine"] = f"eng{engines[0]}" if engines else ("legacy API" if log.available else "?")
+        ours()
+        (t_ms, r_ms), _mins, _runs = _search._interleaved([peer, ours], 10)
+        out.update(torch_ms=t_ms, rawconv_ms=r_ms, vs_torch=t_ms / r_ms if r_ms else None)
+        if r_ms > 1.03 * t_ms and engines and not str(plan.selected_name).split("|")[0].endswith(f"eng{engines[0]}"):
+            before = plan.selected_name
+            alt = ("unfused:" if plan.has_epilogue() else "") + f"eng{engines[0]}"
+            try:
+                plan.select(alt)
+                ours()
+                (t2, a_ms), _mins, _runs = _search._interleaved([peer, ours], 10)
+            except (RawconvError, RuntimeError) as exc:
+                plan.select(before)
+                out["vs_torch_note"] = f"slower than torch; torch's engine {alt} did not run: {exc}"
+                return out
+            if a_ms < r_ms * t2 / t_ms:
+                out.update(torch_ms=t2, rawconv_ms=a_ms, vs_torch=t2 / a_ms,
+                           vs_torch_note=f"{before} measured {r_ms:.4f} ms against torch's {t_ms:.4f}: torch's "
+                                         f"engine {alt} kept instead")
+            else:
+                plan.select(before)
+                out["vs_torch_note"] = f"torch's engine {alt} measured no faster ({a_ms:.4f} ms)"
+    return out
 
 
 def _grad_problems(m, kind: str, args: dict, backend: str) -> dict:
@@ -1919,12 +2415,14 @@ def _tune_call(m, kind: str, args: dict, backend: str, budget_s, backward: bool,
         dirs = {("forward" if kind == "transpose" else "backward_data"): d, "backward_weights": wt}
     directions = {_forward_direction(kind): choice, **dirs}
     entry = TunedChoice(problem.describe(), kind, backend, choice, bwd, directions)
+    if backend == "onednn":   # searched (or pinned) here: offered here
+        object.__setattr__(entry, _OFFERED_ON, _onednn_here())
     _pin_tuned(m, kind, args, entry)
     return entry, searched, bsearched, note
 
 
 def _autotune(model, example, report: ConvertReport, budget_s, backward: bool = False,
-              new: str = "default") -> None:
+              new: str = "default", fuse: bool = False) -> None:
     """Search each distinct problem of ``model``'s convolutions once (and, with ``backward``, each
     distinct backward problem) and pin the winners to their problems. On cuDNN, while one
     problem is searched, the next one's first runtime compilations (cuDNN's top heuristic
@@ -1947,6 +2445,8 @@ def _autotune(model, example, report: ConvertReport, budget_s, backward: bool = 
         # (one per search on a busy machine) are said once, summed up, below
         warnings.simplefilter("always", TimingWarning)
         _search_layers(model, layers, names, report, budget_s, backward)
+        if fuse:
+            _measure_fusion(layers, names, report, budget_s)
     for w in said:
         if issubclass(w.category, TimingWarning):
             report.timing_warnings.append(str(w.message))
@@ -1974,6 +2474,48 @@ def _autotune(model, example, report: ConvertReport, budget_s, backward: bool = 
     report.autotune_s = time.perf_counter() - t0
 
 
+def _measure_fusion(layers: list, names: dict, report: ConvertReport, budget_s) -> None:
+    """``convert(fuse=True, autotune=x)``: each fused oneDNN layer's recorded call measured fused
+    against unfused (:func:`rawconv.pytorch.fusion.measure_cpu`), the outcome pinned to its problem
+    and written into ``report.fusion`` and the layer's ``report.tuned`` entries. A cuDNN layer's
+    decision is its graph autotune's (fused configs and ``"unfused:"`` ones searched together):
+    recorded as such, not measured again here."""
+    report.fusion_measured = True
+    entries = {}
+    for t in report.tuned:
+        entries.setdefault((t["name"], t["key"]), []).append(t)
+    for m, kind, args, backend, _problem, key in layers:
+        if kind != "fused":
+            continue
+        name = names.get(id(m), "?")
+        t = m.__dict__.get(_TUNED_ATTR, {}).get(_call_key(m, kind, args))
+        choice = m.choice if m.choice is not None else (t.choice if t is not None else None)
+        if backend != "onednn":   # the graph autotune searched fused and "unfused:" configs (its choice says which)
+            split = isinstance(choice, str) and choice.startswith("unfused:")
+            e = {"decision": "unfused" if split else "fused",
+                 "reason": f"cuDNN graph autotune (fused and 'unfused:' configs searched): {choice}"}
+        elif not _fused.frozen(m) or m.choice is not None:
+            e = {"decision": "fused", "reason": "fusion not measured: " + (
+                "the layer is not frozen" if not _fused.frozen(m) else
+                "the module's own choice names a fused implementation")}
+        else:
+            try:
+                e, measured = _fusion.measure_cpu(m, args, choice, key, budget_s, _TUNED)
+                e["measured"] = measured
+                # an unfused choice made here is offered here (_unfused_offered_here checks one made elsewhere)
+                ck = _call_key(m, "fused", args)
+                if ck is not None and ck in (m.__dict__.get(_fusion.UNFUSED_ATTR) or {}):
+                    m.__dict__.setdefault(_UNFUSED_OFFERED_ON, {})[ck] = _onednn_here()
+            except NotSupportedError as exc:   # the plain convolution has no implementation: stays fused
+                e = {"decision": "fused", "reason": f"fusion not measured: {exc}"}
+        report.fusion[name if name not in report.fusion else f"{name} {_problem.describe()}"] = e
+        for t in entries.get((name, key), ()):
+            t["fusion"] = e["decision"]
+            for k in ("fused_ms", "unfused_ms", "fused_min_ms", "unfused_min_ms"):
+                if k in e:
+                    t[k] = e[k]
+
+
 def _search_layers(model, layers: list, names: dict, report: ConvertReport, budget_s, backward: bool) -> None:
     from ..cudnn.graph import search as _search
 
@@ -1989,6 +2531,8 @@ def _search_layers(model, layers: list, names: dict, report: ConvertReport, budg
             if key not in plans:
                 try:
                     plans[key] = plan = _graph_plan(m, kind, args)
+                    if isinstance(plan, _fused._CudaFallback):
+                        return   # no cuDNN graph for it (the legacy API runs it): nothing to compile ahead
                     _search.prefetch(plan)
                 except (RawconvError, RuntimeError):   # its own search says what is wrong
                     plans.pop(key, None)
@@ -2194,8 +2738,7 @@ def _torch_equivalent(m, x, residual=None, *, w=None, b=None, output_size=None):
             y = F.batch_norm(y, c(bn.running_mean), c(bn.running_var), c(bn.weight), c(bn.bias), False, 0.0, bn.eps)
         if residual is not None:
             y = y + residual
-        if m.activation == "relu":
-            y = torch.relu(y)
+        y = _fused.apply_activation(y, m.activation)
     return y
 
 
@@ -2224,6 +2767,12 @@ def _rawconv_runs(m, kind, args, backend, choice=None) -> str:
     forward choice the call ran with (:func:`_call_choices`)."""
     x = args["x"]
     w, b = _call_wb(m, args)
+    unfused = (m.__dict__.get(_fusion.UNFUSED_ATTR) or {}).get(_call_key(m, kind, args)) \
+        if kind == "fused" and m.choice is None else None
+    if unfused is not None:   # convert measured this problem faster unfused (rawconv.pytorch.fusion)
+        tail = (["add"] if args.get("residual") is not None else []) + \
+            ([m.activation] if m.activation != "none" else [])
+        return f"unfused (measured faster): conv+bias {unfused}, then torch's {'+'.join(tail)}"
     try:
         if backend == "onednn":
             if kind == "fused":
@@ -2249,11 +2798,23 @@ def _rawconv_runs(m, kind, args, backend, choice=None) -> str:
                                    m.groups, activation=m.activation, backend="cudnn", choice=choice,
                                    precision=m.precision)
             return f"graph {plan.selected_name} (conv+bias{'+add' if args.get('residual') is not None else ''}" \
-                   f"{'+relu' if m.activation == 'relu' else ''})"
+                   f"{'+' + m.activation if m.activation != 'none' else ''})"
         from .. import cudnn
 
-        if isinstance(choice, str) and choice.startswith(("eng", "nhwc:eng")):
+        if isinstance(choice, str) and cudnn._is_graph_choice(choice):
             return f"graph {choice}"
+        if kind == "conv" and (choice is None or choice == "") and m.backend == "auto":
+            # what the operator runs with no choice: the graph API's default (cudnn.forward would
+            # name the legacy API's heuristic, which only backend="cudnn" runs)
+            from ..cudnn import graph as G
+            from . import ops as _ops
+
+            try:
+                plan = G._forward_plan(x, w, b, m.stride, _norm_padding(args["padding"]), m.dilation, m.groups, None,
+                                       None, False, _ops._GRAPH_MATH[m.precision])
+                return f"graph {plan.selected_name}"
+            except NotSupportedError:
+                pass   # no graph config: the legacy API runs it (below)
         if kind == "conv":
             _, info = cudnn.forward(x, w, b, m.stride, _norm_padding(args["padding"]), m.dilation, m.groups,
                                     choice=choice, precision=m.precision, return_info=True)
@@ -2330,9 +2891,14 @@ def _torch_runs(fn, device) -> str:
 
 
 def _timer(fn, device, iterations: int) -> float:
-    from ..core.bench import time_cuda_queued
+    """Median ms per call of ``fn``: CUDA, GPU time with calls queued behind a busy GPU; CPU, as
+    ``compare`` times (interleaved rounds of one candidate, each round's fastest clean call)."""
+    from ..core import bench
 
-    return time_cuda_queued(fn, iterations=iterations).median_ms
+    if device.type == "cuda":
+        return bench.time_cuda_queued(fn, iterations=iterations).median_ms
+    rounds, calls = bench.round_plan(iterations)
+    return bench.time_rounds({"f": fn}, rounds=rounds, calls=calls, warmup=2)["f"].stats().median_ms
 
 
 def _time_pair(run_rawconv, run_torch, iterations: int) -> tuple:
@@ -2374,7 +2940,7 @@ def describe(model: torch.nn.Module, example_input: Any, *, iterations: int = 10
     its verbose log; on CUDA the kernel names torch's call launched, from ``torch.profiler``,
     with ``torch_kernels``), the median time of each (``iterations`` calls; CUDA: GPU time,
     calls queued behind a busy GPU) and the error of each against float64 (torch's float64
-    functional ops on the CPU, fused residual and ReLU included), what the layer's backward
+    functional ops on the CPU, fused residual and activation included), what the layer's backward
     passes run in a training step (``backward``: the library's choice per direction, by its one
     name). On the CPU both sides are timed together in interleaved rounds, ``x`` is the median
     of torch / rawconv taken within each round with its interquartile range, and a layer whose
@@ -2435,6 +3001,10 @@ def _describe_layer(m, args: tuple, kwargs: dict, name: str, iterations: int, ti
     residual = args[1] if len(args) > 1 else kwargs.get("residual")
     output_size = args[1] if isinstance(m, _TORCH_TRANSPOSED) and len(args) > 1 else kwargs.get("output_size")
     rm = m if isinstance(m, _RawconvConv) else _swap_module(copy.copy(m), "auto", None, "strict")
+    with torch.no_grad():
+        fell_back = _fallback.reason_for(rm, x)
+    if fell_back is not None:   # a call no rawconv library runs: torch's own kernel, on both sides
+        return _describe_fallback(m, x, residual, output_size, name, fell_back, iterations, timing)
     backend = _resolve_backend(rm.backend, x.device)
     # the exact library call of the rawconv module
     with _recording() as rec, torch.no_grad():
@@ -2465,12 +3035,7 @@ def _describe_layer(m, args: tuple, kwargs: dict, name: str, iterations: int, ti
         with torch.no_grad():
             return _torch_equivalent(m, x, residual, output_size=output_size)
 
-    x64 = x.detach().to("cpu", torch.float64)
-    r64 = residual.detach().to("cpu", torch.float64) if residual is not None else None
-    with torch.no_grad():
-        ref = _torch_equivalent(m, x64, r64, w=m.weight.detach().to("cpu", torch.float64),
-                                b=m.bias.detach().to("cpu", torch.float64) if m.bias is not None else None,
-                                output_size=output_size)
+    ref = _reference64(m, x, residual, output_size)
     label = type(m).__name__ + (f"({m.activation}{', residual' if residual is not None else ''})"
                                 if isinstance(m, _ConvBiasAct) else "")
     row = LayerReport(name, label, problem, backend, runs, _torch_backend(m, x),
@@ -2520,10 +3085,40 @@ def _rawconv_backward(m, kind: str, args: dict, backend: str, choice, bwd) -> st
     return f"backward_data {sel['backward_data']}, backward_weights {sel['backward_weights']} ({pinned})"
 
 
+def _reference64(m, x, residual, output_size):
+    """What torch computes for layer ``m``'s call in float64 on the CPU (:func:`describe`'s reference)."""
+    x64 = x.detach().to("cpu", torch.float64)
+    r64 = residual.detach().to("cpu", torch.float64) if residual is not None else None
+    with torch.no_grad():
+        return _torch_equivalent(m, x64, r64, w=m.weight.detach().to("cpu", torch.float64),
+                                 b=m.bias.detach().to("cpu", torch.float64) if m.bias is not None else None,
+                                 output_size=output_size)
+
+
+def _describe_fallback(m, x, residual, output_size, name: str, why: str, iterations: int,
+                       timing: bool) -> LayerReport:
+    """:func:`describe`'s row for a call that runs on torch's own kernel (``why``): what torch runs,
+    its time and its error against float64 (the CPU's float64 reference is torch's own kernel too:
+    no error is computed for a float64 call there)."""
+    def run_torch():
+        with torch.no_grad():
+            return _torch_equivalent(m, x, residual, output_size=output_size)
+
+    problem = f"{x.dtype} {x.device.type} x{tuple(x.shape)} w{tuple(m.weight.shape)}"
+    runs = _torch_backend(m, x)
+    row = LayerReport(name, type(m).__name__, problem, "torch (fallback)", f"{runs}: {why}", runs,
+                      "torch's own kernel", note=f"runs on torch's own kernel: {why}")
+    if x.dtype != torch.float64 and not x.dtype.is_complex and x.device.type in ("cpu", "cuda"):
+        row.torch_err = row.rawconv_err = _rel_err(run_torch(), _reference64(m, x, residual, output_size))
+    if timing and x.device.type in ("cpu", "cuda"):
+        row.torch_ms = row.rawconv_ms = _timer(run_torch, x.device, iterations)
+    return row
+
+
 # every public entry point raises only rawconv's exception classes (rawconv._guard)
 from ..core import guard as _guard  # noqa: E402
 
 _guard.guard_module(globals(), "conv", "conv_transpose", "convert", "refresh", "describe", "print_table", "pinned_choices",
-                    "pin_choices",
+                    "pin_choices", "torch_fallbacks",
                     "_RawconvConv.forward", "_RawconvConvTranspose.forward", "_ConvBiasAct.forward",
                     "_ConvBiasAct.from_conv")

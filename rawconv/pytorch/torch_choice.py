@@ -72,7 +72,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..core import plans as _plans
+from ..core import guard as _guard, plans as _plans
 from ..core.errors import ArgumentError, ArgumentTypeError, NotSupportedError, RawconvError
 from ..core.problem import ConvProblem, layout_of, shape_only, transposed_shapes, tuple_arg
 
@@ -206,6 +206,8 @@ class TorchFlags:
         if self.mkldnn_deterministic:
             cpu.append("mkldnn deterministic")
         cpu.append(f"{self.threads} thread{'s' if self.threads != 1 else ''}")
+        if device.startswith("cpu") and self.cudnn_benchmark:
+            cpu.append("cudnn benchmark on: no effect on a CPU call")
         gpu = [f"cudnn {on[self.cudnn_enabled]}", f"benchmark {on[self.cudnn_benchmark]}",
                f"deterministic {on[self.cudnn_deterministic]}", f"conv tf32 {on[self.cudnn_conv_tf32]}"]
         if device.startswith("cpu"):
@@ -238,6 +240,7 @@ def _check_precision(value, name: str, allowed: Sequence[str], where: str):
                                 f"(torch 2.9 and newer); use allow_tf32 instead")
 
 
+@_guard.public(where="rawconv.torch_flags")
 @contextlib.contextmanager
 def torch_flags(*, mkldnn: bool | None = None, cudnn: bool | None = None, benchmark: bool | None = None,
                 deterministic: bool | None = None, allow_tf32: bool | None = None,
@@ -270,9 +273,21 @@ def torch_flags(*, mkldnn: bool | None = None, cudnn: bool | None = None, benchm
     (``threads`` is per thread in torch), so other threads see the block's flags while it runs.
     Sets through ``torch._C`` (as ``torch.backends.*.flags`` do), so it works under
     ``torch.backends.disable_global_flags()`` too.
+
+    The cuDNN flags (``cudnn``, ``benchmark``, ``allow_tf32``, ``cudnn_fp32_precision``) change
+    only CUDA convolutions: set where torch sees no GPU, a ``UserWarning`` says they change nothing
+    here; :func:`torch_choice` of a CPU call names them as not applying. A misspelt flag
+    (``cudnn_benchmark=``) raises :class:`ArgumentTypeError` naming the flag it may mean and every flag.
     """
     _check_torch_flags(mkldnn, cudnn, benchmark, deterministic, allow_tf32, cudnn_fp32_precision,
                        mkldnn_fp32_precision, threads)
+    cuda_only = [n for n, v in (("cudnn", cudnn), ("benchmark", benchmark), ("allow_tf32", allow_tf32),
+                                ("cudnn_fp32_precision", cudnn_fp32_precision)) if v is not None]
+    if cuda_only and not torch.cuda.is_available():
+        warnings.warn(f"rawconv.torch_flags({', '.join(f'{n}=...' for n in cuda_only)}): "
+                      f"{'these set' if len(cuda_only) > 1 else 'this sets'} torch.backends.cudnn, which only CUDA "
+                      "convolutions read, and torch sees no GPU here: nothing changes for CPU work (the CPU's flags: "
+                      "mkldnn=, mkldnn_fp32_precision=, deterministic=, threads=)", UserWarning, stacklevel=3)
     undo: list[Callable[[], None]] = []
     try:
         flags = _set_torch_flags(undo, mkldnn, cudnn, benchmark, deterministic, allow_tf32, cudnn_fp32_precision,

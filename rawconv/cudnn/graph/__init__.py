@@ -56,7 +56,10 @@ __all__ = ["EngineConfig", "TimedConfig", "GraphConvolution", "engines", "forwar
 
 log = logging.getLogger("rawconv.cudnn_graph")
 HEURISTIC_MODES = ("instant", "b", "fallback")
-ACTIVATIONS = ("relu", "tanh", "sigmoid", "elu", "gelu", "swish")
+#: pointwise activation nodes a forward graph ends with (``"gelu"``: GELU_FWD, erf; ``"gelu_tanh"``:
+#: GELU_APPROX_TANH_FWD; ``"silu"`` = ``"swish"``: SWISH_FWD with beta 1; ``"relu6"``: RELU_FWD with
+#: upper clip 6; the ReLU family propagates NaN, as torch does)
+ACTIVATIONS = ("relu", "tanh", "sigmoid", "elu", "gelu", "swish", "silu", "gelu_tanh", "relu6")
 DIRECTIONS = ("forward", "backward_data", "backward_weights")   # "backward_filter" (cuDNN's word) is accepted
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 ALIGNMENT = 16  # bytes every data pointer bound to a graph tensor must be aligned to
@@ -317,6 +320,32 @@ _VPS_KEPT = 64                    # variant packs kept per finalized plan (by da
 # launch a barrier kernel before every execute of a runtime-compiled engine config (see
 # rawconv._cuda.stream_barrier: without it cuDNN 9.19's eng4 reads its input early, measured)
 SERIALIZE_RTC = True
+# the default selection runs a bias-only graph, and a grouped convolution's fused graph, as torch
+# does: the convolution-only graph's default config, then torch's ops (GraphConvolution._default_split)
+DEFAULT_UNFUSED = True
+
+# what an "unfused:" config runs after the convolution, in place, in torch's own ops (their NaN and
+# Inf behaviour is torch's: relu(nan) = nan)
+_EPILOGUE_ACT = {"relu": torch.relu_, "tanh": torch.tanh_, "sigmoid": torch.sigmoid_,
+                 "elu": lambda t: torch.nn.functional.elu_(t),
+                 "gelu": lambda t: t.copy_(torch.nn.functional.gelu(t)),
+                 "gelu_tanh": lambda t: t.copy_(torch.nn.functional.gelu(t, approximate="tanh")),
+                 "swish": lambda t: torch.nn.functional.silu(t, inplace=True),
+                 "silu": lambda t: torch.nn.functional.silu(t, inplace=True),
+                 "relu6": lambda t: torch.nn.functional.relu6(t, inplace=True)}
+
+
+def torch_epilogue(y: torch.Tensor, bias, residual, activation: str | None, nd: int) -> torch.Tensor:
+    """``y`` (a convolution's output, batched or not) with ``bias``, ``residual`` and
+    ``activation`` applied in place by torch's own ops, in that order (torch's order for
+    ``act(conv(x, w, b) + r)``); returns ``y``."""
+    if bias is not None:
+        y.add_(bias.view(-1, *([1] * nd)))
+    if residual is not None:
+        y.add_(residual if residual.shape == y.shape else residual.view(y.shape))   # (an unbatched y)
+    if activation:
+        _EPILOGUE_ACT[activation](y)
+    return y
 # probe every config chosen by name (select, autotune's choice, a tuning-cache hit) inside a
 # throwaway CUDA-graph capture once, and give one that cannot be captured a capturable stand-in
 # for calls made while a capture runs (GraphConvolution._probe_capture)
@@ -339,7 +368,8 @@ class _Built:
     __slots__ = ("config", "plan", "workspace_bytes", "workspace", "ws_ptr", "vps", "read_back", "finalized_at",
                  "serialize", "capture_why", "capture_alt")
 
-    def __init__(self, config: EngineConfig, plan: B.Descriptor, workspace_bytes: int, read_back: dict):
+    def __init__(self, config: EngineConfig, plan: B.Descriptor, workspace_bytes: int, read_back: dict,
+                 fused: bool = True):
         self.config = config
         self.plan = plan
         self.workspace_bytes = workspace_bytes
@@ -348,9 +378,13 @@ class _Built:
         self.vps: dict = {}
         self.finalized_at = time.perf_counter()  # when cudnnBackendFinalize returned (perf_counter s)
         self.read_back = read_back
-        # a runtime-compiled engine starts before the kernel ahead of it ends: a barrier kernel
-        # first (rawconv._cuda.stream_barrier)
-        self.serialize = SERIALIZE_RTC and "RUNTIME_COMPILATION" in tuple(config.behavior_notes or ())
+        # a runtime-compiled engine of a fused graph (pointwise nodes after the convolution: where
+        # cuDNN 9.19's eng4 was seen to start before the kernel ahead of it ends) gets a barrier
+        # kernel first (rawconv._cuda.stream_barrier). Convolution-only graphs do not: their
+        # runtime-compiled engines (eng5, the depthwise engine torch runs; eng71) gave exact
+        # results queued right behind a kernel writing their input, and the barrier cost them
+        # 2-2.6 us of GPU time per call (H100, benchmarks/diag_depthwise_cuda.py section rtc)
+        self.serialize = SERIALIZE_RTC and fused and "RUNTIME_COMPILATION" in tuple(config.behavior_notes or ())
         # CUDA-graph capture: None until probed (GraphConvolution._probe_capture), then "" when this
         # config can be captured, else why not; capture_alt: the _Built a call made inside a capture
         # runs instead (None: this one)
@@ -433,8 +467,9 @@ class GraphConvolution(_Engines, _Autotune, PlanLifetime):
     (K, C/groups, *kernel), CUDA tensors of float32, float16, bfloat16 or float64, NCHW or
     channels_last (the weights are used in x's memory format; NHWC is what most engines take).
     ``padding``: as torch, or one ``(before, after)`` pair per spatial dim. ``bias`` (K,) and
-    ``activation`` (``"relu"``, ``"tanh"``, ``"sigmoid"``, ``"elu"``, ``"gelu"``, ``"swish"``) are
-    fused as pointwise nodes of the same graph.
+    ``activation`` (:data:`ACTIVATIONS`: ``"relu"``, ``"relu6"``, ``"tanh"``, ``"sigmoid"``,
+    ``"elu"``, ``"gelu"``, ``"gelu_tanh"``, ``"silu"`` / ``"swish"``) are fused as pointwise nodes
+    of the same graph.
 
     :meth:`engines` lists engine configs (:class:`EngineConfig`); :meth:`select` forces one;
     :meth:`autotune` times and checks candidates and selects the fastest correct one;
@@ -449,6 +484,10 @@ class GraphConvolution(_Engines, _Autotune, PlanLifetime):
     ``cudnnBackendCreateDescriptor``, ``cudnnBackendSetAttribute``, ``cudnnBackendFinalize``,
     ``cudnnBackendGetAttribute``, ``cudnnBackendExecute``.
     """
+
+    _unf = None      # the convolution-only plan (an "unfused:" config runs on it): see unfused()
+    _split = False   # an "unfused:" config is selected
+
 
     tuning_record = None   # autotune's choice (rawconv.tuning.TuningRecord)
 
@@ -503,6 +542,8 @@ class GraphConvolution(_Engines, _Autotune, PlanLifetime):
         self._bufs: dict | None = None               # the default stream's channels_last buffers ("nhwc:")
         self._want: dict = {}
         self._hot: _GraphHot | None = None           # the hot path's argument pack (see execute)
+        self._unf: GraphConvolution | None = None   # the convolution-only plan ("unfused:" configs)
+        self._split = False                          # an "unfused:" config is selected (runs on _unf)
 
     # ------------------------------------------------------------------ execution
     def _prepare(self, role: str, t, shape) -> torch.Tensor:
@@ -615,6 +656,9 @@ class GraphConvolution(_Engines, _Autotune, PlanLifetime):
         hot = self._hot
         if hot is not None and hot.built is self._selected and self._via is None and not self._freed:
             return hot.run(self, x, w, bias, None)
+        if self._split and not self._freed and self._split_bias_fits(bias) and not self._has_residual():
+            y = self._unf._hot_forward(x, w, None)
+            return None if y is None else torch_epilogue(y, bias, None, self.activation, self.problem.ndim)
         return None
 
     _hot_call = _hot_forward   # (every direction)
@@ -649,6 +693,9 @@ class GraphConvolution(_Engines, _Autotune, PlanLifetime):
                 y = None if w is not None or bias is not None or x is None else hot.run(self, x, grad_y, None, out)
             if y is not None:
                 return y
+        if self._split or (self._selected is None and self._via is None and not self._freed
+                           and self._default_split()):
+            return self._execute_split(x, w, bias, out, grad_y)
         self._check_live()
         t, result = self._bind(x, w, bias, out, grad_y)
         p = self.problem
@@ -715,6 +762,71 @@ class GraphConvolution(_Engines, _Autotune, PlanLifetime):
             out = empty_like_layout(shape, p.layout, p.torch_dtype, f"cuda:{self.device_index}")
         t[role] = self._prepare(role, out, shape)
         return t, t[role]
+
+    # ------------------------------------------------------------------ "unfused:" configs
+    def has_epilogue(self) -> bool:
+        """Whether this is a forward graph with work after the convolution (a bias, an activation
+        or a residual add), which an ``"unfused:"`` config runs in torch instead."""
+        return self.direction == "forward" and (self.problem.has_bias or self.activation is not None
+                                                or self._has_residual())
+
+    def _has_residual(self) -> bool:
+        return False   # (ResidualGraphConvolution: True)
+
+    def unfused(self) -> "GraphConvolution":
+        """The convolution-only plan of this graph's problem (no bias, activation or residual), made
+        once. An ``"unfused:<config>"`` selection runs that config of it, then torch's own ops for
+        the rest, in place on the output: ``y += bias`` (as torch's cuDNN convolution adds its
+        bias, one more kernel), ``y += residual``, the activation (``torch.relu_``, ...): exactly
+        the layer as torch runs it, on an engine config rawconv names. Raises
+        :class:`ArgumentError` for a plan with nothing after the convolution."""
+        if not self.has_epilogue():
+            raise ArgumentError(f"an 'unfused:' config runs a fused graph's convolution alone and its bias, residual "
+                                f"and activation in torch; {self._describe()} has none: name the config without "
+                                "the prefix")
+        if self._unf is None:
+            self._unf = GraphConvolution.from_problem(self.problem.with_(has_bias=False), direction="forward",
+                                                      allow_tf32=self.allow_tf32)
+        return self._unf
+
+    def _default_split(self) -> bool:
+        """Whether the default selection (nothing selected, no autotune) runs unfused: a forward
+        graph whose only epilogue is a bias (torch's own way: the convolution-only graph's first
+        heuristic config, torch's pick with ``cudnn.benchmark`` off, then the bias added), and a
+        grouped convolution with any epilogue. Measured on an H100 (cuDNN 9.19,
+        ``benchmarks/diag_depthwise_cuda.py``): for depthwise convolutions with a bias cuDNN's
+        heuristics offer only the generic engine 0 (600 us for ConvNeXt's first 7x7 layer at
+        batch 16, fp16, where torch takes 50 us), and for depthwise conv + bias + ReLU / sigmoid /
+        tanh likewise (0.19x torch). :data:`DEFAULT_UNFUSED` = False turns this off. Autotune
+        measures both ways and keeps the faster."""
+        if not DEFAULT_UNFUSED or not self.has_epilogue() or self.problem.is_empty:
+            return False
+        return (self.activation is None and not self._has_residual()) or self.problem.groups > 1
+
+    def _split_bias_fits(self, bias) -> bool:
+        """The hot path's check of a bias (the convolution-only plan's pack checks x, w and y)."""
+        p = self.problem
+        if bias is None:
+            return not p.has_bias
+        return p.has_bias and type(bias) is torch.Tensor and bias.shape == (p.k,) and \
+            bias.dtype == p.torch_dtype and bias.device == self._dev
+
+    def _execute_split(self, x, w, bias, out, grad_y, residual=None) -> torch.Tensor:
+        """:meth:`execute` of an ``"unfused:"`` selection: the convolution-only plan, then torch's ops
+        (``residual``: a residual graph's, checked by it)."""
+        self._check_live()
+        if grad_y is not None:
+            raise ArgumentError("a forward plan takes x, w (and bias), not grad_y")
+        self._split = True
+        p = self.problem
+        bias = self._b if bias is None else bias
+        if p.has_bias != (bias is not None):
+            raise ArgumentError("this plan was built " + ("with a bias: pass bias" if p.has_bias else
+                                                          "without a bias; build one with bias to use it"))
+        if bias is not None:
+            bias = self._prepare("b", bias, (p.k,))
+        y = self.unfused().execute(self._x if x is None else x, self._w if w is None else w, None, out)
+        return torch_epilogue(y, bias, residual, self.activation, p.ndim)
 
     # ------------------------------------------------------------------ "nhwc:" configs
     def _run_via(self, t: dict, cl: "GraphConvolution | None" = None, b: _Built | None = None) -> None:
@@ -869,7 +981,10 @@ class GraphConvolution(_Engines, _Autotune, PlanLifetime):
         self._hot = None
         if self._cl is not None:
             self._cl.free()
-        self._cl = self._via = self._bufs = None
+        if self._unf is not None:
+            self._unf.free()
+        self._cl = self._via = self._bufs = self._unf = None
+        self._split = False
         self._x = self._w = self._b = None
         self._freed = True
 
@@ -1237,4 +1352,6 @@ _register(_Backend("cudnn_graph", "cuda", __name__, "cuDNN", _registry_candidate
                    "cuDNN's graph (backend) API on CUDA tensors: engines, knobs, heuristic modes",
                    {"candidates": "engines", "choice": "engine", "precision": "allow_tf32",
                     "backward_weights": "backward_filter"}, rows="rawconv.explore.compare:_cudnn_graph_rows",
-                   replay=_registry_replay))
+                   replay=_registry_replay,
+                   # engine configs: "eng28", "eng28{k2=3,k3=0}", on a relayout "nhwc:eng72{...}", "unfused:<config>"
+                   choice_names=r"((nhwc|unfused):)*eng[0-9]+(\{[^{}]*\})?"))

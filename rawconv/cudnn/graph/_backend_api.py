@@ -47,6 +47,7 @@ ELEMENT_TYPES = {
     "LAYOUT_TYPE": "cudnnBackendLayoutType_t",
     "ATTRIB_NAME": "cudnnBackendAttributeName_t",
     "POINTWISE_MODE": "cudnnPointwiseMode_t",
+    "NAN_PROPOGATION": "cudnnNanPropagation_t",   # (cuDNN's spelling)
     "BACKEND_DESCRIPTOR": "cudnnBackendDescriptor_t",
     "BEHAVIOR_NOTE": "cudnnBackendBehaviorNote_t",
     "INT32": "int32_t",
@@ -62,7 +63,23 @@ POINTWISE_MODES = {"add": "CUDNN_POINTWISE_ADD", "mul": "CUDNN_POINTWISE_MUL",
                    "identity": "CUDNN_POINTWISE_IDENTITY", "relu": "CUDNN_POINTWISE_RELU_FWD",
                    "tanh": "CUDNN_POINTWISE_TANH_FWD", "sigmoid": "CUDNN_POINTWISE_SIGMOID_FWD",
                    "elu": "CUDNN_POINTWISE_ELU_FWD", "gelu": "CUDNN_POINTWISE_GELU_FWD",
-                   "swish": "CUDNN_POINTWISE_SWISH_FWD"}
+                   "swish": "CUDNN_POINTWISE_SWISH_FWD", "silu": "CUDNN_POINTWISE_SWISH_FWD",
+                   "gelu_tanh": "CUDNN_POINTWISE_GELU_APPROX_TANH_FWD", "relu6": "CUDNN_POINTWISE_RELU_FWD"}
+#: set CUDNN_PROPAGATE_NAN on the ReLU family's nodes (torch keeps NaN through relu); False leaves
+#: cuDNN's default (which drops it), should an engine refuse the attribute
+RELU_PROPAGATE_NAN = True
+# the attributes a mode's descriptor is given besides mode and precision (name, type, value): NaN kept
+# through the ReLU family (cuDNN's default drops it, as cudnn-frontend's builder's does), the upper
+# clip of ReLU6, SiLU as swish with beta 1
+POINTWISE_ATTRIBUTES = {
+    "relu": (("POINTWISE_NAN_PROPAGATION", "NAN_PROPOGATION", "CUDNN_PROPAGATE_NAN"),
+             ("POINTWISE_RELU_LOWER_CLIP", "DOUBLE", 0.0)),
+    "relu6": (("POINTWISE_NAN_PROPAGATION", "NAN_PROPOGATION", "CUDNN_PROPAGATE_NAN"),
+              ("POINTWISE_RELU_LOWER_CLIP", "DOUBLE", 0.0), ("POINTWISE_RELU_UPPER_CLIP", "DOUBLE", 6.0),
+              ("POINTWISE_RELU_LOWER_CLIP_SLOPE", "DOUBLE", 0.0)),
+    "swish": (("POINTWISE_SWISH_BETA", "DOUBLE", 1.0),),
+    "silu": (("POINTWISE_SWISH_BETA", "DOUBLE", 1.0),),
+}
 MAX_DIMS = 8
 
 
@@ -344,12 +361,18 @@ def conv_operation(direction: str, tensors: dict, conv: Descriptor, compute: str
 
 def pointwise(mode: str, compute: str = "float32") -> Descriptor:
     """A finalized ``CUDNN_BACKEND_POINTWISE_DESCRIPTOR`` of ``mode`` (a :data:`POINTWISE_MODES`
-    key: ``"add"``, ``"relu"``, ...) computing in ``compute``. Wraps ``cudnnBackendFinalize``."""
+    key: ``"add"``, ``"relu"``, ...) computing in ``compute``, with the mode's
+    :data:`POINTWISE_ATTRIBUTES` (NaN propagation, clips, swish beta). Wraps
+    ``cudnnBackendSetAttribute`` and ``cudnnBackendFinalize``."""
     if mode not in POINTWISE_MODES:
         raise ArgumentError(f"pointwise mode must be one of {list(POINTWISE_MODES)}, got {mode!r}")
     d = Descriptor("POINTWISE")
     d.set("POINTWISE_MODE", "POINTWISE_MODE", const(POINTWISE_MODES[mode]))
     d.set("POINTWISE_MATH_PREC", "DATA_TYPE", data_type(compute))
+    for attr, typ, value in POINTWISE_ATTRIBUTES.get(mode, ()):
+        if attr == "POINTWISE_NAN_PROPAGATION" and not RELU_PROPAGATE_NAN:
+            continue
+        d.set(attr, typ, const(value) if isinstance(value, str) else value)
     return d.finalize()
 
 

@@ -47,7 +47,7 @@ class Autotune:
                  use_cache: bool = True, seed: int = 0,
                  include_runtime_compiled: bool = True, patience: int | None = 200,
                  relayout: bool = False, seed_from_cache: bool = True,
-                 progress: bool | None = None) -> list[TimedConfig]:
+                 progress: bool | None = None, split: bool = True) -> list[TimedConfig]:
         """Search engine configs for the fastest correct one, select it and return the ranked table.
 
         Candidates, in order, while ``budget_s`` seconds (wall time, finalization included) last:
@@ -108,6 +108,18 @@ class Autotune:
         GPU times. Those rows are named ``"nhwc:eng72{k17=1,k24=4}"``, the name :meth:`select`
         and :func:`forward` take, and their :attr:`TimedConfig.layout` is ``"nhwc"``; the top
         row is what gets selected.
+        ``split`` (forward graphs with a bias, an activation or a residual add; default True): half
+        the budget searches this fused graph, half its convolution-only graph (:meth:`unfused`),
+        whose configs run with torch's own ops after them (the layer as torch runs it); the best
+        four of each, and the convolution-only graph's default config (what torch's cuDNN call
+        runs with ``cudnn.benchmark`` off: heuristic mode instant's first allowed config), then
+        run as :meth:`execute` runs them (torch's ops included, each checked end to end against
+        float64 first) in interleaved rounds; the convolution-only rows are named
+        ``"unfused:<config>"`` (their ``layout`` starts with ``"unfused"``), the name
+        :meth:`select` takes. The fused graph is kept only when it measured faster.
+        Whatever the graph, the default config (torch's pick with ``cudnn.benchmark`` off) is
+        always a row: when the search did not time it (a compilation the budget did not wait
+        for), it is finalized and timed after the search (phase ``"torch's pick"``).
         ``progress``: a tqdm bar of the budget's seconds naming the phase and config being tried
         (None: when stderr is a terminal or in a Jupyter kernel; :mod:`rawconv._progress`). The
         choice's :class:`rawconv.tuning.TuningRecord` is :attr:`tuning_record` (and the table's
@@ -118,7 +130,7 @@ class Autotune:
         filters = dict(deterministic_only=deterministic_only, no_tensor_cores=no_tensor_cores,
                        no_down_conversion=no_down_conversion, no_reduced_precision=no_reduced_precision)
         opts = _search.SearchOptions(budget_s, workspace_limit, filters, iterations, final_iterations, check, use_cache,
-                                     seed, include_runtime_compiled, patience, relayout, seed_from_cache)
+                                     seed, include_runtime_compiled, patience, relayout, seed_from_cache, split)
         return self._autotune_run(opts, progress)
 
     def _autotune_run(self, opts: _search.SearchOptions, progress: bool | None) -> list[TimedConfig]:
@@ -142,13 +154,18 @@ class Autotune:
         seeds = _o._configs_of(store.seeds(key)) if opts.seed_from_cache else []
         from ...core import progress as _progress
 
+        split = self._splits(opts)
         with _progress.bar(progress, desc="cuDNN graph autotune", seconds=budget_s):
-            if relayout:
+            if split:
+                table = self._search_split(t_start, budget_s, tensors, ref, ref_abs, opts, seeds, relayout)
+            elif relayout:
                 cl_seeds = _o._configs_of(store.seeds(key, layout="nhwc")) if opts.seed_from_cache else []
                 table = _search.search_relayout(self, t_start, budget_s, tensors, ref, ref_abs, opts, seeds,
                                                 cl_seeds)
             else:
                 table = _search.search(self, t_start + budget_s, budget_s, tensors, ref, ref_abs, opts, seeds)
+            if not split:
+                table = self._with_torch_pick(table, tensors, ref, ref_abs, opts)
         self.last_autotune = table
         self.autotune_seconds = time.perf_counter() - t_start
         if not table or table[0].status != "ok":
@@ -160,6 +177,160 @@ class Autotune:
         rec = self._record(key, table[0])
         return _autotune.keep(self, self._table(table), rec)
 
+    def _splits(self, opts: _search.SearchOptions) -> bool:
+        """Whether an autotune with ``opts`` also searches the convolution-only graph (``"unfused:"``)."""
+        return opts.split and self.has_epilogue() and not self.problem.is_empty
+
+    def _default_name(self) -> str | None:
+        """The config the default selection runs (heuristic instant's, then fallback's, first
+        allowed config that finalizes: what torch's cuDNN call runs with ``cudnn.benchmark`` off,
+        rawconv's known-wrong configs skipped), found without changing the selection; None when
+        none finalizes."""
+        saved = self._selected
+        try:
+            return self._select_default().config.name
+        except NotSupportedError:
+            return None
+        finally:
+            self._selected = saved
+
+    def _torch_pick_row(self, rows, tensors, ref, ref_abs, opts, via=None) -> TimedConfig | None:
+        """The row of the default config (:meth:`_default_name`) among ``rows``: found, or
+        finalized (a compilation is waited for), checked and timed now and appended; its detail
+        says it is torch's pick. None when no default config finalizes."""
+        name = self._default_name()
+        if name is None:
+            return None
+        row = next((r for r in rows if r.config.name == name and not r.layout), None)
+        if row is None or row.status not in ("ok", "mismatch", "filtered"):
+            try:
+                b = self.build(name)
+            except NotSupportedError:
+                return None
+            out = self.output()
+            call = self.call_for(b, tensors, out)
+            if opts.check:
+                out.fill_(float("nan"))
+                call()
+                err = self.check_output(out, b.config, ref, ref_abs)
+            else:
+                err = None
+            st = _search.time_reps(call, opts.iterations, warmup=1)
+            fresh = TimedConfig(b.config, st.median_ms, st.min_ms, st.runs,
+                                "ok" if err is None or err.ok else "mismatch", err, "torch's pick")
+            if row is not None:
+                rows.remove(row)
+            rows.append(fresh)
+            row = fresh
+        row.detail = ("torch's pick (cuDNN's default: what torch runs with cudnn.benchmark off)"
+                      + (f"; {row.detail}" if row.detail else ""))
+        return row
+
+    def _with_torch_pick(self, table, tensors, ref, ref_abs, opts):
+        """``table`` (a finished search's rows) with the default config's row in it (see
+        :meth:`_torch_pick_row`), ranked again."""
+        if self.problem.is_empty:
+            return table
+        rows = list(table)
+        try:
+            pick = self._torch_pick_row(rows, tensors, ref, ref_abs, opts)
+        except Exception as exc:   # noqa: BLE001  (a search's result stands without the extra row)
+            _o.log.debug("torch's pick not timed for %s: %s", self._describe(), exc)
+            return table
+        return table if pick is None else _search.ranked(rows)
+
+    def _search_split(self, t_start, budget_s, tensors, ref, ref_abs, opts, seeds, relayout):
+        """autotune's search of a fused graph (``split``): this graph for half the budget, the
+        convolution-only graph (:meth:`unfused`) for the rest, then end to end (see
+        :meth:`autotune`). Selects nothing; returns the ranked rows of both."""
+        from ...core.errors import LibraryError
+
+        half = budget_s / 2
+        try:
+            if relayout:
+                native = _search.search_relayout(self, t_start, half, tensors, ref, ref_abs, opts, seeds, [])
+            else:
+                native = _search.search(self, t_start + half, half, tensors, ref, ref_abs, opts, seeds)
+        except (NotSupportedError, LibraryError):
+            native = []
+        unf = self.unfused()
+        ut = {"x": tensors["x"], "w": tensors["w"]}
+        uref = uabs = None
+        if opts.check:
+            uref, uabs = _o.reference(unf.problem, "forward", ut)
+        end = t_start + budget_s
+        try:
+            left = max(end - time.perf_counter(), 0.05)
+            if relayout and unf.problem.layout == "nchw":
+                urows = _search.search_relayout(unf, time.perf_counter(), left, ut, uref, uabs, opts, [], [])
+            else:
+                urows = _search.search(unf, end, left, ut, uref, uabs, opts, [])
+        except (NotSupportedError, LibraryError):
+            urows = []
+        urows = list(urows)
+        pick = None
+        try:
+            pick = unf._torch_pick_row(urows, ut, uref, uabs, opts)
+        except Exception as exc:   # noqa: BLE001
+            _o.log.debug("torch's pick not timed for %s: %s", unf._describe(), exc)
+        for r in urows:
+            r.layout = "unfused" + (f":{r.layout}" if r.layout else "")
+        top_u = [r for r in _search.ranked(urows) if r.status == "ok"][:4]
+        if pick is not None and pick.status == "ok" and not any(r is pick for r in top_u):
+            top_u.append(pick)
+        top_n = [r for r in native if r.status == "ok"][:4]
+        out = self.output()
+        fns, engine_ms = [], []
+        for r in top_u:
+            fn = self._split_call(unf, r, tensors, out)
+            if opts.check:
+                out.fill_(float("nan"))
+                fn()
+                err = self.check_output(out, r.config, ref, ref_abs)
+                if not err.ok:
+                    r.status, r.error = "mismatch", err
+                    r.detail = "wrong end to end (torch's ops after the convolution)"
+                    continue
+            fns.append((r, fn))
+            engine_ms.append(r.median_ms)
+        n_unf = len(fns)
+        for r in top_n:
+            if r.layout == "nhwc":   # (relayout) through the transforms, as execute runs it
+                fns.append((r, self.execute_call(self._cl.built[r.config.name], tensors, out, via=self._cl)))
+            else:   # (call_for binds a residual graph's residual too)
+                fns.append((r, self.call_for(self.built[r.config.name], tensors, out)))
+        if fns:
+            medians, mins, runs = _search._interleaved([fn for _, fn in fns], opts.final_iterations)
+            for (r, _fn), med, mn in zip(fns, medians, mins):
+                r.median_ms, r.min_ms, r.runs = med, mn, runs
+            if n_unf:   # torch's ops' GPU time, measured on those timed end to end, added to the other unfused rows
+                import statistics
+
+                extra = statistics.median(max(fns[i][0].median_ms - engine_ms[i], 0.0) for i in range(n_unf))
+                timed = {id(fns[i][0]) for i in range(n_unf)}
+                for r in urows:
+                    if id(r) in timed:
+                        r.detail = (r.detail + "; " if r.detail else "") + "timed end to end with torch's ops"
+                    elif r.median_ms is not None:
+                        r.detail = (r.detail + "; " if r.detail else "") + \
+                            f"convolution {r.median_ms:.4f} ms + torch's ops {extra:.4f} ms (measured on the best)"
+                        r.median_ms += extra
+        return _search.ranked(list(native) + urows)
+
+    def _split_call(self, unf, row, tensors: dict, out):
+        """A no-argument callable running the convolution-only config of ``row`` (of ``unf``,
+        through its channels_last plan for an ``"unfused:nhwc:"`` row) into ``out``, then torch's
+        ops: the layer as an ``"unfused:"`` selection runs it."""
+        via = unf._cl if row.layout.endswith("nhwc") else None
+        conv = unf.execute_call((via or unf).built[row.config.name], {"x": tensors["x"], "w": tensors["w"]}, out,
+                                via=via)
+        bias, r, act, nd = tensors.get("b"), tensors.get("r"), self.activation, self.problem.ndim
+
+        def call():
+            conv()
+            _o.torch_epilogue(out, bias, r, act, nd)
+        return call
+
     def _table(self, rows) -> ResultTable:
         """Autotune's rows as a :class:`rawconv.results.ResultTable` with the problem filled in."""
         out = ResultTable(rows, title=f"cuDNN graph autotune: {self._describe()}")
@@ -170,6 +341,9 @@ class Autotune:
     def _commit(self, top: TimedConfig) -> None:
         """Select autotune's top row: exactly that config runs (a channels_last one through the
         channels_last plan; otherwise that plan, if any, is released)."""
+        if top.layout.startswith("unfused"):
+            self._select(top.name, warn=False)   # the convolution-only plan's config, then torch's ops
+            return
         if top.layout:
             self._cl._selected = self._cl._built[top.config.name]
             self._via = self._cl
@@ -192,6 +366,8 @@ class Autotune:
             f["no_tensor_cores"] = self.problem.dtype == "float32" and not self.allow_tf32
         options = dict(f, allow_tf32=self.allow_tf32, workspace_limit=opts.workspace_limit,
                        include_runtime_compiled=opts.include_runtime_compiled, relayout=relayout)
+        if self._splits(opts):
+            options["split"] = True
         return tuning.TuningKey("cudnn_graph", self.direction, self.problem, self.activation, options,
                                 **_o._environment(self.device_index))
 
@@ -200,8 +376,11 @@ class Autotune:
         raises :class:`NotSupportedError` / :class:`ArgumentError` when its config no longer
         selects (:func:`rawconv.core.autotune.cached` then searches)."""
         ec = self._select(hit.choice, warn=False)
+        lay = "nhwc" if self._via else ""
+        if self._split:
+            lay = "unfused:nhwc" if self._unf._via is not None else "unfused"
         rows = self._table([TimedConfig(ec, hit.median_ms, hit.min_ms, 0, "ok", None, "cache", "from the tuning cache",
-                                        layout="nhwc" if self._via else "")])
+                                        layout=lay)])
         self.last_autotune = rows
         return rows
 
@@ -212,7 +391,9 @@ class Autotune:
         detail = {"engine": ec.engine, "knobs": [list(k) for k in ec.knobs],
                   "numerical_notes": list(ec.numerical_notes), "behavior_notes": list(ec.behavior_notes),
                   "workspace_bytes": ec.workspace_bytes}
-        return tuning.TuningRecord(key, row.name, detail, row.layout or self.problem.layout, row.median_ms,
+        lay = row.layout.rsplit(":", 1)[-1] if row.layout else ""
+        return tuning.TuningRecord(key, row.name, detail, lay if lay in ("nchw", "nhwc") else self.problem.layout,
+                                   row.median_ms,
                                    row.min_ms, row.error, label=self.problem.name or "")
 
 

@@ -145,7 +145,7 @@ class Engines:
         ec = ec.with_(workspace_bytes=ws, finalizes=True, error="")
         _o.log.debug("finalized %s (workspace %d B) for %s", ec.name, ws, self._describe())
         ec = self._remember(ec)
-        b = _o._Built(ec, plan, ws, back)
+        b = _o._Built(ec, plan, ws, back, fused=len(self._graph.ops) > 1)
         if b.serialize:
             _cuda.make_barrier(self.device_index)   # now, outside any capture
         if not self._freed:  # a background compilation may end after free()
@@ -257,10 +257,17 @@ class Engines:
             # a fused residual graph's capture choice (rawconv.fused): a plan without a residual
             # takes none, and runs the config named before it
             engine = engine.split("|capture=", 1)[0]
+        if isinstance(engine, str) and engine.strip().lower().startswith("unfused:"):
+            # the convolution-only graph's config (itself possibly "nhwc:..."), then torch's ops
+            unf = self.unfused()
+            rest = engine.strip()[8:]
+            ec = unf._select(rest, warn, stacklevel + 1) if rest else unf._current().config
+            self._split, self._selected, self._via, self._bufs = True, None, None, None
+            return ec
         if isinstance(engine, str) and engine.strip().lower().startswith("nhwc:"):
             cl = self.channels_last()
             ec = cl._select(engine.strip()[5:], warn, stacklevel + 1)
-            self._via = cl
+            self._via, self._split = cl, False
             return ec
         ec = self._resolve(engine)
         bad = _o.known_wrong(self.problem, self.direction, ec.engine) if warn else ""
@@ -277,6 +284,7 @@ class Engines:
         self._probe_capture(b)
         self._selected = b
         self._via = self._bufs = None
+        self._split = False
         return b.config
 
     def _layout_hint(self) -> str:
@@ -320,6 +328,9 @@ class Engines:
 
     def _current(self) -> _o._Built:
         self._check_live()
+        if self._split or (self._selected is None and self._via is None and self._default_split()):
+            self._split = True   # an "unfused:" config (selected, or the default): the convolution-only plan's
+            return self.unfused()._current()
         if self._via is not None:
             return self._via._current()
         return self._selected or self._select_default()
@@ -336,6 +347,8 @@ class Engines:
         """The selected config's name as :meth:`select` takes it (``"nhwc:"`` first when it runs on
         channels_last copies)."""
         name = self._current().config.name
+        if self._split:
+            return f"unfused:{self._unf.selected_name}"
         return f"nhwc:{name}" if self._via is not None else name
 
     def engine_id(self) -> int:

@@ -174,6 +174,7 @@ class SearchOptions:
     patience: int | None = 200
     relayout: bool = False
     seed_from_cache: bool = True
+    split: bool = True
 
     def __post_init__(self):
         b = self.budget_s
@@ -192,6 +193,8 @@ class SearchOptions:
             raise ArgumentError(f"relayout must be True or False, got {self.relayout!r}")
         if not isinstance(self.seed_from_cache, bool):
             raise ArgumentError(f"seed_from_cache must be True or False, got {self.seed_from_cache!r}")
+        if not isinstance(self.split, bool):
+            raise ArgumentError(f"split must be True or False, got {self.split!r}")
 
 
 class TimedConfig(Result):

@@ -47,6 +47,18 @@ class Autotune:
         if use_cache is not None and not isinstance(use_cache, bool):
             raise ArgumentTypeError(f"use_cache must be True, False or None, got {use_cache!r}")
         _progress.enabled(progress)   # validates
+        # what the plan ran before: put back when the search is interrupted (KeyboardInterrupt) or fails
+        before = (self._algo_request, self._algo_id, self._info, self._ws, self.math, self._descs)
+        try:
+            return self._autotune_now(iterations, warmup, math, use_cache, progress)
+        except BaseException:
+            self._algo_request, self._algo_id, self._info, self._ws, self.math, self._descs = before
+            raise
+
+    def _autotune_now(self, iterations, warmup, math, use_cache, progress) -> ResultTable:
+        """:meth:`autotune` once its arguments are checked."""
+        from ...core import progress as _progress
+
         if math is not None and math != self.math:
             self.math = _o._math_name(math, self.problem.dtype)
             self._descs = {}

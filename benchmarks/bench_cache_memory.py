@@ -1,0 +1,130 @@
+"""Memory over many input sizes (issue 36, item 1): resident memory (RSS) of torch and of rawconv's
+modules fed ``--sizes`` different inputs, and what :func:`rawconv.clear_caches` gives back.
+
+Each row runs in its own process (a fresh heap): a model of two ``Conv2d(16, 16, 3, padding=1)``
+with a ReLU between (``module``: one ``rawconv.nn.Conv2d``) gets x = (1, 16, 64 + 2 i, 64) for
+i < ``--sizes``, under ``torch.no_grad()`` (``--grad``: forward and backward). Printed per row, in
+MB: ``start`` (after one call on the first size, then ``clear_caches()``: the libraries loaded),
+``peak`` (the largest RSS seen after a call), ``end``, ``cleared`` (after ``clear_caches()``), the
+peak's growth over start as a ratio to torch's, and rawconv's :func:`rawconv.cache_info` at the end.
+
+* ``torch``: the model itself (torch's ``F.conv2d``);
+* ``module``: one ``rawconv.nn.Conv2d``;
+* ``convert``: ``rawconv.nn.convert(model)``;
+* ``fuse``: ``rawconv.nn.convert(model.eval(), fuse=True)`` (frozen fused modules);
+* ``autotuned``: ``convert(model, autotune=x0, autotune_new="search")``: every new size searched.
+
+Run against two trees to compare them::
+
+    PYTHONPATH=/path/to/before python benchmarks/bench_cache_memory.py
+    PYTHONPATH=/path/to/after  python benchmarks/bench_cache_memory.py
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODES = ("torch", "module", "convert", "fuse", "autotuned")
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def child(mode: str, sizes: int, grad: bool, threads: int) -> dict:
+    import gc
+    import warnings
+
+    import torch
+
+    if __package__ in (None, "") and not os.environ.get("PYTHONPATH"):
+        sys.path.insert(0, os.path.join(HERE, ".."))
+    import rawconv
+    import rawconv.nn as rnn
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(16, 16, 3, padding=1))
+    x0 = torch.randn(1, 16, 64, 64)
+    warnings.simplefilter("ignore")
+    if mode == "module":
+        model = rnn.Conv2d(16, 16, 3, padding=1)
+    elif mode == "convert":
+        model = rnn.convert(model)
+    elif mode == "fuse":
+        model = rnn.convert(model.eval(), fuse=True)
+    elif mode == "autotuned":
+        model = rnn.convert(model, autotune=x0, autotune_new="search", autotune_budget_s=0.02)
+
+    def step(x):
+        if grad:
+            x.requires_grad_(True)
+            model(x).sum().backward()
+        else:
+            with torch.no_grad():
+                model(x)
+
+    step(x0)
+    clear = getattr(rawconv, "clear_caches", lambda: None)
+    if mode != "torch":
+        clear()
+    gc.collect()
+    start = peak = _rss_mb()
+    for i in range(sizes):
+        step(torch.randn(1, 16, 64 + 2 * i, 64))
+        peak = max(peak, _rss_mb())
+    end = _rss_mb()
+    info = getattr(rawconv, "cache_info", lambda: None)()
+    clear()
+    gc.collect()
+    return {"mode": mode, "start": start, "peak": peak, "end": end, "cleared": _rss_mb(), "cache_info": info,
+            "rawconv": os.path.dirname(rawconv.__file__)}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", type=int, default=700)
+    ap.add_argument("--grad", action="store_true", help="forward and backward (default: no_grad forward)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--modes", default="torch,module,convert,fuse",
+                    help=f"comma-separated, of {', '.join(MODES)}")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.child, args.sizes, args.grad, args.threads)))
+        return
+    rows = []
+    for mode in args.modes.split(","):
+        if mode not in MODES:
+            ap.error(f"unknown mode {mode!r}")
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, "--sizes", str(args.sizes),
+               "--threads", str(args.threads)] + (["--grad"] if args.grad else [])
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode:
+            print(f"{mode}: failed: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
+            continue
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    if not rows:
+        return
+    print(f"rawconv from {rows[-1]['rawconv']}; {args.sizes} sizes of (1, 16, 64 + 2i, 64), "
+          f"{'forward + backward' if args.grad else 'no_grad forward'}, {args.threads} threads; RSS in MB")
+    base = next((r for r in rows if r["mode"] == "torch"), None)
+    print(f"{'mode':<10} {'start':>7} {'peak':>7} {'end':>7} {'cleared':>8} {'peak/torch':>11} {'cleared-start':>14}"
+          "  cache_info")
+    for r in rows:
+        ratio = f"{r['peak'] / base['peak']:.2f}" if base else "-"
+        info = r["cache_info"]
+        held = "" if not info else (f"held {sum(info['bytes'].values()) / 2**20:.0f} MB of {info['limit'] / 2**20:.0f}, "
+                                    f"{info['evictions']} released")
+        print(f"{r['mode']:<10} {r['start']:7.0f} {r['peak']:7.0f} {r['end']:7.0f} {r['cleared']:8.0f} {ratio:>11} "
+              f"{r['cleared'] - r['start']:14.0f}  {held}")
+
+
+if __name__ == "__main__":
+    main()
