@@ -15,7 +15,13 @@ batches go through
 
 Every step's loss must agree with torch's within ``--rtol`` (default 1e-4 relative: float32, a few
 steps; implementations differ in summation order, so the weights drift apart by rounding only).
-Per-step times are printed (median over the steps after the first).
+
+Per-step times are measured as ``rawconv compare`` measures its rows (``rawconv.bench``): the
+variants train in lockstep, step ``i`` of each in turn (the order rotating), each step's wall time
+recorded beside the process CPU time and the time our threads waited for a CPU. A variant's step
+time is the median over the steps after the first (of the clean steps, during which our threads
+did not wait for a CPU, when most were), and its ratio to torch is taken within each step, then
+the median, with the interquartile range; a busy machine gets the same warnings as ``compare``.
 
     python examples/train_small_cnn.py [--steps 8] [--batch 16] [--crop 32] [--device cpu|cuda]
 """
@@ -24,9 +30,7 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import statistics
 import sys
-import time
 
 import torch
 import torch.nn as nn
@@ -35,7 +39,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import rawconv.nn as rnn  # noqa: E402
-from rawconv import onednn  # noqa: E402
+from rawconv import bench, onednn  # noqa: E402
+from rawconv.ops import TrainingChoice  # noqa: E402
 
 
 def load_image() -> torch.Tensor:
@@ -82,8 +87,9 @@ def _pick(impls, policy: str) -> str:
 
 
 def pin(model: nn.Module, x: torch.Tensor, policy: str) -> list[str]:
-    """Pin every rawconv layer of ``model`` (forward and both backward directions) to the oneDNN
-    implementation ``policy`` picks for its problem; returns one line per layer saying which."""
+    """Pin every rawconv layer of ``model`` (the whole training step: forward and both backward
+    directions, one ``rawconv.ops.TrainingChoice`` per layer) to the oneDNN implementation
+    ``policy`` picks for each of its problems; returns one line per layer saying which."""
     shapes = {}
 
     def hook(m, args, y):
@@ -97,84 +103,113 @@ def pin(model: nn.Module, x: torch.Tensor, policy: str) -> list[str]:
     model.train(was_training)
     for h in hooks:
         h.remove()
-    lines = []
+    lines, choices = [], {}
     for name, m in model.named_modules():
         if m not in shapes:
             continue
         xs, ys = shapes[m]
         w = m.weight.detach()
         kw = dict(stride=m.stride, padding=m.padding, dilation=m.dilation, groups=m.groups)
-        if isinstance(m, nn.ConvTranspose2d):   # the matching convolution: input of y's shape, output of x's
-            cx = torch.empty(ys)
-            fwd = _pick(onednn.implementations(cx, w, **kw, direction="backward_data"), policy)
-            gx = _pick(onednn.implementations(cx, w, **kw, direction="forward"), policy)
-            gw = _pick(onednn.implementations(cx, w, **kw, direction="backward_weights"), policy)
+        # the library's directions: a transposed layer is its matching convolution's backward data
+        # (input of y's shape, output of x's), its input gradient that convolution's forward
+        cx = torch.empty(ys if isinstance(m, nn.ConvTranspose2d) else xs)
+        step = TrainingChoice(**{d: _pick(onednn.implementations(cx, w, **kw, direction=d), policy)
+                                 for d in ("forward", "backward_data", "backward_weights")})
+        choices[name] = step
+        if isinstance(m, nn.ConvTranspose2d):
+            lines.append((name, type(m).__name__, step.backward_data, step.forward, step.backward_weights))
         else:
-            cx = torch.empty(xs)
-            fwd = _pick(onednn.implementations(cx, w, **kw), policy)
-            gx = _pick(onednn.implementations(cx, w, **kw, direction="backward_data"), policy)
-            gw = _pick(onednn.implementations(cx, w, **kw, direction="backward_weights"), policy)
-        m.choice, m.backward_choice = fwd, (gx, gw)
-        lines.append((name, type(m).__name__, fwd, gx, gw))
+            lines.append((name, type(m).__name__, step.forward, step.backward_data, step.backward_weights))
+    rnn.pin_choices(model, choices)
     # columns as wide as their longest name (an ISA's implementation names differ in length)
     wn, wt, wf, wx = (max((len(r[i]) for r in lines), default=0) for i in range(4))
     return [f"    {n:<{wn}} {t:<{wt}} forward {f:<{wf}} grad-x {x:<{wx}} grad-w {g}" for n, t, f, x, g in lines]
 
 
-def train(model: nn.Module, data, device: str, lr: float = 0.05) -> tuple[list[float], list[float]]:
-    """(losses, per-step seconds) of plain SGD on ``data``."""
-    model.train()
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    losses, times = [], []
-    for noisy, clean in data:
+def train(models: dict, data, device: str, lr: float = 0.05) -> dict:
+    """Plain SGD on ``data`` for every model of ``models`` ({name: module}) in lockstep: step
+    ``i`` of each in turn, the order rotating from step to step, each step timed with
+    ``rawconv.bench.measure_call`` (wall, process CPU and run-queue time). Returns
+    ``{name: (losses, rawconv.bench.Timed of the steps after the first)}``."""
+    opts, losses, timed = {}, {}, {}
+    for n, model in models.items():
+        model.train()
+        opts[n] = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+        losses[n], timed[n] = [], bench.Timed(n)
+    names = list(models)
+    for i, (noisy, clean) in enumerate(data):
         noisy, clean = noisy.to(device), clean.to(device)
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        loss = nn.functional.mse_loss(model(noisy), clean)
-        loss.backward()
-        opt.step()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-        losses.append(loss.item())
-    return losses, times
+        for k in range(len(names)):
+            n = names[(k + i) % len(names)]
+            model, opt = models[n], opts[n]
+
+            def step():
+                opt.zero_grad(set_to_none=True)
+                loss = nn.functional.mse_loss(model(noisy), clean)
+                loss.backward()
+                opt.step()
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                return loss
+
+            loss, call = bench.measure_call(step)
+            losses[n].append(loss.item())
+            if i > 0 or len(data) == 1:   # the first step builds every plan: not timed
+                timed[n].rounds.append([call])
+    return {n: (losses[n], timed[n]) for n in names}
 
 
 def run(steps: int = 8, batch: int = 16, crop: int = 32, device: str = "cpu", width: int = 16,
         rtol: float = 1e-4, log=print) -> dict:
-    """Train every variant; returns {variant: {"losses": [...], "step_ms": median}} and logs a table.
-    Raises AssertionError when a variant's losses leave ``rtol`` of torch's."""
+    """Train every variant; returns {variant: {"losses": [...], "step_ms", "ratio", "flags"}} and
+    ``"_warnings"`` (the timing warnings), and logs a table. Raises AssertionError when a
+    variant's losses leave ``rtol`` of torch's."""
     img = load_image()
     data = batches(img, steps, batch, crop)
     base = small_cnn(width)
-    results = {}
-
-    def record(name, model):
-        losses, times = train(model, data, device)
-        step_ms = statistics.median(times[1:] or times) * 1e3
-        results[name] = {"losses": losses, "step_ms": step_ms}
-
+    models = {}
     if device == "cuda":
         torch.backends.cudnn.benchmark = True
-        record("torch (cudnn.benchmark)", copy.deepcopy(base).cuda())
+        models["torch (cudnn.benchmark)"] = copy.deepcopy(base).cuda()
         m = rnn.convert(copy.deepcopy(base).cuda(), autotune=data[0][0].cuda())
         log(str(m.rawconv_report))
-        record("rawconv (autotuned)", m)
+        models["rawconv (autotuned)"] = m
     else:
-        record("torch", copy.deepcopy(base))
+        models["torch"] = copy.deepcopy(base)
         for policy in ("first", "gemm"):
             m = rnn.convert(copy.deepcopy(base))
             lines = pin(m, data[0][0], policy)
-            log(f"rawconv pinned, policy {policy!r}:")
+            log(f"rawconv pinned, policy {policy!r} (forward and both backward passes):")
             for line in lines:
                 log(line)
-            record(f"rawconv ({policy})", m)
-    names = list(results)
+            models[f"rawconv ({policy})"] = m
+    trained = train(models, data, device)
+    names = list(models)
+    ref_t = trained[names[0]][1]
+    results = {}
+    for n in names:
+        losses, t = trained[n]
+        q = bench.ratio(ref_t, t) if n != names[0] else None
+        results[n] = {"losses": losses, "step_ms": t.stats().median_ms, "cpu_ms": t.wall_cpu_ms()[1],
+                      "ratio": q.as_dict() if q is not None else None, "flags": t.flags()}
     ref = results[names[0]]["losses"]
     log(f"{'step':>4}  " + "  ".join(f"{n:>24}" for n in names))
     for i in range(steps):
         log(f"{i:>4}  " + "  ".join(f"{results[n]['losses'][i]:>24.7f}" for n in names))
-    log("step ms " + "  ".join(f"{n}: {results[n]['step_ms']:.2f}" for n in names))
+    parts = []
+    for n in names:
+        r = results[n]
+        q = r["ratio"]
+        parts.append(f"{n}: {r['step_ms']:.2f} (CPU {r['cpu_ms']:.2f})"
+                     + (f", {names[0]} / it {q['value']:.2f}x [{q['lo']:.2f}-{q['hi']:.2f}]" if q else ""))
+    log("step ms (median over the steps after the first, variants in lockstep; x: within each step, median "
+        "[interquartile range]): " + "; ".join(parts))
+    for n in names:
+        for f in results[n]["flags"]:
+            log(f"  timing {n}: {f}")
+    results["_warnings"] = bench.flag_warnings([results[n]["flags"] for n in names])
+    for w in results["_warnings"]:
+        log(f"warning: {w}")
     worst = 0.0
     for n in names[1:]:
         for a, b in zip(results[n]["losses"], ref):

@@ -76,15 +76,34 @@ def test_timing_warnings_name_the_cause():
     assert len(lines) == 1 and "1 of 2" in lines[0]
 
 
-def test_onednn_autotune_reports_spread_and_warns_when_oversubscribed(monkeypatch):
+def test_onednn_autotune_flags_rows_that_waited_for_a_cpu(monkeypatch):
+    """autotune times in interleaved rounds; a row whose calls all waited for a CPU (our threads'
+    run-queue time, here a fake schedstat reader that grows 10 ms per read) is flagged and warned
+    about, and its record says its time is not to be trusted. A busy machine alone (LoadMonitor)
+    no longer marks rows that the rounds measured clean."""
     from rawconv import bench, onednn
 
     busy = bench.LoadReport(1.0, 2, 2, 1.2, 0.6, 3.0)
     monkeypatch.setattr(bench.LoadMonitor, "report", lambda self: busy)
     conv = onednn.Convolution(torch.randn(1, 4, 6, 6), torch.randn(4, 4, 3, 3), padding=1)
-    with pytest.warns(bench.TimingWarning, match="oversubscribed"):
+    clock = iter(range(10 ** 6))
+    monkeypatch.setattr(bench, "_self_wait_seconds", lambda: 0.01 * next(clock))
+    with pytest.warns(bench.TimingWarning, match="waited for a CPU"):
         rows = conv.autotune(iterations=2, warmup=0)
     assert rows and all(r.spread >= 1.0 for r in rows) and "median/min" in str(rows[0])
+    assert all(r.extra["rounds"]["clean_calls"] == 0 for r in rows if r.ok)
+    assert any(f.startswith("waited for a CPU") for f in rows[0].timing_flags)
+    assert rows.record.timing["trustworthy"] is False and rows.record.timing["row_flags"]
+    # the same with calls that did not wait: no warning, even though the machine looked busy
+    monkeypatch.setattr(bench, "_self_wait_seconds", lambda: 0.0)
+    conv2 = onednn.Convolution(torch.randn(1, 4, 6, 6), torch.randn(4, 4, 3, 3), padding=1)
+    import warnings
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        rows = conv2.autotune(iterations=2, warmup=0)
+    assert not any("waited for a CPU" in str(w.message) for w in said)
+    assert all(r.extra["rounds"]["clean_calls"] == r.extra["rounds"]["calls"] for r in rows if r.ok)
 
 
 def test_time_cpu_budget_covers_warmup_and_always_times_once():

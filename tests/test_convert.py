@@ -318,7 +318,10 @@ def test_resnet50_benchmark_runs_at_a_tiny_size(capsys):
 def test_training_example_losses_agree_at_a_tiny_size():
     ex = _load("examples/train_small_cnn.py", "train_small_cnn")
     res = ex.run(steps=3, batch=4, crop=16, width=4, log=lambda *a: None)
-    assert set(res) == {"torch", "rawconv (first)", "rawconv (gemm)", "_worst_rel"}
+    assert set(res) == {"torch", "rawconv (first)", "rawconv (gemm)", "_worst_rel", "_warnings"}
+    # timed as compare times (lockstep steps, flags from what was measured), each ratio within its steps
+    assert res["rawconv (first)"]["ratio"]["lo"] <= res["rawconv (first)"]["ratio"]["value"] \
+        <= res["rawconv (first)"]["ratio"]["hi"] and isinstance(res["_warnings"], list)
     assert res["_worst_rel"] <= 1e-4
     assert res["torch"]["losses"][0] > 0
 

@@ -121,16 +121,22 @@ def test_interrupted_autotune_restores_the_selection(monkeypatch):
     y0 = plan.execute()
     from rawconv.core import bench
 
-    real = bench.time_cpu
-    interrupted = _interrupting(real, 3)   # Ctrl-C while the third candidate is being timed
-    monkeypatch.setattr(bench, "time_cpu", interrupted)
+    real = bench.time_rounds
+    # Ctrl-C during the third timed call (the candidates are timed together in interleaved rounds,
+    # rawconv.bench.time_rounds: the third call runs the third candidate in the first round)
+    interrupted = _interrupting(lambda f: f(), 3)
+
+    def rounds(candidates, **kw):
+        return real({k: ((lambda f=fn: interrupted(f)), setup) for k, (fn, setup) in candidates.items()}, **kw)
+
+    monkeypatch.setattr(bench, "time_rounds", rounds)
     with pytest.raises(KeyboardInterrupt):
         plan.autotune(iterations=2, warmup=0, use_cache=False)
     assert interrupted.calls == 3
     assert plan.selected == first                       # not the candidate being timed
     assert list(plan._built) in ([], [first.index])     # the candidates' primitives and buffers dropped
     torch.testing.assert_close(plan.execute(), y0)
-    monkeypatch.setattr(bench, "time_cpu", real)
+    monkeypatch.setattr(bench, "time_rounds", real)
     rows = plan.autotune(iterations=2, warmup=0, use_cache=False)   # and a later autotune works
     assert plan.selected == rows[0].impl
 

@@ -129,7 +129,7 @@ def test_forcing_a_known_bad_implementation_raises_naming_the_issue(guard):
         pytest.skip("no known-bad row for the #6035 problem on this CPU (see test_listing_...)")
     x, gy = _report_inputs()
     r = bad[0]
-    for impl in (r.index, f"{r.name}@user", r, r.name):
+    for impl in (r.index, f"{r.name}@user", r):
         with pytest.raises(KnownBadError, match="6035") as ei:
             onednn.backward_weights(x, gy, (8, 4, 1, 1), stride=2, impl=impl)
         assert isinstance(ei.value, NotSupportedError) and ei.value.link == ISSUE
@@ -138,8 +138,11 @@ def test_forcing_a_known_bad_implementation_raises_naming_the_issue(guard):
             plan.select(impl)
         with pytest.raises(KnownBadError):
             onednn.Convolution.from_problem(P6035, direction="backward_weights", impl=impl)
-    # the bare name points at the unaffected layouts=any row of the same implementation
-    assert f"impl='{r.name}@any'" in str(pytest.raises(KnownBadError, plan.select, r.name).value)
+    # the short name names both rows (issue 34: refused, the two listed, the known-bad one marked); the
+    # known-bad error of the @user row points at the unaffected layouts=any row of the same implementation
+    amb = str(pytest.raises(ArgumentError, plan.select, r.name).value)
+    assert "ambiguous" in amb and f"{r.name}@user [{r.index}] (known bad)" in amb and f"{r.name}@any [" in amb
+    assert f"impl='{r.name}@any'" in str(pytest.raises(KnownBadError, plan.select, f"{r.name}@user").value)
     # the override selects it (nothing runs here), on the plan or per call
     assert plan.select(r.index, allow_known_bad=True).index == r.index
     p2 = onednn.Convolution.from_problem(P6035, direction="backward_weights", allow_known_bad=True)
@@ -214,7 +217,7 @@ def test_compare_reports_known_bad_rows_as_skipped(monkeypatch, guard):
     first = onednn.Convolution.from_problem(p).implementations[0].name
     _mark_first(monkeypatch, p, "forward", [first])
     rows = compare_problem(p, backends=("onednn",), iterations=1, warmup=0, include_ref=False)
-    bad = [r for r in rows if r.implementation.endswith(first) and r.error]
+    bad = [r for r in rows if r.implementation.startswith(first + "@") and r.error]
     assert bad and all(r.error == "skipped (known bad)" and "example.invalid" in r.detail for r in bad)
     assert all(r.ok for r in rows if not r.error)
     assert len(summary(rows)["skipped"]) == len(bad) and not summary(rows)["failed"]

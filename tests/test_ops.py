@@ -428,12 +428,12 @@ def test_pinned_choices_run_and_backward_choices_are_used():
     ops.clear_cache()
     y = ops.conv(x, w, None, **kw, choice=f, backward_choice=(d.name, f"{wt.name}@{wt.layouts}"))
     y.sum().backward()
-    sel = {plan.direction: plan.selected.name for plan in ops._cpu_cache._plans.values()}
-    assert sel == {"forward": f.name, "backward_data": d.name, "backward_weights": wt.name}
+    sel = {plan.direction: plan.selected.choice for plan in ops._cpu_cache._plans.values()}
+    assert sel == {"forward": f.choice, "backward_data": d.choice, "backward_weights": wt.choice}
     assert ops.selected(x, w, None, **kw, choice=f, backward_choice=(d.name, f"{wt.name}@{wt.layouts}")) == sel
     torch.testing.assert_close(y, F.conv2d(xd, wd, None, 1, 1), rtol=1e-4, atol=1e-4)
     default = ops.selected(x, w, None, **kw)
-    assert default["forward"] == onednn.implementations(xd, wd, **kw)[0].name
+    assert default["forward"] == onednn.implementations(xd, wd, **kw)[0].choice
 
 
 @pytest.mark.parametrize("call, exc, words", [

@@ -8,6 +8,15 @@ and the checks that say when those numbers are noise.
 * :class:`LoadMonitor`: what the rest of the machine did while we timed (CPU time of other
   processes, the time our own threads waited for a CPU, the 1-minute load average), and
   :func:`timing_warnings`, which turns that and the median/min spread into warning lines.
+* :func:`time_rounds`: **the measurement that survives load**, used by ``compare``, oneDNN's
+  autotune (and so ``convert``'s CPU searches), ``replay``, ``describe`` and the examples:
+  several callables timed in interleaved rounds, each call's wall time recorded beside the
+  process CPU time and the time our threads waited on a run queue for a CPU; a round's time of a
+  candidate is its fastest *clean* call (one during which our threads did not wait for a CPU).
+  :func:`ratio` takes ratios within each round, then their median and interquartile range;
+  :meth:`Timed.flags` says what was measured against a row (its rounds disagree; it waited for a
+  CPU: wall time well above the CPU time it got). Choosing the best of N on one set of rounds
+  and reporting it from fresh rounds (``compare``'s confirmation) removes the winner's curse.
 """
 from __future__ import annotations
 
@@ -15,8 +24,8 @@ import math
 import os
 import statistics
 import time
-from dataclasses import dataclass
-from typing import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
 
 #: A timed result whose median exceeds its min by more than this factor is "unstable". Measured on
 #: a shared 2-core EPYC (rawconv compare, 10 calls per row): rows timed while our threads did not
@@ -400,4 +409,355 @@ def timing_warnings(report: LoadReport | None, spreads: Iterable[float], *, limi
     if wide:
         out.append(f"unstable timings: {len(wide)} of {len(sp)} timed results have median/min above {limit:g} "
                    f"(worst {max(wide):.1f}); compare min beside median")
+    return out
+
+
+# --------------------------------------------------------------------------- interleaved rounds
+#: A call is *clean* when our threads waited on a run queue for a CPU (``/proc/self/task/*/schedstat``,
+#: summed over threads) at most this fraction of its wall time plus :data:`CLEAN_SLACK_S`. On a
+#: shared 2-core EPYC, a 1-ms convolution at 2 threads beside one busy process took 1.2-1.6 ms in
+#: its clean calls and 30-90 ms in the others (each a whole scheduler slice of the other process):
+#: the clean calls are the ones that measured the convolution.
+CLEAN_WAIT = 0.02
+CLEAN_SLACK_S = 20e-6
+
+#: Where schedstat is missing (no run-queue times): a call whose process CPU time is below this
+#: fraction of its wall time waited (less than one CPU's worth of work in the time it took).
+CPU_SHARE_MIN = 0.5
+
+#: A row whose per-round times have an interquartile range above this fraction of their median is
+#: flagged "rounds disagree" (on the quiet EPYC, 2-9% for rows of 0.1-30 ms).
+ROUNDS_DISAGREE = 0.25
+
+
+@dataclass(frozen=True)
+class Clock:
+    """Where :func:`time_rounds` reads its times (seconds): ``wall`` (``time.perf_counter``),
+    ``cpu`` (``time.process_time``: CPU time of every thread of this process) and ``wait`` (the
+    run-queue time of this process's threads, :func:`_self_wait_seconds`, or None). Tests pass a
+    fake one."""
+
+    wall: Callable[[], float] = time.perf_counter
+    cpu: Callable[[], float] = time.process_time
+    wait: Callable[[], float | None] = None   # type: ignore[assignment]  (the schedstat reader)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One timed call: ``wall_s`` (wall time), ``cpu_s`` (CPU time of this process, all threads)
+    and ``wait_s`` (time our threads waited for a CPU; None where the OS does not say)."""
+
+    wall_s: float
+    cpu_s: float
+    wait_s: float | None
+
+    @property
+    def clean(self) -> bool:
+        """Our threads did not wait for a CPU during it (:data:`CLEAN_WAIT`); without run-queue
+        times, its CPU time was at least :data:`CPU_SHARE_MIN` of its wall time."""
+        if self.wait_s is None:
+            return self.cpu_s >= CPU_SHARE_MIN * self.wall_s
+        return self.wait_s <= CLEAN_WAIT * self.wall_s + CLEAN_SLACK_S
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values``, linearly interpolated; ``nan`` when empty."""
+    v = sorted(x for x in values if isinstance(x, (int, float)) and math.isfinite(x))
+    if not v:
+        return float("nan")
+    pos = q * (len(v) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+@dataclass
+class Timed:
+    """One candidate's calls in :func:`time_rounds`: ``rounds[r]`` holds its :class:`Call` s of
+    round ``r`` (every candidate has one entry per round, so rounds line up across candidates; an
+    empty one: a round it sat out, its budget spent)."""
+
+    name: str
+    rounds: list = field(default_factory=list)
+
+    @property
+    def calls(self) -> list:
+        return [c for rnd in self.rounds for c in rnd]
+
+    def round_clean(self) -> list:
+        """Per round: whether it had a clean call (None for a round it sat out)."""
+        return [any(c.clean for c in rnd) if rnd else None for rnd in self.rounds]
+
+    @property
+    def timed_rounds(self) -> int:
+        """The rounds in which it was called."""
+        return sum(bool(rnd) for rnd in self.rounds)
+
+    def round_ms(self) -> list[float]:
+        """Per round, in ms: its fastest clean call, else (every call waited) its fastest call."""
+        out = []
+        for rnd in self.rounds:
+            clean = [c.wall_s for c in rnd if c.clean]
+            out.append(1e3 * min(clean or [c.wall_s for c in rnd]) if rnd else float("nan"))
+        return out
+
+    @property
+    def clean_rounds(self) -> int:
+        return sum(c is True for c in self.round_clean())
+
+    def stats(self) -> TimeStats:
+        """``median_ms``: the median over rounds of :meth:`round_ms` (from the clean rounds when
+        most rounds had a clean call); ``min_ms``: the fastest call; ``mean_ms``: the mean of
+        every call; ``runs``: the number of calls."""
+        per = self._used_round_ms()
+        walls = [c.wall_s * 1e3 for c in self.calls]
+        if not walls:
+            nan = float("nan")
+            return TimeStats(nan, nan, nan, 0)
+        return TimeStats(statistics.median(per), min(walls), statistics.fmean(walls), len(walls))
+
+    def _used_round_ms(self) -> list[float]:
+        per, clean = self.round_ms(), self.round_clean()
+        timed = [t for t in per if math.isfinite(t)]
+        kept = [t for t, c in zip(per, clean) if c]
+        return kept if 2 * len(kept) >= len(timed) and kept else timed
+
+    def waited_share(self) -> float | None:
+        """The fraction of our threads' run time spent waiting for a CPU over every call:
+        wait / (wait + CPU time). None without run-queue times."""
+        calls = self.calls
+        if not calls or any(c.wait_s is None for c in calls):
+            return None
+        wait = sum(c.wait_s for c in calls)
+        cpu = sum(c.cpu_s for c in calls)
+        return wait / (wait + cpu) if wait + cpu > 0 else 0.0
+
+    def wall_cpu_ms(self) -> tuple[float, float]:
+        """(median wall time, median process CPU time) per call, in ms."""
+        calls = self.calls
+        if not calls:
+            return float("nan"), float("nan")
+        return (statistics.median(c.wall_s for c in calls) * 1e3, statistics.median(c.cpu_s for c in calls) * 1e3)
+
+    def disagreement(self) -> float:
+        """Interquartile range of the per-round times over their median (``nan`` below 3 rounds)."""
+        per = self._used_round_ms()
+        if len(per) < 3:
+            return float("nan")
+        med = statistics.median(per)
+        return (percentile(per, 0.75) - percentile(per, 0.25)) / med if med > 0 else float("nan")
+
+    def flags(self) -> list[str]:
+        """What was measured against this candidate's time (empty when nothing):
+        ``"waited for a CPU: ..."`` when most rounds had no clean call (its time then includes
+        waits: wall time well above the CPU time it got), ``"rounds disagree: ..."`` when its
+        per-round times spread (:data:`ROUNDS_DISAGREE`)."""
+        out = []
+        n = self.timed_rounds
+        if n and 2 * self.clean_rounds < n:
+            wall, cpu = self.wall_cpu_ms()
+            share = self.waited_share()
+            why = f"our threads waited {100 * share:.0f}% of their run time; " if share is not None else ""
+            out.append(f"waited for a CPU: no clean call in {n - self.clean_rounds} of {n} rounds ({why}per call "
+                       f"wall {wall:.3g} ms, CPU {cpu:.3g} ms)")
+        d = self.disagreement()
+        if math.isfinite(d) and d > ROUNDS_DISAGREE:
+            per = self._used_round_ms()
+            out.append(f"rounds disagree: per-round times {percentile(per, 0.25):.3g}-{percentile(per, 0.75):.3g} ms "
+                       f"around {statistics.median(per):.3g} ms")
+        return out
+
+    def as_dict(self) -> dict:
+        """JSON-friendly: rounds, per-round ms and cleanliness, calls, clean calls, median wall and
+        CPU ms per call, the waited share and :meth:`flags`."""
+        wall, cpu = self.wall_cpu_ms()
+        return {"rounds": self.timed_rounds, "round_ms": self.round_ms(), "round_clean": self.round_clean(),
+                "calls": len(self.calls), "clean_calls": sum(c.clean for c in self.calls),
+                "wall_ms": wall, "cpu_ms": cpu, "waited_share": self.waited_share(), "flags": self.flags()}
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """``base`` time / ``other`` time taken within each round: ``value`` is their median,
+    ``lo``/``hi`` their 25th and 75th percentiles (the interquartile range), ``rounds`` how many
+    rounds it used, ``clean`` whether those were rounds where both sides had a clean call,
+    ``per_round`` the ratios themselves."""
+
+    value: float
+    lo: float
+    hi: float
+    rounds: int
+    clean: bool
+    per_round: tuple
+
+    def as_dict(self) -> dict:
+        return {"value": self.value, "lo": self.lo, "hi": self.hi, "rounds": self.rounds, "clean": self.clean,
+                "per_round": list(self.per_round)}
+
+    def __str__(self) -> str:
+        return f"{self.value:.2f}x [{self.lo:.2f}-{self.hi:.2f}]"
+
+
+def ratio(base: Timed, other: Timed) -> Ratio | None:
+    """``base``'s time over ``other``'s, round by round (:meth:`Timed.round_ms`), from the rounds
+    where both had a clean call when those are at least half of them, else from every round.
+    None when no round timed both."""
+    bt, ot, bc, oc = base.round_ms(), other.round_ms(), base.round_clean(), other.round_clean()
+    pairs = [(a / b, bool(ca and cb)) for a, b, ca, cb in zip(bt, ot, bc, oc)
+             if math.isfinite(a) and math.isfinite(b) and a > 0 and b > 0]
+    if not pairs:
+        return None
+    clean = [v for v, c in pairs if c]
+    use, is_clean = (clean, True) if clean and 2 * len(clean) >= len(pairs) else ([v for v, _ in pairs], False)
+    return Ratio(statistics.median(use), percentile(use, 0.25), percentile(use, 0.75), len(use), is_clean,
+                 tuple(use))
+
+
+def measure_call(fn: Callable[[], object], clock: Clock | None = None) -> tuple[object, Call]:
+    """Call ``fn`` once and return ``(its result, the Call)``: wall time, process CPU time and
+    the time our threads waited for a CPU during it (what :func:`time_rounds` records per call;
+    for a loop of one's own, e.g. a training step per variant in turn, into :class:`Timed`)."""
+    clk = clock or Clock()
+    wait = clk.wait or _self_wait_seconds
+    w0 = wait()
+    c0 = clk.cpu()
+    t0 = clk.wall()
+    out = fn()
+    t1 = clk.wall()
+    c1 = clk.cpu()
+    w1 = wait()
+    return out, Call(t1 - t0, c1 - c0, (w1 - w0) if w0 is not None and w1 is not None else None)
+
+
+#: :func:`round_plan`'s most rounds: ``iterations`` calls per candidate are spread over at most this many
+MAX_ROUNDS = 5
+
+
+def round_plan(iterations: int, max_rounds: int = MAX_ROUNDS) -> tuple[int, int]:
+    """``(rounds, calls per round)`` that spread ``iterations`` timed calls per candidate over at
+    most ``max_rounds`` interleaved rounds (10 -> 5 rounds of 2; 3 -> 3 of 1)."""
+    it = max(1, int(iterations))
+    rounds = min(it, max_rounds)
+    return rounds, math.ceil(it / rounds)
+
+
+def time_rounds(candidates, *, rounds: int = 5, calls: int = 2, retries: int | None = None, warmup: int = 1,
+                budget_s: float | None = None, min_rounds: int = 3, sit_out: bool = True,
+                clock: Clock | None = None) -> dict[str, Timed]:
+    """Time several callables in interleaved rounds: ``candidates`` maps a name to ``fn`` or to
+    ``(fn, setup)`` (``setup()`` runs untimed before the candidate's calls in each round, e.g. a
+    plan's ``select``). After ``warmup`` untimed calls each, every round calls each candidate in
+    turn (the order rotates from round to round) until it has ``calls`` clean calls, or
+    ``calls`` calls with at least one clean, or ``calls + retries`` calls (default ``retries =
+    calls``): a call during which our threads waited for a CPU is tried again. With
+    ``budget_s``, a candidate's calls in one round stop after ``budget_s / rounds`` seconds (at
+    least one call), a candidate that has spent ``budget_s`` (its warm-up included) sits out the
+    rounds left (after at least one; not with ``sit_out=False``), and after ``min_rounds`` rounds
+    the rounds stop once every candidate has (calls that wait for whole scheduler slices on a busy
+    machine, a slow reference implementation: fewer calls, each row flagged by what its calls
+    measured). Each call records wall time (``time.perf_counter``), process CPU time
+    (``time.process_time``) and the time our threads waited for a CPU (schedstat). Returns
+    ``{name: Timed}`` in the order given (:meth:`Timed.stats`, :func:`ratio`,
+    :meth:`Timed.flags`). Raises ValueError for ``rounds`` or ``calls`` below 1."""
+    if rounds < 1 or calls < 1:
+        raise ValueError("rounds and calls must be >= 1")
+    retries = calls if retries is None else max(0, retries)
+    clk = clock or Clock()
+    wait = clk.wait or _self_wait_seconds
+    items = []
+    for name, c in (candidates.items() if isinstance(candidates, dict) else candidates):
+        fn, setup = c if isinstance(c, tuple) else (c, None)
+        items.append((name, fn, setup))
+    out = {name: Timed(name) for name, _, _ in items}
+    spent_all = {name: 0.0 for name, _, _ in items}
+    for name, fn, setup in items:
+        if warmup > 0:
+            if setup is not None:
+                setup()
+            t0 = clk.wall()
+            for _ in range(warmup):
+                fn()
+            spent_all[name] += clk.wall() - t0
+    per_round = budget_s / rounds if budget_s else None
+    n = len(items)
+    for r in range(rounds):
+        if budget_s and r >= max(1, min_rounds) and all(v >= budget_s for v in spent_all.values()):
+            break
+        for k in range(n):
+            name, fn, setup = items[(k + r) % n]
+            if sit_out and budget_s and spent_all[name] >= budget_s and out[name].timed_rounds:
+                out[name].rounds.append([])   # its budget spent: it sits this round out
+                continue
+            if setup is not None:
+                setup()
+            got: list = []
+            clean = 0
+            spent = 0.0
+            while True:
+                w0 = wait()
+                c0 = clk.cpu()
+                t0 = clk.wall()
+                fn()
+                t1 = clk.wall()
+                c1 = clk.cpu()
+                w1 = wait()
+                call = Call(t1 - t0, c1 - c0, (w1 - w0) if w0 is not None and w1 is not None else None)
+                got.append(call)
+                clean += call.clean
+                spent += call.wall_s
+                if (clean >= calls or (clean and len(got) >= calls) or len(got) >= calls + retries
+                        or (per_round is not None and spent >= per_round)):
+                    break
+            out[name].rounds.append(got)
+            spent_all[name] += spent
+    return out
+
+
+def fastest(timed: dict, names: Iterable[str] | None = None) -> str | None:
+    """The name among ``names`` (default: all) of ``timed`` with the smallest median time
+    (:meth:`Timed.stats`); None when none has one."""
+    best, best_ms = None, float("inf")
+    for n in (names if names is not None else timed):
+        ms = timed[n].stats().median_ms
+        if math.isfinite(ms) and ms < best_ms:
+            best, best_ms = n, ms
+    return best
+
+
+def geomean_interval(per_problem: Sequence[Sequence[float]], *, level: float = 0.9, resamples: int = 400,
+                     seed: int = 0) -> tuple[float, float] | None:
+    """A percentile bootstrap interval (``level``: 0.9 = the 5th to 95th percentile) for the
+    geometric mean over problems of each problem's median per-round ratio: each resample draws
+    every problem's per-round ratios with replacement (a fixed ``seed``: the same rounds give
+    the same interval). None without any positive ratio."""
+    import random
+
+    lists = [[v for v in vs if isinstance(v, (int, float)) and math.isfinite(v) and v > 0] for vs in per_problem]
+    lists = [v for v in lists if v]
+    if not lists:
+        return None
+    rng = random.Random(seed)
+    vals = []
+    for _ in range(resamples):
+        logs = 0.0
+        for v in lists:
+            logs += math.log(statistics.median([v[rng.randrange(len(v))] for _ in v]))
+        vals.append(math.exp(logs / len(lists)))
+    a = (1.0 - level) / 2
+    return percentile(vals, a), percentile(vals, 1.0 - a)
+
+
+def flag_warnings(flags: Iterable[Sequence[str]]) -> list[str]:
+    """Warning lines for rows flagged by what was measured (each item: one row's
+    :meth:`Timed.flags`): how many rows waited for a CPU, how many had rounds that disagree."""
+    flags = [list(f) for f in flags]
+    waited = sum(any(x.startswith("waited for a CPU") for x in f) for f in flags)
+    disagree = sum(any(x.startswith("rounds disagree") for x in f) for f in flags)
+    out = []
+    if waited:
+        out.append(f"waited for a CPU: {waited} of {len(flags)} timed results had no clean call (one during which "
+                   "our threads did not wait for a CPU) in most rounds: their times include waits")
+    if disagree:
+        out.append(f"rounds disagree: {disagree} of {len(flags)} timed results have per-round times whose "
+                   f"interquartile range exceeds {100 * ROUNDS_DISAGREE:.0f}% of their median")
     return out

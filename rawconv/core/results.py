@@ -193,10 +193,21 @@ class Result:
 
     @property
     def timing_flags(self) -> list[str]:
-        """Why this row's time is not to be trusted (empty when nothing is known against it):
-        ``"machine oversubscribed while timed"``, ``"median/min 2.9"``."""
+        """Why this row's time is not to be trusted (empty when nothing is known against it). A row
+        timed in interleaved rounds (``extra["rounds"]``, :func:`rawconv.bench.time_rounds`) is
+        flagged by what its rounds measured: ``"waited for a CPU: ..."`` (most rounds had no call
+        during which our threads did not wait for a CPU), ``"rounds disagree: ..."``, and the same
+        for its confirmation rounds (``"fresh rounds: ..."``); another row by the machine and its
+        spread: ``"machine oversubscribed while timed"``, ``"median/min 2.9"``."""
         from .bench import SPREAD_LIMIT
 
+        rounds = self.extra.get("rounds") if isinstance(self.extra, dict) else None
+        if isinstance(rounds, dict):   # timed in interleaved rounds: flagged by what they measured
+            out = [str(f) for f in rounds.get("flags") or []]
+            conf = self.extra.get("confirmed")
+            if isinstance(conf, dict):
+                out += [f"fresh rounds: {f}" for f in conf.get("flags") or []]
+            return out
         out = []
         if self.oversubscribed:
             out.append("machine oversubscribed while timed")
@@ -345,16 +356,28 @@ def machine_report(rows):
 def reliability(rows, hint: str | None = None) -> dict:
     """Whether the timings of ``rows`` (one run) can be trusted, for every output to carry:
     ``{"trustworthy": bool or None, "warnings": [lines], "machine": LoadReport.as_dict() or None,
-    "unreliable_rows": n, "timed_rows": n}``. Not trustworthy when the machine was oversubscribed
-    while they were timed (:func:`machine_report`) or some median/min spreads are wide
-    (:func:`rawconv.bench.timing_warnings`, whose ``hint`` ends the first line); None when no
-    row was timed (a listing)."""
-    from .bench import timing_warnings
+    "unreliable_rows": n, "timed_rows": n}``. Rows timed in interleaved rounds
+    (``extra["rounds"]``; a row timed by one slow call aside) are judged by what their rounds
+    measured (:func:`rawconv.bench.flag_warnings` of their :attr:`Result.timing_flags`: they
+    waited for a CPU in most rounds, their rounds disagree); other rows are not trustworthy when
+    the machine was oversubscribed while they were timed (:func:`machine_report`) or some
+    median/min spreads are wide (:func:`rawconv.bench.timing_warnings`, whose ``hint`` ends the
+    first line). None when no row was timed (a listing)."""
+    from .bench import flag_warnings, timing_warnings
 
     rows = [as_result(r) for r in rows]
     timed = [r for r in rows if r.ran and _finite(r.median_ms)]
     report = machine_report(rows)
-    warn = timing_warnings(report, [r.spread for r in rows if r.ran], hint=hint)
+    def in_rounds(r):
+        return isinstance(r.extra, dict) and isinstance(r.extra.get("rounds"), dict)
+
+    # interleaved rounds keep the calls during which our threads did not wait for a CPU: a busy
+    # machine alone says nothing against those rows, what each one's rounds measured does; the
+    # other rows (GPU, isolated, listings) by the machine and their spread, as before
+    warn = flag_warnings(r.timing_flags for r in timed if in_rounds(r))
+    others = [r for r in rows if not in_rounds(r)]
+    if others:
+        warn += timing_warnings(machine_report(others), [r.spread for r in others if r.ran], hint=hint)
     return {"trustworthy": (not warn) if timed else None, "warnings": warn,
             "machine": report.as_dict() if report is not None else None,
             "unreliable_rows": sum(r.unstable for r in timed), "timed_rows": len(timed)}
@@ -492,7 +515,8 @@ class ResultTable(list):
         if any(r.reference for r in rows):
             lines.append("(* torch's own choice, for reference)")
         if any(r.ran and r.timing_flags for r in rows):
-            lines.append("(! time not to be trusted: machine oversubscribed while timed, or median/min wide)")
+            lines.append("(! time not to be trusted: it waited for a CPU, its rounds disagree, the machine was "
+                         "oversubscribed while it was timed, or median/min wide)")
         banner = _unreliable_banner(self.reliability())
         if banner:
             lines.append(banner)
@@ -644,7 +668,7 @@ def _timing_cell(r: Result) -> str:
         return ""
     from html import escape
 
-    short = "; ".join("busy" if f.startswith("machine") else f for f in r.timing_flags)
+    short = "; ".join("busy" if f.startswith("machine") else f.split(":")[0] for f in r.timing_flags)
     return f'<span title="{escape("; ".join(r.timing_flags), quote=True)}">&#9888; {escape(short)}</span>'
 
 
@@ -748,7 +772,8 @@ def _html_legend(groups: list, rows: list) -> list[str]:
                       "for reference</span>")
     if any(r.ran and r.timing_flags for r in rows):
         legend.append(f'<span style="background:{_WARN_BG};padding:0 4px">&#9888; time not to be trusted '
-                      "(busy: the machine was oversubscribed while it was timed; med/min: wide spread)</span>")
+                      "(waited for a CPU: no clean call in most of its rounds; rounds disagree: its per-round times spread; "
+                      "busy: the machine was oversubscribed while it was timed; med/min: wide spread)</span>")
     return legend
 
 
@@ -856,7 +881,7 @@ def _bars_panel(ax, rows, title, reference_ms, log):
     if ref_ms:
         ax.axvline(ref_ms, color=_C_REF, linestyle="--", linewidth=1.5)
         if ref is not None and reference_ms is None and ref.timing_flags:
-            ax.annotate("torch default (!) " + ("busy" if ref.oversubscribed else "noisy"), (ref_ms, -0.5),
+            ax.annotate("torch default (!) " + _flag_word(ref), (ref_ms, -0.5),
                         xytext=(3, -2), textcoords="offset points", va="top", ha="left", fontsize=7,
                         color=_C_REF)
     ax.set_xlabel("median time per call (ms)" + (", log scale" if use_log else ""), fontsize=8.5)
@@ -887,7 +912,7 @@ def _bars_draw(ax, ran: list, not_run: list, best) -> None:
             ax.plot([r.min_ms], [y], marker="|", color="black", markersize=11, markeredgewidth=1.6)
         tag = f"{_fmt_ms(r.median_ms)} ms"
         if r.timing_flags:
-            tag += "  (!) " + ("busy" if r.oversubscribed else "noisy")
+            tag += "  (!) " + _flag_word(r)
         if r.group == "wrong":
             tag += f"  WRONG (rel err {r.max_rel:.1e})" if _finite(r.max_rel) else "  WRONG"
         ax.annotate(tag, (r.median_ms, y), xytext=(5, 0), textcoords="offset points", va="center", ha="left",
@@ -940,11 +965,19 @@ def _bars_legend(ax, ran: list, best, ref, ref_ms, reference_ms) -> None:
                               label=f"torch default {_fmt_ms(ref_ms)} ms" if reference_ms is None
                               else f"reference {_fmt_ms(ref_ms)} ms"))
     if any(r.timing_flags for r in ran) or (ref is not None and ref.timing_flags):
-        handles.append(Line2D([], [], linestyle="none", label="(!) busy: machine oversubscribed while timed;\n"
-                                                              "(!) noisy: median/min wide"))
+        handles.append(Line2D([], [], linestyle="none", label="(!) waited: waited for a CPU (or the machine was\n"
+                                                              "oversubscribed) while timed; (!) noisy: its rounds\n"
+                                                              "disagree, or median/min wide"))
     if handles:
         ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0,
                   frameon=False)
+
+
+def _flag_word(r: Result) -> str:
+    """One word for why a row's time is not to be trusted: ``waited`` (it waited for a CPU, or the
+    machine was oversubscribed while it was timed) or ``noisy`` (rounds disagree, median/min wide)."""
+    waited = r.oversubscribed or any(f.startswith(("waited", "fresh rounds: waited")) for f in r.timing_flags)
+    return "waited" if waited else "noisy"
 
 
 def _short(text: str, n: int = 48) -> str:

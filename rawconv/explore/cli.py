@@ -294,17 +294,25 @@ def _compare_columns(rows) -> list[Column]:
     detail = [(r.detail if r.ran else (r.error or r.detail)) for r in rows]
     spread_style = [("yellow" if _finite(r.spread) and r.spread > SPREAD_LIMIT else st)
                     for r, st in zip(rows, row_style)]
-    median_style = [("yellow" if r.ran and r.oversubscribed else st) for r, st in zip(rows, row_style)]
+    median_style = [("yellow" if r.ran and (r.oversubscribed or r.timing_flags) else st)
+                    for r, st in zip(rows, row_style)]
     status_style = [_STATUS_STYLE.get(r.category, "red") or st for r, st in zip(rows, row_style)]
     library = ([Column("library", [_two_lines(r.library) or "-" for r in rows], wrap=True, styles=row_style)]
                if any(r.library for r in rows) else [])
+    position = ([Column("#", [str(r.extra["index"]) if isinstance(r.extra.get("index"), int) else ""
+                              for r in rows], justify="right", drop=0.5, styles=row_style)]
+                if any(isinstance(r.extra.get("index"), int) for r in rows) else [])
+    ratio = ([Column("x\ntorch", [_fmt_ratio(r) for r in rows], justify="right", drop=2.5, styles=median_style)]
+             if any(isinstance(r.extra.get("ratio"), dict) for r in rows) else [])
     return [
         Column("backend", [r.backend for r in rows], styles=row_style),
         *library,
+        *position,
         Column("implementation", [r.implementation for r in rows], wrap=True, styles=row_style),
         Column("status", [r.status for r in rows], wrap=True, styles=status_style),
         Column("median\nms", [_fmt_ms(r.median_ms) for r in rows], justify="right", styles=median_style),
         Column("min\nms", [_fmt_ms(r.min_ms) for r in rows], justify="right", styles=row_style),
+        *ratio,
         Column("med/\nmin", [_fmt_spread(r.spread) for r in rows], justify="right", drop=5, styles=spread_style),
         Column("max rel\nerr", [_fmt_err(r.max_rel) for r in rows], justify="right", drop=4, styles=row_style),
         Column("max abs\nerr", [_fmt_err(r.max_abs) for r in rows], justify="right", drop=3, styles=row_style),
@@ -312,6 +320,31 @@ def _compare_columns(rows) -> list[Column]:
         Column("GFLOP/s", [_fmt_gflops(r.gflops) for r in rows], justify="right", drop=1, styles=row_style),
         Column("detail", detail, drop=0, flex=True, styles=row_style),
     ]
+
+
+def _fmt_ratio(r) -> str:
+    """A row's ``x torch`` cell: torch default's time over the row's, taken within each round
+    (median over rounds; ``extra["ratio"]``), ``-`` without one."""
+    q = r.extra.get("ratio") if isinstance(r.extra, dict) else None
+    v = q.get("value") if isinstance(q, dict) else None
+    return f"{v:.2f}" if _finite(v) else "-"
+
+
+def _confirmed_line(rows) -> str:
+    """The line under a problem's table that gives what its confirmation rounds measured (torch
+    default / each chosen row, median and interquartile range of the per-round ratios), or ''."""
+    conf = [(r, r.extra["confirmed"]) for r in rows if r.backend != "torch" and isinstance(r.extra.get("confirmed"), dict)
+            and isinstance(r.extra["confirmed"].get("ratio"), dict)]
+    if not conf:
+        return ""
+    n = conf[0][1]["rounds"]["rounds"]
+    parts = []
+    for r, c in conf:
+        q = c["ratio"]
+        parts.append(f"{r.implementation} {q['value']:.2f}x [{q['lo']:.2f}-{q['hi']:.2f}]"
+                     + (" (waited for a CPU)" if any(f.startswith("waited") for f in c.get("flags") or []) else ""))
+    return (f"  confirmed on {n} fresh rounds (torch default / row, median [interquartile range] of the per-round "
+            f"ratios): " + "; ".join(parts))
 
 
 def _two_lines(library: str) -> str:
@@ -335,6 +368,9 @@ def print_rows(console, problem, rows) -> None:
         console.print(f"  (columns left out at width {console.width}: "
                       f"{', '.join(c.name for c in cols if c not in shown)}; "
                       "--width or --json shows them)", style="dim")
+    line = _confirmed_line(rows)
+    if line:
+        console.print(line, highlight=False)
 
 
 def _console(width):
@@ -412,8 +448,8 @@ def _warn_if_busy(console, nthreads: int, hint: str = _LOAD_HINT) -> dict:
     time.sleep(0.3)
     before = pre.report()
     if before.other_cpus is not None and before.oversubscribed:
-        _warn(console, f"the machine is busy before the start: {before.describe(timing=False)}; "
-                       f"timings will include waits for a CPU ({load_hint(before, hint)})")
+        _warn(console, f"the machine is busy before the start: {before.describe(timing=False)}; calls that wait "
+                       f"for a CPU are retried and flagged ({load_hint(before, hint)})")
     return before.as_dict()
 
 
@@ -434,7 +470,8 @@ def cmd_compare(args) -> int:
     libs = cmp.libraries()
     meta = {"rawconv": __version__, "threads": nthreads, "usable_cpus": usable_cpus(),
             "threads_default": args.threads is None, "iterations": args.iterations, "warmup": args.warmup,
-            "budget_s": args.budget, "prepack": prepack, "direction": args.direction, "ref": include_ref,
+            "budget_s": args.budget, "confirm_rounds": args.confirm_rounds, "prepack": prepack,
+            "direction": args.direction, "ref": include_ref,
             "ref_limit_s": args.ref_limit, "outputs": outputs, "libraries": libs}
 
     hint = _LOAD_HINT
@@ -452,7 +489,7 @@ def cmd_compare(args) -> int:
                                libs=libs,
                                include_ref=include_ref, ref_max_s=args.ref_limit, on_problem=show,
                                progress=False if args.quiet else None, engines=args.engines,
-                               allow_known_bad=args.allow_known_bad,
+                               allow_known_bad=args.allow_known_bad, confirm_rounds=args.confirm_rounds,
                                isolate={"timeout_s": args.timeout} if args.isolate else None)
         recs = (cmp.records(all_rows, problems, fpmath=args.fpmath, allow_known_bad=args.allow_known_bad, hint=hint)
                 if args.record else [])
@@ -497,8 +534,16 @@ def _compare_header(console, args, problems: list, libs, nthreads: int, meta: di
     photo_note = (" (the first problem's input is matplotlib's sample photo; weights are random)"
                   if not args.random and first.ndim == 2 and first.c == 3 and not first.is_empty else "")
     what = "forward" if args.direction == "forward" else f"{args.direction} (torch: aten.convolution_backward)"
-    console.print(f"{len(problems)} problem(s), {what}{photo_note}; times: median/min of up to {args.iterations} "
-                  f"calls after {args.warmup} warm-up, at most {args.budget} s each; error vs float64 reference")
+    rounds, calls = cmp._round_plan(args.iterations)
+    if any(p.device == "cpu" for p in problems):
+        timing = (f"CPU times: every candidate checked, then all timed together in {rounds} interleaved round(s) "
+                  f"of {calls} call(s) each (a call during which our threads waited for a CPU is tried again; a "
+                  f"row's time: the median over rounds of its fastest clean call; at most {args.budget} s each)"
+                  + (f", torch default, oneDNN's first choice and the best rows again in {args.confirm_rounds} "
+                     "fresh rounds (the headline's figures)" if args.confirm_rounds else ""))
+    else:
+        timing = f"times: median/min of up to {args.iterations} calls after {args.warmup} warm-up"
+    console.print(f"{len(problems)} problem(s), {what}{photo_note}; {timing}; error vs float64 reference")
     if args.direction != "backward_weights":
         console.print("weights: torch's call reads them on every call; so do rawconv's plain rows"
                       + ("" if args.no_prepack else ", and rows marked (prepacked) use a copy reordered once "
@@ -789,8 +834,8 @@ def cmd_list(args) -> int:
                                        allow_known_bad=args.allow_known_bad)
         bad = any(i.known_bad for i in impls)
         cols = [Column("#", [str(i.index) for i in impls], justify="right"),
-                Column("implementation", [i.name for i in impls]),
-                Column("layouts", [i.layouts for i in impls]),
+                # the candidate's one name (what choice= takes, every table shows): name@layouts
+                Column("implementation", [i.choice for i in impls]),
                 Column("formats", [" ".join(f"{k}={v}" for k, v in i.formats.items()) for i in impls], flex=True,
                        flex_min=12),
                 Column("reorders", [",".join(i.reorders) or "none" for i in impls], wrap=True),
@@ -894,7 +939,7 @@ def _width_arg(p) -> None:
 def _add_compare(sub) -> None:
     """The ``compare`` subcommand's arguments."""
     from ..core.bench import SPREAD_LIMIT
-    from .compare import EXIT_CODES, REF_MAX_SECONDS
+    from .compare import CONFIRM_ROUNDS, EXIT_CODES, REF_MAX_SECONDS
 
     import textwrap
 
@@ -907,13 +952,20 @@ def _add_compare(sub) -> None:
                     "against a float64 reference, and print one table per problem and a summary.",
         epilog="row status: ok, wrong (outside tolerance), failed (library error), not supported (the library "
                "offers nothing\nfor this problem here, e.g. bf16 on an AVX2 CPU), skipped (not run on purpose).\n"
-               "timing warnings: printed when other processes kept CPUs busy while we timed, our threads waited for "
-               f"a CPU,\nor median/min exceeds {SPREAD_LIMIT:g}; the summary's geometric mean is then marked UNRELIABLE.\n\n"
+               "timing warnings (CPU): printed when rows had no clean call (one during which our threads did not "
+               "wait\nfor a CPU) in most rounds, or their per-round times disagree; GPU rows: when median/min exceeds "
+               f"{SPREAD_LIMIT:g}.\nThe headline is then marked UNRELIABLE.\n\n"
                "exit status (when several apply: 1, then 3, then 4):\n" + codes)
     _problem_args(c)
-    c.add_argument("--iterations", type=_positive_int, default=10, help="timed calls per candidate (default 10)")
+    c.add_argument("--iterations", type=_positive_int, default=10,
+                   help="timed calls per candidate (default 10; on the CPU spread over up to 5 interleaved rounds)")
     c.add_argument("--warmup", type=_nonneg_int, default=2, help="untimed calls per candidate (default 2)")
-    c.add_argument("--budget", type=_positive_float, default=0.25, help="seconds of warm-up and timing per candidate at most (at least one timed call); a candidate whose first call (which also builds it) takes longer is timed by one more call alone (default 0.25)")
+    c.add_argument("--budget", type=_positive_float, default=0.25, help="seconds of timing per candidate at most (at least one timed call per round); a candidate whose first call (which also builds it) takes longer is timed by one more call alone (default 0.25)")
+    c.add_argument("--confirm-rounds", type=_nonneg_int, default=CONFIRM_ROUNDS,
+                   help="CPU: fresh interleaved rounds in which torch default, oneDNN's first choice and the best "
+                        "rows (picked on the first rounds) are timed again; the headline's figures come from them, "
+                        f"free of the winner's curse (default {CONFIRM_ROUNDS}; 0: none, the headline then says its "
+                        "best-of-N was picked on the timings it reports)")
     c.add_argument("--threads", type=_positive_int, default=None,
                    help="torch/oneDNN threads (default: the CPUs this process may use, from its affinity mask and "
                         "cgroup quota, capped by torch's thread count, which OMP_NUM_THREADS sets; more would "

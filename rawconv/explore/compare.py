@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import warnings
@@ -25,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core import progress as _progress
-from ..core.bench import LoadMonitor, LoadReport, TimeStats, geomean, time_cpu, time_cuda_queued
+from ..core.bench import LoadMonitor, LoadReport, TimeStats, geomean, time_cpu, time_cuda_queued  # noqa: F401
 from ..core.errors import LibraryNotFoundError, NotSupportedError, RawconvError
 from ..core.check import abs_reference, compare_to_reference
 from ..core.problem import ConvProblem
@@ -227,11 +228,19 @@ def _error_row(problem_name: str, backend: str, impl: str, exc: BaseException, d
 
 
 def _measure(problem, label_backend, label_impl, detail, fn, ref, ref_abs, timer, *, tol=None,
-             workspace=None, extra=None, slow_s: float | None = None, direction: str = "forward") -> Row:
+             workspace=None, extra=None, slow_s: float | None = None, direction: str = "forward",
+             setup: Callable[[], object] | None = None, mkldnn: bool | None = None) -> Row:
+    """Run one candidate once (which also builds it) and check its result against the float64
+    reference; time it with ``timer`` (a function of ``fn`` giving :class:`TimeStats`), or, with
+    ``timer=None``, leave the timing to :func:`_time_rounds` (the row keeps ``fn``, ``setup``,
+    run untimed before its calls in each round, and ``mkldnn``, torch's mkldnn flag during its
+    calls: None leaves the caller's). A candidate whose first call takes longer than ``slow_s`` is timed by one more call
+    alone (oneDNN's ref:any). Returns the :class:`Row`."""
     extra = dict(extra or {}, problem=problem.describe(), benchdnn=problem.to_benchdnn(strict=False), device=problem.device)
     name = str(problem.name or problem.describe())
     _progress.note(f"{name}: {label_backend} {label_impl}")
-    monitor = LoadMonitor() if problem.device == "cpu" else None
+    monitor = LoadMonitor() if problem.device == "cpu" and timer is not None else None
+    pending = False
     try:
         import time as _time
 
@@ -245,6 +254,9 @@ def _measure(problem, label_backend, label_impl, detail, fn, ref, ref_abs, timer
             y = fn()
             one = (_time.perf_counter() - t0) * 1e3
             stats = TimeStats(one, one, one, 1)
+            extra["timing"] = "one call (its first took longer than the budget)"
+        elif timer is None:
+            stats, pending = None, True
         else:
             stats: TimeStats = timer(fn)
     except (RawconvError, RuntimeError) as exc:
@@ -253,23 +265,115 @@ def _measure(problem, label_backend, label_impl, detail, fn, ref, ref_abs, timer
     if monitor is not None:
         extra["machine"] = monitor.report().as_dict()
     row = Row(name, label_backend, label_impl, detail, workspace_bytes=workspace, extra=extra, direction=direction)
+    if pending:
+        row._pending = (fn, setup, mkldnn)
     if isinstance(y, tuple):   # backward_weights with a bias: (dw, db); dw is checked
         y = y[0]
     if tuple(y.shape) != tuple(ref.shape):
         # a result of another shape is a wrong answer, not an error of the run (torch's convolution
         # of zero input channels gives (N, 0, *out) where the sum over no channels is the bias)
-        row.median_ms, row.min_ms, row.runs = stats.median_ms, stats.min_ms, stats.runs
+        if stats is not None:
+            row.median_ms, row.min_ms, row.runs = stats.median_ms, stats.min_ms, stats.runs
         row.status, row.error = "wrong", f"result shape {tuple(y.shape)} differs from the reference's {tuple(ref.shape)}"
         return row
     with threads(1):
         # a few elementwise float64 passes: one thread takes milliseconds, while two OpenMP threads
         # on a busy machine wait for each other (a 4 ms scheduler tick per op)
         err = compare_to_reference(problem, y, ref, ref_abs, **(tol or {}))
-    row.median_ms, row.min_ms, row.runs = stats.median_ms, stats.min_ms, stats.runs
-    row.gflops = problem.flops / (stats.median_ms * 1e6) if stats.median_ms > 0 else float("nan")
+    if stats is not None:
+        _set_times(row, problem, stats)
     row.max_abs, row.max_rel, row.ok = err.max_abs, err.max_rel, err.ok
     row.status = "ok" if err.ok else "wrong"
     return row
+
+
+def _set_times(row: Row, problem: ConvProblem, stats: TimeStats) -> None:
+    """``row``'s median, min, runs and GFLOP/s from ``stats``."""
+    row.median_ms, row.min_ms, row.runs = stats.median_ms, stats.min_ms, stats.runs
+    row.gflops = problem.flops / (stats.median_ms * 1e6) if stats.median_ms > 0 else float("nan")
+
+
+#: :func:`compare_problem`'s fresh confirmation rounds (default) for torch default, oneDNN's first
+#: choice and the best rows: the headline's figures
+CONFIRM_ROUNDS = 9
+
+
+def _round_plan(iterations: int) -> tuple[int, int]:
+    """(rounds, calls per round) that spread ``iterations`` timed calls per candidate
+    (:func:`rawconv.bench.round_plan`)."""
+    from ..core.bench import round_plan
+
+    return round_plan(iterations)
+
+
+def _time_rounds(problem: ConvProblem, rows: list[Row], *, iterations: int, warmup: int, budget_s: float | None,
+                 confirm_rounds: int) -> None:
+    """Time the rows :func:`_measure` left pending (``row._pending``) in interleaved rounds
+    (:func:`rawconv.bench.time_rounds`) and fill their times, ``extra["rounds"]`` (per-round
+    times, wall and CPU time per call, flags), ``extra["ratio"]`` (torch default's time over the
+    row's, round by round: :func:`rawconv.bench.ratio`) and ``extra["machine"]``. Then the
+    confirmation step: torch default, oneDNN's first choice and the best rows (weights per call;
+    prepacked), chosen on these rounds, are timed again in ``confirm_rounds`` fresh rounds, and
+    their ``extra["confirmed"]`` holds what those rounds measured (the headline's figures, free
+    of the winner's curse). Returns None."""
+    from ..core import bench
+
+    pend = [(str(i), r) for i, r in enumerate(rows) if getattr(r, "_pending", None) is not None]
+    if not pend:
+        return
+    rounds, calls = _round_plan(iterations)
+    old_mk = torch._C._get_mkldnn_enabled()
+
+    def entry(r):
+        fn, setup, mk = r._pending
+
+        def prepare():
+            torch._C._set_mkldnn_enabled(old_mk if mk is None else mk)
+            if setup is not None:
+                setup()
+        return fn, prepare
+
+    monitor = LoadMonitor()
+    try:
+        timed = bench.time_rounds({k: entry(r) for k, r in pend}, rounds=rounds, calls=calls, warmup=min(warmup, 1),
+                                  budget_s=budget_s)
+        machine = monitor.report().as_dict()
+        keys = {id(r): k for k, r in pend}
+        torch_def = next((r for r in rows if r.torch_default and id(r) in keys), None)
+        base = timed[keys[id(torch_def)]] if torch_def is not None else None
+        for k, r in pend:
+            _set_times(r, problem, timed[k].stats())
+            r.extra["rounds"] = timed[k].as_dict()
+            r.extra["machine"] = machine
+            q = bench.ratio(base, timed[k]) if base is not None and r is not torch_def else None
+            if q is not None:
+                r.extra["ratio"] = q.as_dict()
+        if base is None or confirm_rounds < 1 or torch_def.category != "ok":
+            return
+        chosen = [c for c in (first_choice(rows), best_rawconv(rows, "per call"), best_rawconv(rows, "prepacked"))
+                  if c is not None and id(c) in keys]
+        chosen = list({id(c): c for c in chosen}.values())
+        if not chosen:
+            return
+        monitor = LoadMonitor()
+        # a few rows, the headline's: every one in every round (at least one call each, however busy the
+        # machine), more tries per round for a call during which our threads did not wait for a CPU
+        again = bench.time_rounds({keys[id(r)]: entry(r) for r in [torch_def] + chosen}, rounds=confirm_rounds,
+                                  calls=calls, retries=3 * calls, warmup=1, budget_s=budget_s,
+                                  min_rounds=confirm_rounds, sit_out=False)
+        machine = monitor.report().as_dict()
+        base2 = again[keys[id(torch_def)]]
+        torch_def.extra["confirmed"] = {"median_ms": base2.stats().median_ms, "rounds": base2.as_dict(),
+                                        "flags": base2.flags(), "machine": machine}
+        for r in chosen:
+            t = again[keys[id(r)]]
+            q = bench.ratio(base2, t)
+            r.extra["confirmed"] = {"median_ms": t.stats().median_ms, "rounds": t.as_dict(), "flags": t.flags(),
+                                    "ratio": q.as_dict() if q is not None else None, "machine": machine}
+    finally:
+        torch._C._set_mkldnn_enabled(old_mk)
+        for _, r in pend:
+            del r._pending
 
 
 def libraries() -> dict:
@@ -369,7 +473,8 @@ def _torch_rows(problem, x, w, b, ref, ref_abs, timer, *, direction="forward", d
     try:
         off = torch_backend(problem, x, w, b)
         rows.append(_measure(problem, "torch", "mkldnn disabled", off, call, ref, ref_abs, timer, tol=tolerance,
-                             extra={"library": _torch_library(libs, off), "weights": weights}, direction=direction))
+                             extra={"library": _torch_library(libs, off), "weights": weights}, direction=direction,
+                             mkldnn=False))
     finally:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -423,7 +528,8 @@ def _weights_of(impl, direction: str, mode: str) -> str | None:
 
 def _onednn_rows(problem, x, w, b, ref, ref_abs, timer, *, fpmath="strict", prepack="both",
                  include_ref=True, slow_s=None, ref_max_s: float = REF_MAX_SECONDS, allow_known_bad=False,
-                 isolate=None, timing=(10, 2, None), direction="forward", dy=None, libs=None, **_kw) -> list[Row]:
+                 isolate=None, timing=(10, 2, None), direction="forward", dy=None, libs=None, finalizers=None,
+                 **_kw) -> list[Row]:
     """Rows for every oneDNN implementation. ``include_ref``: True runs the reference
     implementations (ref:any), False drops them, "auto" runs them when one call is estimated
     (:func:`rawconv.onednn.reference_seconds`) at most ``ref_max_s`` seconds and otherwise lists
@@ -431,7 +537,9 @@ def _onednn_rows(problem, x, w, b, ref, ref_abs, timer, *, fpmath="strict", prep
     reordered) on every call, as torch's call does; True with a snapshot reordered once; "both"
     gives an implementation whose weights need a reorder one row of each. Known-bad
     implementations get a "known bad" row unless ``allow_known_bad``; ``isolate`` runs the
-    candidates in a child process."""
+    candidates in a child process. ``timer=None``: the rows are left for :func:`_time_rounds`
+    (each selects its implementation before its calls in a round) and the plan's ``free`` goes
+    to ``finalizers`` (a list), to run after them."""
     name = str(problem.name or problem.describe())
     modes = _prepack_modes(prepack)
     library = (libs or libraries())["onednn"]
@@ -449,8 +557,8 @@ def _onednn_rows(problem, x, w, b, ref, ref_abs, timer, *, fpmath="strict", prep
         return _onednn_call(plan, x, w, b, dy, direction, mode)
 
     for impl in impls:
-        label = f"[{impl.index}] {impl.name}"
-        base = {"index": impl.index, "choice": impl.choice, "library": library}
+        label = impl.choice
+        base = {"index": impl.index, "choice": impl.choice, "library": library, "vendor_name": impl.name}
         not_run = _onednn_not_run(problem, name, impl, label, base, include_ref, ref_max_s, ref_est,
                                   allow_known_bad, direction)
         if not_run is not None:
@@ -478,8 +586,12 @@ def _onednn_rows(problem, x, w, b, ref, ref_abs, timer, *, fpmath="strict", prep
                 continue
             rows.append(_measure(problem, "onednn", row_label, detail, call(weights), ref, ref_abs, timer,
                                  tol=tol, workspace=impl.scratchpad_bytes, extra=extra, slow_s=slow_s,
-                                 direction=direction))
-    plan.free()
+                                 direction=direction, setup=functools.partial(plan.select, impl.index,
+                                                                              allow_known_bad=allow_known_bad)))
+    if finalizers is not None and timer is None:
+        finalizers.append(plan.free)
+    else:
+        plan.free()
     if isolate:
         _run_isolated(problem, rows, x, w, b, ref, ref_abs, tol, fpmath=fpmath, slow_s=slow_s,
                       allow_known_bad=allow_known_bad, isolate=isolate, timing=timing, direction=direction, dy=dy)
@@ -633,7 +745,7 @@ def _cudnn_rows(problem, x, w, b, ref, ref_abs, timer, engines=None, *, directio
                            extra={"library": library})]
     run = _cuda_exec(plan, direction, x, w, b, dy)
     for a in algos:
-        label = f"{a.algo} math={a.math}"
+        label = f"{a.algo}@{a.math}"   # the candidate's one name (what choice= takes)
         if not a.ok:
             rows.append(Row(name, "cudnn", label, error=f"not supported here ({a.status})",
                             status="not supported", workspace_bytes=a.workspace_bytes, direction=direction,
@@ -652,6 +764,7 @@ def _cudnn_rows(problem, x, w, b, ref, ref_abs, timer, engines=None, *, directio
             from ..core.check import tolerance_for
 
             tol = tolerance_for(problem, direction, compute=tol["compute"], algorithm=info.algo).kwargs()
+        label = f"{info.algo}@{info.math}"
         rows.append(_measure(problem, "cudnn", label, detail, run, ref, ref_abs, timer, tol=tol,
                              workspace=info.workspace_bytes, direction=direction,
                              extra={"choice": f"{info.algo}@{info.math}", "algo": info.algo,
@@ -723,7 +836,8 @@ def compare_problem(problem: ConvProblem, *, x=None, w=None, b=None, iterations:
                     photo: bool = False, fpmath: str = "strict", prepack: bool | str = "both",
                     include_ref: bool | str = True, ref_max_s: float = REF_MAX_SECONDS,
                     engines: str | int | None = None, allow_known_bad: bool = False, isolate=None,
-                    direction: str = "forward", dy=None, libs: dict | None = None) -> list[Row]:
+                    direction: str = "forward", dy=None, libs: dict | None = None,
+                    confirm_rounds: int = CONFIRM_ROUNDS) -> list[Row]:
     """Time and check ``problem`` on torch and every rawconv implementation; returns :class:`Row` s.
 
     ``direction``: "forward" (``F.conv{1,2,3}d``), "backward_data" (the input's gradient) or
@@ -733,9 +847,18 @@ def compare_problem(problem: ConvProblem, *, x=None, w=None, b=None, iterations:
     :func:`grad_output_for`) and checked against float64 (:func:`rawconv.check.reference`).
 
     ``iterations``/``warmup``: timed and untimed calls per candidate; ``budget_s``: seconds of
-    warm-up and timing per candidate at most (at least one timed call each; a candidate whose
-    first call, which also builds it, takes longer is timed by one more call alone). CPU problems
-    run on oneDNN, ``cuda`` problems on cuDNN. ``prepack`` (oneDNN): "both" (default) times each
+    timing per candidate at most (at least one timed call per round; a candidate whose first
+    call, which also builds it, takes longer is timed by one more call alone). CPU problems run on
+    oneDNN, ``cuda`` problems on cuDNN. On the CPU every candidate is run and checked first, then
+    all are timed together in interleaved rounds (:func:`rawconv.bench.time_rounds`: up to
+    :data:`rawconv.bench.MAX_ROUNDS` rounds sharing ``iterations`` calls per candidate; a call during which our
+    threads waited for a CPU is tried again; each row's time is the median over rounds of its
+    fastest clean call, ``extra["rounds"]`` says what was measured and ``extra["ratio"]`` holds
+    torch default's time over the row's, taken within each round); then torch default,
+    oneDNN's first choice and the best rows chosen on those rounds are timed again in
+    ``confirm_rounds`` fresh rounds (``extra["confirmed"]``: the figures :func:`summary` and the
+    headline use; 0 leaves the step out). CUDA problems are timed per candidate (GPU time, calls
+    queued behind a GPU sleep). ``prepack`` (oneDNN): "both" (default) times each
     implementation whose weights need a reorder twice, with the weights read and reordered on
     every call (as torch's call does: the like-for-like row) and with a snapshot reordered once
     (a second row, labelled "(prepacked)"); False only the first, True only the second.
@@ -768,21 +891,32 @@ def compare_problem(problem: ConvProblem, *, x=None, w=None, b=None, iterations:
         # pure GPU time per call (calls queued behind a GPU sleep): host overheads differ by
         # entry point (cuDNN's legacy calls cost 50-150 us of host time) and would hide the kernels
         timer = lambda fn: time_cuda_queued(fn, iterations=iterations, warmup=warmup)  # noqa: E731
-    else:
-        timer = lambda fn: time_cpu(fn, iterations=iterations, warmup=warmup, budget_s=budget_s)  # noqa: E731
+    else:   # CPU: every candidate is checked first, then all are timed together in interleaved rounds
+        timer = None
     backends = tuple(backends)
     rows: list[Row] = []
-    if "torch" in backends:
-        rows += _torch_rows(problem, x, w, b, ref, ref_abs, timer, direction=direction, dy=dy, libs=libs)
-    opts = dict(fpmath=fpmath, prepack=prepack, include_ref=include_ref, slow_s=budget_s, ref_max_s=ref_max_s,
-                allow_known_bad=allow_known_bad, isolate=isolate, timing=(iterations, warmup, budget_s),
-                engines=engines, direction=direction, dy=dy, libs=libs)
-    from ..core.backend import backends as registered
+    finalizers: list = []
+    try:
+        if "torch" in backends:
+            rows += _torch_rows(problem, x, w, b, ref, ref_abs, timer, direction=direction, dy=dy, libs=libs)
+        opts = dict(fpmath=fpmath, prepack=prepack, include_ref=include_ref, slow_s=budget_s, ref_max_s=ref_max_s,
+                    allow_known_bad=allow_known_bad, isolate=isolate, timing=(iterations, warmup, budget_s),
+                    engines=engines, direction=direction, dy=dy, libs=libs, finalizers=finalizers)
+        from ..core.backend import backends as registered
 
-    for be in registered("cuda" if on_gpu else "cpu"):   # every registered backend of this device
-        fn = be.rows_function() if be.name in backends else None
-        if fn is not None:
-            rows += fn(problem, x, w, b, ref, ref_abs, timer, **opts)
+        for be in registered("cuda" if on_gpu else "cpu"):   # every registered backend of this device
+            fn = be.rows_function() if be.name in backends else None
+            if fn is not None:
+                rows += fn(problem, x, w, b, ref, ref_abs, timer, **opts)
+        if timer is None:
+            _progress.note(f"{problem.name or problem.describe()}: interleaved rounds")
+            _time_rounds(problem, rows, iterations=iterations, warmup=warmup, budget_s=budget_s,
+                         confirm_rounds=confirm_rounds)
+    finally:
+        for r in rows:   # a run stopped part-way: nothing keeps the plans alive
+            r.__dict__.pop("_pending", None)
+        for free in finalizers:
+            free()
     return rows
 
 
@@ -866,12 +1000,14 @@ def machine_report(rows: list[Row]) -> LoadReport | None:
 
 
 def timing_warnings(rows: list[Row], hint: str | None = None) -> list[str]:
-    """Warning lines for ``rows``' timings (:func:`rawconv.bench.timing_warnings`, which also
-    explains ``hint``): the machine was oversubscribed while they were timed, or some median/min
-    spreads exceed the limit."""
-    from ..core.bench import timing_warnings as tw
+    """Warning lines for ``rows``' timings (:func:`rawconv.results.reliability`): rows timed in
+    interleaved rounds that waited for a CPU in most rounds or whose rounds disagree; for rows
+    timed otherwise (GPU, isolated), the machine was oversubscribed while they were timed, or
+    some median/min spreads exceed the limit (:func:`rawconv.bench.timing_warnings`, which also
+    explains ``hint``)."""
+    from ..core.results import reliability
 
-    return tw(machine_report(rows), [r.spread for r in rows if r.ran], hint=hint)
+    return reliability(rows, hint)["warnings"]
 
 
 def _geomean_or_none(ratios) -> float | None:
@@ -887,26 +1023,49 @@ def summary(rows: list[Row], *, hint: str | None = None) -> dict:
     * ``geomean_torch_over_best``: like for like with torch's call, which reads its weights on
       every call: the fastest rawconv row that does too (``weights`` "per call" or "as given"),
       **best of N**: ``best_of`` gives N per problem (the rawconv rows that ran within
-      tolerance), a selection made on these timings, which favours rawconv by the noise alone;
+      tolerance). Where :func:`compare_problem`'s confirmation rounds ran, each problem's figure
+      is the median of the ratios taken within each of those fresh rounds (the best was picked
+      on other rounds: no winner's curse; ``geomean_torch_over_best_where_picked`` is what the
+      rounds it was picked on said); otherwise a selection made on these timings, which
+      favours rawconv by the noise alone;
     * ``geomean_torch_over_first_choice``: rawconv's oneDNN first choice, weights per call
       (:func:`first_choice`: one choice each, no selection; None without oneDNN rows);
     * ``geomean_torch_over_best_prepacked``: the fastest row with a weight snapshot reordered
       once (which torch's ``F.conv2d`` cannot do), best of N too; None when no row was prepacked.
 
-    Also the rows of each status category, and whether the timings can be trusted
-    (``timing_warnings`` empty; ``hint`` ends the oversubscription warning, see
+    Each has an ``_interval``: a 90% percentile bootstrap interval over the rounds
+    (:func:`rawconv.bench.geomean_interval`; None without per-round ratios). Also the rows of
+    each status category, ``confirmed_problems``, ``confirm_rounds``, and whether the timings
+    can be trusted (``timing_warnings`` empty; ``hint`` ends the oversubscription warning, see
     :func:`timing_warnings`)."""
     by_problem: dict[str, list[Row]] = {}
     for r in rows:
         by_problem.setdefault(r.problem, []).append(r)
-    per, ratios, first_ratios, packed_ratios = [], [], [], []
+    per = []
+    got: dict = {"best": [], "first_choice": [], "prepacked": []}
     any_packed = any(r.extra.get("weights") == "prepacked" for r in rows)
     for name, rs in by_problem.items():
-        entry, ratio, first_ratio, packed_ratio = _summary_problem(name, rs, any_packed)
+        entry, figures = _summary_problem(name, rs, any_packed)
         per.append(entry)
-        ratios.append(ratio)
-        first_ratios.append(first_ratio)
-        packed_ratios.append(packed_ratio)
+        for k, v in figures.items():
+            got[k].append(v)
+    ratios = [v for v, _, _ in got["best"]]
+    first_ratios = [v for v, _, _ in got["first_choice"]]
+    packed_ratios = [v for v, _, _ in got["prepacked"]]
+    from ..core.bench import geomean_interval
+
+    def interval(k, clean_only=False):
+        lists = [pr for v, pr, c in got[k] if v is not None and (c or not clean_only)]
+        if not lists or all(len(pr) < 2 for pr in lists):
+            return None
+        return list(geomean_interval(lists))
+
+    def clean_mean(k):
+        return _geomean_or_none([v for v, _, c in got[k] if c])
+
+    # the problems whose headline rows (best, first choice, prepacked) were all measured in clean rounds
+    clean_problems = sum(all(c for v, _, c in (got[k][i] for k in got) if v is not None) and
+                         got["best"][i][0] is not None for i in range(len(per)))
 
     def label(r):
         return f"{r.problem}: {r.backend} {r.implementation}"
@@ -931,22 +1090,54 @@ def summary(rows: list[Row], *, hint: str | None = None) -> dict:
             "no_rawconv_result": [p["problem"] for p in per if p["rawconv_rows"] and not p["rawconv_ran"]],
             "comparable_problems": sum(v is not None for v in ratios),
             "geomean_torch_over_best": _geomean_or_none(ratios),
+            "geomean_torch_over_best_interval": interval("best"),
+            "geomean_torch_over_best_where_picked": _geomean_or_none(
+                [p["ratio_where_picked"] for p in per if p["ratio"] is not None]),
             "best_of": [min(best_of), max(best_of)] if best_of else None,
             "geomean_torch_over_first_choice": _geomean_or_none(first_ratios),
+            "geomean_torch_over_first_choice_interval": interval("first_choice"),
             "first_choice_problems": sum(v is not None for v in first_ratios),
             "geomean_torch_over_best_prepacked": _geomean_or_none(packed_ratios),
+            "geomean_torch_over_best_prepacked_interval": interval("prepacked"),
             "prepacked_problems": sum(v is not None for v in packed_ratios),
+            "confirmed_problems": sum(p["ratio_confirmed"] for p in per if p["ratio"] is not None),
+            # the same figures over the problems whose rounds had clean calls (what the headline shows)
+            "clean_problems": clean_problems,
+            "geomean_torch_over_best_clean": clean_mean("best"),
+            "geomean_torch_over_best_clean_interval": interval("best", True),
+            "geomean_torch_over_first_choice_clean": clean_mean("first_choice"),
+            "geomean_torch_over_first_choice_clean_interval": interval("first_choice", True),
+            "geomean_torch_over_best_prepacked_clean": clean_mean("prepacked"),
+            "geomean_torch_over_best_prepacked_clean_interval": interval("prepacked", True),
+            "rounds_problems": sum(any(isinstance(r.extra.get("rounds"), dict) for r in rs)
+                                   for rs in by_problem.values()),
+            "confirm_rounds": max((r.extra["confirmed"]["rounds"]["rounds"] for r in rows
+                                   if isinstance(r.extra.get("confirmed"), dict)), default=None),
             "libraries": sorted({r.library for r in rows if r.library}),
             "timings_trustworthy": not warn, "timing_warnings": warn,
             "machine": report.as_dict() if report is not None else None,
             "per_problem": per}
 
 
+def _confirmed_ratio(r: Row | None) -> dict | None:
+    """The ratio torch default / ``r`` measured in the confirmation rounds (``extra["confirmed"]``),
+    else in the rounds it was chosen on (``extra["ratio"]``); None when neither was measured."""
+    if r is None:
+        return None
+    c = r.extra.get("confirmed")
+    if isinstance(c, dict) and isinstance(c.get("ratio"), dict):
+        return dict(c["ratio"], confirmed=True)
+    q = r.extra.get("ratio")
+    return dict(q, confirmed=False) if isinstance(q, dict) else None
+
+
 def _summary_problem(name: str, rs: list[Row], any_packed: bool) -> tuple:
     """:func:`summary`'s figures for one problem ``name`` and its rows ``rs`` (``any_packed``:
-    whether any row of the run was prepacked). Returns ``(entry, ratio, first_ratio,
-    packed_ratio)``: the ``per_problem`` dict, and torch default's time over the best rawconv row,
-    over the first choice and over the best prepacked row (None where not comparable)."""
+    whether any row of the run was prepacked). Returns ``(entry, ratios)``: the ``per_problem``
+    dict, and ``{"best", "first_choice", "prepacked": (ratio or None, per-round ratios)}``: torch
+    default's time over the best rawconv row, over the first choice and over the best prepacked
+    row (None where not comparable): the confirmation rounds' figure where they ran, else the
+    rounds' median ratio, else the ratio of median times."""
     torch_def = next((r for r in rs if r.backend == "torch" and r.implementation == "default"), None)
     t_ok = torch_def is not None and torch_def.category == "ok" and torch_def.median_ms > 0
     best = best_rawconv(rs, "per call")
@@ -954,31 +1145,55 @@ def _summary_problem(name: str, rs: list[Row], any_packed: bool) -> tuple:
     packed = best_rawconv(rs, "prepacked") if any_packed else None
 
     def ratio_to(r):
-        return torch_def.median_ms / r.median_ms if t_ok and r is not None and r.median_ms > 0 else None
+        if not t_ok or r is None or not r.median_ms > 0:
+            return None, [], None
+        q = _confirmed_ratio(r)
+        if q is not None and q.get("value") is not None:
+            return q["value"], list(q.get("per_round") or [q["value"]]), q
+        v = torch_def.median_ms / r.median_ms
+        return v, [v], None
 
-    ratio = ratio_to(best)
+    out = {k: ratio_to(r) for k, r in (("best", best), ("first_choice", first), ("prepacked", packed))}
     n = sum(r.backend != "torch" and r.category == "ok" and math.isfinite(r.median_ms)
             and r.extra.get("weights") in WEIGHT_SETS["per call"] for r in rs)
+
+    def interval(k):
+        q = out[k][2]
+        return [q["lo"], q["hi"]] if q is not None else None
+
+    sel = best.extra.get("ratio") if best is not None else None
     entry = {"problem": name, "torch_ms": torch_def.median_ms if torch_def and torch_def.ran else None,
              "torch_status": torch_def.status if torch_def else None,
              "torch_library": torch_def.library if torch_def else None,
              "best": best.implementation if best else None, "best_ms": best.median_ms if best else None,
              "best_library": best.library if best else None, "best_of": n,
-             "ratio": ratio,
+             "ratio": out["best"][0], "ratio_interval": interval("best"),
+             "ratio_confirmed": bool(out["best"][2] and out["best"][2]["confirmed"]),
+             "ratio_where_picked": sel.get("value") if isinstance(sel, dict) and t_ok else None,
              "first_choice": first.implementation if first else None,
-             "first_choice_ms": first.median_ms if first else None, "first_choice_ratio": ratio_to(first),
+             "first_choice_ms": first.median_ms if first else None, "first_choice_ratio": out["first_choice"][0],
+             "first_choice_interval": interval("first_choice"),
              "best_prepacked": packed.implementation if packed else None,
              "best_prepacked_ms": packed.median_ms if packed else None,
-             "prepacked_ratio": ratio_to(packed),
-             "unstable": bool(ratio is not None and (torch_def.unstable or best.unstable)),
+             "prepacked_ratio": out["prepacked"][0], "prepacked_interval": interval("prepacked"),
+             "unstable": bool(out["best"][0] is not None and (torch_def.unstable or best.unstable)),
              "rawconv_rows": sum(r.backend != "torch" for r in rs),
              "rawconv_ran": any(r.backend != "torch" and r.ran for r in rs)}
-    return entry, ratio, ratio_to(first), ratio_to(packed)
+    # a figure from rounds where both sides had a clean call (bench.ratio's "clean"); one measured
+    # without rounds (GPU rows, rows built by hand) is taken as it is
+    entry["ratio_clean"] = bool(out["best"][2].get("clean", True)) if out["best"][2] is not None else True
+    return entry, {k: (v[0], v[1], bool(v[2].get("clean", True)) if v[2] is not None else True) for k, v in out.items()}
 
 
 def headline(s: dict) -> list[str]:
-    """The summary's ratios as lines that say what each side did and mark a best-of-N selection
-    as such (``rawconv compare`` prints them; docs/guides/compare-cli.md quotes them)."""
+    """The summary's ratios as lines that say what each side did, each with its interval from the
+    rounds, and mark a best-of-N selection as such: confirmed on fresh rounds (the figure then
+    carries no winner's curse) or, where no rounds ran (GPU rows, rows built by hand), picked on
+    the same timings (``rawconv compare`` prints them; docs/guides/compare-cli.md quotes them).
+    Where some problems' rounds had no clean calls (their rows waited for a CPU in most rounds)
+    but most did, the figures shown are over those (``*_clean`` in the summary), and the figure
+    over every problem follows, marked not to be trusted; where most did not, the figures are over
+    every problem, after a line that says there is no figure to trust."""
     if s["geomean_torch_over_best"] is None:
         return ["torch default / rawconv: no comparable rows (no problem where torch default and a rawconv "
                 "candidate both ran within tolerance)"]
@@ -986,19 +1201,59 @@ def headline(s: dict) -> list[str]:
     n = f"{bo[0]}" if bo[0] == bo[1] else f"{bo[0]}-{bo[1]}"
     mark = "" if s["timings_trustworthy"] else " [UNRELIABLE: see the timing warnings]"
     dirn = "" if s.get("directions", ["forward"]) == ["forward"] else f" ({', '.join(s['directions'])})"
-    out = [f"torch default / rawconv{dirn}, median time, geometric mean over {s['comparable_problems']} "
-           f"problem(s){mark}:"]
+    total = s["comparable_problems"]
+    confirmed = s.get("confirmed_problems", 0) == total and total > 0
+    rounds = bool(s.get("rounds_problems"))
+    clean = s.get("clean_problems", total) if rounds else total
+    how = ("time per call, ratio taken within each interleaved round, median over rounds" if rounds
+           else "median time")
+    # the problems measured clean lead when they are most of them; fewer would make a figure of a few
+    # problems, not comparable with another run's
+    subset = rounds and 2 * clean >= total and clean < total
+    over = (f"the {clean} of {total} problem(s) whose rounds had calls during which our threads did not wait for "
+            f"a CPU" if subset else f"{total} problem(s)")
+    out = [f"torch default / rawconv{dirn}, {how}, geometric mean over {over}{mark}:"]
+    if rounds and 2 * clean < total:
+        out.append(f"  no figure to trust: {'every' if clean == 0 else f'{total - clean} of {total}'} problems' "
+                   "rounds waited for a CPU (the figures below are from those rounds; run again on a quieter "
+                   "machine)")
+    suffix = "_clean" if subset else ""
+
+    def fig(key):
+        v = s.get(key + suffix)
+        iv = s.get(key + suffix + "_interval")
+        return None if v is None else f"{v:.2f}x" + (f" [{iv[0]:.2f}-{iv[1]:.2f}]" if iv else "")
+
     like = []
-    if s.get("geomean_torch_over_first_choice") is not None:
-        like.append(f"oneDNN's first choice {s['geomean_torch_over_first_choice']:.2f}x")
-    like.append(f"best of {n} per problem {s['geomean_torch_over_best']:.2f}x (picked on these timings: a "
-                "best-of-N favours rawconv by the noise alone)")
+    if fig("geomean_torch_over_first_choice") is not None:
+        like.append(f"oneDNN's first choice {fig('geomean_torch_over_first_choice')}")
+    best = fig("geomean_torch_over_best")
+    if confirmed:
+        picked = s.get("geomean_torch_over_best_where_picked")
+        like.append(f"best of {n} per problem {best} (picked on the first rounds"
+                    f"{f', where it read {picked:.2f}x over all problems' if picked else ''}; this figure is from "
+                    f"{s.get('confirm_rounds') or 'fresh'} fresh rounds)")
+    elif best is not None:
+        like.append(f"best of {n} per problem {best} (picked on these timings: a best-of-N favours rawconv by the "
+                    "noise alone)")
     both = "weights read on every call by both, as torch's call does" if "backward_weights" not in \
         s.get("directions", []) else "same inputs on every call"
     out.append(f"  like for like ({both}): " + "; ".join(like))
-    if s.get("geomean_torch_over_best_prepacked") is not None:
+    packed = fig("geomean_torch_over_best_prepacked")
+    if packed is not None:
         out.append(f"  rawconv's weights prepacked (reordered once, which torch's call cannot do): best of {n} "
-                   f"{s['geomean_torch_over_best_prepacked']:.2f}x")
+                   f"{packed}" + (" (confirmed on fresh rounds)" if confirmed else ""))
+    if suffix:
+        def every(key):
+            v = s.get(key)
+            return f"{v:.2f}x" if v is not None else "-"
+        out.append(f"  over all {total} problems, including those whose rows waited for a CPU (not to be trusted): "
+                   f"first choice {every('geomean_torch_over_first_choice')}, best of {n} "
+                   f"{every('geomean_torch_over_best')}"
+                   + (f", prepacked {every('geomean_torch_over_best_prepacked')}"
+                      if s.get("geomean_torch_over_best_prepacked") is not None else ""))
+    if any(s.get(k + suffix + "_interval") for k in ("geomean_torch_over_first_choice", "geomean_torch_over_best")):
+        out.append("  [a-b]: 90% bootstrap interval over the rounds (each problem's per-round ratios resampled)")
     return out
 
 
@@ -1079,7 +1334,8 @@ def records(rows: Iterable[Row], problems: Iterable[ConvProblem], *, fpmath: str
     the options ``compare`` ran it with (oneDNN: ``fpmath``, weights layout, ``threads``: the
     plan's count, one for a problem under 2**17 FLOPs, else ``threads``, default torch's current
     count; cuDNN: the math type set), the library version and device, its
-    median/min time and error against float64, the layer's name as ``label``, and ``timing``:
+    median time (from the confirmation rounds where they ran: picked on other rounds) and min
+    time, its error against float64, the layer's name as ``label``, and ``timing``:
     whether the run's timings (:func:`rawconv.results.reliability` of ``rows``; ``hint`` ends its
     oversubscription warning) and this row's own (:attr:`Result.timing_flags`) can be trusted,
     so that :func:`replay` withholds a drift against a noisy time.
@@ -1135,7 +1391,10 @@ def records(rows: Iterable[Row], problems: Iterable[ConvProblem], *, fpmath: str
         timing = {"trustworthy": bool(run["trustworthy"] is not False and not flags),
                   "run_trustworthy": run["trustworthy"], "run_warnings": list(run["warnings"]),
                   "row_flags": flags, "machine": best.extra.get("machine")}
-        out.append(tuning.TuningRecord(key, best.choice, _finite_json(detail), p.layout, best.median_ms, best.min_ms,
+        # the time fresh rounds measured where they ran (the best was picked on others: no winner's curse)
+        conf = best.extra.get("confirmed")
+        med = conf["median_ms"] if isinstance(conf, dict) and conf.get("median_ms") is not None else best.median_ms
+        out.append(tuning.TuningRecord(key, best.choice, _finite_json(detail), p.layout, med, best.min_ms,
                                        err, label=name, timing=_finite_json(timing)))
     return out
 
@@ -1273,10 +1532,18 @@ def _replay_one(plan, rec, problem, name, extra, iterations, warmup, budget_s, s
                        {"dy": dy, "w": w})
     else:
         fn, tensors = (lambda: plan.execute(x, grad_y=dy)), {"x": x, "dy": dy}
+    rounds = None
     if dev.startswith("cuda"):
         timer = lambda f: time_cuda_queued(f, iterations=iterations, warmup=warmup)  # noqa: E731
-    else:
-        timer = lambda f: time_cpu(f, iterations=iterations, warmup=warmup, budget_s=budget_s)  # noqa: E731
+    else:   # the CPU: as compare times its rows, in rounds, each round's fastest clean call
+        from ..core.bench import round_plan, time_rounds
+
+        def timer(f):
+            nonlocal rounds
+            n, calls = round_plan(iterations)
+            t = time_rounds({"record": f}, rounds=n, calls=calls, warmup=warmup, budget_s=budget_s)["record"]
+            rounds = t.as_dict()
+            return t.stats()
     # as compare's _measure: what the rest of the machine did while this record was timed
     monitor = LoadMonitor() if dev == "cpu" else None
     try:
@@ -1289,6 +1556,8 @@ def _replay_one(plan, rec, problem, name, extra, iterations, warmup, budget_s, s
                       message=f"{type(exc).__name__}: {exc}", extra=extra)
     if monitor is not None:
         extra["machine"] = monitor.report().as_dict()
+    if rounds is not None:
+        extra["rounds"] = rounds
     plan.free()
     ref, ref_abs = reference(problem, k.direction, {n: t for n, t in tensors.items() if t is not None},
                              activation=k.activation)

@@ -189,9 +189,10 @@ class Autotune:
 
     def _autotune_search(self, impls, allow, session, call, checked, iterations, warmup, budget_s, progress,
                          wrong, skipped) -> list:
-        """Time each of ``impls`` (:meth:`_autotune_one`; ``checked``: ``(ref, ref_abs, tol)``), then
-        time the close contenders again (:meth:`_retime_close`). Returns the correct rows, fastest
-        first; the wrong and untimed ones go to ``wrong`` and ``skipped``. Raises
+        """Check each of ``impls`` (:meth:`_autotune_one`; ``checked``: ``(ref, ref_abs, tol)``),
+        then time every correct one in interleaved rounds (:meth:`_time_in_rounds`; isolated: each
+        timed in the child, the close contenders again: :meth:`_retime_close`). Returns the correct
+        rows, fastest first; the wrong and untimed ones go to ``wrong`` and ``skipped``. Raises
         :class:`NotSupportedError` when no implementation could be timed correctly."""
         from ..core import progress as _progress
         from ..core.bench import time_cpu
@@ -206,18 +207,69 @@ class Autotune:
                                        budget_s, rows, wrong, skipped, time_cpu)
                 finally:
                     bar.update()
+            if session is None:
+                self._time_in_rounds(rows + wrong, call, iterations, warmup, budget_s)
         if not rows:
             why = "; ".join(f"{r.impl.name}: {r.status}" for r in wrong + skipped)
             raise NotSupportedError("no implementation could be timed correctly for " + self.problem.describe()
                                     + (f" ({why})" if why else ""))
         rows.sort(key=lambda r: r.median_ms)
+        if session is None:
+            self._confirm(rows, call, iterations, budget_s)
+            return rows
         return self._retime_close(rows, skipped, session, call, allow, iterations, budget_s, time_cpu)
 
+    def _time_in_rounds(self, rows: list, call: dict, iterations: int, warmup: int, budget_s) -> None:
+        """Time ``rows`` (checked, not yet timed) together in interleaved rounds
+        (:func:`rawconv.bench.time_rounds`: ``iterations`` calls each spread over up to 5 rounds;
+        each round selects the row's implementation, untimed, before its calls) and fill their
+        times and ``extra["rounds"]``. Returns None."""
+        from ..core import bench
+
+        if not rows:
+            return
+        rounds, calls = bench.round_plan(iterations)
+
+        def run():
+            return self.execute(**call)
+
+        timed = bench.time_rounds({str(i): (run, _select_fn(self, r.impl.index)) for i, r in enumerate(rows)},
+                                  rounds=rounds, calls=calls, warmup=min(warmup, 1), budget_s=budget_s)
+        for i, r in enumerate(rows):
+            t = timed[str(i)]
+            st = t.stats()
+            r.median_ms, r.min_ms, r.runs = st.median_ms, st.min_ms, st.runs
+            r.extra["rounds"] = t.as_dict()
+
+    def _confirm(self, rows: list, call: dict, iterations: int, budget_s) -> None:
+        """The confirmation step: the fastest of ``rows`` (sorted; picked on the first rounds) and
+        the close contenders (within 15%, at most 4) timed again in fresh interleaved rounds,
+        ``extra["confirmed"]`` holding what those measured (``median_ms``, ``rounds``, ``flags``,
+        and the contender's time over the pick's, round by round: ``ratio_to_pick``). The pick
+        stays the pick; its record reports the fresh rounds' time (no winner's curse). Returns None."""
+        from ..core import bench
+
+        close = [r for r in rows[:4] if r.median_ms <= rows[0].median_ms * 1.15]
+        rounds, calls = bench.round_plan(iterations)
+
+        def run():
+            return self.execute(**call)
+
+        timed = bench.time_rounds({str(i): (run, _select_fn(self, r.impl.index)) for i, r in enumerate(close)},
+                                  rounds=max(rounds, 3), calls=calls, warmup=1, budget_s=budget_s)
+        pick = timed["0"]
+        for i, r in enumerate(close):
+            t = timed[str(i)]
+            q = bench.ratio(t, pick) if i else None
+            r.extra["confirmed"] = {"median_ms": t.stats().median_ms, "rounds": t.as_dict(), "flags": t.flags(),
+                                    "ratio_to_pick": q.as_dict() if q is not None else None}
+
     def _retime_close(self, rows, skipped, session, call, allow, iterations, budget_s, time_cpu) -> list:
-        """The close contenders (within 15% of the best of ``rows``, sorted) timed again, interleaved
-        over rounds, and ranked by their best round: one noisy pass (a descheduled OpenMP thread) must
-        not decide. Returns the rows re-sorted; one that fails when run again (isolated) goes to
-        ``skipped``. Raises :class:`NotSupportedError` when none is left."""
+        """Isolated autotune (each implementation timed in the child process): the close contenders
+        (within 15% of the best of ``rows``, sorted) timed again, round after round, and ranked by
+        their best round: one noisy pass (a descheduled OpenMP thread) must not decide. Returns the
+        rows re-sorted; one that fails when run again goes to ``skipped``. Raises
+        :class:`NotSupportedError` when none is left."""
         nan = float("nan")
         close = [r for r in rows[:4] if r.median_ms <= rows[0].median_ms * 1.15]
         if len(close) > 1:
@@ -228,22 +280,15 @@ class Autotune:
                 for r in close:
                     if id(r) in dead:
                         continue
-                    if session is not None:
-                        rr = session.run(r.impl, iterations=iterations, warmup=1, budget_s=budget_s,
-                                         allow_known_bad=allow, check=False)
-                        if rr["status"] != "ok":   # it ran fine before: report what it did now
-                            dead.add(id(r))
-                            skipped.append(_o.TimedImplementation(r.impl, nan, nan, r.runs, rr["status"],
-                                                               "when timed again: " + rr["detail"]))
-                            continue
-                        med, mn = rr["median_ms"], rr["min_ms"]
-                    else:
-                        self._selected = r.impl.index
-                        st = time_cpu(lambda: self.execute(**call), iterations=iterations, warmup=1,
-                                      budget_s=budget_s)
-                        med, mn = st.median_ms, st.min_ms
-                    best[id(r)] = min(best[id(r)], med)
-                    fastest[id(r)] = min(fastest[id(r)], mn)
+                    rr = session.run(r.impl, iterations=iterations, warmup=1, budget_s=budget_s,
+                                     allow_known_bad=allow, check=False)
+                    if rr["status"] != "ok":   # it ran fine before: report what it did now
+                        dead.add(id(r))
+                        skipped.append(_o.TimedImplementation(r.impl, nan, nan, r.runs, rr["status"],
+                                                           "when timed again: " + rr["detail"]))
+                        continue
+                    best[id(r)] = min(best[id(r)], rr["median_ms"])
+                    fastest[id(r)] = min(fastest[id(r)], rr["min_ms"])
             retimed = []
             for r in close:
                 if id(r) not in dead:
@@ -284,20 +329,21 @@ class Autotune:
 
                 y = self.execute(**tensors)
                 err = _check_result(self.problem, y[0] if isinstance(y, tuple) else y, ref, ref_abs, tol)
-            stats = time_cpu(lambda: self.execute(**tensors), iterations=iterations, warmup=warmup,
-                             budget_s=budget_s)
+            else:   # the first call builds it (JIT code, reorders): untimed, as a warm-up
+                self.execute(**tensors)
         except NotSupportedError as exc:
             skipped.append(_o.TimedImplementation(impl, nan, nan, 0, "not supported", str(exc)))
             return
+        # timed afterwards, with the others, in interleaved rounds (_time_in_rounds)
         if err is not None and not err.ok:
-            row = _o.TimedImplementation(impl, stats.median_ms, stats.min_ms, stats.runs, "wrong",
+            row = _o.TimedImplementation(impl, nan, nan, 0, "wrong",
                                       f"outside tolerance vs float64: max rel err {err.max_rel:.2e}, "
                                       f"{err.ratio:.3g}x the tolerance" + (f", {err.nan} non-finite" if err.nan
                                                                             else ""))
             row.accuracy = err
             wrong.append(row)
             return
-        row = _o.TimedImplementation(impl, stats.median_ms, stats.min_ms, stats.runs)
+        row = _o.TimedImplementation(impl, nan, nan, 0)
         row.accuracy = err
         rows.append(row)
 
@@ -346,10 +392,21 @@ class Autotune:
                   "formats": dict(impl.formats), "reorders": list(impl.reorders),
                   "scratchpad_bytes": impl.scratchpad_bytes,
                   "weights": "prepacked" if self.prepack and self.direction != "backward_weights" else "per call"}
-        timing = None if warned is None else {"trustworthy": not warned, "run_trustworthy": not warned,
-                                              "run_warnings": list(warned), "row_flags": []}
-        return tuning.TuningRecord(key, impl.choice, detail, self.problem.layout, row.median_ms, row.min_ms,
+        conf = row.extra.get("confirmed") if isinstance(row.extra, dict) else None
+        flags = list(row.timing_flags)
+        timing = None if warned is None else {"trustworthy": not warned and not flags, "run_trustworthy": not warned,
+                                              "run_warnings": list(warned), "row_flags": flags}
+        # the time of the pick as the fresh rounds measured it (picked on others: no winner's curse)
+        med = conf["median_ms"] if isinstance(conf, dict) and conf.get("median_ms") is not None else row.median_ms
+        return tuning.TuningRecord(key, impl.choice, detail, self.problem.layout, med, row.min_ms,
                                    row.accuracy, label=self.problem.name or "", timing=timing)
+
+
+def _select_fn(plan, index: int):
+    """A function that selects implementation ``index`` of ``plan`` (a round's untimed setup)."""
+    def select():
+        plan._selected = index
+    return select
 
 
 # only rawconv's exceptions leave it (rawconv.core.guard), named as the public method it is

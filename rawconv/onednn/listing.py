@@ -270,6 +270,13 @@ class Listing:
             return impl
         name, _, layouts = impl.partition("@")
         matches = [i for i, r in enumerate(impls) if r.name == name and (not layouts or r.layouts == layouts)]
+        if not layouts and len({impls[i].layouts for i in matches}) > 1:
+            # a short name that two listed candidates share (ref:any@any and ref:any@user): say which
+            listed = ", ".join(f"{impls[i].choice} [{i}]" + (" (known bad)" if impls[i].known_bad else "")
+                               for i in matches)
+            raise ArgumentError(f"implementation {impl!r} is ambiguous for {self.problem.describe()} "
+                                f"({self.direction}): it names {len(matches)} listed candidates: {listed}; pass "
+                                f"one of those names (name@layouts) or its position")
         if not matches:
             names = sorted({r.name for r in impls}, key=[r.name for r in impls].index)
             raise NotSupportedError(
@@ -280,11 +287,14 @@ class Listing:
         return min(matches, key=lambda i: (len([r for r in impls[i].reorders if r not in ("w",)]), i))
 
     def select(self, impl: Any = None, *, allow_known_bad: bool | None = None, choice: Any = None) -> _o.Implementation:
-        """Select the implementation :meth:`execute` runs: an int position, a name (``"x64:gemm:jit"``,
-        optionally ``"name@user"``/``"name@any"``), an :class:`_o.Implementation` of this plan's list,
-        or None for oneDNN's first choice (position 0; when that is known bad, the next one that is
-        not, with a ``RuntimeWarning``).
-        Raises :class:`NotSupportedError` naming what oneDNN offers, and
+        """Select the implementation :meth:`execute` runs: an int position, a name (the canonical
+        ``"name@layouts"``, e.g. ``"x64:gemm:jit@any"``, each listed row's ``choice``; or the short
+        ``"x64:gemm:jit"`` when one listed candidate has it), an :class:`_o.Implementation` of this
+        plan's list, or None for oneDNN's first choice (position 0; when that is known bad, the next
+        one that is not, with a ``RuntimeWarning``). Raises
+        :class:`~rawconv.errors.ArgumentError` for a short name that names candidates of several
+        layouts (``"ref:any"``: ``ref:any@any`` and ``ref:any@user``), listing them,
+        :class:`NotSupportedError` naming what oneDNN offers, and
         :class:`~rawconv.errors.KnownBadError` (naming the issue) for an implementation
         :mod:`rawconv.known_bad` lists for this problem, unless ``allow_known_bad`` (default: the
         plan's setting)."""

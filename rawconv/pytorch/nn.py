@@ -126,6 +126,21 @@ def _check_choice(c: Any, what: str, pair: bool = False) -> Any:
     raise ArgumentTypeError(msg)
 
 
+def _split(choice, backward_choice, transposed: bool = False) -> tuple:
+    """``(choice, backward_choice)`` with a training step's choice (``rawconv.ops.TrainingChoice``,
+    a dict per library direction) split into its forward part and its (data, weights) pair
+    (:func:`rawconv.ops.split_choice`); other choices as given."""
+    from .ops import split_choice
+
+    return split_choice(choice, backward_choice, transposed=transposed)
+
+
+def _is_step(c) -> bool:
+    from .ops import _is_step as is_step
+
+    return is_step(c)
+
+
 def _choice_library(c: Any, what: str) -> str | None:
     """The library a choice string is written for, by its grammar alone (no tensors needed):
     ``"onednn"`` (``"jit:avx2@any"``), ``"cudnn"`` (``"IMPLICIT_PRECOMP_GEMM@fma"``,
@@ -303,16 +318,21 @@ def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, str
     config) or as a listed row (``onednn.implementations(x, w)[i]``); not a position (an index
     into one problem's listing: only the backend function forms such as
     ``rawconv.onednn.forward(x, w, impl=0)`` take those);
-    ``backward_choice``: one value or a ``(data, weights)`` pair; ``precision``: see
+    ``backward_choice``: one value or a ``(data, weights)`` pair; or ``choice`` pins the whole
+    training step (:class:`rawconv.ops.TrainingChoice` or a dict ``{"forward": ..,
+    "backward_data": .., "backward_weights": ..}``); ``precision``: see
     :mod:`rawconv.options`. ``impl`` / ``backward_impl`` / ``fpmath``: the old names.
     Raises :class:`ArgumentError` / :class:`ArgumentTypeError` for bad input (a choice of another
     type, an int position) before any C call and :class:`NotSupportedError` for a choice the
     library does not offer. Wraps the backends' ``forward`` / ``backward_data`` /
     ``backward_weights``.
     """
-    choice = _check_choice(_alias(choice, impl, "choice", "impl"), "impl" if impl is not None else "choice")
-    backward_choice = _check_choice(_alias(backward_choice, backward_impl, "backward_choice", "backward_impl"),
-                                    "backward_impl" if backward_impl is not None else "backward_choice", pair=True)
+    what, bwhat = ("impl" if impl is not None else "choice"), ("backward_impl" if backward_impl is not None
+                                                               else "backward_choice")
+    choice, backward_choice = _split(_alias(choice, impl, "choice", "impl"),
+                                     _alias(backward_choice, backward_impl, "backward_choice", "backward_impl"))
+    choice = _check_choice(choice, what)
+    backward_choice = _check_choice(backward_choice, bwhat, pair=True)
     precision = _check_precision(_alias(precision, fpmath, "precision", "fpmath", "strict"))
     _check_backend(backend)
     padding = _norm_padding(padding)
@@ -402,6 +422,7 @@ def conv_transpose(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None =
         raise ArgumentError(f"weight must be 3-D, 4-D or 5-D (C_in, C_out/groups, *kernel), got {tuple(w.shape)}")
     _check_backend(backend)
     precision = _check_precision(precision)
+    choice, backward_choice = _split(choice, backward_choice, transposed=True)
     _check_choice(choice, "choice")
     _check_choice(backward_choice, "backward_choice", pair=True)
     if bias is not None and not isinstance(bias, torch.Tensor):
@@ -485,10 +506,14 @@ class _RawconvConv:
                                 f"runs on torch's own kernel, said once and counted), got {fallback!r}")
         self.fallback = fallback
         self.backend = _check_backend(backend)
-        self.choice = _check_choice(_alias(choice, impl, "choice", "impl"), "impl" if impl is not None else "choice")
-        self.backward_choice = _check_choice(
-            _alias(backward_choice, backward_impl, "backward_choice", "backward_impl"),
-            "backward_impl" if backward_impl is not None else "backward_choice", pair=True)
+        what, bwhat = ("impl" if impl is not None else "choice"), ("backward_impl" if backward_impl is not None
+                                                                   else "backward_choice")
+        # a pinned training step (a TrainingChoice or a dict per library direction): its forward and backward parts
+        choice, backward_choice = _split(_alias(choice, impl, "choice", "impl"),
+                                         _alias(backward_choice, backward_impl, "backward_choice", "backward_impl"),
+                                         self._transposed)
+        self.choice = _check_choice(choice, what)
+        self.backward_choice = _check_choice(backward_choice, bwhat, pair=True)
         self.precision = _check_precision(_alias(precision, fpmath, "precision", "fpmath", "strict"))
         self._choice_backend = self._device_backend()
         named = _choice_library(self.choice, "impl" if impl is not None else "choice") or \
@@ -2574,7 +2599,10 @@ def pin_choices(model: torch.nn.Module, choices: dict, *, backend: str | None = 
                             f"torch's; these are: {list(mods)})")
     for n, c in choices.items():
         m = mods[n]
-        m.choice = c
+        if c is not None and not isinstance(c, str) and _is_step(c):   # a whole training step
+            m.choice, m.backward_choice = _split(c, None, m._transposed)
+        else:
+            m.choice = c
         m.__dict__.pop(_TUNED_ATTR, None)
         m.__dict__.pop(_NEW_ATTR, None)
         m._choice_backend = backend or m._device_backend()
@@ -2586,9 +2614,14 @@ def pin_choices(model: torch.nn.Module, choices: dict, *, backend: str | None = 
 # ---------------------------------------------------------------------------- describe
 @dataclass
 class LayerReport:
-    """One convolution layer in :func:`describe`: what rawconv and torch run, their times (median
-    ms; CPU: perf_counter per call; CUDA: GPU time with calls queued behind a busy GPU) and their
-    errors against float64 (max |y - ref| / max |ref|)."""
+    """One convolution layer in :func:`describe`: what rawconv and torch run, their times (ms;
+    CPU: both timed together in interleaved rounds, each round's fastest clean call, median over
+    rounds; CUDA: GPU time with calls queued behind a busy GPU) and their errors against float64
+    (max |y - ref| / max |ref|). ``backward``: what the layer's backward passes run in a
+    training step (the library's choice for each, by its one name); ``ratio``: torch's time over
+    rawconv's taken within each round (``value``, ``lo``/``hi`` the interquartile range;
+    :class:`rawconv.bench.Ratio`); ``timing_flags``: what was measured against those times
+    (waited for a CPU, rounds disagree), as ``compare`` flags its rows."""
 
     name: str
     module: str
@@ -2602,10 +2635,16 @@ class LayerReport:
     rawconv_err: float | None = None
     torch_err: float | None = None
     note: str = ""
+    backward: str = ""
+    ratio: dict | None = None
+    timing_flags: list = field(default_factory=list)
 
     @property
     def speedup(self) -> float | None:
-        """torch time / rawconv time (> 1: rawconv is faster)."""
+        """torch time / rawconv time (> 1: rawconv is faster): the median of the per-round ratios
+        where the two were timed in rounds, else the ratio of the times."""
+        if self.ratio is not None and self.ratio.get("value") is not None:
+            return self.ratio["value"]
         if self.rawconv_ms and self.torch_ms:
             return self.torch_ms / self.rawconv_ms
         return None
@@ -2616,12 +2655,18 @@ class LayerReport:
         return (f"{self.name} [{self.module}] {self.problem}\n"
                 f"  rawconv: {self.rawconv_backend} {self.rawconv_runs}  {f(self.rawconv_ms, '.4f')} ms  "
                 f"err {f(self.rawconv_err, '.2e')}\n"
-                f"  torch:   {self.torch_backend} {self.torch_runs}  {f(self.torch_ms, '.4f')} ms  "
-                f"err {f(self.torch_err, '.2e')}" + (f"\n  note: {self.note}" if self.note else ""))
+                + (f"  rawconv backward: {self.backward}\n" if self.backward else "")
+                + f"  torch:   {self.torch_backend} {self.torch_runs}  {f(self.torch_ms, '.4f')} ms  "
+                f"err {f(self.torch_err, '.2e')}" + (f"\n  note: {self.note}" if self.note else "")
+                + "".join(f"\n  timing: {t}" for t in self.timing_flags))
 
 
 class DescribeTable(list):
-    """The rows of :func:`describe` (a list of :class:`LayerReport`) with a table as its repr."""
+    """The rows of :func:`describe` (a list of :class:`LayerReport`) with a table as its repr;
+    ``warnings``: the timing warnings of the run (as ``compare`` prints them: rows that waited
+    for a CPU in most rounds, rounds that disagree)."""
+
+    warnings: list = []
 
     def __repr__(self) -> str:
         return format_table(self)
@@ -2629,24 +2674,39 @@ class DescribeTable(list):
     __str__ = __repr__
 
 
+def _fmt_x(r: LayerReport) -> str:
+    v = r.speedup
+    if v is None:
+        return "-"
+    q = r.ratio
+    iv = f" [{q['lo']:.2f}-{q['hi']:.2f}]" if q and q.get("lo") is not None else ""
+    return f"{v:.2f}{iv}" + (" !" if r.timing_flags else "")
+
+
 def format_table(rows: Sequence[LayerReport]) -> str:
-    """The rows as a fixed-width table (one line per layer, no cell cut), then what ``x`` means and
-    each layer's note (why that choice runs there, what failed)."""
-    head = ("layer", "module", "problem", "rawconv runs", "ms", "err", "torch runs", "ms", "err", "x")
+    """The rows as a fixed-width table (one line per layer, no cell cut), then what ``x`` means,
+    each layer's backward passes and note (why that choice runs there, what failed), and the
+    timing warnings (:attr:`DescribeTable.warnings`)."""
+    head = ("layer", "module", "problem", "rawconv runs", "ms", "err", "torch runs", "ms", "err", "x [IQR]")
     body = []
     for r in rows:
         def f(v, fmt):
             return format(v, fmt) if v is not None else "-"
         body.append((r.name, r.module, r.problem, f"{r.rawconv_backend}: {r.rawconv_runs}", f(r.rawconv_ms, ".3f"),
                      f(r.rawconv_err, ".1e"), f"{r.torch_backend}: {r.torch_runs}", f(r.torch_ms, ".3f"),
-                     f(r.torch_err, ".1e"), f(r.speedup, ".2f")))
+                     f(r.torch_err, ".1e"), _fmt_x(r)))
     widths = [max([len(h)] + [len(b[i]) for b in body]) for i, h in enumerate(head)]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()   # noqa: E731
     out = [line(head), line(["-" * w for w in widths])] + [line(b) for b in body]
-    out.append("ms: median per call (CUDA: GPU time); err: max |y - ref| / max |ref| against float64; "
-               "x: torch ms / rawconv ms (> 1: rawconv faster), one process, no noise check: compare rows "
-               "of one run")
+    out.append("ms: per call (CPU: rawconv and torch timed together in interleaved rounds, each round's fastest call "
+               "during which our threads did not wait for a CPU, median over rounds; CUDA: GPU time); err: max "
+               "|y - ref| / max |ref| against float64; x: torch ms / rawconv ms (> 1: rawconv faster), the median of "
+               "the ratios taken within each round [their interquartile range]; !: time not to be trusted (see the "
+               "layer's timing line)")
+    out += [f"backward {r.name}: {r.backward}" for r in rows if r.backward]
     out += [f"note {r.name}: {r.note}" for r in rows if r.note]
+    out += [f"timing {r.name}: {t}" for r in rows for t in r.timing_flags]
+    out += [f"warning: {w}" for w in getattr(rows, "warnings", []) or []]
     return "\n".join(out)
 
 
@@ -2831,11 +2891,29 @@ def _torch_runs(fn, device) -> str:
 
 
 def _timer(fn, device, iterations: int) -> float:
-    from ..core.bench import time_cpu, time_cuda_queued
+    """Median ms per call of ``fn``: CUDA, GPU time with calls queued behind a busy GPU; CPU, as
+    ``compare`` times (interleaved rounds of one candidate, each round's fastest clean call)."""
+    from ..core import bench
 
     if device.type == "cuda":
-        return time_cuda_queued(fn, iterations=iterations).median_ms
-    return time_cpu(fn, iterations=iterations, warmup=2).median_ms
+        return bench.time_cuda_queued(fn, iterations=iterations).median_ms
+    rounds, calls = bench.round_plan(iterations)
+    return bench.time_rounds({"f": fn}, rounds=rounds, calls=calls, warmup=2)["f"].stats().median_ms
+
+
+def _time_pair(run_rawconv, run_torch, iterations: int) -> tuple:
+    """rawconv's and torch's calls of one layer timed together in interleaved rounds
+    (:func:`rawconv.bench.time_rounds`: ``iterations`` calls each). Returns ``(rawconv ms, torch
+    ms, ratio dict or None, flags)``: each side's median over rounds of its fastest clean call,
+    torch / rawconv taken within each round (:func:`rawconv.bench.ratio`), and what was
+    measured against them (``"rawconv: waited for a CPU: ..."``)."""
+    from ..core import bench
+
+    rounds, calls = bench.round_plan(iterations)
+    t = bench.time_rounds({"rawconv": run_rawconv, "torch": run_torch}, rounds=rounds, calls=calls, warmup=2)
+    q = bench.ratio(t["torch"], t["rawconv"])
+    flags = [f"{k}: {f}" for k in ("rawconv", "torch") for f in t[k].flags()]
+    return t["rawconv"].stats().median_ms, t["torch"].stats().median_ms, (q.as_dict() if q else None), flags
 
 
 def _rel_err(y, ref) -> float:
@@ -2862,8 +2940,13 @@ def describe(model: torch.nn.Module, example_input: Any, *, iterations: int = 10
     its verbose log; on CUDA the kernel names torch's call launched, from ``torch.profiler``,
     with ``torch_kernels``), the median time of each (``iterations`` calls; CUDA: GPU time,
     calls queued behind a busy GPU) and the error of each against float64 (torch's float64
-    functional ops on the CPU, fused residual and activation included). Returns a
-    :class:`DescribeTable` (a list whose repr is a table; :func:`print_table`).
+    functional ops on the CPU, fused residual and activation included), what the layer's backward
+    passes run in a training step (``backward``: the library's choice per direction, by its one
+    name). On the CPU both sides are timed together in interleaved rounds, ``x`` is the median
+    of torch / rawconv taken within each round with its interquartile range, and a layer whose
+    rounds waited for a CPU or disagree is flagged as ``compare`` flags its rows
+    (:class:`rawconv.bench.TimingWarning` warnings, the table's ``warnings`` and timing lines).
+    Returns a :class:`DescribeTable` (a list whose repr is a table; :func:`print_table`).
     """
     if not isinstance(model, torch.nn.Module):
         raise ArgumentTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -2871,6 +2954,11 @@ def describe(model: torch.nn.Module, example_input: Any, *, iterations: int = 10
     rows = DescribeTable()
     for m, args, kwargs in calls:
         rows.append(_describe_layer(m, args, kwargs, names.get(id(m), "?"), iterations, timing, torch_kernels))
+    from ..core.bench import TimingWarning, flag_warnings
+
+    rows.warnings = flag_warnings([r.timing_flags for r in rows if r.ratio is not None])
+    for w in rows.warnings:
+        warnings.warn(f"rawconv.nn.describe: {w}", TimingWarning, stacklevel=_guard.stacklevel())
     return rows
 
 
@@ -2923,11 +3011,13 @@ def _describe_layer(m, args: tuple, kwargs: dict, name: str, iterations: int, ti
         rm(x, _copied(residual)) if isinstance(rm, _ConvBiasAct) else rm(x) if output_size is None \
             else rm(x, output_size)
     note = ""
+    backward = ""
     if rec:
         _, kind, cargs = rec[0]
         problem = _problem_of(rm, kind, cargs).describe()
-        choice, _bwd, _t, note = _call_choices(rm, kind, cargs)
+        choice, bwd, _t, note = _call_choices(rm, kind, cargs)
         runs = _rawconv_runs(rm, kind, cargs, backend, choice)
+        backward = _rawconv_backward(rm, kind, cargs, backend, choice, bwd)
     else:
         problem, runs, note = "?", "?", "the call ran outside rawconv's fused path (broadcast residual)"
 
@@ -2950,17 +3040,49 @@ def _describe_layer(m, args: tuple, kwargs: dict, name: str, iterations: int, ti
                                 if isinstance(m, _ConvBiasAct) else "")
     row = LayerReport(name, label, problem, backend, runs, _torch_backend(m, x),
                       _torch_runs(run_torch, x.device) if (torch_kernels or x.device.type == "cpu") else "",
-                      note=note)
+                      note=note, backward=backward)
+    ran = False
     try:
         row.rawconv_err = _rel_err(run_rawconv(), ref)
-        if timing:
+        ran = True
+        if timing and x.device.type == "cuda":
             row.rawconv_ms = _timer(lambda: run_rawconv(scratch), x.device, iterations)
     except (NotSupportedError, ArgumentError) as exc:
         row.note = (row.note + "; " if row.note else "") + f"rawconv: {exc}"
     row.torch_err = _rel_err(run_torch(), ref)
-    if timing:
+    if timing and x.device.type == "cuda":
         row.torch_ms = _timer(run_torch, x.device, iterations)
+    elif timing:   # the CPU: both sides together, in interleaved rounds
+        if ran:
+            row.rawconv_ms, row.torch_ms, row.ratio, row.timing_flags = _time_pair(lambda: run_rawconv(scratch),
+                                                                                   run_torch, iterations)
+        else:
+            row.torch_ms = _time_pair(run_torch, run_torch, iterations)[1]
     return row
+
+
+def _rawconv_backward(m, kind: str, args: dict, backend: str, choice, bwd) -> str:
+    """What layer ``m``'s backward passes run for this recorded call, by each candidate's one name
+    (oneDNN: the plans :func:`rawconv.ops.selected` builds for ``choice`` and ``bwd``; cuDNN: the
+    pinned choices, else "cuDNN's choice at the first call"); '' where it does not say
+    (transposed layers)."""
+    if kind == "transpose":
+        return ""
+    pinned = "pinned" if bwd is not None else "the library's first choice (not pinned)"
+    if backend != "onednn":
+        d, wt = _pair(bwd) if bwd is not None else (None, None)
+        return (f"backward_data {d or 'cuDNN picks at the first call'}, backward_weights "
+                f"{wt or 'cuDNN picks at the first call'}")
+    from .ops import selected
+
+    x = args["x"]
+    w, b = _call_wb(m, args)
+    try:
+        sel = selected(x, w, b, m.stride, _norm_padding(args["padding"]), m.dilation, m.groups,
+                       choice=choice if kind == "conv" else None, backward_choice=bwd, precision=m.precision)
+    except (NotSupportedError, ArgumentError) as exc:
+        return f"(not available: {exc})"
+    return f"backward_data {sel['backward_data']}, backward_weights {sel['backward_weights']} ({pinned})"
 
 
 def _reference64(m, x, residual, output_size):

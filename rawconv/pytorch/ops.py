@@ -71,16 +71,21 @@ own ops, so gradients of any order come from the same libraries:
 * d conv_backward_weights (linear in x and grad_y): dx = ``conv_backward_data(grad_y, g_w)``,
   d grad_y = ``conv_forward(x, g_w, g_b)``.
 
-**Backward choices.** The forward's ``choice`` does not carry over to the backward passes: the
-libraries list forward, backward-data and backward-weights candidates separately (oneDNN names
-them differently; cuDNN's algorithm enums differ per direction), so there is no honest mapping.
-The backward passes run ``bwd_data_choice`` / ``bwd_weights_choice`` when given, else the
-library's own first choice for that backward problem: still one fixed candidate for a given
-problem, library version and machine (:func:`selected` says which). The derivatives of the
-backward operators (second order) run the library's first choice.
+**Backward choices: a pinned training step.** A forward ``choice`` name does not carry over to
+the backward passes: the libraries list forward, backward-data and backward-weights candidates
+separately (oneDNN names them differently; cuDNN's algorithm enums differ per direction), so there
+is no honest mapping. The backward passes run ``bwd_data_choice`` / ``bwd_weights_choice`` when
+given, else the library's own first choice for that backward problem: still one fixed candidate
+for a given problem, library version and machine (:func:`selected` says which). To pin the whole
+training step, pass one :class:`TrainingChoice` or a dict per direction as ``choice``
+(``{"forward": ..., "backward_data": ..., "backward_weights": ...}``; what :func:`selected`
+returns is such a dict): :func:`conv` and ``rawconv.nn``'s modules then run exactly those three
+on every call. The derivatives of the backward operators (second order) run the library's first
+choice.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -96,7 +101,7 @@ from ..core.problem import (ConvProblem, backward_data_layout, backward_weights_
                       suggests_channels_last, to_layout, transposed_shapes, tuple_arg)
 
 __all__ = ["conv", "conv_transpose", "conv_backward_data", "conv_backward_weights", "selected", "BACKENDS",
-           "clear_cache"]
+           "clear_cache", "TrainingChoice", "split_choice"]
 
 BACKENDS = ("auto", "onednn", "cudnn", "cudnn_graph")
 _DEVICE_OF = {"onednn": "cpu", "cudnn": "cuda", "cudnn_graph": "cuda"}
@@ -1063,6 +1068,85 @@ def _choice_name(c: Any, what: str) -> str:
                             f"Algorithm, EngineConfig), got {type(c).__name__}{hint}")
 
 
+#: the library directions a :class:`TrainingChoice` (or a dict ``choice``) names, and their other spellings
+DIRECTIONS = ("forward", "backward_data", "backward_weights")
+_DIRECTION_KEYS = {"forward": "forward", "backward_data": "backward_data", "backward_weights": "backward_weights",
+                   "backward_filter": "backward_weights"}
+
+
+@dataclass(frozen=True)
+class TrainingChoice:
+    """One convolution's three library calls pinned together, a training step: ``forward``,
+    ``backward_data`` (the input's gradient) and ``backward_weights`` (the weight's and the
+    bias's), each a choice as ``choice=`` takes it (a name such as ``"x64:gemm:jit@any"``, a listed
+    candidate, or None: the library's first choice for that direction). Pass it (or the same as a
+    dict, e.g. what :func:`selected` returns) as ``choice`` to :func:`conv`,
+    :func:`rawconv.nn.conv` or a ``rawconv.nn`` module: every call then runs exactly those three.
+    Directions are the library's: a transposed convolution's forward is its matching
+    convolution's ``backward_data``, its input's gradient a ``forward``."""
+
+    forward: Any = None
+    backward_data: Any = None
+    backward_weights: Any = None
+
+    @classmethod
+    def of(cls, value: Any) -> "TrainingChoice":
+        """``value`` (a TrainingChoice, a dict per direction, or an object whose ``directions`` is
+        one: :class:`rawconv.nn.TunedChoice`) as a TrainingChoice. Raises
+        :class:`~rawconv.errors.ArgumentError` for an unknown direction key, naming the known
+        ones, and :class:`~rawconv.errors.ArgumentTypeError` for anything else."""
+        if isinstance(value, cls):
+            return value
+        d = value if isinstance(value, dict) else getattr(value, "directions", None)
+        if not isinstance(d, dict):
+            raise ArgumentTypeError(f"a training step's choice must be a TrainingChoice or a dict per direction "
+                                    f"{{'forward': .., 'backward_data': .., 'backward_weights': ..}}, got "
+                                    f"{type(value).__name__}")
+        bad = [k for k in d if k not in _DIRECTION_KEYS]
+        if bad:
+            raise ArgumentError(f"unknown direction(s) {bad} in a training step's choice; known: "
+                                f"{', '.join(DIRECTIONS)} (backward_filter: backward_weights)")
+        out = {}
+        for k, v in d.items():
+            key = _DIRECTION_KEYS[k]
+            if key in out and out[key] is not None and v is not None and out[key] != v:
+                raise ArgumentError(f"the training step's choice names {key} twice ({out[key]!r} and {v!r})")
+            out[key] = v if v is not None else out.get(key)
+        return cls(**out)
+
+    def as_dict(self) -> dict:
+        """``{"forward": .., "backward_data": .., "backward_weights": ..}`` (choices as given)."""
+        return {"forward": self.forward, "backward_data": self.backward_data, "backward_weights": self.backward_weights}
+
+
+def _is_step(choice: Any) -> bool:
+    """Whether ``choice`` pins a training step (a :class:`TrainingChoice`, a dict, or an object
+    with a ``directions`` dict) rather than one direction."""
+    return isinstance(choice, (TrainingChoice, dict)) or isinstance(getattr(choice, "directions", None), dict)
+
+
+def split_choice(choice: Any, backward_choice: Any = None, *, transposed: bool = False) -> tuple[Any, Any]:
+    """``(forward choice, backward_choice)`` as the operators and modules keep them, from a
+    ``choice`` that may pin the whole training step (:class:`TrainingChoice`, a dict per
+    direction): the forward's, and ``(backward-data choice, backward-weights choice)`` (None
+    when neither is pinned). ``transposed``: for a transposed convolution, whose forward is the
+    library's backward_data and whose input gradient its forward. Any other ``choice`` comes back
+    as it is, with ``backward_choice``. Raises :class:`~rawconv.errors.ArgumentError` when both
+    ``choice`` (a training step) and ``backward_choice`` pin the backward passes."""
+    if not _is_step(choice):
+        return choice, backward_choice
+    step = TrainingChoice.of(choice)
+    if backward_choice is not None:
+        raise ArgumentError("choice pins the whole training step (forward and both backward passes); pass the "
+                            f"backward choices there, not also backward_choice={backward_choice!r}")
+    if transposed:
+        fwd, data = step.backward_data, step.forward
+    else:
+        fwd, data = step.forward, step.backward_data
+    bwd = None if data is None and step.backward_weights is None else (data, step.backward_weights)
+    return fwd, bwd
+
+
 def _backward_choices(backward_choice: Any) -> tuple[str, str]:
     if isinstance(backward_choice, (tuple, list)):
         if len(backward_choice) != 2:
@@ -1265,6 +1349,9 @@ def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, str
     ``"auto"``, ``"onednn"``, ``"cudnn"``, ``"cudnn_graph"``. ``choice``: None (the library's first
     choice) or a candidate's name (see the module notes) or a listed candidate
     (:class:`rawconv.onednn.Implementation`, cuDNN ``Algorithm`` / ``EngineConfig``).
+    ``choice`` may also pin the whole training step: a :class:`TrainingChoice` or a dict
+    ``{"forward": .., "backward_data": .., "backward_weights": ..}`` (what :func:`selected`
+    returns), which then gives the backward passes' choices too.
     ``precision``: ``"strict"``, ``"tf32"``, ``"bf16"``, ``"f16"``, ``"any"``.
     ``backward_choice``: what the backward passes run: None (each library's first choice), one
     name for both, or a ``(data, weights)`` pair. Returns y (N, K, *out) in torch's memory format for it
@@ -1277,6 +1364,8 @@ def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, str
     result, less host time). Wraps ``dnnl_primitive_execute`` / cuDNN's convolution calls.
     """
     try:   # rawconv._guard.public's translation, inline (one frame less on the hot path)
+        if choice is not None and type(choice) is not str and _is_step(choice):   # a pinned training step
+            choice, backward_choice = split_choice(choice, backward_choice)
         if _compiling():   # dynamo traces the operator (its fake kernel gives the shapes)
             return _fwd_op(x, w, bias, *_prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice,
                                                       precision, backward_choice))
@@ -1395,7 +1484,9 @@ def conv_transpose(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None =
     (C_out,) or None; ``output_padding`` < max(stride, dilation) per dim, as torch. ``choice``: a
     backward-data candidate; ``backward_choice``: what the gradients run: None (the library's first
     choices), one name for both, or a ``(forward choice for dx, backward-weights choice for dw)``
-    pair. Returns y (N, C_out, *out) in torch's memory format (channels_last when x or w is). Traced by ``torch.compile`` (the
+    pair; or ``choice`` pins the whole training step (:class:`TrainingChoice` / a dict per library
+    direction: ``backward_data`` is this call's, ``forward`` its input gradient's). Returns y
+    (N, C_out, *out) in torch's memory format (channels_last when x or w is). Traced by ``torch.compile`` (the
     operators' fake kernels). Raises :class:`~rawconv.errors.ArgumentError` /
     :class:`~rawconv.errors.ArgumentTypeError` before any library call for bad input,
     :class:`~rawconv.errors.NotSupportedError` for a choice the library does not offer, and under
@@ -1406,6 +1497,7 @@ def conv_transpose(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None =
     assertion fails inside it); :class:`~rawconv.errors.NotSupportedError` says so before any
     call. ``torch.compile`` and ``torch.export`` trace it (the operators' fake kernels).
     """
+    choice, backward_choice = split_choice(choice, backward_choice, transposed=True)
     if _tracing() is not None:
         raise NotSupportedError("torch.jit.trace cannot record rawconv's transposed convolution "
                                 "(rawconv.ops.conv_transpose, rawconv.nn.ConvTranspose1d/2d/3d): its operator "
@@ -1486,10 +1578,13 @@ def conv_backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequen
 def selected(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
              padding: Any = 0, dilation: Any = 1, groups: int = 1, *, backend: str = "auto", choice: Any = None,
              precision: str = "strict", backward_choice: Any = None) -> dict:
-    """What :func:`conv` with these arguments runs, per direction (CPU tensors, oneDNN):
-    ``{"forward": name, "backward_data": name, "backward_weights": name}`` (oneDNN implementation
-    names). Builds the plans (no convolution is run). Raises as :func:`conv`;
+    """What :func:`conv` with these arguments runs in a training step, per direction (CPU
+    tensors, oneDNN): ``{"forward": name, "backward_data": name, "backward_weights": name}``, each
+    the implementation's one name (``"jit:avx512_core@any"``: oneDNN's implementation name and its
+    layouts, what ``choice=`` takes and every table shows). Pass the dict back as ``choice`` to
+    pin all three. Builds the plans (no convolution is run). Raises as :func:`conv`;
     :class:`~rawconv.errors.NotSupportedError` for CUDA tensors (cuDNN picks at the first call)."""
+    choice, backward_choice = split_choice(choice, backward_choice)
     args = _prepare_conv(x, w, bias, stride, padding, dilation, groups, backend, choice, precision,
                          backward_choice)
     s, pb, pa, d, g, _backend, c, prec, bd, bw = args
@@ -1504,7 +1599,7 @@ def selected(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     data = _backward_data_plan(y, w, tuple(x.shape), s, pb, pa, d, g, bd, prec).selected
     wp = _backward_weights_problem(x, y, tuple(w.shape), s, pb, pa, d, g, bias is not None)
     wts = onednn._plan(wp, "backward_weights", "direct", prec, wp.layout, _onednn_choice(bw)).selected
-    return {"forward": fwd.name, "backward_data": data.name, "backward_weights": wts.name}
+    return {"forward": fwd.choice, "backward_data": data.choice, "backward_weights": wts.choice}
 
 
 def clear_cache() -> None:
@@ -1636,7 +1731,8 @@ def _graph_function(direction: str, a, b, c, stride, padding, dilation, groups, 
 
 # every public entry point raises only rawconv's exception classes (rawconv._guard)
 
-_guard.guard_module(globals(), "conv", "conv_transpose", "conv_backward_data", "conv_backward_weights", "selected")
+_guard.guard_module(globals(), "conv", "conv_transpose", "conv_backward_data", "conv_backward_weights", "selected",
+                    "split_choice")
 
 
 # the grad slot (rawconv.core.grad): the backends' function forms hand tensors that need grad to these
