@@ -36,7 +36,13 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def child(mode: str, sizes: int, grad: bool, threads: int) -> dict:
+def _gpu_mb() -> float:
+    import torch
+    torch.cuda.synchronize()
+    return torch.cuda.memory_allocated() / 2**20
+
+
+def child(mode: str, sizes: int, grad: bool, threads: int, device: str = "cpu") -> dict:
     import gc
     import warnings
 
@@ -51,10 +57,11 @@ def child(mode: str, sizes: int, grad: bool, threads: int) -> dict:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU(),
                                 torch.nn.Conv2d(16, 16, 3, padding=1))
-    x0 = torch.randn(1, 16, 64, 64)
+    x0 = torch.randn(1, 16, 64, 64, device=device)
+    model = model.to(device)
     warnings.simplefilter("ignore")
     if mode == "module":
-        model = rnn.Conv2d(16, 16, 3, padding=1)
+        model = rnn.Conv2d(16, 16, 3, padding=1).to(device)
     elif mode == "convert":
         model = rnn.convert(model)
     elif mode == "fuse":
@@ -75,16 +82,24 @@ def child(mode: str, sizes: int, grad: bool, threads: int) -> dict:
     if mode != "torch":
         clear()
     gc.collect()
+    gpu = device == "cuda"
     start = peak = _rss_mb()
+    gstart = gpeak = _gpu_mb() if gpu else 0.0
     for i in range(sizes):
-        step(torch.randn(1, 16, 64 + 2 * i, 64))
+        step(torch.randn(1, 16, 64 + 2 * i, 64, device=device))
         peak = max(peak, _rss_mb())
+        if gpu:
+            gpeak = max(gpeak, _gpu_mb())
     end = _rss_mb()
+    gend = _gpu_mb() if gpu else 0.0
     info = getattr(rawconv, "cache_info", lambda: None)()
     clear()
     gc.collect()
-    return {"mode": mode, "start": start, "peak": peak, "end": end, "cleared": _rss_mb(), "cache_info": info,
-            "rawconv": os.path.dirname(rawconv.__file__)}
+    out = {"mode": mode, "start": start, "peak": peak, "end": end, "cleared": _rss_mb(), "cache_info": info,
+           "rawconv": os.path.dirname(rawconv.__file__)}
+    if gpu:   # torch.cuda.memory_allocated: the tensors alive (workspaces, buffers), not the allocator's cache
+        out.update(gpu_start=gstart, gpu_peak=gpeak, gpu_end=gend, gpu_cleared=_gpu_mb())
+    return out
 
 
 def main(argv=None) -> None:
@@ -94,17 +109,19 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--modes", default="torch,module,convert,fuse",
                     help=f"comma-separated, of {', '.join(MODES)}")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: the model and inputs on the GPU; GPU memory allocated is printed beside RSS")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child, args.sizes, args.grad, args.threads)))
+        print(json.dumps(child(args.child, args.sizes, args.grad, args.threads, args.device)))
         return
     rows = []
     for mode in args.modes.split(","):
         if mode not in MODES:
             ap.error(f"unknown mode {mode!r}")
         cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, "--sizes", str(args.sizes),
-               "--threads", str(args.threads)] + (["--grad"] if args.grad else [])
+               "--threads", str(args.threads), "--device", args.device] + (["--grad"] if args.grad else [])
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode:
             print(f"{mode}: failed: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
@@ -113,7 +130,8 @@ def main(argv=None) -> None:
     if not rows:
         return
     print(f"rawconv from {rows[-1]['rawconv']}; {args.sizes} sizes of (1, 16, 64 + 2i, 64), "
-          f"{'forward + backward' if args.grad else 'no_grad forward'}, {args.threads} threads; RSS in MB")
+          f"{'forward + backward' if args.grad else 'no_grad forward'}, {args.threads} threads, {args.device}; RSS in MB"
+          + ("; gpu: torch.cuda.memory_allocated in MB (start/peak/end/cleared)" if args.device == "cuda" else ""))
     base = next((r for r in rows if r["mode"] == "torch"), None)
     print(f"{'mode':<10} {'start':>7} {'peak':>7} {'end':>7} {'cleared':>8} {'peak/torch':>11} {'cleared-start':>14}"
           "  cache_info")
@@ -123,7 +141,9 @@ def main(argv=None) -> None:
         held = "" if not info else (f"held {sum(info['bytes'].values()) / 2**20:.0f} MB of {info['limit'] / 2**20:.0f}, "
                                     f"{info['evictions']} released")
         print(f"{r['mode']:<10} {r['start']:7.0f} {r['peak']:7.0f} {r['end']:7.0f} {r['cleared']:8.0f} {ratio:>11} "
-              f"{r['cleared'] - r['start']:14.0f}  {held}")
+              f"{r['cleared'] - r['start']:14.0f}  {held}"
+              + (f"  gpu {r['gpu_start']:.0f}/{r['gpu_peak']:.0f}/{r['gpu_end']:.0f}/{r['gpu_cleared']:.0f}"
+                 if "gpu_peak" in r else ""))
 
 
 if __name__ == "__main__":
