@@ -812,10 +812,11 @@ def _break_long(text: str, room: int) -> str:
 
 def cmd_list(args) -> int:
     from ..core.results import status_group
+    from .plan_rows import print_listings
 
-    console = _console(args.width)
-    failed = 0
+    console, failed = _console(args.width), 0
     for p in _problems(args):
+        print_listings(console, p, args.direction)   # registered backends without a table of their own
         x, w, b = p.make_inputs()
         if p.device.startswith("cuda"):
             from .. import cudnn
@@ -825,9 +826,8 @@ def cmd_list(args) -> int:
             for r in rows:
                 console.print(f"  {r}")
             continue
-        from ..core import known_bad
         from .. import onednn
-
+        from ..core import known_bad
         iso = {"timeout_s": args.timeout} if args.isolate else False
         impls = onednn.implementations(x, w, b, p.stride, list(zip(p.pad_before, p.pad_after)), p.dilation, p.groups,
                                        direction=args.direction, fpmath=args.fpmath, isolate=iso,

@@ -354,6 +354,12 @@ class Autotune:
         return out
 
     # ------------------------------------------------------------------ tuning records
+    def tuning_key(self):
+        """The :class:`rawconv.tuning.TuningKey` :meth:`autotune` with its defaults stores its
+        choice under (the plan contract's, :class:`rawconv.core.backend.Plan`)."""
+        self._check_live()
+        return self._tuning_key(self.allow_known_bad)
+
     def _tuning_key(self, allow_known_bad: bool, timed_threads: int | None = None):
         """The :class:`rawconv.tuning.TuningKey` of an autotune of this plan (see :meth:`autotune`).
         ``timed_threads``: the count a caller's-count plan (``self.threads`` None) is timed with
@@ -410,4 +416,4 @@ def _select_fn(plan, index: int):
 
 
 # only rawconv's exceptions leave it (rawconv.core.guard), named as the public method it is
-_guard.public_methods("autotune", owner="rawconv.onednn.Convolution")(Autotune)
+_guard.public_methods("autotune", "tuning_key", owner="rawconv.onednn.Convolution")(Autotune)

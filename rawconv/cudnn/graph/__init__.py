@@ -1351,7 +1351,7 @@ from ...core.backend import Backend as _Backend, register as _register  # noqa: 
 _register(_Backend("cudnn_graph", "cuda", __name__, "cuDNN", _registry_candidates, _registry_plan, _registry_info,
                    "cuDNN's graph (backend) API on CUDA tensors: engines, knobs, heuristic modes",
                    {"candidates": "engines", "choice": "engine", "precision": "allow_tf32",
-                    "backward_weights": "backward_filter"}, rows="rawconv.explore.compare:_cudnn_graph_rows",
+                    "backward_weights": "backward_filter"}, rows="rawconv.explore.cudnn_rows:cudnn_graph_rows",
                    replay=_registry_replay,
                    # engine configs: "eng28", "eng28{k2=3,k3=0}", on a relayout "nhwc:eng72{...}", "unfused:<config>"
                    choice_names=r"((nhwc|unfused):)*eng[0-9]+(\{[^{}]*\})?"))

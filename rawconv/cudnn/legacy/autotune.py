@@ -93,6 +93,12 @@ class Autotune:
         return _autotune.keep(self, out, self._record(key, rows[0], info))
 
     # ------------------------------------------------------------------ tuning records
+    def tuning_key(self):
+        """The :class:`rawconv.tuning.TuningKey` :meth:`autotune` stores its choice under (the plan
+        contract's, :class:`rawconv.core.backend.Plan`)."""
+        self._check_live()
+        return self._tuning_key()
+
     def _tuning_key(self):
         """The :class:`rawconv.tuning.TuningKey` of an autotune of this plan (see :meth:`autotune`)."""
         from ...core import tuning
@@ -143,4 +149,4 @@ class Autotune:
 
 
 # only rawconv's exceptions leave them (rawconv.core.guard), named as the public methods they are
-_guard.public_methods("autotune", owner="rawconv.cudnn.Convolution")(Autotune)
+_guard.public_methods("autotune", "tuning_key", owner="rawconv.cudnn.Convolution")(Autotune)
