@@ -50,7 +50,8 @@ class Autotune:
                  progress: bool | None = None, split: bool = True) -> list[TimedConfig]:
         """Search engine configs for the fastest correct one, select it and return the ranked table.
 
-        Candidates, in order, while ``budget_s`` seconds (wall time, finalization included) last:
+        Candidates, in order, while ``budget_s`` seconds (wall time for this problem and direction,
+        finalization included: :func:`rawconv.core.autotune.check_budget`) last:
         the configs of heuristic modes instant, B and FALLBACK; with ``seed_from_cache``, the
         configs that won for other problems in the tuning cache (same direction, cuDNN and GPU;
         same dimensions, data type, layout and activation first, newest first; only those the
