@@ -21,7 +21,7 @@ import sys
 
 from ..core import __version__
 from ..core.errors import RawconvError
-from ..core.results import _fmt_bytes, _fmt_ms
+from ..core.results import fmt_bytes, fmt_ms
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -310,13 +310,13 @@ def _compare_columns(rows) -> list[Column]:
         *position,
         Column("implementation", [r.implementation for r in rows], wrap=True, styles=row_style),
         Column("status", [r.status for r in rows], wrap=True, styles=status_style),
-        Column("median\nms", [_fmt_ms(r.median_ms) for r in rows], justify="right", styles=median_style),
-        Column("min\nms", [_fmt_ms(r.min_ms) for r in rows], justify="right", styles=row_style),
+        Column("median\nms", [fmt_ms(r.median_ms) for r in rows], justify="right", styles=median_style),
+        Column("min\nms", [fmt_ms(r.min_ms) for r in rows], justify="right", styles=row_style),
         *ratio,
         Column("med/\nmin", [_fmt_spread(r.spread) for r in rows], justify="right", drop=5, styles=spread_style),
         Column("max rel\nerr", [_fmt_err(r.max_rel) for r in rows], justify="right", drop=4, styles=row_style),
         Column("max abs\nerr", [_fmt_err(r.max_abs) for r in rows], justify="right", drop=3, styles=row_style),
-        Column("scratch", [_fmt_bytes(r.workspace_bytes) for r in rows], justify="right", drop=2, styles=row_style),
+        Column("scratch", [fmt_bytes(r.workspace_bytes) for r in rows], justify="right", drop=2, styles=row_style),
         Column("GFLOP/s", [_fmt_gflops(r.gflops) for r in rows], justify="right", drop=1, styles=row_style),
         Column("detail", detail, drop=0, flex=True, styles=row_style),
     ]
@@ -707,11 +707,11 @@ def _replay_table(console, args, table) -> None:
             Column("choice", [r.name for r in table], wrap=True),
             Column("status", [r.status for r in table], wrap=True,
                    styles=[_STATUS_STYLE.get(r.group, "red") or None for r in table]),
-            Column("recorded\nms", [_fmt_ms(r.extra.get("recorded_median_ms")) for r in table], justify="right",
+            Column("recorded\nms", [fmt_ms(r.extra.get("recorded_median_ms")) for r in table], justify="right",
                    styles=["yellow" if r.extra.get("drift_withheld") else None for r in table]),
-            Column("now\nms", [_fmt_ms(r.median_ms) for r in table], justify="right",
+            Column("now\nms", [fmt_ms(r.median_ms) for r in table], justify="right",
                    styles=["yellow" if r.ran and r.oversubscribed else None for r in table]),
-            Column("now min\nms", [_fmt_ms(r.min_ms) for r in table], justify="right", drop=3),
+            Column("now min\nms", [fmt_ms(r.min_ms) for r in table], justify="right", drop=3),
             Column("drift", [drift(r) for r in table], justify="right",
                    styles=["yellow" if r.extra.get("drift_withheld") else None for r in table]),
             Column("recorded\nrel err", [_fmt_err(r.extra.get("recorded_max_rel")) for r in table],
@@ -839,7 +839,7 @@ def cmd_list(args) -> int:
                 Column("formats", [" ".join(f"{k}={v}" for k, v in i.formats.items()) for i in impls], flex=True,
                        flex_min=12),
                 Column("reorders", [",".join(i.reorders) or "none" for i in impls], wrap=True),
-                Column("scratchpad", [_fmt_bytes(i.scratchpad_bytes) for i in impls], justify="right")]
+                Column("scratchpad", [fmt_bytes(i.scratchpad_bytes) for i in impls], justify="right")]
         if bad:
             cols.append(Column("known bad", [known_bad.short(i.known_bad) if i.known_bad else "" for i in impls],
                                wrap=True))

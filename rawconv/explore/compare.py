@@ -31,8 +31,8 @@ from ..core.errors import LibraryNotFoundError, NotSupportedError, RawconvError
 from ..core.options import PRECISIONS
 from ..core.check import abs_reference, compare_to_reference
 from ..core.problem import ConvProblem
-from ..core.results import Result, ResultTable, _json_safe, status_group
-from ..pytorch.torch_choice import _compare_detail, _trace_detail, conv_backend_name, torch_onednn_trace  # noqa: F401
+from ..core.results import Result, ResultTable, json_safe, status_group
+from ..pytorch.torch_choice import compare_detail, trace_detail, conv_backend_name, torch_onednn_trace  # noqa: F401
 
 __all__ = ["Row", "STATUSES", "status_category", "compare_problem", "compare", "real_photo", "inputs_for", "summary", "records", "replay",
            "exit_code", "EXIT_CODES", "grad_output_for", "libraries", "headline", "best_rawconv", "first_choice"]
@@ -106,7 +106,7 @@ class Row(Result):
         d.update({"implementation": self.name, "error": self.message,
                   "ok": True if self.status == "ok" else False if self.status == "wrong" else None,
                   "category": self.group})
-        d["extra"] = _json_safe({k: v for k, v in self.extra.items() if k not in ("gflops", "max_abs", "max_rel")})
+        d["extra"] = json_safe({k: v for k, v in self.extra.items() if k not in ("gflops", "max_abs", "max_rel")})
         return d
 
 
@@ -386,9 +386,9 @@ def libraries() -> dict:
     where torch sees a GPU). Never raises."""
     out = {"torch": f"torch {torch.__version__.split('+')[0]}", "torch_onednn": None, "torch_cudnn": None}
     try:
-        from ..pytorch.torch_choice import _torch_part
+        from ..pytorch.torch_choice import torch_part
 
-        v = _torch_part().get("onednn_bundled")
+        v = torch_part().get("onednn_bundled")
         out["torch_onednn"] = v.split()[0] if v else None
     except Exception:  # noqa: BLE001 - a label: never fail the comparison for it
         pass
@@ -443,11 +443,11 @@ def _torch_rows(problem, x, w, b, ref, ref_abs, timer, *, direction="forward", d
         # the detail names torch's cuDNN kernel and the rawconv candidate(s) it maps to (rawconv.torch_choice)
         with cudnn.flags(enabled=True, benchmark=False, deterministic=False, allow_tf32=cudnn.allow_tf32):
             rows.append(_measure(problem, "torch", "default", backend
-                                 + _compare_detail(problem, x, w, b, direction=direction), call, ref, ref_abs, timer,
+                                 + compare_detail(problem, x, w, b, direction=direction), call, ref, ref_abs, timer,
                                  tol=tol, extra=extra, direction=direction))
         with cudnn.flags(enabled=True, benchmark=True, deterministic=False, allow_tf32=cudnn.allow_tf32):
             rows.append(_measure(problem, "torch", "cudnn.benchmark=True", backend
-                                 + _compare_detail(problem, x, w, b, direction=direction), call, ref, ref_abs, timer,
+                                 + compare_detail(problem, x, w, b, direction=direction), call, ref, ref_abs, timer,
                                  tol=tol, extra=extra, direction=direction))
         with cudnn.flags(enabled=False):
             off = torch_backend(problem, x, w, b)
@@ -460,7 +460,7 @@ def _torch_rows(problem, x, w, b, ref, ref_abs, timer, *, direction="forward", d
     if backend == "Mkldnn":
         try:
             call()
-            detail += _trace_detail(torch_onednn_trace(call))
+            detail += trace_detail(torch_onednn_trace(call))
         except Exception:  # pragma: no cover - the trace is a bonus; never fail the comparison for it
             pass
     if weights:

@@ -806,7 +806,7 @@ class _ConvBiasAct(_RawconvConv):
     """Mixin: ``act(conv(x) + bias + residual)`` through :func:`rawconv.fused.conv_bias_act`."""
 
     def _fused_init(self, activation):
-        self.activation = _fused._check_activation(activation)
+        self.activation = _fused.check_activation(activation)
 
     def _op_args(self):
         """(stride, padding, dilation) lists as the operator takes them (padding: nd symmetric
@@ -2222,7 +2222,7 @@ def _torch_peer(m, kind: str, args: dict, problem: ConvProblem):
         xx = x if pads is None else F.pad(x, pads)
         y = conv(xx, w, b, problem.stride, pad, problem.dilation, problem.groups)
         if r is not None or act != "none":
-            y = _fused._torch_tail(y, None, r, act, problem)
+            y = _fused.torch_tail(y, None, r, act, problem)
         return y
     return call
 
