@@ -85,36 +85,14 @@ def imports(pkg: Path = PKG) -> dict[str, set[str]]:
 
 
 def cycles(edges: dict[str, set[str]]) -> list[tuple[str, ...]]:
-    """The strongly connected components of more than one module, each sorted (Tarjan's)."""
-    sys.setrecursionlimit(10000)
-    index, low, stack, on, out, n = {}, {}, [], set(), [], [0]
-
-    def visit(v):
-        index[v] = low[v] = n[0]
-        n[0] += 1
-        stack.append(v)
-        on.add(v)
-        for w in edges.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                out.append(tuple(sorted(comp)))
-
-    for v in sorted(edges):
-        if v not in index:
-            visit(v)
-    return sorted(out)
+    """The strongly connected components of more than one module, each sorted (Tarjan's, from
+    tools/import_layers.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    try:
+        from import_layers import sccs
+    finally:
+        sys.path.pop(0)
+    return sorted(tuple(c) for c in sccs(sorted(edges), edges))
 
 
 def private_uses(pkg: Path = PKG) -> list[str]:
