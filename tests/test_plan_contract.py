@@ -217,3 +217,26 @@ def test_fake_backend_in_list_and_info(fake, capsys):
     assert "x64:gemm:jit" in out or "jit:" in out   # oneDNN's table as before
     collected = info.collect()
     assert collected["fake"]["library"] == "torch's own convolution" and "fake" in collected["backends"]["fake"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["cudnn", "cudnn_graph"])
+def test_cuda_plans_through_plan_for(name):
+    """cuDNN's two plans made by the registry's entry: Plans whose hot_run gives the convolution
+    (against float64, strict fp32) and whose tuning_key() is the key autotune stores under."""
+    p = _problem(device="cuda")
+    plan = backend.get(name).plan_for(p, "forward", {"precision": "strict"})
+    with plan:
+        assert isinstance(plan, Plan) and contract_gaps(type(plan)) == []
+        torch.manual_seed(0)
+        x, w = torch.randn(p.x_shape, device="cuda"), torch.randn(p.w_shape, device="cuda")
+        ref = F.conv2d(x.double(), w.double(), padding=1)
+        for _ in range(3):   # the first call checks; the next ones may take the hot path
+            y = plan.hot_run(x, w)
+            assert (y.double() - ref).abs().max().item() < 1e-3 * ref.abs().max().item()
+        if name == "cudnn":
+            plan.autotune(iterations=2, warmup=1, use_cache=False, budget_s=5.0)
+        else:
+            plan.autotune(budget_s=2.0, use_cache=False, seed_from_cache=False)
+        assert plan.tuning_record.key == plan.tuning_key()
+        assert plan.selected is not None
