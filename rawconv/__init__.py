@@ -20,7 +20,7 @@ import logging
 
 from . import _aliases
 
-_aliases.install()   # the old flat module paths (rawconv.nn, rawconv._cuda...) name the modules' new homes
+_aliases.install()   # the public paths (rawconv.nn, rawconv.ops, rawconv.cudnn_graph...) name the modules' homes
 
 from .core.errors import (AllocationError, ArgumentError, ArgumentTypeError, DeviceNotAvailableError, FileAccessError,
                      InternalError, IsolationError, KnownBadError, LibraryError, LibraryNotFoundError,

@@ -1,9 +1,23 @@
-"""The module paths of the flat layout (before issue 23), kept as aliases of the same module objects.
+"""The public import paths of rawconv's modules (``rawconv.nn``, ``rawconv.ops``, ``rawconv.cudnn_graph``...),
+made as aliases of the modules' homes in the layered package.
 
-``import rawconv.cudnn_graph`` gives ``rawconv.cudnn.graph`` itself (``is``, not a copy), so that code
-and tests that import, monkeypatch or pickle through an old path keep working; ``python -m
-rawconv.torch_choice`` runs the module it names. A meta path finder does it (no stub files: the old
-paths hold no code, and no layer imports them; ``tests/test_layers.py`` checks both).
+**Which path is canonical.** The paths without a leading underscore in :data:`ALIASES`
+(``rawconv.nn``, ``rawconv.ops``, ``rawconv.fused``, ``rawconv.cudnn_graph``, ``rawconv.errors``,
+``rawconv.problem``, ``rawconv.check``, ``rawconv.options``, ``rawconv.bench``, ``rawconv.results``,
+``rawconv.tuning``, ``rawconv.known_bad``, ``rawconv.presets``, ``rawconv.torch_choice``,
+``rawconv.distributed``, ``rawconv.compare``, ``rawconv.cli``) are the **public** paths: the README,
+the guides and the API pages use them, and they stay. ``rawconv.onednn`` and ``rawconv.cudnn`` are
+public as they are. The layered homes (``rawconv.pytorch.nn``, ``rawconv.cudnn.graph``...) are
+where the code lives, for the package's own imports (the layers' rules see every edge there;
+``tests/test_layers.py`` checks that no module of the package imports through an alias). The paths
+with a leading underscore (``rawconv._cuda``, ``rawconv._dnnl``, ``rawconv._search``...) are private
+paths of the flat layout before issue 23, kept for code and tests that still use them: no promise
+is made about them.
+
+An alias gives the module object itself (``import rawconv.cudnn_graph`` is ``rawconv.cudnn.graph``,
+not a copy), so that monkeypatching or pickling through either path is seen by both; ``python -m
+rawconv.torch_choice`` runs the module it names. A meta path finder does it (no stub files: the
+paths hold no code).
 """
 from __future__ import annotations
 
@@ -12,7 +26,7 @@ import importlib.abc
 import importlib.util
 import sys
 
-# old path -> the module it names now
+# public (and old private) path -> the module it names
 ALIASES = {
     "rawconv.errors": "rawconv.core.errors",
     "rawconv.problem": "rawconv.core.problem",

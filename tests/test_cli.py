@@ -116,7 +116,7 @@ def test_every_subcommand_fits_80_columns_through_a_pipe(tmp_path, how):
         assert r.returncode == 0, r.stdout + r.stderr
         lines = r.stdout.splitlines()
         assert max(map(len, lines)) <= 80, r.stdout
-        from rawconv.cli import _fmt_err, _fmt_ms, _fmt_spread
+        from rawconv.cli import _fmt_err, fmt_ms, _fmt_spread
 
         rows = json.loads(out.read_text())["rows"]
         table = lines[: next(i for i, ln in enumerate(lines) if ln.startswith("summary:"))]
@@ -129,7 +129,7 @@ def test_every_subcommand_fits_80_columns_through_a_pipe(tmp_path, how):
                                                           for t in line.split()[1:]), (row, line)
             if row["status"] in ("ok", "wrong"):
                 toks = line.split()
-                assert _fmt_ms(row["median_ms"]) in toks and _fmt_ms(row["min_ms"]) in toks, line
+                assert fmt_ms(row["median_ms"]) in toks and fmt_ms(row["min_ms"]) in toks, line
                 assert _fmt_err(row["max_rel"]) in toks, line
                 if row["spread"] is not None:
                     assert _fmt_spread(row["spread"]) in toks, line

@@ -163,7 +163,7 @@ def test_tables_fit_and_never_split_a_number(width, make):
     for r in rows:
         line = next(ln for ln in table if ln.startswith(r.backend) and r.implementation.split()[0][:6] in ln)
         tokens = line.split()
-        for h, fmt, v in (("median ms", cli._fmt_ms, r.median_ms), ("min ms", cli._fmt_ms, r.min_ms),
+        for h, fmt, v in (("median ms", cli.fmt_ms, r.median_ms), ("min ms", cli.fmt_ms, r.min_ms),
                           ("med/min", cli._fmt_spread, r.spread), ("max rel err", cli._fmt_err, r.max_rel),
                           ("max abs err", cli._fmt_err, r.max_abs), ("GFLOP/s", cli._fmt_gflops, r.gflops)):
             if h in headers and fmt(v) != "-":

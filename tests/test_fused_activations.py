@@ -62,13 +62,13 @@ def _same_as_torch(y, want, rtol=2e-5):
 # ---------------------------------------------------------------------------- the activations fused
 def test_activation_names_and_eltwise_table():
     assert set(OF.ELTWISE) == set(ACTS)
-    assert P._check_activation("swish") == "silu" and P._check_activation(None) == "none"
-    assert P._check_activation("identity") == "none" and P._check_activation("gelu_erf") == "gelu"
+    assert P.check_activation("swish") == "silu" and P.check_activation(None) == "none"
+    assert P.check_activation("identity") == "none" and P.check_activation("gelu_erf") == "gelu"
     for bad in ("mish", "GELU", "gelu-tanh", "leaky_relu"):
         with pytest.raises(ArgumentError, match="activation"):
-            P._check_activation(bad)
+            P.check_activation(bad)
     with pytest.raises(ArgumentTypeError):
-        P._check_activation(1)
+        P.check_activation(1)
     # the post-op chain a tuning record keeps names its activation back, alpha and beta included
     for act, (alg, a, b) in OF.ELTWISE.items():
         assert OF.activation_of_post_ops([("sum", 1.0), ("eltwise", alg, a, b)]) == act

@@ -91,19 +91,28 @@ def test_pinned_implementations_and_bad_names():
         torch.testing.assert_close(gw, grads[0][1], rtol=1e-5, atol=1e-4)
     with pytest.raises(NotSupportedError, match="offered"):
         rnn.conv(x, w, padding=1, choice="no-such-impl")
-    with pytest.raises(NotSupportedError, match="offered"):
+    with pytest.raises(NotSupportedError, match="offered"), pytest.deprecated_call(match="old name of choice="):
         rnn.conv(x, w, padding=1, impl="no-such-impl")   # the old name
     with pytest.raises(ArgumentError, match="groups"):
         rnn.conv(x, w, groups=3)
 
 
 def test_old_names_are_aliases_and_conflicts_are_errors():
-    m = rnn.Conv2d(4, 4, 3, impl="jit:avx2", fpmath="bf16", backward_impl=("a", "b"))
+    with pytest.warns(DeprecationWarning) as seen:
+        m = rnn.Conv2d(4, 4, 3, impl="jit:avx2", fpmath="bf16", backward_impl=("a", "b"))
+    assert sorted(str(w.message).split("=")[0] for w in seen) == ["backward_impl", "fpmath", "impl"]
+    assert {w.filename for w in seen} == {__file__}   # the warning names the caller's line
+    with pytest.warns(DeprecationWarning, match="fpmath= is the old name of precision=") as seen:
+        rnn.conv(torch.randn(1, 4, 5, 5), torch.randn(4, 4, 3, 3), fpmath="strict")
+    assert seen[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # the new names: no warning
+        rnn.Conv2d(4, 4, 3, choice="jit:avx2", precision="bf16", backward_choice=("a", "b"))
     assert (m.choice, m.precision, m.backward_choice) == ("jit:avx2", "bf16", ("a", "b"))
     assert (m.impl, m.fpmath, m.backward_impl) == ("jit:avx2", "bf16", ("a", "b"))
     m.impl = 0
     assert m.choice == 0
-    with pytest.raises(ArgumentError, match="disagree"):
+    with pytest.raises(ArgumentError, match="disagree"), pytest.deprecated_call():
         rnn.Conv2d(4, 4, 3, impl="jit:avx2", choice="brgconv:avx2")
     with pytest.raises(ArgumentError, match="precision"):
         rnn.Conv2d(4, 4, 3, precision="fp8")
@@ -122,12 +131,12 @@ def test_choice_type_is_checked_at_construction_and_positions_are_refused():
             rnn.Conv2d(4, 4, 3, choice=bad)
     with pytest.raises(ArgumentTypeError, match=r"backward_choice\[1\] must be"):
         rnn.Conv2d(4, 4, 3, backward_choice=("x64:gemm:jit", ...))
-    with pytest.raises(ArgumentTypeError, match="^impl must be .*onednn.forward"):
+    with pytest.raises(ArgumentTypeError, match="^impl must be .*onednn.forward"), pytest.deprecated_call():
         rnn.Conv2d(4, 4, 3, impl=0)
     with pytest.raises(ArgumentTypeError, match="^choice must be .*onednn.forward"):
         rnn.ConvTranspose2d(4, 4, 3, choice=0)
     x, w = torch.randn(1, 4, 8, 8), torch.randn(4, 4, 3, 3)
-    with pytest.raises(ArgumentTypeError, match="^impl must be .*positions are indices"):
+    with pytest.raises(ArgumentTypeError, match="^impl must be .*positions are indices"), pytest.deprecated_call():
         rnn.conv(x, w, padding=1, impl=0)
     with pytest.raises(ArgumentTypeError, match="^choice must be"):
         rnn.conv_transpose(x, w, choice=...)
@@ -142,7 +151,7 @@ def test_choice_type_is_checked_at_construction_and_positions_are_refused():
     assert m.choice is rows[0]
     with torch.no_grad():
         _close(m(x), ref)
-        _close(rnn.conv(x, w, padding=1, impl="x64:gemm:jit"), ref)
+        _close(rnn.conv(x, w, padding=1, choice="x64:gemm:jit"), ref)
     _close(onednn.forward(x, w, padding=1, impl=0), ref)
 
 

@@ -322,7 +322,7 @@ def test_parse_onednn_verbose_both_versions():
     assert runs[1].format_tags()["src"] == "acdb" and runs[1].format_tags()["wei"] == "Acdb16a"
     assert runs[0].time_ms == pytest.approx(8.9292) and runs[1].time_ms == pytest.approx(1.25)
     assert runs[0].shape.startswith("mb1_ic64") and runs[0].alg == "alg:convolution_direct"
-    assert tc._trace_detail([dataclass_dict(r) for r in runs]).startswith(
+    assert tc.trace_detail([dataclass_dict(r) for r in runs]).startswith(
         "; torch's oneDNN ran jit:avx512_core (src aBcd16b, weights ABcd16b16a) + 0 reorder(s)")
     assert tc._normalize_impl("brg_conv_fwd:avx512_core") == "brgconv:avx512_core"
     assert tc._normalize_impl("jit_1x1:avx2") == "jit_1x1:avx2"
@@ -537,7 +537,7 @@ def test_gpu_compare_row_names_torchs_kernel():
     from rawconv import compare
 
     p, x, w = _layer()
-    assert tc._compare_detail(p, x, w, None).startswith("; torch ran ")
+    assert tc.compare_detail(p, x, w, None).startswith("; torch ran ")
     rows = compare.compare_problem(p.with_(n=2), iterations=2, warmup=1, budget_s=0.2, backends=("torch",))
     default = [r for r in rows if r.backend == "torch" and r.implementation == "default"]
     assert default and "; torch ran " in default[0].detail, [r.detail for r in rows]

@@ -468,7 +468,7 @@ def test_compare_records_and_replay_drift(tmp_path):
         assert r.median_ms == pytest.approx(best.extra.get("confirmed", {}).get("median_ms", best.median_ms))
         assert r.error["max_rel"] == pytest.approx(best.max_rel)
         assert r.detail["weights"] in ("per call", "as given") and isinstance(r.timing["trustworthy"], bool)
-    # (a record whose time was not to be trusted gets no drift: test_issue25; here the drift itself)
+    # (a record whose time was not to be trusted gets no drift: test_compare_trust.py; here the drift itself)
     recs = [r.with_(timing=None) for r in recs]
     again = compare.replay(recs, iterations=2, warmup=0, budget_s=0.02, progress=False)
     assert [r.status for r in again] == ["ok", "ok"] and [r.name for r in again] == [r.choice for r in recs]

@@ -8,18 +8,25 @@ isolation, cuDNN's ``cudnnFind``, the graph API's budgeted search) and calls:
 * :func:`cached` first: the table of a tuning-cache hit for its key, or None (search);
 * :func:`keep` last: the record of the search's choice, stored and attached; returns the table.
 
+**The budget.** ``budget_s`` has one meaning in every autotuner and in ``convert``: seconds of wall
+time for one problem and direction (the whole search: checks, timing rounds, confirmation), checked
+by :func:`check_budget` and spent through a :class:`Budget`. Every candidate still gets its checked
+first call and at least one timed call, so a budget shorter than those calls is overrun (see
+docs/guides/tuning.md).
+
 Nothing here names a backend.
 """
 from __future__ import annotations
 
 import logging
 import math
+import time
 from typing import Any, Callable
 
 from . import tuning
-from .errors import ArgumentError, NotSupportedError
+from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 
-__all__ = ["wanted", "cached", "keep", "hit_times"]
+__all__ = ["wanted", "cached", "keep", "hit_times", "check_budget", "Budget"]
 
 log = logging.getLogger("rawconv.tuning")
 
@@ -64,3 +71,44 @@ def hit_times(hit: tuning.TuningRecord) -> tuple[float, float]:
     """A record's (median, min) milliseconds, NaN where it holds none (a cache row's times)."""
     return (hit.median_ms if hit.median_ms is not None else math.nan,
             hit.min_ms if hit.min_ms is not None else math.nan)
+
+
+def check_budget(budget_s: Any, name: str = "budget_s", *, none_ok: bool = True) -> float | None:
+    """The one check of an autotune budget (seconds of wall time for one problem and direction): a
+    positive int or float, or None where ``none_ok`` (the caller's default applies). Returns it;
+    raises :class:`ArgumentTypeError` for another type and :class:`ArgumentError` for a value
+    that is not positive (NaN included), naming ``name``."""
+    if budget_s is None and none_ok:
+        return None
+    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)):
+        raise ArgumentTypeError(f"{name} must be a positive number of seconds (wall time per problem and direction)"
+                                f"{' or None' if none_ok else ''}, got {budget_s!r}")
+    if not budget_s > 0:
+        raise ArgumentError(f"{name} must be a positive number of seconds (wall time per problem and direction), "
+                            f"got {budget_s!r}")
+    return budget_s
+
+
+class Budget:
+    """An autotune's budget being spent: ``seconds`` of wall time (None: no limit) from when it
+    was made (``time.perf_counter``)."""
+
+    def __init__(self, seconds: float | None):
+        self.seconds = check_budget(seconds)
+        self.start = time.perf_counter()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def left(self) -> float | None:
+        """Seconds left (0 when spent; None: no limit)."""
+        return None if self.seconds is None else max(0.0, self.seconds - self.elapsed())
+
+    def share(self, n: int, fraction: float = 1.0, floor: float = 1e-3) -> float | None:
+        """Seconds one of ``n`` candidates still to time may spend: ``fraction`` of what is left,
+        split evenly, at least ``floor`` (each candidate still gets its timed calls' minimum);
+        None without a limit."""
+        left = self.left()
+        if left is None:
+            return None
+        return max(floor, left * fraction / max(1, n))

@@ -7,12 +7,14 @@
   ``Algorithm``, the graph API's ``EngineConfig`` are candidates): ``backend``, ``direction``,
   ``choice`` (the stable name ``choice=`` and ``select()`` take), ``notes``, ``workspace_bytes``,
   ``known_bad`` (why it is in :mod:`rawconv.known_bad`, '' when not).
-* :class:`Plan`: what the plans share (lifetime, ``with``, example tensors, a ``repr`` that shows
-  the selected candidate and the state).
+* :class:`Plan`: the plan contract (a :class:`typing.Protocol`): ``problem``, ``direction``,
+  ``candidates()``, ``select(choice=)``, ``selected``, ``execute()``, ``hot_run()``,
+  ``autotune(budget_s=)``, ``tuning_key()``, ``free()`` and ``with``; :func:`contract_gaps` checks
+  a class against it.
 * :class:`Backend` and :func:`register` / :func:`backends` / :func:`get`: the registry. A backend
   registers itself when its module is imported; :func:`backends` imports the built-in ones.
-  ``compare``, the CLI, ``rawconv info`` and the torch operators iterate it instead of naming
-  each backend.
+  :meth:`Backend.plan_for` is the entry to a backend's plans. ``compare``, ``rawconv list``,
+  ``rawconv info`` and the torch operators iterate it instead of naming each backend.
 
 Nothing here loads a native library.
 """
@@ -23,12 +25,12 @@ import importlib
 import re
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from .errors import ArgumentError, ArgumentTypeError
 
-__all__ = ["DIRECTIONS", "canonical_direction", "Candidate", "Plan", "Backend", "register", "backends", "get",
-           "backends_naming", "spelling_suggestions", "close_names"]
+__all__ = ["DIRECTIONS", "canonical_direction", "Candidate", "Plan", "contract_gaps", "Backend", "register",
+           "backends", "get", "backends_naming", "spelling_suggestions", "close_names"]
 
 DIRECTIONS = ("forward", "backward_data", "backward_weights")
 DIRECTION_ALIASES = {"backward_filter": "backward_weights", "fwd": "forward", "fwd_d": "forward",
@@ -95,37 +97,98 @@ class Candidate:
         return out
 
 
-class Plan:
-    """What every backend's plan shares: ``with`` frees it, :meth:`free` is idempotent, and the
-    ``repr`` shows the backend, direction, problem, selected candidate and state."""
+@runtime_checkable
+class Plan(Protocol):
+    """The plan contract: what every backend's plan class offers (:class:`rawconv.onednn.Convolution`,
+    :class:`rawconv.cudnn.Convolution`, :class:`rawconv.cudnn_graph.GraphConvolution` satisfy it;
+    ``tests/test_plan_contract.py`` checks each, and :func:`contract_gaps` says what a class lacks).
+    A plan is made by its backend's :meth:`Backend.plan_for` for one problem and direction.
 
-    backend: str = ""
-    _freed: bool = False
+    Attributes: ``problem`` (:class:`~rawconv.problem.ConvProblem`), ``direction`` (one of
+    :data:`DIRECTIONS`; the graph API's plans say ``"backward_filter"``), ``selected`` (the
+    candidate :meth:`execute` runs). ``isinstance(plan, Plan)`` checks a plan object (the
+    attributes are set when it is made)."""
 
-    def __enter__(self):
-        return self
+    problem: Any
+    direction: str
 
-    def __exit__(self, *exc):
-        self.free()
+    def candidates(self) -> Any:
+        """Every candidate the library offers for the plan's problem and direction (rows of
+        :class:`Candidate`), listed without timing."""
 
-    def free(self) -> None:  # pragma: no cover - every subclass defines it
-        raise NotImplementedError
+    def select(self, *args: Any, choice: Any = None) -> Any:
+        """Make ``choice`` (a candidate's stable name, or a row of :meth:`candidates`) the one
+        :meth:`execute` runs; returns it (the backend's own description of it)."""
 
-    def _check_live(self) -> None:
-        if self._freed:
-            raise ArgumentError(f"this {type(self).__name__} plan was freed")
+    @property
+    def selected(self) -> Any:
+        """The candidate :meth:`execute` runs."""
 
-    def _selected_label(self) -> str:
-        """The selected candidate's stable name, or how one will be chosen."""
-        return "?"
+    def execute(self, x: Any = None, w: Any = None, bias: Any = None, out: Any = None, *, grad_y: Any = None) -> Any:
+        """Run the selected candidate: forward ``execute(x, w, bias, out)`` -> y, backward data
+        ``execute(grad_y=dy, w=w)`` -> dx, backward weights ``execute(x, grad_y=dy)`` -> dw."""
 
-    def __repr__(self) -> str:
-        mod = type(self).__module__
-        if self._freed:
-            return f"<{mod}.{type(self).__name__} (freed)>"
-        p = getattr(self, "problem", None)
-        return (f"<{mod}.{type(self).__name__} {getattr(self, 'direction', '')} {p.describe() if p else ''} "
-                f"choice={self._selected_label()}>")
+    def hot_run(self, a: Any, b: Any, bias: Any = None, out: Any = None) -> Any:
+        """One call on the hot path where it applies (tensors with exactly the metadata of an
+        earlier checked call: no checks beyond that, no allocation beyond the output), else
+        through :meth:`execute`: ``a, b`` = x, w (forward), grad_y, w (backward data), x,
+        grad_y (backward weights). Returns what :meth:`execute` returns."""
+
+    def autotune(self, *args: Any, budget_s: Any = None, use_cache: Any = None, progress: Any = None) -> Any:
+        """Time the candidates (checked against float64), select the fastest correct one and
+        return the ranked rows; ``budget_s``: seconds of wall time for the problem and direction
+        (:func:`rawconv.core.autotune.check_budget`); ``use_cache``: the tuning cache first. The
+        choice's record is then ``plan.tuning_record``."""
+
+    def tuning_key(self) -> Any:
+        """The :class:`~rawconv.tuning.TuningKey` an ``autotune()`` with its defaults stores its
+        choice under (what makes this question distinct: problem, direction, options, library
+        version, machine)."""
+
+    def free(self) -> None:
+        """Release the library's objects (idempotent); ``with plan:`` calls it on the way out."""
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, *exc: Any) -> Any: ...
+
+
+#: the keywords each method of the contract must accept (beyond its positional parameters)
+CONTRACT_KEYWORDS = {"select": ("choice",), "execute": ("grad_y", "out"), "autotune": ("budget_s", "use_cache", "progress"),
+                     "hot_run": ("bias", "out")}
+
+
+def contract_gaps(cls: type) -> list[str]:
+    """What plan class ``cls`` lacks of :class:`Plan` (checked on the class, without making a plan:
+    cuDNN's need a GPU): each method present and callable with the keywords of
+    :data:`CONTRACT_KEYWORDS`, ``selected`` readable. [] when it satisfies the contract."""
+    import inspect
+
+    gaps = []
+    for name in ("candidates", "select", "execute", "hot_run", "autotune", "tuning_key", "free", "__enter__",
+                 "__exit__"):
+        fn = getattr(cls, name, None)
+        if not callable(fn):
+            gaps.append(f"no method {name}()")
+            continue
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError):
+            continue
+        params = sig.parameters
+        var_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        for kw in CONTRACT_KEYWORDS.get(name, ()):
+            p = params.get(kw)
+            if not var_kw and (p is None or p.kind is p.POSITIONAL_ONLY):
+                gaps.append(f"{name}() takes no {kw}=")
+        required = [p for p in list(params.values())[1:] if p.default is p.empty
+                    and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        allowed_required = {"hot_run": 2}.get(name, 0)
+        if name not in ("__exit__",) and len(required) > allowed_required:
+            gaps.append(f"{name}() requires {[p.name for p in required]}")
+    if not isinstance(getattr(cls, "selected", None), property) and "selected" not in getattr(cls, "__annotations__", {}):
+        gaps.append("no selected property")
+    return gaps
 
 
 @dataclass
@@ -154,14 +217,25 @@ class Backend:
     info: Callable
     describe: str = ""
     vendor_words: dict = field(default_factory=dict)
-    rows: str = ""     # "module:function" giving compare's rows for this backend (see rawconv.compare)
+    rows: Any = ""     # "module:function" (or the function) giving compare's rows for this backend (rawconv.compare)
     replay: Callable | None = None   # replay(key, problem, choice, options): a tuning record's plan (see below)
     choice_names: str = ""   # the grammar of this backend's choice names (a regex matched whole); "": any
+
+    def plan_for(self, problem: Any, direction: str = "forward", options: Any = None, choice: Any = None) -> Plan:
+        """A plan (:class:`Plan`) of this backend for ``problem`` and ``direction`` (any spelling
+        :func:`canonical_direction` takes), with ``options`` (:class:`rawconv.Options`, a dict of
+        its fields, or None) and ``choice`` selected (None: the library's first choice). The one
+        entry point the front ends reach a backend's plans by. Raises the backend's exceptions."""
+        from .options import options_of
+
+        return self.plan(problem, canonical_direction(direction), options_of(options), choice)
 
     def rows_function(self):
         """The function ``compare`` calls for this backend's rows (None when it has none)."""
         if not self.rows:
             return None
+        if callable(self.rows):
+            return self.rows
         mod, _, fn = self.rows.partition(":")
         return getattr(importlib.import_module(mod), fn)
 

@@ -349,7 +349,7 @@ _idle: dict = {}
 _idle_lock = threading.Lock()
 
 
-def _take(iso: Isolation) -> Worker:
+def take_worker(iso: Isolation) -> Worker:
     key = (tuple(sorted((iso.env or {}).items())), iso.threads)
     with _idle_lock:
         w = _idle.pop(key, None)
@@ -360,7 +360,7 @@ def _take(iso: Isolation) -> Worker:
     return Worker(iso.env, iso.threads)
 
 
-def _give(iso: Isolation, w: Worker) -> None:
+def give_worker(iso: Isolation, w: Worker) -> None:
     key = (tuple(sorted((iso.env or {}).items())), iso.threads)
     if not w.alive:
         w.close()
@@ -403,11 +403,11 @@ def run(target: Any, *args, isolate: Any = True, **kwargs) -> Outcome:
     points take it (``{"timeout_s": 5}``...). The worker is reused by later calls when it lives."""
     iso = options(isolate) or Isolation()
     name = _target_name(target)
-    w = _take(iso)
+    w = take_worker(iso)
     try:
         return w.call(name, args, kwargs, timeout_s=iso.timeout_s)
     finally:
-        _give(iso, w)
+        give_worker(iso, w)
 
 
 # ---------------------------------------------------------------------------- the child side
@@ -455,7 +455,7 @@ def _child_main(recv, send) -> None:
             return
 
 
-def _trim_heap() -> None:
+def trim_worker_heap() -> None:
     """Free what can be freed and let glibc walk its bins (``malloc_trim(0)``): corruption left by
     the candidate that just ran aborts now, in its own row."""
     import gc

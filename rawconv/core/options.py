@@ -23,7 +23,6 @@ accumulate in fp32); only a coarser rounding of the inputs than the data's own i
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -34,63 +33,65 @@ __all__ = ["Options", "PRECISIONS", "options_of"]
 PRECISIONS = ("strict", "tf32", "bf16", "f16", "any")
 
 
-@dataclass(frozen=True)
+#: fields an earlier Options had, which nothing read: where their meaning lives now
+REMOVED = {"budget_s": "pass budget_s= to autotune() (seconds of wall time per problem and direction) or "
+                       "autotune_budget_s= to rawconv.nn.convert",
+           "isolate": "pass isolate= to autotune() or rawconv.compare",
+           "timeout_s": "pass isolate={'timeout_s': ...} to autotune() or rawconv.compare",
+           "logger": "configure logging.getLogger('rawconv')"}
+
+
+@dataclass(frozen=True, init=False)
 class Options:
     """What every backend's plans and functions share.
 
     ``precision``: how far inputs may be rounded before the products (see the module table:
     ``"strict"``, ``"tf32"``, ``"bf16"``, ``"f16"``, ``"any"``). ``deterministic``: only
     candidates cuDNN marks deterministic (oneDNN's CPU convolutions are). ``workspace_limit``:
-    bytes of workspace / scratchpad a candidate may use (None: no limit). ``budget_s``: seconds an
-    autotune may spend (None: the backend's default). ``allow_known_bad``: let a candidate in
-    :mod:`rawconv.known_bad` run when forced. ``isolate``: run candidates in a child process (a
-    crash becomes a row status). ``timeout_s``: per candidate, in a child process. ``logger``: where
-    rawconv's debug lines for this work go (default ``logging.getLogger("rawconv")``).
-    Raises :class:`ArgumentError` / :class:`ArgumentTypeError` for bad values.
+    bytes of workspace / scratchpad a candidate may use (None: no limit). ``allow_known_bad``: let
+    a candidate in :mod:`rawconv.known_bad` run when forced. Raises :class:`ArgumentError` /
+    :class:`ArgumentTypeError` for bad values, and :class:`ArgumentError` saying where each went
+    for the fields nothing read (:data:`REMOVED`: ``budget_s``, ``isolate``, ``timeout_s``,
+    ``logger``).
     """
 
     precision: str = "strict"
     deterministic: bool = False
     workspace_limit: int | None = None
-    budget_s: float | None = None
     allow_known_bad: bool = False
-    isolate: bool = False
-    timeout_s: float = 60.0
-    logger: logging.Logger | None = None
+
+    def __init__(self, precision: str = "strict", deterministic: bool = False, workspace_limit: int | None = None,
+                 allow_known_bad: bool = False, **removed):
+        if removed:
+            gone = [k for k in removed if k in REMOVED]
+            unknown = sorted(set(removed) - set(gone))
+            if unknown:
+                raise ArgumentError(f"unknown option(s) {unknown}; Options has {sorted(f.name for f in fields(Options))}")
+            raise ArgumentError("; ".join(f"Options has no {k} any more (nothing read it): {REMOVED[k]}" for k in gone))
+        for name, v in (("precision", precision), ("deterministic", deterministic),
+                        ("workspace_limit", workspace_limit), ("allow_known_bad", allow_known_bad)):
+            object.__setattr__(self, name, v)
+        self.__post_init__()
 
     def __post_init__(self):
         if not isinstance(self.precision, str):
             raise ArgumentTypeError(f"precision must be one of {list(PRECISIONS)}, got {type(self.precision).__name__}")
         if self.precision not in PRECISIONS:
             raise ArgumentError(f"precision must be one of {list(PRECISIONS)}, got {self.precision!r}")
-        for name in ("deterministic", "allow_known_bad", "isolate"):
+        for name in ("deterministic", "allow_known_bad"):
             if not isinstance(getattr(self, name), bool):
                 raise ArgumentTypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         wl = self.workspace_limit
         if wl is not None and (isinstance(wl, bool) or not isinstance(wl, int) or wl < 0):
             raise ArgumentError(f"workspace_limit must be None or a number of bytes >= 0, got {wl!r}")
-        for name in ("budget_s", "timeout_s"):
-            v = getattr(self, name)
-            if v is None and name == "budget_s":
-                continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                raise ArgumentError(f"{name} must be a positive number of seconds, got {v!r}")
-        if self.logger is not None and not isinstance(self.logger, logging.Logger):
-            raise ArgumentTypeError(f"logger must be a logging.Logger, got {type(self.logger).__name__}")
-
-    @property
-    def log(self) -> logging.Logger:
-        return self.logger or logging.getLogger("rawconv")
 
     def with_(self, **changes) -> "Options":
         """A copy with some fields changed (validated again)."""
         return replace(self, **changes)
 
     def as_dict(self) -> dict:
-        """The fields as JSON-friendly values (the logger by name)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["logger"] = self.logger.name if self.logger is not None else None
-        return out
+        """The fields as JSON-friendly values."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def options_of(options: Any = None, **overrides) -> Options:
@@ -102,11 +103,7 @@ def options_of(options: Any = None, **overrides) -> Options:
     elif isinstance(options, Options):
         opts = options
     elif isinstance(options, dict):
-        known = {f.name for f in fields(Options)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ArgumentError(f"unknown option(s) {unknown}; Options has {sorted(known)}")
-        opts = Options(**options)
+        opts = Options(**options)   # (an unknown key: ArgumentError naming the fields)
     else:
         raise ArgumentTypeError(f"options must be None, a rawconv.Options or a dict, got {type(options).__name__}")
     changes = {k: v for k, v in overrides.items() if v is not None}

@@ -279,7 +279,8 @@ class PlanCache:
 
 
 class PlanLifetime:
-    """``with plan: ...`` calls ``plan.free()`` on the way out. A plan holds the library's objects
+    """What every plan class inherits: ``with plan: ...`` calls ``plan.free()`` on the way out, and
+    the plan contract's :meth:`hot_run` by direction. A plan holds the library's objects
     (descriptors, primitives, buffers whose addresses they hold), which neither copy nor pickle:
     ``copy.copy``, ``copy.deepcopy``, ``pickle`` and ``torch.save`` of a plan raise
     :class:`~rawconv.errors.ArgumentTypeError` (a ``TypeError``, as pickle's own refusal) saying
@@ -300,6 +301,18 @@ class PlanLifetime:
             "buffers). Keep what makes one instead: its problem and choice (plan.problem, plan.selected; a new "
             "plan from them, from_problem(problem, direction=..., choice=...)) or its tuning record "
             "(plan.tuning_record.save(path), rawconv.tuning.replay(path))")
+
+    def hot_run(self, a, b, bias=None, out=None):
+        """The plan contract's one call by direction (:class:`rawconv.core.backend.Plan`): ``a, b`` =
+        x, w (forward), grad_y, w (backward data), x, grad_y (backward weights), through
+        :meth:`execute`, whose own hot path applies where the backend has one (a backend with a
+        cheaper path of its own overrides this)."""
+        d = self.direction
+        if d == "forward":
+            return self.execute(a, b, bias, out)
+        if d == "backward_data":
+            return self.execute(grad_y=a, w=b, out=out)
+        return self.execute(a, grad_y=b) if out is None else self.execute(a, grad_y=b, out=out)
 
 
 def register_clear(name: str, clear) -> None:

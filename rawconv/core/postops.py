@@ -44,7 +44,7 @@ _TORCH_ACT = {
 }
 
 
-def _check_activation(activation) -> str:
+def check_activation(activation) -> str:
     if activation is None:
         return "none"
     if not isinstance(activation, str):
@@ -65,7 +65,7 @@ def apply_activation(y: torch.Tensor, activation: str, inplace: bool = False) ->
     return fn_(y) if inplace and fn_ is not None else fn(y)
 
 
-def _check_residual(residual, p: ConvProblem) -> torch.Tensor:
+def check_residual(residual, p: ConvProblem) -> torch.Tensor:
     if not isinstance(residual, torch.Tensor):
         raise ArgumentTypeError(f"residual must be a torch.Tensor, got {type(residual).__name__}")
     r = residual.unsqueeze(0) if p.unbatched and residual.dim() == p.ndim + 1 else residual
@@ -81,13 +81,13 @@ def _check_residual(residual, p: ConvProblem) -> torch.Tensor:
     return r
 
 
-def _torch_tail(z: torch.Tensor, bias, residual, activation: str, p: ConvProblem) -> torch.Tensor:
+def torch_tail(z: torch.Tensor, bias, residual, activation: str, p: ConvProblem) -> torch.Tensor:
     """``act(z + bias + residual)`` in torch (zero-sized problems: no library call)."""
     y = to_layout(z, p.layout)
     if bias is not None:
         y = y + bias.view(1, -1, *([1] * p.ndim))
     if residual is not None:
-        y = y + _check_residual(residual, p)
+        y = y + check_residual(residual, p)
     y = apply_activation(y, activation)
     y = to_layout(y.contiguous(), p.layout) if p.layout == "nchw" else to_layout(y, p.layout)
     return y.squeeze(0) if p.unbatched else y

@@ -280,7 +280,7 @@ class Result:
         if self.candidate is not None and hasattr(self.candidate, "summary"):
             out["candidate"] = self.candidate.summary()
         out["extra"] = {k: v for k, v in self.extra.items() if k not in ("gflops", "max_abs", "max_rel")}
-        return _json_safe(out)
+        return json_safe(out)
 
     def __str__(self) -> str:
         t = f"{self.median_ms:.4f} ms" if _finite(self.median_ms) else "-"
@@ -297,13 +297,13 @@ class Result:
         return ResultTable([self])._repr_html_()
 
 
-def _json_safe(v):
+def json_safe(v):
     if isinstance(v, float) and not math.isfinite(v):
         return None
     if isinstance(v, dict):
-        return {k: _json_safe(i) for k, i in v.items()}
+        return {k: json_safe(i) for k, i in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_json_safe(i) for i in v]
+        return [json_safe(i) for i in v]
     return v
 
 
@@ -438,7 +438,7 @@ class ResultTable(list):
     def to_json(self, path: str | None = None, **meta) -> str:
         """The rows (and ``meta``) as JSON text, with ``timing``: :meth:`reliability` (whether the
         run's timings can be trusted, and why not); written to ``path`` when given."""
-        text = json.dumps(_json_safe({"title": self.title, **meta, "timing": self.reliability(),
+        text = json.dumps(json_safe({"title": self.title, **meta, "timing": self.reliability(),
                                       "rows": self.to_dicts()}), indent=1, default=str)
         if path is not None:
             with open(path, "w") as f:
@@ -568,7 +568,7 @@ class ResultTable(list):
 
 
 # ---------------------------------------------------------------------------- cells and formats
-def _fmt_ms(v) -> str:
+def fmt_ms(v) -> str:
     """4 significant digits, no exponent: 0.09440, 23.97, 1234."""
     if not _finite(v):
         return "-"
@@ -578,7 +578,7 @@ def _fmt_ms(v) -> str:
     return f"{v:.{decimals}f}"
 
 
-def _fmt_bytes(n) -> str:
+def fmt_bytes(n) -> str:
     if n is None:
         return "-"
     if n < 1024:
@@ -644,16 +644,16 @@ _HTML_COLS = (  # (header, getter, numeric)
     ("library", lambda r: r.library, False),
     ("candidate", lambda r: r.name, False),
     ("status", lambda r: r.status, False),
-    ("median ms", lambda r: _fmt_ms(r.median_ms), True),
-    ("min ms", lambda r: _fmt_ms(r.min_ms), True),
+    ("median ms", lambda r: fmt_ms(r.median_ms), True),
+    ("min ms", lambda r: fmt_ms(r.min_ms), True),
     ("med/min", lambda r: f"{r.spread:.2f}" if _finite(r.spread) else "-", True),
     ("timing", lambda r: _timing_cell(r), False),
     ("max rel err", lambda r: f"{r.max_rel:.1e}" if _finite(r.max_rel) else "-", True),
-    ("workspace", lambda r: _fmt_bytes(r.workspace_bytes), True),
+    ("workspace", lambda r: fmt_bytes(r.workspace_bytes), True),
     ("GFLOP/s", lambda r: (f"{r.gflops:.1f}" if r.gflops >= 1 or r.gflops == 0 else f"{r.gflops:.3g}")
      if _finite(r.gflops) else "-", True),
     # replayed tuning records (rawconv.compare.replay): what was recorded, and the drift since
-    ("recorded ms", lambda r: _fmt_ms(r.extra.get("recorded_median_ms")), True),
+    ("recorded ms", lambda r: fmt_ms(r.extra.get("recorded_median_ms")), True),
     ("drift", lambda r: f"{100 * r.extra['drift']:+.1f}%" if _finite(r.extra.get("drift"))
      else "withheld" if r.extra.get("drift_withheld") else "-", True),
     ("recorded rel err", lambda r: f"{r.extra['recorded_max_rel']:.1e}" if _finite(r.extra.get("recorded_max_rel"))
@@ -910,7 +910,7 @@ def _bars_draw(ax, ran: list, not_run: list, best) -> None:
                 linewidth=0.5)
         if _finite(r.min_ms):
             ax.plot([r.min_ms], [y], marker="|", color="black", markersize=11, markeredgewidth=1.6)
-        tag = f"{_fmt_ms(r.median_ms)} ms"
+        tag = f"{fmt_ms(r.median_ms)} ms"
         if r.timing_flags:
             tag += "  (!) " + _flag_word(r)
         if r.group == "wrong":
@@ -962,8 +962,8 @@ def _bars_legend(ax, ran: list, best, ref, ref_ms, reference_ms) -> None:
         handles.append(Line2D([], [], marker="|", color="black", linestyle="none", markersize=9, label="min"))
     if ref_ms:
         handles.append(Line2D([], [], color=_C_REF, linestyle="--",
-                              label=f"torch default {_fmt_ms(ref_ms)} ms" if reference_ms is None
-                              else f"reference {_fmt_ms(ref_ms)} ms"))
+                              label=f"torch default {fmt_ms(ref_ms)} ms" if reference_ms is None
+                              else f"reference {fmt_ms(ref_ms)} ms"))
     if any(r.timing_flags for r in ran) or (ref is not None and ref.timing_flags):
         handles.append(Line2D([], [], linestyle="none", label="(!) waited: waited for a CPU (or the machine was\n"
                                                               "oversubscribed) while timed; (!) noisy: its rounds\n"

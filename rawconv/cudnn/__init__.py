@@ -1429,7 +1429,7 @@ from ..core.backend import Backend as _Backend, register as _register  # noqa: E
 _register(_Backend("cudnn", "cuda", __name__, "cuDNN", _registry_candidates, _registry_plan, info,
                    "cuDNN's legacy API on CUDA tensors: every (algo, math type)",
                    {"candidates": "algorithms", "choice": "algo", "precision": "math",
-                    "backward_weights": "backward_filter"}, rows="rawconv.explore.compare:_cudnn_rows",
+                    "backward_weights": "backward_filter"}, rows="rawconv.explore.cudnn_rows:cudnn_rows",
                    # "ALGO@math": an algorithm of cuDNN's enums (any direction), a math type
                    choice_names="(" + "|".join(sorted({n for d in DIRECTIONS for n in ALGOS[d].values()}, key=len,
                                                       reverse=True))

@@ -21,7 +21,7 @@ import sys
 
 from ..core import __version__
 from ..core.errors import RawconvError
-from ..core.results import _fmt_bytes, _fmt_ms
+from ..core.results import fmt_bytes, fmt_ms
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -310,13 +310,13 @@ def _compare_columns(rows) -> list[Column]:
         *position,
         Column("implementation", [r.implementation for r in rows], wrap=True, styles=row_style),
         Column("status", [r.status for r in rows], wrap=True, styles=status_style),
-        Column("median\nms", [_fmt_ms(r.median_ms) for r in rows], justify="right", styles=median_style),
-        Column("min\nms", [_fmt_ms(r.min_ms) for r in rows], justify="right", styles=row_style),
+        Column("median\nms", [fmt_ms(r.median_ms) for r in rows], justify="right", styles=median_style),
+        Column("min\nms", [fmt_ms(r.min_ms) for r in rows], justify="right", styles=row_style),
         *ratio,
         Column("med/\nmin", [_fmt_spread(r.spread) for r in rows], justify="right", drop=5, styles=spread_style),
         Column("max rel\nerr", [_fmt_err(r.max_rel) for r in rows], justify="right", drop=4, styles=row_style),
         Column("max abs\nerr", [_fmt_err(r.max_abs) for r in rows], justify="right", drop=3, styles=row_style),
-        Column("scratch", [_fmt_bytes(r.workspace_bytes) for r in rows], justify="right", drop=2, styles=row_style),
+        Column("scratch", [fmt_bytes(r.workspace_bytes) for r in rows], justify="right", drop=2, styles=row_style),
         Column("GFLOP/s", [_fmt_gflops(r.gflops) for r in rows], justify="right", drop=1, styles=row_style),
         Column("detail", detail, drop=0, flex=True, styles=row_style),
     ]
@@ -707,11 +707,11 @@ def _replay_table(console, args, table) -> None:
             Column("choice", [r.name for r in table], wrap=True),
             Column("status", [r.status for r in table], wrap=True,
                    styles=[_STATUS_STYLE.get(r.group, "red") or None for r in table]),
-            Column("recorded\nms", [_fmt_ms(r.extra.get("recorded_median_ms")) for r in table], justify="right",
+            Column("recorded\nms", [fmt_ms(r.extra.get("recorded_median_ms")) for r in table], justify="right",
                    styles=["yellow" if r.extra.get("drift_withheld") else None for r in table]),
-            Column("now\nms", [_fmt_ms(r.median_ms) for r in table], justify="right",
+            Column("now\nms", [fmt_ms(r.median_ms) for r in table], justify="right",
                    styles=["yellow" if r.ran and r.oversubscribed else None for r in table]),
-            Column("now min\nms", [_fmt_ms(r.min_ms) for r in table], justify="right", drop=3),
+            Column("now min\nms", [fmt_ms(r.min_ms) for r in table], justify="right", drop=3),
             Column("drift", [drift(r) for r in table], justify="right",
                    styles=["yellow" if r.extra.get("drift_withheld") else None for r in table]),
             Column("recorded\nrel err", [_fmt_err(r.extra.get("recorded_max_rel")) for r in table],
@@ -812,10 +812,11 @@ def _break_long(text: str, room: int) -> str:
 
 def cmd_list(args) -> int:
     from ..core.results import status_group
+    from .plan_rows import print_listings
 
-    console = _console(args.width)
-    failed = 0
+    console, failed = _console(args.width), 0
     for p in _problems(args):
+        print_listings(console, p, args.direction)   # registered backends without a table of their own
         x, w, b = p.make_inputs()
         if p.device.startswith("cuda"):
             from .. import cudnn
@@ -825,9 +826,8 @@ def cmd_list(args) -> int:
             for r in rows:
                 console.print(f"  {r}")
             continue
-        from ..core import known_bad
         from .. import onednn
-
+        from ..core import known_bad
         iso = {"timeout_s": args.timeout} if args.isolate else False
         impls = onednn.implementations(x, w, b, p.stride, list(zip(p.pad_before, p.pad_after)), p.dilation, p.groups,
                                        direction=args.direction, fpmath=args.fpmath, isolate=iso,
@@ -839,7 +839,7 @@ def cmd_list(args) -> int:
                 Column("formats", [" ".join(f"{k}={v}" for k, v in i.formats.items()) for i in impls], flex=True,
                        flex_min=12),
                 Column("reorders", [",".join(i.reorders) or "none" for i in impls], wrap=True),
-                Column("scratchpad", [_fmt_bytes(i.scratchpad_bytes) for i in impls], justify="right")]
+                Column("scratchpad", [fmt_bytes(i.scratchpad_bytes) for i in impls], justify="right")]
         if bad:
             cols.append(Column("known bad", [known_bad.short(i.known_bad) if i.known_bad else "" for i in impls],
                                wrap=True))

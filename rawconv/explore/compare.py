@@ -28,10 +28,11 @@ import torch.nn.functional as F
 from ..core import progress as _progress
 from ..core.bench import LoadMonitor, LoadReport, TimeStats, geomean, time_cpu, time_cuda_queued  # noqa: F401
 from ..core.errors import LibraryNotFoundError, NotSupportedError, RawconvError
+from ..core.options import PRECISIONS
 from ..core.check import abs_reference, compare_to_reference
 from ..core.problem import ConvProblem
-from ..core.results import Result, ResultTable, _json_safe, status_group
-from ..pytorch.torch_choice import _compare_detail, _trace_detail, conv_backend_name, torch_onednn_trace  # noqa: F401
+from ..core.results import Result, ResultTable, json_safe, status_group
+from ..pytorch.torch_choice import compare_detail, trace_detail, conv_backend_name, torch_onednn_trace  # noqa: F401
 
 __all__ = ["Row", "STATUSES", "status_category", "compare_problem", "compare", "real_photo", "inputs_for", "summary", "records", "replay",
            "exit_code", "EXIT_CODES", "grad_output_for", "libraries", "headline", "best_rawconv", "first_choice"]
@@ -105,7 +106,7 @@ class Row(Result):
         d.update({"implementation": self.name, "error": self.message,
                   "ok": True if self.status == "ok" else False if self.status == "wrong" else None,
                   "category": self.group})
-        d["extra"] = _json_safe({k: v for k, v in self.extra.items() if k not in ("gflops", "max_abs", "max_rel")})
+        d["extra"] = json_safe({k: v for k, v in self.extra.items() if k not in ("gflops", "max_abs", "max_rel")})
         return d
 
 
@@ -385,9 +386,9 @@ def libraries() -> dict:
     where torch sees a GPU). Never raises."""
     out = {"torch": f"torch {torch.__version__.split('+')[0]}", "torch_onednn": None, "torch_cudnn": None}
     try:
-        from ..pytorch.torch_choice import _torch_part
+        from ..pytorch.torch_choice import torch_part
 
-        v = _torch_part().get("onednn_bundled")
+        v = torch_part().get("onednn_bundled")
         out["torch_onednn"] = v.split()[0] if v else None
     except Exception:  # noqa: BLE001 - a label: never fail the comparison for it
         pass
@@ -442,11 +443,11 @@ def _torch_rows(problem, x, w, b, ref, ref_abs, timer, *, direction="forward", d
         # the detail names torch's cuDNN kernel and the rawconv candidate(s) it maps to (rawconv.torch_choice)
         with cudnn.flags(enabled=True, benchmark=False, deterministic=False, allow_tf32=cudnn.allow_tf32):
             rows.append(_measure(problem, "torch", "default", backend
-                                 + _compare_detail(problem, x, w, b, direction=direction), call, ref, ref_abs, timer,
+                                 + compare_detail(problem, x, w, b, direction=direction), call, ref, ref_abs, timer,
                                  tol=tol, extra=extra, direction=direction))
         with cudnn.flags(enabled=True, benchmark=True, deterministic=False, allow_tf32=cudnn.allow_tf32):
             rows.append(_measure(problem, "torch", "cudnn.benchmark=True", backend
-                                 + _compare_detail(problem, x, w, b, direction=direction), call, ref, ref_abs, timer,
+                                 + compare_detail(problem, x, w, b, direction=direction), call, ref, ref_abs, timer,
                                  tol=tol, extra=extra, direction=direction))
         with cudnn.flags(enabled=False):
             off = torch_backend(problem, x, w, b)
@@ -459,7 +460,7 @@ def _torch_rows(problem, x, w, b, ref, ref_abs, timer, *, direction="forward", d
     if backend == "Mkldnn":
         try:
             call()
-            detail += _trace_detail(torch_onednn_trace(call))
+            detail += trace_detail(torch_onednn_trace(call))
         except Exception:  # pragma: no cover - the trace is a bonus; never fail the comparison for it
             pass
     if weights:
@@ -711,128 +712,59 @@ def cudnn_tolerance(dtype: str, math_reported: str, algo: str = "") -> dict:
     return {"compute": compute, "factor": factor}
 
 
-def _cuda_exec(plan, direction, x, w, b, dy):
-    """The call of a cuDNN plan for ``direction`` (every call reads its tensors as given)."""
+# --------------------------------------------------------------------------- any backend's rows
+def _plan_arguments(direction: str, x, w, b, dy) -> tuple:
+    """The plan contract's ``hot_run`` arguments for ``direction``."""
     if direction == "forward":
-        return lambda: plan.execute(x, w, b)
+        return (x, w, b)
     if direction == "backward_data":
-        return lambda: plan.execute(grad_y=dy, w=w)
-    return lambda: plan.execute(x, grad_y=dy)
+        return (dy, w)
+    return (x, dy)
 
 
-def _cudnn_rows(problem, x, w, b, ref, ref_abs, timer, engines=None, *, direction="forward", dy=None, libs=None,
-                **_kw) -> list[Row]:
-    name = str(problem.name or problem.describe())
-    library = (libs or libraries())["cudnn"]
-    try:
-        from .. import cudnn
-    except Exception as exc:  # pragma: no cover - import errors are bugs, shown as a row
-        return [Row(name, "cudnn", "-", error=f"{type(exc).__name__}: {exc}", status="failed", direction=direction)]
-    rows: list[Row] = []
-    pad = list(zip(problem.pad_before, problem.pad_after))
-    weights = None if direction == "backward_weights" else "as given"
-    try:
-        if direction == "forward":
-            plan = cudnn.Convolution(x, w, b, problem.stride, pad, problem.dilation, problem.groups)
-        else:
-            from ..core.problem import layout_of
+def plan_rows(be) -> Callable:
+    """``compare``'s rows function for a registered backend ``be`` without one of its own, built on
+    the plan contract (:class:`rawconv.core.backend.Plan`): every candidate of
+    ``be.plan_for(problem, direction).candidates()``, each in a plan of its own (freed when the
+    comparison ends), run through ``hot_run``. ``fpmath`` is passed as the plan's ``precision``
+    where it is one of :data:`rawconv.options.PRECISIONS`."""
 
-            plan = cudnn.Convolution.from_problem(problem, direction=direction,
-                                                  w_layout="nhwc" if layout_of(w) == "nhwc" else "nchw")
-        algos = plan.algorithms(mode="find", math="all")
-    except RawconvError as exc:
-        return [_error_row(name, "cudnn", "-", exc, f"cuDNN on {problem.describe()}", direction=direction,
-                           extra={"library": library})]
-    run = _cuda_exec(plan, direction, x, w, b, dy)
-    for a in algos:
-        label = f"{a.algo}@{a.math}"   # the candidate's one name (what choice= takes)
-        if not a.ok:
-            rows.append(Row(name, "cudnn", label, error=f"not supported here ({a.status})",
-                            status="not supported", workspace_bytes=a.workspace_bytes, direction=direction,
-                            extra={"library": library}))
-            continue
+    def rows(problem, x, w, b, ref, ref_abs, timer, *, direction: str = "forward", dy=None, fpmath: str = "strict",
+             finalizers: list | None = None, slow_s: float | None = None, **_other) -> list:
+        options = {"precision": fpmath if fpmath in PRECISIONS else "strict"}
+        args = _plan_arguments(direction, x, w, b, dy)
+        out = []
         try:
-            info = plan.select(a.algo_id, a.requested_math or a.math)
-        except RawconvError as exc:
-            rows.append(_error_row(name, "cudnn", label, exc, direction=direction, extra={"library": library}))
-            continue
-        detail = (f"math set {info.math}, reported {info.math_reported}; "
-                  f"{'deterministic' if info.deterministic else 'non-deterministic'}"
-                  + ("; fused bias" if info.fused else "") + (f"; {'; '.join(info.notes)}" if info.notes else ""))
-        tol = cudnn_tolerance(problem.dtype, info.math_reported, info.algo)
-        if direction != "forward":
-            from ..core.check import tolerance_for
+            listing_plan = be.plan_for(problem, direction, options)
+            try:
+                cands = list(listing_plan.candidates())
+            finally:
+                listing_plan.free()
+        except Exception as exc:  # noqa: BLE001 - a backend that cannot list this problem: one row says why
+            return [_error_row(str(problem.name or problem.describe()), be.name, "(listing)", exc,
+                               direction=direction)]
+        for cand in cands:
+            try:
+                plan = be.plan_for(problem, direction, options, choice=cand.choice)
+            except Exception as exc:  # noqa: BLE001 - the row says why
+                out.append(_error_row(str(problem.name or problem.describe()), be.name, cand.choice, exc,
+                                      direction=direction))
+                continue
+            if finalizers is not None:
+                finalizers.append(plan.free)
+            notes = ", ".join(getattr(cand, "notes", ()) or ())
+            out.append(_measure(problem, be.name, cand.choice, notes, lambda plan=plan: plan.hot_run(*args), ref,
+                                ref_abs, timer, tol=_tolerance(problem, direction),
+                                workspace=getattr(cand, "workspace_bytes", None),
+                                extra={"library": be.library}, slow_s=slow_s, direction=direction))
+        return out
 
-            tol = tolerance_for(problem, direction, compute=tol["compute"], algorithm=info.algo).kwargs()
-        label = f"{info.algo}@{info.math}"
-        rows.append(_measure(problem, "cudnn", label, detail, run, ref, ref_abs, timer, tol=tol,
-                             workspace=info.workspace_bytes, direction=direction,
-                             extra={"choice": f"{info.algo}@{info.math}", "algo": info.algo,
-                                    "algo_id": info.algo_id, "math": info.math,
-                                    "math_reported": info.math_reported, "deterministic": info.deterministic,
-                                    "find_ms": a.time_ms, "library": library, "weights": weights}))
-    plan.free()
-    return rows
-
-
-def _cudnn_graph_rows(problem, x, w, b, ref, ref_abs, timer, engines=None, *, direction="forward", dy=None,
-                      libs=None, **_kw) -> list[Row]:
-    """Rows for cuDNN graph-API engine configs: ``engines="all"`` (every engine with its default
-    knobs, plus the heuristic modes' configs) or an int N (the first N of heuristic modes
-    instant, b and fallback); none without ``engines``."""
-    if not engines:
-        return []
-    name = str(problem.name or problem.describe())
-    library = (libs or libraries())["cudnn"]
-    try:
-        from ..cudnn import graph as G
-    except Exception as exc:  # pragma: no cover - an import error is a bug: show it as a row
-        return [Row(name, "cudnn-graph", "-", error=f"{type(exc).__name__}: {exc}", status="failed",
-                    direction=direction)]
-    pad = list(zip(problem.pad_before, problem.pad_after))
-    rows: list[Row] = []
-    weights = None if direction == "backward_weights" else "as given"
-    try:
-        if direction == "forward":
-            plan = G.GraphConvolution(x, w, b, problem.stride, pad, problem.dilation, problem.groups,
-                                      allow_tf32=True)
-        else:
-            plan = G.GraphConvolution.from_problem(problem, direction=direction, allow_tf32=True)
-        if str(engines) == "all":
-            configs = plan.engines("all", limit=1)
-        else:
-            configs = plan.engines(list(G.HEURISTIC_MODES), limit=None)[: int(engines)]
-    except (RawconvError, ValueError) as exc:
-        return [_error_row(name, "cudnn-graph", "-", exc, direction=direction, extra={"library": library})]
-    run = _cuda_exec(plan, direction, x, w, b, dy)
-    for cfg in configs:
-        label = cfg.name
-        notes = ",".join(cfg.numerical_notes) or "-"
-        detail = f"notes {notes}; heuristic {','.join(cfg.heuristics) or '-'}"
-        if cfg.finalizes is False:
-            rows.append(Row(name, "cudnn-graph", label, detail, error=cfg.error or "does not finalize",
-                            status="not supported", direction=direction, extra={"library": library}))
-            continue
-        try:
-            plan.select(cfg)
-        except RawconvError as exc:
-            rows.append(_error_row(name, "cudnn-graph", label, exc, detail, direction=direction,
-                                   extra={"library": library}))
-            continue
-        rows.append(_measure(problem, "cudnn-graph", label, detail, run, ref, ref_abs,
-                             timer, tol=G.tolerance_args(problem, cfg.numerical_notes, direction),
-                             workspace=cfg.workspace_bytes, direction=direction,
-                             extra={"choice": cfg.name, "engine": cfg.engine, "knobs": list(cfg.knobs),
-                                    "numerical_notes": list(cfg.numerical_notes),
-                                    "behavior_notes": list(cfg.behavior_notes), "library": library,
-                                    "weights": weights}))
-    plan.free()
     return rows
 
 
 # --------------------------------------------------------------------------- driver
 def compare_problem(problem: ConvProblem, *, x=None, w=None, b=None, iterations: int = 10, warmup: int = 2,
-                    budget_s: float = 0.5, backends: Iterable[str] = ("torch", "onednn", "cudnn", "cudnn_graph"),
+                    budget_s: float = 0.5, backends: Iterable[str] | None = None,
                     photo: bool = False, fpmath: str = "strict", prepack: bool | str = "both",
                     include_ref: bool | str = True, ref_max_s: float = REF_MAX_SECONDS,
                     engines: str | int | None = None, allow_known_bad: bool = False, isolate=None,
@@ -870,6 +802,9 @@ def compare_problem(problem: ConvProblem, *, x=None, w=None, b=None, iterations:
     SIGSEGV", "timed out after N s"). Every row names the library and version that ran it
     (``extra["library"]``, :func:`libraries`) and what it did with the weights
     (``extra["weights"]``: "per call", "prepacked", "as given", None for backward_weights).
+    ``backends``: the names whose rows run (None: ``"torch"`` and every registered backend,
+    :func:`rawconv.core.backend.backends`; those of the problem's device run); a backend without
+    a rows function of its own gets :func:`plan_rows`' rows, through its plans.
     Raises :class:`~rawconv.errors.ArgumentError` for an unknown direction or ``prepack``.
     """
     from ..core.backend import canonical_direction
@@ -893,7 +828,9 @@ def compare_problem(problem: ConvProblem, *, x=None, w=None, b=None, iterations:
         timer = lambda fn: time_cuda_queued(fn, iterations=iterations, warmup=warmup)  # noqa: E731
     else:   # CPU: every candidate is checked first, then all are timed together in interleaved rounds
         timer = None
-    backends = tuple(backends)
+    from ..core.backend import backends as registered
+
+    backends = ("torch", *(be.name for be in registered())) if backends is None else tuple(backends)
     rows: list[Row] = []
     finalizers: list = []
     try:
@@ -902,10 +839,8 @@ def compare_problem(problem: ConvProblem, *, x=None, w=None, b=None, iterations:
         opts = dict(fpmath=fpmath, prepack=prepack, include_ref=include_ref, slow_s=budget_s, ref_max_s=ref_max_s,
                     allow_known_bad=allow_known_bad, isolate=isolate, timing=(iterations, warmup, budget_s),
                     engines=engines, direction=direction, dy=dy, libs=libs, finalizers=finalizers)
-        from ..core.backend import backends as registered
-
         for be in registered("cuda" if on_gpu else "cpu"):   # every registered backend of this device
-            fn = be.rows_function() if be.name in backends else None
+            fn = (be.rows_function() or plan_rows(be)) if be.name in backends else None
             if fn is not None:
                 rows += fn(problem, x, w, b, ref, ref_abs, timer, **opts)
         if timer is None:

@@ -6,14 +6,14 @@ import platform
 
 import torch
 
-from ..pytorch.torch_choice import _torch_part
+from ..pytorch.torch_choice import torch_part
 
 
 def collect() -> dict:
     from ..core import __version__
 
     out = {"rawconv": __version__, "python": platform.python_version(), "machine": platform.machine(),
-           "torch": _torch_part()}
+           "torch": torch_part()}
     from ..core.backend import backends
 
     libraries = {}   # one section per library: cuDNN's two APIs share one

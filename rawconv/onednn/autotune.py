@@ -36,7 +36,11 @@ class Autotune:
         do); the correct implementations within 15% of the
         fastest are then timed again over three interleaved rounds and ranked by their best
         round's median. ``ref:any`` is skipped unless ``include_ref`` (it is orders of magnitude
-        slower). ``budget_s`` caps the seconds spent per implementation and round. Known-bad
+        slower). ``budget_s``: seconds of wall time for the whole search of this problem and direction
+        (:func:`rawconv.core.autotune.check_budget`; None, the default: no limit): the timing rounds
+        and the confirmation share what the checks leave; every implementation still gets its
+        checked first call and at least one timed call per round, so a budget shorter than those
+        is overrun. Known-bad
         implementations (:mod:`rawconv.known_bad`) are skipped unless ``allow_known_bad``
         (default: the plan's setting). Returns a :class:`~rawconv.results.ResultTable`: the
         correct rows fastest first (``median_ms``: the best median seen; ``min_ms``: the fastest
@@ -77,6 +81,7 @@ class Autotune:
         hit = _autotune.cached(self, key, use_cache, lambda rec: self._from_cache(rec, allow))
         if hit is not None:
             return hit
+        budget = _autotune.Budget(budget_s)   # wall time for the whole search (a cache hit spent none)
         tensors, call, temporary_snap = self._autotune_tensors()
         checked = self._autotune_reference(tensors, check, iso)
         wrong, skipped = [], []
@@ -87,7 +92,7 @@ class Autotune:
             session = self._autotune_session(tensors, iso)
             try:
                 rows = self._autotune_search(impls, allow, session, call, checked, iterations, warmup,
-                                             budget_s, progress, wrong, skipped)
+                                             budget, progress, wrong, skipped)
             finally:
                 if session is not None:
                     session.close()
@@ -145,11 +150,7 @@ class Autotune:
             raise ArgumentTypeError(f"iterations and warmup must be ints, got {iterations!r} and {warmup!r}")
         if it < 1 or wu < 0:
             raise ArgumentError(f"iterations must be >= 1 and warmup >= 0, got {iterations} and {warmup}")
-        if budget_s is not None:
-            if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)):
-                raise ArgumentTypeError(f"budget_s must be a number of seconds or None, got {budget_s!r}")
-            if not budget_s > 0:
-                raise ArgumentError(f"budget_s must be positive, got {budget_s!r}")
+        _autotune.check_budget(budget_s)
         for name, v in (("check", check), ("use_cache", use_cache)):
             if v is not None and not isinstance(v, bool):
                 raise ArgumentTypeError(f"{name} must be True or False, got {v!r}")
@@ -187,11 +188,13 @@ class Autotune:
             tol = tolerance_for(self.problem, self.direction, compute=_o._FPMATH_COMPUTE.get(self.fpmath))
         return ref, ref_abs, tol
 
-    def _autotune_search(self, impls, allow, session, call, checked, iterations, warmup, budget_s, progress,
+    def _autotune_search(self, impls, allow, session, call, checked, iterations, warmup, budget, progress,
                          wrong, skipped) -> list:
         """Check each of ``impls`` (:meth:`_autotune_one`; ``checked``: ``(ref, ref_abs, tol)``),
         then time every correct one in interleaved rounds (:meth:`_time_in_rounds`; isolated: each
-        timed in the child, the close contenders again: :meth:`_retime_close`). Returns the correct
+        timed in the child, the close contenders again: :meth:`_retime_close`), within ``budget``
+        (a :class:`rawconv.core.autotune.Budget`: the rounds share 70% of what the checks left,
+        the confirmation the rest; isolated, each candidate an even share). Returns the correct
         rows, fastest first; the wrong and untimed ones go to ``wrong`` and ``skipped``. Raises
         :class:`NotSupportedError` when no implementation could be timed correctly."""
         from ..core import progress as _progress
@@ -200,24 +203,24 @@ class Autotune:
         ref, ref_abs, tol = checked
         rows = []
         with _progress.bar(progress, total=len(impls), desc="oneDNN autotune", unit="impl") as bar:
-            for impl in impls:
+            for k, impl in enumerate(impls):
                 bar.note(impl.choice)
                 try:
                     self._autotune_one(impl, allow, session, call, ref, ref_abs, tol, iterations, warmup,
-                                       budget_s, rows, wrong, skipped, time_cpu)
+                                       budget.share(len(impls) - k, 0.7), rows, wrong, skipped, time_cpu)
                 finally:
                     bar.update()
             if session is None:
-                self._time_in_rounds(rows + wrong, call, iterations, warmup, budget_s)
+                self._time_in_rounds(rows + wrong, call, iterations, warmup, budget.share(len(rows + wrong), 0.7))
         if not rows:
             why = "; ".join(f"{r.impl.name}: {r.status}" for r in wrong + skipped)
             raise NotSupportedError("no implementation could be timed correctly for " + self.problem.describe()
                                     + (f" ({why})" if why else ""))
         rows.sort(key=lambda r: r.median_ms)
         if session is None:
-            self._confirm(rows, call, iterations, budget_s)
+            self._confirm(rows, call, iterations, budget.share(min(4, len(rows))))
             return rows
-        return self._retime_close(rows, skipped, session, call, allow, iterations, budget_s, time_cpu)
+        return self._retime_close(rows, skipped, session, call, allow, iterations, budget, time_cpu)
 
     def _time_in_rounds(self, rows: list, call: dict, iterations: int, warmup: int, budget_s) -> None:
         """Time ``rows`` (checked, not yet timed) together in interleaved rounds
@@ -264,7 +267,7 @@ class Autotune:
             r.extra["confirmed"] = {"median_ms": t.stats().median_ms, "rounds": t.as_dict(), "flags": t.flags(),
                                     "ratio_to_pick": q.as_dict() if q is not None else None}
 
-    def _retime_close(self, rows, skipped, session, call, allow, iterations, budget_s, time_cpu) -> list:
+    def _retime_close(self, rows, skipped, session, call, allow, iterations, budget, time_cpu) -> list:
         """Isolated autotune (each implementation timed in the child process): the close contenders
         (within 15% of the best of ``rows``, sorted) timed again, round after round, and ranked by
         their best round: one noisy pass (a descheduled OpenMP thread) must not decide. Returns the
@@ -276,12 +279,12 @@ class Autotune:
             best = {id(r): r.median_ms for r in close}
             fastest = {id(r): r.min_ms for r in close}   # the fastest single call over every round
             dead = set()
-            for _ in range(3):
+            for rnd in range(3):
                 for r in close:
                     if id(r) in dead:
                         continue
-                    rr = session.run(r.impl, iterations=iterations, warmup=1, budget_s=budget_s,
-                                     allow_known_bad=allow, check=False)
+                    rr = session.run(r.impl, iterations=iterations, warmup=1,
+                                     budget_s=budget.share(len(close) * (3 - rnd)), allow_known_bad=allow, check=False)
                     if rr["status"] != "ok":   # it ran fine before: report what it did now
                         dead.add(id(r))
                         skipped.append(_o.TimedImplementation(r.impl, nan, nan, r.runs, rr["status"],
@@ -354,6 +357,12 @@ class Autotune:
         return out
 
     # ------------------------------------------------------------------ tuning records
+    def tuning_key(self):
+        """The :class:`rawconv.tuning.TuningKey` :meth:`autotune` with its defaults stores its
+        choice under (the plan contract's, :class:`rawconv.core.backend.Plan`)."""
+        self._check_live()
+        return self._tuning_key(self.allow_known_bad)
+
     def _tuning_key(self, allow_known_bad: bool, timed_threads: int | None = None):
         """The :class:`rawconv.tuning.TuningKey` of an autotune of this plan (see :meth:`autotune`).
         ``timed_threads``: the count a caller's-count plan (``self.threads`` None) is timed with
@@ -410,4 +419,4 @@ def _select_fn(plan, index: int):
 
 
 # only rawconv's exceptions leave it (rawconv.core.guard), named as the public method it is
-_guard.public_methods("autotune", owner="rawconv.onednn.Convolution")(Autotune)
+_guard.public_methods("autotune", "tuning_key", owner="rawconv.onednn.Convolution")(Autotune)

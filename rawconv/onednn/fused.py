@@ -33,7 +33,7 @@ import torch
 
 from .. import onednn
 from ..core.errors import ArgumentError, ArgumentTypeError
-from ..core.postops import _check_activation, _check_residual, _torch_tail, apply_activation, finite_bound, \
+from ..core.postops import check_activation, check_residual, torch_tail, apply_activation, finite_bound, \
     vector_bound, weight_bound
 from ..core.problem import ConvProblem, dense_strides, empty_like_layout, strides_match
 
@@ -162,7 +162,7 @@ class FusedConvolution(onednn.Convolution):
     def _setup(self, residual, activation):
         if not isinstance(residual, bool):
             raise ArgumentTypeError(f"residual must be True or False, got {residual!r}")
-        activation = _check_activation(activation)
+        activation = check_activation(activation)
         self.residual, self.activation = residual, activation
         ops = []
         if residual:
@@ -266,11 +266,11 @@ class FusedConvolution(onednn.Convolution):
             raise ArgumentError("this plan was built " + ("with a residual: pass residual" if self.residual
                                                            else "without a residual"))
         if p.is_empty:
-            return _torch_tail(torch.zeros(p.y_shape, dtype=p.torch_dtype), bias if bias is not None else self._b,
+            return torch_tail(torch.zeros(p.y_shape, dtype=p.torch_dtype), bias if bias is not None else self._b,
                                residual, self.activation, p)
         if residual is None:
             return self.execute(x, w, bias)
-        r = _check_residual(residual, p)
+        r = check_residual(residual, p)
         if inplace and r.numel() and strides_match(r, dense_strides(p.y_shape, p.layout)) and not r.is_neg() \
                 and not r.is_conj():
             try:

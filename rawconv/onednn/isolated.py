@@ -12,7 +12,7 @@ from typing import Mapping, Sequence
 
 from ..core import env as _env
 from ..core.errors import ArgumentError, ArgumentTypeError
-from ..core.isolate import DEFAULT_TIMEOUT_S, Isolation, Outcome, _give, _take, _trim_heap
+from ..core.isolate import DEFAULT_TIMEOUT_S, Isolation, Outcome, give_worker, take_worker, trim_worker_heap
 
 __all__ = ["run_onednn_candidates"]
 
@@ -100,7 +100,7 @@ def _child_run(key, impl, iterations: int, warmup: int, budget_s, slow_s, allow_
         del out
     finally:
         plan._built.pop(i, None)
-        _trim_heap()
+        trim_worker_heap()
     return res
 
 
@@ -187,12 +187,12 @@ class _OnednnSession:
         self.fpmath = fpmath
         self.iso = iso
         self.key = ("onednn", id(self), time.monotonic_ns())
-        self.worker = _take(iso)
+        self.worker = take_worker(iso)
         self.impls = None
         self._ref: dict = {}
 
     def close(self):
-        _give(self.iso, self.worker)
+        give_worker(self.iso, self.worker)
 
     def setup(self) -> Outcome:
         out = self.worker.call("rawconv.onednn.isolated:_child_setup", (self.key,) + self.args,

@@ -307,6 +307,19 @@ class Listing:
         self._selected = i
         return self._impls[i]
 
+    def hot_run(self, a, b, bias=None, out=None):
+        """The plan contract's one call (:class:`rawconv.core.backend.Plan`): forward ``a, b`` = x,
+        w; backward data grad_y, w; backward weights x, grad_y. The hot path (metadata of an
+        earlier checked call, no further checks) when it applies, else :meth:`execute`."""
+        d = self.direction
+        if d == "forward":
+            y = self._hot_run(a, b, bias, out) if self._hot is not None else None
+            return y if y is not None else self.execute(a, b, bias, out)
+        r = self._grad_hot_run(a, b) if out is None else None
+        if r is not None:
+            return r
+        return self.execute(grad_y=a, w=b, out=out) if d == "backward_data" else self.execute(a, grad_y=b)
+
     @property
     def selected(self) -> _o.Implementation:
         """The implementation :meth:`execute` runs (oneDNN's first choice unless selected/autotuned;
@@ -334,4 +347,4 @@ class Listing:
 
 
 # only rawconv's exceptions leave them (rawconv.core.guard), named as the public methods they are
-_guard.public_methods("implementations", "select", "selected", owner="rawconv.onednn.Convolution")(Listing)
+_guard.public_methods("implementations", "select", "selected", "hot_run", owner="rawconv.onednn.Convolution")(Listing)

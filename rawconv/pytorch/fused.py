@@ -56,7 +56,7 @@ from ..core import plans as _plans_mod
 from ..core.plans import PlanCache
 from ..core.errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from ..core.problem import ConvProblem, layout_of, random_tensor, seed_offset
-from ..core.postops import ACTIVATIONS, _check_activation, _check_residual, _torch_tail, apply_activation  # noqa: F401
+from ..core.postops import ACTIVATIONS, check_activation, check_residual, torch_tail, apply_activation  # noqa: F401
 from ..onednn.fused import FusedConvolution  # the oneDNN post-op plan lives there
 
 __all__ = ["conv_bias_act", "FusedConvolution", "ResidualGraphConvolution", "ACTIVATIONS", "BACKENDS",
@@ -220,9 +220,9 @@ class _ResidualGraphMixin:
         """``act(conv(x, w) + bias + residual)`` (asynchronous, torch's current stream)."""
         p = self.problem
         if p.is_empty:
-            return _torch_tail(torch.zeros(p.y_shape, dtype=p.torch_dtype, device=residual.device), bias,
+            return torch_tail(torch.zeros(p.y_shape, dtype=p.torch_dtype, device=residual.device), bias,
                                residual, self.activation or "none", p)
-        _check_residual(residual, p)
+        check_residual(residual, p)
         self._pending_r = residual.unsqueeze(0) if p.unbatched and residual.dim() == p.ndim + 1 else residual
         try:
             alt = self._capture_legacy
@@ -406,7 +406,7 @@ def plan_for(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, residu
     (oneDNN) or a cuDNN graph plan (:class:`rawconv.cudnn_graph.GraphConvolution` /
     :class:`ResidualGraphConvolution`). Validates everything (``ArgumentError`` /
     ``ArgumentTypeError`` before any C call)."""
-    activation = _check_activation(activation)
+    activation = check_activation(activation)
     if precision not in PRECISIONS:
         raise ArgumentError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
     if not isinstance(x, torch.Tensor):
@@ -414,7 +414,7 @@ def plan_for(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, residu
     bk = _backend_of(backend, x.device)
     problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
     if residual is not None:
-        _check_residual(residual, problem)
+        check_residual(residual, problem)
     if choice is not None and not isinstance(choice, (str, int)) or isinstance(choice, bool):
         raise ArgumentTypeError(f"choice must be None, a name or a position, got {choice!r}")
     has_r = residual is not None
@@ -833,7 +833,7 @@ def _run(x, w, bias, residual, stride, padding, dilation, groups, activation, ba
     if isinstance(plan, _CudaFallback):
         return plan.run(x, w, bias, residual)
     if plan.problem.is_empty:
-        return _torch_tail(torch.zeros(plan.problem.y_shape, dtype=x.dtype, device=x.device), bias, residual,
+        return torch_tail(torch.zeros(plan.problem.y_shape, dtype=x.dtype, device=x.device), bias, residual,
                            activation, plan.problem)
     y = plan.run(x, w, bias, residual) if residual is not None else plan.execute(x, w, bias)
     tail = getattr(plan, "torch_activation", None)   # an activation the graph does not hold (CUDNN_UNFUSED)
@@ -972,7 +972,7 @@ _GRAD_FROM_OUTPUT = ("none", "relu", "sigmoid", "tanh")
 
 def _setup_context(ctx, inputs, output):
     x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision = inputs
-    activation = _check_activation(activation)
+    activation = check_activation(activation)
     if activation in _GRAD_FROM_OUTPUT:
         ctx.save_for_backward(x, w, output if activation != "none" else None, None, None)
     else:
@@ -1106,7 +1106,7 @@ def conv_bias_act(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = 
     """
     if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
         raise ArgumentTypeError(f"x and w must be torch.Tensor, got {type(x).__name__} and {type(w).__name__}")
-    activation = _check_activation(activation)
+    activation = check_activation(activation)
     if isinstance(choice, int) and not isinstance(choice, bool):
         choice = str(choice)   # the operator's schema takes a string; positions stay positions
     if torch._C._is_any_autocast_enabled() and x.device.type in ("cpu", "cuda") \
@@ -1114,7 +1114,7 @@ def conv_bias_act(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = 
         x, w, bias, residual = _autocast.cast_inputs("conv_bias_act", x.device.type, (x, w, bias, residual))
     problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
     if residual is not None:
-        _check_residual(residual, problem)
+        check_residual(residual, problem)
     _backend_of(backend, x.device)
     pads = list(problem.pad_before) + (list(problem.pad_after) if not problem.symmetric else [])
     return torch.ops.rawconv.conv_bias_act(x, w, bias, residual, list(problem.stride), pads,

@@ -184,7 +184,7 @@ def _plain_choice(x, w, b, m, padding, budget_s, tuned: dict) -> Any:
         plan.free()
         return tuned[key]
     try:
-        rows = plan.autotune(iterations=3, warmup=1, budget_s=min(budget_s, 1.0) if budget_s else 0.25)
+        rows = plan.autotune(iterations=3, warmup=1, budget_s=budget_s)   # wall time for the problem (None: no limit)
         best = rows[0].impl
         choice = f"{best.name}@{best.layouts}"
     finally:

@@ -21,8 +21,8 @@ Quick use::
   pinned candidate: a oneDNN implementation name / ``"name@user"`` / position, a cuDNN
   ``"ALGO@math"`` or graph engine config ``"eng28{k2=3}"``), ``backward_choice`` (one value, or
   a ``(data, weights)`` pair) and ``precision`` (``"strict"``, ``"tf32"``, ``"bf16"``, ``"f16"``,
-  ``"any"``; :mod:`rawconv.options`). ``impl=`` / ``backward_impl=`` / ``fpmath=`` are the old
-  names of ``choice`` / ``backward_choice`` / ``precision`` and still work.
+  ``"any"``; :mod:`rawconv.options`). ``impl=`` / ``backward_impl=`` / ``fpmath=``, the old names of
+  ``choice`` / ``backward_choice`` / ``precision``, still work and warn (``DeprecationWarning``).
 * Transposed convolutions run as the backward-data primitive of the matching convolution
   (oneDNN backward data / cuDNN backward data), ``output_padding`` and ``output_size`` as torch.
 * ``padding_mode`` other than ``"zeros"`` (reflect, replicate, circular): the input is padded in
@@ -56,6 +56,7 @@ from . import fallback as _fallback
 from . import fused as _fused
 from . import fusion as _fusion
 from .. import onednn
+from ..core.autotune import check_budget as _check_budget
 from ..core.grad import functorch_active as _functorch, has_tangent as _has_tangent
 from ..core.errors import ArgumentError, ArgumentTypeError, InternalError, NotSupportedError, RawconvError
 from ..core.guard import applies_function as _applies_function
@@ -91,9 +92,10 @@ def _check_precision(precision) -> str:
 
 
 def _alias(new, old, new_name: str, old_name: str, default=None):
-    """``new`` or its old name's value (both given: they must agree)."""
+    """``new`` or its old name's value (both given: they must agree; the old name warns: DeprecationWarning)."""
     if old is None:
         return new if new is not None else default
+    warnings.warn(f"{old_name}= is the old name of {new_name}=: pass {new_name}=", DeprecationWarning, stacklevel=4)
     if new is not None and new != old and new != default:
         raise ArgumentError(f"{new_name}={new!r} and {old_name}={old!r} disagree ({old_name} is the old name of "
                             f"{new_name}); pass one")
@@ -321,7 +323,7 @@ def conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, str
     ``backward_choice``: one value or a ``(data, weights)`` pair; or ``choice`` pins the whole
     training step (:class:`rawconv.ops.TrainingChoice` or a dict ``{"forward": ..,
     "backward_data": .., "backward_weights": ..}``); ``precision``: see
-    :mod:`rawconv.options`. ``impl`` / ``backward_impl`` / ``fpmath``: the old names.
+    :mod:`rawconv.options`. ``impl`` / ``backward_impl`` / ``fpmath``: the old names (DeprecationWarning).
     Raises :class:`ArgumentError` / :class:`ArgumentTypeError` for bad input (a choice of another
     type, an int position) before any C call and :class:`NotSupportedError` for a choice the
     library does not offer. Wraps the backends' ``forward`` / ``backward_data`` /
@@ -524,8 +526,7 @@ class _RawconvConv:
             self._choice_backend = named
         self.__dict__["_rawconv_device"] = self.weight.device.type if self.weight is not None else "cpu"
 
-    # old names
-    impl = property(lambda self: self.choice, lambda self, v: setattr(self, "choice", v))
+    impl = property(lambda self: self.choice, lambda self, v: setattr(self, "choice", v))   # old names
     backward_impl = property(lambda self: self.backward_choice, lambda self, v: setattr(self, "backward_choice", v))
     fpmath = property(lambda self: self.precision, lambda self, v: setattr(self, "precision", v))
 
@@ -783,9 +784,9 @@ def _module(base, mixin, doc: str):
     Module.__module__ = __name__
     Module._torch_base = base
     Module.__doc__ = (f"``torch.nn.{base.__name__}`` on rawconv: same arguments and state_dict, plus ``backend`` "
-                      "(\"auto\" | \"onednn\" | \"cudnn\"), ``choice``, ``backward_choice``, ``precision`` "
-                      "(old names ``impl``, ``backward_impl``, ``fpmath``) and ``fallback`` (\"torch\": a call no "
-                      "rawconv library can run, such as float64 on the CPU, runs on torch's own kernel, said once "
+                      "(\"auto\" | \"onednn\" | \"cudnn\"), ``choice``, ``backward_choice``, ``precision`` (old "
+                      "names ``impl``, ``backward_impl``, ``fpmath``: DeprecationWarning), ``fallback`` (\"torch\": "
+                      "a call no rawconv library can run, e.g. float64 on the CPU, runs torch's own kernel, said once "
                       "and counted, :mod:`rawconv.pytorch.fallback`; \"error\": refused). " + doc)
     return Module
 
@@ -805,7 +806,7 @@ class _ConvBiasAct(_RawconvConv):
     """Mixin: ``act(conv(x) + bias + residual)`` through :func:`rawconv.fused.conv_bias_act`."""
 
     def _fused_init(self, activation):
-        self.activation = _fused._check_activation(activation)
+        self.activation = _fused.check_activation(activation)
 
     def _op_args(self):
         """(stride, padding, dilation) lists as the operator takes them (padding: nd symmetric
@@ -1619,13 +1620,13 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
 
     ``autotune``: an example input (a tensor, or a tuple of arguments), or True to use
     ``example_input``: the model runs once on it (no grad), every convolution call is recorded,
-    and each distinct problem (shape, strides, dtype, fusion) is searched ONCE (oneDNN: every
-    implementation timed; cuDNN: :meth:`rawconv.cudnn_graph.GraphConvolution.autotune` with
-    ``autotune_budget_s`` per problem, default 0.6 s, the best 8 re-timed in 10 groups, tuning
-    cache first, the next problem's first runtime compilations started in the background; the
-    legacy API's algorithms when no graph config runs it). ``autotune_backward``: also search
-    the two backward passes of each problem (backward data and backward weights, on the layout
-    the gradients have: the input's), each distinct backward problem once; default (None): when
+    and each distinct problem (shape, strides, dtype, fusion) is searched ONCE, within ``autotune_budget_s``
+    seconds of wall time per problem and direction (oneDNN: every implementation checked and timed, no
+    limit by default; cuDNN: the graph API's autotune, default 0.6 s, the best 8 re-timed in 10 groups,
+    tuning cache first, the next problem's first runtime compilations started in the background; the legacy
+    API's algorithms when no graph config runs it). ``autotune_backward``: also search the two backward passes
+    of each problem (backward data and backward weights, on the layout the gradients have: the input's),
+    each distinct backward problem once; default (None): when
     the model is in training mode and a parameter requires grad (a model about to be trained),
     not for a model in eval mode (inference; ``fuse=True`` models). The winners are pinned **to
     the problem they were tuned on** (per layer, :func:`pinned_choices`): a call of another
@@ -1698,9 +1699,7 @@ def _convert_args(model, inplace, backend, precision, autotune, fuse, example_in
         autotune = example_input
     elif autotune is False:
         autotune = None
-    if autotune_budget_s is not None and (isinstance(autotune_budget_s, bool) or
-                                          not isinstance(autotune_budget_s, (int, float)) or autotune_budget_s <= 0):
-        raise ArgumentError(f"autotune_budget_s must be a positive number of seconds, got {autotune_budget_s!r}")
+    _check_budget(autotune_budget_s, "autotune_budget_s")
     if fuse and model.training:
         raise ArgumentError("fuse=True folds BatchNorm with its running statistics, which is only right for "
                             "inference: call model.eval() first (or convert(..., fuse=False) for training)")
@@ -2110,9 +2109,10 @@ def _tune_key(m, kind, args, backend, problem) -> tuple:
     return (kind, problem, extra, m.precision, backend, _device_name(backend, args["x"]), wl)
 
 
-# convert's cuDNN search per distinct problem (seconds; ResNet-50 has 24, fusion kinds included) and
-# its final re-timing (10 groups in 5 interleaved rounds: autotune's default 30 took 0.2 s a problem)
+# convert's default cuDNN budget (wall time per problem and direction; ResNet-50 has 24 problems) and each
+# autotuner's knobs in convert (the graph's final re-timing 10 groups: autotune's 30 took 0.2 s a problem)
 GRAPH_BUDGET_S = 0.6
+ONEDNN_TUNE, GRAPH_TUNE = dict(iterations=3, warmup=1), dict(patience=60, final_iterations=10)
 
 
 def _graph_plan(m, kind: str, args: dict):
@@ -2142,7 +2142,7 @@ def _tune_one(m, kind: str, args: dict, backend: str, budget_s: float | None, *,
     w, b = _call_wb(m, args)
     prec = m.precision
     if backend == "onednn":
-        opts = dict(iterations=3, warmup=1, budget_s=min(budget_s, 1.0) if budget_s else 0.25)   # per implementation
+        opts = dict(ONEDNN_TUNE, budget_s=budget_s)   # wall time for the problem (None: no limit)
         if kind == "conv":   # the modules read their weights per call: timed with the weight reorder
             plan = onednn.Convolution(x, w, b, m.stride, _norm_padding(args["padding"]), m.dilation, m.groups,
                                       fpmath=prec)
@@ -2171,7 +2171,7 @@ def _tune_one(m, kind: str, args: dict, backend: str, budget_s: float | None, *,
     if info is not None:
         info["plan_s"] = time.perf_counter() - t0
     try:
-        rows = plan.autotune(budget_s=budget, patience=60, final_iterations=10, **({} if use_cache else
+        rows = plan.autotune(budget_s=budget, **GRAPH_TUNE, **({} if use_cache else
                                                               {"use_cache": False, "seed_from_cache": False}))
         if info is not None:
             info["search_s"] = getattr(plan, "autotune_seconds", None)
@@ -2185,7 +2185,7 @@ def _tune_one(m, kind: str, args: dict, backend: str, budget_s: float | None, *,
 
         direction = "forward" if kind == "conv" else "backward_data"
         legacy = cudnn.Convolution.from_problem(_problem_of(m, kind, args), direction=direction, precision=prec)
-        rows = legacy.autotune()
+        rows = legacy.autotune(budget_s=budget)
         if info is not None and rows:
             info.update(median_ms=rows[0].median_ms, min_ms=rows[0].min_ms)
         return rows[0].algorithm.choice
@@ -2222,7 +2222,7 @@ def _torch_peer(m, kind: str, args: dict, problem: ConvProblem):
         xx = x if pads is None else F.pad(x, pads)
         y = conv(xx, w, b, problem.stride, pad, problem.dilation, problem.groups)
         if r is not None or act != "none":
-            y = _fused._torch_tail(y, None, r, act, problem)
+            y = _fused.torch_tail(y, None, r, act, problem)
         return y
     return call
 
@@ -2330,7 +2330,7 @@ def _search_direction(direction: str, problem: ConvProblem, w_layout: str, backe
         plan = onednn.Convolution.from_problem(problem, direction=direction, fpmath=precision, w_layout=w_layout,
                                                prepack=False)
         try:
-            rows = plan.autotune(iterations=3, warmup=1, budget_s=min(budget_s, 1.0) if budget_s else 0.25)
+            rows = plan.autotune(**ONEDNN_TUNE, budget_s=budget_s)
         finally:
             plan.free()
         return f"{rows[0].impl.name}@{rows[0].impl.layouts}"
@@ -2339,11 +2339,11 @@ def _search_direction(direction: str, problem: ConvProblem, w_layout: str, backe
 
     try:
         plan = G.GraphConvolution.from_problem(problem, direction=direction, allow_tf32=precision != "strict")
-        plan.autotune(budget_s=budget_s or GRAPH_BUDGET_S, patience=60, final_iterations=10)
+        plan.autotune(budget_s=budget_s or GRAPH_BUDGET_S, **GRAPH_TUNE)
         return plan.selected_name
     except NotSupportedError:
         legacy = cudnn.Convolution.from_problem(problem, direction=direction, precision=precision, w_layout=w_layout)
-        return legacy.autotune()[0].algorithm.choice
+        return legacy.autotune(budget_s=budget_s or GRAPH_BUDGET_S)[0].algorithm.choice
 
 
 def _tune_backward(m, kind: str, args: dict, backend: str, budget_s) -> tuple:

@@ -703,7 +703,7 @@ def torch_onednn_trace(fn: Callable[[], object], *, records: bool = False) -> li
     return [dataclasses.asdict(r) for r in runs]
 
 
-def _trace_detail(trace: list) -> str:
+def trace_detail(trace: list) -> str:
     """``"; torch's oneDNN ran jit:avx512_core (src aBcd16b, weights ABcd16b16a) + 3 reorder(s)"``
     for a :func:`torch_onednn_trace` result ('' when no convolution ran)."""
     runs = [r if isinstance(r, OneDNNRun) else OneDNNRun(**r) for r in trace]
@@ -725,7 +725,7 @@ _ONEDNN_RENAMES = (("brg_conv_fwd", "brgconv"), ("brg_conv_bwd_d", "brgconv_bwd_
 def _torch_onednn_version() -> str:
     """The oneDNN version bundled in torch ("3.12.0"; '' when torch does not say)."""
     try:
-        v = _torch_part().get("onednn_bundled")
+        v = torch_part().get("onednn_bundled")
         return v.split()[0] if v else ""
     except Exception:  # noqa: BLE001 - a label
         return ""
@@ -1384,7 +1384,7 @@ def _narrow(matches: tuple, match: str, cands: Sequence[CandidateKernels], parse
     return matches, match
 
 
-def _compare_detail(problem: ConvProblem, x, w, b, *, limit: int = 16, direction: str = "forward") -> str:
+def compare_detail(problem: ConvProblem, x, w, b, *, limit: int = 16, direction: str = "forward") -> str:
     """For ``compare``'s torch rows on CUDA: ``"; torch ran <kernel> = rawconv <choices>"`` ('' when
     nothing could be found; never raises)."""
     try:
@@ -1458,7 +1458,7 @@ def _header(dev: str, flags: TorchFlags) -> str:
             pass
     else:
         try:
-            v = _torch_part().get("onednn_bundled")
+            v = torch_part().get("onednn_bundled")
             if v:
                 bits.append(f"torch's oneDNN {v}")
         except Exception:  # noqa: BLE001
@@ -1489,7 +1489,7 @@ def _final_count(rows, dev: str) -> str:
             f"rawconv's oneDNN list ({same} with the same layouts)")
 
 
-def _torch_part() -> dict:
+def torch_part() -> dict:
     """torch's build as ``rawconv info`` shows it: version, threads, its oneDNN (bundled version) and cuDNN."""
     cfg = torch.__config__.show()
     m = re.search(r"MKL-DNN v([\d.]+) \(Git Hash (\w+)\)", cfg)

@@ -201,7 +201,7 @@ def _norm_direction(direction: str) -> str:
     return canonical_direction(direction)
 
 
-def _check_activation(activation, direction: str, has_bias: bool) -> str | None:
+def check_activation(activation, direction: str, has_bias: bool) -> str | None:
     if activation in (None, "identity", "none"):
         activation = None
     elif activation not in ACTIVATIONS:
@@ -522,7 +522,7 @@ class GraphConvolution(_Engines, _Autotune, PlanLifetime):
             raise ArgumentTypeError(f"allow_tf32 must be a bool, got {allow_tf32!r}")
         self.problem = problem
         self.direction = direction
-        self.activation = _check_activation(activation, direction, problem.has_bias and direction == "forward")
+        self.activation = check_activation(activation, direction, problem.has_bias and direction == "forward")
         self.allow_tf32 = allow_tf32
         self.device_index = _device_index(problem)
         self._dev = torch.device("cuda", self.device_index)
@@ -1167,7 +1167,7 @@ def _forward_plan(x, w, bias, stride, padding, dilation, groups, engine, activat
         key = plan = None
     if plan is None or plan._freed:
         problem = _problem(x, w, bias, stride, padding, dilation, groups)
-        act = _check_activation(activation, "forward", bias is not None)
+        act = check_activation(activation, "forward", bias is not None)
         plan = _plan(problem, "forward", act, _tf32(allow_tf32, math), engine)
         if key is not None:
             _fast_plans.put(key, plan)
@@ -1301,7 +1301,7 @@ def engines(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
     workspace bytes and whether it finalizes."""
     direction = _norm_direction(direction)
     problem = _problem(x, w, bias, stride, padding, dilation, groups)
-    activation = _check_activation(activation, direction, bias is not None)
+    activation = check_activation(activation, direction, bias is not None)
     if direction != "forward":
         problem = problem.with_(has_bias=False)
     plan = _plan(problem, direction, activation, allow_tf32, None)
@@ -1351,7 +1351,7 @@ from ...core.backend import Backend as _Backend, register as _register  # noqa: 
 _register(_Backend("cudnn_graph", "cuda", __name__, "cuDNN", _registry_candidates, _registry_plan, _registry_info,
                    "cuDNN's graph (backend) API on CUDA tensors: engines, knobs, heuristic modes",
                    {"candidates": "engines", "choice": "engine", "precision": "allow_tf32",
-                    "backward_weights": "backward_filter"}, rows="rawconv.explore.compare:_cudnn_graph_rows",
+                    "backward_weights": "backward_filter"}, rows="rawconv.explore.cudnn_rows:cudnn_graph_rows",
                    replay=_registry_replay,
                    # engine configs: "eng28", "eng28{k2=3,k3=0}", on a relayout "nhwc:eng72{...}", "unfused:<config>"
                    choice_names=r"((nhwc|unfused):)*eng[0-9]+(\{[^{}]*\})?"))

@@ -50,7 +50,8 @@ class Autotune:
                  progress: bool | None = None, split: bool = True) -> list[TimedConfig]:
         """Search engine configs for the fastest correct one, select it and return the ranked table.
 
-        Candidates, in order, while ``budget_s`` seconds (wall time, finalization included) last:
+        Candidates, in order, while ``budget_s`` seconds (wall time for this problem and direction,
+        finalization included: :func:`rawconv.core.autotune.check_budget`) last:
         the configs of heuristic modes instant, B and FALLBACK; with ``seed_from_cache``, the
         configs that won for other problems in the tuning cache (same direction, cuDNN and GPU;
         same dimensions, data type, layout and activation first, newest first; only those the
@@ -357,6 +358,21 @@ class Autotune:
                 self._bufs = None
 
     # ------------------------------------------------------------------ tuning records
+    def tuning_key(self) -> tuning.TuningKey:
+        """The key :meth:`autotune` with its default arguments stores its choice under (the plan
+        contract's, :class:`rawconv.core.backend.Plan`): the defaults read from its signature."""
+        import inspect
+
+        self._check_live()
+        d = {k: p.default for k, p in inspect.signature(Autotune.autotune).parameters.items() if k != "self"}
+        filters = {k: d[k] for k in ("deterministic_only", "no_tensor_cores", "no_down_conversion",
+                                     "no_reduced_precision")}
+        opts = _search.SearchOptions(d["budget_s"], d["workspace_limit"], filters, d["iterations"],
+                                     d["final_iterations"], d["check"], d["use_cache"], d["seed"],
+                                     d["include_runtime_compiled"], d["patience"], d["relayout"],
+                                     d["seed_from_cache"], d["split"])
+        return self._tuning_key(opts, opts.relayout and self.problem.layout == "nchw" and not self.problem.is_empty)
+
     def _tuning_key(self, opts: _search.SearchOptions, relayout: bool) -> tuning.TuningKey:
         """The tuning cache key of an autotune with ``opts`` on this plan: problem, direction,
         activation, the options and filters in force (``no_tensor_cores`` resolved), cuDNN's
@@ -398,4 +414,4 @@ class Autotune:
 
 
 # only rawconv's exceptions leave them (rawconv.core.guard), named as the public methods they are
-_guard.public_methods("autotune", owner="rawconv.cudnn.graph.GraphConvolution")(Autotune)
+_guard.public_methods("autotune", "tuning_key", owner="rawconv.cudnn.graph.GraphConvolution")(Autotune)

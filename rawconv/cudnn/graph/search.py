@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from ...core import progress as _progress
+from ...core.autotune import check_budget as _check_budget
 from ...core.errors import ArgumentError, LibraryError, NotSupportedError
 from ...core.check import ErrorStats
 from ...core.results import Result
@@ -177,9 +178,7 @@ class SearchOptions:
     split: bool = True
 
     def __post_init__(self):
-        b = self.budget_s
-        if not isinstance(b, (int, float)) or isinstance(b, bool) or b <= 0:
-            raise ArgumentError(f"budget_s must be a positive number of seconds, got {b!r}")
+        _check_budget(self.budget_s, none_ok=False)   # wall time per problem and direction (the one meaning)
         if self.workspace_limit is not None and _bad_int(self.workspace_limit, 0):
             raise ArgumentError(f"workspace_limit must be None or bytes >= 0, got {self.workspace_limit!r}")
         if self.patience is not None and _bad_int(self.patience):

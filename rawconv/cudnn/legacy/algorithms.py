@@ -283,6 +283,13 @@ class Algorithms:
                     self._choose()
         return self._info
 
+    @property
+    def selected(self) -> _o.RunInfo:
+        """The plan contract's name (:class:`rawconv.core.backend.Plan`) for :attr:`info`: what
+        :meth:`execute` runs, as :meth:`select` returns it (its ``choice``-able name is
+        ``f"{info.algo}@{info.math}"``)."""
+        return self.info
+
     def select(self, algo: Any = None, math: str | None = None, *, choice: Any = None) -> _o.RunInfo:
         """Force ``algo`` (name, enum value, or ``None``/``"fastest"``), optionally with another
         math type; or ``choice``: an :class:`Algorithm` row or its stable name ``"ALGO@math"``
@@ -301,4 +308,4 @@ class Algorithms:
 
 
 # only rawconv's exceptions leave them (rawconv.core.guard), named as the public methods they are
-_guard.public_methods("descriptors", "cudnn_output_shape", "algorithms", "info", "select", owner="rawconv.cudnn.Convolution")(Algorithms)
+_guard.public_methods("descriptors", "cudnn_output_shape", "algorithms", "info", "selected", "select", owner="rawconv.cudnn.Convolution")(Algorithms)

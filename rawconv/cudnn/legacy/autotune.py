@@ -27,8 +27,10 @@ class Autotune:
         as GPU time per call (:func:`gpu_time`: CUDA events around calls queued behind a GPU sleep,
         ``repeats`` 3 loops of ``iterations`` calls) on random tensors of the problem, select the
         fastest by median and return the rows (a :class:`~rawconv.results.ResultTable`), fastest
-        first. ``budget_s`` is ignored (kept for signature parity with
-        :meth:`rawconv.onednn.Convolution.autotune`).
+        first. ``budget_s``: seconds of wall time for the search of this problem and direction
+        (:func:`rawconv.core.autotune.check_budget`; None, the default: no limit): once spent, the
+        algos not yet timed are left out (Find's order, fastest first by cuDNN's own timing;
+        at least one algo is timed).
 
         Tuning records: the choice (``"ALGO@math"``, the math type set on the descriptor) is
         stored as a :class:`rawconv.tuning.TuningRecord` (:attr:`tuning_record`, also the table's
@@ -47,16 +49,18 @@ class Autotune:
         if use_cache is not None and not isinstance(use_cache, bool):
             raise ArgumentTypeError(f"use_cache must be True, False or None, got {use_cache!r}")
         _progress.enabled(progress)   # validates
+        budget = _autotune.Budget(budget_s)   # (checks it)
         # what the plan ran before: put back when the search is interrupted (KeyboardInterrupt) or fails
         before = (self._algo_request, self._algo_id, self._info, self._ws, self.math, self._descs)
         try:
-            return self._autotune_now(iterations, warmup, math, use_cache, progress)
+            return self._autotune_now(iterations, warmup, math, use_cache, progress, budget)
         except BaseException:
             self._algo_request, self._algo_id, self._info, self._ws, self.math, self._descs = before
             raise
 
-    def _autotune_now(self, iterations, warmup, math, use_cache, progress) -> ResultTable:
-        """:meth:`autotune` once its arguments are checked."""
+    def _autotune_now(self, iterations, warmup, math, use_cache, progress, budget=None) -> ResultTable:
+        """:meth:`autotune` once its arguments are checked (``budget``: a
+        :class:`rawconv.core.autotune.Budget`, None: no limit)."""
         from ...core import progress as _progress
 
         if math is not None and math != self.math:
@@ -72,7 +76,7 @@ class Autotune:
         with _progress.bar(progress, total=len({r.algo_id for r in cands}), desc="cuDNN autotune",
                            unit="algo") as bar:
             for r in cands:
-                if r.algo_id in seen:
+                if r.algo_id in seen or (rows and budget is not None and budget.left() == 0):
                     continue
                 seen.add(r.algo_id)
                 bar.note(r.choice)
@@ -93,6 +97,12 @@ class Autotune:
         return _autotune.keep(self, out, self._record(key, rows[0], info))
 
     # ------------------------------------------------------------------ tuning records
+    def tuning_key(self):
+        """The :class:`rawconv.tuning.TuningKey` :meth:`autotune` stores its choice under (the plan
+        contract's, :class:`rawconv.core.backend.Plan`)."""
+        self._check_live()
+        return self._tuning_key()
+
     def _tuning_key(self):
         """The :class:`rawconv.tuning.TuningKey` of an autotune of this plan (see :meth:`autotune`)."""
         from ...core import tuning
@@ -143,4 +153,4 @@ class Autotune:
 
 
 # only rawconv's exceptions leave them (rawconv.core.guard), named as the public methods they are
-_guard.public_methods("autotune", owner="rawconv.cudnn.Convolution")(Autotune)
+_guard.public_methods("autotune", "tuning_key", owner="rawconv.cudnn.Convolution")(Autotune)

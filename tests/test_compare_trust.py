@@ -1,4 +1,4 @@
-"""Issue 25's repros ("comparisons a user can trust at a glance"), one test each, as the issue
+"""Comparisons a user can trust at a glance (issue 25's repros), one test each, as the issue
 states them: like-for-like headline, noise flags in every output, every direction, errors that
 are the user's, the library version named, output that reads in a notebook export and a pipe."""
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Issue 13's repros, one test each, as the issue states them (the thorough versions live in
+"""Errors a user meets and state they rely on (out= versions, training steps, denormals, limits):
+issue 13's repros, one test each, as the issue states them (the thorough versions live in
 test_out.py, test_prepack.py, test_bad_input.py, test_reference_time.py, test_denormals.py and
 test_fuzz.py)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 36: rawconv holds up over threads, interrupts, copies and the errors torch itself reports.
+"""rawconv holds up (issue 36) over threads, interrupts, copies and the errors torch itself reports.
 
 * One oneDNN plan used from several threads at once gives torch's numbers (its execution state is
   locked per built implementation), never a wrong one or a corrupted heap.

@@ -1,0 +1,157 @@
+"""One name per candidate (an ambiguous short name refused with the matches listed; the same name in
+compare rows, autotune, selected(), records and plots) and a training step pinned by one
+TrainingChoice or a dict per direction, for the operator, the modules and convert's backward search
+(issue 34)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rawconv.errors import ArgumentError, ArgumentTypeError
+
+
+def _three(x, w, **kw):
+    from rawconv import onednn
+
+    pick = {}
+    for d in ("forward", "backward_data", "backward_weights"):
+        names = [i.choice for i in onednn.implementations(x, w, direction=d, **kw) if not i.name.startswith("ref")]
+        pick[d] = names[-1]    # not oneDNN's first choice: a pin that shows
+    return pick
+
+
+def _ran(ops):
+    return {p.direction: p.selected.choice for p in ops._cpu_cache._plans.values()}
+
+
+def test_an_ambiguous_short_name_is_refused_with_the_matches_listed():
+    from rawconv import onednn
+
+    x, w = torch.randn(1, 4, 6, 6), torch.randn(4, 4, 3, 3)
+    impls = onednn.implementations(x, w, padding=1)
+    refs = [i for i in impls if i.name == "ref:any"]
+    if len({i.layouts for i in refs}) < 2:
+        pytest.skip("this oneDNN lists ref:any with one layouts here")
+    with pytest.raises(ArgumentError) as exc:
+        onednn.forward(x, w, padding=1, impl="ref:any")
+    for i in refs:
+        assert f"{i.choice} [{i.index}]" in str(exc.value)
+    import rawconv.ops as ops
+
+    with pytest.raises(ArgumentError, match="ambiguous"):
+        ops.conv(x, w, padding=1, choice="ref:any")
+    # the canonical name and an unambiguous short name are accepted, and mean the same row
+    conv = onednn.Convolution(x, w, padding=1)
+    assert conv.select("ref:any@user").choice == "ref:any@user"
+    other = next(i for i in impls if sum(j.name == i.name for j in impls) == 1)
+    assert conv.select(other.name).choice == conv.select(other.choice).choice == other.choice
+
+
+def test_one_name_in_compare_rows_autotune_selected_records_and_plots():
+    from rawconv import compare, onednn
+    import rawconv.ops as ops
+    from rawconv.problem import ConvProblem
+
+    p = ConvProblem(n=1, c=4, k=4, in_spatial=(6, 6), kernel=(3, 3), pad_before=(1, 1), pad_after=(1, 1), name="t")
+    rows = compare.compare([p], iterations=1, warmup=0, budget_s=2.0, include_ref=False, progress=False,
+                           confirm_rounds=1)
+    offered = {i.choice: i for i in onednn.Convolution.from_problem(p).implementations}
+    for r in rows:
+        if r.backend == "onednn":
+            assert r.choice in offered and r.implementation == r.choice + (
+                " (prepacked)" if r.extra.get("weights") == "prepacked" else "")
+            assert r.extra["vendor_name"] == offered[r.choice].name     # oneDNN's own name stays visible
+    recs = compare.records(rows, [p])
+    assert recs and recs[0].choice in offered
+    x, w, _ = p.make_inputs()
+    table = onednn.Convolution(x, w, padding=1).autotune(iterations=1, warmup=0)
+    assert all(r.name == r.impl.choice for r in table)
+    assert set(ops.selected(x, w, padding=1).values()) <= {i.choice for d in ("forward", "backward_data",
+                                                                             "backward_weights")
+                                                           for i in onednn.implementations(x, w, padding=1,
+                                                                                           direction=d)}
+    from rawconv.results import _heatmap_key, _label
+
+    for r in rows:
+        if r.backend == "onednn":
+            assert _label(r, {"onednn"}) == _heatmap_key(r) == r.name
+
+
+@pytest.mark.parametrize("as_object", [True, False])
+def test_one_choice_pins_the_whole_training_step(as_object):
+    import rawconv.nn as rnn
+    import rawconv.ops as ops
+
+    x = torch.randn(2, 8, 10, 10)
+    conv = torch.nn.Conv2d(8, 8, 3, padding=1)
+    w = conv.weight.detach()
+    pick = _three(x, w, padding=1)
+    step = ops.TrainingChoice(**pick) if as_object else dict(pick)
+    assert ops.selected(x, w, padding=1, choice=step) == pick
+    # the operator
+    ops.clear_cache()
+    xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+    ops.conv(xx, ww, padding=1, choice=step).sum().backward()
+    assert _ran(ops) == pick
+    x2, w2 = x.clone().requires_grad_(), w.clone().requires_grad_()
+    torch.nn.functional.conv2d(x2, w2, padding=1).sum().backward()
+    torch.testing.assert_close(ww.grad, w2.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(xx.grad, x2.grad, rtol=1e-4, atol=1e-4)
+    # the module: every call runs exactly those three
+    ops.clear_cache()
+    m = rnn.Conv2d(8, 8, 3, padding=1, choice=step)
+    m.load_state_dict(conv.state_dict())
+    assert m.choice == pick["forward"] and m.backward_choice == (pick["backward_data"], pick["backward_weights"])
+    m(x.clone().requires_grad_()).sum().backward()
+    assert _ran(ops) == pick
+    ref = conv(x).sum()
+    ref.backward()
+    torch.testing.assert_close(m.weight.grad, conv.weight.grad, rtol=1e-4, atol=1e-4)
+    # both places pinning the backward passes is refused; an unknown direction too
+    with pytest.raises(ArgumentError, match="training step"):
+        ops.conv(x, w, padding=1, choice=step, backward_choice="x64:gemm:jit@any")
+    with pytest.raises(ArgumentError, match="unknown direction"):
+        rnn.Conv2d(8, 8, 3, choice={"fwd": "x"})
+    with pytest.raises(ArgumentTypeError):
+        ops.TrainingChoice.of(3)
+
+
+def test_pin_choices_and_a_transposed_module_take_library_directions():
+    import rawconv.nn as rnn
+    import rawconv.ops as ops
+
+    a, b, c = "x64:gemm:jit@any", "jit:avx2@any", "jit:sse41@any"
+    m = rnn.ConvTranspose2d(4, 4, 3, choice={"forward": a, "backward_data": b, "backward_weights": c})
+    # a transposed convolution runs its matching convolution's backward data; its input gradient the forward
+    assert m.choice == b and m.backward_choice == (a, c)
+    model = rnn.convert(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)))
+    rnn.pin_choices(model, {"0": ops.TrainingChoice(a, None, c)})
+    assert model[0].choice == a and model[0].backward_choice == (None, c)
+
+
+def test_convert_backward_search_pins_and_reports_all_three():
+    import rawconv.nn as rnn
+    import rawconv.ops as ops
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3, padding=1))
+    x = torch.randn(2, 3, 12, 12)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = rnn.convert(net, autotune=x, autotune_backward=True, autotune_budget_s=0.05)
+    pinned = rnn.pinned_choices(model)
+    for name in ("0", "2"):
+        dirs = pinned[name]["tuned"][0]["directions"]
+        assert set(dirs) == {"forward", "backward_data", "backward_weights"} and all(dirs.values())
+        assert pinned[name]["backward_choice"] == (dirs["backward_data"], dirs["backward_weights"])
+    # the training step runs what was pinned, in every direction
+    ops.clear_cache()
+    model[2](torch.randn(2, 8, 12, 12, requires_grad=True)).sum().backward()
+    assert _ran(ops) == pinned["2"]["tuned"][0]["directions"]
+    table = rnn.describe(model, x, iterations=1)
+    d2 = pinned["2"]["tuned"][0]["directions"]
+    assert table[1].backward == (f"backward_data {d2['backward_data']}, backward_weights {d2['backward_weights']} "
+                                 "(pinned)")
+    assert "autotuned: forward" in table[1].note

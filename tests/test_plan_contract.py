@@ -1,0 +1,242 @@
+"""The plan contract (issue 35): every plan class satisfies :class:`rawconv.core.backend.Plan`, a
+backend's plans are reached through :meth:`Backend.plan_for`, and a backend registered from outside
+the package (a fake one here, on torch's own convolution) appears in ``compare``, ``rawconv list``
+and ``rawconv info`` without a line changed elsewhere."""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rawconv import ConvProblem
+from rawconv.core import backend
+from rawconv.core.backend import Backend, Candidate, Plan, contract_gaps
+
+
+def _plan_classes():
+    from rawconv.cudnn import Convolution as Legacy
+    from rawconv.cudnn.graph import GraphConvolution
+    from rawconv.onednn import Convolution
+    from rawconv.onednn.fused import FusedConvolution
+
+    return [Convolution, FusedConvolution, Legacy, GraphConvolution]
+
+
+def _problem(**kw):
+    return ConvProblem(**{**dict(n=2, c=3, k=4, in_spatial=(7, 6), kernel=(3, 3), pad_before=(1, 1),
+                                 pad_after=(1, 1)), **kw})
+
+
+@pytest.mark.parametrize("cls", _plan_classes(), ids=lambda c: f"{c.__module__}.{c.__name__}")
+def test_every_plan_class_satisfies_the_contract(cls):
+    assert contract_gaps(cls) == []
+
+
+def test_contract_gaps_names_what_is_missing():
+    class Half:
+        problem = direction = None
+
+        def candidates(self):
+            return []
+
+        def select(self, which):   # no choice=
+            return which
+
+        def execute(self, x=None, w=None, bias=None, out=None, *, grad_y=None):
+            return x
+
+        def free(self):
+            pass
+
+    gaps = contract_gaps(Half)
+    assert "select() takes no choice=" in gaps and "select() requires ['which']" in gaps
+    for missing in ("hot_run", "autotune", "tuning_key", "__enter__"):
+        assert f"no method {missing}()" in gaps
+    assert "no selected property" in gaps
+    assert not isinstance(Half(), Plan)
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward_data", "backward_weights"])
+def test_onednn_plan_through_plan_for(direction):
+    """The registry's entry makes a plan that is a Plan; hot_run gives execute's result (against
+    float64), and tuning_key() is the key autotune stores its choice under."""
+    p = _problem(has_bias=direction == "forward")
+    be = backend.get("onednn")
+    alias = {"forward": "fwd", "backward_data": "bwd_d", "backward_weights": "backward_filter"}[direction]
+    plan = be.plan_for(p, alias, {"precision": "strict"})
+    with plan:
+        assert isinstance(plan, Plan) and plan.direction == direction
+        torch.manual_seed(0)
+        x, w = torch.randn(p.x_shape), torch.randn(p.w_shape)
+        b = torch.randn(p.k) if p.has_bias else None
+        dy = torch.randn(p.y_shape)
+        xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
+        y = F.conv2d(xd, wd, None if b is None else b.double(), padding=1)
+        if direction == "forward":
+            a, bb, ref = x, w, y.detach()
+        elif direction == "backward_data":
+            a, bb, ref = dy, w, torch.autograd.grad(y, xd, dy.double())[0]
+        else:
+            a, bb, ref = x, dy, torch.autograd.grad(y, wd, dy.double())[0]
+        for _ in range(3):   # the first call checks; the next ones may take the hot path
+            got = plan.hot_run(a, bb, b) if direction == "forward" else plan.hot_run(a, bb)
+            got = got[0] if isinstance(got, tuple) else got
+            assert (got.double() - ref).abs().max().item() < 1e-4 * max(1.0, ref.abs().max().item())
+        rows = plan.autotune(iterations=1, warmup=0, use_cache=False)
+        assert rows.record.key == plan.tuning_key() == plan.tuning_record.key
+        assert plan.selected.choice == rows[0].impl.choice
+
+
+# ---------------------------------------------------------------------------- a fake backend
+@dataclass(repr=False)
+class FakeCandidate(Candidate):
+    backend = "fake"
+    direction: str
+    name: str
+    workspace_bytes: int = 0
+    known_bad: str = ""
+
+    @property
+    def choice(self) -> str:
+        return self.name
+
+    @property
+    def notes(self) -> tuple:
+        return ("torch's own",) if self.name == "fake:torch" else ("off by one",)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class FakePlan:
+    """Torch's convolution behind the plan contract; ``"fake:wrong"`` adds 1 (compare must catch it)."""
+
+    def __init__(self, problem, direction, options, choice):
+        self.problem, self.direction, self.options = problem, direction, options
+        self._choice = choice or "fake:torch"
+        self.tuning_record = None
+
+    def candidates(self):
+        return [FakeCandidate(self.direction, n) for n in ("fake:torch", "fake:wrong")]
+
+    def select(self, which=None, *, choice=None):
+        self._choice = choice or which or "fake:torch"
+        return self.selected
+
+    @property
+    def selected(self):
+        return FakeCandidate(self.direction, self._choice)
+
+    def execute(self, x=None, w=None, bias=None, out=None, *, grad_y=None):
+        pad = self.problem.pad_before
+        if self.direction == "forward":
+            y = F.conv2d(x, w, bias, self.problem.stride, pad)
+        elif self.direction == "backward_data":
+            y = torch.ops.aten.convolution_backward(grad_y, torch.empty(self.problem.x_shape), w, None,
+                                                    self.problem.stride, pad, (1, 1), False, (0, 0), 1,
+                                                    (True, False, False))[0]
+        else:
+            y = torch.ops.aten.convolution_backward(grad_y, x, torch.empty(self.problem.w_shape), None,
+                                                    self.problem.stride, pad, (1, 1), False, (0, 0), 1,
+                                                    (False, True, False))[1]
+        return y + 1 if self._choice == "fake:wrong" else y
+
+    def hot_run(self, a, b, bias=None, out=None):
+        if self.direction == "forward":
+            return self.execute(a, b, bias)
+        return self.execute(grad_y=a, w=b) if self.direction == "backward_data" else self.execute(a, grad_y=b)
+
+    def autotune(self, iterations=1, *, budget_s=None, use_cache=None, progress=None):
+        return [self.select(choice="fake:torch")]
+
+    def tuning_key(self):
+        from rawconv import tuning
+
+        return tuning.TuningKey.for_backend("fake", self.problem, self.direction, dict(self.options.as_dict()))
+
+    def free(self):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+
+def _fake_backend():
+    return Backend("fake", "cpu", __name__, "torch (fake)",
+                   lambda problem, direction="forward", options=None: FakePlan(problem, direction, options,
+                                                                               None).candidates(),
+                   lambda problem, direction, options, choice: FakePlan(problem, direction, options, choice),
+                   lambda: {"version": torch.__version__, "library": "torch's own convolution"},
+                   "a backend made in a test", choice_names=r"fake:[a-z]+")
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    backend.backends()   # the built-in ones first: the fake comes after them
+    be = _fake_backend()
+    monkeypatch.setitem(backend._registry, "fake", be)
+    return be
+
+
+def test_fake_backend_satisfies_the_contract(fake):
+    assert contract_gaps(FakePlan) == []
+    assert fake in backend.backends("cpu") and backend.get("fake") is fake
+    assert isinstance(fake.plan_for(_problem(), "forward"), Plan)
+    assert "fake" in [b.name for b in backend.backends_naming("fake:torch")]
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward_weights"])
+def test_fake_backend_in_compare(fake, direction):
+    """compare's default backends are torch and every registered one: the fake's candidates get
+    rows through the plan contract, checked against float64 (its wrong candidate is caught)."""
+    from rawconv.compare import compare_problem
+
+    rows = compare_problem(_problem(), iterations=2, warmup=0, direction=direction, include_ref=False,
+                           prepack=False, confirm_rounds=0)
+    mine = {r.name: r for r in rows if r.backend == "fake"}
+    assert set(mine) == {"fake:torch", "fake:wrong"}
+    assert mine["fake:torch"].status == "ok" and mine["fake:torch"].median_ms > 0
+    assert mine["fake:wrong"].status == "wrong"
+    assert any(r.backend == "onednn" and r.status == "ok" for r in rows)   # the built-in ones as before
+    assert mine["fake:torch"].extra["library"] == "torch (fake)"
+
+
+def test_fake_backend_in_list_and_info(fake, capsys):
+    from rawconv.explore import cli, info
+
+    assert cli.main(["list", "--input", "2x3x7x6", "--weight", "4x3x3x3", "--padding", "1", "--device", "cpu",
+                     "--width", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "on fake (torch (fake)):" in out and "fake:torch" in out and "fake:wrong" in out
+    assert "x64:gemm:jit" in out or "jit:" in out   # oneDNN's table as before
+    collected = info.collect()
+    assert collected["fake"]["library"] == "torch's own convolution" and "fake" in collected["backends"]["fake"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["cudnn", "cudnn_graph"])
+def test_cuda_plans_through_plan_for(name):
+    """cuDNN's two plans made by the registry's entry: Plans whose hot_run gives the convolution
+    (against float64, strict fp32) and whose tuning_key() is the key autotune stores under."""
+    p = _problem(device="cuda")
+    plan = backend.get(name).plan_for(p, "forward", {"precision": "strict"})
+    with plan:
+        assert isinstance(plan, Plan) and contract_gaps(type(plan)) == []
+        torch.manual_seed(0)
+        x, w = torch.randn(p.x_shape, device="cuda"), torch.randn(p.w_shape, device="cuda")
+        ref = F.conv2d(x.double(), w.double(), padding=1)
+        for _ in range(3):   # the first call checks; the next ones may take the hot path
+            y = plan.hot_run(x, w)
+            assert (y.double() - ref).abs().max().item() < 1e-3 * ref.abs().max().item()
+        if name == "cudnn":
+            plan.autotune(iterations=2, warmup=1, use_cache=False, budget_s=5.0)
+        else:
+            plan.autotune(budget_s=2.0, use_cache=False, seed_from_cache=False)
+        assert plan.tuning_record.key == plan.tuning_key()
+        assert plan.selected is not None
