@@ -340,3 +340,24 @@ def test_compare_says_when_small_problems_run_on_one_thread(no_info, capsys):
     assert "1 problem(s) of fewer than 2**17 FLOPs" in text and "one thread" in text
     code, text, _ = _main(capsys, "compare", *TINY, "--no-ref", "--width", "120")   # --threads 1: nothing to say
     assert "2**17 FLOPs" not in text
+
+
+def test_a_flagged_row_says_so_in_plain_text():
+    """A row whose own rounds waited for a CPU or disagree says it in its status cell: the yellow
+    median a terminal shows is lost in a pipe or a log (a new user read 'median 31 ms, x torch 0.89'
+    with nothing on the row)."""
+    from rawconv.results import Result
+
+    p = ConvProblem(n=1, c=4, k=4, in_spatial=(6, 6), kernel=(3, 3), name="tiny")
+    waited = {"flags": ["waited for a CPU: no clean call in 8 of 9 rounds (per call wall 31 ms, CPU 0.4 ms)"]}
+    spread = {"flags": ["rounds disagree: per-round times 0.3-0.9 ms around 0.5 ms"]}
+    rows = [Result("torch", "default", p, status="ok", median_ms=0.5, min_ms=0.4, runs=9, extra={"rounds": {"flags": []}}),
+            Result("onednn", "jit:avx2@any", p, status="ok", median_ms=31.0, min_ms=0.36, runs=9,
+                   extra={"rounds": waited}),
+            Result("onednn", "jit:sse41@any", p, status="ok", median_ms=0.6, min_ms=0.3, runs=9,
+                   extra={"rounds": spread, "confirmed": {"flags": waited["flags"]}})]
+    text = _render(rows, 200)
+    line = {r.implementation: next(ln for ln in text.splitlines() if r.implementation in ln) for r in rows}
+    assert "(waited)" in line["jit:avx2@any"] and "(spread" not in line["jit:avx2@any"]
+    assert "(spread, waited)" in line["jit:sse41@any"]
+    assert "(" not in line["default"].split("ok", 1)[1].split()[0]   # a clean row: plain "ok"

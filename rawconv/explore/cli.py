@@ -309,7 +309,7 @@ def _compare_columns(rows) -> list[Column]:
         *library,
         *position,
         Column("implementation", [r.implementation for r in rows], wrap=True, styles=row_style),
-        Column("status", [r.status for r in rows], wrap=True, styles=status_style),
+        Column("status", [_status_cell(r) for r in rows], wrap=True, styles=status_style),
         Column("median\nms", [fmt_ms(r.median_ms) for r in rows], justify="right", styles=median_style),
         Column("min\nms", [fmt_ms(r.min_ms) for r in rows], justify="right", styles=row_style),
         *ratio,
@@ -320,6 +320,20 @@ def _compare_columns(rows) -> list[Column]:
         Column("GFLOP/s", [_fmt_gflops(r.gflops) for r in rows], justify="right", drop=1, styles=row_style),
         Column("detail", detail, drop=0, flex=True, styles=row_style),
     ]
+
+
+def _status_cell(r) -> str:
+    """A row's status, with what its own rounds measured against its time in words (the
+    median column is also yellow on a terminal, which a pipe or a log does not show):
+    ``ok (waited)`` when most rounds had no clean call, ``ok (spread)`` when its rounds disagree
+    (or, timed outside rounds, its median/min is wide), ``ok (busy)``: the machine was oversubscribed."""
+    marks = []
+    for f in (r.timing_flags or []) if r.ran else []:
+        m = ("waited" if "waited for a CPU" in f else "spread" if ("disagree" in f or f.startswith("median/min"))
+             else "busy" if "oversubscribed" in f else None)
+        if m and m not in marks:
+            marks.append(m)
+    return r.status + (f" ({', '.join(marks)})" if marks else "")
 
 
 def _fmt_ratio(r) -> str:
