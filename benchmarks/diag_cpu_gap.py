@@ -20,6 +20,13 @@ For each model (random weights, fp32, channels_last, eval, no grad), in one proc
   (min over batches). Summed over the layers this splits the convolutions' gap into the kernels
   (same formats and post-ops: the library version) and what rawconv adds around them (reorders,
   post-ops left to torch).
+* ``--layers``: each distinct fused convolution of the converted model (``convert(fuse=True)``, its
+  inputs captured in one forward pass) timed alone, interleaved, min and median of many calls:
+  torch's frozen kernel (``mkldnn._convolution_pointwise`` on a weight prepacked by
+  ``mkldnn._reorder_convolution_weight``, the calls inductor's freezing makes), the rawconv module as
+  converted (its choice, its per-call work), and a rawconv plan pinned to the implementation torch
+  ran (same name, its formats, the same post-ops, prepacked): the last against torch is the
+  library version (plus the bare call cost), the module against that plan is rawconv's use.
 * ``--libs default,/path/libdnnl.so.3``: the whole run once per oneDNN build, in alternating child
   processes (``--repeat`` times each), so that torch's side is timed again beside every build.
 
@@ -203,6 +210,141 @@ def compare_traces(name: str, tl: list[dict], rl: list[dict], lib: str) -> dict:
     return dict(sums)
 
 
+# rawconv activation -> (torch's unary attr, scalars, algorithm) as mkldnn._convolution_pointwise takes them
+_TORCH_UNARY = {"none": ("none", [], ""), "relu": ("relu", [], ""), "silu": ("swish", [], ""),
+                "gelu": ("gelu", [], "none"), "gelu_tanh": ("gelu", [], "tanh"), "hardswish": ("hardswish", [], ""),
+                "hardsigmoid": ("hardsigmoid", [], ""), "sigmoid": ("sigmoid", [], ""), "tanh": ("tanh", [], ""),
+                "relu6": ("hardtanh", [0.0, 6.0], "")}
+
+
+def layer_problems(r, x) -> list[dict]:
+    """The distinct fused convolutions of a converted model with one forward pass's inputs."""
+    import rawconv.nn as rnn
+    from rawconv import fused
+
+    got, hooks = {}, []
+    for name, m in r.named_modules():
+        if not isinstance(m, rnn._ConvBiasAct) or len(m.kernel_size) != 2:
+            continue
+
+        def pre(mod, args, kwargs, _n=name):
+            res = args[1] if len(args) > 1 else kwargs.get("residual")
+            got.setdefault(_n, (mod, args[0].detach().clone(memory_format=torch.preserve_format),
+                                None if res is None else res.detach().clone(memory_format=torch.preserve_format)))
+        hooks.append(m.register_forward_pre_hook(pre, with_kwargs=True))
+    with torch.no_grad():
+        r(x)
+    for h in hooks:
+        h.remove()
+    out, seen = [], set()
+    for name, (m, xin, res) in got.items():
+        w, b = m._buffers.get(fused.FROZEN_WEIGHT), m._buffers.get(fused.FROZEN_BIAS)
+        if w is None:
+            continue
+        key = (tuple(xin.shape), tuple(w.shape), tuple(m.stride), str(m.padding), tuple(m.dilation), m.groups,
+               m.activation, res is not None)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append({"name": name, "module": m, "x": xin, "r": res, "w": w, "b": b})
+    return out
+
+
+def time_layers(name: str, r, x, a) -> dict:
+    """--layers (module docstring): per distinct fused convolution, torch's frozen kernel, the rawconv
+    module as converted and a rawconv plan on torch's implementation; prints a row each, returns sums."""
+    from rawconv import fused
+    from rawconv.onednn.fused import FusedConvolution
+    from rawconv.pytorch import torch_choice as tc
+    import rawconv.onednn as ro
+
+    lib = ro._version()
+    sums = collections.Counter()
+    say(f"{name}: per layer, alone ({a.layer_rounds} rounds x 5 calls, ms min / median): torch {torch.__version__}'s "
+        f"frozen kernel | rawconv module (oneDNN {lib}) | rawconv plan on torch's implementation")
+    for L in layer_problems(r, x):
+        m, xin, res, w, b = L["module"], L["x"], L["r"], L["w"], L["b"]
+        pad = list(m._op_args()[1])
+        pad2 = pad[:2]
+        if len(pad) == 4 and pad[:2] != pad[2:]:
+            continue   # asymmetric padding: torch's pointwise op takes symmetric padding only
+        attr, scal, alg = _TORCH_UNARY[m.activation]
+        wp = torch.ops.mkldnn._reorder_convolution_weight(w, pad2, list(m.stride), list(m.dilation), m.groups,
+                                                          list(xin.shape))
+        buf = None if res is None else res.clone(memory_format=torch.preserve_format)
+
+        def fresh():
+            if buf is not None:
+                buf.copy_(res)
+
+        if res is None:
+            def t_fn():
+                return torch.ops.mkldnn._convolution_pointwise(xin, wp, b, pad2, list(m.stride), list(m.dilation),
+                                                               m.groups, attr, scal, alg)
+
+            def r_fn():
+                return m(xin)
+        else:
+            def t_fn():
+                return torch.ops.mkldnn._convolution_pointwise_.binary(buf, xin, wp, b, pad2, list(m.stride),
+                                                                       list(m.dilation), m.groups, "add", None,
+                                                                       None if attr == "none" else attr, scal,
+                                                                       alg or None)
+
+            def r_fn():
+                return m(xin, buf)
+        trace = tc.torch_onednn_trace(t_fn, records=True)
+        conv = next((q for q in trace if q.kind == "convolution"), None)
+        timp = conv.impl if conv else "?"
+        fns = {"torch": t_fn, "module": r_fn}
+        plan = FusedConvolution(xin, w, b, m.stride, [(p, p) for p in pad2], m.dilation, m.groups,
+                                residual=res is not None, activation=m.activation, prepack=True)
+        want = tc._normalize_impl(timp)
+        pick = [i for i in plan.implementations if tc._normalize_impl(i.name) == want and i.layouts == "any"] or \
+               [i for i in plan.implementations if tc._normalize_impl(i.name) == want]
+        pimp = "-"
+        if pick:
+            plan.select(pick[0].index, allow_known_bad=True)
+            pimp = pick[0].choice
+            if res is None:
+                fns["plan"] = lambda: plan.run(xin)
+            else:
+                fns["plan"] = lambda: plan.run(xin, residual=buf, inplace=True)
+        with torch.no_grad():
+            for fn in fns.values():
+                fresh()
+                fn()
+            times = {k: [] for k in fns}
+            for _ in range(a.layer_rounds):
+                for k, fn in fns.items():
+                    for _ in range(5):
+                        fresh()
+                        t0 = time.perf_counter()
+                        fn()
+                        times[k].append((time.perf_counter() - t0) * 1e3)
+        st = {k: (min(v), statistics.median(v)) for k, v in times.items()}
+        for k, (mn, md) in st.items():
+            sums[k + "_min"] += mn
+            sums[k + "_median"] += md
+        if "plan" not in st:
+            sums["plan_min"] += st["module"][0]
+            sums["plan_median"] += st["module"][1]
+        choice = getattr(m, "choice", None) or "(default)"
+        p = st.get("plan", (float("nan"), float("nan")))
+        say(f"  {L['name'][:28]:28s} x{tuple(xin.shape)!s:18s} w{tuple(w.shape)!s:18s} g{m.groups:<4d} {m.activation:9s}"
+            f"{'+res' if res is not None else '    '} | {timp[:24]:24s} {st['torch'][0]:7.3f} {st['torch'][1]:7.3f} | "
+            f"{str(choice)[:22]:22s} {st['module'][0]:7.3f} {st['module'][1]:7.3f} | {pimp[:28]:28s} {p[0]:7.3f} {p[1]:7.3f}"
+            f" | t/module {st['torch'][0] / st['module'][0]:.2f} t/plan {st['torch'][0] / p[0]:.2f}")
+    if not sums:
+        say(f"{name}: no 2-D fused convolution with symmetric padding")
+        return {}
+    say(f"{name}: sums over the distinct layers (ms; min / median): torch {sums['torch_min']:.3f} / "
+        f"{sums['torch_median']:.3f}; rawconv module {sums['module_min']:.3f} / {sums['module_median']:.3f} "
+        f"({sums['torch_min'] / sums['module_min']:.3f}x torch); rawconv plan on torch's implementation "
+        f"{sums['plan_min']:.3f} / {sums['plan_median']:.3f} ({sums['torch_min'] / sums['plan_min']:.3f}x torch)")
+    return dict(sums)
+
+
 def run_model(name: str, a) -> None:
     import rawconv
     import rawconv.nn
@@ -210,6 +352,14 @@ def run_model(name: str, a) -> None:
     torch.manual_seed(0)
     m = build(name).eval().to(memory_format=torch.channels_last)
     x = torch.randn(a.batch, 3, a.size, a.size).to(memory_format=torch.channels_last)
+    if a.layers:
+        import rawconv.onednn as ro
+
+        with torch.no_grad():
+            r = rawconv.nn.convert(m, fuse=True, autotune=x if a.autotune else None, autotune_budget_s=a.budget)
+            sums = time_layers(name, r, x, a)
+        print("SUMMARY", {"model": name, "lib": ro._version(), "layers": sums}, flush=True)
+        return
     fns = {"torch eager": m}
     with torch.no_grad():
         import torch._inductor.config as ic
@@ -308,6 +458,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-profile", dest="profile", action="store_false", help="leave out the torch.profiler split")
     ap.add_argument("--trace", action="store_true", help="per-layer oneDNN verbose records of both sides (above)")
     ap.add_argument("--trace-batches", type=int, default=5)
+    ap.add_argument("--layers", action="store_true", help="each distinct fused layer timed alone (above); no model timing")
+    ap.add_argument("--layer-rounds", type=int, default=15)
     ap.add_argument("--libs", default="", help="comma-separated oneDNN builds ('default' or a libdnnl path): "
                     "one child process per build, alternating, --repeat times")
     ap.add_argument("--repeat", type=int, default=1)
