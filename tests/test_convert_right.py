@@ -754,3 +754,32 @@ def test_a_frozen_stem_runs_oneDNNs_kernel_on_the_tensors_own_layout():
     assert plans and all(p.selected.choice == twin[0].choice for p in plans), [p.selected.choice for p in plans]
     assert not {"x", "y"} & set(plans[0].selected.reorders)
     assert _rel(y, net.double()(x.double())) <= 2e-5
+
+
+def test_an_identity_between_batchnorm_and_activation_does_not_stop_fusion():
+    """Issue 33 (CPU): timm's ResNet bottleneck computes conv2 -> bn2 -> drop_block -> act2 -> aa with
+    nn.Identity placeholders; the ReLU after the Identity was left to torch (an extra pass over the
+    output per layer) where torch's freezing fuses it. It fuses now, with the same result."""
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(8, 8, 3, padding=1)
+            self.bn = nn.BatchNorm2d(8)
+            self.drop_block = nn.Identity()
+            self.act = nn.ReLU()
+            self.aa = nn.Identity()
+
+        def forward(self, x):
+            return self.aa(self.act(self.drop_block(self.bn(self.conv(x)))))
+
+    torch.manual_seed(0)
+    net = Block().eval()
+    with torch.no_grad():
+        net.bn.running_mean.uniform_(-1, 1)
+        net.bn.running_var.uniform_(0.5, 2)
+    x = torch.randn(2, 8, 12, 12)
+    m = rnn.convert(net, fuse=True)
+    assert m.rawconv_report.fused == {"conv": "relu"}, m.rawconv_report.fused
+    with torch.no_grad():
+        assert _rel(m(x), net.double()(x.double())) <= 2e-5
