@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import collections
 import copy
+import math
 import os
 import subprocess
 import statistics
@@ -224,8 +225,9 @@ def layer_problems(r, x) -> list[dict]:
 
     got, hooks = {}, []
     for name, m in r.named_modules():
-        if not isinstance(m, rnn._ConvBiasAct) or len(m.kernel_size) != 2:
-            continue
+        if not isinstance(m, rnn._RawconvConv) or len(m.kernel_size) != 2 or getattr(m, "transposed", False) or \
+                (not isinstance(m, rnn._ConvBiasAct) and (not isinstance(m.padding, tuple) or m.padding_mode != "zeros")):
+            continue   # (plain modules: those with explicit zero padding, e.g. ConvNeXt's depthwise convolutions)
 
         def pre(mod, args, kwargs, _n=name):
             res = args[1] if len(args) > 1 else kwargs.get("residual")
@@ -238,11 +240,14 @@ def layer_problems(r, x) -> list[dict]:
         h.remove()
     out, seen = [], set()
     for name, (m, xin, res) in got.items():
-        w, b = m._buffers.get(fused.FROZEN_WEIGHT), m._buffers.get(fused.FROZEN_BIAS)
+        if isinstance(m, rnn._ConvBiasAct):
+            w, b = m._buffers.get(fused.FROZEN_WEIGHT), m._buffers.get(fused.FROZEN_BIAS)
+        else:
+            w, b = m.weight.detach(), None if m.bias is None else m.bias.detach()
         if w is None:
             continue
         key = (tuple(xin.shape), tuple(w.shape), tuple(m.stride), str(m.padding), tuple(m.dilation), m.groups,
-               m.activation, res is not None)
+               getattr(m, "activation", "none"), res is not None)
         if key in seen:
             continue
         seen.add(key)
@@ -260,15 +265,17 @@ def time_layers(name: str, r, x, a) -> dict:
 
     lib = ro._version()
     sums = collections.Counter()
+    ratios = {"module": [], "plan": []}
     say(f"{name}: per layer, alone ({a.layer_rounds} rounds x 5 calls, ms min / median): torch {torch.__version__}'s "
         f"frozen kernel | rawconv module (oneDNN {lib}) | rawconv plan on torch's implementation")
     for L in layer_problems(r, x):
         m, xin, res, w, b = L["module"], L["x"], L["r"], L["w"], L["b"]
-        pad = list(m._op_args()[1])
+        act = getattr(m, "activation", "none")
+        pad = list(m._op_args()[1]) if hasattr(m, "_op_args") else list(m.padding)
         pad2 = pad[:2]
         if len(pad) == 4 and pad[:2] != pad[2:]:
             continue   # asymmetric padding: torch's pointwise op takes symmetric padding only
-        attr, scal, alg = _TORCH_UNARY[m.activation]
+        attr, scal, alg = _TORCH_UNARY[act]
         wp = torch.ops.mkldnn._reorder_convolution_weight(w, pad2, list(m.stride), list(m.dilation), m.groups,
                                                           list(xin.shape))
         buf = None if res is None else res.clone(memory_format=torch.preserve_format)
@@ -298,7 +305,7 @@ def time_layers(name: str, r, x, a) -> dict:
         timp = conv.impl if conv else "?"
         fns = {"torch": t_fn, "module": r_fn}
         plan = FusedConvolution(xin, w, b, m.stride, [(p, p) for p in pad2], m.dilation, m.groups,
-                                residual=res is not None, activation=m.activation, prepack=True)
+                                residual=res is not None, activation=act, prepack=True)
         want = tc._normalize_impl(timp)
         pick = [i for i in plan.implementations if tc._normalize_impl(i.name) == want and i.layouts == "any"] or \
                [i for i in plan.implementations if tc._normalize_impl(i.name) == want]
@@ -329,9 +336,12 @@ def time_layers(name: str, r, x, a) -> dict:
         if "plan" not in st:
             sums["plan_min"] += st["module"][0]
             sums["plan_median"] += st["module"][1]
+        for k in ratios:
+            if k in st:
+                ratios[k].append(st["torch"][0] / st[k][0])
         choice = getattr(m, "choice", None) or "(default)"
         p = st.get("plan", (float("nan"), float("nan")))
-        say(f"  {L['name'][:28]:28s} x{tuple(xin.shape)!s:18s} w{tuple(w.shape)!s:18s} g{m.groups:<4d} {m.activation:9s}"
+        say(f"  {L['name'][:28]:28s} x{tuple(xin.shape)!s:18s} w{tuple(w.shape)!s:18s} g{m.groups:<4d} {act:9s}"
             f"{'+res' if res is not None else '    '} | {timp[:24]:24s} {st['torch'][0]:7.3f} {st['torch'][1]:7.3f} | "
             f"{str(choice)[:22]:22s} {st['module'][0]:7.3f} {st['module'][1]:7.3f} | {pimp[:28]:28s} {p[0]:7.3f} {p[1]:7.3f}"
             f" | t/module {st['torch'][0] / st['module'][0]:.2f} t/plan {st['torch'][0] / p[0]:.2f}")
@@ -342,6 +352,16 @@ def time_layers(name: str, r, x, a) -> dict:
         f"{sums['torch_median']:.3f}; rawconv module {sums['module_min']:.3f} / {sums['module_median']:.3f} "
         f"({sums['torch_min'] / sums['module_min']:.3f}x torch); rawconv plan on torch's implementation "
         f"{sums['plan_min']:.3f} / {sums['plan_median']:.3f} ({sums['torch_min'] / sums['plan_min']:.3f}x torch)")
+    # the sums move with one layer whose min a burst of load hit; the geometric mean of the per-layer
+    # ratios (torch min / rawconv min) does not
+    for k, v in ratios.items():
+        if v:
+            sums[f"geomean_torch_over_{k}"] = math.exp(sum(math.log(q) for q in v) / len(v))
+            sums[f"median_torch_over_{k}"] = statistics.median(v)
+    say(f"{name}: per-layer torch/rawconv (min over calls), geometric mean over {len(ratios['module'])} layers: "
+        f"module {sums.get('geomean_torch_over_module', float('nan')):.3f}x (median "
+        f"{sums.get('median_torch_over_module', float('nan')):.3f}), plan on torch's implementation "
+        f"{sums.get('geomean_torch_over_plan', float('nan')):.3f}x (median {sums.get('median_torch_over_plan', float('nan')):.3f})")
     return dict(sums)
 
 
