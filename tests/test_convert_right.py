@@ -724,3 +724,62 @@ def test_a_search_at_first_call_never_rewinds_torchs_generator(monkeypatch):
         m(torch.randn(3, 3, 8, 8))   # a new problem: searched now
     assert inside, "no search ran"
     assert torch.rand(1).item() != inside[0]
+
+
+def test_a_frozen_stem_runs_oneDNNs_kernel_on_the_tensors_own_layout():
+    """Issue 33 (CPU): a channels_last stem (3 input channels) for which oneDNN lists first an
+    implementation that converts x and y on every call (oneDNN 3.2 on AVX-512: jit:avx512_core with
+    an NCHW source and a blocked destination) runs that kernel on the NHWC tensors themselves when
+    oneDNN offers it there (``@user``): no reorder per call, the same result."""
+    from rawconv.onednn.fused import FusedConvolution
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, stride=2, padding=1), torch.nn.BatchNorm2d(16),
+                              torch.nn.ReLU()).eval()
+    with torch.no_grad():
+        net[1].running_mean.uniform_(-1, 1)
+        net[1].running_var.uniform_(0.5, 2)
+    x = torch.randn(2, 3, 32, 32).to(memory_format=torch.channels_last)
+    probe = FusedConvolution(x, net[0].weight, net[0].bias, 2, 1, activation="relu")
+    first = probe.implementations[probe._first_choice(False)]
+    twin = [r for r in probe.implementations if r.name == first.name and r.layouts == "user"]
+    if not ({"x", "y"} & set(first.reorders)) or not twin:
+        pytest.skip(f"oneDNN's first choice here, {first.choice} {dict(first.formats)}, needs no reorder of x "
+                    f"and y or has no @user twin: nothing to change on this CPU/oneDNN")
+    m = rnn.convert(net, fuse=True)
+    with torch.no_grad():
+        y = m(x)
+    f = next(f for _n, f in rnn._fused_modules(m))
+    plans = list(fu.frozen_state(f).plans.values())
+    assert plans and all(p.selected.choice == twin[0].choice for p in plans), [p.selected.choice for p in plans]
+    assert not {"x", "y"} & set(plans[0].selected.reorders)
+    assert _rel(y, net.double()(x.double())) <= 2e-5
+
+
+def test_an_identity_between_batchnorm_and_activation_does_not_stop_fusion():
+    """Issue 33 (CPU): timm's ResNet bottleneck computes conv2 -> bn2 -> drop_block -> act2 -> aa with
+    nn.Identity placeholders; the ReLU after the Identity was left to torch (an extra pass over the
+    output per layer) where torch's freezing fuses it. It fuses now, with the same result."""
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(8, 8, 3, padding=1)
+            self.bn = nn.BatchNorm2d(8)
+            self.drop_block = nn.Identity()
+            self.act = nn.ReLU()
+            self.aa = nn.Identity()
+
+        def forward(self, x):
+            return self.aa(self.act(self.drop_block(self.bn(self.conv(x)))))
+
+    torch.manual_seed(0)
+    net = Block().eval()
+    with torch.no_grad():
+        net.bn.running_mean.uniform_(-1, 1)
+        net.bn.running_var.uniform_(0.5, 2)
+    x = torch.randn(2, 8, 12, 12)
+    m = rnn.convert(net, fuse=True)
+    assert m.rawconv_report.fused == {"conv": "relu"}, m.rawconv_report.fused
+    with torch.no_grad():
+        assert _rel(m(x), net.double()(x.double())) <= 2e-5

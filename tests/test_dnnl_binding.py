@@ -116,3 +116,80 @@ def test_search_order_is_documented_order(monkeypatch):
     assert c[0][1] == str(Path(sys.prefix) / "lib" / "libdnnl.so.3")
     assert c[-1] == ("system loader", "libdnnl.so.3")
     assert all("wheel" in how for how, _ in c[:-1])
+
+
+# the enum types whose value -> name oneDNN's own *2str functions give (dnnl_debug.h), with the prefix
+# their strings drop; run against whatever libdnnl is loaded (RAWCONV_DNNL_LIBRARY may name a newer
+# 3.x build): a renumbered value in that build reads as another name here
+_2STR = {"dnnl_status_t": ("dnnl_status2str", "dnnl_"), "dnnl_data_type_t": ("dnnl_dt2str", "dnnl_"),
+         "dnnl_format_tag_t": ("dnnl_fmt_tag2str", "dnnl_"), "dnnl_prop_kind_t": ("dnnl_prop_kind2str", "dnnl_"),
+         "dnnl_alg_kind_t": ("dnnl_alg_kind2str", "dnnl_"), "dnnl_format_kind_t": ("dnnl_fmt_kind2str", "dnnl_"),
+         "dnnl_cpu_isa_t": ("dnnl_cpu_isa2str", "dnnl_")}
+# names whose string is not the declared name in any 3.x: markers (undef, any, last, max), format kinds
+# the debug function does not name, and the ISAs oneDNN 3.5+ prints under their AVX10.1 names
+_NOT_NAMED = re.compile(r"_(undef|any|last|max)$|^dnnl_format_kind_(opaque|sparse)$")
+_ISA_ALIASES = {"cpu_isa_avx512_core_fp16": "cpu_isa_avx10_1_512", "cpu_isa_avx512_core_amx": "cpu_isa_avx10_1_512_amx",
+                "cpu_isa_avx512_core_amx_fp16": "cpu_isa_avx10_1_512_amx_fp16"}
+
+
+def test_enum_values_name_the_same_thing_in_the_loaded_library(dnnl):
+    from rawconv._dnnl import ffi
+
+    checked, wrong = 0, []
+    for typ, (fn, pre) in _2STR.items():
+        for name, value in ffi.typeof(typ).relements.items():
+            if _NOT_NAMED.search(name):
+                continue
+            got = ffi.string(getattr(dnnl.lib, fn)(value)).decode()
+            want = name[len(pre):]
+            names = {want, _ISA_ALIASES.get(want, want)}
+            # aliases share a value (dnnl_nchw = dnnl_abcd): any declared name of that value will do
+            names |= {n[len(pre):] for n, v in ffi.typeof(typ).relements.items() if v == value}
+            checked += 1
+            if got not in names:
+                wrong.append((name, value, got))
+    assert checked > 300 and not wrong, f"{dnnl.path}: {wrong[:20]}"
+
+
+def test_build_names_resolve_to_their_files(monkeypatch, tmp_path):
+    from rawconv import _dnnl
+
+    site = tmp_path / "site-packages"
+    (site / "paddle" / "libs").mkdir(parents=True)
+    lib = site / "paddle" / "libs" / "libdnnl.so.3"
+    lib.write_bytes(b"x")
+    monkeypatch.setattr(_dnnl._loader, "site_dirs", lambda: [site])
+    monkeypatch.setattr(_dnnl._loader, "prefixes", lambda: [tmp_path / "prefix"])
+    monkeypatch.setenv("RAWCONV_DNNL_LIBRARY", "paddlepaddle")
+    c = _dnnl.candidates()
+    assert [p for _, p in c] == [str(lib.resolve())] and c[0][0].startswith("$RAWCONV_DNNL_LIBRARY=paddlepaddle")
+    # a DPC++ onednn wheel's versioned file, newest first; never the 3.2 wheel's libdnnl.so.3.2
+    (tmp_path / "prefix" / "lib").mkdir(parents=True)
+    for v in ("3.2", "3.6", "3.13"):
+        (tmp_path / "prefix" / "lib" / f"libdnnl.so.{v}").write_bytes(b"x")
+    monkeypatch.setenv("RAWCONV_DNNL_LIBRARY", "onednn")
+    assert [Path(p).name for _, p in _dnnl.candidates()] == ["libdnnl.so.3.13", "libdnnl.so.3.6"]
+    assert {b["name"] for b in _dnnl.builds()} == set(_dnnl.BUILDS)
+    # a name that is not installed: the places looked at, and loading fails naming them (no fall-back)
+    monkeypatch.setattr(_dnnl._loader, "site_dirs", lambda: [tmp_path / "empty"])
+    monkeypatch.setenv("RAWCONV_DNNL_LIBRARY", "paddlepaddle")
+    assert [p for _, p in _dnnl.candidates()] == [str(tmp_path / "empty" / "paddle" / "libs" / "libdnnl.so.3")]
+
+
+def test_a_build_name_loads_in_a_process(tmp_path):
+    """RAWCONV_DNNL_LIBRARY=onednn-cpu-gomp (the default's own name) loads the same library."""
+    code = ("import json; from rawconv import _dnnl; l = _dnnl.load(); "
+            "print(json.dumps([l.found_via, _dnnl.version()['version']]))")
+    r = _run(code, {"RAWCONV_DNNL_LIBRARY": "onednn-cpu-gomp"}, tmp_path)
+    assert r.returncode == 0, r.stderr
+    how, ver = json.loads(r.stdout.strip().splitlines()[-1])
+    assert how.startswith("$RAWCONV_DNNL_LIBRARY=onednn-cpu-gomp") and ver.startswith("3.")
+
+
+def test_dpcpp_runtime_preload_only_for_a_folder_with_sycl(tmp_path, monkeypatch):
+    from rawconv import _dnnl
+
+    (tmp_path / "libdnnl.so.3").write_bytes(b"x")
+    monkeypatch.delenv("OCL_ICD_FILENAMES", raising=False)
+    assert _dnnl._preload_runtime(str(tmp_path / "libdnnl.so.3")) == []
+    assert "OCL_ICD_FILENAMES" not in os.environ

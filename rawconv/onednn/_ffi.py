@@ -8,9 +8,16 @@ the path and the loader's message, never a silent fall-back to another copy. Oth
 1. ``<prefix>/lib/libdnnl.so.3`` for ``sys.prefix`` and the venv base (where the
    ``onednn-cpu-gomp`` wheel puts it), and ``<site-packages>/../../../lib`` for ``--target`` installs,
 2. the system loader (``libdnnl.so.3``).
+
+``$RAWCONV_DNNL_LIBRARY`` may also name an installed build instead of a path (:data:`BUILDS`,
+:func:`builds`): ``onednn-cpu-gomp`` (the default, oneDNN 3.2), ``paddlepaddle`` (the libdnnl that
+the paddlepaddle wheel ships, oneDNN 3.6 in paddlepaddle 3.3, GNU OpenMP like the default) or
+``onednn`` (the DPC++ ``onednn`` wheels 2024.0-2026.1, oneDNN 3.3-3.13, whose SYCL, TBB and Intel
+compiler runtimes are loaded from the library's own folder first: :func:`_preload_runtime`).
 """
 from __future__ import annotations
 
+import glob
 import os
 import threading
 from pathlib import Path
@@ -35,12 +42,88 @@ _lock = threading.Lock()
 _state: dict = {}
 
 
+#: the installed oneDNN builds ``$RAWCONV_DNNL_LIBRARY`` can name: name -> (what it is, file patterns
+#: relative to each prefix's ``lib`` ("lib:...") or to each site-packages folder ("site:..."))
+BUILDS = {
+    "onednn-cpu-gomp": ("oneDNN 3.2 of the onednn-cpu-gomp 2023.2.0 wheel (GNU OpenMP; rawconv's default)",
+                        ("lib:libdnnl.so.3.2", "lib:libdnnl.so.3")),
+    "paddlepaddle": ("the libdnnl.so.3 the paddlepaddle wheel ships (oneDNN 3.6.2 in paddlepaddle 3.3.1; GNU OpenMP)",
+                     ("site:paddle/libs/libdnnl.so.3",)),
+    "onednn": ("the DPC++ onednn wheel (2024.0-2026.1: oneDNN 3.3-3.13; SYCL CPU runtime, needs its "
+               "intel-sycl-rt, tbb, intel-cmplr-lib-rt and intel-opencl-rt dependencies)",
+               ("lib:libdnnl.so.3.[0-9][0-9]", "lib:libdnnl.so.3.[3-9]")),
+}
+
+
+def build_paths(name: str) -> list[str]:
+    """The files a :data:`BUILDS` name may be, in search order, existing ones only (newest
+    version suffix first where a pattern matches several)."""
+    _what, pats = BUILDS[name]
+    out: list[str] = []
+    for pat in pats:
+        kind, rel = pat.split(":", 1)
+        roots = [p / "lib" for p in _loader.prefixes()] if kind == "lib" else _loader.site_dirs()
+        if kind == "lib":
+            roots += [s.parent.parent.parent / "lib" for s in _loader.site_dirs()]
+        for root in roots:
+            found = sorted(glob.glob(str(root / rel)), key=lambda f: [int(v) for v in f.rsplit(".so.", 1)[-1].split(".")
+                                                                    if v.isdigit()], reverse=True)
+            for f in found:
+                f = str(Path(f).resolve())
+                if f not in out:
+                    out.append(f)
+    return out
+
+
+def builds() -> list[dict]:
+    """Every :data:`BUILDS` name with what it is and the files found for it (``paths``; empty
+    when that build is not installed). No library is loaded: ``RAWCONV_DNNL_LIBRARY=<name>``
+    picks one for the next process, ``rawconv info`` then reports its version."""
+    return [{"name": n, "what": what, "paths": build_paths(n)} for n, (what, _p) in BUILDS.items()]
+
+
+# what a DPC++ build of libdnnl needs besides itself, in dependency order (sonames); each one present
+# in the library's own folder is loaded from there first (RTLD_GLOBAL), as LD_LIBRARY_PATH would
+_DPCPP_RUNTIME = ("libintlc.so.5", "libsvml.so", "libirng.so", "libimf.so", "libtbb.so.12", "libOpenCL.so.1",
+                  "libsycl.so.[0-9]*")
+_PRELOADED: list = []
+
+
+def _preload_runtime(path: str) -> list[str]:
+    """Load the SYCL/TBB/compiler runtime libraries found next to ``path`` (a DPC++ build's folder,
+    as the ``onednn`` wheel and its dependencies install them) so that libdnnl's own dependencies
+    resolve without ``LD_LIBRARY_PATH``; also point ``OCL_ICD_FILENAMES`` at that folder's
+    ``libintelocl.so`` (the CPU OpenCL device its SYCL CPU engine needs) unless it is set. Nothing
+    happens for a folder without ``libsycl.so.*``. Returns the files loaded."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not glob.glob(os.path.join(folder, "libsycl.so.[0-9]*")):
+        return []
+    done = []
+    for soname in _DPCPP_RUNTIME:
+        for f in sorted(glob.glob(os.path.join(folder, soname)))[:1]:
+            try:
+                _PRELOADED.append(ffi.dlopen(f, ffi.RTLD_NOW | ffi.RTLD_GLOBAL))
+                done.append(f)
+            except OSError:
+                pass
+    ocl = os.path.join(folder, "libintelocl.so")
+    if os.path.exists(ocl) and not os.environ.get("OCL_ICD_FILENAMES"):
+        os.environ["OCL_ICD_FILENAMES"] = ocl
+    return done
+
+
 def candidates() -> list[tuple[str, str]]:
     """The ``(how, path)`` search list, in order (see the module docstring): only
-    ``$RAWCONV_DNNL_LIBRARY`` when it is set."""
+    ``$RAWCONV_DNNL_LIBRARY`` when it is set (a path, or a :data:`BUILDS` name: its files)."""
     out: list[tuple[str, str]] = []
     env = _env.get(ENV_VAR)
     if env:
+        if os.sep not in env and env in BUILDS:
+            paths = build_paths(env)
+            if not paths:   # not installed: the places looked at, each recorded as "no such file"
+                paths = [str(root / pat.split(":", 1)[1]) for pat in BUILDS[env][1] for root in
+                         ([p / "lib" for p in _loader.prefixes()] if pat.startswith("lib:") else _loader.site_dirs())]
+            return [(f"${ENV_VAR}={env} ({BUILDS[env][0]})", p) for p in paths]
         return [(f"${ENV_VAR}", env)]
     seen = set()
     for pre in _loader.prefixes():
@@ -86,8 +169,11 @@ def load() -> _loader.Loaded:
             # libgomp.so.1 is the OpenMP runtime libdnnl binds to (one OpenMP pool per process)
             cands = candidates()
             label = "oneDNN (libdnnl.so.3)"
-            if cands[0][0] == f"${ENV_VAR}":
-                label = _loader.explicit_label(label, ENV_VAR, cands[0][1])
+            if cands[0][0].startswith(f"${ENV_VAR}"):
+                label = _loader.explicit_label(label, ENV_VAR, _env.get(ENV_VAR))
+                for _how, p in cands:
+                    if os.sep in p and os.path.exists(p):
+                        _preload_runtime(p)
             loaded = _loader.try_load(ffi, label, cands, symbol="dnnl_version")
             if os.sep not in loaded.path:
                 loaded.path = _mapped_path(SONAME) or loaded.path

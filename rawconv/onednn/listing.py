@@ -234,6 +234,30 @@ class Listing:
                       RuntimeWarning, stacklevel=_guard.stacklevel())
         return good[0]
 
+    def first_without_data_reorders(self) -> int:
+        """The position of oneDNN's first choice (:meth:`select` without arguments), or, when that
+        one converts x or y on every call (its src/dst formats are not the tensors' own: a blocked
+        ``aBcd16b`` or a plain ``abcd`` for channels_last tensors) and oneDNN also offers the same
+        implementation on the tensors' own layouts (``layouts="user"``, not known bad), that one:
+        the same kernel without the two reorders per call. oneDNN 3.2 lists ``jit:avx512_core`` with
+        an NCHW source and a blocked destination first for a channels_last layer of 3 input
+        channels (a model's stem; it has no brgconv there, newer builds do) although it runs
+        ``jit:avx512_core@user`` on the NHWC tensors as they are; on the 2-core AVX-512 EPYC
+        (2026-12-07, min of 40 interleaved calls) 0.33 against 0.45 ms (resnet50's 7x7 stem,
+        batch 1, 112x112) and 0.08 against 0.12 ms (a 3x3 stride-2 stem). What the frozen
+        modules of ``rawconv.nn.convert(..., fuse=True)`` run when nothing was chosen for them."""
+        i = self._first_choice(self.allow_known_bad)
+        impls = self.implementations
+        first = impls[i]
+        data = {r for r in first.reorders if r not in ("w", "dw")}
+        if not data or first.layouts == "user":
+            return i
+        for j, r in enumerate(impls):
+            if r.name == first.name and r.layouts == "user" and not r.known_bad and \
+                    not {q for q in r.reorders if q not in ("w", "dw")}:
+                return j
+        return i
+
     def _resolve_any(self, impl: Any) -> int:
         impl = _o._check_impl(impl)
         impls = self.implementations

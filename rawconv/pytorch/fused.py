@@ -787,8 +787,11 @@ def _run_frozen(plans: dict, x, w, bias, residual, stride, pad, dilation, groups
                 choice = int(choice)
         generic = plan_for(x, w, bias, residual, stride, pad, dilation, groups, activation=activation,
                            backend="onednn", choice=choice, precision=precision)   # validates everything
+        # nothing chosen: oneDNN's first choice, on the tensors' own layouts when it offers that kernel
+        # there too (no reorder of x and y on every call: FusedConvolution.first_without_data_reorders)
+        index = generic.selected.index if choice is not None else generic.first_without_data_reorders()
         plan = FusedConvolution.for_problem(generic.problem, residual=generic.residual, activation=activation,
-                                            impl=generic.selected.index, fpmath=precision,
+                                            impl=index, fpmath=precision,
                                             w_layout=onednn._w_layout(w), prepack=True)
         if key is not None:
             if len(plans) >= _FROZEN_MAX:

@@ -1349,6 +1349,13 @@ def _fuse_fx(model, report: ConvertReport, backend, choice, precision):
         return (m is not None and _fusable_conv(m) and m.weight.dim() - 2 in _FUSED and calls[n.target] == 1
                 and len(n.args) == 1 and not n.kwargs)
 
+    # nn.Identity calls (timm's drop_block / aa / drop_path placeholders between a BatchNorm and its
+    # activation) compute nothing: dropped, so that the chain around them fuses as torch's freezing fuses it
+    for n in list(graph.nodes):
+        if n.op == "call_module" and type(modules.get(n.target)) is torch.nn.Identity and len(n.args) == 1 \
+                and not n.kwargs and isinstance(n.args[0], fx.Node):
+            n.replace_all_uses_with(n.args[0])
+            graph.erase_node(n)
     bns = _fold_batchnorms_fx(graph, modules, calls, fusable, report)
     _fuse_chains_fx(gm, modules, fusable, bns, report, backend, choice, precision)
     _mark_inplace_residuals(graph, modules)

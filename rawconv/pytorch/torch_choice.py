@@ -716,7 +716,8 @@ def trace_detail(trace: list) -> str:
             f" + {reorders} reorder(s)")
 
 
-# torch's oneDNN (3.x newer) renamed some implementations rawconv's oneDNN 3.2 lists
+# torch's oneDNN (3.x newer) renamed some implementations rawconv's oneDNN 3.2 lists (a newer build
+# loaded through RAWCONV_DNNL_LIBRARY has the new names: both sides are compared normalized)
 _ONEDNN_RENAMES = (("brg_conv_fwd", "brgconv"), ("brg_conv_bwd_d", "brgconv_bwd_d"),
                    ("brg_conv_bwd_w", "brgconv_bwd_w"), ("brg_deconv", "brgdeconv"))
 
@@ -775,7 +776,7 @@ def _onednn_matches(c: _Call, conv: OneDNNRun) -> tuple[str, tuple[str, ...], st
     src_role, wei_role = _TRACE_ROLES[c.direction]
     same, name_only = [], []
     for im in impls:
-        if im.name != want:
+        if _normalize_impl(im.name) != want:   # (rawconv's oneDNN may be a newer build, with the new names too)
             continue
         choice = getattr(im, "choice", None) or f"{im.name}@{im.layouts}"   # the name choice= takes
         if choice in same or choice in name_only:
