@@ -470,8 +470,8 @@ def _backward_data_cuda(grad_y, w, x_shape, stride, pad_before, pad_after, dilat
 
 def _backward_data_cuda_checked(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, backend,
                                 choice, precision):
-    """The CUDA backward data's checked path: ``(dx, plan)``, ``plan`` the graph plan whose hot path
-    returns what this call returned (for the caller to keep), else None."""
+    """The CUDA backward data's checked path: ``(dx, plan)``, ``plan`` the plan (graph or legacy)
+    whose hot path returns what this call returned (for the caller to keep), else None."""
     _check_strings(backend, choice, precision, "cuda")
     padding = _padding(pad_before, pad_after)
     x_shape = tuple(int(s) for s in x_shape)
@@ -486,14 +486,15 @@ def _backward_data_cuda_checked(grad_y, w, x_shape, stride, pad_before, pad_afte
             plan = _graph_default(cudnn_graph._grad_plan("backward_data", gy, w, xs, tuple(stride), padding,
                                                          tuple(dilation), groups, choice or None, False,
                                                          _GRAPH_MATH[precision]), backend, choice)
-        if plan is not None:
-            dx = plan.execute(grad_y=gy, w=w)
-        else:
+        if plan is None:   # the legacy API: rawconv.cudnn.backward_data's plan, kept for the hot path
             from .. import cudnn
 
             c, math = _legacy_choice(choice)
-            dx = cudnn.backward_data(gy, w, xs, tuple(stride), padding, tuple(dilation), groups, choice=c,
-                                     math=math, precision=precision)
+            algo, math, _engine = cudnn._normalize("backward_data", None, c, math, precision, None)
+            problem = cudnn._grad_problem(gy, w, xs, tuple(stride), padding, tuple(dilation), groups,
+                                          "backward_data")
+            plan = cudnn._plan(problem, "backward_data", cudnn._w_layout(w, problem), algo, math, False, None, None)
+        dx = plan.execute(grad_y=gy, w=w)
     raw = dx
     dx = _enforce_layout(dx, _dx_layout(gy, w), False)   # torch's layout, the fake's rule
     keep = plan if dx is raw and not unbatched else None
@@ -527,8 +528,8 @@ def _backward_weights_cuda(x, grad_y, w_shape, stride, pad_before, pad_after, di
 
 def _backward_weights_cuda_checked(x, grad_y, w_shape, stride, pad_before, pad_after, dilation, groups, bias,
                                    backend, choice, precision):
-    """The CUDA backward weights' checked path: ``(dw, db, plan)``, ``plan`` the graph plan whose hot
-    path returns this call's dw (for the caller to keep), else None."""
+    """The CUDA backward weights' checked path: ``(dw, db, plan)``, ``plan`` the plan (graph or
+    legacy) whose hot path returns this call's dw (for the caller to keep), else None."""
     _check_strings(backend, choice, precision, "cuda")
     p = _backward_weights_problem(x, grad_y, w_shape, stride, pad_before, pad_after, dilation, groups, bias)
     padding = _padding(pad_before, pad_after)
@@ -543,17 +544,22 @@ def _backward_weights_cuda_checked(x, grad_y, w_shape, stride, pad_before, pad_a
                                                          _GRAPH_MATH[precision]), backend, choice)
         if plan is not None:
             dw = plan.execute(xb, grad_y=gy)
-        else:
+        else:   # the legacy API: rawconv.cudnn.backward_weights's plan, kept for the hot path
             from .. import cudnn
 
             c, math = _legacy_choice(choice)
+            algo, math, _engine = cudnn._normalize("backward_weights", None, c, math, precision, None)
             # the legacy API takes x, grad_y and dw in one layout (a mixed set is NOT_SUPPORTED for
             # every algo): dw's (torch's rule: channels last when x or grad_y is), NCW for a 1-D
             # problem (no channels-last 1-D descriptors there; dw is re-laid out below)
             lay = p.layout if xb.dim() > 3 else "nchw"
             xb, gy = _enforce_layout(xb, lay, False), _enforce_layout(gy, lay, False)
-            dw = cudnn.backward_weights(xb, gy, p.w_shape, tuple(stride), padding, tuple(dilation), groups,
-                                        choice=c, math=math, precision=precision, w_layout=lay)
+            problem = cudnn._grad_problem(gy, xb, p.w_shape, tuple(stride), padding, tuple(dilation), groups,
+                                          "backward_weights")
+            plan = cudnn._plan(problem, "backward_weights", lay, algo, math, False, None, None)
+            dw = plan.execute(xb, grad_y=gy)
+            if xb is not x or gy is not grad_y:   # copies: the hot path (on the tensors as passed) would differ
+                plan = None
         raw = dw
         dw = _enforce_layout(dw, p.layout, False)
         db = _bias_grad_of(gy) if bias else torch.empty(0, dtype=x.dtype, device=x.device)
