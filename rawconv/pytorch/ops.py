@@ -85,6 +85,7 @@ choice.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -407,12 +408,12 @@ def _forward_cuda(x, w, bias, stride, pad_before, pad_after, dilation, groups, b
     # checked path below
     try:
         akey = (*stride, None, *pad_before, None, *pad_after, None, *dilation, groups, backend, choice, precision,
-                bwd_data_choice, bwd_weights_choice, bias is None, x.get_device(), _get_ident())
+                bwd_data_choice, bwd_weights_choice, bias is None, x.get_device(), _thread())
         plan = _cuda_last.get(akey)
     except Exception:   # noqa: BLE001  (the checked path says what is wrong)
         akey = plan = None
     if plan is not None:
-        y = plan._hot_forward(x, w, bias)
+        y = plan._hot_call(x, w, bias)
         if y is not None:
             return y
     y, plan = _forward_cuda_checked(x, w, bias, stride, pad_before, pad_after, dilation, groups, backend, choice,
@@ -446,14 +447,16 @@ def _forward_cuda_checked(x, w, bias, stride, pad_before, pad_after, dilation, g
 
 
 _cuda_last = PlanCache(512)   # as _cpu_last, for cuDNN plans of every direction (graph and legacy; the
-# direction and backend are in the key)
+# direction and backend are in the key; the thread's id alone: a cuDNN plan's call does not depend
+# on OpenMP's thread count, which the CPU keys hold)
+_thread = threading.get_ident
 
 
 def _backward_data_cuda(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, backend, choice,
                         precision):
     try:   # the fast path, as the forward's
         akey = ("d", *x_shape, None, *stride, None, *pad_before, None, *pad_after, None, *dilation, groups, backend,
-                choice, precision, grad_y.get_device(), _get_ident())
+                choice, precision, grad_y.get_device(), _thread())
         plan = _cuda_last.get(akey)
     except Exception:   # noqa: BLE001  (the checked path says what is wrong)
         akey = plan = None
@@ -511,7 +514,7 @@ def _backward_weights_cuda(x, grad_y, w_shape, stride, pad_before, pad_after, di
                            choice, precision):
     try:   # the fast path, as the forward's
         akey = ("w", *w_shape, None, *stride, None, *pad_before, None, *pad_after, None, *dilation, groups, bias,
-                backend, choice, precision, x.get_device(), _get_ident())
+                backend, choice, precision, x.get_device(), _thread())
         plan = _cuda_last.get(akey)
     except Exception:   # noqa: BLE001  (the checked path says what is wrong)
         akey = plan = None
@@ -988,9 +991,21 @@ def _needs(a, b, c=None) -> bool:
         or _fwad._current_level >= 0
 
 
+# The operators' Autograd kernels: what torch.compile's generated code and eager autograd reach
+# through the dispatcher on every call. With nothing to record (grad mode off, as inside a compiled
+# graph, or no input requiring grad, no forward-mode level) and only the backend's key left below
+# autograd (the keyset's kind already in _KEYSETS), the backend's kernel is called at once: the
+# checks of _needs and _run_below_autograd inline, one Python frame less each.
 @_guard.applies_function
 def _forward_autograd(keyset, x, w, bias, *args):
-    if _needs(x, w, bias):
+    if (not _grad_enabled() or not (x.requires_grad or w.requires_grad or (bias is not None and bias.requires_grad))) \
+            and _fwad._current_level < 0:
+        kind = _KEYSETS.get(keyset.raw_repr())
+        if kind == 2:
+            return _forward_cuda(x, w, bias, *args)
+        if kind == 1:
+            return _forward_cpu(x, w, bias, *args)
+    else:   # _needs(x, w, bias)
         if _functorch():
             _under_transform("conv_forward")
         return _FwdFn.apply(keyset, x, w, bias, _Conf(args))
@@ -999,7 +1014,13 @@ def _forward_autograd(keyset, x, w, bias, *args):
 
 @_guard.applies_function
 def _backward_data_autograd(keyset, grad_y, w, *args):
-    if _needs(grad_y, w):
+    if (not _grad_enabled() or not (grad_y.requires_grad or w.requires_grad)) and _fwad._current_level < 0:
+        kind = _KEYSETS.get(keyset.raw_repr())
+        if kind == 2:
+            return _backward_data_cuda(grad_y, w, *args)
+        if kind == 1:
+            return _backward_data_cpu(grad_y, w, *args)
+    else:   # _needs(grad_y, w)
         if _functorch():
             _under_transform("conv_backward_data")
         return _BwdDataFn.apply(keyset, grad_y, w, _Conf(args))
@@ -1008,7 +1029,13 @@ def _backward_data_autograd(keyset, grad_y, w, *args):
 
 @_guard.applies_function
 def _backward_weights_autograd(keyset, x, grad_y, *args):
-    if _needs(x, grad_y):
+    if (not _grad_enabled() or not (x.requires_grad or grad_y.requires_grad)) and _fwad._current_level < 0:
+        kind = _KEYSETS.get(keyset.raw_repr())
+        if kind == 2:
+            return _backward_weights_cuda(x, grad_y, *args)
+        if kind == 1:
+            return _backward_weights_cpu(x, grad_y, *args)
+    else:   # _needs(x, grad_y)
         if _functorch():
             _under_transform("conv_backward_weights")
         return _BwdWeightsFn.apply(keyset, x, grad_y, _Conf(args))
