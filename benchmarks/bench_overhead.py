@@ -166,12 +166,20 @@ def main() -> None:
         rows += [("backward_weights", f"rawconv {b}",
                   lambda b=b: r_wts(x, gy, ws, one, one, one, one, 1, False, b, "", prec)) for b in backends]
     tol = dict(rtol=1e-2, atol=1e-2) if prec == "tf32" else dict(rtol=1e-4, atol=1e-4)
+    from rawconv.errors import NotSupportedError
+
+    kept = []
     for d, name, fn in rows:   # every row's result against torch's, before any timing
-        if name == "torch aten":
-            continue
-        res = fn()
-        res = res[0] if isinstance(res, tuple) else res
-        torch.testing.assert_close(res, refs[d], **tol, msg=lambda m, d=d, name=name: f"{d} {name}: {m}")
+        if name != "torch aten":
+            try:
+                res = fn()
+            except NotSupportedError as exc:   # e.g. no graph-API engine for an NCHW problem
+                print(f"({d} {name} left out: {str(exc)[:160]})")
+                continue
+            res = res[0] if isinstance(res, tuple) else res
+            torch.testing.assert_close(res, refs[d], **tol, msg=lambda m, d=d, name=name: f"{d} {name}: {m}")
+        kept.append((d, name, fn))
+    rows = kept
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     times = time_rows([(n, fn) for _, n, fn in rows], calls, args.rounds, cuda, clock=clock)
     where = torch.cuda.get_device_name() if cuda else f"{torch.get_num_threads()} thread(s)"
