@@ -631,21 +631,40 @@ def run_planhost(args, log):
     torch.backends.cudnn.allow_tf32 = True
 
 
+def _torch_call(p, d, t):
+    """torch's own convolution of plan problem ``p``, direction ``d``, on ``t`` = (x, w, y) as
+    :func:`_plan_tensors` makes them (``aten.convolution`` / ``aten.convolution_backward``)."""
+    x, w, y = t
+    nd = len(p.stride)
+    conv_args = (list(p.stride), list(p.pad_before), list(p.dilation), False, [0] * nd, p.groups)
+    if d == "fwd":
+        return lambda: torch.ops.aten.convolution(x, w, None, *conv_args)
+    mask = [d == "dgrad", d == "wgrad", False]
+    return lambda: torch.ops.aten.convolution_backward(y, x, w, None, *conv_args, mask)
+
+
 def run_engines(args, log):
-    """Per distinct convolution and direction of a converted ResNet-50 training step (fp32 TF32 or,
-    with --amp, autocast fp16): the first configs of cuDNN's heuristic mode instant (``--top``),
-    each one's host time per hot call (queued behind a GPU sleep) and GPU time per call (queued),
-    the entry's own config marked ``*``. Shows whether a config with torch's GPU time but less
-    host time exists where the step is host-bound. Stops listing after ``--cap`` seconds."""
+    """Per distinct convolution and direction of a converted ResNet-50 training step (fp32 TF32;
+    with --amp, autocast fp16; with --strict, fp32 with TF32 off): the first configs of cuDNN's
+    heuristic mode instant (``--top``), each one's host time per hot call (queued behind a GPU
+    sleep) and GPU time per call (queued), the entry's own config (the default selection) marked
+    ``*``. Shows whether a config with torch's GPU time but less host time exists where the step
+    is host-bound. With --strict, also torch's own call's GPU time with ``cudnn.benchmark`` on (what
+    issue 38's strict fp32 default is held to) and the sums: the default configs, the best of the
+    listed ones, torch's. Stops listing after ``--cap`` seconds."""
     from rawconv.core.bench import time_cuda_queued
 
-    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = not args.strict
+    torch.backends.cudnn.benchmark = bool(args.strict)
     base, _ = build_resnet50()
-    m, _x = _warm_converted(base, "strict" if args.amp else "tf32", args.amp, args.batch)
+    m, _x = _warm_converted(base, "strict" if args.amp or args.strict else "tf32", args.amp, args.batch)
     t_end = time.perf_counter() + args.cap
     seen = set()
-    sums = {"entry host": 0.0, "entry gpu": 0.0, "best-host host": 0.0, "best-host gpu": 0.0}
-    log(f"=== engines ({'autocast fp16' if args.amp else 'fp32 tf32'}, b{args.batch}): per distinct problem and "
+    sums = {"entry host": 0.0, "entry gpu": 0.0, "best-host host": 0.0, "best-host gpu": 0.0, "best gpu": 0.0}
+    if args.strict:
+        sums["torch benchmark gpu"] = 0.0
+    label = "autocast fp16" if args.amp else "fp32 strict (TF32 off)" if args.strict else "fp32 tf32"
+    log(f"=== engines ({label}, b{args.batch}): per distinct problem and "
         f"direction, heuristic instant's first {args.top} configs: host us per hot call / GPU us per call ===")
     for name, plans in _entry_plans(m):
         if time.perf_counter() > t_end:
@@ -705,7 +724,15 @@ def run_engines(args, log):
                 sums["entry gpu"] += mine[2]
             sums["best-host host"] += hbest[1]
             sums["best-host gpu"] += hbest[2]
-            log(f"{name:20s} {d:5s} x{tuple(p.x_shape)} w{tuple(p.w_shape)}")
+            sums["best gpu"] += gbest
+            tg = ""
+            if args.strict:   # torch's own call, cudnn.benchmark on (its first call ran the benchmark)
+                fn = _torch_call(p, d, _t)
+                fn()
+                tgpu = time_cuda_queued(fn, iterations=20, warmup=2, repeats=3).median_ms * 1e3
+                sums["torch benchmark gpu"] += tgpu
+                tg = f"  torch cudnn.benchmark gpu {tgpu:7.1f} us"
+            log(f"{name:20s} {d:5s} x{tuple(p.x_shape)} w{tuple(p.w_shape)}{tg}")
             for r in rows:
                 mark = ("*" if r[0] == own else " ") + ("h" if r is hbest else " ")
                 if r[1] is None:
@@ -853,6 +880,8 @@ def main():
     ap.add_argument("--top", type=int, default=5, help="engines: heuristic configs per problem")
     ap.add_argument("--cap", type=float, default=150.0, help="engines: stop after this many seconds")
     ap.add_argument("--amp", action="store_true", help="engines: autocast fp16 instead of fp32 TF32")
+    ap.add_argument("--strict", action="store_true",
+                    help="engines: fp32 with TF32 off, beside torch's cudnn.benchmark call (issue 38)")
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--only", default="")

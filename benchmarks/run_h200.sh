@@ -50,6 +50,10 @@ for s in "$@"; do
     planhost) step planhost ${T_PH:-150} python3 benchmarks/diag_modes_cuda.py planhost ;;
     engines) step engines ${T_ENG:-200} python3 benchmarks/diag_modes_cuda.py engines --cap ${ENG_CAP:-150} ;;
     floor) step floor ${T_FLOOR:-150} python3 benchmarks/diag_modes_cuda.py floor ;;
+    engines-strict) step engines-strict ${T_ENG:-240} python3 benchmarks/diag_modes_cuda.py engines --strict --cap ${ENG_CAP:-180} ;;
+    overhead-ops) step overhead-ops ${T_OV:-240} bash -c "python3 benchmarks/bench_overhead.py --device cuda && \
+        python3 benchmarks/bench_overhead.py --device cuda --precision tf32 && \
+        python3 benchmarks/bench_overhead.py --device cuda --layout nchw" ;;
     engines-amp) step engines-amp ${T_ENG:-200} python3 benchmarks/diag_modes_cuda.py engines --amp --cap ${ENG_CAP:-150} ;;
     train-bench) step train-bench ${T_TRAIN:-240} python3 benchmarks/bench_resnet50.py --train --train-rounds 3 --train-steps 5 \
         --json "$OUT/train_gpu.json" ;;

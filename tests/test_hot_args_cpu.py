@@ -142,3 +142,75 @@ def test_no_hot_pack_for_an_unbatched_problem(cudnn_lib, unbatched):
     legacy = cudnn._Hot.of(plan, info, None, x, w, None, y)
     graph = cudnn_graph._GraphHot.of(plan, None, {"x": x, "w": w, "y": y}, x, w, None, None)
     assert (legacy is None) is unbatched and (graph is None) is unbatched
+
+
+def _stub_grad_plan(direction: str, unbatched: bool = False):
+    """What _Hot.of_grad reads of a legacy backward plan, without a GPU."""
+    plan = _stub_plan(unbatched)
+    plan.direction = direction
+    return plan
+
+
+@pytest.mark.parametrize("direction, fn", [("backward_data", "cudnnConvolutionBackwardData"),
+                                           ("backward_weights", "cudnnConvolutionBackwardFilter")])
+def test_legacy_backward_pack(cudnn_lib, direction, fn):
+    """The legacy plan's backward pack (issue 38): the direction's cuDNN call, the inputs' and the
+    output's metadata as the checked call passed them; none for an unbatched problem (its checked
+    path returns dx without the batch dim); CPU tensors of the same metadata never run it."""
+    info = cudnn.RunInfo(direction, "ALGO_0", 0, "fma", "fma", 0, True, None)
+    a, b, out = torch.randn(1, 3, 2, 2), torch.randn(3, 2, 3, 3), torch.empty(1, 2, 4, 4)
+    assert cudnn._Hot.of_grad(_stub_grad_plan(direction, True), info, None, a, b, out) is None
+    plan = _stub_grad_plan(direction)
+    h = cudnn._Hot.of_grad(plan, info, None, a, b, out)
+    assert h is not None and h.name == fn and h.data is (direction == "backward_data")
+    assert h.args.x == (a.shape, a.stride()) and h.args.w == (b.shape, b.stride()) and h.args.b is None
+    assert h.args.y_shape == out.shape and h.stream is None   # no workspace: any stream
+    plan._info, plan._freed = info, False
+    assert h.current(plan)
+    assert h.run_grad(plan, a, b) is None   # a pack of cuda:0: the checked path says why
+
+
+class _FakeLegacyPlan:
+    """A legacy plan as ops' CUDA backward kernels use it: execute (the checked call) and _hot_call."""
+
+    def __init__(self, result):
+        self.result, self.executed, self.hot = result, 0, []
+
+    def execute(self, x=None, w=None, bias=None, out=None, *, grad_y=None, return_info=False):
+        self.executed += 1
+        return self.result
+
+    def _hot_call(self, a, b, bias):
+        self.hot.append((a, b, bias))
+        return self.result.clone()
+
+
+@pytest.mark.parametrize("direction", ["backward_data", "backward_weights"])
+def test_operator_keeps_the_legacy_backward_plan(monkeypatch, direction):
+    """ops' CUDA backward kernels on backend 'cudnn' keep the legacy plan of their checked call and
+    run its hot path (_hot_call) on the next call with the same arguments (issue 38; before, every
+    call took rawconv.cudnn's checked function form). CPU tensors, the plan stubbed."""
+    ops.clear_cache()
+    x, w, gy = torch.randn(2, 3, 5, 5), torch.randn(4, 3, 3, 3), torch.randn(2, 4, 5, 5)
+    res = torch.randn(2, 3, 5, 5) if direction == "backward_data" else torch.randn(4, 3, 3, 3)
+    fake = _FakeLegacyPlan(res)
+    made = []
+    monkeypatch.setattr(cudnn, "_grad_problem", lambda *a, **k: made.append(a) or ops.ConvProblem.from_torch(
+        x, w, None, 1, 1, 1, 1))
+    monkeypatch.setattr(cudnn, "_plan", lambda *a, **k: fake)
+    one = [1, 1]
+    if direction == "backward_data":
+        def call():
+            return ops._backward_data_cuda(gy, w, list(x.shape), one, one, one, one, 1, "cudnn", "", "strict")
+    else:
+        def call():
+            return ops._backward_weights_cuda(x, gy, list(w.shape), one, one, one, one, 1, False, "cudnn", "",
+                                              "strict")[0]
+    first = call()
+    assert fake.executed == 1 and not fake.hot and len(made) == 1 and torch.equal(first, res)
+    second = call()
+    assert fake.executed == 1 and len(made) == 1, "the second call took the checked path again"
+    a, b = (gy, w) if direction == "backward_data" else (x, gy)
+    assert len(fake.hot) == 1 and fake.hot[0][0] is a and fake.hot[0][1] is b and fake.hot[0][2] is None
+    assert torch.equal(second, res)
+    ops.clear_cache()

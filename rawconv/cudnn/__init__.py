@@ -323,7 +323,7 @@ class _Hot:
     runs them), and the ``void *`` casts of the last data pointers."""
 
     __slots__ = ("args", "info", "descs", "ws", "stream", "index", "fn", "pre", "fused", "bd", "actd", "bview",
-                 "act", "casts", "where")
+                 "act", "casts", "where", "data", "name")
 
     @classmethod
     def of(cls, plan: "Convolution", info: "RunInfo", pws, x, w, bias, y) -> "_Hot | None":
@@ -354,6 +354,60 @@ class _Hot:
         h.casts = (None,)
         h.where = f"algo {info.algo}, {p.describe()}"
         return h
+
+    @classmethod
+    def of_grad(cls, plan: "Convolution", info: "RunInfo", pws, a, b, out) -> "_Hot | None":
+        """The pack of a checked backward call (backward data: ``a`` = grad_y, ``b`` = w, ``out`` =
+        dx; backward weights: ``a`` = x, ``b`` = grad_y, ``out`` = dw) that ran one cuDNN call on
+        them as they are (the caller checks that), or None (a tensor subclass, an unbatched
+        problem). :meth:`run_grad` runs it."""
+        if plan.problem.unbatched:
+            return None
+        args = _cuda.HotArgs.of(a, b, None, out, plan.device_index)
+        if args is None:
+            return None
+        L = _cudnn.lib()
+        h = cls()
+        h.args, h.info, h.descs, h.ws = args, info, plan._descs, plan._ws
+        h.stream = None if not info.workspace_bytes else 0
+        h.index = plan.device_index
+        xd, wd, yd, cd = plan.descriptors(plan.inner.n)
+        h.pre = (plan._alpha, xd, wd, cd, info.algo_id, pws, info.workspace_bytes, plan._beta0, yd)
+        h.data = plan.direction == "backward_data"
+        h.name = "cudnnConvolutionBackwardData" if h.data else "cudnnConvolutionBackwardFilter"
+        h.fn = getattr(L, h.name)
+        h.fused, h.bd, h.actd, h.bview, h.act = False, None, None, None, None
+        h.casts = (None,)
+        h.where = f"algo {info.algo}, {plan.problem.describe()}"
+        return h
+
+    def run_grad(self, plan: "Convolution", a, b):
+        """Run a backward pack (:meth:`of_grad`) when it is current and ``a``, ``b`` have exactly its
+        metadata, on the workspace's stream: one ``cudnnConvolutionBackwardData`` or
+        ``cudnnConvolutionBackwardFilter`` into a new dx / dw of the pack's shape and strides;
+        returns it, else None (the caller takes the checked path)."""
+        if not self.current(plan):
+            return None
+        bound = self.args.bind(a, b, None, None)
+        if bound is None:
+            return None
+        p, out = bound
+        hs = _cuda.handle_state(self.index)
+        if self.stream is not None and hs.stream != self.stream:
+            return None
+        c = self.casts
+        if c[0] != p:
+            cast = ffi.cast
+            c = self.casts = (p, cast("void *", p[0]), cast("void *", p[1]), None, cast("void *", p[3]))
+        _, pa, pb, _, po = c
+        alpha, xd, wd, cd, algo, pws, nws, beta, yd = self.pre
+        if self.data:   # (w, grad_y) -> dx
+            st = self.fn(hs.ptr, alpha, wd, pb, yd, pa, cd, algo, pws, nws, beta, xd, po)
+        else:           # (x, grad_y) -> dw
+            st = self.fn(hs.ptr, alpha, xd, pa, yd, pb, cd, algo, pws, nws, beta, wd, po)
+        if st:
+            raise _cudnn.error(st, self.name, self.where)
+        return out
 
     def current(self, plan: "Convolution") -> bool:
         """Whether the plan still runs what this pack was made with (select, autotune, a new
@@ -492,6 +546,7 @@ class Convolution(_Algorithms, _Autotune, PlanLifetime):
         self._pws_stable = False
         self._fused: bool | None = None
         self._hot: _Hot | None = None   # the forward hot path's prepared call (see execute)
+        self._ghot: _Hot | None = None  # a backward plan's prepared call (the operators' hot path, _hot_call)
         self.notes: list[str] = []
         p = problem
         # asymmetric padding: cuDNN pads symmetrically; pad the rest explicitly (a copy)
@@ -649,11 +704,19 @@ class Convolution(_Algorithms, _Autotune, PlanLifetime):
         hot = self._hot
         return None if hot is None else hot.run(self, x, w, bias, None)
 
+    @_cuda.on_plan_device
     def _hot_call(self, a, b, bias):
         """The operators' hot-path entry in every direction (see
-        :meth:`rawconv.cudnn_graph.GraphConvolution._hot_call`): the forward's; None otherwise
-        (the legacy backward calls take their checked path)."""
-        return self._hot_forward(a, b, bias) if self.direction == "forward" else None
+        :meth:`rawconv.cudnn_graph.GraphConvolution._hot_call`): forward ``(x, w, bias)``; backward
+        data ``(grad_y, w, None)``; backward weights ``(x, grad_y, None)``. The result when the
+        tensors fit the prepared call of an earlier checked call exactly (a backward one: the
+        whole batch in one cuDNN call, symmetric padding, every tensor used as passed), else None
+        (the caller then takes the checked path)."""
+        if self.direction == "forward":
+            hot = self._hot
+            return None if hot is None else hot.run(self, a, b, bias, None)
+        g = self._ghot
+        return None if g is None or bias is not None else g.run_grad(self, a, b)
 
     def _chunks(self):
         """``(start, size)`` of each batch chunk (int32 element limit) and its descriptors."""
@@ -723,6 +786,7 @@ class Convolution(_Algorithms, _Autotune, PlanLifetime):
         """execute() backward data: ``cudnnConvolutionBackwardData`` per batch chunk (asymmetric
         padding: into a padded dx, then the inner part)."""
         p, L, cast, nws, algo = self.problem, _cudnn.lib(), ffi.cast, info.workspace_bytes, info.algo_id
+        w0 = w
         dy = self._prep("grad_y", grad_y, p.y_shape, self._ys)
         w = self._prep("w", w, p.w_shape, self._wst)
         if self._asym:
@@ -746,12 +810,23 @@ class Convolution(_Algorithms, _Autotune, PlanLifetime):
                 dx = to_layout(dx_full[tuple(sl)], p.layout)
             else:
                 dx.copy_(dx_full[tuple(sl)])
+        elif whole and out is None and dy is grad_y and w is w0:
+            self._keep_grad_pack(info, pws, dy, w, dx)
         return dx
+
+    def _keep_grad_pack(self, info: RunInfo, pws, a, b, out) -> None:
+        """After a checked backward call that gave cuDNN ``a``, ``b`` and a new ``out`` as they are
+        (whole batch, symmetric padding) on the plan's stable workspace: keep its pack for
+        :meth:`_hot_call` unless a current one is kept."""
+        g = self._ghot
+        if (g is None or not g.current(self)) and self._pws_stable:
+            self._ghot = _Hot.of_grad(self, info, pws, a, b, out)
 
     def _run_backward_weights(self, h, info: RunInfo, pws, x, _w, _bias, out, grad_y):
         """execute() backward weights: ``cudnnConvolutionBackwardFilter`` per batch chunk, the
         chunks accumulated into dw (beta 1 after the first)."""
         p, L, cast, nws, algo = self.problem, _cudnn.lib(), ffi.cast, info.workspace_bytes, info.algo_id
+        x0 = x
         x = self._prep("x", x, p.x_shape, self._xs)
         dy = self._prep("grad_y", grad_y, p.y_shape, self._ys)
         dw = empty_like_layout(p.w_shape, self.w_layout, p.torch_dtype, x.device) if out is None else \
@@ -768,6 +843,8 @@ class Convolution(_Algorithms, _Autotune, PlanLifetime):
                                                   self._beta0 if s == 0 else self._beta1, wd, pdw)
             if st:
                 raise _cudnn.error(st, "cudnnConvolutionBackwardFilter", f"algo {info.algo}, {p.describe()}")
+        if whole and out is None and x is x0 and dy is grad_y:   # (padded: x is the pad's copy)
+            self._keep_grad_pack(info, pws, x, dy, dw)
         return dw
 
     def _bias_desc(self):
@@ -828,7 +905,7 @@ class Convolution(_Algorithms, _Autotune, PlanLifetime):
         self._descs = {}
         self._cdesc_by_math = {}
         self._ws = None
-        self._hot = None
+        self._hot = self._ghot = None
         self._example = None
         self._exec_example = None
         self._x = self._w = self._b = None

@@ -331,8 +331,8 @@ class HotArgs:
                 return None
             else:
                 pb = bias.data_ptr()
-            if out is None:
-                y = torch.empty_strided(self.y_shape, self.y_strides, dtype=dt, device=self.device)
+            if out is None:   # (x's dtype and device are the pack's: no keyword arguments to parse)
+                y = x.new_empty_strided(self.y_shape, self.y_strides)
             elif type(out) in PLAIN and out.shape == self.y_shape and out.stride() == self.y_strides \
                     and out.dtype is dt and out.is_cuda and out.get_device() == idx and not out.is_neg() \
                     and not out.requires_grad and not out.is_inference() and not x.requires_grad \

@@ -85,6 +85,7 @@ choice.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -407,12 +408,12 @@ def _forward_cuda(x, w, bias, stride, pad_before, pad_after, dilation, groups, b
     # checked path below
     try:
         akey = (*stride, None, *pad_before, None, *pad_after, None, *dilation, groups, backend, choice, precision,
-                bwd_data_choice, bwd_weights_choice, bias is None, x.get_device(), _get_ident())
+                bwd_data_choice, bwd_weights_choice, bias is None, x.get_device(), _thread())
         plan = _cuda_last.get(akey)
     except Exception:   # noqa: BLE001  (the checked path says what is wrong)
         akey = plan = None
     if plan is not None:
-        y = plan._hot_forward(x, w, bias)
+        y = plan._hot_call(x, w, bias)
         if y is not None:
             return y
     y, plan = _forward_cuda_checked(x, w, bias, stride, pad_before, pad_after, dilation, groups, backend, choice,
@@ -446,14 +447,16 @@ def _forward_cuda_checked(x, w, bias, stride, pad_before, pad_after, dilation, g
 
 
 _cuda_last = PlanCache(512)   # as _cpu_last, for cuDNN plans of every direction (graph and legacy; the
-# direction and backend are in the key)
+# direction and backend are in the key; the thread's id alone: a cuDNN plan's call does not depend
+# on OpenMP's thread count, which the CPU keys hold)
+_thread = threading.get_ident
 
 
 def _backward_data_cuda(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, backend, choice,
                         precision):
     try:   # the fast path, as the forward's
         akey = ("d", *x_shape, None, *stride, None, *pad_before, None, *pad_after, None, *dilation, groups, backend,
-                choice, precision, grad_y.get_device(), _get_ident())
+                choice, precision, grad_y.get_device(), _thread())
         plan = _cuda_last.get(akey)
     except Exception:   # noqa: BLE001  (the checked path says what is wrong)
         akey = plan = None
@@ -470,8 +473,8 @@ def _backward_data_cuda(grad_y, w, x_shape, stride, pad_before, pad_after, dilat
 
 def _backward_data_cuda_checked(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, backend,
                                 choice, precision):
-    """The CUDA backward data's checked path: ``(dx, plan)``, ``plan`` the graph plan whose hot path
-    returns what this call returned (for the caller to keep), else None."""
+    """The CUDA backward data's checked path: ``(dx, plan)``, ``plan`` the plan (graph or legacy)
+    whose hot path returns what this call returned (for the caller to keep), else None."""
     _check_strings(backend, choice, precision, "cuda")
     padding = _padding(pad_before, pad_after)
     x_shape = tuple(int(s) for s in x_shape)
@@ -486,14 +489,15 @@ def _backward_data_cuda_checked(grad_y, w, x_shape, stride, pad_before, pad_afte
             plan = _graph_default(cudnn_graph._grad_plan("backward_data", gy, w, xs, tuple(stride), padding,
                                                          tuple(dilation), groups, choice or None, False,
                                                          _GRAPH_MATH[precision]), backend, choice)
-        if plan is not None:
-            dx = plan.execute(grad_y=gy, w=w)
-        else:
+        if plan is None:   # the legacy API: rawconv.cudnn.backward_data's plan, kept for the hot path
             from .. import cudnn
 
             c, math = _legacy_choice(choice)
-            dx = cudnn.backward_data(gy, w, xs, tuple(stride), padding, tuple(dilation), groups, choice=c,
-                                     math=math, precision=precision)
+            algo, math, _engine = cudnn._normalize("backward_data", None, c, math, precision, None)
+            problem = cudnn._grad_problem(gy, w, xs, tuple(stride), padding, tuple(dilation), groups,
+                                          "backward_data")
+            plan = cudnn._plan(problem, "backward_data", cudnn._w_layout(w, problem), algo, math, False, None, None)
+        dx = plan.execute(grad_y=gy, w=w)
     raw = dx
     dx = _enforce_layout(dx, _dx_layout(gy, w), False)   # torch's layout, the fake's rule
     keep = plan if dx is raw and not unbatched else None
@@ -510,7 +514,7 @@ def _backward_weights_cuda(x, grad_y, w_shape, stride, pad_before, pad_after, di
                            choice, precision):
     try:   # the fast path, as the forward's
         akey = ("w", *w_shape, None, *stride, None, *pad_before, None, *pad_after, None, *dilation, groups, bias,
-                backend, choice, precision, x.get_device(), _get_ident())
+                backend, choice, precision, x.get_device(), _thread())
         plan = _cuda_last.get(akey)
     except Exception:   # noqa: BLE001  (the checked path says what is wrong)
         akey = plan = None
@@ -527,8 +531,8 @@ def _backward_weights_cuda(x, grad_y, w_shape, stride, pad_before, pad_after, di
 
 def _backward_weights_cuda_checked(x, grad_y, w_shape, stride, pad_before, pad_after, dilation, groups, bias,
                                    backend, choice, precision):
-    """The CUDA backward weights' checked path: ``(dw, db, plan)``, ``plan`` the graph plan whose hot
-    path returns this call's dw (for the caller to keep), else None."""
+    """The CUDA backward weights' checked path: ``(dw, db, plan)``, ``plan`` the plan (graph or
+    legacy) whose hot path returns this call's dw (for the caller to keep), else None."""
     _check_strings(backend, choice, precision, "cuda")
     p = _backward_weights_problem(x, grad_y, w_shape, stride, pad_before, pad_after, dilation, groups, bias)
     padding = _padding(pad_before, pad_after)
@@ -543,17 +547,22 @@ def _backward_weights_cuda_checked(x, grad_y, w_shape, stride, pad_before, pad_a
                                                          _GRAPH_MATH[precision]), backend, choice)
         if plan is not None:
             dw = plan.execute(xb, grad_y=gy)
-        else:
+        else:   # the legacy API: rawconv.cudnn.backward_weights's plan, kept for the hot path
             from .. import cudnn
 
             c, math = _legacy_choice(choice)
+            algo, math, _engine = cudnn._normalize("backward_weights", None, c, math, precision, None)
             # the legacy API takes x, grad_y and dw in one layout (a mixed set is NOT_SUPPORTED for
             # every algo): dw's (torch's rule: channels last when x or grad_y is), NCW for a 1-D
             # problem (no channels-last 1-D descriptors there; dw is re-laid out below)
             lay = p.layout if xb.dim() > 3 else "nchw"
             xb, gy = _enforce_layout(xb, lay, False), _enforce_layout(gy, lay, False)
-            dw = cudnn.backward_weights(xb, gy, p.w_shape, tuple(stride), padding, tuple(dilation), groups,
-                                        choice=c, math=math, precision=precision, w_layout=lay)
+            problem = cudnn._grad_problem(gy, xb, p.w_shape, tuple(stride), padding, tuple(dilation), groups,
+                                          "backward_weights")
+            plan = cudnn._plan(problem, "backward_weights", lay, algo, math, False, None, None)
+            dw = plan.execute(xb, grad_y=gy)
+            if xb is not x or gy is not grad_y:   # copies: the hot path (on the tensors as passed) would differ
+                plan = None
         raw = dw
         dw = _enforce_layout(dw, p.layout, False)
         db = _bias_grad_of(gy) if bias else torch.empty(0, dtype=x.dtype, device=x.device)
@@ -982,9 +991,21 @@ def _needs(a, b, c=None) -> bool:
         or _fwad._current_level >= 0
 
 
+# The operators' Autograd kernels: what torch.compile's generated code and eager autograd reach
+# through the dispatcher on every call. With nothing to record (grad mode off, as inside a compiled
+# graph, or no input requiring grad, no forward-mode level) and only the backend's key left below
+# autograd (the keyset's kind already in _KEYSETS), the backend's kernel is called at once: the
+# checks of _needs and _run_below_autograd inline, one Python frame less each.
 @_guard.applies_function
 def _forward_autograd(keyset, x, w, bias, *args):
-    if _needs(x, w, bias):
+    if (not _grad_enabled() or not (x.requires_grad or w.requires_grad or (bias is not None and bias.requires_grad))) \
+            and _fwad._current_level < 0:
+        kind = _KEYSETS.get(keyset.raw_repr())
+        if kind == 2:
+            return _forward_cuda(x, w, bias, *args)
+        if kind == 1:
+            return _forward_cpu(x, w, bias, *args)
+    else:   # _needs(x, w, bias)
         if _functorch():
             _under_transform("conv_forward")
         return _FwdFn.apply(keyset, x, w, bias, _Conf(args))
@@ -993,7 +1014,13 @@ def _forward_autograd(keyset, x, w, bias, *args):
 
 @_guard.applies_function
 def _backward_data_autograd(keyset, grad_y, w, *args):
-    if _needs(grad_y, w):
+    if (not _grad_enabled() or not (grad_y.requires_grad or w.requires_grad)) and _fwad._current_level < 0:
+        kind = _KEYSETS.get(keyset.raw_repr())
+        if kind == 2:
+            return _backward_data_cuda(grad_y, w, *args)
+        if kind == 1:
+            return _backward_data_cpu(grad_y, w, *args)
+    else:   # _needs(grad_y, w)
         if _functorch():
             _under_transform("conv_backward_data")
         return _BwdDataFn.apply(keyset, grad_y, w, _Conf(args))
@@ -1002,7 +1029,13 @@ def _backward_data_autograd(keyset, grad_y, w, *args):
 
 @_guard.applies_function
 def _backward_weights_autograd(keyset, x, grad_y, *args):
-    if _needs(x, grad_y):
+    if (not _grad_enabled() or not (x.requires_grad or grad_y.requires_grad)) and _fwad._current_level < 0:
+        kind = _KEYSETS.get(keyset.raw_repr())
+        if kind == 2:
+            return _backward_weights_cuda(x, grad_y, *args)
+        if kind == 1:
+            return _backward_weights_cpu(x, grad_y, *args)
+    else:   # _needs(x, grad_y)
         if _functorch():
             _under_transform("conv_backward_weights")
         return _BwdWeightsFn.apply(keyset, x, grad_y, _Conf(args))

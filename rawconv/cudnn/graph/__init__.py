@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 import re
 import threading
 import time
@@ -409,7 +410,7 @@ class _GraphHot:
     output's shape and strides, 16-byte alignment, the byte extents that reject an ``out``
     overlapping an input) and the order of the data pointers in the variant pack."""
 
-    __slots__ = ("built", "args", "order")
+    __slots__ = ("built", "args", "order", "pick")
 
     # (inputs a, b, bias, out) -> the graph's roles, per direction (see _ROLES)
     _ORDER = {"forward": (0, 1, 3), "backward_data": (3, 1, 0), "backward_weights": (0, 3, 1)}
@@ -438,6 +439,7 @@ class _GraphHot:
         h = cls()
         h.built, h.args = built, args
         h.order = cls._ORDER[d] if bias is None else (0, 1, 3, 2)   # (x, w, b, y) -> (x, w, y, b)
+        h.pick = operator.itemgetter(*h.order)   # the pointers in the variant pack's order, as one C call
         return h
 
     def run(self, plan: "GraphConvolution", a, b, bias, out):
@@ -448,7 +450,7 @@ class _GraphHot:
         if bound is None:
             return None
         p, y = bound
-        plan._run(self.built, tuple([p[i] for i in self.order]))
+        plan._run(self.built, self.pick(p))
         if out is not None:
             _guard.bump((out,))   # written in place, as torch's out= functions do
         return y
