@@ -663,3 +663,28 @@ def test_every_graph_activation_has_torchs_epilogue_for_unfused_configs():
     for act in set(G.ACTIVATIONS) & set(TORCH):
         y = G.torch_epilogue(z.clone(), b, r, act, 2)
         torch.testing.assert_close(y, TORCH[act](z + b.view(-1, 1, 1) + r), rtol=0, atol=0)
+
+
+def test_nan_guard_off_runs_fused_as_torch_compile_freezing_does(monkeypatch):
+    """RAWCONV_NAN_GUARD=0 / rawconv.onednn.fused.NAN_GUARD = False: a NaN-guarded activation runs
+    fused on every call (no read of x first), as torch.compile with inductor freezing runs it; the
+    JIT implementations then drop the NaN as torch's frozen graph does (measured 2026-12-07: 72 NaNs
+    eager, 0 compiled with freezing, conv 3x3 + ReLU, one NaN in x). Finite data stays right."""
+    from rawconv.core import env
+
+    assert env.get("RAWCONV_NAN_GUARD", {}) is True and env.get("RAWCONV_NAN_GUARD", {"RAWCONV_NAN_GUARD": "0"}) is False
+    torch.manual_seed(13)
+    x, w, b = torch.randn(2, 8, 8, 8), torch.randn(8, 8, 3, 3) * 0.3, torch.randn(8)
+    xn = x.clone()
+    xn[0, 0, 4, 4] = math.nan
+    guarded = fu.FusedConvolution(x, w, b, activation="relu")
+    monkeypatch.setattr(OF, "NAN_GUARD", False)
+    fast = fu.FusedConvolution(x, w, b, activation="relu")
+    assert guarded.nan_guard and not fast.nan_guard
+    _same_as_torch(guarded.run(xn, w, b), F.relu(F.conv2d(xn, w, b)), rtol=1e-5)   # torch eager's NaNs
+    assert guarded.unfused_calls == 1
+    y = fast.run(xn, w, b)
+    assert fast.unfused_calls == 0   # fused, never checked
+    finite = torch.isfinite(F.conv2d(xn, w, b))
+    torch.testing.assert_close(y[finite], F.relu(F.conv2d(xn, w, b))[finite], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fast.run(x, w, b), F.relu(F.conv2d(x, w, b)), rtol=1e-5, atol=1e-5)

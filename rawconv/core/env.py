@@ -56,6 +56,11 @@ KNOBS: tuple[Knob, ...] = (
          "int or with a K, M or G suffix (\"512M\"); unset: rawconv.core.plans.DEFAULT_CACHE_LIMIT (512 MiB). "
          "Past it the least recently used are released (rawconv.set_cache_limit overrides it).",
          "rawconv.core.plans"),
+    Knob("RAWCONV_NAN_GUARD", "switch", True,
+         "0 (false, no, off): fused oneDNN activations that can drop a NaN (relu, relu6, gelu, hardsigmoid, "
+         "sigmoid: rawconv.onednn.fused.NAN_GUARDED) run fused on every call without reading x first, as torch.compile "
+         "with inductor freezing runs them (a NaN through a fused ReLU may come out as 0); unset: guarded, torch "
+         "eager's results (rawconv.onednn.fused.NAN_GUARD overrides it).", "rawconv.onednn.fused"),
     Knob("RAWCONV_PROGRESS", "switch", True,
          "0 (false, no, off) turns every automatic progress bar off (progress=True still shows one).",
          "rawconv.core.progress"),

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from .. import onednn
+from ..core import env as _env
 from ..core.errors import ArgumentError, ArgumentTypeError
 from ..core.postops import check_activation, check_residual, torch_tail, apply_activation, finite_bound, \
     vector_bound, weight_bound
@@ -56,6 +57,10 @@ _BY_ALG = {alg: act for act, (alg, _a, _b) in ELTWISE.items()}
 #: activations oneDNN 3.2 does not compute as torch does for a NaN or an infinity (module notes):
 #: fused only where the convolution's result is provably finite
 NAN_GUARDED = frozenset({"relu", "relu6", "gelu", "hardsigmoid", "sigmoid"})
+#: Whether plans made from now on guard the activations of :data:`NAN_GUARDED` (torch eager's NaN
+#: and infinity results, one read of x per call). False: fused on every call as torch.compile with
+#: inductor freezing runs them (its oneDNN drops the same NaNs). ``RAWCONV_NAN_GUARD=0`` sets it at import.
+NAN_GUARD: bool = bool(_env.get("RAWCONV_NAN_GUARD"))
 
 
 def activation_of_post_ops(post_ops) -> str:
@@ -170,7 +175,7 @@ class FusedConvolution(onednn.Convolution):
         if activation != "none":
             ops.append(("eltwise",) + ELTWISE[activation])
         self._post_ops = tuple(ops)
-        self.nan_guard = activation in NAN_GUARDED
+        self.nan_guard = NAN_GUARD and activation in NAN_GUARDED
         self._plain = None      # the plan without the activation, for calls the guard refuses (made on first need)
         self._wbound = {}       # role -> (tensor, its version, bound): the guard's weight and bias factors
         self.unfused_calls = 0  # calls the guard ran unfused (a NaN or an infinity, or an overflow, was possible)
