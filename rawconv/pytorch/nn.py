@@ -55,6 +55,7 @@ from . import autocast as _autocast
 from . import fallback as _fallback
 from . import fused as _fused
 from . import fusion as _fusion
+from . import registered as _registered
 from .. import onednn
 from ..core.autotune import check_budget as _check_budget
 from ..core.grad import functorch_active as _functorch, has_tangent as _has_tangent
@@ -76,10 +77,13 @@ BACKENDS = ("auto", "onednn", "cudnn")
 
 # ---------------------------------------------------------------------------- argument helpers
 def _check_backend(backend) -> str:
+    """``backend`` when the modules take it: one of :data:`BACKENDS` or the name of a backend
+    registered in :mod:`rawconv.core.backend` beyond the built-in ones (:mod:`rawconv.pytorch.registered`)."""
     if not isinstance(backend, str):
         raise ArgumentTypeError(f"backend must be one of {list(BACKENDS)}, got {type(backend).__name__}")
-    if backend not in BACKENDS:
-        raise ArgumentError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    if backend not in BACKENDS and (backend in _registered.BUILTIN or _registered.device_type(backend) is None):
+        names = list(BACKENDS) + [n for n in _registered.names() if n not in _registered.BUILTIN]
+        raise ArgumentError(f"backend must be one of {names}, got {backend!r}")
     return backend
 
 
@@ -179,6 +183,9 @@ def _resolve_backend(backend: str, device: torch.device) -> str:
     if backend == "cudnn" and device.type != "cuda":
         raise ArgumentError(f"backend 'cudnn' runs on CUDA tensors, got tensors on {device} "
                             "(backend='onednn' or 'auto' for CPU tensors)")
+    if backend not in BACKENDS and _registered.device_type(backend) != device.type:   # a registered one
+        raise ArgumentError(f"backend {backend!r} runs on {_registered.device_type(backend)} tensors, got tensors "
+                            f"on {device}")
     return backend
 
 
@@ -551,6 +558,8 @@ class _RawconvConv:
         stayed = self.__dict__.get("_rawconv_device") == dev
         self.__dict__["_rawconv_device"] = dev
         want = "cudnn" if dev == "cuda" else "onednn" if dev == "cpu" else None
+        if self.backend not in BACKENDS and _registered.device_type(self.backend) == dev:
+            return   # a registered backend of this device (rawconv.pytorch.registered) keeps its choices
         if want is None or (stayed and self.backend in ("auto", want)):
             # (.half(), .float(), .to(dtype): the device stays, and so do choices named for the other
             # device's library, e.g. a cuDNN algorithm on a module built on the CPU to be moved later)

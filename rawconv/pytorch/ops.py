@@ -92,6 +92,7 @@ from typing import Any, Sequence
 import torch
 
 from . import autocast as _autocast
+from . import registered as _registered
 from ..core import guard as _guard
 from .. import onednn
 from ..core.plans import PlanCache, arg_key
@@ -129,13 +130,15 @@ def _check_strings(backend, choice, precision, device_type: str | None, *choices
         if not isinstance(v, str):
             raise ArgumentTypeError(f"{nm} must be a string, got {type(v).__name__}")
     if backend not in BACKENDS:
-        raise ArgumentError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+        _registered.check(backend)   # a backend registered in rawconv.core.backend (or the error naming them)
     if precision not in PRECISIONS:
         raise ArgumentError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
-    if device_type is not None and backend != "auto" and _DEVICE_OF[backend] != device_type:
-        other = "onednn" if device_type == "cpu" else "cudnn"
-        raise ArgumentError(f"backend {backend!r} runs on {_DEVICE_OF[backend].upper()} tensors, got "
-                            f"{device_type.upper()} tensors (use backend={other!r} or 'auto')")
+    if device_type is not None and backend != "auto":
+        runs_on = _DEVICE_OF.get(backend) or _registered.device_type(backend)
+        if runs_on != device_type:
+            other = "onednn" if device_type == "cpu" else "cudnn"
+            raise ArgumentError(f"backend {backend!r} runs on {runs_on.upper()} tensors, got "
+                                f"{device_type.upper()} tensors (use backend={other!r} or 'auto')")
 
 
 def _padding(pad_before, pad_after):
@@ -218,9 +221,12 @@ def _forward_cpu_plan(x, w, bias, stride, pad_before, pad_after, dilation, group
     if plan is None:
         _check_strings(backend, choice, precision, "cpu", bwd_data_choice, bwd_weights_choice)
         problem = ConvProblem.from_torch(x, w, bias, stride, _padding(pad_before, pad_after), dilation, groups)
-        onednn._check_device(problem)
-        plan = onednn._plan(problem, "forward", "direct", precision, onednn._w_layout(w), _onednn_choice(choice))
-        plan.selected   # noqa: B018  (resolve the selection now: a bad choice raises before caching)
+        if backend not in BACKENDS:   # a backend of the registry (rawconv.pytorch.registered)
+            plan = _registered.plan(backend, "forward", problem, choice, precision)
+        else:
+            onednn._check_device(problem)
+            plan = onednn._plan(problem, "forward", "direct", precision, onednn._w_layout(w), _onednn_choice(choice))
+            plan.selected   # noqa: B018  (resolve the selection now: a bad choice raises before caching)
         if key is not None:
             _cpu_cache.put(key, plan)
     return plan
@@ -260,6 +266,19 @@ def _backward_data_plan(grad_y, w, x_shape, stride, pad_before, pad_after, dilat
     return plan
 
 
+def _backward_data_problem(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups) -> ConvProblem:
+    """The forward problem of a backward-data call on any device, its layout dx's (torch's rule)."""
+    x_shape = tuple(int(s) for s in x_shape)
+    unbatched = len(x_shape) == w.dim() - 1
+    problem = ConvProblem.from_torch(shape_only(x_shape, grad_y, "x_shape"), w, None, stride,
+                                     _padding(pad_before, pad_after), dilation, groups)
+    from ..core.problem import check_tensor
+
+    check_tensor(problem, grad_y, "grad_y", problem.y_shape)
+    lay = _dx_layout(_batched(grad_y, unbatched), w)
+    return problem if lay == problem.layout else problem.with_(layout=lay)
+
+
 def _backward_data_cpu(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, backend, choice,
                        precision):
     return _data_result(_backward_data_cpu_plan(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups,
@@ -285,8 +304,12 @@ def _backward_data_cpu_plan(grad_y, w, x_shape, stride, pad_before, pad_after, d
         key = plan = None
     if plan is None:
         _check_strings(backend, choice, precision, "cpu")
-        plan = _backward_data_plan(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, choice,
-                                   precision)
+        if backend not in BACKENDS:
+            plan = _registered.plan(backend, "backward_data", _backward_data_problem(grad_y, w, x_shape, stride,
+                                    pad_before, pad_after, dilation, groups), choice, precision)
+        else:
+            plan = _backward_data_plan(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, choice,
+                                       precision)
         if key is not None:
             _cpu_cache.put(key, plan)
     return plan
@@ -349,10 +372,14 @@ def _backward_weights_cpu_plan(x, grad_y, w_shape, stride, pad_before, pad_after
         if not isinstance(bias, bool):
             raise ArgumentTypeError(f"bias must be True or False, got {bias!r}")
         problem = _backward_weights_problem(x, grad_y, w_shape, stride, pad_before, pad_after, dilation, groups, bias)
-        onednn._check_device(problem)
-        # dw comes out in the problem's layout (torch's rule: x or grad_y channels last)
-        plan = onednn._plan(problem, "backward_weights", "direct", precision, problem.layout, _onednn_choice(choice))
-        plan.selected   # noqa: B018
+        if backend not in BACKENDS:
+            plan = _registered.plan(backend, "backward_weights", problem, choice, precision)
+        else:
+            onednn._check_device(problem)
+            # dw comes out in the problem's layout (torch's rule: x or grad_y channels last)
+            plan = onednn._plan(problem, "backward_weights", "direct", precision, problem.layout,
+                                _onednn_choice(choice))
+            plan.selected   # noqa: B018
         if key is not None:
             _cpu_cache.put(key, plan)
     return plan
@@ -430,7 +457,10 @@ def _forward_cuda_checked(x, w, bias, stride, pad_before, pad_after, dilation, g
     padding = _padding(pad_before, pad_after)
     with torch.no_grad():   # the function forms route tensors that need grad back here
         plan = None
-        if _api(backend, choice) == "graph":
+        if backend not in BACKENDS:   # a backend of the registry (rawconv.pytorch.registered)
+            plan = _registered.plan(backend, "forward", ConvProblem.from_torch(x, w, bias, stride, padding, dilation,
+                                                                               groups), choice, precision)
+        elif _api(backend, choice) == "graph":
             from ..cudnn import graph as cudnn_graph
 
             plan = _graph_default(cudnn_graph._forward_plan(x, w, bias, tuple(stride), padding, tuple(dilation),
@@ -483,6 +513,10 @@ def _backward_data_cuda_checked(grad_y, w, x_shape, stride, pad_before, pad_afte
     xs = (1,) + x_shape if unbatched else x_shape
     with torch.no_grad():
         plan = None
+        if backend not in BACKENDS:
+            plan = _registered.plan(backend, "backward_data", _backward_data_problem(grad_y, w, x_shape, stride,
+                                    pad_before, pad_after, dilation, groups), choice, precision)
+            return plan.execute(grad_y=grad_y, w=w), plan
         if _api(backend, choice) == "graph":
             from ..cudnn import graph as cudnn_graph
 
@@ -539,6 +573,10 @@ def _backward_weights_cuda_checked(x, grad_y, w_shape, stride, pad_before, pad_a
     xb, gy = _batched(x, p.unbatched), _batched(grad_y, p.unbatched)
     with torch.no_grad():
         plan = None
+        if backend not in BACKENDS:
+            plan = _registered.plan(backend, "backward_weights", p, choice, precision)
+            dw, db = _weights_result(plan, x, grad_y, bias, None)
+            return dw, (db if bias else torch.empty(0, dtype=x.dtype, device=x.device)), plan
         if _api(backend, choice) == "graph":
             from ..cudnn import graph as cudnn_graph
 
