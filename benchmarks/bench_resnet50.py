@@ -536,7 +536,7 @@ def onednn_profile_table(profiles: dict) -> str:
 
 
 def _cpu_name() -> str:
-    from rawconv.onednn import _cpu_model
+    from rawconv.onednn import cpu_model as _cpu_model
 
     return _cpu_model()
 

@@ -482,7 +482,7 @@ def test_unexpected_errors_become_internal_errors(monkeypatch):
     RawconvError) with the original chained, not the raw exception."""
     def broken(*_a, **_k):
         raise KeyError("boom")
-    monkeypatch.setattr(onednn, "_plan", broken)
+    monkeypatch.setattr(onednn, "cached_plan", broken)
     onednn.clear_cache()
     with pytest.raises(InternalError, match="unexpected KeyError") as info:
         onednn.forward(x(), w())

@@ -104,15 +104,15 @@ def test_algo_tables_and_names():
     assert cudnn.FwdAlgo.WINOGRAD_NONFUSED == 7
     assert cudnn.BwdDataAlgo.ALGO_1 == 1
     assert cudnn.BwdFilterAlgo.ALGO_3 == 3
-    assert cudnn._resolve_algo("forward", "implicit_precomp_gemm") == 1
-    assert cudnn._resolve_algo("forward", "CUDNN_CONVOLUTION_FWD_ALGO_FFT") == 4
-    assert cudnn._resolve_algo("backward_data", "0") == 0
-    assert cudnn._resolve_algo("backward_data", "CUDNN_CONVOLUTION_BWD_DATA_ALGO_1") == 1
-    assert cudnn._resolve_algo("backward_filter", 5) == 5
+    assert cudnn.resolve_algo("forward", "implicit_precomp_gemm") == 1
+    assert cudnn.resolve_algo("forward", "CUDNN_CONVOLUTION_FWD_ALGO_FFT") == 4
+    assert cudnn.resolve_algo("backward_data", "0") == 0
+    assert cudnn.resolve_algo("backward_data", "CUDNN_CONVOLUTION_BWD_DATA_ALGO_1") == 1
+    assert cudnn.resolve_algo("backward_filter", 5) == 5
     with pytest.raises(ArgumentError, match="known: IMPLICIT_GEMM"):
-        cudnn._resolve_algo("forward", "NO_SUCH_ALGO")
+        cudnn.resolve_algo("forward", "NO_SUCH_ALGO")
     with pytest.raises(ArgumentError):
-        cudnn._resolve_algo("forward", 8)  # _COUNT is not an algo
+        cudnn.resolve_algo("forward", 8)  # _COUNT is not an algo
 
 
 def test_data_types():

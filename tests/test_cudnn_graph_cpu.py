@@ -267,7 +267,7 @@ def test_plan_rejects_bad_input_before_any_c_call(no_c_calls):
     with pytest.raises(ArgumentTypeError):
         G.GraphConvolution.from_problem("not a problem")
     with pytest.raises(ArgumentError):
-        G._tf32(False, "fast")
+        G.allows_tf32(False, "fast")
 
 
 def test_plan_argument_checks_on_a_cpu_built_graph(cudnn):
@@ -541,7 +541,7 @@ def _relayout_plan(monkeypatch, e2e: dict, wrong: set = frozenset()):
     nhwc = rows(cl, [f"eng72{{k17={i}}}" for i in range(1, 6)], [0.010, 0.0105, 0.011, 0.012, 0.013])
     monkeypatch.setattr(S, "search", lambda p, *a, **k: native if p is plan else nhwc if p is cl else pytest.fail())
     monkeypatch.setattr(plan, "_example", lambda seed: {"x": None, "w": None, "b": None})
-    monkeypatch.setattr(G, "_environment", lambda index: dict(_ENV))
+    monkeypatch.setattr(G, "environment", lambda index: dict(_ENV))
     monkeypatch.setattr(plan, "output", lambda layout=None: torch.empty(plan.problem.y_shape))
     bound = {r: torch.empty(1) for r in ("x", "w", "y", "b", "dx", "dy", "dw")}
     monkeypatch.setattr(plan, "_bind", lambda *a: (bound, None))
@@ -973,7 +973,7 @@ def test_tuning_records_of_the_graph_hold_its_config(cudnn, monkeypatch, memory_
     """autotune's key: problem, direction (canonical), activation, the filters in force
     (no_tensor_cores resolved), cuDNN's version and the GPU; its record: the row's name,
     engine and knobs, times and error."""
-    monkeypatch.setattr(G, "_environment", lambda index: dict(_ENV))
+    monkeypatch.setattr(G, "environment", lambda index: dict(_ENV))
     p = _p(dtype="float32", has_bias=True)
     plan = G.GraphConvolution.from_problem(p, activation="relu")
     key = plan._tuning_key(S.SearchOptions(workspace_limit=0), False)

@@ -195,9 +195,9 @@ def test_operator_keeps_the_legacy_backward_plan(monkeypatch, direction):
     res = torch.randn(2, 3, 5, 5) if direction == "backward_data" else torch.randn(4, 3, 3, 3)
     fake = _FakeLegacyPlan(res)
     made = []
-    monkeypatch.setattr(cudnn, "_grad_problem", lambda *a, **k: made.append(a) or ops.ConvProblem.from_torch(
+    monkeypatch.setattr(cudnn, "grad_problem", lambda *a, **k: made.append(a) or ops.ConvProblem.from_torch(
         x, w, None, 1, 1, 1, 1))
-    monkeypatch.setattr(cudnn, "_plan", lambda *a, **k: fake)
+    monkeypatch.setattr(cudnn, "cached_plan", lambda *a, **k: fake)
     one = [1, 1]
     if direction == "backward_data":
         def call():

@@ -141,7 +141,7 @@ def test_tuning_replay_goes_through_the_registry(monkeypatch):
     from rawconv.core import backend
 
     p = ConvProblem(n=1, c=2, k=3, in_spatial=(5, 5), kernel=(3, 3), pad_before=(1, 1), pad_after=(1, 1))
-    key = tuning.TuningKey.for_backend("onednn", p, "forward", onednn._key_options("strict"))
+    key = tuning.TuningKey.for_backend("onednn", p, "forward", onednn.key_options("strict"))
     rec = tuning.TuningRecord(key, "x64:gemm:jit@any", {})
     be = backend.get("onednn")
     seen = []

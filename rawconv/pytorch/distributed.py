@@ -125,7 +125,7 @@ def environment(backend: str, device: Any = None) -> dict:
         from ..onednn import _ffi as _dnnl
         from .. import onednn
 
-        return {"library": "oneDNN", "library_version": onednn._version(), "device": "cpu",
+        return {"library": "oneDNN", "library_version": onednn.library_version(), "device": "cpu",
                 "device_arch": _dnnl.effective_cpu_isa()}
     if backend in ("cudnn", "cudnn_graph"):
         from ..cudnn import graph as cudnn_graph
@@ -137,7 +137,7 @@ def environment(backend: str, device: Any = None) -> dict:
         else:
             d = torch.device(device)
             idx = d.index if d.index is not None else torch.cuda.current_device()
-        return cudnn_graph._environment(idx)
+        return cudnn_graph.environment(idx)
     raise ArgumentError(f"backend must be 'onednn', 'cudnn' or 'cudnn_graph', got {backend!r}")
 
 
@@ -170,7 +170,7 @@ def _layers(model, example, budget_s) -> list[_Layer]:
         x = args["x"]
         backend = _nn._resolve_backend(m.backend, x.device)
         problem = _nn._problem_of(m, kind, args)
-        options = {"kind": kind, "precision": m.precision, "w_layout": onednn._w_layout(m.weight),
+        options = {"kind": kind, "precision": m.precision, "w_layout": onednn.weights_layout(m.weight),
                    "search": "rawconv.nn.convert", "budget_s": budget_s}
         if kind == "fused":
             options["residual"] = args.get("residual") is not None

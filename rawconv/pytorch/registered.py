@@ -16,7 +16,8 @@ import torch
 
 from ..core import backend as _backend
 from ..core.errors import ArgumentError
-from ..core.problem import ConvProblem, dense_strides, empty_like_layout, strides_match
+from ..core.problem import (ConvProblem, backward_data_layout, check_tensor, dense_strides, empty_like_layout,
+                            shape_only, strides_match)
 
 BUILTIN = ("auto", "onednn", "cudnn", "cudnn_graph")
 
@@ -31,8 +32,7 @@ def device_type(name: str) -> str | None:
     name no backend is registered under."""
     if name == "auto":
         return None
-    _backend.backends()   # the built-in ones registered first
-    be = _backend._registry.get(name) if isinstance(name, str) else None
+    be = next((b for b in _backend.backends() if b.name == name), None)   # (the built-in ones registered first)
     return None if be is None else be.device_type
 
 
@@ -42,6 +42,17 @@ def check(name: Any) -> str:
     if name == "auto" or device_type(name) is not None:
         return name
     raise ArgumentError(f"backend must be one of {list(names())}, got {name!r}")
+
+
+def backward_data_problem(grad_y, w, x_shape, stride, padding, dilation, groups) -> ConvProblem:
+    """The forward problem of a backward-data call on any device (x of ``x_shape``, ``padding``
+    one (before, after) pair per spatial dim), its layout dx's (torch's rule,
+    :func:`rawconv.problem.backward_data_layout`); raises rawconv's errors for bad input."""
+    x_shape = tuple(int(s) for s in x_shape)
+    problem = ConvProblem.from_torch(shape_only(x_shape, grad_y, "x_shape"), w, None, stride, padding, dilation, groups)
+    check_tensor(problem, grad_y, "grad_y", problem.y_shape)
+    lay = backward_data_layout(grad_y.unsqueeze(0) if problem.unbatched else grad_y, w)
+    return problem if lay == problem.layout else problem.with_(layout=lay)
 
 
 class OperatorPlan:

@@ -736,7 +736,7 @@ def _rawconv_onednn_version() -> str:
     try:
         from .. import onednn
 
-        return onednn._version()
+        return onednn.library_version()
     except Exception:  # noqa: BLE001 - a label
         return "?"
 
@@ -767,7 +767,7 @@ def _onednn_matches(c: _Call, conv: OneDNNRun) -> tuple[str, tuple[str, ...], st
                                       p.groups)
         else:
             plan = onednn.Convolution.from_problem(p.with_(layout="nhwc" if layout_of(c.x) == "nhwc" else p.layout),
-                                                   direction=c.direction, w_layout=onednn._w_layout(c.w))
+                                                   direction=c.direction, w_layout=onednn.weights_layout(c.w))
         impls = plan.implementations
     except RawconvError as exc:
         return "", (), f"rawconv's oneDNN: {type(exc).__name__}: {str(exc).splitlines()[0]}"
@@ -1469,9 +1469,9 @@ def _header(dev: str, flags: TorchFlags) -> str:
 
 
 def _cpu_name() -> str:
-    from rawconv.onednn import _cpu_model
+    from rawconv.onednn import cpu_model
 
-    return _cpu_model()
+    return cpu_model()
 
 
 def _final_count(rows, dev: str) -> str:
