@@ -26,7 +26,7 @@ def test_a_wrong_keyword_is_the_users_type_error_not_an_internal_error():
     with pytest.raises(ArgumentTypeError, match="too many positional"):
         compare.compare_problem(p, 3)
     # a TypeError raised inside a function whose arguments fit stays an internal error
-    from rawconv import _guard
+    from rawconv.core import guard as _guard
 
     @_guard.public
     def f(a):
@@ -284,7 +284,7 @@ def test_no_text_progress_bar_in_a_notebook_without_ipywidgets(monkeypatch):
     """tqdm's text bar on stderr became pink blocks, one per redraw, in the notebook's HTML export."""
     import importlib.util
 
-    from rawconv import _progress
+    from rawconv.core import progress as _progress
 
     real = importlib.util.find_spec
     monkeypatch.setattr(_progress, "in_notebook", lambda: True)

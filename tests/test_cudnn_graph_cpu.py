@@ -1,7 +1,7 @@
 """rawconv.cudnn_graph without a GPU: backend descriptors built and finalized up to (not including)
 the operation graph, attribute plumbing read back from cuDNN, engine-config names, knob
 enumeration, tolerance arguments, the device-side reference, the tuning cache, the autotune search
-(rawconv._search) driven through its plan interface by fake plans, and bad input rejected before
+(rawconv.cudnn.graph.search) driven through its plan interface by fake plans, and bad input rejected before
 any C call."""
 from __future__ import annotations
 
@@ -16,9 +16,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rawconv import ConvProblem, _cudnn
-from rawconv import _cuda, _cudnn_backend as B
-from rawconv import _search as S
+from rawconv import ConvProblem
+from rawconv.cudnn import _ffi as _cudnn
+from rawconv.cudnn import _cuda
+from rawconv.cudnn.graph import _backend_api as B
+from rawconv.cudnn.graph import search as S
 from rawconv import cudnn_graph as G
 from rawconv import tuning
 from rawconv.errors import ArgumentError, ArgumentTypeError, LibraryError, NotSupportedError
@@ -418,7 +420,7 @@ def test_reexported_from_rawconv_cudnn():
 
 
 class _FakeGraph:
-    """Enough of a rawconv._search.SearchPlan for the knob strategies, on a synthetic cost landscape."""
+    """Enough of a rawconv.cudnn.graph.search.SearchPlan for the knob strategies, on a synthetic cost landscape."""
 
     def __init__(self, engines):
         self.engines = engines  # index -> (behavior notes, knob info, cost(knobs) or None = no finalize)
@@ -794,7 +796,7 @@ def test_late_compilations_are_waited_for_until_the_deadline_unless_patience_end
 
 # ---------------------------------------------------------------- the whole search on a fake plan
 class _FakePlan:
-    """A rawconv._search.SearchPlan without cuDNN: ``engines`` index -> (numerical notes, behavior
+    """A rawconv.cudnn.graph.search.SearchPlan without cuDNN: ``engines`` index -> (numerical notes, behavior
     notes, knob info, cost(knobs) in ms or None = does not finalize, workspace bytes); heuristic
     modes return ``heuristics[mode]`` (names); configs in ``wrong`` give results outside their
     tolerance. Running a config records it, so the fake timers know its cost."""
@@ -956,7 +958,7 @@ def test_search_options_check_their_arguments():
 
 
 def test_graph_plan_satisfies_the_search_protocol(cudnn):
-    """Every member of rawconv._search.SearchPlan exists on GraphConvolution (built on the CPU)."""
+    """Every member of rawconv.cudnn.graph.search.SearchPlan exists on GraphConvolution (built on the CPU)."""
     import inspect
 
     plan = G.GraphConvolution.from_problem(_p(layout="nchw"))

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 import rawconv.fused as fu
 import rawconv.nn as rnn
-from rawconv import ArgumentError, ArgumentTypeError, ConvProblem, _dnnl
+from rawconv import ArgumentError, ArgumentTypeError, ConvProblem
+from rawconv.onednn import _ffi as _dnnl
 from rawconv.errors import NotSupportedError
 from conftest import load_cudnn_or_fail
 
@@ -244,7 +245,7 @@ def cudnn():
     (True, "relu", ["add", "add", "relu"]), (False, "relu", ["add", "relu"]), (True, None, ["add", "add"]),
     (False, None, ["add"])])
 def test_residual_graph_descriptors_finalize_without_gpu(cudnn, bias, act, kinds):
-    from rawconv import _cudnn_backend as B
+    from rawconv.cudnn.graph import _backend_api as B
     from rawconv import cudnn_graph as G
 
     p = ConvProblem(n=2, c=8, k=16, in_spatial=(9, 9), kernel=(3, 3), pad_before=(1, 1), pad_after=(1, 1),

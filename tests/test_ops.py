@@ -348,7 +348,7 @@ def test_conv_transpose_pins_its_backward_choices():
 
 
 def test_conv_transpose_bad_input_raises_before_any_library_call(monkeypatch):
-    from rawconv import _dnnl
+    from rawconv.onednn import _ffi as _dnnl
 
     monkeypatch.setattr(_dnnl, "load", lambda *a, **k: pytest.fail("a C call"))
     x, w = torch.randn(2, 4, 5, 5), torch.randn(4, 3, 3, 3)
