@@ -136,11 +136,11 @@ class FakePlan:
         if self.direction == "forward":
             y = F.conv2d(x, w, bias, self.problem.stride, pad)
         elif self.direction == "backward_data":
-            y = torch.ops.aten.convolution_backward(grad_y, torch.empty(self.problem.x_shape), w, None,
+            y = torch.ops.aten.convolution_backward(grad_y, grad_y.new_empty(self.problem.x_shape), w, None,
                                                     self.problem.stride, pad, (1, 1), False, (0, 0), 1,
                                                     (True, False, False))[0]
         else:
-            y = torch.ops.aten.convolution_backward(grad_y, x, torch.empty(self.problem.w_shape), None,
+            y = torch.ops.aten.convolution_backward(grad_y, x, x.new_empty(self.problem.w_shape), None,
                                                     self.problem.stride, pad, (1, 1), False, (0, 0), 1,
                                                     (False, True, False))[1]
         return y + 1 if self._choice == "fake:wrong" else y
@@ -168,8 +168,8 @@ class FakePlan:
         self.free()
 
 
-def _fake_backend():
-    return Backend("fake", "cpu", __name__, "torch (fake)",
+def _fake_backend(name="fake", device_type="cpu"):
+    return Backend(name, device_type, __name__, "torch (fake)",
                    lambda problem, direction="forward", options=None: FakePlan(problem, direction, options,
                                                                                None).candidates(),
                    lambda problem, direction, options, choice: FakePlan(problem, direction, options, choice),
@@ -335,3 +335,37 @@ def test_cuda_plans_through_plan_for(name):
             plan.autotune(budget_s=2.0, use_cache=False, seed_from_cache=False)
         assert plan.tuning_record.key == plan.tuning_key()
         assert plan.selected is not None
+
+
+@pytest.mark.gpu
+def test_fake_cuda_backend_in_the_operators_and_modules(monkeypatch):
+    """A registered backend of CUDA tensors runs as ``backend="<its name>"`` through the CUDA
+    kernels (checked path, then the kept plan's hot form) and a module: y and the gradients
+    against float64, in torch's layouts."""
+    import rawconv.nn as rnn
+    import rawconv.ops as ops
+
+    backend.backends()
+    monkeypatch.setitem(backend._registry, "fake_cuda", _fake_backend("fake_cuda", "cuda"))
+    torch.manual_seed(0)
+    for cl in (False, True):
+        x = torch.randn(2, 3, 7, 6, device="cuda")
+        if cl:
+            x = x.to(memory_format=torch.channels_last)
+        x.requires_grad_()
+        w = torch.randn(4, 3, 3, 3, device="cuda", requires_grad=True)
+        b = torch.randn(4, device="cuda", requires_grad=True)
+        for _ in range(2):
+            y = ops.conv(x, w, b, padding=1, backend="fake_cuda")
+            gy = torch.randn_like(y)
+            got = (y, *torch.autograd.grad(y, (x, w, b), gy))
+            for g, r in zip(got, _float64_grads(x, w, b, gy, 1)):
+                assert (g.double() - r).abs().max().item() < 1e-3 * max(1.0, r.abs().max().item())
+            assert y.is_contiguous(memory_format=torch.channels_last) == cl
+    conv = rnn.Conv2d(3, 4, 3, padding=1, backend="fake_cuda").cuda()
+    assert conv.backend == "fake_cuda"
+    xx = torch.randn(2, 3, 7, 6, device="cuda")
+    ref = F.conv2d(xx.double(), conv.weight.double(), conv.bias.double(), padding=1)
+    assert (conv(xx).double() - ref).abs().max().item() < 1e-3 * ref.abs().max().item()
+    with pytest.raises(Exception, match="fake_cuda"):   # CPU tensors on a CUDA backend: a clear error
+        ops.conv(xx.cpu(), conv.weight.detach().cpu(), padding=1, backend="fake_cuda")

@@ -563,7 +563,8 @@ def _backward_weights_cuda_checked(x, grad_y, w_shape, stride, pad_before, pad_a
         if backend not in BACKENDS:
             plan = _registered.plan(backend, "backward_weights", p, choice, precision)
             dw, db = _weights_result(plan, x, grad_y, bias, None)
-            return dw, (db if bias else torch.empty(0, dtype=x.dtype, device=x.device)), plan
+            # (kept for the hot path as the built-in ones: batched calls only, whose db it sums itself)
+            return dw, (db if bias else torch.empty(0, dtype=x.dtype, device=x.device)), (None if p.unbatched else plan)
         if _api(backend, choice) == "graph":
             from ..cudnn import graph as cudnn_graph
 
