@@ -38,7 +38,7 @@ CYCLES_ALLOWED = {
 LONG_ALLOWED = {
     "pytorch.nn": 3135,
     "onednn": 2050,
-    "pytorch.ops": 1801,
+    "pytorch.ops": 1802,
     "pytorch.torch_choice": 1567,
     "cudnn": 1521,
     "explore.compare": 1513,
