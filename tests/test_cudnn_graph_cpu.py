@@ -147,7 +147,7 @@ GRAPHS = {
 @pytest.mark.parametrize("direction", G.DIRECTIONS)
 def test_graph_operations_finalize_without_gpu(cudnn, name, direction):
     p = GRAPHS[name]
-    g = G._Graph(p, direction, None, p.layout)
+    g = G.OperationGraph(p, direction, None, p.layout)
     assert len(g.ops) == 1 and all(op.finalized for op in g.ops)
     roles = G._ROLES[direction]
     assert g.uids == [G.UID[r] for r in roles]
@@ -174,7 +174,7 @@ def test_graph_operations_finalize_without_gpu(cudnn, name, direction):
 @pytest.mark.parametrize("bias,act,nops", [(True, None, 2), (True, "relu", 3), (False, "gelu", 2)])
 def test_fused_graph_has_pointwise_nodes(cudnn, bias, act, nops):
     p = _p(has_bias=bias)
-    g = G._Graph(p, "forward", act, "nhwc")
+    g = G.OperationGraph(p, "forward", act, "nhwc")
     assert len(g.ops) == nops
     assert g.uids == [1, 2, 3] + ([4] if bias else [])
     assert [op.kind for op in g.ops] == ["OPERATION_CONVOLUTION_FORWARD"] + ["OPERATION_POINTWISE"] * (nops - 1)

@@ -250,7 +250,7 @@ def test_residual_graph_descriptors_finalize_without_gpu(cudnn, bias, act, kinds
 
     p = ConvProblem(n=2, c=8, k=16, in_spatial=(9, 9), kernel=(3, 3), pad_before=(1, 1), pad_after=(1, 1),
                     layout="nhwc", dtype="float16", device="cuda:0", has_bias=bias)
-    g = G._Graph(p, "forward", act, "nhwc", residual=True)
+    g = G.OperationGraph(p, "forward", act, "nhwc", residual=True)
     assert all(op.finalized for op in g.ops)
     assert [op.kind for op in g.ops] == ["OPERATION_CONVOLUTION_FORWARD"] + ["OPERATION_POINTWISE"] * len(kinds)
     assert g.uids == [1, 2, 3] + ([4] if bias else []) + [5]
@@ -262,7 +262,7 @@ def test_residual_graph_descriptors_finalize_without_gpu(cudnn, bias, act, kinds
     assert g.strides["r"] == g.strides["y"]
     del B
     with pytest.raises(ArgumentError, match="forward"):
-        G._Graph(p.with_(has_bias=False), "backward_data", None, "nhwc", residual=True)
+        G.OperationGraph(p.with_(has_bias=False), "backward_data", None, "nhwc", residual=True)
 
 
 def test_residual_graph_autotune_checks_candidates_against_the_residual_reference():

@@ -1300,7 +1300,7 @@ def clear_cache() -> None:
     _last_plans.clear()
 
 
-def _flush_primitive_cache() -> None:
+def flush_primitive_cache() -> None:
     """Empty oneDNN's own primitive cache (its JIT-compiled primitives, up to its capacity, 1024 by
     default) when the library is loaded: its capacity set to 0, then back. Wraps
     ``dnnl_get_primitive_cache_capacity``, ``dnnl_set_primitive_cache_capacity``."""
@@ -1311,7 +1311,7 @@ def _flush_primitive_cache() -> None:
     _dnnl.set_primitive_cache_capacity(cap)
 
 
-_plans.register_clear("rawconv.onednn:oneDNN's primitive cache", _flush_primitive_cache)
+_plans.register_clear("rawconv.onednn:oneDNN's primitive cache", flush_primitive_cache)
 
 
 def forward(x: torch.Tensor = None, w: torch.Tensor = None, bias: torch.Tensor | None = None, stride: Any = 1,

@@ -122,11 +122,9 @@ def environment(backend: str, device: Any = None) -> dict:
     name and ``sm_XY`` of ``device`` (a CUDA device or index; default the current one). Loads the
     library."""
     if backend == "onednn":
-        from ..onednn import _ffi as _dnnl
         from .. import onednn
 
-        return {"library": "oneDNN", "library_version": onednn.library_version(), "device": "cpu",
-                "device_arch": _dnnl.effective_cpu_isa()}
+        return {**onednn.environment(), "device": "cpu"}
     if backend in ("cudnn", "cudnn_graph"):
         from ..cudnn import graph as cudnn_graph
 
@@ -552,11 +550,9 @@ def _flush_onednn_primitives() -> None:
     """Empty oneDNN's primitive cache (capacity 0, then back), so that a measured search creates
     (JIT-compiles) its primitives again as a first search does. cuDNN keeps what it compiled."""
     try:
-        from ..onednn import _ffi as _dnnl
+        from .. import onednn
 
-        cap = _dnnl.primitive_cache_capacity()
-        _dnnl.set_primitive_cache_capacity(0)
-        _dnnl.set_primitive_cache_capacity(cap)
+        onednn.flush_primitive_cache()   # (a library not loaded yet has nothing cached)
     except Exception:  # noqa: BLE001  (no oneDNN: nothing cached)
         pass
 

@@ -349,7 +349,7 @@ def _graph_class():
                         allow_tf32: bool = False) -> "_ResidualGraphConvolution":
             self = cls.from_problem(problem, direction="forward", activation=activation, allow_tf32=allow_tf32)
             if not problem.is_empty:
-                self._graph = G._Graph(problem, "forward", self.activation, problem.layout, residual=True)
+                self._graph = G.OperationGraph(problem, "forward", self.activation, problem.layout, residual=True)
             return self
 
     _ResidualGraphConvolution.__name__ = _ResidualGraphConvolution.__qualname__ = "ResidualGraphConvolution"

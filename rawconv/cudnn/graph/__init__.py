@@ -238,7 +238,7 @@ def check_result(p: ConvProblem, y: torch.Tensor, ref: torch.Tensor, ref_abs: to
 
 
 # ---------------------------------------------------------------------------- the graph
-class _Graph:
+class OperationGraph:
     """The backend descriptors of one problem's graph: tensors, convolution, operations
     (built without a GPU) and, on demand, the operation graph (needs a handle)."""
 
@@ -529,7 +529,7 @@ class GraphConvolution(_Engines, _Autotune, PlanLifetime):
         self.device_index = _device_index(problem)
         self._dev = torch.device("cuda", self.device_index)
         # zero-sized problems (shared/cases C1) never reach cuDNN
-        self._graph = None if problem.is_empty else _Graph(problem, direction, self.activation, problem.layout)
+        self._graph = None if problem.is_empty else OperationGraph(problem, direction, self.activation, problem.layout)
         self._configs: dict[str, EngineConfig] = {}    # name -> listed/known config
         self._built: dict[str, _Built] = {}
         self._failed: dict[str, str] = {}             # name -> why it did not finalize
