@@ -936,7 +936,7 @@ _fast = PlanCache(256)
 
 
 def cached_plan(problem: ConvProblem, direction: str, w_layout: str, algo, math, deterministic, workspace_limit,
-          activation) -> Convolution:
+                activation) -> Convolution:
     """The legacy-API plan for ``problem``, ``direction`` (weights in ``w_layout``), ``algo``,
     ``math`` type, ``deterministic``, ``workspace_limit`` (bytes) and ``activation``, from the plan
     cache or made. Raises as :class:`Convolution`."""
@@ -992,7 +992,7 @@ def _forward_key(x, w, bias, stride, padding, dilation, groups, algo, math, dete
 
 
 def cached_forward_plan(x, w, bias, stride, padding, dilation, groups, algo, math, deterministic, workspace_limit,
-                  activation) -> Convolution:
+                        activation) -> Convolution:
     """The cached forward plan of :func:`forward`'s arguments (after :func:`normalize_choice`): found by
     :func:`_forward_key` (no validation, no heuristic query: the plan keeps its chosen algo), else
     built, validated and cached."""
@@ -1056,7 +1056,7 @@ def forward(x: torch.Tensor = None, w: torch.Tensor = None, bias: torch.Tensor |
         kw = {k: v for k, v in (("math", math), ("out", out), ("activation", activation)) if v is not None}
         return _graph("forward")(x, w, bias, stride, padding, dilation, groups, engine=engine, **kw)
     plan = cached_forward_plan(x, w, bias, stride, padding, dilation, groups, algo, math, deterministic, workspace_limit,
-                         activation)
+                               activation)
     return plan.execute(x, w, bias, out, return_info=return_info)
 
 
@@ -1169,7 +1169,7 @@ def backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[in
     if plan is None:
         problem = grad_problem(grad_y, x, w_shape, stride, padding, dilation, groups, "backward_weights")
         plan = cached_plan(problem, "backward_weights", w_layout or problem.layout, algo, math, deterministic,
-                     workspace_limit, None)
+                           workspace_limit, None)
         if key is not None:
             _fast.put(key, plan)
     return plan.execute(x, grad_y=grad_y, out=out, return_info=return_info)
@@ -1245,7 +1245,7 @@ def algorithms(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     if problem.is_empty:
         return []
     plan = cached_plan(problem, direction, weights_layout(w, problem), None, None if math == "all" else math, deterministic,
-                 workspace_limit, None)
+                       workspace_limit, None)
     return plan.algorithms(mode, math)
 
 

@@ -1298,7 +1298,7 @@ def records(rows: Iterable[Row], problems: Iterable[ConvProblem], *, fpmath: str
 
             plan_threads = onednn.plan_threads("auto", p)   # compare's plans take the default threads="auto"
             options = onednn.key_options(fpmath, "direct", "nchw", allow_known_bad,
-                                          threads if plan_threads is None else plan_threads)
+                                         threads if plan_threads is None else plan_threads)
             detail = {"impl": best.choice.partition("@")[0], "layouts": ex.get("layouts"), "index": ex.get("index"),
                       "formats": ex.get("formats"), "reorders": ex.get("reorders"),
                       "scratchpad_bytes": best.workspace_bytes, "weights": ex.get("weights")}

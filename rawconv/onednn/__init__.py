@@ -1270,7 +1270,7 @@ _cache = PlanCache(256)
 
 
 def cached_plan(problem: ConvProblem, direction: str, algorithm: str, fpmath: str, w_layout: str, impl: Any,
-          allow_known_bad: bool = False) -> Convolution:
+                allow_known_bad: bool = False) -> Convolution:
     """The plan the function forms and torch operators run for ``problem``, ``direction``,
     ``algorithm``, ``fpmath`` mode, weights layout and ``impl`` (a choice; None: oneDNN's first), from
     the plan cache (keyed with this thread, :func:`thread_ident`) or made (``prepack=False``; the
@@ -1625,7 +1625,7 @@ _FPMATH_COMPUTE = {"bf16": "bfloat16", "f16": "float16", "tf32": "tf32", "any": 
 
 
 def key_options(fpmath: str, algorithm: str = "direct", w_layout: str = "nchw", allow_known_bad: bool = False,
-                 threads: int | None = None) -> dict:
+                threads: int | None = None) -> dict:
     """The options of a oneDNN tuning key: fpmath mode, algorithm, weights layout and torch's
     thread count (which decides oneDNN's OpenMP threads), plus ``allow_known_bad`` when set."""
     out = {"fpmath": fpmath, "algorithm": algorithm, "weights_layout": w_layout,

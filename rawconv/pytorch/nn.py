@@ -2822,7 +2822,7 @@ def _rawconv_runs(m, kind, args, backend, choice=None) -> str:
 
             try:
                 plan = G.cached_forward_plan(x, w, b, m.stride, _norm_padding(args["padding"]), m.dilation, m.groups, None,
-                                       None, False, _ops._GRAPH_MATH[m.precision])
+                                             None, False, _ops._GRAPH_MATH[m.precision])
                 return f"graph {plan.selected_name}"
             except NotSupportedError:
                 pass   # no graph config: the legacy API runs it (below)

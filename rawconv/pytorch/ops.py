@@ -260,7 +260,7 @@ _cpu_last = PlanCache(512)   # the operator's arguments (no tensors) + thread ->
 
 def _backward_data_plan(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, choice, precision):
     problem = onednn.backward_data_problem(grad_y, w, tuple(x_shape), stride, _padding(pad_before, pad_after),
-                                       dilation, groups, False)
+                                           dilation, groups, False)
     plan = onednn.cached_plan(problem, "backward_data", "direct", precision, onednn.weights_layout(w), _onednn_choice(choice))
     plan.selected   # noqa: B018
     return plan
@@ -451,15 +451,15 @@ def _forward_cuda_checked(x, w, bias, stride, pad_before, pad_after, dilation, g
             from ..cudnn import graph as cudnn_graph
 
             plan = _graph_default(cudnn_graph.cached_forward_plan(x, w, bias, tuple(stride), padding, tuple(dilation),
-                                                            groups, choice or None, None, False,
-                                                            _GRAPH_MATH[precision]), backend, choice)
+                                                                  groups, choice or None, None, False,
+                                                                  _GRAPH_MATH[precision]), backend, choice)
         if plan is None:
             from .. import cudnn
 
             c, m = _legacy_choice(choice)
             algo, math, _engine = cudnn.normalize_choice("forward", None, c, m, precision, None)
             plan = cudnn.cached_forward_plan(x, w, bias, tuple(stride), padding, tuple(dilation), groups, algo, math,
-                                       False, None, None)
+                                             False, None, None)
         return plan.execute(x, w, bias), plan
 
 
@@ -508,15 +508,15 @@ def _backward_data_cuda_checked(grad_y, w, x_shape, stride, pad_before, pad_afte
             from ..cudnn import graph as cudnn_graph
 
             plan = _graph_default(cudnn_graph.cached_grad_plan("backward_data", gy, w, xs, tuple(stride), padding,
-                                                         tuple(dilation), groups, choice or None, False,
-                                                         _GRAPH_MATH[precision]), backend, choice)
+                                                               tuple(dilation), groups, choice or None, False,
+                                                               _GRAPH_MATH[precision]), backend, choice)
         if plan is None:   # the legacy API: rawconv.cudnn.backward_data's plan, kept for the hot path
             from .. import cudnn
 
             c, math = _legacy_choice(choice)
             algo, math, _engine = cudnn.normalize_choice("backward_data", None, c, math, precision, None)
             problem = cudnn.grad_problem(gy, w, xs, tuple(stride), padding, tuple(dilation), groups,
-                                          "backward_data")
+                                         "backward_data")
             plan = cudnn.cached_plan(problem, "backward_data", cudnn.weights_layout(w, problem), algo, math, False, None, None)
         dx = plan.execute(grad_y=gy, w=w)
     raw = dx
@@ -569,8 +569,8 @@ def _backward_weights_cuda_checked(x, grad_y, w_shape, stride, pad_before, pad_a
             from ..cudnn import graph as cudnn_graph
 
             plan = _graph_default(cudnn_graph.cached_grad_plan("backward_weights", xb, gy, p.w_shape, tuple(stride),
-                                                         padding, tuple(dilation), groups, choice or None, False,
-                                                         _GRAPH_MATH[precision]), backend, choice)
+                                                               padding, tuple(dilation), groups, choice or None, False,
+                                                               _GRAPH_MATH[precision]), backend, choice)
         if plan is not None:
             dw = plan.execute(xb, grad_y=gy)
         else:   # the legacy API: rawconv.cudnn.backward_weights's plan, kept for the hot path
@@ -584,7 +584,7 @@ def _backward_weights_cuda_checked(x, grad_y, w_shape, stride, pad_before, pad_a
             lay = p.layout if xb.dim() > 3 else "nchw"
             xb, gy = _enforce_layout(xb, lay, False), _enforce_layout(gy, lay, False)
             problem = cudnn.grad_problem(gy, xb, p.w_shape, tuple(stride), padding, tuple(dilation), groups,
-                                          "backward_weights")
+                                         "backward_weights")
             plan = cudnn.cached_plan(problem, "backward_weights", lay, algo, math, False, None, None)
             dw = plan.execute(xb, grad_y=gy)
             if xb is not x or gy is not grad_y:   # copies: the hot path (on the tensors as passed) would differ
@@ -653,7 +653,7 @@ def _backward_data_fake(grad_y, w, x_shape, stride, pad_before, pad_after, dilat
     if _concrete(xs, grad_y.shape, grad_y.stride(), w.shape, w.stride()):
         if grad_y.device.type == "cpu":
             p = onednn.backward_data_problem(grad_y, w, tuple(x_shape), stride, _padding(pad_before, pad_after),
-                                         dilation, groups, False)
+                                             dilation, groups, False)
             layout = p.layout
         else:
             ConvProblem.from_torch(shape_only(xs, grad_y, "x_shape"), w, None, stride, _padding(pad_before, pad_after),

@@ -1153,7 +1153,7 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
         return _graph_function("forward", x, w, bias, stride, padding, dilation, groups, engine=engine,
                                allow_tf32=allow_tf32, math=math, out=out, activation=activation)
     return cached_forward_plan(x, w, bias, stride, padding, dilation, groups, engine, activation, allow_tf32,
-                         math).execute(x, w, bias, out)
+                               math).execute(x, w, bias, out)
 
 
 def cached_forward_plan(x, w, bias, stride, padding, dilation, groups, engine, activation, allow_tf32, math):
@@ -1267,7 +1267,7 @@ backward_weights = backward_filter   # rawconv's word (backward_filter is cuDNN'
 
 
 def cached_grad_plan(direction: str, a, b, shape, stride, padding, dilation, groups, engine, allow_tf32: bool = False,
-               math: str | None = None) -> "GraphConvolution":
+                     math: str | None = None) -> "GraphConvolution":
     """The cached plan of a backward call, its arguments checked (as :func:`backward_data` /
     :func:`backward_filter` check them): ``direction`` ``"backward_data"`` (``a`` = grad_y, ``b``
     = w, ``shape`` = x_shape; the plan takes grad_y's layout) or ``"backward_weights"`` (``a`` =
