@@ -52,9 +52,9 @@ def layers(batch: int, dtype: str, layout: str, count: int, only: str | None = N
 
 def interleaved(fns: dict, iters: int, rounds: int = 5) -> dict:
     """Median GPU ms per call for each callable: CUDA events around groups of back-to-back calls
-    queued behind a GPU sleep (``rawconv._search.time_reps``), ``rounds`` rounds alternating the callables; the median
+    queued behind a GPU sleep (``rawconv.cudnn.graph.search.time_reps``), ``rounds`` rounds alternating the callables; the median
     of the round medians."""
-    from rawconv._search import time_reps
+    from rawconv.cudnn.graph.search import time_reps
 
     per = defaultdict(list)
     for _ in range(rounds):
@@ -86,7 +86,7 @@ def host_overhead(n: int = 3000, repeats: int = 5) -> dict:
                       lambda: G.forward(x, w, engine=plan.selected))):
         out[name] = wall_us_per_call(fn, n, repeats)
     # rawconv's own Python part: the same call with cudnnBackendExecute replaced by a no-op
-    from rawconv import _cudnn
+    from rawconv.cudnn import _ffi as _cudnn
 
     real_lib = _cudnn.lib
 
@@ -114,7 +114,8 @@ def host_overhead(n: int = 3000, repeats: int = 5) -> dict:
 def run(args) -> list:
     import torch
     import torch.nn.functional as F
-    from rawconv import _cudnn, cudnn_graph as G
+    from rawconv import cudnn_graph as G
+    from rawconv.cudnn import _ffi as _cudnn
     from rawconv.problem import to_layout
 
     dev = torch.cuda.get_device_name()

@@ -63,7 +63,8 @@ def main():
         rows.append((f"legacy plan.execute(out=) {a.algo}", per_call_us(lambda: plan.execute(x, w, out=y), args.calls)))
     rows.append(("legacy cudnn.forward (heuristic)", per_call_us(lambda: cudnn.forward(x, w, padding=1), args.calls)))
     # the bare C call, every argument prepared once: what cuDNN's legacy entry point itself costs
-    from rawconv import _cuda, _cudnn
+    from rawconv.cudnn import _cuda
+    from rawconv.cudnn import _ffi as _cudnn
 
     L, ffi = _cudnn.lib(), _cudnn.ffi
     for a in plan.algorithms(mode="heuristic", math=None):

@@ -475,7 +475,7 @@ def onednn_profile(name: str, fn, batches: int) -> tuple[str, dict]:
     from the C stdout. Each line carries oneDNN's own time of the call (ms). Returns the text (ms
     per batch by library, primitive kind and implementation; the rest of the wall time is outside
     oneDNN) and ``{(kind, shape, attrs or formats): (ms per batch, {implementations})}``."""
-    from rawconv import _dnnl
+    from rawconv.onednn import _ffi as _dnnl
     from rawconv.torch_choice import _capture_fd1, parse_onednn_verbose
 
     def body():
@@ -536,7 +536,7 @@ def onednn_profile_table(profiles: dict) -> str:
 
 
 def _cpu_name() -> str:
-    from rawconv.onednn import _cpu_model
+    from rawconv.onednn import cpu_model as _cpu_model
 
     return _cpu_model()
 

@@ -15,7 +15,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-from rawconv import _cuda, _cudnn, _guard, cudnn_graph
+from rawconv import cudnn_graph
+from rawconv.cudnn import _cuda
+from rawconv.cudnn import _ffi as _cudnn
+from rawconv.core import guard as _guard
 
 
 def host_us(fn, calls: int, gpu: bool, repeats: int = 5) -> float:

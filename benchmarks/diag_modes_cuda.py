@@ -420,7 +420,9 @@ def run_host(args, log):
     for k, v in res.items():
         log(f"{k:22s} host {min(v):7.2f} us  ({min(v) / base:5.2f}x F.conv2d)")
     # the parts of one graph-operator call, each timed alone (per call, best of 10 loops of 200)
-    from rawconv import _cuda, _cudnn, ops
+    from rawconv import ops
+    from rawconv.cudnn import _cuda
+    from rawconv.cudnn import _ffi as _cudnn
     args = ([1, 1], [1, 1], [1, 1], [1, 1], 1, "cudnn_graph", "", "strict", "", "")
     for _ in range(5):
         op(x, w, None, *args)
@@ -559,7 +561,8 @@ def run_planhost(args, log):
     cudnnBackendExecute alone and of its whole hot call (forward, backward data, backward weights),
     its engine, beside torch's host time for the same convolution (F.conv2d, aten
     convolution_backward), on fresh tensors of the layer's shapes."""
-    from rawconv import _cuda, _cudnn
+    from rawconv.cudnn import _cuda
+    from rawconv.cudnn import _ffi as _cudnn
 
     torch.backends.cudnn.benchmark = True
     base, _ = build_resnet50()

@@ -47,7 +47,8 @@ def main(argv=None):
             "composite plan.execute(x, w, out=y)": lambda: plan.execute(x, w, out=y),
             "torch F.conv2d NCHW": f_torch,
         }
-        from rawconv import _cuda, _cudnn
+        from rawconv.cudnn import _cuda
+        from rawconv.cudnn import _ffi as _cudnn
 
         ffi, L = _cudnn.ffi, _cudnn.lib()
         alpha, beta = ffi.new("float *", 1.0), ffi.new("float *", 0.0)

@@ -387,7 +387,7 @@ def meta(args) -> dict:
     dev = args.device
     cpu = ""
     try:
-        from rawconv.onednn import _cpu_model
+        from rawconv.onednn import cpu_model as _cpu_model
         cpu = _cpu_model()
     except Exception:   # noqa: BLE001
         pass

@@ -11,8 +11,9 @@ public as they are. The layered homes (``rawconv.pytorch.nn``, ``rawconv.cudnn.g
 where the code lives, for the package's own imports (the layers' rules see every edge there;
 ``tests/test_layers.py`` checks that no module of the package imports through an alias). The paths
 with a leading underscore (``rawconv._cuda``, ``rawconv._dnnl``, ``rawconv._search``...) are private
-paths of the flat layout before issue 23, kept for code and tests that still use them: no promise
-is made about them.
+paths of the flat layout before issue 23 (:data:`DEPRECATED`): importing one still gives the module,
+with a ``DeprecationWarning`` naming its home (``rawconv._dnnl``: ``rawconv.onednn._ffi``); they
+go in a later 0.x release. The package, its tests and benchmarks import the homes.
 
 An alias gives the module object itself (``import rawconv.cudnn_graph`` is ``rawconv.cudnn.graph``,
 not a copy), so that monkeypatching or pickling through either path is seen by both; ``python -m
@@ -25,6 +26,7 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
+import warnings
 
 # public (and old private) path -> the module it names
 ALIASES = {
@@ -63,14 +65,21 @@ ALIASES = {
     "rawconv._info": "rawconv.explore.info",
 }
 
+#: the old private paths (a leading underscore): importing one warns (DeprecationWarning)
+DEPRECATED = frozenset(k for k in ALIASES if k.rpartition(".")[2].startswith("_"))
+
 
 class _AliasLoader(importlib.abc.Loader):
-    """Loads an old path as the module it names now (the same object, its own ``__spec__`` kept)."""
+    """Loads an old path as the module it names now (the same object, its own ``__spec__`` kept);
+    an old private path (:data:`DEPRECATED`) warns once per process, when it is first imported."""
 
-    def __init__(self, target: str):
-        self.target = target
+    def __init__(self, target: str, name: str = ""):
+        self.target, self.name = target, name
 
     def create_module(self, spec):
+        if self.name in DEPRECATED:
+            warnings.warn(f"{self.name} is a private path of rawconv's old flat layout and will go: import "
+                          f"{self.target} (its home)", DeprecationWarning, stacklevel=_caller_level())
         module = importlib.import_module(self.target)
         self._spec = module.__spec__
         return module
@@ -89,7 +98,23 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
         new = ALIASES.get(fullname)
         if new is None:
             return None
-        return importlib.util.spec_from_loader(fullname, _AliasLoader(new))
+        return importlib.util.spec_from_loader(fullname, _AliasLoader(new, fullname))
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the frame that imports (the first outside importlib and this module),
+    so that the warning names the importing line (``warnings`` itself skips importlib's bootstrap
+    frames when it counts)."""
+    f, level = sys._getframe(1), 1
+    while f is not None:
+        name = f.f_code.co_filename
+        if "importlib" in name and "_bootstrap" in name:   # not counted by warnings.warn
+            f = f.f_back
+            continue
+        if name != __file__ and not name.endswith(("importlib/__init__.py", "importlib\\__init__.py")):
+            return level
+        f, level = f.f_back, level + 1
+    return level
 
 
 def install() -> None:

@@ -17,11 +17,11 @@ def pytest_collection_modifyitems(config, items):
 
 
 def load_cudnn_or_fail():
-    """``rawconv._cudnn.load()`` for the tests of cuDNN's descriptor functions (they need no GPU). A
+    """``rawconv.cudnn._ffi.load()`` for the tests of cuDNN's descriptor functions (they need no GPU). A
     CUDA build of torch brings libcudnn.so.9 (its nvidia-cudnn wheel): missing there, the test
     fails. A CPU build of torch (``torch.version.cuda`` None) brings none: the test skips, saying
     how to get it (``pip install 'rawconv[cuda12]'``)."""
-    from rawconv import _cudnn
+    from rawconv.cudnn import _ffi as _cudnn
 
     try:
         return _cudnn.load()
@@ -35,15 +35,15 @@ def load_cudnn_or_fail():
 @pytest.fixture(scope="session")
 def dnnl():
     """The loaded oneDNN library. A missing libdnnl.so.3 fails the test: it is a dependency."""
-    from rawconv import _dnnl
+    from rawconv.onednn import _ffi as _dnnl
 
     return _dnnl.load()
 
 
 @pytest.fixture(scope="session")
 def cudnn_lib():
-    """The loaded cuDNN library (``rawconv._cudnn.load()``); skips the test when libcudnn.so.9 cannot be loaded."""
-    from rawconv import _cudnn
+    """The loaded cuDNN library (``rawconv.cudnn._ffi.load()``); skips the test when libcudnn.so.9 cannot be loaded."""
+    from rawconv.cudnn import _ffi as _cudnn
     from rawconv.errors import LibraryNotFoundError
 
     try:

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 import rawconv.fused as fused
 import rawconv.nn as rnn
 import rawconv.ops as ops
-from rawconv import _autocast, onednn
+from rawconv import onednn
+from rawconv.pytorch import autocast as _autocast
 
 
 def _offered(direction: str, dtype) -> bool:

@@ -28,7 +28,7 @@ class _Plan:
 
 def _key():
     p = ConvProblem(n=1, c=2, k=3, in_spatial=(5, 5), kernel=(3, 3), pad_before=(1, 1), pad_after=(1, 1))
-    return tuning.TuningKey.for_backend("onednn", p, "forward", onednn._key_options("strict"))
+    return tuning.TuningKey.for_backend("onednn", p, "forward", onednn.key_options("strict"))
 
 
 def test_cached_reads_only_when_wanted_and_attaches_the_hit(tmp_path):

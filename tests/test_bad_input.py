@@ -3,8 +3,8 @@ exception class it must raise, and words its message must contain.
 
 Every exception must be a :class:`rawconv.RawconvError` (and the builtin its class derives from:
 ``ArgumentError`` is a ``ValueError``, ``AllocationError`` a ``MemoryError``...). Rows marked
-``before_c`` run with the native libraries made unreachable (``rawconv._dnnl.lib`` and
-``rawconv._cudnn.lib`` raise): the error must come before any C call. CLI rows run
+``before_c`` run with the native libraries made unreachable (``rawconv.onednn._ffi.lib`` and
+``rawconv.cudnn._ffi.lib`` raise): the error must come before any C call. CLI rows run
 ``rawconv.cli.main`` in this process: exit status 2 and exactly one line on stderr, no traceback.
 docs/guides/errors.md ("Bad input") lists what is checked.
 """
@@ -420,7 +420,8 @@ def _malformed():
 
 @pytest.fixture
 def no_c_calls(monkeypatch):
-    from rawconv import _cudnn, _dnnl
+    from rawconv.cudnn import _ffi as _cudnn
+    from rawconv.onednn import _ffi as _dnnl
 
     def boom(*_a, **_k):
         raise AssertionError("a C function was called")
@@ -482,7 +483,7 @@ def test_unexpected_errors_become_internal_errors(monkeypatch):
     RawconvError) with the original chained, not the raw exception."""
     def broken(*_a, **_k):
         raise KeyError("boom")
-    monkeypatch.setattr(onednn, "_plan", broken)
+    monkeypatch.setattr(onednn, "cached_plan", broken)
     onednn.clear_cache()
     with pytest.raises(InternalError, match="unexpected KeyError") as info:
         onednn.forward(x(), w())

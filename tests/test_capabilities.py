@@ -14,7 +14,7 @@ import torch
 
 from conftest import requires_onednn as requires_onednn_fn
 from rawconv import ArgumentError, ArgumentTypeError, ConvProblem, LibraryError, NotSupportedError, onednn
-from rawconv._capabilities import Capabilities, CapabilityRow
+from rawconv.core.capabilities import Capabilities, CapabilityRow
 from rawconv.problem import abs_reference, compare_to_reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +32,7 @@ def test_every_direction_dtype_and_fpmath_is_probed(caps):
     want = {(d, "float32", m) for d in DIRS for m in onednn.FPMATH_MODES}
     want |= {(d, dt, "strict") for d in DIRS for dt in ("bfloat16", "float16")}
     assert keys == want and len(caps.rows) == len(want)
-    from rawconv import _dnnl
+    from rawconv.onednn import _ffi as _dnnl
 
     assert caps.library == "oneDNN" and caps.version == _dnnl.version()["version"]
     assert caps.platform == _dnnl.effective_cpu_isa()
@@ -202,7 +202,7 @@ def test_requires_onednn_skips_with_the_reason():
 
 
 def test_info_has_a_capabilities_section(caps):
-    from rawconv._info import collect
+    from rawconv.explore.info import collect
 
     part = collect()["capabilities"]
     assert part["onednn"]["platform"] == f"oneDNN {caps.version} on {caps.platform}"
@@ -261,7 +261,7 @@ def test_library_error_hint_shows_onednns_own_reason_before_the_error():
     flushes the C stdout before raising, so the line is there even if the process then dies."""
     r = _run("""
         import os, sys
-        from rawconv import _dnnl
+        from rawconv.onednn import _ffi as _dnnl
         from rawconv.errors import LibraryError
         L = _dnnl.lib()
         x = _dnnl.md_tag([1, 8, 6, 6], "float32", "any"); w = _dnnl.md_tag([8, 8, 3, 3], "float32", "any")

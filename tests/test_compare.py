@@ -205,7 +205,7 @@ def test_fit_columns_drops_in_priority_order():
 def no_info(monkeypatch):
     """``rawconv info``'s data stubbed: the tests below patch oneDNN calls, and info's per-process
     capabilities cache must not keep what a patched call gave."""
-    from rawconv import _info
+    from rawconv.explore import info as _info
 
     monkeypatch.setattr(_info, "collect", lambda: {"onednn": {"version": "(stub)", "cpu_isa": "(stub)"}})
 

@@ -26,7 +26,7 @@ def test_a_wrong_keyword_is_the_users_type_error_not_an_internal_error():
     with pytest.raises(ArgumentTypeError, match="too many positional"):
         compare.compare_problem(p, 3)
     # a TypeError raised inside a function whose arguments fit stays an internal error
-    from rawconv import _guard
+    from rawconv.core import guard as _guard
 
     @_guard.public
     def f(a):
@@ -81,7 +81,7 @@ def test_compare_times_both_weight_handlings_and_names_each_library():
     p = ConvProblem.from_benchdnn("mb1ic8ih10oc8oh10kh3ph1")
     rows = compare.compare_problem(p, iterations=1, warmup=0, budget_s=0.02, include_ref=False)
     libs = compare.libraries()
-    assert libs["onednn"] == f"oneDNN {onednn._version()}"
+    assert libs["onednn"] == f"oneDNN {onednn.library_version()}"
     torch_rows = [r for r in rows if r.backend == "torch"]
     assert all(r.library.startswith(f"torch {torch.__version__.split('+')[0]}") for r in torch_rows)
     ones = [r for r in rows if r.backend == "onednn"]
@@ -284,7 +284,7 @@ def test_no_text_progress_bar_in_a_notebook_without_ipywidgets(monkeypatch):
     """tqdm's text bar on stderr became pink blocks, one per redraw, in the notebook's HTML export."""
     import importlib.util
 
-    from rawconv import _progress
+    from rawconv.core import progress as _progress
 
     real = importlib.util.find_spec
     monkeypatch.setattr(_progress, "in_notebook", lambda: True)
@@ -332,7 +332,7 @@ def test_torch_choice_on_cuda_reports_the_backward_directions(direction):
 def test_row_labels_follow_the_loaded_onednn(monkeypatch):
     """With RAWCONV_DNNL_LIBRARY pointing at another oneDNN 3.x build the same comparison runs on it:
     every label comes from the loaded library's dnnl_version(), none is written in."""
-    monkeypatch.setattr(onednn, "_version", lambda: "3.13.0")
+    monkeypatch.setattr(onednn, "library_version", lambda: "3.13.0")
     libs = compare.libraries()
     assert libs["onednn"] == "oneDNN 3.13.0"
     p = ConvProblem.from_benchdnn("mb1ic4ih6oc4oh6kh3ph1")

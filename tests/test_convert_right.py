@@ -435,13 +435,13 @@ class Trainable(nn.Module):
 def _spy_plans(monkeypatch):
     """Every (direction, implementation) rawconv's operators ask oneDNN's plan cache for."""
     seen = []
-    real = onednn._plan
+    real = onednn.cached_plan
 
     def spy(problem, direction, *args, **kwargs):
         plan = real(problem, direction, *args, **kwargs)
         seen.append((direction, f"{plan.selected.name}@{plan.selected.layouts}", args[-1] if args else None))
         return plan
-    monkeypatch.setattr(onednn, "_plan", spy)
+    monkeypatch.setattr(onednn, "cached_plan", spy)
     return seen
 
 

@@ -132,12 +132,12 @@ def test_cuda_autotune_pins_backward_per_problem_on_the_tensors_layout(monkeypat
         monkeypatch.setattr(cudnn, name, spy)
     from rawconv import cudnn_graph   # the graph API (engine configs "eng..."): the operators' default
 
-    real_grad_plan = cudnn_graph._grad_plan
+    real_grad_plan = cudnn_graph.cached_grad_plan
 
     def spy_graph(direction, *a, **k):
         asked.append(({"backward_filter": "backward_weights"}.get(direction, direction), a[7]))   # (.., groups, choice)
         return real_grad_plan(direction, *a, **k)
-    monkeypatch.setattr(cudnn_graph, "_grad_plan", spy_graph)
+    monkeypatch.setattr(cudnn_graph, "cached_grad_plan", spy_graph)
     xg = x.clone().requires_grad_()
     m(xg).square().sum().backward()
     pinned = {(d, c) for t in rep.tuned for d, c in t["directions"].items() if d != "forward"}

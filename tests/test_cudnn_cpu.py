@@ -13,7 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rawconv import ConvProblem, _cuda, _cudnn, cudnn
+from rawconv import ConvProblem, cudnn
+from rawconv.cudnn import _cuda
+from rawconv.cudnn import _ffi as _cudnn
 from rawconv.errors import (ArgumentError, ArgumentTypeError, LibraryError, LibraryNotFoundError,
                             NotSupportedError)
 
@@ -104,15 +106,15 @@ def test_algo_tables_and_names():
     assert cudnn.FwdAlgo.WINOGRAD_NONFUSED == 7
     assert cudnn.BwdDataAlgo.ALGO_1 == 1
     assert cudnn.BwdFilterAlgo.ALGO_3 == 3
-    assert cudnn._resolve_algo("forward", "implicit_precomp_gemm") == 1
-    assert cudnn._resolve_algo("forward", "CUDNN_CONVOLUTION_FWD_ALGO_FFT") == 4
-    assert cudnn._resolve_algo("backward_data", "0") == 0
-    assert cudnn._resolve_algo("backward_data", "CUDNN_CONVOLUTION_BWD_DATA_ALGO_1") == 1
-    assert cudnn._resolve_algo("backward_filter", 5) == 5
+    assert cudnn.resolve_algo("forward", "implicit_precomp_gemm") == 1
+    assert cudnn.resolve_algo("forward", "CUDNN_CONVOLUTION_FWD_ALGO_FFT") == 4
+    assert cudnn.resolve_algo("backward_data", "0") == 0
+    assert cudnn.resolve_algo("backward_data", "CUDNN_CONVOLUTION_BWD_DATA_ALGO_1") == 1
+    assert cudnn.resolve_algo("backward_filter", 5) == 5
     with pytest.raises(ArgumentError, match="known: IMPLICIT_GEMM"):
-        cudnn._resolve_algo("forward", "NO_SUCH_ALGO")
+        cudnn.resolve_algo("forward", "NO_SUCH_ALGO")
     with pytest.raises(ArgumentError):
-        cudnn._resolve_algo("forward", 8)  # _COUNT is not an algo
+        cudnn.resolve_algo("forward", 8)  # _COUNT is not an algo
 
 
 def test_data_types():
@@ -324,7 +326,8 @@ def test_search_in_a_subprocess_takes_the_first_that_loads(tmp_path, cudnn_lib):
     bad.write_text("not an ELF file")
     real = cudnn_lib.path
     r = _run(f"""
-        from rawconv import _cuda, _cudnn
+        from rawconv.cudnn import _cuda
+        from rawconv.cudnn import _ffi as _cudnn
         loaded = _cudnn.search([("already loaded in this process", "(none)", -1),
                                 ("$RAWCONV_CUDNN_LIBRARY", {str(bad)!r}, None),
                                 ("nvidia-cudnn wheel", {str(tmp_path / 'missing' / 'libcudnn.so.9')!r}, None),
@@ -347,7 +350,7 @@ def test_search_reports_every_attempt_when_all_fail(tmp_path):
     bad = tmp_path / "libcudnn.so.9"
     bad.write_text("junk")
     r = _run(f"""
-        from rawconv import _cudnn
+        from rawconv.cudnn import _ffi as _cudnn
         from rawconv.errors import LibraryNotFoundError
         try:
             _cudnn.search([("already loaded in this process", "(none)", -1),
@@ -454,7 +457,7 @@ def test_the_plan_device_guard_works_on_a_torch_without_cuda_bindings(monkeypatc
     """A CPU build of torch (2.13) has no torch._C._cuda_getDevice: ``import rawconv.cudnn`` raised
     AttributeError while defining its plan classes (and every test file importing it failed to
     collect). The guard and current_device() now treat it as 'no CUDA driver'."""
-    monkeypatch.setattr(_cuda, "_get_device", _cuda._no_cuda_build)   # what rawconv._cuda binds on such a torch
+    monkeypatch.setattr(_cuda, "_get_device", _cuda._no_cuda_build)   # what rawconv.cudnn._cuda binds on such a torch
 
     class Plan:
         device_index = 0

@@ -1,7 +1,7 @@
 """rawconv.cudnn_graph without a GPU: backend descriptors built and finalized up to (not including)
 the operation graph, attribute plumbing read back from cuDNN, engine-config names, knob
 enumeration, tolerance arguments, the device-side reference, the tuning cache, the autotune search
-(rawconv._search) driven through its plan interface by fake plans, and bad input rejected before
+(rawconv.cudnn.graph.search) driven through its plan interface by fake plans, and bad input rejected before
 any C call."""
 from __future__ import annotations
 
@@ -16,9 +16,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rawconv import ConvProblem, _cudnn
-from rawconv import _cuda, _cudnn_backend as B
-from rawconv import _search as S
+from rawconv import ConvProblem
+from rawconv.cudnn import _ffi as _cudnn
+from rawconv.cudnn import _cuda
+from rawconv.cudnn.graph import _backend_api as B
+from rawconv.cudnn.graph import search as S
 from rawconv import cudnn_graph as G
 from rawconv import tuning
 from rawconv.errors import ArgumentError, ArgumentTypeError, LibraryError, NotSupportedError
@@ -145,7 +147,7 @@ GRAPHS = {
 @pytest.mark.parametrize("direction", G.DIRECTIONS)
 def test_graph_operations_finalize_without_gpu(cudnn, name, direction):
     p = GRAPHS[name]
-    g = G._Graph(p, direction, None, p.layout)
+    g = G.OperationGraph(p, direction, None, p.layout)
     assert len(g.ops) == 1 and all(op.finalized for op in g.ops)
     roles = G._ROLES[direction]
     assert g.uids == [G.UID[r] for r in roles]
@@ -172,7 +174,7 @@ def test_graph_operations_finalize_without_gpu(cudnn, name, direction):
 @pytest.mark.parametrize("bias,act,nops", [(True, None, 2), (True, "relu", 3), (False, "gelu", 2)])
 def test_fused_graph_has_pointwise_nodes(cudnn, bias, act, nops):
     p = _p(has_bias=bias)
-    g = G._Graph(p, "forward", act, "nhwc")
+    g = G.OperationGraph(p, "forward", act, "nhwc")
     assert len(g.ops) == nops
     assert g.uids == [1, 2, 3] + ([4] if bias else [])
     assert [op.kind for op in g.ops] == ["OPERATION_CONVOLUTION_FORWARD"] + ["OPERATION_POINTWISE"] * (nops - 1)
@@ -267,7 +269,7 @@ def test_plan_rejects_bad_input_before_any_c_call(no_c_calls):
     with pytest.raises(ArgumentTypeError):
         G.GraphConvolution.from_problem("not a problem")
     with pytest.raises(ArgumentError):
-        G._tf32(False, "fast")
+        G.allows_tf32(False, "fast")
 
 
 def test_plan_argument_checks_on_a_cpu_built_graph(cudnn):
@@ -418,7 +420,7 @@ def test_reexported_from_rawconv_cudnn():
 
 
 class _FakeGraph:
-    """Enough of a rawconv._search.SearchPlan for the knob strategies, on a synthetic cost landscape."""
+    """Enough of a rawconv.cudnn.graph.search.SearchPlan for the knob strategies, on a synthetic cost landscape."""
 
     def __init__(self, engines):
         self.engines = engines  # index -> (behavior notes, knob info, cost(knobs) or None = no finalize)
@@ -541,7 +543,7 @@ def _relayout_plan(monkeypatch, e2e: dict, wrong: set = frozenset()):
     nhwc = rows(cl, [f"eng72{{k17={i}}}" for i in range(1, 6)], [0.010, 0.0105, 0.011, 0.012, 0.013])
     monkeypatch.setattr(S, "search", lambda p, *a, **k: native if p is plan else nhwc if p is cl else pytest.fail())
     monkeypatch.setattr(plan, "_example", lambda seed: {"x": None, "w": None, "b": None})
-    monkeypatch.setattr(G, "_environment", lambda index: dict(_ENV))
+    monkeypatch.setattr(G, "environment", lambda index: dict(_ENV))
     monkeypatch.setattr(plan, "output", lambda layout=None: torch.empty(plan.problem.y_shape))
     bound = {r: torch.empty(1) for r in ("x", "w", "y", "b", "dx", "dy", "dw")}
     monkeypatch.setattr(plan, "_bind", lambda *a: (bound, None))
@@ -794,7 +796,7 @@ def test_late_compilations_are_waited_for_until_the_deadline_unless_patience_end
 
 # ---------------------------------------------------------------- the whole search on a fake plan
 class _FakePlan:
-    """A rawconv._search.SearchPlan without cuDNN: ``engines`` index -> (numerical notes, behavior
+    """A rawconv.cudnn.graph.search.SearchPlan without cuDNN: ``engines`` index -> (numerical notes, behavior
     notes, knob info, cost(knobs) in ms or None = does not finalize, workspace bytes); heuristic
     modes return ``heuristics[mode]`` (names); configs in ``wrong`` give results outside their
     tolerance. Running a config records it, so the fake timers know its cost."""
@@ -956,7 +958,7 @@ def test_search_options_check_their_arguments():
 
 
 def test_graph_plan_satisfies_the_search_protocol(cudnn):
-    """Every member of rawconv._search.SearchPlan exists on GraphConvolution (built on the CPU)."""
+    """Every member of rawconv.cudnn.graph.search.SearchPlan exists on GraphConvolution (built on the CPU)."""
     import inspect
 
     plan = G.GraphConvolution.from_problem(_p(layout="nchw"))
@@ -973,7 +975,7 @@ def test_tuning_records_of_the_graph_hold_its_config(cudnn, monkeypatch, memory_
     """autotune's key: problem, direction (canonical), activation, the filters in force
     (no_tensor_cores resolved), cuDNN's version and the GPU; its record: the row's name,
     engine and knobs, times and error."""
-    monkeypatch.setattr(G, "_environment", lambda index: dict(_ENV))
+    monkeypatch.setattr(G, "environment", lambda index: dict(_ENV))
     p = _p(dtype="float32", has_bias=True)
     plan = G.GraphConvolution.from_problem(p, activation="relu")
     key = plan._tuning_key(S.SearchOptions(workspace_limit=0), False)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from rawconv import ConvProblem, tuning
-from rawconv import _search as S
+from rawconv.cudnn.graph import search as S
 from rawconv import cudnn_graph as G
 from rawconv.errors import NotSupportedError
 from rawconv.problem import abs_reference, compare_to_reference, conv_reference, empty_like_layout, to_layout

@@ -351,7 +351,8 @@ def test_a_plan_refuses_tensors_of_another_device_naming_both():
     """check_plan_tensor on fake CUDA tensors (torch's FakeTensorMode: no GPU needed)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from rawconv import ConvProblem, _cuda
+    from rawconv import ConvProblem
+    from rawconv.cudnn import _cuda
     from rawconv.errors import ArgumentError
 
     p = ConvProblem(2, 4, 8, (6, 6), (3, 3), device="cuda:0")
@@ -368,7 +369,7 @@ def test_a_plan_refuses_tensors_of_another_device_naming_both():
 def test_plan_methods_run_with_the_plan_device_current(monkeypatch):
     """The guard sets the plan's device around the call when another is current, restores it,
     and does nothing when it already is (torch's device calls faked: no GPU here)."""
-    from rawconv import _cuda
+    from rawconv.cudnn import _cuda
 
     state = {"current": 0, "entered": []}
 
@@ -420,7 +421,7 @@ def test_the_cudnn_plans_are_guarded():
                                                        "autotune"))):
         for n in names:
             fn = getattr(cls, n)
-            if getattr(fn, "__rawconv_public__", False):   # rawconv._guard's error wrapper sits outside
+            if getattr(fn, "__rawconv_public__", False):   # rawconv.core.guard's error wrapper sits outside
                 fn = fn.__wrapped__
             assert fn.__code__.co_name == "guarded", f"{cls.__name__}.{n} is not device-guarded"
     assert cudnn_graph.GraphConvolution.__call__ is cudnn_graph.GraphConvolution.execute
@@ -437,7 +438,8 @@ two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUD
 def test_cuda1_tensors_run_on_device_1_handle_and_stream(api):
     """cuda:1 tensors while cuda:0 is current: device 1's handle, on torch's current stream of
     device 1 (a side stream too), right against float64; cuda:0 current again after."""
-    from rawconv import _cuda, cudnn, cudnn_graph
+    from rawconv import cudnn, cudnn_graph
+    from rawconv.cudnn import _cuda
 
     torch.cuda.set_device(0)
     g = torch.Generator().manual_seed(0)

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 
-from rawconv import _loader
+from rawconv.core import loader as _loader
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,7 +67,7 @@ def _run(code: str, env: dict, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_env_var_wins_and_is_recorded(dnnl, tmp_path):
-    code = "import json; from rawconv import _dnnl; l = _dnnl.load(); print(json.dumps([l.found_via, l.path]))"
+    code = "import json; from rawconv.onednn import _ffi as _dnnl; l = _dnnl.load(); print(json.dumps([l.found_via, l.path]))"
     r = _run(code, {"RAWCONV_DNNL_LIBRARY": dnnl.path}, tmp_path)
     assert r.returncode == 0, r.stderr
     how, path = json.loads(r.stdout.strip().splitlines()[-1])
@@ -77,7 +77,7 @@ def test_env_var_wins_and_is_recorded(dnnl, tmp_path):
 def test_bad_env_var_is_an_error_not_a_fall_back(tmp_path):
     fake = tmp_path / "libdnnl.so.3"
     fake.write_bytes(b"not an ELF file")
-    code = ("from rawconv import _dnnl\n"
+    code = ("from rawconv.onednn import _ffi as _dnnl\n"
             "try:\n    l = _dnnl.load(); print('LOADED', l.found_via)\n"
             "except Exception as e:\n    print(type(e).__name__, [a[0] for a in e.attempts])")
     r = _run(code, {"RAWCONV_DNNL_LIBRARY": str(fake)}, tmp_path)
@@ -86,7 +86,7 @@ def test_bad_env_var_is_an_error_not_a_fall_back(tmp_path):
 
 
 def test_nothing_found_lists_every_attempt(tmp_path):
-    code = ("from rawconv import _dnnl, _loader\n"
+    code = ("from rawconv.onednn import _ffi as _dnnl\nfrom rawconv.core import loader as _loader\n"
             "_dnnl.candidates = lambda: [('$RAWCONV_DNNL_LIBRARY', '/nonexistent/libdnnl.so.3'),"
             " ('system loader', 'libdnnl-does-not-exist.so.3')]\n"
             "try:\n    _dnnl.load()\nexcept Exception as e:\n    print(type(e).__name__); print(e)\n")
@@ -99,7 +99,7 @@ def test_nothing_found_lists_every_attempt(tmp_path):
 
 def test_import_needs_no_native_library(tmp_path):
     code = ("import sys, rawconv\n"
-            "assert 'rawconv._dnnl' not in sys.modules and 'rawconv._cudnn' not in sys.modules\n"
+            "assert 'rawconv.onednn._ffi' not in sys.modules and 'rawconv.cudnn._ffi' not in sys.modules\n"
             "p = rawconv.ConvProblem.from_benchdnn('mb1ic3ih8oc4oh8kh3ph1'); print(p.y_shape)")
     r = _run(code, {"RAWCONV_DNNL_LIBRARY": "/nonexistent.so"}, tmp_path)
     assert r.returncode == 0, r.stderr
@@ -107,7 +107,7 @@ def test_import_needs_no_native_library(tmp_path):
 
 
 def test_search_order_is_documented_order(monkeypatch):
-    from rawconv import _dnnl
+    from rawconv.onednn import _ffi as _dnnl
 
     monkeypatch.setenv("RAWCONV_DNNL_LIBRARY", "/explicit/libdnnl.so.3")
     assert _dnnl.candidates() == [("$RAWCONV_DNNL_LIBRARY", "/explicit/libdnnl.so.3")]   # the only one
@@ -133,7 +133,7 @@ _ISA_ALIASES = {"cpu_isa_avx512_core_fp16": "cpu_isa_avx10_1_512", "cpu_isa_avx5
 
 
 def test_enum_values_name_the_same_thing_in_the_loaded_library(dnnl):
-    from rawconv._dnnl import ffi
+    from rawconv.onednn._ffi import ffi
 
     checked, wrong = 0, []
     for typ, (fn, pre) in _2STR.items():
@@ -152,7 +152,7 @@ def test_enum_values_name_the_same_thing_in_the_loaded_library(dnnl):
 
 
 def test_build_names_resolve_to_their_files(monkeypatch, tmp_path):
-    from rawconv import _dnnl
+    from rawconv.onednn import _ffi as _dnnl
 
     site = tmp_path / "site-packages"
     (site / "paddle" / "libs").mkdir(parents=True)
@@ -178,7 +178,7 @@ def test_build_names_resolve_to_their_files(monkeypatch, tmp_path):
 
 def test_a_build_name_loads_in_a_process(tmp_path):
     """RAWCONV_DNNL_LIBRARY=onednn-cpu-gomp (the default's own name) loads the same library."""
-    code = ("import json; from rawconv import _dnnl; l = _dnnl.load(); "
+    code = ("import json; from rawconv.onednn import _ffi as _dnnl; l = _dnnl.load(); "
             "print(json.dumps([l.found_via, _dnnl.version()['version']]))")
     r = _run(code, {"RAWCONV_DNNL_LIBRARY": "onednn-cpu-gomp"}, tmp_path)
     assert r.returncode == 0, r.stderr
@@ -187,7 +187,7 @@ def test_a_build_name_loads_in_a_process(tmp_path):
 
 
 def test_dpcpp_runtime_preload_only_for_a_folder_with_sycl(tmp_path, monkeypatch):
-    from rawconv import _dnnl
+    from rawconv.onednn import _ffi as _dnnl
 
     (tmp_path / "libdnnl.so.3").write_bytes(b"x")
     monkeypatch.delenv("OCL_ICD_FILENAMES", raising=False)

@@ -77,7 +77,8 @@ def test_getters_are_typed():
 
 def test_reads_go_through_env(monkeypatch):
     """The package's behaviour follows the variables as before (now read through env.get)."""
-    from rawconv import _progress, tuning
+    from rawconv import tuning
+    from rawconv.core import progress as _progress
 
     monkeypatch.setenv("RAWCONV_PROGRESS", "off")
     assert _progress.enabled(None) is False and _progress.enabled(True) is True

@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rawconv import _dnnl, onednn, ops
+from rawconv import onednn, ops
+from rawconv.onednn import _ffi as _dnnl
 from rawconv.errors import ArgumentError
 
 pytestmark = pytest.mark.filterwarnings("ignore::rawconv.errors.SlowReferenceWarning")

@@ -300,7 +300,7 @@ def test_legacy_hot_path_follows_streams_select_and_free():
 
 
 def test_legacy_function_form_and_operator_reuse_the_plan(monkeypatch):
-    """rawconv.cudnn.forward finds its plan by the arguments (rawconv._plans.arg_key: padding=True
+    """rawconv.cudnn.forward finds its plan by the arguments (rawconv.core.plans.arg_key: padding=True
     is refused after padding=1), and torch.ops.rawconv.conv_forward / rawconv.ops.conv with
     backend="cudnn" keep the plan of their last call (ops._cuda_last, the backend in the key) and
     run its hot path."""

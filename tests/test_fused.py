@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 import rawconv.fused as fu
 import rawconv.nn as rnn
-from rawconv import ArgumentError, ArgumentTypeError, ConvProblem, _dnnl
+from rawconv import ArgumentError, ArgumentTypeError, ConvProblem
+from rawconv.onednn import _ffi as _dnnl
 from rawconv.errors import NotSupportedError
 from conftest import load_cudnn_or_fail
 
@@ -244,12 +245,12 @@ def cudnn():
     (True, "relu", ["add", "add", "relu"]), (False, "relu", ["add", "relu"]), (True, None, ["add", "add"]),
     (False, None, ["add"])])
 def test_residual_graph_descriptors_finalize_without_gpu(cudnn, bias, act, kinds):
-    from rawconv import _cudnn_backend as B
+    from rawconv.cudnn.graph import _backend_api as B
     from rawconv import cudnn_graph as G
 
     p = ConvProblem(n=2, c=8, k=16, in_spatial=(9, 9), kernel=(3, 3), pad_before=(1, 1), pad_after=(1, 1),
                     layout="nhwc", dtype="float16", device="cuda:0", has_bias=bias)
-    g = G._Graph(p, "forward", act, "nhwc", residual=True)
+    g = G.OperationGraph(p, "forward", act, "nhwc", residual=True)
     assert all(op.finalized for op in g.ops)
     assert [op.kind for op in g.ops] == ["OPERATION_CONVOLUTION_FORWARD"] + ["OPERATION_POINTWISE"] * len(kinds)
     assert g.uids == [1, 2, 3] + ([4] if bias else []) + [5]
@@ -261,7 +262,7 @@ def test_residual_graph_descriptors_finalize_without_gpu(cudnn, bias, act, kinds
     assert g.strides["r"] == g.strides["y"]
     del B
     with pytest.raises(ArgumentError, match="forward"):
-        G._Graph(p.with_(has_bias=False), "backward_data", None, "nhwc", residual=True)
+        G.OperationGraph(p.with_(has_bias=False), "backward_data", None, "nhwc", residual=True)
 
 
 def test_residual_graph_autotune_checks_candidates_against_the_residual_reference():

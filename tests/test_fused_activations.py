@@ -520,7 +520,7 @@ def test_cudnn_graph_with_each_activation_finalizes_without_gpu(cudnn, monkeypat
         return orig(self, attr, typ, values)
 
     monkeypatch.setattr(B.Descriptor, "set", spy)
-    g = G._Graph(_gp(dtype=dtype), "forward", act, "nhwc", residual=residual)
+    g = G.OperationGraph(_gp(dtype=dtype), "forward", act, "nhwc", residual=residual)
     assert all(op.finalized for op in g.ops)
     assert [op.kind for op in g.ops] == ["OPERATION_CONVOLUTION_FORWARD"] + ["OPERATION_POINTWISE"] * (2 + residual)
     modes = [v for a, t, v in sets if a == "POINTWISE_MODE"]

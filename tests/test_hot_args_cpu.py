@@ -1,6 +1,6 @@
 """The pieces of the CUDA plans' forward hot paths that need no GPU (issue 15, "the cost of a
-pinned call"): the out= overlap test on data pointers (rawconv._cuda.out_overlaps) against
-rawconv._guard's check on the tensors, the tensor pack (rawconv._cuda.HotArgs), the legacy
+pinned call"): the out= overlap test on data pointers (rawconv.cudnn._cuda.out_overlaps) against
+rawconv.core.guard's check on the tensors, the tensor pack (rawconv.cudnn._cuda.HotArgs), the legacy
 function form's fast-path key (rawconv.cudnn._forward_key), and the operator's CUDA cache keeping
 the backends apart."""
 from __future__ import annotations
@@ -9,8 +9,10 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from rawconv import _cuda, _guard, cudnn, ops
-from rawconv._plans import PlanCache
+from rawconv import cudnn, ops
+from rawconv.cudnn import _cuda
+from rawconv.core import guard as _guard
+from rawconv.core.plans import PlanCache
 from rawconv.errors import ArgumentError
 
 
@@ -27,7 +29,7 @@ def _overlaps_by_guard(out, inputs) -> bool:
        st.booleans())
 def test_out_overlaps_agrees_with_the_guard(views, no_bias):
     """Views (offset, size, stride) of one buffer as x, w, bias and out: the pointer test says what
-    rawconv._guard.check_no_overlap says of the tensors (no bias: pointer 0, extent 0)."""
+    rawconv.core.guard.check_no_overlap says of the tensors (no bias: pointer 0, extent 0)."""
     buf = torch.zeros(100)
     ts = [buf.as_strided((n,), (s,), off) for off, n, s in views]
     if no_bias:
@@ -195,9 +197,9 @@ def test_operator_keeps_the_legacy_backward_plan(monkeypatch, direction):
     res = torch.randn(2, 3, 5, 5) if direction == "backward_data" else torch.randn(4, 3, 3, 3)
     fake = _FakeLegacyPlan(res)
     made = []
-    monkeypatch.setattr(cudnn, "_grad_problem", lambda *a, **k: made.append(a) or ops.ConvProblem.from_torch(
+    monkeypatch.setattr(cudnn, "grad_problem", lambda *a, **k: made.append(a) or ops.ConvProblem.from_torch(
         x, w, None, 1, 1, 1, 1))
-    monkeypatch.setattr(cudnn, "_plan", lambda *a, **k: fake)
+    monkeypatch.setattr(cudnn, "cached_plan", lambda *a, **k: fake)
     one = [1, 1]
     if direction == "backward_data":
         def call():

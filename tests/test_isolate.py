@@ -1,4 +1,4 @@
-"""Crash isolation (rawconv._isolate): a crash or hang in the child is a row status; this process lives on.
+"""Crash isolation (rawconv.core.isolate): a crash or hang in the child is a row status; this process lives on.
 
 Starting a worker costs a few seconds (the child imports torch), so the tests share workers:
 ``_isolate`` keeps one idle worker per (environment, threads), and every test here uses the same
@@ -12,8 +12,9 @@ import time
 import pytest
 import torch
 
-from rawconv import ConvProblem, _isolate, onednn
-from rawconv.onednn import isolated  # the oneDNN child and session (rawconv._isolate before issue 23)
+from rawconv import ConvProblem, onednn
+from rawconv.core import isolate as _isolate
+from rawconv.onednn import isolated  # the oneDNN child and session (rawconv.core.isolate before issue 23)
 from rawconv.errors import ArgumentError, ArgumentTypeError, NotSupportedError
 
 

@@ -37,6 +37,7 @@ def test_lint_imports_contracts_kept():
     assert any(line.startswith("Contracts:") and "0 broken" in line for line in summary), r.stdout[-2000:]
 
 
+@pytest.mark.filterwarnings("ignore:rawconv._[a-z_]+ is a private path:DeprecationWarning")
 @pytest.mark.parametrize("old,new", sorted(ALIASES.items()))
 def test_old_path_is_the_same_module(old, new):
     a, b = importlib.import_module(old), importlib.import_module(new)
@@ -57,6 +58,7 @@ def test_monkeypatch_through_old_path_is_seen_by_new(monkeypatch):
     assert graph.known_wrong is not sentinel
 
 
+@pytest.mark.filterwarnings("ignore:rawconv._[a-z_]+ is a private path:DeprecationWarning")
 def test_from_imports_of_old_paths():
     from rawconv import _cuda, _dnnl, cudnn_graph, fused, nn, ops  # noqa: F401
     from rawconv.fused import FusedConvolution
@@ -141,7 +143,7 @@ def test_tuning_replay_goes_through_the_registry(monkeypatch):
     from rawconv.core import backend
 
     p = ConvProblem(n=1, c=2, k=3, in_spatial=(5, 5), kernel=(3, 3), pad_before=(1, 1), pad_after=(1, 1))
-    key = tuning.TuningKey.for_backend("onednn", p, "forward", onednn._key_options("strict"))
+    key = tuning.TuningKey.for_backend("onednn", p, "forward", onednn.key_options("strict"))
     rec = tuning.TuningRecord(key, "x64:gemm:jit@any", {})
     be = backend.get("onednn")
     seen = []
@@ -151,3 +153,27 @@ def test_tuning_replay_goes_through_the_registry(monkeypatch):
     monkeypatch.setattr(be, "replay", None)
     monkeypatch.setattr(be, "plan", lambda problem, direction, options, choice: ("plan()", direction, choice))
     assert tuning.replay(rec) == ("plan()", "forward", "x64:gemm:jit@any")
+
+
+def test_old_private_paths_warn_and_public_ones_do_not(monkeypatch):
+    """An old private path (``rawconv._dnnl``) still gives its module, with a DeprecationWarning
+    naming the home, pointing at the importing line; the public alias paths import silently."""
+    import warnings
+
+    from rawconv import _aliases
+
+    assert "rawconv._dnnl" in _aliases.DEPRECATED and "rawconv.nn" not in _aliases.DEPRECATED
+    assert all(not k.rpartition(".")[2].startswith("_") for k in set(ALIASES) - _aliases.DEPRECATED)
+    for old in ("rawconv._dnnl", "rawconv._search", "rawconv.nn"):   # as if never imported (restored after)
+        monkeypatch.delitem(sys.modules, old, raising=False)
+        monkeypatch.delattr(rawconv, old.rpartition(".")[2], raising=False)
+    with pytest.warns(DeprecationWarning, match=r"rawconv\._dnnl is a private path .* import rawconv\.onednn\._ffi") as rec:
+        mod = importlib.import_module("rawconv._dnnl")
+    assert rec[0].filename == __file__   # the importing line (import_module's caller), not importlib's
+    assert mod is importlib.import_module("rawconv.onednn._ffi")
+    with pytest.warns(DeprecationWarning, match=r"rawconv\._search .* rawconv\.cudnn\.graph\.search") as rec:
+        exec("from rawconv import _search", {})
+    assert rec[0].filename == "<string>"   # the importing line, not importlib's
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert importlib.import_module("rawconv.nn") is importlib.import_module("rawconv.pytorch.nn")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rawconv import _dnnl
+from rawconv.onednn import _ffi as _dnnl
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,7 +27,7 @@ def _run(code: str, **env) -> subprocess.CompletedProcess:
 
 
 LOAD_DNNL = """
-    from rawconv import _dnnl
+    from rawconv.onednn import _ffi as _dnnl
     from rawconv.errors import LibraryNotFoundError
     try:
         l = _dnnl.load()
@@ -102,7 +102,8 @@ def test_a_cpu_build_of_torch_imports_every_backend_and_info_works():
         if hasattr(torch._C, "_cuda_getDevice"):
             del torch._C._cuda_getDevice   # as a CPU build of torch has it
         import rawconv.cudnn, rawconv.cudnn_graph
-        from rawconv import _backend, _cuda
+        from rawconv.core import backend as _backend
+        from rawconv.cudnn import _cuda
         print("BACKENDS", sorted(b.name for b in _backend.backends()))
         print("DEVICE", _cuda.current_device())
         from rawconv.cli import main
@@ -115,7 +116,7 @@ def test_a_cpu_build_of_torch_imports_every_backend_and_info_works():
 
 # ---------------------------------------------------------------- cuDNN
 LOAD_CUDNN = """
-    from rawconv import _cudnn
+    from rawconv.cudnn import _ffi as _cudnn
     from rawconv.errors import LibraryNotFoundError
     try:
         l = _cudnn.load()

@@ -222,7 +222,7 @@ def test_fused_resnet50_is_right_when_its_kernels_run_back_to_back(autotune):
     """The fused residual graphs' engine (cuDNN's runtime-compiled eng4) started before the kernel
     queued ahead of it had finished: eager calls queued behind a busy GPU and CUDA-graph replays of
     a fused ResNet-50 gave 1e-1 relative errors, unqueued eager calls were right. rawconv launches a
-    barrier kernel before such engines (rawconv._cuda.stream_barrier). Checked both ways, against
+    barrier kernel before such engines (rawconv.cudnn._cuda.stream_barrier). Checked both ways, against
     torch's own model and against the unqueued eager output."""
     _fused.clear_cache()
     torch.manual_seed(0)
@@ -532,7 +532,7 @@ def test_a_config_that_cannot_be_captured_gets_a_capturable_stand_in(monkeypatch
     while a call made inside a capture runs its stand-in, the first heuristic config that can be
     captured: only the stand-in's variant packs are made in the capture, and the replay equals the
     eager result."""
-    from rawconv import _cuda
+    from rawconv.cudnn import _cuda
 
     real = _cuda.capture_fails
     rejected = []

@@ -313,7 +313,7 @@ def test_winograd_not_offered_names_the_status():
 
 
 def test_library_error_carries_status_function_and_hint():
-    from rawconv import _dnnl
+    from rawconv.onednn import _ffi as _dnnl
 
     with pytest.raises(LibraryError) as ei:
         _dnnl.call("dnnl_memory_desc_create_with_tag", _dnnl.ffi.new("dnnl_memory_desc_t *"), 99,

@@ -348,7 +348,7 @@ def test_conv_transpose_pins_its_backward_choices():
 
 
 def test_conv_transpose_bad_input_raises_before_any_library_call(monkeypatch):
-    from rawconv import _dnnl
+    from rawconv.onednn import _ffi as _dnnl
 
     monkeypatch.setattr(_dnnl, "load", lambda *a, **k: pytest.fail("a C call"))
     x, w = torch.randn(2, 4, 5, 5), torch.randn(4, 3, 3, 3)
@@ -481,7 +481,7 @@ def test_fake_kernels_shapes_strides_without_library_calls(monkeypatch):
 
     def boom(*args, **kwargs):
         raise AssertionError("a fake kernel called oneDNN")
-    monkeypatch.setattr(onednn, "_plan", boom)
+    monkeypatch.setattr(onednn, "cached_plan", boom)
     with FakeTensorMode() as mode:
         for case in CASES:
             x, w, b, kw = _tensors(case, requires_grad=False)
@@ -742,7 +742,7 @@ def test_operators_never_run_a_known_bad_implementation():
     gy = torch.randn(32, 8, 16, 16).to(memory_format=torch.channels_last)
     a = ops._conv_args((1, 1), 2, 0, 1, 1)
     p = ops._backward_weights_problem(x, gy, (8, 4, 1, 1), *a, False)
-    bad = [r for r in onednn._plan(p, "backward_weights", "direct", "strict", p.layout, None).implementations
+    bad = [r for r in onednn.cached_plan(p, "backward_weights", "direct", "strict", p.layout, None).implementations
            if r.known_bad]
     if not bad:
         pytest.skip("no implementation rawconv.known_bad lists for the #6035 problem is offered on this CPU")

@@ -1,7 +1,8 @@
 """The plan contract (issue 35): every plan class satisfies :class:`rawconv.core.backend.Plan`, a
 backend's plans are reached through :meth:`Backend.plan_for`, and a backend registered from outside
-the package (a fake one here, on torch's own convolution) appears in ``compare``, ``rawconv list``
-and ``rawconv info`` without a line changed elsewhere."""
+the package (a fake one here, on torch's own convolution) appears in ``compare``, ``rawconv list``,
+``rawconv info``, the operators (``rawconv.ops.conv``, ``torch.ops.rawconv.conv_*``), the modules
+and ``rawconv.nn.convert`` without a line changed elsewhere."""
 from __future__ import annotations
 
 import io
@@ -135,11 +136,11 @@ class FakePlan:
         if self.direction == "forward":
             y = F.conv2d(x, w, bias, self.problem.stride, pad)
         elif self.direction == "backward_data":
-            y = torch.ops.aten.convolution_backward(grad_y, torch.empty(self.problem.x_shape), w, None,
+            y = torch.ops.aten.convolution_backward(grad_y, grad_y.new_empty(self.problem.x_shape), w, None,
                                                     self.problem.stride, pad, (1, 1), False, (0, 0), 1,
                                                     (True, False, False))[0]
         else:
-            y = torch.ops.aten.convolution_backward(grad_y, x, torch.empty(self.problem.w_shape), None,
+            y = torch.ops.aten.convolution_backward(grad_y, x, x.new_empty(self.problem.w_shape), None,
                                                     self.problem.stride, pad, (1, 1), False, (0, 0), 1,
                                                     (False, True, False))[1]
         return y + 1 if self._choice == "fake:wrong" else y
@@ -167,8 +168,8 @@ class FakePlan:
         self.free()
 
 
-def _fake_backend():
-    return Backend("fake", "cpu", __name__, "torch (fake)",
+def _fake_backend(name="fake", device_type="cpu"):
+    return Backend(name, device_type, __name__, "torch (fake)",
                    lambda problem, direction="forward", options=None: FakePlan(problem, direction, options,
                                                                                None).candidates(),
                    lambda problem, direction, options, choice: FakePlan(problem, direction, options, choice),
@@ -219,6 +220,100 @@ def test_fake_backend_in_list_and_info(fake, capsys):
     assert collected["fake"]["library"] == "torch's own convolution" and "fake" in collected["backends"]["fake"]
 
 
+
+def _float64_grads(x, w, b, gy, padding, stride=1):
+    xd, wd = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    bd = None if b is None else b.detach().double().requires_grad_()
+    y = F.conv2d(xd, wd, bd, stride, padding)
+    return (y.detach(), *torch.autograd.grad(y, [t for t in (xd, wd, bd) if t is not None], gy.double()))
+
+
+def _close(got, ref):
+    assert got.shape == ref.shape
+    assert (got.double() - ref).abs().max().item() < 1e-4 * max(1.0, ref.abs().max().item())
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_fake_backend_in_the_operators(fake, layout):
+    """``backend="fake"`` in rawconv.ops.conv and the operators: the fake's plans (made by
+    plan_for, run through the contract's hot_run) give y and the gradients (against float64), in
+    torch's layouts; its choice names select its candidates (the wrong one is run, not replaced)."""
+    import rawconv.ops as ops
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 7, 6, requires_grad=True)
+    w = torch.randn(4, 3, 3, 3, requires_grad=True)
+    b = torch.randn(4, requires_grad=True)
+    if layout == "nhwc":
+        x = x.detach().to(memory_format=torch.channels_last).requires_grad_()
+    for _ in range(2):   # the second call takes the kernels' cached plans (their fast paths)
+        y = ops.conv(x, w, b, padding=1, backend="fake")
+        gy = torch.randn_like(y)
+        gx, gw, gb = torch.autograd.grad(y, (x, w, b), gy)
+        ref = _float64_grads(x, w, b, gy, 1)
+        for got, r in zip((y, gx, gw, gb), ref):
+            _close(got, r)
+        assert y.is_contiguous(memory_format=torch.channels_last) == (layout == "nhwc")
+        assert gx.is_contiguous(memory_format=torch.channels_last) == (layout == "nhwc")
+    with torch.no_grad():
+        wrong = ops.conv(x, w, None, padding=1, backend="fake", choice="fake:wrong")
+        _close(wrong - 1, ref[0] - b.detach().double().view(1, -1, 1, 1))
+        y0 = torch.ops.rawconv.conv_forward(x, w, None, [1, 1], [1, 1], [1, 1], [1, 1], 1, "fake", "", "strict",
+                                            "", "")
+        _close(y0, ref[0] - b.detach().double().view(1, -1, 1, 1))
+        dx = torch.ops.rawconv.conv_backward_data(gy, w, list(x.shape), [1, 1], [1, 1], [1, 1], [1, 1], 1, "fake",
+                                                  "", "strict")
+        _close(dx, ref[1])
+        dw, db = torch.ops.rawconv.conv_backward_weights(x, gy, list(w.shape), [1, 1], [1, 1], [1, 1], [1, 1], 1,
+                                                         True, "fake", "", "strict")
+        _close(dw, ref[2])
+        _close(db, ref[3])
+        # unbatched, as torch's
+        yu = ops.conv(x[0], w, b, padding=1, backend="fake")
+        _close(yu, ref[0][0])
+    from rawconv.core.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match="fake"):   # a name no backend is registered under names those there are
+        ops.conv(x, w, padding=1, backend="fakes")
+
+
+def test_fake_backend_in_modules_and_convert(fake):
+    """``rawconv.nn.Conv2d(..., backend="fake")`` and ``rawconv.nn.convert(model, backend="fake")``:
+    the layers run the fake's plans (its wrong choice shows), trained through its backward plans."""
+    import rawconv.nn as rnn
+    from rawconv.core.errors import ArgumentError
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 7, 6)
+    conv = rnn.Conv2d(3, 4, 3, padding=1, backend="fake")
+    assert conv.backend == "fake"
+    ref = F.conv2d(x.double(), conv.weight.double(), conv.bias.double(), padding=1)
+    _close(conv(x).detach(), ref)
+    conv.choice = "fake:wrong"
+    _close(conv(x).detach() - 1, ref)
+    conv.to("cpu")
+    assert conv.backend == "fake"   # a move to its own device keeps it
+    with pytest.raises(ArgumentError, match="fake"):
+        rnn.Conv2d(3, 4, 3, backend="nope")
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 2, 1))
+    expect = model(x)
+    conv_model = rnn.convert(model, backend="fake")
+    layers = [m for m in conv_model.modules() if isinstance(m, rnn.Conv2d)]
+    assert len(layers) == 2 and all(m.backend == "fake" for m in layers)
+    xr = x.clone().requires_grad_()
+    out = conv_model(xr)
+    _close(out.detach(), expect.detach().double())
+    out.sum().backward()
+    xe = x.clone().requires_grad_()
+    model(xe).sum().backward()
+    _close(xr.grad, xe.grad.double())
+    _close(layers[0].weight.grad, model[0].weight.grad.double())
+    layers[1].choice = "fake:wrong"   # the converted layers run the fake's plans, not torch's
+    with torch.no_grad():
+        _close(conv_model(x) - 1, expect.detach().double())
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["cudnn", "cudnn_graph"])
 def test_cuda_plans_through_plan_for(name):
@@ -240,3 +335,37 @@ def test_cuda_plans_through_plan_for(name):
             plan.autotune(budget_s=2.0, use_cache=False, seed_from_cache=False)
         assert plan.tuning_record.key == plan.tuning_key()
         assert plan.selected is not None
+
+
+@pytest.mark.gpu
+def test_fake_cuda_backend_in_the_operators_and_modules(monkeypatch):
+    """A registered backend of CUDA tensors runs as ``backend="<its name>"`` through the CUDA
+    kernels (checked path, then the kept plan's hot form) and a module: y and the gradients
+    against float64, in torch's layouts."""
+    import rawconv.nn as rnn
+    import rawconv.ops as ops
+
+    backend.backends()
+    monkeypatch.setitem(backend._registry, "fake_cuda", _fake_backend("fake_cuda", "cuda"))
+    torch.manual_seed(0)
+    for cl in (False, True):
+        x = torch.randn(2, 3, 7, 6, device="cuda")
+        if cl:
+            x = x.to(memory_format=torch.channels_last)
+        x.requires_grad_()
+        w = torch.randn(4, 3, 3, 3, device="cuda", requires_grad=True)
+        b = torch.randn(4, device="cuda", requires_grad=True)
+        for _ in range(2):
+            y = ops.conv(x, w, b, padding=1, backend="fake_cuda")
+            gy = torch.randn_like(y)
+            got = (y, *torch.autograd.grad(y, (x, w, b), gy))
+            for g, r in zip(got, _float64_grads(x, w, b, gy, 1)):
+                assert (g.double() - r).abs().max().item() < 1e-3 * max(1.0, r.abs().max().item())
+            assert y.is_contiguous(memory_format=torch.channels_last) == cl
+    conv = rnn.Conv2d(3, 4, 3, padding=1, backend="fake_cuda").cuda()
+    assert conv.backend == "fake_cuda"
+    xx = torch.randn(2, 3, 7, 6, device="cuda")
+    ref = F.conv2d(xx.double(), conv.weight.double(), conv.bias.double(), padding=1)
+    assert (conv(xx).double() - ref).abs().max().item() < 1e-3 * ref.abs().max().item()
+    with pytest.raises(Exception, match="fake_cuda"):   # CPU tensors on a CUDA backend: a clear error
+        ops.conv(xx.cpu(), conv.weight.detach().cpu(), padding=1, backend="fake_cuda")

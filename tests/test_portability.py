@@ -43,7 +43,7 @@ def _pin_beyond_avx2(model) -> int:
             args = {"x": x, "padding": m.padding}
             if t.kind == "fused":
                 args["residual"] = None
-            probs = {_nn._forward_direction(t.kind): (_nn._problem_of(m, t.kind, args), onednn._w_layout(m.weight))}
+            probs = {_nn._forward_direction(t.kind): (_nn._problem_of(m, t.kind, args), onednn.weights_layout(m.weight))}
             if t.kind == "conv":
                 probs.update(_nn._grad_problems(m, t.kind, args, "onednn"))
             for direction, (problem, wl) in probs.items():

@@ -204,7 +204,7 @@ def test_reprs_are_readable_not_dataclass_dumps():
 @pytest.fixture
 def notes(monkeypatch):
     """What the progress bars were told, bar by bar: [(desc, [notes...])]."""
-    from rawconv import _progress
+    from rawconv.core import progress as _progress
 
     seen = []
     init, note = _progress._Bar.__init__, _progress._Bar.note
@@ -224,7 +224,8 @@ def notes(monkeypatch):
 
 
 def test_progress_argument_and_autotune_bar_names_the_candidate(capsys, notes):
-    from rawconv import _progress, onednn
+    from rawconv import onednn
+    from rawconv.core import progress as _progress
     from rawconv.errors import ArgumentTypeError
 
     assert _progress.enabled(True) and not _progress.enabled(False)

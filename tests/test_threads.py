@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rawconv import _dnnl, fused, onednn
+from rawconv import fused, onednn
+from rawconv.onednn import _ffi as _dnnl
 from rawconv.errors import ArgumentError, ArgumentTypeError
 
 pytestmark = [pytest.mark.filterwarnings("ignore::rawconv.errors.SlowReferenceWarning"),
@@ -42,7 +43,7 @@ def _spy(plan):
 
 
 def _spy_omp(monkeypatch, name):
-    """The OpenMP count in force at each call of ``rawconv._dnnl.<name>`` (patched for the test)."""
+    """The OpenMP count in force at each call of ``rawconv.onednn._ffi.<name>`` (patched for the test)."""
     seen = []
     real = getattr(onednn._dnnl, name)
 

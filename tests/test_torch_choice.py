@@ -404,8 +404,8 @@ def test_parse_cudnn_log_reads_engines_from_execute_only():
 def test_cudnn_api_log_reads_whole_messages(cudnn_lib):
     """cudnnSetCallback through rawconv's cffi: whole messages (NUL-separated lines), and the
     callback that was set before is back afterwards. Descriptor calls need no GPU."""
-    from rawconv import _cudnn
-    from rawconv import _cudnn_backend as B
+    from rawconv.cudnn import _ffi as _cudnn
+    from rawconv.cudnn.graph import _backend_api as B
 
     import threading
 

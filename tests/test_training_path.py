@@ -132,7 +132,7 @@ def test_onednn_backward_hot_path_equals_the_checked_path(bias):
     assert bd._grad_hot_run(gy, w) is None   # no pack before a checked call
     dx0 = bd.execute(grad_y=gy, w=w)
     prob = ops._backward_weights_problem(x, gy, list(w.shape), one, one, one, one, 1, bias)
-    bw = onednn._plan(prob, "backward_weights", "direct", "strict", prob.layout, None)
+    bw = onednn.cached_plan(prob, "backward_weights", "direct", "strict", prob.layout, None)
     r0 = bw.execute(x, grad_y=gy)
     for step in range(3):
         dx = bd._grad_hot_run(gy, w)

@@ -418,7 +418,7 @@ def test_replay_selects_exactly_the_recorded_choice(tmp_path):
     impls = onednn.Convolution.from_problem(p).implementations
     # not oneDNN's first choice, so that a plan that ignored the record would differ
     chosen = next(i for i in reversed(impls) if not i.name.startswith("ref"))
-    k = TuningKey.for_backend("onednn", p, "forward", onednn._key_options("strict"))
+    k = TuningKey.for_backend("onednn", p, "forward", onednn.key_options("strict"))
     rec = TuningRecord(k, chosen.choice, {"impl": chosen.name}, label="tiny")
     plan = rec.replay(strict=True)
     assert plan.selected.choice == chosen.choice and plan.direction == "forward"
@@ -439,7 +439,7 @@ def test_replay_selects_exactly_the_recorded_choice(tmp_path):
 
 def test_replay_warns_or_refuses_when_the_environment_differs():
     p = _cpu_problem()
-    k = TuningKey.for_backend("onednn", p, "forward", onednn._key_options("strict"))
+    k = TuningKey.for_backend("onednn", p, "forward", onednn.key_options("strict"))
     elsewhere = TuningKey.from_dict(dict(k.to_dict(), library_version="3.1.0", device_arch="avx2_vnni"))
     rec = TuningRecord(elsewhere, "x64:gemm:jit@any", {})
     with pytest.raises(tuning.TuningEnvironmentError) as info:
@@ -501,7 +501,7 @@ def _replay_file(tmp_path):
     p = _cpu_problem(name="tiny")
     conv = onednn.Convolution.from_problem(p)
     choice = conv.implementations[0].name
-    k = TuningKey.for_backend("onednn", p, "forward", onednn._key_options("strict"))
+    k = TuningKey.for_backend("onednn", p, "forward", onednn.key_options("strict"))
     path = tmp_path / "r.json"
     TuningRecord(k, choice, {}, label="tiny", median_ms=0.01, min_ms=0.01).save(path)
     return path
@@ -545,7 +545,7 @@ def test_replay_monitors_the_machine_as_compare_does(tmp_path, capsys, monkeypat
 def test_replay_strict_message_names_the_difference(tmp_path, capsys):
     from rawconv import cli
 
-    k = TuningKey.for_backend("onednn", _cpu_problem(), "forward", onednn._key_options("strict"))
+    k = TuningKey.for_backend("onednn", _cpu_problem(), "forward", onednn.key_options("strict"))
     rec = TuningRecord(TuningKey.from_dict(dict(k.to_dict(), library_version="3.9.9")), "x64:gemm:jit@any", {},
                        label="tiny")
     rec.save(tmp_path / "r.json")

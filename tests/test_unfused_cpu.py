@@ -198,7 +198,7 @@ def test_split_search_ranks_both_halves_with_torchs_pick_end_to_end(monkeypatch)
 
     def interleaved(fns, final_iterations, rounds=5):
         return [e2e[f] for f in fns], [e2e[f] for f in fns], 10
-    monkeypatch.setattr(A._search, "_interleaved", interleaved)
+    monkeypatch.setattr(A._search, "time_interleaved", interleaved)
 
     class Unf:
         label = "unfused"

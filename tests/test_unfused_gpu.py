@@ -62,7 +62,7 @@ def test_a_depthwise_conv_with_bias_runs_torchs_engine_by_default(dtype):
     x, w, b = _dw(dtype=dtype)
     y = rawconv.ops.conv(x, w, b, padding=3, groups=96)
     _close(y, _ref(x, w, b, 96, 3), dtype)
-    plan = G._forward_plan(x, w, b, 1, 3, 1, 96, None, None, False, None)
+    plan = G.cached_forward_plan(x, w, b, 1, 3, 1, 96, None, None, False, None)
     assert plan.selected_name.startswith("unfused:")
     with rawconv.torch_flags(benchmark=False):
         torch_engines = _torch_engine(lambda: F.conv2d(x, w, b, 1, 3, 1, 96))

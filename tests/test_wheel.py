@@ -28,7 +28,7 @@ def test_wheel_ships_cdefs_and_runs_outside_the_source_tree(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     code = (
         "import rawconv, torch, torch.nn.functional as F\n"
-        "from rawconv import _loader\n"
+        "from rawconv.core import loader as _loader\n"
         "assert rawconv.__file__.startswith(%r), rawconv.__file__\n"
         "x = torch.randn(2, 8, 10, 10); w = torch.randn(4, 8, 3, 3)\n"
         "y = rawconv.onednn.forward(x, w, padding=1)\n"

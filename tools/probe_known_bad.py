@@ -30,7 +30,8 @@ def one(args) -> None:
     """(child) One case; prints ``selected ...`` then one ``run i: ...`` line per run."""
     import torch
 
-    from rawconv import _dnnl, onednn
+    from rawconv import onednn
+    from rawconv.onednn import _ffi as _dnnl
     from rawconv.cudnn_graph import reference
     from rawconv.problem import ConvProblem
 

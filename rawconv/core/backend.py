@@ -20,14 +20,13 @@ Nothing here loads a native library.
 """
 from __future__ import annotations
 
-import difflib
 import importlib
 import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from .errors import ArgumentError, ArgumentTypeError
+from .errors import ArgumentError, ArgumentTypeError, close_names
 
 __all__ = ["DIRECTIONS", "canonical_direction", "Candidate", "Plan", "contract_gaps", "Backend", "register",
            "backends", "get", "backends_naming", "spelling_suggestions", "close_names"]
@@ -294,19 +293,6 @@ def spelling_suggestions(choice: str) -> list[str]:
             if backends_naming(s):
                 out.append(s)
     return out
-
-
-def close_names(name: str, names, n: int = 3) -> list[str]:
-    """Up to ``n`` of ``names`` closest to ``name``, ignoring case (``difflib``): the "did you mean"
-    of an unknown keyword or a choice a library does not offer."""
-    names = list(dict.fromkeys(names))
-    lower = {}
-    for c in names:
-        lower.setdefault(c.lower(), c)
-    exact = [c for c in names if c.lower() == name.lower() and c != name]
-    if exact:   # the same name in another case: that one
-        return exact[:n]
-    return [lower[c] for c in difflib.get_close_matches(name.lower(), list(lower), n=n, cutoff=0.6)]
 
 
 def get(name: str) -> Backend:

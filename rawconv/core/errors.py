@@ -140,3 +140,18 @@ class FileAccessError(RawconvError, OSError):
 
     def __str__(self) -> str:   # the message as given (OSError's str would put errno and filename around it)
         return str(self.args[0]) if self.args else ""
+
+
+def close_names(name: str, names, n: int = 3) -> list[str]:
+    """Up to ``n`` of ``names`` closest to ``name``, ignoring case (``difflib``): the "did you mean"
+    of an unknown keyword or a choice a library does not offer."""
+    import difflib
+
+    names = list(dict.fromkeys(names))
+    lower = {}
+    for c in names:
+        lower.setdefault(c.lower(), c)
+    exact = [c for c in names if c.lower() == name.lower() and c != name]
+    if exact:   # the same name in another case: that one
+        return exact[:n]
+    return [lower[c] for c in difflib.get_close_matches(name.lower(), list(lower), n=n, cutoff=0.6)]

@@ -179,7 +179,7 @@ def unknown_keywords(sig, kwargs: dict, where: str) -> str:
     then every keyword the function takes."""
     import inspect
 
-    from .backend import close_names
+    from .errors import close_names
 
     params = [n for n, p in sig.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):

@@ -103,12 +103,12 @@ def _frozen(v, what: str):
     raise ArgumentTypeError(f"{what} values must be JSON scalars or lists of them, got {type(v).__name__} {v!r}")
 
 
-def _plain(v):
+def json_form(v):
     """The JSON form of a value made by :func:`_frozen`."""
     if isinstance(v, tuple):
-        return [_plain(i) for i in v]
+        return [json_form(i) for i in v]
     if isinstance(v, _Fields):
-        return {k: _plain(i) for k, i in v.items()}
+        return {k: json_form(i) for k, i in v.items()}
     return v
 
 
@@ -142,7 +142,7 @@ class _Fields(Mapping):
         return isinstance(other, Mapping) and dict(self.items()) == dict(other.items())
 
     def __repr__(self) -> str:
-        return repr(_plain(self))
+        return repr(json_form(self))
 
 
 def _problem_fields(problem) -> dict:
@@ -219,7 +219,7 @@ class TuningKey:
         ``"cuda"``, ``"cpu"``)."""
         from .problem import ConvProblem
 
-        return ConvProblem(**_plain(self.problem))
+        return ConvProblem(**json_form(self.problem))
 
     @classmethod
     def for_backend(cls, backend: str, problem, direction: str = "forward", options: Mapping | None = None,
@@ -232,7 +232,7 @@ class TuningKey:
                    **{k: str(env.get(k, "")) for k in _ENV_FIELDS})
 
     def __str__(self) -> str:
-        opts = ", ".join(f"{k}={v!r}" for k, v in _plain(self.options).items())
+        opts = ", ".join(f"{k}={v!r}" for k, v in json_form(self.options).items())
         act = f" + {self.activation}" if self.activation else ""
         return (f"{self.backend} {self.direction} {_describe(self)}{act}"
                 + (f" [{opts}]" if opts else "")
@@ -242,8 +242,8 @@ class TuningKey:
         return f"<TuningKey {self}>"
 
     def to_dict(self) -> dict:
-        return {"backend": self.backend, "direction": self.direction, "problem": _plain(self.problem),
-                "activation": self.activation, "options": _plain(self.options),
+        return {"backend": self.backend, "direction": self.direction, "problem": json_form(self.problem),
+                "activation": self.activation, "options": json_form(self.options),
                 **self.environment()}
 
     @classmethod
@@ -462,10 +462,10 @@ class TuningRecord:
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict:
         return {"schema": self.schema, **self.key.to_dict(), "choice": self.choice, "layout": self.layout,
-                "detail": _plain(self.detail), "median_ms": self.median_ms, "min_ms": self.min_ms,
-                "error": None if self.error is None else _plain(self.error), "created": self.created,
+                "detail": json_form(self.detail), "median_ms": self.median_ms, "min_ms": self.min_ms,
+                "error": None if self.error is None else json_form(self.error), "created": self.created,
                 "rawconv_version": self.rawconv_version, "label": self.label,
-                **({} if self.timing is None else {"timing": _plain(self.timing)})}
+                **({} if self.timing is None else {"timing": json_form(self.timing)})}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "TuningRecord":
@@ -555,7 +555,7 @@ class TuningRecord:
         from html import escape
 
         k = self.key
-        opts = ", ".join(f"{a}={v!r}" for a, v in _plain(k.options).items()) or "-"
+        opts = ", ".join(f"{a}={v!r}" for a, v in json_form(k.options).items()) or "-"
         err = ", ".join(f"{a} {v:.2e}" for a, v in self.error.items() if v is not None) if self.error else "-"
         items = [("choice", f"<b>{escape(self.choice)}</b>"), ("what", escape(self.label or "-")),
                  ("backend / direction", escape(f"{k.backend} / {k.direction}")),
@@ -1029,7 +1029,7 @@ def cache() -> TuningCache:
 # ---------------------------------------------------------------------------- replay
 def _replay_options(key: TuningKey) -> dict:
     """The :class:`rawconv.Options` fields (as a dict) a key's backend options imply."""
-    o = _plain(key.options)
+    o = json_form(key.options)
     out = {}
     if key.backend == "onednn":
         out["precision"] = o.get("fpmath") or "strict"

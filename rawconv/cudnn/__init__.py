@@ -183,7 +183,7 @@ class RunInfo:
 # ---------------------------------------------------------------------------- helpers
 
 
-def _w_layout(w: torch.Tensor, problem: ConvProblem | None = None) -> str:
+def weights_layout(w: torch.Tensor, problem: ConvProblem | None = None) -> str:
     """The filter layout a legacy plan describes: the data's (``problem.layout``) when given: cuDNN's
     legacy algos take the filter in the tensors' format (an NCHW x with an NHWC filter finds no algo
     at all), and weights of another layout are copied per call by :meth:`Convolution.execute`."""
@@ -262,7 +262,7 @@ def _split_choice(direction: str, algo, choice, math):
     return c, m
 
 
-def _is_graph_choice(c) -> bool:
+def is_graph_choice(c) -> bool:
     """Whether a choice names a graph-API engine config (``"eng28{k2=3}"``, ``"nhwc:eng72"``,
     ``"unfused:eng5"``, an ``EngineConfig``): those run through :mod:`rawconv.cudnn_graph`."""
     if isinstance(c, str):
@@ -270,9 +270,9 @@ def _is_graph_choice(c) -> bool:
     return type(c).__name__ == "EngineConfig"
 
 
-def _normalize(direction, algo, choice, math, precision, engine):
+def normalize_choice(direction, algo, choice, math, precision, engine):
     """``(algo, math, engine)`` from the function forms' keywords: a graph choice becomes ``engine``."""
-    if choice is not None and _is_graph_choice(choice):
+    if choice is not None and is_graph_choice(choice):
         if engine is not None and engine != choice:
             raise ArgumentError(f"choice={choice!r} and engine={engine!r} disagree; pass one")
         return algo, _math_of(math, precision), choice
@@ -280,7 +280,9 @@ def _normalize(direction, algo, choice, math, precision, engine):
     return algo, math, engine
 
 
-def _resolve_algo(direction: str, algo) -> int:
+def resolve_algo(direction: str, algo) -> int:
+    """The ``cudnnConvolution*Algo_t`` value of ``algo`` (its name, e.g. ``"IMPLICIT_GEMM"``, or
+    its int) for ``direction``; raises :class:`ArgumentTypeError` / :class:`ArgumentError`."""
     direction = canonical_direction(direction)
     table = ALGOS[direction]
     if isinstance(algo, bool) or not isinstance(algo, (int, str)):
@@ -489,7 +491,7 @@ class Convolution(_Algorithms, _Autotune, PlanLifetime):
                  workspace_limit: int | None = None, activation: str | None = None, choice: Any = None,
                  precision: str | None = None, options: Any = None):
         problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
-        self._init(problem, "forward", _w_layout(w, problem), algo, math, deterministic, workspace_limit, activation,
+        self._init(problem, "forward", weights_layout(w, problem), algo, math, deterministic, workspace_limit, activation,
                    choice, precision, options)
         self._x, self._w, self._b = x, w, bias
 
@@ -526,7 +528,7 @@ class Convolution(_Algorithms, _Autotune, PlanLifetime):
         if activation is not None and direction != "forward":
             raise ArgumentError("activation applies to the forward direction only")
         if algo is not None and algo != "fastest":
-            algo_id = _resolve_algo(direction, algo)
+            algo_id = resolve_algo(direction, algo)
         else:
             algo_id = None
         self.problem = problem
@@ -933,8 +935,11 @@ _cache = PlanCache(256)
 _fast = PlanCache(256)
 
 
-def _plan(problem: ConvProblem, direction: str, w_layout: str, algo, math, deterministic, workspace_limit,
-          activation) -> Convolution:
+def cached_plan(problem: ConvProblem, direction: str, w_layout: str, algo, math, deterministic, workspace_limit,
+                activation) -> Convolution:
+    """The legacy-API plan for ``problem``, ``direction`` (weights in ``w_layout``), ``algo``,
+    ``math`` type, ``deterministic``, ``workspace_limit`` (bytes) and ``activation``, from the plan
+    cache or made. Raises as :class:`Convolution`."""
     key = (problem, direction, w_layout, algo, math, deterministic, workspace_limit, activation)
     plan = _cache.get(key)
     if plan is None:
@@ -978,7 +983,7 @@ def _fast_key(tag, *parts):
 
 def _forward_key(x, w, bias, stride, padding, dilation, groups, algo, math, deterministic, workspace_limit,
                  activation):
-    """:func:`forward`'s fast-path key (tensors' metadata and the arguments after :func:`_normalize`),
+    """:func:`forward`'s fast-path key (tensors' metadata and the arguments after :func:`normalize_choice`),
     or None when it does not hash. Raises AttributeError for an argument that is not a tensor."""
     return _fast_key("f", x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device,
                      None if bias is None else (bias.shape, bias.dtype, bias.device), arg_key(stride),
@@ -986,9 +991,9 @@ def _forward_key(x, w, bias, stride, padding, dilation, groups, algo, math, dete
                      arg_key(deterministic), arg_key(workspace_limit), arg_key(activation))
 
 
-def _forward_plan(x, w, bias, stride, padding, dilation, groups, algo, math, deterministic, workspace_limit,
-                  activation) -> Convolution:
-    """The cached forward plan of :func:`forward`'s arguments (after :func:`_normalize`): found by
+def cached_forward_plan(x, w, bias, stride, padding, dilation, groups, algo, math, deterministic, workspace_limit,
+                        activation) -> Convolution:
+    """The cached forward plan of :func:`forward`'s arguments (after :func:`normalize_choice`): found by
     :func:`_forward_key` (no validation, no heuristic query: the plan keeps its chosen algo), else
     built, validated and cached."""
     try:
@@ -1000,7 +1005,7 @@ def _forward_plan(x, w, bias, stride, padding, dilation, groups, algo, math, det
     if plan is None:
         problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
         _check_device(problem)
-        plan = _plan(problem, "forward", _w_layout(w, problem), algo, math, deterministic, workspace_limit, activation)
+        plan = cached_plan(problem, "forward", weights_layout(w, problem), algo, math, deterministic, workspace_limit, activation)
         if key is not None:
             _fast.put(key, plan)
     return plan
@@ -1046,12 +1051,12 @@ def forward(x: torch.Tensor = None, w: torch.Tensor = None, bias: torch.Tensor |
         return _cudnn_function("forward", x, w, bias, stride, padding, dilation, groups, algo=algo, math=math,
                                deterministic=deterministic, workspace_limit=workspace_limit, out=out, engine=engine,
                                return_info=return_info, choice=choice, precision=precision, activation=activation)
-    algo, math, engine = _normalize("forward", algo, choice, math, precision, engine)
+    algo, math, engine = normalize_choice("forward", algo, choice, math, precision, engine)
     if engine is not None:
         kw = {k: v for k, v in (("math", math), ("out", out), ("activation", activation)) if v is not None}
         return _graph("forward")(x, w, bias, stride, padding, dilation, groups, engine=engine, **kw)
-    plan = _forward_plan(x, w, bias, stride, padding, dilation, groups, algo, math, deterministic, workspace_limit,
-                         activation)
+    plan = cached_forward_plan(x, w, bias, stride, padding, dilation, groups, algo, math, deterministic, workspace_limit,
+                               activation)
     return plan.execute(x, w, bias, out, return_info=return_info)
 
 
@@ -1062,7 +1067,10 @@ def _check_shape_arg(shape, name):
         raise ArgumentTypeError(f"{name} must be a tuple of non-negative ints, got {shape!r}")
 
 
-def _grad_problem(grad_y, w_or_x, shape, stride, padding, dilation, groups, direction) -> ConvProblem:
+def grad_problem(grad_y, w_or_x, shape, stride, padding, dilation, groups, direction) -> ConvProblem:
+    """The forward problem of a backward call (``direction`` ``"backward_data"``: ``grad_y``, w,
+    x's ``shape``; ``"backward_weights"``: ``grad_y``, x, w's ``shape``); raises
+    :class:`ArgumentTypeError` / :class:`ArgumentError` for bad input, before any C call."""
     if not isinstance(grad_y, torch.Tensor) or not isinstance(w_or_x, torch.Tensor):
         raise ArgumentTypeError("grad_y and " + ("w" if direction == "backward_data" else "x")
                                 + " must be torch.Tensor")
@@ -1103,7 +1111,7 @@ def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int],
         return _cudnn_function("backward_data", grad_y, w, x_shape, stride, padding, dilation, groups, algo=algo,
                                math=math, deterministic=deterministic, workspace_limit=workspace_limit, out=out,
                                engine=engine, return_info=return_info, choice=choice, precision=precision)
-    algo, math, engine = _normalize("backward_data", algo, choice, math, precision, engine)
+    algo, math, engine = normalize_choice("backward_data", algo, choice, math, precision, engine)
     if engine is not None:
         kw = {k: v for k, v in (("math", math), ("out", out)) if v is not None}
         return _graph("backward_data")(grad_y, w, x_shape, stride, padding, dilation, groups, engine=engine, **kw)
@@ -1116,8 +1124,8 @@ def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int],
         key = None
     plan = _fast.get(key) if key is not None else None
     if plan is None:
-        problem = _grad_problem(grad_y, w, x_shape, stride, padding, dilation, groups, "backward_data")
-        plan = _plan(problem, "backward_data", _w_layout(w, problem), algo, math, deterministic, workspace_limit, None)
+        problem = grad_problem(grad_y, w, x_shape, stride, padding, dilation, groups, "backward_data")
+        plan = cached_plan(problem, "backward_data", weights_layout(w, problem), algo, math, deterministic, workspace_limit, None)
         if key is not None:
             _fast.put(key, plan)
     return plan.execute(grad_y=grad_y, w=w, out=out, return_info=return_info)
@@ -1144,7 +1152,7 @@ def backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[in
                                math=math, deterministic=deterministic, workspace_limit=workspace_limit, out=out,
                                engine=engine, return_info=return_info, choice=choice, precision=precision,
                                w_layout=w_layout)
-    algo, math, engine = _normalize("backward_weights", algo, choice, math, precision, engine)
+    algo, math, engine = normalize_choice("backward_weights", algo, choice, math, precision, engine)
     if engine is not None:
         kw = {k: v for k, v in (("math", math), ("out", out)) if v is not None}
         return _graph("backward_weights")(x, grad_y, w_shape, stride, padding, dilation, groups, engine=engine, **kw)
@@ -1159,9 +1167,9 @@ def backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[in
         key = None
     plan = _fast.get(key) if key is not None else None
     if plan is None:
-        problem = _grad_problem(grad_y, x, w_shape, stride, padding, dilation, groups, "backward_weights")
-        plan = _plan(problem, "backward_weights", w_layout or problem.layout, algo, math, deterministic,
-                     workspace_limit, None)
+        problem = grad_problem(grad_y, x, w_shape, stride, padding, dilation, groups, "backward_weights")
+        plan = cached_plan(problem, "backward_weights", w_layout or problem.layout, algo, math, deterministic,
+                           workspace_limit, None)
         if key is not None:
             _fast.put(key, plan)
     return plan.execute(x, grad_y=grad_y, out=out, return_info=return_info)
@@ -1236,8 +1244,8 @@ def algorithms(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     _check_device(problem)
     if problem.is_empty:
         return []
-    plan = _plan(problem, direction, _w_layout(w, problem), None, None if math == "all" else math, deterministic,
-                 workspace_limit, None)
+    plan = cached_plan(problem, direction, weights_layout(w, problem), None, None if math == "all" else math, deterministic,
+                       workspace_limit, None)
     return plan.algorithms(mode, math)
 
 
@@ -1251,7 +1259,7 @@ def candidates(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
 
 
 # ---------------------------------------------------------------------------- info and graph re-exports
-def _version() -> str:
+def library_version() -> str:
     """The loaded libcudnn's version ("9.19.0"; loads it)."""
     return _cudnn.version()["version"]
 
@@ -1282,13 +1290,13 @@ def info() -> dict:
 
 
 # ---------------------------------------------------------------------------- tuning records
-def _key_options(math: str, deterministic: bool = False, workspace_limit: int | None = None) -> dict:
+def key_options(math: str, deterministic: bool = False, workspace_limit: int | None = None) -> dict:
     """The options of a legacy cuDNN tuning key: the math type set on the descriptor,
     determinism, workspace limit."""
     return {"math": math, "deterministic": bool(deterministic), "workspace_limit": workspace_limit}
 
 
-def _environment(device_index: int | None = None) -> dict:
+def environment(device_index: int | None = None) -> dict:
     """The library and device a cuDNN tuning key records: ``{"library": "cuDNN",
     "library_version": "9.19.0", "device": "NVIDIA H200", "device_arch": "sm_90"}`` (needs the GPU)."""
     idx = torch.cuda.current_device() if device_index is None else device_index
@@ -1389,7 +1397,7 @@ class ResidualBiasActivation:
 
 from ..core import tuning as _tuning  # noqa: E402
 
-_tuning.register_environment("cudnn", _environment)
+_tuning.register_environment("cudnn", environment)
 
 
 # ---------------------------------------------------------------------------- capabilities

@@ -564,9 +564,9 @@ def _compare_header(console, args, problems: list, libs, nthreads: int, meta: di
                          "(--no-prepack leaves those out)"), style="dim")
     if any(p.device == "cpu" for p in problems):
         meta["machine_before"] = _warn_if_busy(console, nthreads, hint)
-        from ..onednn import _INLINE_FLOPS
+        from ..onednn import INLINE_FLOPS
 
-        small = [p for p in problems if p.device == "cpu" and p.flops < _INLINE_FLOPS]
+        small = [p for p in problems if p.device == "cpu" and p.flops < INLINE_FLOPS]
         if small and nthreads > 1:
             console.print(f"{len(small)} problem(s) of fewer than 2**17 FLOPs: rawconv's oneDNN plans run them "
                           f"on one thread (threads=\"auto\"; see docs/guides/threads.md)")

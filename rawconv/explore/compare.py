@@ -395,7 +395,7 @@ def libraries() -> dict:
     try:
         from .. import onednn
 
-        out["onednn"] = f"oneDNN {onednn._version()}"
+        out["onednn"] = f"oneDNN {onednn.library_version()}"
     except Exception as exc:  # noqa: BLE001
         out["onednn"] = f"oneDNN (not loaded: {type(exc).__name__})"
     out["cudnn"] = "cuDNN"
@@ -405,7 +405,7 @@ def libraries() -> dict:
             out["torch_cudnn"] = f"{v // 10000}.{v % 10000 // 100}.{v % 100}" if v else None
             from .. import cudnn
 
-            out["cudnn"] = f"cuDNN {cudnn._version()}"
+            out["cudnn"] = f"cuDNN {cudnn.library_version()}"
         except Exception:  # noqa: BLE001
             pass
     return out
@@ -611,7 +611,7 @@ def _onednn_plan(problem, x, w, b, fpmath: str, modes, direction: str) -> tuple:
                                   problem.dilation, problem.groups, fpmath=fpmath)
     else:
         plan = onednn.Convolution.from_problem(problem, direction=direction, fpmath=fpmath,
-                                               w_layout=onednn._w_layout(w))
+                                               w_layout=onednn.weights_layout(w))
     impls = plan.implementations
     if "prepacked" in modes and direction != "backward_weights":
         plan.repack(w)   # a snapshot, reordered once per implementation; calls given w still read w
@@ -1296,9 +1296,9 @@ def records(rows: Iterable[Row], problems: Iterable[ConvProblem], *, fpmath: str
         if backend == "onednn":
             from .. import onednn
 
-            plan_threads = onednn._plan_threads("auto", p)   # compare's plans take the default threads="auto"
-            options = onednn._key_options(fpmath, "direct", "nchw", allow_known_bad,
-                                          threads if plan_threads is None else plan_threads)
+            plan_threads = onednn.plan_threads("auto", p)   # compare's plans take the default threads="auto"
+            options = onednn.key_options(fpmath, "direct", "nchw", allow_known_bad,
+                                         threads if plan_threads is None else plan_threads)
             detail = {"impl": best.choice.partition("@")[0], "layouts": ex.get("layouts"), "index": ex.get("index"),
                       "formats": ex.get("formats"), "reorders": ex.get("reorders"),
                       "scratchpad_bytes": best.workspace_bytes, "weights": ex.get("weights")}
@@ -1306,17 +1306,17 @@ def records(rows: Iterable[Row], problems: Iterable[ConvProblem], *, fpmath: str
         elif backend == "cudnn":
             from .. import cudnn
 
-            options = cudnn._key_options(ex.get("math") or "fma")
+            options = cudnn.key_options(ex.get("math") or "fma")
             detail = {k: ex.get(k) for k in ("algo", "algo_id", "math", "math_reported", "deterministic")}
             detail["workspace_bytes"] = best.workspace_bytes
-            env = env_cache.setdefault((backend, device), cudnn._environment(torch.device(device).index))
+            env = env_cache.setdefault((backend, device), cudnn.environment(torch.device(device).index))
         elif backend == "cudnn_graph":
             from ..cudnn import graph as cudnn_graph
 
             options = {"allow_tf32": True}
             detail = {k: ex.get(k) for k in ("engine", "knobs", "numerical_notes", "behavior_notes")}
             detail["workspace_bytes"] = best.workspace_bytes
-            env = env_cache.setdefault((backend, device), cudnn_graph._environment(torch.device(device).index or 0))
+            env = env_cache.setdefault((backend, device), cudnn_graph.environment(torch.device(device).index or 0))
         else:   # a backend registered later: its choice and the environment it reports
             options, detail, env = {}, {}, None
         key = tuning.TuningKey.for_backend(backend, p, direction, options, environment=env)

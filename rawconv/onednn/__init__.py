@@ -42,7 +42,7 @@ from ..core.backend import Candidate
 from ..core import plans as _plans
 from ..core.plans import PlanCache, PlanLifetime, arg_key
 from ..core.results import Result, ResultTable
-from ..core.problem import ConvProblem, _int, check_tensor, empty_like_layout, layout_of, shape_arg, to_layout, dense_strides, strides_match, shape_only, torch_names
+from ..core.problem import ConvProblem, check_tensor, int_arg, empty_like_layout, layout_of, shape_arg, to_layout, dense_strides, strides_match, shape_only, torch_names
 from ..core.problem import backward_data_layout
 
 log = logging.getLogger("rawconv.onednn")
@@ -175,7 +175,9 @@ def _warn_timings(monitor, rows) -> list[str]:
 # ---------------------------------------------------------------------------- helpers
 
 
-def _w_layout(w: torch.Tensor) -> str:
+def weights_layout(w: torch.Tensor) -> str:
+    """The layout oneDNN is told the user's weights ``w`` have: ``"nhwc"`` (channels last, for
+    ``w`` of 3 or more dims that is channels last and not also contiguous), else ``"nchw"``."""
     return "nhwc" if w.dim() >= 3 and layout_of(w) == "nhwc" and not w.is_contiguous() else "nchw"
 
 
@@ -210,7 +212,9 @@ def _check_choice(value, choices, name: str):
     return value
 
 
-def _check_fpmath(fpmath: str) -> int:
+def check_fpmath(fpmath: str) -> int:
+    """oneDNN's ``dnnl_fpmath_mode_t`` value of ``fpmath`` (one of :data:`FPMATH_MODES`); raises
+    :class:`ArgumentTypeError` / :class:`ArgumentError` otherwise."""
     return FPMATH_MODES[_check_choice(fpmath, FPMATH_MODES, "fpmath")]
 
 
@@ -258,7 +262,7 @@ def _check_allow(allow_known_bad) -> bool:
 _VERSION: list = []
 
 
-def _version() -> str:
+def library_version() -> str:
     """The loaded oneDNN's version string ("3.2.0"), asked once (loads the library)."""
     if not _VERSION:
         _VERSION.append(_dnnl.version()["version"])
@@ -270,7 +274,7 @@ def _check_impl(impl: Any):
     string or an :class:`Implementation`. Raises :class:`ArgumentError` for anything else."""
     if impl is None or type(impl) is int or isinstance(impl, (str, Implementation)):
         return impl
-    i = _int(impl)
+    i = int_arg(impl)
     if i is None:
         raise ArgumentError(f"impl must be None, an int position, a name string or an Implementation, got {impl!r}")
     return i
@@ -545,7 +549,7 @@ class _Built:
 
 
 _INLINE_ELEMENTS = 32768   # torch's at::internal::GRAIN_SIZE: below it, torch's loops run on one thread
-_INLINE_FLOPS = 1 << 17    # threads="auto": a problem of fewer FLOPs runs on one thread (see _plan_threads)
+INLINE_FLOPS = 1 << 17    # threads="auto": a problem of fewer FLOPs runs on one thread (see plan_threads)
 
 
 _MAX_THREADS = 2**31 - 1   # omp_set_num_threads(int)
@@ -563,11 +567,11 @@ def _check_threads(threads):
     return threads
 
 
-def _plan_threads(threads, problem: ConvProblem) -> int | None:
+def plan_threads(threads, problem: ConvProblem) -> int | None:
     """The OpenMP thread count a plan creates and runs its primitives with, or None for the
     calling thread's count at each call (torch's ``torch.get_num_threads()`` on the main thread).
 
-    ``"auto"``: 1 for a problem of fewer than ``_INLINE_FLOPS`` (2**17) FLOPs, else None. Such a
+    ``"auto"``: 1 for a problem of fewer than ``INLINE_FLOPS`` (2**17) FLOPs, else None. Such a
     convolution takes a few microseconds on one core, about what an OpenMP team's start and
     barrier cost on a many-core CPU (torch runs its own loops inline below a grain size for the
     same reason). An int: that count. Raises :class:`NotSupportedError` for an int when libdnnl
@@ -576,7 +580,7 @@ def _plan_threads(threads, problem: ConvProblem) -> int | None:
         return None
     omp = _dnnl.omp_thread_controls()
     if threads == "auto":
-        return 1 if omp is not None and problem.flops < _INLINE_FLOPS else None
+        return 1 if omp is not None and problem.flops < INLINE_FLOPS else None
     if omp is None:
         raise NotSupportedError(f"threads={threads}: this libdnnl is not an OpenMP build, so rawconv cannot set its "
                                 f"thread count per plan; pass threads=None")
@@ -767,9 +771,9 @@ class Convolution(_Listing, _Autotune, PlanLifetime):
                  precision: str | None = None, options: Any = None, threads: Any = "auto"):
         impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
         problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
-        _check_device(problem)
+        check_device(problem)
         impl = _check_impl(impl)
-        self._init(problem, "forward", algorithm, fpmath, _w_layout(w), prepack, allow_known_bad, threads)
+        self._init(problem, "forward", algorithm, fpmath, weights_layout(w), prepack, allow_known_bad, threads)
         self._x, self._w, self._b = x, w, bias
         if prepack:
             self._snapshot(w)
@@ -797,7 +801,7 @@ class Convolution(_Listing, _Autotune, PlanLifetime):
         if not isinstance(w_layout, str) or w_layout not in ("nchw", "nhwc"):
             raise ArgumentError(f"w_layout must be 'nchw' or 'nhwc', got {w_layout!r}")
         impl = _check_impl(impl)
-        _check_device(problem)
+        check_device(problem)
         self = cls.__new__(cls)
         self._init(problem, direction, algorithm, fpmath, w_layout, prepack, allow_known_bad, threads)
         self._x = self._w = self._b = None
@@ -814,13 +818,13 @@ class Convolution(_Listing, _Autotune, PlanLifetime):
         if not isinstance(prepack, bool):
             raise ArgumentTypeError(f"prepack must be True or False, got {prepack!r}")
         self.threads_arg = _check_threads(threads)
-        self.threads = _plan_threads(self.threads_arg, problem)
+        self.threads = plan_threads(self.threads_arg, problem)
         self.allow_known_bad = _check_allow(allow_known_bad)
         self.problem = problem
         self.direction = direction
         self.algorithm = _check_algorithm(algorithm)
         self.fpmath = fpmath
-        self._fpmath = _check_fpmath(fpmath)
+        self._fpmath = check_fpmath(fpmath)
         self.w_layout = w_layout
         self.prepack = prepack
         self._impls: list[Implementation] | None = None
@@ -1254,7 +1258,8 @@ def _check_sizes(p: ConvProblem) -> None:
                 "oneDNN)", library="oneDNN")
 
 
-def _check_device(p: ConvProblem):
+def check_device(p: ConvProblem):
+    """Raise :class:`ArgumentError` unless ``p``'s tensors are CPU tensors (oneDNN's)."""
     if not p.device.startswith("cpu"):
         raise ArgumentError(f"rawconv.onednn runs on CPU tensors; got tensors on {p.device} "
                             "(use rawconv.cudnn for CUDA tensors)")
@@ -1264,16 +1269,21 @@ def _check_device(p: ConvProblem):
 _cache = PlanCache(256)
 
 
-def _plan(problem: ConvProblem, direction: str, algorithm: str, fpmath: str, w_layout: str, impl: Any,
-          allow_known_bad: bool = False) -> Convolution:
+def cached_plan(problem: ConvProblem, direction: str, algorithm: str, fpmath: str, w_layout: str, impl: Any,
+                allow_known_bad: bool = False) -> Convolution:
+    """The plan the function forms and torch operators run for ``problem``, ``direction``,
+    ``algorithm``, ``fpmath`` mode, weights layout and ``impl`` (a choice; None: oneDNN's first), from
+    the plan cache (keyed with this thread, :func:`thread_ident`) or made (``prepack=False``; the
+    weights reordered per call). Raises :class:`ArgumentError` / :class:`NotSupportedError` as
+    :class:`Convolution` does."""
     _check_direction(direction)
     _check_algorithm(algorithm)
-    _check_fpmath(fpmath)
+    check_fpmath(fpmath)
     impl = _check_impl(impl)
     _check_allow(allow_known_bad)
     key = (problem, direction, algorithm, fpmath, w_layout,
            impl if not isinstance(impl, Implementation) else (impl.name, impl.layouts, tuple(impl.formats.items())),
-           allow_known_bad, _get_ident())
+           allow_known_bad, thread_ident())
     plan = _cache.get(key)
     if plan is None:
         log.debug("plan cache miss: %s %s fpmath=%s choice=%s", direction, problem.describe(), fpmath, impl)
@@ -1290,7 +1300,7 @@ def clear_cache() -> None:
     _last_plans.clear()
 
 
-def _flush_primitive_cache() -> None:
+def flush_primitive_cache() -> None:
     """Empty oneDNN's own primitive cache (its JIT-compiled primitives, up to its capacity, 1024 by
     default) when the library is loaded: its capacity set to 0, then back. Wraps
     ``dnnl_get_primitive_cache_capacity``, ``dnnl_set_primitive_cache_capacity``."""
@@ -1301,7 +1311,7 @@ def _flush_primitive_cache() -> None:
     _dnnl.set_primitive_cache_capacity(cap)
 
 
-_plans.register_clear("rawconv.onednn:oneDNN's primitive cache", _flush_primitive_cache)
+_plans.register_clear("rawconv.onednn:oneDNN's primitive cache", flush_primitive_cache)
 
 
 def forward(x: torch.Tensor = None, w: torch.Tensor = None, bias: torch.Tensor | None = None, stride: Any = 1,
@@ -1350,7 +1360,7 @@ def forward(x: torch.Tensor = None, w: torch.Tensor = None, bias: torch.Tensor |
                     padding if type(padding) is int else _key(padding), dilation if type(dilation) is int else _key(dilation),
                     groups if type(groups) is int else _key(groups), impl if impl is None or type(impl) is int else _key(impl),
                     algorithm if type(algorithm) is str else _key(algorithm), fpmath if type(fpmath) is str else _key(fpmath),
-                    allow_known_bad if type(allow_known_bad) is bool else _key(allow_known_bad), _get_ident())
+                    allow_known_bad if type(allow_known_bad) is bool else _key(allow_known_bad), thread_ident())
             plan = _last_plans.get(akey)
         except Exception:   # noqa: BLE001  (not tensors, unhashable options...: the paths below say what is wrong)
             akey = plan = None
@@ -1366,14 +1376,14 @@ def forward(x: torch.Tensor = None, w: torch.Tensor = None, bias: torch.Tensor |
                    dilation if type(dilation) is int else _key(dilation), groups if type(groups) is int else _key(groups),
                    impl if impl is None or type(impl) is int else _key(impl),
                    algorithm if type(algorithm) is str else _key(algorithm),
-                   fpmath if type(fpmath) is str else _key(fpmath), _key(allow_known_bad), _get_ident())
+                   fpmath if type(fpmath) is str else _key(fpmath), _key(allow_known_bad), thread_ident())
             plan = _fast_plans.get(key)
         except Exception:   # noqa: BLE001  (not tensors, unhashable options...: the slow path says what is wrong)
             key = plan = None
         if plan is None or plan._freed:
             problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
-            _check_device(problem)
-            plan = _plan(problem, "forward", algorithm, fpmath, _w_layout(w), impl, allow_known_bad)
+            check_device(problem)
+            plan = cached_plan(problem, "forward", algorithm, fpmath, weights_layout(w), impl, allow_known_bad)
             if key is not None:
                 _fast_plans.put(key, plan)
         elif bias is not None and not _bias_fits(bias, x, plan.problem.k):
@@ -1401,8 +1411,8 @@ def _forward_info(x, w, bias, stride, padding, dilation, groups, impl, algorithm
     if choice is not None or precision is not None or options is not None:
         impl, fpmath, allow_known_bad = _words(impl, choice, fpmath, precision, options, allow_known_bad)
     problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
-    _check_device(problem)
-    plan = _plan(problem, "forward", algorithm, fpmath, _w_layout(w), impl, allow_known_bad)
+    check_device(problem)
+    plan = cached_plan(problem, "forward", algorithm, fpmath, weights_layout(w), impl, allow_known_bad)
     if _needs_grad(x, w, bias):   # recorded by the operator, which selects the same way
         y = forward(x, w, bias, stride, padding, dilation, groups, impl=impl, algorithm=algorithm, fpmath=fpmath,
                     out=out, allow_known_bad=allow_known_bad)
@@ -1413,7 +1423,7 @@ def _forward_info(x, w, bias, stride, padding, dilation, groups, impl, algorithm
 _get_num_threads = torch.get_num_threads
 
 
-def _get_ident():
+def thread_ident():
     """The cache keys' thread part: (this Python thread, its OpenMP thread count). Plans are not
     thread-safe, and a ``threads=None`` plan runs on at most the count it listed its
     implementations under, so a call after ``torch.set_num_threads`` raised the count gets a new
@@ -1474,16 +1484,16 @@ def implementations(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None 
 
     iso = _isolate.options(isolate)
     problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
-    _check_device(problem)
+    check_device(problem)
     if direction == "backward_data":
         lay = _backward_data_layout(problem.layout, problem, w)
         if lay != problem.layout:
             problem = problem.with_(layout=lay)
     if iso is None:
-        return _plan(problem, direction, algorithm, fpmath, _w_layout(w), None).implementations
+        return cached_plan(problem, direction, algorithm, fpmath, weights_layout(w), None).implementations
     _check_algorithm(algorithm)
-    _check_fpmath(fpmath)
-    wl = _w_layout(w) if direction != "backward_weights" else "nchw"
+    check_fpmath(fpmath)
+    wl = weights_layout(w) if direction != "backward_weights" else "nchw"
     xx = x.unsqueeze(0) if problem.unbatched and x.dim() == problem.ndim + 1 else x
     rows = _isolated.run_onednn_candidates(problem, xx, w, bias, direction=direction, iterations=1, warmup=0,
                                           timeout_s=iso.timeout_s, env=iso.env, threads=iso.threads,
@@ -1528,8 +1538,8 @@ def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int],
         _onednn_function = _grad_slot("onednn")
         return _onednn_function("backward_data", grad_y, w, x_shape, stride, padding, dilation, groups, impl=impl,
                                 algorithm=algorithm, fpmath=fpmath, out=out, allow_known_bad=allow_known_bad)
-    problem = _backward_problem(grad_y, w, x_shape, stride, padding, dilation, groups, False)
-    plan = _plan(problem, "backward_data", algorithm, fpmath, _w_layout(w), impl, allow_known_bad)
+    problem = backward_data_problem(grad_y, w, x_shape, stride, padding, dilation, groups, False)
+    plan = cached_plan(problem, "backward_data", algorithm, fpmath, weights_layout(w), impl, allow_known_bad)
     return plan.execute(grad_y=grad_y, w=w, out=out)
 
 
@@ -1569,9 +1579,9 @@ def backward_weights(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[in
         raise ArgumentError(f"grad_y must have x's dtype {x.dtype}, got {grad_y.dtype}")
     fake_b = shape_only((w_shape[0],), x) if bias else None
     problem = ConvProblem.from_torch(x, shape_only(w_shape, x, "w_shape"), fake_b, stride, padding, dilation, groups)
-    _check_device(problem)
+    check_device(problem)
     _check_grad(problem, grad_y, "grad_y", problem.y_shape)
-    plan = _plan(problem, "backward_weights", algorithm, fpmath, "nchw", impl, allow_known_bad)
+    plan = cached_plan(problem, "backward_weights", algorithm, fpmath, "nchw", impl, allow_known_bad)
     return plan.execute(x, grad_y=grad_y)
 
 
@@ -1582,7 +1592,10 @@ def _check_grad(problem: ConvProblem, t, name, shape):
         raise ArgumentError(f"{name} must be on the CPU, got {t.device}")
 
 
-def _backward_problem(grad_y, w, x_shape, stride, padding, dilation, groups, has_bias) -> ConvProblem:
+def backward_data_problem(grad_y, w, x_shape, stride, padding, dilation, groups, has_bias) -> ConvProblem:
+    """The forward problem of a backward-data call (``grad_y``, ``w``, ``x_shape`` and torch's
+    arguments), its layout dx's (torch's rule: channels last when grad_y or w is); raises
+    :class:`ArgumentTypeError` / :class:`ArgumentError` for bad input, before any C call."""
     if not isinstance(x_shape, (tuple, list, torch.Size)):
         raise ArgumentTypeError(f"x_shape must be a tuple of ints, got {type(x_shape).__name__}")
     if not isinstance(grad_y, torch.Tensor) or not isinstance(w, torch.Tensor):
@@ -1597,7 +1610,7 @@ def _backward_problem(grad_y, w, x_shape, stride, padding, dilation, groups, has
         raise ArgumentError(f"grad_y and w must be on the same device, got {grad_y.device} and {w.device}")
     fake_x = shape_only(x_shape, grad_y, "x_shape")
     problem = ConvProblem.from_torch(fake_x, w, None, stride, padding, dilation, groups)
-    _check_device(problem)
+    check_device(problem)
     gy = grad_y.unsqueeze(0) if problem.unbatched and grad_y.dim() == problem.ndim + 1 else grad_y
     lay = _backward_data_layout(gy, problem, w)
     if lay != problem.layout:
@@ -1611,8 +1624,8 @@ def _backward_problem(grad_y, w, x_shape, stride, padding, dilation, groups, has
 _FPMATH_COMPUTE = {"bf16": "bfloat16", "f16": "float16", "tf32": "tf32", "any": "bfloat16"}
 
 
-def _key_options(fpmath: str, algorithm: str = "direct", w_layout: str = "nchw", allow_known_bad: bool = False,
-                 threads: int | None = None) -> dict:
+def key_options(fpmath: str, algorithm: str = "direct", w_layout: str = "nchw", allow_known_bad: bool = False,
+                threads: int | None = None) -> dict:
     """The options of a oneDNN tuning key: fpmath mode, algorithm, weights layout and torch's
     thread count (which decides oneDNN's OpenMP threads), plus ``allow_known_bad`` when set."""
     out = {"fpmath": fpmath, "algorithm": algorithm, "weights_layout": w_layout,
@@ -1622,7 +1635,7 @@ def _key_options(fpmath: str, algorithm: str = "direct", w_layout: str = "nchw",
     return out
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     """The CPU's model name (/proc/cpuinfo), else ``platform.processor()``, else ``"cpu"``."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
@@ -1636,17 +1649,17 @@ def _cpu_model() -> str:
     return platform.processor() or "cpu"
 
 
-def _environment() -> dict:
+def environment() -> dict:
     """The library and device a oneDNN tuning key records: ``{"library": "oneDNN",
     "library_version": "3.2.0", "device": the CPU model, "device_arch": oneDNN's effective ISA}``
     (loads the library). Wraps ``dnnl_version``, ``dnnl_get_effective_cpu_isa``."""
-    return {"library": "oneDNN", "library_version": _version(), "device": _cpu_model(),
+    return {"library": "oneDNN", "library_version": library_version(), "device": cpu_model(),
             "device_arch": _dnnl.effective_cpu_isa()}
 
 
 from ..core import tuning as _tuning  # noqa: E402
 
-_tuning.register_environment("onednn", _environment)
+_tuning.register_environment("onednn", environment)
 
 
 # ---------------------------------------------------------------------------- info
@@ -1663,7 +1676,7 @@ def info() -> dict:
 def verbose(level: int = 1) -> None:
     """oneDNN's verbose mode (0 off, 1 exec, 2 also creation); printed on the C stdout. Wraps ``dnnl_set_verbose``.
     Raises :class:`ArgumentTypeError` / :class:`ArgumentError` for a level that is not 0, 1 or 2."""
-    lv = _int(level)
+    lv = int_arg(level)
     if lv is None:
         raise ArgumentTypeError(f"verbose level must be an int (0, 1 or 2), got {type(level).__name__}")
     if not 0 <= lv <= 2:
@@ -2004,9 +2017,9 @@ def _registry_replay(key, problem: ConvProblem, choice: Any, options: dict):
     """A tuning record's plan (rawconv.tuning.replay): on the OpenMP count the plan ran on when it
     was tuned (the key's ``threads``), and with its post-ops (a :class:`rawconv.fused.FusedConvolution`:
     bias, residual add ``sum``, activation) when it had some."""
-    from ..core.tuning import _plain
+    from ..core.tuning import json_form
 
-    opts = _plain(key.options)
+    opts = json_form(key.options)
     threads = _replay_threads(opts.get("threads"))
     post_ops = opts.get("post_ops")
     if post_ops:

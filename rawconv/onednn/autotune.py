@@ -145,7 +145,7 @@ class Autotune:
         raises :class:`ArgumentTypeError` / :class:`ArgumentError` on the first bad one."""
         from ..core import progress as _progress
 
-        it, wu = _o._int(iterations), _o._int(warmup)
+        it, wu = _o.int_arg(iterations), _o.int_arg(warmup)
         if it is None or wu is None:
             raise ArgumentTypeError(f"iterations and warmup must be ints, got {iterations!r} and {warmup!r}")
         if it < 1 or wu < 0:
@@ -370,7 +370,7 @@ class Autotune:
         from ..core import tuning
 
         threads = self.threads if self.threads is not None else timed_threads
-        options = _o._key_options(self.fpmath, self.algorithm, self.w_layout, allow_known_bad, threads)
+        options = _o.key_options(self.fpmath, self.algorithm, self.w_layout, allow_known_bad, threads)
         if self._post_ops:   # a fused plan (rawconv.fused) is another question than the plain convolution
             options["post_ops"] = [list(op) for op in self._post_ops]
         return tuning.TuningKey.for_backend("onednn", self.problem, self.direction, options)

@@ -139,9 +139,9 @@ class FusedConvolution(onednn.Convolution):
                  activation: str = "relu", impl: Any = None, fpmath: str = "strict", prepack: bool = False,
                  threads: Any = "auto"):
         problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
-        onednn._check_device(problem)
+        onednn.check_device(problem)
         self._setup(residual, activation)
-        self._init(problem, "forward", "direct", fpmath, onednn._w_layout(w), prepack, threads=threads)
+        self._init(problem, "forward", "direct", fpmath, onednn.weights_layout(w), prepack, threads=threads)
         self._x, self._w, self._b = x, w, bias
         if prepack:
             self._snapshot(w)
@@ -155,7 +155,7 @@ class FusedConvolution(onednn.Convolution):
         """A plan from a :class:`ConvProblem` (tensors given to :meth:`run`)."""
         if not isinstance(problem, ConvProblem):
             raise ArgumentTypeError(f"problem must be a ConvProblem, got {type(problem).__name__}")
-        onednn._check_device(problem)
+        onednn.check_device(problem)
         self = cls.__new__(cls)
         self._setup(residual, activation)
         self._init(problem, "forward", "direct", fpmath, w_layout, prepack, threads=threads)

@@ -181,7 +181,7 @@ class Listing:
 
     def _known_bad(self, name: str, formats, layouts):
         """The :mod:`rawconv.known_bad` row for implementation ``name`` on this plan, or None."""
-        return _known_bad.check("onednn", self.problem, self.direction, name, _o._version(), formats=formats,
+        return _known_bad.check("onednn", self.problem, self.direction, name, _o.library_version(), formats=formats,
                                 layouts=layouts)
 
     @property
@@ -205,7 +205,7 @@ class Listing:
         if r.known_bad:
             what = f"impl={impl!r}" if not isinstance(impl, _o.Implementation) else f"impl={r.name} ({r.layouts})"
             bad = self._known_bad(r.name, r.formats, r.layouts)
-            err = _known_bad.error(bad, self.problem, self.direction, f"{r.name} ({r.layouts})", _o._version(),
+            err = _known_bad.error(bad, self.problem, self.direction, f"{r.name} ({r.layouts})", _o.library_version(),
                                    what=what)
             others = [o for o in self._impls if o.name == r.name and not o.known_bad]
             if others:
@@ -225,7 +225,7 @@ class Listing:
         first = impls[0]
         if not good:
             raise _known_bad.error(self._known_bad(first.name, first.formats, first.layouts), self.problem,
-                                   self.direction, first.name, _o._version(),
+                                   self.direction, first.name, _o.library_version(),
                                    what="every implementation oneDNN offers is known bad; its first choice")
         alt = impls[good[0]]
         warnings.warn(f"oneDNN's first choice {first.name} ({first.layouts}) is known bad for "

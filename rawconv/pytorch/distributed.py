@@ -122,11 +122,9 @@ def environment(backend: str, device: Any = None) -> dict:
     name and ``sm_XY`` of ``device`` (a CUDA device or index; default the current one). Loads the
     library."""
     if backend == "onednn":
-        from ..onednn import _ffi as _dnnl
         from .. import onednn
 
-        return {"library": "oneDNN", "library_version": onednn._version(), "device": "cpu",
-                "device_arch": _dnnl.effective_cpu_isa()}
+        return {**onednn.environment(), "device": "cpu"}
     if backend in ("cudnn", "cudnn_graph"):
         from ..cudnn import graph as cudnn_graph
 
@@ -137,7 +135,7 @@ def environment(backend: str, device: Any = None) -> dict:
         else:
             d = torch.device(device)
             idx = d.index if d.index is not None else torch.cuda.current_device()
-        return cudnn_graph._environment(idx)
+        return cudnn_graph.environment(idx)
     raise ArgumentError(f"backend must be 'onednn', 'cudnn' or 'cudnn_graph', got {backend!r}")
 
 
@@ -170,7 +168,7 @@ def _layers(model, example, budget_s) -> list[_Layer]:
         x = args["x"]
         backend = _nn._resolve_backend(m.backend, x.device)
         problem = _nn._problem_of(m, kind, args)
-        options = {"kind": kind, "precision": m.precision, "w_layout": onednn._w_layout(m.weight),
+        options = {"kind": kind, "precision": m.precision, "w_layout": onednn.weights_layout(m.weight),
                    "search": "rawconv.nn.convert", "budget_s": budget_s}
         if kind == "fused":
             options["residual"] = args.get("residual") is not None
@@ -552,11 +550,9 @@ def _flush_onednn_primitives() -> None:
     """Empty oneDNN's primitive cache (capacity 0, then back), so that a measured search creates
     (JIT-compiles) its primitives again as a first search does. cuDNN keeps what it compiled."""
     try:
-        from ..onednn import _ffi as _dnnl
+        from .. import onednn
 
-        cap = _dnnl.primitive_cache_capacity()
-        _dnnl.set_primitive_cache_capacity(0)
-        _dnnl.set_primitive_cache_capacity(cap)
+        onednn.flush_primitive_cache()   # (a library not loaded yet has nothing cached)
     except Exception:  # noqa: BLE001  (no oneDNN: nothing cached)
         pass
 

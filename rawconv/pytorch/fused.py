@@ -349,7 +349,7 @@ def _graph_class():
                         allow_tf32: bool = False) -> "_ResidualGraphConvolution":
             self = cls.from_problem(problem, direction="forward", activation=activation, allow_tf32=allow_tf32)
             if not problem.is_empty:
-                self._graph = G._Graph(problem, "forward", self.activation, problem.layout, residual=True)
+                self._graph = G.OperationGraph(problem, "forward", self.activation, problem.layout, residual=True)
             return self
 
     _ResidualGraphConvolution.__name__ = _ResidualGraphConvolution.__qualname__ = "ResidualGraphConvolution"
@@ -422,11 +422,11 @@ def plan_for(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, residu
         if isinstance(choice, str) and choice.isdigit():
             choice = int(choice)   # a position in the implementation list
         # the weights are read (reordered) on every call: no copy of them is kept across calls
-        key = (problem, has_r, activation, choice, precision, onednn._w_layout(w), onednn._get_ident())
+        key = (problem, has_r, activation, choice, precision, onednn.weights_layout(w), onednn.thread_ident())
         plan = _cpu_plans.get(key)
         if plan is None or plan._freed:
             plan = FusedConvolution.for_problem(problem, residual=has_r, activation=activation, impl=choice,
-                                                fpmath=precision, w_layout=onednn._w_layout(w), prepack=False)
+                                                fpmath=precision, w_layout=onednn.weights_layout(w), prepack=False)
             _cpu_plans.put(key, plan)
         return plan
     from ..cudnn import graph as G
@@ -776,7 +776,7 @@ def _run_frozen(plans: dict, x, w, bias, residual, stride, pad, dilation, groups
     try:
         key = (x.shape, x.stride(), x.dtype, w.shape, w.stride(), bias is None, None if residual is None else
                (residual.shape, residual.stride(), residual.dtype), tuple(stride), pad, tuple(dilation), groups,
-               activation, choice, precision, onednn._get_ident())
+               activation, choice, precision, onednn.thread_ident())
         plan = plans.get(key)
     except TypeError:
         key = plan = None
@@ -792,7 +792,7 @@ def _run_frozen(plans: dict, x, w, bias, residual, stride, pad, dilation, groups
         index = generic.selected.index if choice is not None else generic.first_without_data_reorders()
         plan = FusedConvolution.for_problem(generic.problem, residual=generic.residual, activation=activation,
                                             impl=index, fpmath=precision,
-                                            w_layout=onednn._w_layout(w), prepack=True)
+                                            w_layout=onednn.weights_layout(w), prepack=True)
         if key is not None:
             if len(plans) >= _FROZEN_MAX:
                 plans.pop(next(iter(plans)))
@@ -820,7 +820,7 @@ def _run(x, w, bias, residual, stride, padding, dilation, groups, activation, ba
                None if bias is None else (bias.shape, bias.dtype, bias.device),
                None if residual is None else (residual.shape, residual.dtype, residual.device),
                tuple(stride), pad, tuple(dilation), groups, activation, backend, choice, precision,
-               onednn._get_ident())
+               onednn.thread_ident())
         plan = _fast.get(key)
     except TypeError:
         key = plan = None

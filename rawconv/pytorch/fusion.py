@@ -175,11 +175,10 @@ def _plain_choice(x, w, b, m, padding, budget_s, tuned: dict) -> Any:
     post-op), on a weight snapshot reordered once, as a frozen module runs it; remembered in
     ``tuned`` (rawconv.nn's process memo) under its own key."""
     from .. import onednn
-    from .nn import _norm_padding
 
-    plan = _fused.FusedConvolution(x, w, b, m.stride, _norm_padding(padding), m.dilation, m.groups, residual=False,
+    plan = _fused.FusedConvolution(x, w, b, m.stride, norm_padding(padding), m.dilation, m.groups, residual=False,
                                    activation="none", fpmath=m.precision, prepack=True)
-    key = ("fused", plan.problem, ("none", False), m.precision, "onednn", "", onednn._w_layout(w))
+    key = ("fused", plan.problem, ("none", False), m.precision, "onednn", "", onednn.weights_layout(w))
     if key in tuned:
         plan.free()
         return tuned[key]
@@ -193,7 +192,15 @@ def _plain_choice(x, w, b, m, padding, budget_s, tuned: dict) -> Any:
     return choice
 
 
-def measure_cpu(m, args: dict, fused_choice, fused_key, budget_s, tuned: dict) -> tuple:
+def norm_padding(padding):
+    """``padding`` (or another argument) with its lists as tuples (a list or tuple of pairs, any of
+    them lists: tuples of tuples), so that a list changed in place later is not the value seen now."""
+    if isinstance(padding, (list, tuple)) and (type(padding) is list or any(isinstance(p, list) for p in padding)):
+        return tuple(tuple(p) if isinstance(p, list) else p for p in padding)
+    return padding
+
+
+def measure_cpu(m, args: dict, fused_choice, fused_key, budget_s, tuned: dict, key=None) -> tuple:
     """Measure layer ``m``'s recorded fused call (``args``: x, padding, residual, w, b as the call
     had them; ``fused_choice``: its autotuned forward choice, ``fused_key``: its tuning key)
     fused against unfused and pin the outcome to the call's problem: unfused ones go into
@@ -204,9 +211,8 @@ def measure_cpu(m, args: dict, fused_choice, fused_key, budget_s, tuned: dict) -
     layer's eager forward calls it), or ``{"decision": "fused", "reason": ...}`` when there is
     nothing to unfuse (no residual and no activation: the bias is part of the convolution
     primitive either way); ``measured``: False when the process had measured the same problem
-    before (a layer of the same shape: the decision is reused)."""
-    from .nn import _call_key
-
+    before (a layer of the same shape: the decision is reused). ``key``: the call's key in the
+    module's tables (rawconv.nn's ``_call_key``), under which an unfused choice is pinned."""
     residual = args.get("residual")
     if m.activation == "none" and residual is None:
         return {"decision": "fused", "reason": "nothing to unfuse (conv + bias is one primitive either way)"}, False
@@ -217,7 +223,6 @@ def measure_cpu(m, args: dict, fused_choice, fused_key, budget_s, tuned: dict) -
     if measured:
         hit = _MEMO[memo_key] = _measure(m, args, fused_choice, budget_s, tuned, inplace)
     entry, choice = hit
-    key = _call_key(m, "fused", args)
     table = m.__dict__.get(UNFUSED_ATTR)
     if table is None:
         table = m.__dict__[UNFUSED_ATTR] = {}

@@ -55,6 +55,7 @@ from . import autocast as _autocast
 from . import fallback as _fallback
 from . import fused as _fused
 from . import fusion as _fusion
+from . import registered as _registered
 from .. import onednn
 from ..core.autotune import check_budget as _check_budget
 from ..core.grad import functorch_active as _functorch, has_tangent as _has_tangent
@@ -76,10 +77,13 @@ BACKENDS = ("auto", "onednn", "cudnn")
 
 # ---------------------------------------------------------------------------- argument helpers
 def _check_backend(backend) -> str:
+    """``backend`` when the modules take it: one of :data:`BACKENDS` or the name of a backend
+    registered in :mod:`rawconv.core.backend` beyond the built-in ones (:mod:`rawconv.pytorch.registered`)."""
     if not isinstance(backend, str):
         raise ArgumentTypeError(f"backend must be one of {list(BACKENDS)}, got {type(backend).__name__}")
-    if backend not in BACKENDS:
-        raise ArgumentError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    if backend not in BACKENDS and (backend in _registered.BUILTIN or _registered.device_type(backend) is None):
+        names = list(BACKENDS) + [n for n in _registered.names() if n not in _registered.BUILTIN]
+        raise ArgumentError(f"backend must be one of {names}, got {backend!r}")
     return backend
 
 
@@ -179,6 +183,9 @@ def _resolve_backend(backend: str, device: torch.device) -> str:
     if backend == "cudnn" and device.type != "cuda":
         raise ArgumentError(f"backend 'cudnn' runs on CUDA tensors, got tensors on {device} "
                             "(backend='onednn' or 'auto' for CPU tensors)")
+    if backend not in BACKENDS and _registered.device_type(backend) != device.type:   # a registered one
+        raise ArgumentError(f"backend {backend!r} runs on {_registered.device_type(backend)} tensors, got tensors "
+                            f"on {device}")
     return backend
 
 
@@ -202,12 +209,7 @@ def _like_layout(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return t.contiguous()
 
 
-def _norm_padding(padding):
-    """``padding`` (or another argument) with its lists as tuples (a list or tuple of pairs, any of
-    them lists: tuples of tuples), so that a list changed in place later is not the value seen now."""
-    if isinstance(padding, (list, tuple)) and (type(padding) is list or any(isinstance(p, list) for p in padding)):
-        return tuple(tuple(p) if isinstance(p, list) else p for p in padding)
-    return padding
+_norm_padding = _fusion.norm_padding   # lists as tuples (see there)
 
 
 # ---------------------------------------------------------------------------- backend calls (no autograd)
@@ -293,7 +295,7 @@ def _ops_module():
 
 USE_OPS = True   # route through rawconv.ops (torch.library operators) when that module exists
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
-_get_ident = onednn._get_ident   # (thread, its OpenMP count): the modules' argument packs are per thread
+_get_ident = onednn.thread_ident   # (thread, its OpenMP count): the modules' argument packs are per thread
 _F32 = torch.float32
 _OPS: list = [None]   # rawconv.ops, once loaded (the modules' per-call path)
 
@@ -551,6 +553,8 @@ class _RawconvConv:
         stayed = self.__dict__.get("_rawconv_device") == dev
         self.__dict__["_rawconv_device"] = dev
         want = "cudnn" if dev == "cuda" else "onednn" if dev == "cpu" else None
+        if self.backend not in BACKENDS and _registered.device_type(self.backend) == dev:
+            return   # a registered backend of this device (rawconv.pytorch.registered) keeps its choices
         if want is None or (stayed and self.backend in ("auto", want)):
             # (.half(), .float(), .to(dtype): the device stays, and so do choices named for the other
             # device's library, e.g. a cuDNN algorithm on a module built on the CPU to be moved later)
@@ -1837,7 +1841,7 @@ def _onednn_here() -> str:
     """This process's oneDNN version and effective ISA (``"3.2.0 avx2"``): what decides which
     implementations a pinned choice can name."""
     if not _HERE:
-        env = onednn._environment()
+        env = onednn.environment()
         _HERE.append(f"{env['library_version']} {env['device_arch']}")
     return _HERE[0]
 
@@ -1849,7 +1853,7 @@ def _offered(m, kind: str, args: dict, direction: str, choice: str, activation: 
     convolution with its bias alone, as a call measured faster unfused runs it)."""
     prec = _check_precision(m.precision)
     if direction == _forward_direction(kind):
-        problem, wl = _problem_of(m, kind, args), onednn._w_layout(m.weight)
+        problem, wl = _problem_of(m, kind, args), onednn.weights_layout(m.weight)
     else:
         problem, wl = _grad_problems(m, kind, args, "onednn")[direction]
     if kind == "fused" and direction == "forward":
@@ -2112,7 +2116,7 @@ def _tune_key(m, kind, args, backend, problem) -> tuple:
     extra = ()
     if kind == "fused":
         extra = (m.activation, args.get("residual") is not None)
-    wl = onednn._w_layout(m.weight)
+    wl = onednn.weights_layout(m.weight)
     return (kind, problem, extra, m.precision, backend, _device_name(backend, args["x"]), wl)
 
 
@@ -2160,7 +2164,7 @@ def _tune_one(m, kind: str, args: dict, backend: str, budget_s: float | None, *,
         else:
             problem = _problem_of(m, kind, args)
             plan = onednn.Convolution.from_problem(problem, direction="backward_data", fpmath=prec,
-                                                   w_layout=onednn._w_layout(w), prepack=False)
+                                                   w_layout=onednn.weights_layout(w), prepack=False)
             plan._w = w
         try:
             rows = plan.autotune(**opts)
@@ -2263,7 +2267,7 @@ def _versus_torch(m, kind: str, args: dict, plan) -> dict:
         engines = parse_cudnn_log(log.messages)["engines"] if log.available else ()
         out["torch_engine"] = f"eng{engines[0]}" if engines else ("legacy API" if log.available else "?")
         ours()
-        (t_ms, r_ms), _mins, _runs = _search._interleaved([peer, ours], 10)
+        (t_ms, r_ms), _mins, _runs = _search.time_interleaved([peer, ours], 10)
         out.update(torch_ms=t_ms, rawconv_ms=r_ms, vs_torch=t_ms / r_ms if r_ms else None)
         if r_ms > 1.03 * t_ms and engines and not str(plan.selected_name).split("|")[0].endswith(f"eng{engines[0]}"):
             before = plan.selected_name
@@ -2271,7 +2275,7 @@ def _versus_torch(m, kind: str, args: dict, plan) -> dict:
             try:
                 plan.select(alt)
                 ours()
-                (t2, a_ms), _mins, _runs = _search._interleaved([peer, ours], 10)
+                (t2, a_ms), _mins, _runs = _search.time_interleaved([peer, ours], 10)
             except (RawconvError, RuntimeError) as exc:
                 plan.select(before)
                 out["vs_torch_note"] = f"slower than torch; torch's engine {alt} did not run: {exc}"
@@ -2310,21 +2314,21 @@ def _grad_problems(m, kind: str, args: dict, backend: str) -> dict:
         fwd = ConvProblem.from_torch(gy, w, None, s, pads, d, m.groups)
         wts = _ops._backward_weights_problem(gy, xb, tuple(w.shape), s, [a for a, _ in pads], [b for _, b in pads],
                                              d, m.groups, False)
-        # (cuDNN's legacy plans describe the filter in the data's layout: rawconv.cudnn._w_layout)
-        return {"forward": (fwd, fwd.layout if cuda else onednn._w_layout(w)), "backward_weights": (wts, wts.layout)}
+        # (cuDNN's legacy plans describe the filter in the data's layout: rawconv.cudnn.weights_layout)
+        return {"forward": (fwd, fwd.layout if cuda else onednn.weights_layout(w)), "backward_weights": (wts, wts.layout)}
     p = ConvProblem.from_torch(xb, w, None, m.stride, _norm_padding(args["padding"]), m.dilation, m.groups)
     pads = tuple(zip(p.pad_before, p.pad_after))
     gy = empty_like_layout(p.y_shape, lay, xb.dtype, xb.device)
     if cuda:
         from .. import cudnn
 
-        data = cudnn._grad_problem(gy, w, tuple(xb.shape), p.stride, pads, p.dilation, p.groups, "backward_data")
-        wts = cudnn._grad_problem(gy, xb, tuple(w.shape), p.stride, pads, p.dilation, p.groups, "backward_weights")
+        data = cudnn.grad_problem(gy, w, tuple(xb.shape), p.stride, pads, p.dilation, p.groups, "backward_data")
+        wts = cudnn.grad_problem(gy, xb, tuple(w.shape), p.stride, pads, p.dilation, p.groups, "backward_weights")
     else:
-        data = onednn._backward_problem(gy, w, tuple(xb.shape), p.stride, pads, p.dilation, p.groups, False)
+        data = onednn.backward_data_problem(gy, w, tuple(xb.shape), p.stride, pads, p.dilation, p.groups, False)
         wts = _ops._backward_weights_problem(xb, gy, tuple(w.shape), p.stride, p.pad_before, p.pad_after,
                                              p.dilation, p.groups, m.bias is not None)
-    return {"backward_data": (data, data.layout if cuda else onednn._w_layout(w)),
+    return {"backward_data": (data, data.layout if cuda else onednn.weights_layout(w)),
             "backward_weights": (wts, wts.layout)}
 
 
@@ -2507,7 +2511,7 @@ def _measure_fusion(layers: list, names: dict, report: ConvertReport, budget_s) 
                 "the module's own choice names a fused implementation")}
         else:
             try:
-                e, measured = _fusion.measure_cpu(m, args, choice, key, budget_s, _TUNED)
+                e, measured = _fusion.measure_cpu(m, args, choice, key, budget_s, _TUNED, _call_key(m, "fused", args))
                 e["measured"] = measured
                 # an unfused choice made here is offered here (_unfused_offered_here checks one made elsewhere)
                 ck = _call_key(m, "fused", args)
@@ -2792,7 +2796,7 @@ def _rawconv_runs(m, kind, args, backend, choice=None) -> str:
             else:
                 plan = onednn.Convolution.from_problem(_problem_of(m, kind, args), direction="backward_data",
                                                        impl=choice, fpmath=m.precision,
-                                                       w_layout=onednn._w_layout(w), prepack=False)
+                                                       w_layout=onednn.weights_layout(w), prepack=False)
             s = plan.selected
             packed = plan.prepack or (kind == "fused" and _fused.frozen(m))
             ro = [r + ("(prepacked)" if r == "w" and packed else "") for r in s.reorders]
@@ -2808,7 +2812,7 @@ def _rawconv_runs(m, kind, args, backend, choice=None) -> str:
                    f"{'+' + m.activation if m.activation != 'none' else ''})"
         from .. import cudnn
 
-        if isinstance(choice, str) and cudnn._is_graph_choice(choice):
+        if isinstance(choice, str) and cudnn.is_graph_choice(choice):
             return f"graph {choice}"
         if kind == "conv" and (choice is None or choice == "") and m.backend == "auto":
             # what the operator runs with no choice: the graph API's default (cudnn.forward would
@@ -2817,8 +2821,8 @@ def _rawconv_runs(m, kind, args, backend, choice=None) -> str:
             from . import ops as _ops
 
             try:
-                plan = G._forward_plan(x, w, b, m.stride, _norm_padding(args["padding"]), m.dilation, m.groups, None,
-                                       None, False, _ops._GRAPH_MATH[m.precision])
+                plan = G.cached_forward_plan(x, w, b, m.stride, _norm_padding(args["padding"]), m.dilation, m.groups, None,
+                                             None, False, _ops._GRAPH_MATH[m.precision])
                 return f"graph {plan.selected_name}"
             except NotSupportedError:
                 pass   # no graph config: the legacy API runs it (below)

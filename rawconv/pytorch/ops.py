@@ -92,6 +92,7 @@ from typing import Any, Sequence
 import torch
 
 from . import autocast as _autocast
+from . import registered as _registered
 from ..core import guard as _guard
 from .. import onednn
 from ..core.plans import PlanCache, arg_key
@@ -129,13 +130,15 @@ def _check_strings(backend, choice, precision, device_type: str | None, *choices
         if not isinstance(v, str):
             raise ArgumentTypeError(f"{nm} must be a string, got {type(v).__name__}")
     if backend not in BACKENDS:
-        raise ArgumentError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+        _registered.check(backend)   # a backend registered in rawconv.core.backend (or the error naming them)
     if precision not in PRECISIONS:
         raise ArgumentError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
-    if device_type is not None and backend != "auto" and _DEVICE_OF[backend] != device_type:
-        other = "onednn" if device_type == "cpu" else "cudnn"
-        raise ArgumentError(f"backend {backend!r} runs on {_DEVICE_OF[backend].upper()} tensors, got "
-                            f"{device_type.upper()} tensors (use backend={other!r} or 'auto')")
+    if device_type is not None and backend != "auto":
+        runs_on = _DEVICE_OF.get(backend) or _registered.device_type(backend)
+        if runs_on != device_type:
+            other = "onednn" if device_type == "cpu" else "cudnn"
+            raise ArgumentError(f"backend {backend!r} runs on {runs_on.upper()} tensors, got "
+                                f"{device_type.upper()} tensors (use backend={other!r} or 'auto')")
 
 
 def _padding(pad_before, pad_after):
@@ -198,7 +201,7 @@ def _grads_of_forward_layout(gx: torch.Tensor | None, gw: torch.Tensor | None, x
 
 # ---------------------------------------------------------------------------- CPU kernels (oneDNN)
 _cpu_cache = PlanCache(512)
-_get_ident = onednn._get_ident   # (thread, its OpenMP count): see onednn._get_ident
+_get_ident = onednn.thread_ident   # (thread, its OpenMP count): see onednn.thread_ident
 
 
 def _onednn_choice(choice: str):
@@ -218,9 +221,12 @@ def _forward_cpu_plan(x, w, bias, stride, pad_before, pad_after, dilation, group
     if plan is None:
         _check_strings(backend, choice, precision, "cpu", bwd_data_choice, bwd_weights_choice)
         problem = ConvProblem.from_torch(x, w, bias, stride, _padding(pad_before, pad_after), dilation, groups)
-        onednn._check_device(problem)
-        plan = onednn._plan(problem, "forward", "direct", precision, onednn._w_layout(w), _onednn_choice(choice))
-        plan.selected   # noqa: B018  (resolve the selection now: a bad choice raises before caching)
+        if backend not in BACKENDS:   # a backend of the registry (rawconv.pytorch.registered)
+            plan = _registered.plan(backend, "forward", problem, choice, precision)
+        else:
+            onednn.check_device(problem)
+            plan = onednn.cached_plan(problem, "forward", "direct", precision, onednn.weights_layout(w), _onednn_choice(choice))
+            plan.selected   # noqa: B018  (resolve the selection now: a bad choice raises before caching)
         if key is not None:
             _cpu_cache.put(key, plan)
     return plan
@@ -253,9 +259,9 @@ _cpu_last = PlanCache(512)   # the operator's arguments (no tensors) + thread ->
 
 
 def _backward_data_plan(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, choice, precision):
-    problem = onednn._backward_problem(grad_y, w, tuple(x_shape), stride, _padding(pad_before, pad_after),
-                                       dilation, groups, False)
-    plan = onednn._plan(problem, "backward_data", "direct", precision, onednn._w_layout(w), _onednn_choice(choice))
+    problem = onednn.backward_data_problem(grad_y, w, tuple(x_shape), stride, _padding(pad_before, pad_after),
+                                           dilation, groups, False)
+    plan = onednn.cached_plan(problem, "backward_data", "direct", precision, onednn.weights_layout(w), _onednn_choice(choice))
     plan.selected   # noqa: B018
     return plan
 
@@ -285,8 +291,12 @@ def _backward_data_cpu_plan(grad_y, w, x_shape, stride, pad_before, pad_after, d
         key = plan = None
     if plan is None:
         _check_strings(backend, choice, precision, "cpu")
-        plan = _backward_data_plan(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, choice,
-                                   precision)
+        if backend not in BACKENDS:
+            plan = _registered.plan(backend, "backward_data", _registered.backward_data_problem(grad_y, w, x_shape,
+                                    stride, _padding(pad_before, pad_after), dilation, groups), choice, precision)
+        else:
+            plan = _backward_data_plan(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, choice,
+                                       precision)
         if key is not None:
             _cpu_cache.put(key, plan)
     return plan
@@ -349,10 +359,14 @@ def _backward_weights_cpu_plan(x, grad_y, w_shape, stride, pad_before, pad_after
         if not isinstance(bias, bool):
             raise ArgumentTypeError(f"bias must be True or False, got {bias!r}")
         problem = _backward_weights_problem(x, grad_y, w_shape, stride, pad_before, pad_after, dilation, groups, bias)
-        onednn._check_device(problem)
-        # dw comes out in the problem's layout (torch's rule: x or grad_y channels last)
-        plan = onednn._plan(problem, "backward_weights", "direct", precision, problem.layout, _onednn_choice(choice))
-        plan.selected   # noqa: B018
+        if backend not in BACKENDS:
+            plan = _registered.plan(backend, "backward_weights", problem, choice, precision)
+        else:
+            onednn.check_device(problem)
+            # dw comes out in the problem's layout (torch's rule: x or grad_y channels last)
+            plan = onednn.cached_plan(problem, "backward_weights", "direct", precision, problem.layout,
+                                _onednn_choice(choice))
+            plan.selected   # noqa: B018
         if key is not None:
             _cpu_cache.put(key, plan)
     return plan
@@ -381,7 +395,7 @@ def _api(backend: str, choice: str) -> str:
         return "graph"
     from .. import cudnn
 
-    if cudnn._is_graph_choice(choice):
+    if cudnn.is_graph_choice(choice):
         return "graph"
     return "graph" if backend == "auto" and not choice else "legacy"
 
@@ -430,19 +444,22 @@ def _forward_cuda_checked(x, w, bias, stride, pad_before, pad_after, dilation, g
     padding = _padding(pad_before, pad_after)
     with torch.no_grad():   # the function forms route tensors that need grad back here
         plan = None
-        if _api(backend, choice) == "graph":
+        if backend not in BACKENDS:   # a backend of the registry (rawconv.pytorch.registered)
+            plan = _registered.plan(backend, "forward", ConvProblem.from_torch(x, w, bias, stride, padding, dilation,
+                                                                               groups), choice, precision)
+        elif _api(backend, choice) == "graph":
             from ..cudnn import graph as cudnn_graph
 
-            plan = _graph_default(cudnn_graph._forward_plan(x, w, bias, tuple(stride), padding, tuple(dilation),
-                                                            groups, choice or None, None, False,
-                                                            _GRAPH_MATH[precision]), backend, choice)
+            plan = _graph_default(cudnn_graph.cached_forward_plan(x, w, bias, tuple(stride), padding, tuple(dilation),
+                                                                  groups, choice or None, None, False,
+                                                                  _GRAPH_MATH[precision]), backend, choice)
         if plan is None:
             from .. import cudnn
 
             c, m = _legacy_choice(choice)
-            algo, math, _engine = cudnn._normalize("forward", None, c, m, precision, None)
-            plan = cudnn._forward_plan(x, w, bias, tuple(stride), padding, tuple(dilation), groups, algo, math,
-                                       False, None, None)
+            algo, math, _engine = cudnn.normalize_choice("forward", None, c, m, precision, None)
+            plan = cudnn.cached_forward_plan(x, w, bias, tuple(stride), padding, tuple(dilation), groups, algo, math,
+                                             False, None, None)
         return plan.execute(x, w, bias), plan
 
 
@@ -483,20 +500,24 @@ def _backward_data_cuda_checked(grad_y, w, x_shape, stride, pad_before, pad_afte
     xs = (1,) + x_shape if unbatched else x_shape
     with torch.no_grad():
         plan = None
+        if backend not in BACKENDS:
+            plan = _registered.plan(backend, "backward_data", _registered.backward_data_problem(grad_y, w, x_shape,
+                                    stride, _padding(pad_before, pad_after), dilation, groups), choice, precision)
+            return plan.execute(grad_y=grad_y, w=w), plan
         if _api(backend, choice) == "graph":
             from ..cudnn import graph as cudnn_graph
 
-            plan = _graph_default(cudnn_graph._grad_plan("backward_data", gy, w, xs, tuple(stride), padding,
-                                                         tuple(dilation), groups, choice or None, False,
-                                                         _GRAPH_MATH[precision]), backend, choice)
+            plan = _graph_default(cudnn_graph.cached_grad_plan("backward_data", gy, w, xs, tuple(stride), padding,
+                                                               tuple(dilation), groups, choice or None, False,
+                                                               _GRAPH_MATH[precision]), backend, choice)
         if plan is None:   # the legacy API: rawconv.cudnn.backward_data's plan, kept for the hot path
             from .. import cudnn
 
             c, math = _legacy_choice(choice)
-            algo, math, _engine = cudnn._normalize("backward_data", None, c, math, precision, None)
-            problem = cudnn._grad_problem(gy, w, xs, tuple(stride), padding, tuple(dilation), groups,
-                                          "backward_data")
-            plan = cudnn._plan(problem, "backward_data", cudnn._w_layout(w, problem), algo, math, False, None, None)
+            algo, math, _engine = cudnn.normalize_choice("backward_data", None, c, math, precision, None)
+            problem = cudnn.grad_problem(gy, w, xs, tuple(stride), padding, tuple(dilation), groups,
+                                         "backward_data")
+            plan = cudnn.cached_plan(problem, "backward_data", cudnn.weights_layout(w, problem), algo, math, False, None, None)
         dx = plan.execute(grad_y=gy, w=w)
     raw = dx
     dx = _enforce_layout(dx, _dx_layout(gy, w), False)   # torch's layout, the fake's rule
@@ -539,27 +560,32 @@ def _backward_weights_cuda_checked(x, grad_y, w_shape, stride, pad_before, pad_a
     xb, gy = _batched(x, p.unbatched), _batched(grad_y, p.unbatched)
     with torch.no_grad():
         plan = None
+        if backend not in BACKENDS:
+            plan = _registered.plan(backend, "backward_weights", p, choice, precision)
+            dw, db = _weights_result(plan, x, grad_y, bias, None)
+            # (kept for the hot path as the built-in ones: batched calls only, whose db it sums itself)
+            return dw, (db if bias else torch.empty(0, dtype=x.dtype, device=x.device)), (None if p.unbatched else plan)
         if _api(backend, choice) == "graph":
             from ..cudnn import graph as cudnn_graph
 
-            plan = _graph_default(cudnn_graph._grad_plan("backward_weights", xb, gy, p.w_shape, tuple(stride),
-                                                         padding, tuple(dilation), groups, choice or None, False,
-                                                         _GRAPH_MATH[precision]), backend, choice)
+            plan = _graph_default(cudnn_graph.cached_grad_plan("backward_weights", xb, gy, p.w_shape, tuple(stride),
+                                                               padding, tuple(dilation), groups, choice or None, False,
+                                                               _GRAPH_MATH[precision]), backend, choice)
         if plan is not None:
             dw = plan.execute(xb, grad_y=gy)
         else:   # the legacy API: rawconv.cudnn.backward_weights's plan, kept for the hot path
             from .. import cudnn
 
             c, math = _legacy_choice(choice)
-            algo, math, _engine = cudnn._normalize("backward_weights", None, c, math, precision, None)
+            algo, math, _engine = cudnn.normalize_choice("backward_weights", None, c, math, precision, None)
             # the legacy API takes x, grad_y and dw in one layout (a mixed set is NOT_SUPPORTED for
             # every algo): dw's (torch's rule: channels last when x or grad_y is), NCW for a 1-D
             # problem (no channels-last 1-D descriptors there; dw is re-laid out below)
             lay = p.layout if xb.dim() > 3 else "nchw"
             xb, gy = _enforce_layout(xb, lay, False), _enforce_layout(gy, lay, False)
-            problem = cudnn._grad_problem(gy, xb, p.w_shape, tuple(stride), padding, tuple(dilation), groups,
-                                          "backward_weights")
-            plan = cudnn._plan(problem, "backward_weights", lay, algo, math, False, None, None)
+            problem = cudnn.grad_problem(gy, xb, p.w_shape, tuple(stride), padding, tuple(dilation), groups,
+                                         "backward_weights")
+            plan = cudnn.cached_plan(problem, "backward_weights", lay, algo, math, False, None, None)
             dw = plan.execute(xb, grad_y=gy)
             if xb is not x or gy is not grad_y:   # copies: the hot path (on the tensors as passed) would differ
                 plan = None
@@ -626,8 +652,8 @@ def _backward_data_fake(grad_y, w, x_shape, stride, pad_before, pad_after, dilat
     gy = _batched(grad_y, unbatched)
     if _concrete(xs, grad_y.shape, grad_y.stride(), w.shape, w.stride()):
         if grad_y.device.type == "cpu":
-            p = onednn._backward_problem(grad_y, w, tuple(x_shape), stride, _padding(pad_before, pad_after),
-                                         dilation, groups, False)
+            p = onednn.backward_data_problem(grad_y, w, tuple(x_shape), stride, _padding(pad_before, pad_after),
+                                             dilation, groups, False)
             layout = p.layout
         else:
             ConvProblem.from_torch(shape_only(xs, grad_y, "x_shape"), w, None, stride, _padding(pad_before, pad_after),
@@ -1626,12 +1652,12 @@ def selected(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                                 "(see rawconv.cudnn.Convolution.info)")
     x, w = x.detach(), w.detach()
     problem = ConvProblem.from_torch(x, w, bias, s, _padding(pb, pa), d, g)
-    fwd = onednn._plan(problem, "forward", "direct", prec, onednn._w_layout(w), _onednn_choice(c)).selected
+    fwd = onednn.cached_plan(problem, "forward", "direct", prec, onednn.weights_layout(w), _onednn_choice(c)).selected
     y = empty_like_layout(problem.y_shape, problem.layout, x.dtype, "cpu")
     y = y.squeeze(0) if problem.unbatched else y
     data = _backward_data_plan(y, w, tuple(x.shape), s, pb, pa, d, g, bd, prec).selected
     wp = _backward_weights_problem(x, y, tuple(w.shape), s, pb, pa, d, g, bias is not None)
-    wts = onednn._plan(wp, "backward_weights", "direct", prec, wp.layout, _onednn_choice(bw)).selected
+    wts = onednn.cached_plan(wp, "backward_weights", "direct", prec, wp.layout, _onednn_choice(bw)).selected
     return {"forward": fwd.choice, "backward_data": data.choice, "backward_weights": wts.choice}
 
 
@@ -1672,24 +1698,24 @@ def _onednn_function(direction: str, a, b, c, stride, padding, dilation, groups,
     operators never run a known-bad implementation: rawconv.known_bad's check applies)."""
     _refuse(f"rawconv.onednn.{direction}", out=(out, None), algorithm=(algorithm, "direct"),
             allow_known_bad=(allow_known_bad, False))
-    onednn._check_fpmath(fpmath)
+    onednn.check_fpmath(fpmath)
     if direction == "forward":
         def plan_fn():
             p = ConvProblem.from_torch(a, b, c, stride, padding, dilation, groups)
-            return onednn._plan(p, "forward", "direct", fpmath, onednn._w_layout(b), None)
+            return onednn.cached_plan(p, "forward", "direct", fpmath, onednn.weights_layout(b), None)
         return conv(a, b, c, stride, padding, dilation, groups, backend="onednn",
                     choice=_onednn_impl_choice(plan_fn, impl), precision=fpmath)
     if direction == "backward_data":
         def plan_fn():
-            p = onednn._backward_problem(a, b, c, stride, padding, dilation, groups, False)
-            return onednn._plan(p, "backward_data", "direct", fpmath, onednn._w_layout(b), None)
+            p = onednn.backward_data_problem(a, b, c, stride, padding, dilation, groups, False)
+            return onednn.cached_plan(p, "backward_data", "direct", fpmath, onednn.weights_layout(b), None)
         return conv_backward_data(a, b, c, stride, padding, dilation, groups, backend="onednn",
                                   choice=_onednn_impl_choice(plan_fn, impl), precision=fpmath)
 
     def plan_fn():
         s, pb, pa, d, g = _conv_args(tuple(c[2:]), stride, padding, dilation, groups)
         p = _backward_weights_problem(a, b, c, s, pb, pa, d, g, bias)
-        return onednn._plan(p, "backward_weights", "direct", fpmath, "nchw", None)
+        return onednn.cached_plan(p, "backward_weights", "direct", fpmath, "nchw", None)
     res = conv_backward_weights(a, b, c, stride, padding, dilation, groups, bias=bias, backend="onednn",
                                 choice=_onednn_impl_choice(plan_fn, impl), precision=fpmath)
     # rawconv.onednn.backward_weights returns a contiguous dw (the operator gives torch's layout)
@@ -1704,13 +1730,13 @@ def _cudnn_choice(direction: str, algo, choice, math, precision, engine) -> tupl
     """(backend, choice, precision) for the operators from rawconv.cudnn's keywords."""
     from .. import cudnn
 
-    algo, math, engine = cudnn._normalize(direction, algo, choice, math, precision, engine)
+    algo, math, engine = cudnn.normalize_choice(direction, algo, choice, math, precision, engine)
     if engine is not None:
         name = engine if isinstance(engine, str) else (f"eng{engine}" if isinstance(engine, int) else engine.name)
         return "cudnn_graph", name, _PRECISION_OF_MATH.get(math, "strict")
     if algo is None:
         return "cudnn", ("@" + math) if math else "", "strict"
-    name = algo if isinstance(algo, str) else cudnn.ALGOS[canonical(direction)][cudnn._resolve_algo(direction, algo)]
+    name = algo if isinstance(algo, str) else cudnn.ALGOS[canonical(direction)][cudnn.resolve_algo(direction, algo)]
     return "cudnn", name + (("@" + math) if math else ""), "strict"
 
 
@@ -1752,7 +1778,7 @@ def _graph_function(direction: str, a, b, c, stride, padding, dilation, groups, 
         name = f"eng{engine}"
     else:
         name = _choice_name(engine, "engine")
-    prec = "tf32" if cudnn_graph._tf32(allow_tf32, math) else "strict"
+    prec = "tf32" if cudnn_graph.allows_tf32(allow_tf32, math) else "strict"
     if direction == "forward":
         return conv(a, b, c, stride, padding, dilation, groups, backend="cudnn_graph", choice=name, precision=prec)
     if direction == "backward_data":

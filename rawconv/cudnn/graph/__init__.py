@@ -238,7 +238,7 @@ def check_result(p: ConvProblem, y: torch.Tensor, ref: torch.Tensor, ref_abs: to
 
 
 # ---------------------------------------------------------------------------- the graph
-class _Graph:
+class OperationGraph:
     """The backend descriptors of one problem's graph: tensors, convolution, operations
     (built without a GPU) and, on demand, the operation graph (needs a handle)."""
 
@@ -529,7 +529,7 @@ class GraphConvolution(_Engines, _Autotune, PlanLifetime):
         self.device_index = _device_index(problem)
         self._dev = torch.device("cuda", self.device_index)
         # zero-sized problems (shared/cases C1) never reach cuDNN
-        self._graph = None if problem.is_empty else _Graph(problem, direction, self.activation, problem.layout)
+        self._graph = None if problem.is_empty else OperationGraph(problem, direction, self.activation, problem.layout)
         self._configs: dict[str, EngineConfig] = {}    # name -> listed/known config
         self._built: dict[str, _Built] = {}
         self._failed: dict[str, str] = {}             # name -> why it did not finalize
@@ -1027,7 +1027,7 @@ def _version() -> str:
 ENV_TUNING_FILE = "RAWCONV_CUDNN_TUNING_CACHE"  # the older name of rawconv.tuning.ENV_FILE, still read
 
 
-def _environment(device_index: int) -> dict:
+def environment(device_index: int) -> dict:
     """The library and device a tuning key of this backend records: ``{"library": "cuDNN",
     "library_version": "9.19.0", "device": "NVIDIA H200", "device_arch": "sm_90"}`` (needs the GPU)."""
     major, minor = torch.cuda.get_device_capability(device_index)
@@ -1035,7 +1035,7 @@ def _environment(device_index: int) -> dict:
             "device_arch": f"sm_{major}{minor}"}
 
 
-tuning.register_environment("cudnn_graph", lambda: _environment(torch.cuda.current_device()))
+tuning.register_environment("cudnn_graph", lambda: environment(torch.cuda.current_device()))
 
 
 def _configs_of(records) -> list[EngineConfig]:
@@ -1111,7 +1111,7 @@ _MATH_TF32 = {"fma": False, "ieee": False, "tensor_op": True, "tensor_op_allow_c
               "tf32": True}
 
 
-def _tf32(allow_tf32: bool, math: str | None) -> bool:
+def allows_tf32(allow_tf32: bool, math: str | None) -> bool:
     """``math`` (rawconv.cudnn's names: "fma" = IEEE fp32; "tensor_op", "default" = TF32 allowed)
     overrides ``allow_tf32`` when given."""
     if math is None:
@@ -1152,11 +1152,11 @@ def forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, 
         _graph_function = _grad_slot("cudnn_graph")
         return _graph_function("forward", x, w, bias, stride, padding, dilation, groups, engine=engine,
                                allow_tf32=allow_tf32, math=math, out=out, activation=activation)
-    return _forward_plan(x, w, bias, stride, padding, dilation, groups, engine, activation, allow_tf32,
-                         math).execute(x, w, bias, out)
+    return cached_forward_plan(x, w, bias, stride, padding, dilation, groups, engine, activation, allow_tf32,
+                               math).execute(x, w, bias, out)
 
 
-def _forward_plan(x, w, bias, stride, padding, dilation, groups, engine, activation, allow_tf32, math):
+def cached_forward_plan(x, w, bias, stride, padding, dilation, groups, engine, activation, allow_tf32, math):
     """The cached forward plan of :func:`forward`'s arguments (built and validated on first use)."""
     try:   # fast path: a call signature seen before reuses its plan without re-validation
         ekey = engine.name if isinstance(engine, EngineConfig) else engine
@@ -1170,7 +1170,7 @@ def _forward_plan(x, w, bias, stride, padding, dilation, groups, engine, activat
     if plan is None or plan._freed:
         problem = _problem(x, w, bias, stride, padding, dilation, groups)
         act = check_activation(activation, "forward", bias is not None)
-        plan = _plan(problem, "forward", act, _tf32(allow_tf32, math), engine)
+        plan = _plan(problem, "forward", act, allows_tf32(allow_tf32, math), engine)
         if key is not None:
             _fast_plans.put(key, plan)
     return plan
@@ -1235,7 +1235,7 @@ def backward_data(grad_y: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int] 
     if lay == "nhwc":
         p = p.with_(layout="nhwc")
     _check_tensor(p, grad_y, "grad_y", p.y_shape)
-    plan = _plan(p, "backward_data", None, _tf32(allow_tf32, math), engine)
+    plan = _plan(p, "backward_data", None, allows_tf32(allow_tf32, math), engine)
     return plan.execute(grad_y=grad_y, w=w, out=out)
 
 
@@ -1259,15 +1259,15 @@ def backward_filter(x: torch.Tensor, grad_y: torch.Tensor, w_shape: Sequence[int
         raise ArgumentError(f"w_shape must be a tuple of non-negative ints, got {w_shape!r}")
     p = _problem(x, shape_only(w_shape, x, "w_shape"), None, stride, padding, dilation, groups)
     _check_tensor(p, grad_y, "grad_y", p.y_shape)
-    plan = _plan(p, "backward_weights", None, _tf32(allow_tf32, math), engine)
+    plan = _plan(p, "backward_weights", None, allows_tf32(allow_tf32, math), engine)
     return plan.execute(x, grad_y=grad_y, out=out)
 
 
 backward_weights = backward_filter   # rawconv's word (backward_filter is cuDNN's)
 
 
-def _grad_plan(direction: str, a, b, shape, stride, padding, dilation, groups, engine, allow_tf32: bool = False,
-               math: str | None = None) -> "GraphConvolution":
+def cached_grad_plan(direction: str, a, b, shape, stride, padding, dilation, groups, engine, allow_tf32: bool = False,
+                     math: str | None = None) -> "GraphConvolution":
     """The cached plan of a backward call, its arguments checked (as :func:`backward_data` /
     :func:`backward_filter` check them): ``direction`` ``"backward_data"`` (``a`` = grad_y, ``b``
     = w, ``shape`` = x_shape; the plan takes grad_y's layout) or ``"backward_weights"`` (``a`` =
@@ -1280,7 +1280,7 @@ def _grad_plan(direction: str, a, b, shape, stride, padding, dilation, groups, e
     else:
         p = _problem(a, shape_only(shape, a, "w_shape"), None, stride, padding, dilation, groups)
         _check_tensor(p, b, "grad_y", p.y_shape)
-    return _plan(p, direction, None, _tf32(allow_tf32, math), engine)
+    return _plan(p, direction, None, allows_tf32(allow_tf32, math), engine)
 
 
 def _check_tensor(p: ConvProblem, t, name, shape):

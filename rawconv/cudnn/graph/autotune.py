@@ -301,7 +301,7 @@ class Autotune:
             else:   # (call_for binds a residual graph's residual too)
                 fns.append((r, self.call_for(self.built[r.config.name], tensors, out)))
         if fns:
-            medians, mins, runs = _search._interleaved([fn for _, fn in fns], opts.final_iterations)
+            medians, mins, runs = _search.time_interleaved([fn for _, fn in fns], opts.final_iterations)
             for (r, _fn), med, mn in zip(fns, medians, mins):
                 r.median_ms, r.min_ms, r.runs = med, mn, runs
             if n_unf:   # torch's ops' GPU time, measured on those timed end to end, added to the other unfused rows
@@ -385,7 +385,7 @@ class Autotune:
         if self._splits(opts):
             options["split"] = True
         return tuning.TuningKey("cudnn_graph", self.direction, self.problem, self.activation, options,
-                                **_o._environment(self.device_index))
+                                **_o.environment(self.device_index))
 
     def _from_cache(self, hit: tuning.TuningRecord) -> ResultTable:
         """A tuning-cache record ``hit`` selected, as autotune's one-row table (phase ``"cache"``);

@@ -278,7 +278,7 @@ def time_reps(fn, iterations: int, warmup: int = 1, target_ms: float = 0.25, max
     return time_cuda_queued(fn, iterations=reps, warmup=max(warmup, 1), repeats=iterations)
 
 
-def _interleaved(fns: Sequence[Callable], final_iterations: int, rounds: int = 5):
+def time_interleaved(fns: Sequence[Callable], final_iterations: int, rounds: int = 5):
     """Each callable timed in ``rounds`` interleaved rounds (so that clock drift hits each alike):
     ``(medians of the round medians, minimums, runs)`` per callable."""
     per_round = max(2, final_iterations // rounds)
@@ -877,7 +877,7 @@ class Search:
         median of the round medians."""
         top = sorted((r for r in self.rows.values() if r.status == "ok"), key=lambda r: r.median_ms)[:8]
         fns = [self.plan.call_for(self.plan.built[r.config.name], self.tensors, self.out) for r in top]
-        medians, mins, runs = _interleaved(fns, self.opts.final_iterations)
+        medians, mins, runs = time_interleaved(fns, self.opts.final_iterations)
         for r, med, mn in zip(top, medians, mins):
             r.median_ms, r.min_ms, r.runs = med, mn, runs
 
@@ -1082,7 +1082,7 @@ def _end_to_end(plan, cl, native: list, cl_rows: list, cl_top: list, tensors, re
         for r in [r for r in native if r.status == "ok"][:4]:
             fns.append((r, plan.execute_call(plan.built[r.config.name], tensors, out)))
         engine_ms = [r.median_ms for r in cl_top]
-        medians, mins, runs = _interleaved([fn for _, fn in fns], options.final_iterations)
+        medians, mins, runs = time_interleaved([fn for _, fn in fns], options.final_iterations)
     except LibraryError as exc:  # e.g. cudnnTransformTensor failed: keep the NCHW graph's rows
         for c in cl_rows:
             if c.status == "ok":

@@ -301,7 +301,7 @@ class Algorithms:
             self.math = _o._math_name(math, self.problem.dtype)
             self._descs = {}
         self._algo_request = algo
-        self._algo_id = _o._resolve_algo(self.direction, algo) if algo not in (None, "fastest") else None
+        self._algo_id = _o.resolve_algo(self.direction, algo) if algo not in (None, "fastest") else None
         self._info = None
         with self._lock:
             return self._choose()

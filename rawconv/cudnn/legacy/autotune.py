@@ -108,8 +108,8 @@ class Autotune:
         from ...core import tuning
 
         return tuning.TuningKey.for_backend("cudnn", self.problem, self.direction,
-                                            _o._key_options(self.math, self.deterministic, self.workspace_limit),
-                                            self.activation, _o._environment(self.device_index))
+                                            _o.key_options(self.math, self.deterministic, self.workspace_limit),
+                                            self.activation, _o.environment(self.device_index))
 
     def _from_cache(self, hit):
         """A tuning-cache record ``hit`` selected, as autotune's one-row table (phase ``"cache"``);
