@@ -1302,16 +1302,15 @@ def clear_cache() -> None:
 
 def flush_primitive_cache() -> None:
     """Empty oneDNN's own primitive cache (its JIT-compiled primitives, up to its capacity, 1024 by
-    default) when the library is loaded: its capacity set to 0, then back. Wraps
+    default) when the library is loaded: its capacity set to 0, then back, never inside another
+    thread's listing or primitive creation (:func:`_ffi.flush_primitive_cache`). Wraps
     ``dnnl_get_primitive_cache_capacity``, ``dnnl_set_primitive_cache_capacity``."""
-    if _dnnl._state.get("loaded") is None:
-        return
-    cap = _dnnl.primitive_cache_capacity()
-    _dnnl.set_primitive_cache_capacity(0)
-    _dnnl.set_primitive_cache_capacity(cap)
+    if _dnnl._state.get("loaded") is not None:
+        _dnnl.flush_primitive_cache()
 
 
-_plans.register_clear("rawconv.onednn:oneDNN's primitive cache", flush_primitive_cache)
+# clear_caches: only from the process's only Python thread (_ffi.clear_primitive_cache says why)
+_plans.register_clear("rawconv.onednn:oneDNN's primitive cache", _dnnl.clear_primitive_cache)
 
 
 def forward(x: torch.Tensor = None, w: torch.Tensor = None, bias: torch.Tensor | None = None, stride: Any = 1,

@@ -293,6 +293,7 @@ def engine():
     return eng
 
 
+
 _tls = threading.local()
 
 
@@ -437,10 +438,66 @@ def pd_gc(raw):
     return ffi.gc(raw, lambda x, L=lib(): L.dnnl_primitive_desc_destroy(x))
 
 
+class _CacheGuard:
+    """oneDNN's primitive cache against emptying it (:func:`flush_primitive_cache`,
+    ``rawconv.clear_caches``) while a primitive descriptor iterator or a primitive creation reads it.
+
+    oneDNN 3.2's iterator (``dnnl_*_primitive_desc_create``, ``dnnl_primitive_desc_next_impl``)
+    hands out, for an implementation whose primitive the cache holds, the cached primitive's own
+    descriptor, which the cache owns: emptied before ``dnnl_primitive_desc_clone`` copies it, the
+    copy is made from freed memory. Measured (2026-12-07, AVX-512 EPYC): the clone of a conv + ReLU
+    descriptor lost its post-ops (a fused model's calls returned results without their ReLU,
+    ``convert(fuse=True)`` in 2 threads with ``clear_caches`` in a third: 7 of 313 calls), or the
+    next ``dnnl_primitive_create`` crashed; deterministic with the cache emptied between
+    ``next_impl`` and the clone. ``with _cache_guard:`` spans such a section (sections of several
+    threads run at once); :meth:`exclusive` runs a change of the cache's capacity when none runs.
+    This is not enough to empty the cache while other threads build plans (a flush between two
+    sections still gave primitives without their post-ops, rarely): ``rawconv.clear_caches``
+    empties it only from the process's only Python thread."""
+
+    def __init__(self):
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = {}   # thread ident -> its sections running (nested ones counted)
+
+    def __enter__(self):
+        me = threading.get_ident()
+        with self._cond:   # (held by exclusive() while it runs)
+            self._readers[me] = self._readers.get(me, 0) + 1
+        return self
+
+    def __exit__(self, *exc):
+        me = threading.get_ident()
+        with self._cond:
+            n = self._readers[me] - 1
+            if n:
+                self._readers[me] = n
+            else:
+                del self._readers[me]
+                if not self._readers:
+                    self._cond.notify_all()
+
+    def inside(self) -> bool:
+        """Whether the calling thread runs a section now (a callback from inside a listing)."""
+        return threading.get_ident() in self._readers
+
+    def exclusive(self, fn, *args):
+        """``fn(*args)`` with no section running and none starting meanwhile (the caller must not
+        be inside one: :meth:`inside`)."""
+        with self._cond:
+            while self._readers:
+                self._cond.wait()
+            return fn(*args)
+
+
+_cache_guard = _CacheGuard()
+
+
 def primitive(pd):
-    """Create the primitive of a primitive descriptor (compiles JIT code). Wraps ``dnnl_primitive_create``."""
+    """Create the primitive of a primitive descriptor (compiles JIT code; reads oneDNN's primitive
+    cache, never while it is emptied: :class:`_CacheGuard`). Wraps ``dnnl_primitive_create``."""
     p = ffi.new("dnnl_primitive_t *")
-    call("dnnl_primitive_create", p, pd, detail=pd_impl_name(pd))
+    with _cache_guard:
+        call("dnnl_primitive_create", p, pd, detail=pd_impl_name(pd))
     return ffi.gc(p[0], lambda x, L=lib(): L.dnnl_primitive_destroy(x))
 
 
@@ -489,7 +546,8 @@ def reorder_pd(src_md, dst_md):
     """A reorder primitive descriptor from ``src_md`` to ``dst_md`` on the CPU engine. Wraps
     ``dnnl_reorder_primitive_desc_create``."""
     p = ffi.new("dnnl_primitive_desc_t *")
-    call("dnnl_reorder_primitive_desc_create", p, src_md, engine(), dst_md, engine(), attr())
+    with _cache_guard:
+        call("dnnl_reorder_primitive_desc_create", p, src_md, engine(), dst_md, engine(), attr())
     return pd_gc(p[0])
 
 
@@ -531,7 +589,42 @@ def primitive_cache_capacity() -> int:
 
 
 def set_primitive_cache_capacity(n: int) -> None:
-    call("dnnl_set_primitive_cache_capacity", int(n))
+    """Wraps ``dnnl_set_primitive_cache_capacity``, while no thread lists implementations or creates
+    a primitive (:class:`_CacheGuard`). Raises :class:`LibraryError` when called from inside such
+    a section (a callback), where it would wait for itself."""
+    if _cache_guard.inside():
+        raise LibraryError("oneDNN", "dnnl_set_primitive_cache_capacity", 0, "",
+                           "called from inside a listing of implementations or a primitive creation", HINT)
+    _cache_guard.exclusive(call, "dnnl_set_primitive_cache_capacity", int(n))
+
+
+def flush_primitive_cache() -> bool:
+    """Empty oneDNN's primitive cache: its capacity set to 0, then back, while no thread lists
+    implementations or creates a primitive (:class:`_CacheGuard`). Returns False, doing nothing,
+    when called from inside such a section (a callback: a garbage collection, a hook), True
+    otherwise. Wraps ``dnnl_get_primitive_cache_capacity``, ``dnnl_set_primitive_cache_capacity``."""
+    if _cache_guard.inside():
+        return False
+
+    def flush():
+        cap = primitive_cache_capacity()
+        call("dnnl_set_primitive_cache_capacity", 0)
+        call("dnnl_set_primitive_cache_capacity", cap)
+
+    _cache_guard.exclusive(flush)
+    return True
+
+
+def clear_primitive_cache() -> None:
+    """:func:`rawconv.clear_caches`'s part: :func:`flush_primitive_cache` when the library is loaded
+    and the calling thread is the process's only Python thread; with other threads alive the
+    cache is left as it is (bounded by its capacity). Emptied while other threads listed
+    implementations and built primitives, oneDNN 3.2 gave primitives without their post-ops: a
+    ``convert(fuse=True)`` model's calls in 2 threads, ``clear_caches`` every 2 ms in a third,
+    returned results without their ReLU (measured 2026-12-07: 9-43 of 1,800-3,100 calls in 15 s;
+    none of 2,390 with the cache left alone), also with :class:`_CacheGuard` applied."""
+    if _state.get("loaded") is not None and threading.active_count() == 1:
+        flush_primitive_cache()
 
 
 def set_verbose(level: int) -> None:

@@ -106,7 +106,9 @@ class Listing:
         if self.direction == "forward":
             return fwd
         # oneDNN keeps a raw pointer to the forward hint inside the backward iterator and the
-        # backward primitive descriptors it yields: the hint lives as long as the plan.
+        # backward primitive descriptors it yields: the hint lives as long as the plan. It is a
+        # clone: the iterator's own descriptor may be the primitive cache's (_dnnl._CacheGuard)
+        fwd = _dnnl.pd_clone(fwd)
         self._hints.append(fwd)
         out2 = ffi.new("dnnl_primitive_desc_t *")
         if self.direction == "backward_data":
@@ -138,27 +140,34 @@ class Listing:
         rows, pds, seen = [], [], set()
         last_error = None
         for layouts in ("any", "user"):
-            try:
-                it = self._create_pd(layouts)
-            except NotSupportedError as exc:
-                last_error = exc
-                continue
-            while True:
-                impl, pd = self._describe(it, layouts, len(rows))
-                key = (impl.name, tuple(impl.formats.items()))
-                # oneDNN 3.2 repeats the whole list when its primitive cache holds these
-                # primitives (shared/cases C3): keep each (name, layouts) once.
-                if key not in seen:
-                    seen.add(key)
-                    rows.append(impl)
-                    pds.append(pd)
-                if L.dnnl_primitive_desc_next_impl(it) != 0:
-                    break
+            with _dnnl._cache_guard:   # the iterator's descriptors may be the primitive cache's own (see there)
+                last_error = self._walk(layouts, rows, pds, seen, L) or last_error
         if not rows:
             raise last_error or NotSupportedError("oneDNN offers no implementation for " + self.problem.describe())
         self._impls, self._pds = rows, pds
         log.debug("listed %d implementations for %s %s: %s", len(rows), self.direction, self.problem.describe(),
                   ", ".join(r.choice for r in rows))
+
+    def _walk(self, layouts: str, rows: list, pds: list, seen: set, L):
+        """Append the implementations oneDNN lists on ``layouts`` to ``rows`` (their cloned
+        descriptors to ``pds``), each (name, formats) once; returns the NotSupportedError when
+        oneDNN offers none there."""
+        try:
+            it = self._create_pd(layouts)
+        except NotSupportedError as exc:
+            return exc
+        while True:
+            impl, pd = self._describe(it, layouts, len(rows))
+            key = (impl.name, tuple(impl.formats.items()))
+            # oneDNN 3.2 repeats the whole list when its primitive cache holds these
+            # primitives (shared/cases C3): keep each (name, layouts) once.
+            if key not in seen:
+                seen.add(key)
+                rows.append(impl)
+                pds.append(pd)
+            if L.dnnl_primitive_desc_next_impl(it) != 0:
+                break
+        return None
 
     def _describe(self, it, layouts: str, index: int):
         pd = _dnnl.pd_clone(it)

@@ -1,0 +1,115 @@
+"""rawconv.clear_caches() while other threads build and run oneDNN plans (breaker D1): oneDNN 3.2's
+primitive descriptor iterator hands out the primitive cache's own descriptors, so emptying the
+cache in the middle of a listing made the plan's descriptor a copy of freed memory (a fused
+conv + ReLU computed without its ReLU, or a crash), and emptying it while other threads built
+plans gave such primitives too. clear_caches() now empties it only from the process's only Python
+thread and never inside a listing. Each check runs in a subprocess: on a broken build it may crash."""
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_SETUP = """
+import threading, time, warnings
+import torch, rawconv
+import rawconv.onednn._ffi as D
+from rawconv.onednn.fused import FusedConvolution
+warnings.simplefilter("ignore")
+g = torch.Generator().manual_seed(0)
+x = torch.randn(2, 8, 12, 12, generator=g); w = torch.randn(16, 8, 3, 3, generator=g)
+b = torch.randn(16, generator=g)
+ref = torch.relu(torch.nn.functional.conv2d(x.double(), w.double(), b.double(), padding=1)).float()
+def err(y):
+    return (y - ref).abs().max().item()
+"""
+
+
+def _run(body: str, timeout: int = 120) -> str:
+    code = _SETUP + textwrap.dedent(body)
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, f"rc {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    return r.stdout
+
+
+_DURING_LISTING = """
+    FusedConvolution(x, w, b, padding=1, activation="relu").run(x)   # the cache holds its primitives
+    orig = D.pd_clone
+    def pd_clone(it):   # each descriptor a plan's listing clones, right after a next_impl
+        FLUSH()
+        return orig(it)
+    errs = []
+    for i in range(N):
+        D.pd_clone = pd_clone
+        p = FusedConvolution(x, w, b, padding=1, activation="relu")
+        p.implementations
+        D.pd_clone = orig
+        errs.append(err(p.run(x)))
+        p.free()
+    print("max err", max(errs))
+    assert max(errs) < 1e-4, errs
+"""
+
+
+def test_clear_caches_inside_a_listing_keeps_the_post_ops():
+    # oneDNN's primitive cache emptied (rawconv.onednn.flush_primitive_cache, what clear_caches does) from
+    # a callback while a plan walks oneDNN's implementations (between a next_impl
+    # and the clone of the descriptor it gave), the primitive cache holding primitives of the same
+    # problem. Old code: the clone was made from the descriptor the cache had just freed (a
+    # segfault, or a conv + ReLU computed without its ReLU); now the cache is not emptied there
+    _run("FLUSH = rawconv.onednn.flush_primitive_cache\nN = 30\n" + textwrap.dedent(_DURING_LISTING))
+
+
+def test_primitive_cache_flush_called_back_inside_a_listing_does_nothing():
+    # rawconv.onednn._ffi.flush_primitive_cache called back from inside a listing (where it would wait
+    # for itself) returns False and leaves the cache alone; the plan computes relu(conv + b)
+    _run("FLUSH = lambda: state.append(D.flush_primitive_cache())\nstate = []\nN = 3\n"
+         + textwrap.dedent(_DURING_LISTING) + "assert state and not any(state), state\n"
+         "assert D.flush_primitive_cache() is True\n")
+
+
+def test_clear_caches_while_threads_run_a_fused_model():
+    # the breaker's scenario, bounded: a convert(fuse=True) model in two threads (each building its
+    # own plans again after every clear), clear_caches() in a third every few ms; every result right
+    out = _run("""
+        import rawconv.nn
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(16, 8, 3, padding=1, stride=2)).eval()
+        fused = rawconv.nn.convert(m, fuse=True)
+        xs = [torch.randn(n, 8, 20, 20) for n in (1, 2)]
+        with torch.no_grad():
+            refs = [m(a) for a in xs]
+        wrong, calls, stop = [], [0], time.time() + 3
+        def worker(k):
+            i = 0
+            while time.time() < stop:
+                j = (i + k) % 2
+                with torch.no_grad():
+                    d = (fused(xs[j]) - refs[j]).abs().max().item()
+                if d > 1e-4:
+                    wrong.append(d)
+                i += 1
+                calls[0] += 1
+        def fresh():   # plans of the same problems made and dropped: listings that meet the cache's descriptors
+            while time.time() < stop:
+                p = FusedConvolution(x, w, b, padding=1, activation="relu")
+                if err(p.run(x)) > 1e-4:
+                    wrong.append("plan")
+                p.free()
+                calls[0] += 1
+        def clearer():
+            while time.time() < stop:
+                rawconv.clear_caches()
+                time.sleep(0.002)
+        ths = [threading.Thread(target=worker, args=(k,)) for k in (0, 1)] + \\
+            [threading.Thread(target=fresh), threading.Thread(target=clearer)]
+        [t.start() for t in ths]
+        [t.join() for t in ths]
+        print("calls", calls[0], "wrong", len(wrong))
+        assert not wrong, wrong[:5]
+    """)
+    assert "wrong 0" in out
