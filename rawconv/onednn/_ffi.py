@@ -294,6 +294,19 @@ def engine():
 
 
 
+def _destroyer(name: str):
+    """``lib().<name>`` (a ``dnnl_*_destroy`` function) resolved now, for ``ffi.gc``: its callback may
+    run at interpreter exit, when cffi can no longer resolve a library function lazily (its
+    modules' globals are gone: "Exception ignored from callback for ffi.gc ... 'NoneType' object
+    is not callable"); a resolved function is called directly."""
+    f = _DESTROYERS.get(name)
+    if f is None:
+        f = _DESTROYERS[name] = getattr(lib(), name)
+    return f
+
+
+_DESTROYERS: dict = {}
+
 _tls = threading.local()
 
 
@@ -327,7 +340,7 @@ def data_type(name: str) -> int:
 
 
 def _md_gc(md):
-    return ffi.gc(md, lambda m, L=lib(): L.dnnl_memory_desc_destroy(m))
+    return ffi.gc(md, _destroyer("dnnl_memory_desc_destroy"))
 
 
 def md_strides(dims, dtype: str, strides) -> object:
@@ -431,11 +444,11 @@ def pd_clone(pd):
     """An owned copy of the current implementation of an iterator. Wraps ``dnnl_primitive_desc_clone``."""
     p = ffi.new("dnnl_primitive_desc_t *")
     call("dnnl_primitive_desc_clone", p, pd)
-    return ffi.gc(p[0], lambda x, L=lib(): L.dnnl_primitive_desc_destroy(x))
+    return ffi.gc(p[0], _destroyer("dnnl_primitive_desc_destroy"))
 
 
 def pd_gc(raw):
-    return ffi.gc(raw, lambda x, L=lib(): L.dnnl_primitive_desc_destroy(x))
+    return ffi.gc(raw, _destroyer("dnnl_primitive_desc_destroy"))
 
 
 class _CacheGuard:
@@ -498,7 +511,7 @@ def primitive(pd):
     p = ffi.new("dnnl_primitive_t *")
     with _cache_guard:
         call("dnnl_primitive_create", p, pd, detail=pd_impl_name(pd))
-    return ffi.gc(p[0], lambda x, L=lib(): L.dnnl_primitive_destroy(x))
+    return ffi.gc(p[0], _destroyer("dnnl_primitive_destroy"))
 
 
 def memory(md, handle=ffi.NULL):
@@ -506,7 +519,7 @@ def memory(md, handle=ffi.NULL):
     set the pointer per call with ``dnnl_memory_set_data_handle``). Wraps ``dnnl_memory_create``."""
     p = ffi.new("dnnl_memory_t *")
     call("dnnl_memory_create", p, md, engine(), handle)
-    return ffi.gc(p[0], lambda x, L=lib(): L.dnnl_memory_destroy(x))
+    return ffi.gc(p[0], _destroyer("dnnl_memory_destroy"))
 
 
 def attr(fpmath: int = 0, user_scratchpad: bool = True, post_ops=None):
@@ -515,7 +528,7 @@ def attr(fpmath: int = 0, user_scratchpad: bool = True, post_ops=None):
     L = lib()
     p = ffi.new("dnnl_primitive_attr_t *")
     call("dnnl_primitive_attr_create", p)
-    a = ffi.gc(p[0], lambda x, L=L: L.dnnl_primitive_attr_destroy(x))
+    a = ffi.gc(p[0], _destroyer("dnnl_primitive_attr_destroy"))
     if user_scratchpad:
         call("dnnl_primitive_attr_set_scratchpad_mode", a, L.dnnl_scratchpad_mode_user)
     if fpmath:
@@ -531,7 +544,7 @@ def post_ops(ops: list[tuple]) -> object:
     L = lib()
     p = ffi.new("dnnl_post_ops_t *")
     call("dnnl_post_ops_create", p)
-    po = ffi.gc(p[0], lambda x, L=L: L.dnnl_post_ops_destroy(x))
+    po = ffi.gc(p[0], _destroyer("dnnl_post_ops_destroy"))
     for op in ops:
         if op[0] == "eltwise":
             call("dnnl_post_ops_append_eltwise", po, getattr(L, "dnnl_eltwise_" + op[1]), float(op[2]), float(op[3]))
