@@ -155,3 +155,29 @@ def test_convert_backward_search_pins_and_reports_all_three():
     assert table[1].backward == (f"backward_data {d2['backward_data']}, backward_weights {d2['backward_weights']} "
                                  "(pinned)")
     assert "autotuned: forward" in table[1].note
+
+
+def test_convert_refuses_choice_keys_that_are_no_conv_module():
+    # breaker D3: a training step's dict (what rawconv.ops.selected returns) or a misspelt module name
+    # as convert's choice dict pinned nothing, silently
+    import rawconv.nn
+    from rawconv import ops
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 8, 3, padding=1))
+    x = torch.randn(2, 3, 8, 8)
+    step = ops.selected(x, model[0].weight, padding=1)
+    assert set(step) == {"forward", "backward_data", "backward_weights"}
+    with pytest.raises(ArgumentError, match="training step's directions.*TrainingChoice"):
+        rawconv.nn.convert(model, choice=dict(step))
+    with pytest.raises(ArgumentError, match=r"not convolution modules of this model: \['O'\].*\['0', '2'\]"):
+        rawconv.nn.convert(model, choice={"O": step["forward"]})
+    with pytest.raises(ArgumentError, match="not convolution modules"):
+        rawconv.nn.convert(model, choice={"0": None, "1": step["forward"]})   # "1" is the ReLU
+    # what convert takes pins what it says
+    m = rawconv.nn.convert(model, choice={"0": dict(step)})
+    pins = rawconv.nn.pinned_choices(m)
+    assert pins["0"]["choice"] == step["forward"] and pins["2"]["choice"] is None
+    assert pins["0"]["backward_choice"] == (step["backward_data"], step["backward_weights"])
+    m = rawconv.nn.convert(model, choice=ops.TrainingChoice(**step))
+    assert all(p["choice"] == step["forward"] for p in rawconv.nn.pinned_choices(m).values())

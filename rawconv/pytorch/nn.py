@@ -1601,7 +1601,9 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
     its own, e.g. torchvision's ``Conv3DSimple``) becomes a subclass of both (``isinstance`` with
     the user's class holds, pickles find it); subclasses with their own forward are left alone. ``inplace=False``
     converts a deep copy. ``backend``, ``precision``: for every layer; ``choice``: one value for
-    every layer, a dict {module name: choice} or a callable(name) -> choice.
+    every layer (a training step: a :class:`rawconv.ops.TrainingChoice`), a dict {module name:
+    choice} (every key a convolution module's name: :class:`ArgumentError` otherwise) or a
+    callable(name) -> choice.
 
     ``fuse=True`` (inference: the model must be in eval mode): with torch.fx
     (``symbolic_trace``) each forward convolution becomes one :class:`ConvBiasAct2d` (1d/3d)
@@ -1653,6 +1655,7 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
     """
     autotune, autotune_backward = _convert_args(model, inplace, backend, precision, autotune, fuse, example_input,
                                                 autotune_budget_s, autotune_backward, autotune_new)
+    _check_choice_names(model, choice)
     if not inplace:
         try:
             model = copy.deepcopy(model)
@@ -1717,6 +1720,31 @@ def _convert_args(model, inplace, backend, precision, autotune, fuse, example_in
     if autotune_backward is None:
         autotune_backward = model.training and any(p.requires_grad for p in model.parameters())
     return autotune, autotune_backward
+
+
+_DIRECTIONS = ("forward", "backward_data", "backward_weights")   # a training step's keys (rawconv.ops.TrainingChoice)
+
+
+def _check_choice_names(model: torch.nn.Module, choice) -> None:
+    """:func:`convert`'s ``choice`` as a dict: every key must name a convolution module of ``model``
+    that convert puts on rawconv (or one already rawconv's). Raises :class:`ArgumentError` naming
+    the keys that do not, and saying so when the dict is one training step (keys ``forward`` /
+    ``backward_data`` / ``backward_weights``: what :func:`rawconv.ops.selected` returns)."""
+    if not isinstance(choice, dict):
+        return
+    names = [n for n, m in model.named_modules() if _swap_class(m) is not None or isinstance(m, _RawconvConv)]
+    if choice and set(choice) <= set(_DIRECTIONS) and not set(choice) & set(names):
+        raise ArgumentError(f"convert(choice=...) takes one choice for every layer, a dict {{module name: choice}} "
+                            f"or a callable(name) -> choice; this dict's keys {sorted(choice)} are a training step's "
+                            "directions, not module names: pass rawconv.ops.TrainingChoice(**step) to pin it on every "
+                            "layer, or {module name: step} for some")
+    bad = [k for k in choice if k not in names]
+    if bad:
+        steps = [k for k in bad if k in _DIRECTIONS]
+        raise ArgumentError(f"convert(choice=...): not convolution modules of this model: {bad}"
+                            + (f" ({steps} are a training step's directions: pass rawconv.ops.TrainingChoice(...) "
+                               "for every layer, or {module name: step})" if steps else "")
+                            + f"; its convolution modules: {names}")
 
 
 def _convert_fuse_fx(model: torch.nn.Module, report: ConvertReport, backend: str, choice, precision: str) -> tuple:
