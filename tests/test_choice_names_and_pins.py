@@ -181,3 +181,43 @@ def test_convert_refuses_choice_keys_that_are_no_conv_module():
     assert pins["0"]["backward_choice"] == (step["backward_data"], step["backward_weights"])
     m = rawconv.nn.convert(model, choice=ops.TrainingChoice(**step))
     assert all(p["choice"] == step["forward"] for p in rawconv.nn.pinned_choices(m).values())
+
+
+def test_pin_choices_replaces_backward_pins_checks_types_and_is_atomic():
+    # breaker D4: a forward-only pin or None left an earlier step's backward pins in place; ints and
+    # other objects were accepted until the next forward; a bad entry raised after earlier ones
+    # were pinned
+    import rawconv.nn
+    from rawconv.errors import ArgumentTypeError
+
+    m = rawconv.nn.convert(torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, padding=1),
+                                               torch.nn.Conv2d(16, 16, 3, padding=1)))
+    x = torch.randn(1, 8, 6, 6)
+    step = _three(x, m[0].weight, padding=1)
+    rawconv.nn.pin_choices(m, {"0": step})
+    assert m[0].backward_choice == (step["backward_data"], step["backward_weights"])
+    rawconv.nn.pin_choices(m, {"0": step["forward"]})
+    assert (m[0].choice, m[0].backward_choice) == (step["forward"], None)
+    rawconv.nn.pin_choices(m, {"0": step})
+    rawconv.nn.pin_choices(m, {"0": None})
+    assert (m[0].choice, m[0].backward_choice) == (None, None)
+    assert rawconv.nn.pinned_choices(m)["0"]["backward_choice"] is None
+    for bad in (3, object(), 2.5):
+        with pytest.raises(ArgumentTypeError, match=r"choices\['0'\]"):
+            rawconv.nn.pin_choices(m, {"0": bad})
+    assert m[0].choice is None
+    # atomic: nothing pinned when any entry is bad (a later type error, a step with an unknown key)
+    for bad in ({"1": 3}, {"1": {"fwd": step["forward"]}}):
+        with pytest.raises((ArgumentError, ArgumentTypeError)):
+            rawconv.nn.pin_choices(m, {"0": step["forward"], **bad})
+        assert m[0].choice is None and m[1].choice is None
+    # and the model runs: forward with the pin, backward on the defaults again
+    rawconv.nn.pin_choices(m, {"0": step})
+    rawconv.nn.pin_choices(m, {"0": step["forward"]})
+    xg = x.clone().requires_grad_()
+    m(xg).sum().backward()
+    ref = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.Conv2d(16, 16, 3, padding=1))
+    ref.load_state_dict(m.state_dict())
+    xr = x.clone().requires_grad_()
+    ref(xr).sum().backward()
+    assert torch.allclose(xg.grad, xr.grad, atol=1e-4)

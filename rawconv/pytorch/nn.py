@@ -2621,10 +2621,15 @@ def pin_choices(model: torch.nn.Module, choices: dict, *, backend: str | None = 
     backend's default) on the rawconv convolution modules of ``model`` named there, for every
     problem (what an autotune pinned on those modules is dropped); the choices belong to
     ``backend`` (``"onednn"`` / ``"cudnn"``; default: each module's device's), so a later
-    ``.to()`` to the other device drops them as usual. Nothing is checked against the library
+    ``.to()`` to the other device drops them as usual. A training step (a
+    :class:`rawconv.ops.TrainingChoice` or a dict per direction) pins the forward and both backward
+    passes; a forward-only choice or None replaces the module's earlier pins of all three (its
+    backward passes run the backend's default again). Nothing is checked against the library
     here: a choice it does not offer raises :class:`NotSupportedError` at the module's first call.
     Raises :class:`ArgumentError` naming a name that is not a rawconv convolution module of
-    ``model`` (nothing is pinned then)."""
+    ``model``, :class:`ArgumentTypeError` for a choice of a type ``choice=`` does not take, and
+    :class:`ArgumentError` for a step with unknown directions: all checked before anything is
+    pinned (nothing is pinned then)."""
     if not isinstance(model, torch.nn.Module):
         raise ArgumentTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(choices, dict):
@@ -2636,12 +2641,17 @@ def pin_choices(model: torch.nn.Module, choices: dict, *, backend: str | None = 
     if bad:
         raise ArgumentError(f"not rawconv convolution modules of this model: {bad} (rawconv.nn.convert swaps "
                             f"torch's; these are: {list(mods)})")
+    pins = []   # (module, forward choice, backward pair or None): every entry checked first
     for n, c in choices.items():
         m = mods[n]
+        what = f"pin_choices: choices[{n!r}]"
         if c is not None and not isinstance(c, str) and _is_step(c):   # a whole training step
-            m.choice, m.backward_choice = _split(c, None, m._transposed)
-        else:
-            m.choice = c
+            fwd, bwd = _split(c, None, m._transposed)
+            pins.append((m, _check_choice(fwd, what), _check_choice(bwd, what + " (backward)", pair=True)))
+        else:   # a forward-only choice or None: the earlier backward pins go too
+            pins.append((m, _check_choice(c, what), None))
+    for m, fwd, bwd in pins:
+        m.choice, m.backward_choice = fwd, bwd
         m.__dict__.pop(_TUNED_ATTR, None)
         m.__dict__.pop(_NEW_ATTR, None)
         m._choice_backend = backend or m._device_backend()
