@@ -580,3 +580,46 @@ def test_convert_says_busy_machine_timings_once(monkeypatch):
     n = len(m.rawconv_report.timing_warnings)
     assert n >= 3, "one per search at least (3 distinct problems)"
     assert len(timing) == 1 and f"{n} of the searches" in str(timing[0].message), [str(w.message) for w in said]
+
+
+def test_convert_leaves_parametrized_weights_state_alone():
+    # breaker D2: convert, pinned_choices and .to() computed a parametrized conv's .weight (its
+    # parametrization's forward) outside forward; spectral_norm's runs a power iteration per
+    # computation in training mode, so converting changed _u/_v and the outputs
+    import torch.nn.utils.parametrize as P
+    from torch.nn.utils.parametrizations import spectral_norm
+
+    import rawconv.nn
+
+    calls = []
+
+    class Count(torch.nn.Module):
+        def forward(self, w):
+            calls.append(1)
+            return w
+
+    m = torch.nn.Conv2d(4, 4, 3)
+    P.register_parametrization(m, "weight", Count())   # (torch checks it once here)
+    calls.clear()
+    r = rawconv.nn.convert(m)
+    rawconv.nn.pinned_choices(torch.nn.Sequential(r))
+    r.to("cpu")
+    assert calls == []
+    r(torch.randn(1, 4, 8, 8))
+    assert len(calls) == 1   # as torch's forward
+
+    torch.manual_seed(0)
+    a = torch.nn.Sequential(spectral_norm(torch.nn.Conv2d(8, 8, 3, padding=1)), torch.nn.ReLU(),
+                            spectral_norm(torch.nn.ConvTranspose2d(8, 4, 3, padding=1)))   # train mode
+    before = {k: v.clone() for k, v in a.state_dict().items()}
+    b = rawconv.nn.convert(a)
+    rawconv.nn.pinned_choices(b)
+    b.to("cpu")
+    for k, v in b.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    x = torch.randn(2, 8, 12, 12)
+    for _ in range(2):   # each forward: one power iteration in both
+        ya, yb = a(x), b(x)
+        assert torch.allclose(ya, yb, rtol=1e-4, atol=1e-5)
+    a.eval(), b.eval()
+    assert torch.allclose(a(x), b(x), rtol=1e-4, atol=1e-5)

@@ -85,12 +85,28 @@ def reason_for(m, x) -> str | None:
     return _reason(x.device.type, x.dtype, getattr(m, "in_channels", 1), m._transposed, needs_grad)
 
 
+def weight_source(m):
+    """``m.weight`` as far as its device, dtype and ``requires_grad`` go, without computing it: for a
+    weight computed by a ``torch.nn.utils.parametrize`` parametrization, the tensor it is computed
+    from (``parametrizations.weight.original``, or ``original0`` of a multi-input one), whose
+    forward is never run here (``spectral_norm``'s runs a power iteration that changes its buffers
+    in training mode); else ``m.weight`` itself (None without one)."""
+    plist = getattr(getattr(m, "parametrizations", None), "weight", None)
+    if plist is not None:
+        src = getattr(plist, "original", None)
+        if src is None:
+            src = getattr(plist, "original0", None)
+        if isinstance(src, torch.Tensor):
+            return src
+    return m.weight
+
+
 def reason_for_parameters(m) -> str | None:
     """:func:`reason_for` as the module's parameters predict it (their device and dtype; the
     gradients when the module is in training mode): what :func:`rawconv.nn.convert` reports."""
     if not may_fall_back(m):
         return None
-    w = m.weight
+    w = weight_source(m)
     return _reason(w.device.type, w.dtype, getattr(m, "in_channels", 1), m._transposed,
                    m.training and w.requires_grad)
 

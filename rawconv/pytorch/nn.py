@@ -526,14 +526,16 @@ class _RawconvConv:
             # a name of the other device's library (a cuDNN algorithm on a module built on the CPU, to
             # be moved with .cuda()): kept for that device; a call on this one says what it needs
             self._choice_backend = named
-        self.__dict__["_rawconv_device"] = self.weight.device.type if self.weight is not None else "cpu"
+        w = _fallback.weight_source(self)   # (a parametrized weight is not computed: its forward may change state)
+        self.__dict__["_rawconv_device"] = w.device.type if w is not None else "cpu"
 
     impl = property(lambda self: self.choice, lambda self, v: setattr(self, "choice", v))   # old names
     backward_impl = property(lambda self: self.backward_choice, lambda self, v: setattr(self, "backward_choice", v))
     fpmath = property(lambda self: self.precision, lambda self, v: setattr(self, "precision", v))
 
     def _device_backend(self) -> str:
-        dev = self.weight.device if self.weight is not None else torch.device("cpu")
+        w = _fallback.weight_source(self)   # (a parametrized weight is not computed: its forward may change state)
+        dev = w.device if w is not None else torch.device("cpu")
         if self.backend != "auto":
             return self.backend
         return "cudnn" if dev.type == "cuda" else "onednn"
@@ -549,7 +551,7 @@ class _RawconvConv:
         dropped (with a warning): a oneDNN implementation name means nothing to cuDNN."""
         if not hasattr(self, "backend"):   # during __init__ (torch moves parameters before _rawconv_init)
             return
-        dev = self.weight.device.type
+        dev = _fallback.weight_source(self).device.type
         stayed = self.__dict__.get("_rawconv_device") == dev
         self.__dict__["_rawconv_device"] = dev
         want = "cudnn" if dev == "cuda" else "onednn" if dev == "cpu" else None
@@ -1603,7 +1605,9 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
     converts a deep copy. ``backend``, ``precision``: for every layer; ``choice``: one value for
     every layer (a training step: a :class:`rawconv.ops.TrainingChoice`), a dict {module name:
     choice} (every key a convolution module's name: :class:`ArgumentError` otherwise) or a
-    callable(name) -> choice.
+    callable(name) -> choice. A weight computed by a ``torch.nn.utils.parametrize``
+    parametrization is not computed by convert, :func:`pinned_choices` or ``.to()`` (only by the
+    module's forward, as torch's): ``spectral_norm``'s power iteration leaves its buffers alone.
 
     ``fuse=True`` (inference: the model must be in eval mode): with torch.fx
     (``symbolic_trace``) each forward convolution becomes one :class:`ConvBiasAct2d` (1d/3d)
