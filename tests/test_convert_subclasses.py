@@ -84,3 +84,33 @@ def test_a_converted_plain_subclass_pickles_into_a_fresh_process(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          cwd=str(__import__("pathlib").Path(__file__).parent.parent))
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
+
+
+def test_subclasses_with_their_own_forward_are_reported_and_warned():
+    # breaker D7: conv subclasses that compute their own way stay on torch; the report and a warning
+    # now name them (they said "1 conv modules on rawconv" and nothing else)
+    import warnings
+
+    import rawconv.nn
+
+    class WSConv2d(torch.nn.Conv2d):   # weight-standardized, as timm's StdConv2d
+        def forward(self, x):
+            w = self.weight
+            w = (w - w.mean((1, 2, 3), keepdim=True)) / (w.std((1, 2, 3), keepdim=True) + 1e-5)
+            return self._conv_forward(x, w, self.bias)
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), WSConv2d(8, 8, 3), torch.nn.Sequential(WSConv2d(8, 8, 3)))
+    with warnings.catch_warnings(record=True) as ws:
+        warnings.simplefilter("always")
+        m = rawconv.nn.convert(model)
+    msgs = [str(w.message) for w in ws if issubclass(w.category, RuntimeWarning) and "left" in str(w.message)]
+    assert len(msgs) == 1 and "WSConv2d" in msgs[0] and "1, 2.0" in msgs[0], msgs
+    rep = m.rawconv_report
+    assert rep.swapped == ["0"] and list(rep.left_on_torch) == ["1", "2.0"]
+    assert "WSConv2d defines its own forward" in rep.left_on_torch["1"]
+    assert "2 conv module(s) left on torch" in str(rep)
+    x = torch.randn(1, 3, 12, 12)
+    assert torch.allclose(m(x), model(x), rtol=1e-4, atol=1e-4)
+    with warnings.catch_warnings():   # a model without such modules: no warning
+        warnings.simplefilter("error")
+        assert rawconv.nn.convert(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3))).rawconv_report.left_on_torch == {}

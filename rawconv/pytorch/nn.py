@@ -1075,7 +1075,12 @@ class ConvertReport:
     ``fallback`` (layer name -> reason): the layers whose calls run on torch's own kernel because no
     rawconv library can run them (their parameters' dtype or device: float64 on the CPU, a
     float16 model where this CPU's oneDNN has no float16...; or seen so during the autotune's
-    example run): :mod:`rawconv.pytorch.fallback`."""
+    example run): :mod:`rawconv.pytorch.fallback`.
+
+    ``left_on_torch`` (layer name -> reason): the conv modules convert did not put on rawconv: a
+    subclass of torch's conv class that computes its own way (its own ``forward``,
+    ``_conv_forward`` or ``_output_padding``: timm's ``StdConv2d``, ``Conv2dSame``); a
+    ``RuntimeWarning`` names them too."""
 
     swapped: list = field(default_factory=list)
     folded: list = field(default_factory=list)
@@ -1090,6 +1095,7 @@ class ConvertReport:
     fusion: dict = field(default_factory=dict)
     fusion_measured: bool | None = None
     fallback: dict = field(default_factory=dict)   # layer name -> why its calls run on torch's own kernel
+    left_on_torch: dict = field(default_factory=dict)   # layer name -> why convert left that conv module alone
 
     def __str__(self) -> str:
         n = len(self.tuned)
@@ -1099,6 +1105,10 @@ class ConvertReport:
                  f"folded, {len(self.fused)} fused ({', '.join(sorted(set(self.fused.values()))) or 'none'})"]
         if self.traced is False:
             lines.append(f"  torch.fx could not trace the model ({self.trace_error}): module-level fusion only")
+        if self.left_on_torch:
+            names = list(self.left_on_torch)
+            lines.append(f"  {len(names)} conv module(s) left on torch (a subclass with its own forward): "
+                         f"{', '.join(names[:6])}{', ...' if len(names) > 6 else ''}")
         if self.fallback:
             by: dict = {}
             for name, why in self.fallback.items():
@@ -1601,7 +1611,8 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
     module of the same class family, sharing parameters and buffers (``state_dict`` keys
     unchanged). A subclass that computes as torch's class (no ``forward`` or ``_conv_forward`` of
     its own, e.g. torchvision's ``Conv3DSimple``) becomes a subclass of both (``isinstance`` with
-    the user's class holds, pickles find it); subclasses with their own forward are left alone. ``inplace=False``
+    the user's class holds, pickles find it); subclasses with their own forward are left alone
+    (named in ``report.left_on_torch`` and by a ``RuntimeWarning``). ``inplace=False``
     converts a deep copy. ``backend``, ``precision``: for every layer; ``choice``: one value for
     every layer (a training step: a :class:`rawconv.ops.TrainingChoice`), a dict {module name:
     choice} (every key a convolution module's name: :class:`ArgumentError` otherwise) or a
@@ -1787,6 +1798,21 @@ def _swap_modules(model: torch.nn.Module, report: ConvertReport, backend: str, c
             report.swapped.append(name)
         elif isinstance(m, _RawconvConv):
             report.swapped.append(name)
+        elif isinstance(m, tuple(_SWAP)) and not isinstance(m, _FusedSequential):
+            own = [a for a in ("forward", "_conv_forward", "_output_padding")
+                   if any(a in vars(k) for k in type(m).__mro__
+                          if k not in _SWAP and not k.__module__.startswith("torch.nn."))]
+            report.left_on_torch[name] = (f"{type(m).__module__}.{type(m).__qualname__} defines its own "
+                                          f"{' / '.join(own) or 'computation'}: left on torch's convolution")
+    if report.left_on_torch:
+        by: dict = {}
+        for name, m in model.named_modules():
+            if name in report.left_on_torch:
+                by.setdefault(type(m).__qualname__, []).append(name or "(the model)")
+        warnings.warn("rawconv.nn.convert left " + str(len(report.left_on_torch)) + " conv module(s) on torch: "
+                      + "; ".join(f"{cls} computes its own way (its own forward): {', '.join(ns[:6])}"
+                                  f"{', ...' if len(ns) > 6 else ''}" for cls, ns in by.items())
+                      + " (model.rawconv_report.left_on_torch)", RuntimeWarning, stacklevel=_guard.stacklevel())
     return model
 
 
