@@ -221,3 +221,21 @@ def test_pin_choices_replaces_backward_pins_checks_types_and_is_atomic():
     xr = x.clone().requires_grad_()
     ref(xr).sum().backward()
     assert torch.allclose(xg.grad, xr.grad, atol=1e-4)
+
+
+def test_a_step_set_as_the_choice_attribute_is_refused_naming_training_choice():
+    # breaker D8: module.choice = TrainingChoice(...) failed at the next forward with an error that
+    # never named TrainingChoice nor where a step goes
+    import rawconv.nn
+    from rawconv import ops
+    from rawconv.errors import ArgumentTypeError
+
+    m = rawconv.nn.Conv2d(8, 16, 3, padding=1)
+    x = torch.randn(2, 8, 10, 10)
+    step = ops.selected(x, m.weight, padding=1)
+    for bad in (ops.TrainingChoice(**step), dict(step)):
+        m.choice = bad
+        with pytest.raises(ArgumentTypeError, match=r"training step \(rawconv.ops.TrainingChoice.*pin_choices"):
+            m(x)
+    m.choice, m.backward_choice = step["forward"], (step["backward_data"], step["backward_weights"])
+    assert torch.allclose(m(x), torch.nn.functional.conv2d(x, m.weight, m.bias, padding=1), atol=1e-4)

@@ -125,6 +125,10 @@ def _check_choice(c: Any, what: str, pair: bool = False) -> Any:
         return c
     msg = (f"{what} must be None, a name string or a listed candidate (Implementation, Algorithm, "
            f"EngineConfig), got {type(c).__name__} {c!r}")
+    if _is_step(c) and not pair:
+        msg += ("; a training step (rawconv.ops.TrainingChoice, or a dict per direction) is taken by choice= when "
+                "the module is made and by rawconv.nn.pin_choices(model, {name: step}); the attributes take one "
+                "direction each: .choice = the forward's, .backward_choice = (backward data's, backward weights')")
     if isinstance(c, int) and not isinstance(c, bool):
         msg += ("; positions are indices into one problem's listing and are accepted only by the backend "
                 "function forms (rawconv.onednn.forward(x, w, impl=0), rawconv.cudnn.forward(..., algo=0)): "
