@@ -530,6 +530,19 @@ def test_cli_bad_timing_options(extra, capsys):
     assert _cli(["compare", "--input", "1x3x5x5", "--weight", "3x3x3x3", "--device", "cpu", "--no-ref"] + extra) == 2
 
 
+def test_cli_refuses_a_thread_count_the_process_cannot_create(capsys):
+    # breaker D6: --threads 100000 was passed on to OpenMP, which crashed (SIGSEGV); now a usage error
+    from rawconv.explore.cli import max_threads
+
+    cap = max_threads()
+    for cmd in (["compare", "--input", "1x3x5x5", "--weight", "3x3x3x3", "--device", "cpu", "--no-ref"],
+                ["replay", "missing.json"]):
+        assert _cli(cmd + ["--threads", str(cap + 1)]) == 2
+        assert f"at most {cap} threads" in capsys.readouterr().err
+    assert _cli(["compare", "--input", "1x3x5x5", "--weight", "3x3x3x3", "--device", "cpu", "--no-ref", "--iterations",
+                 "1", "--warmup", "0", "--budget", "0.05", "--threads", "2"]) == 0
+
+
 def test_cli_huge_input_shape():
     assert _cli(["list", "--input", "4611686018427387904x3x5x5", "--weight", "3x3x3x3", "--device", "cpu"]) == 2
 

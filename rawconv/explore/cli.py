@@ -50,6 +50,28 @@ def _bounded(kind, minimum, what):
 
 
 _positive_int = _bounded(int, 0, "a positive integer")
+
+
+def max_threads() -> int:
+    """The largest ``--threads`` the CLI takes: 8 threads per CPU of the machine (``os.cpu_count()``),
+    at least 64. Far more threads than CPUs only oversubscribe them, and a count the process
+    cannot create (its ``RLIMIT_NPROC``) crashed OpenMP inside torch (SIGSEGV)."""
+    import os
+
+    return max(64, 8 * (os.cpu_count() or 1))
+
+
+def _thread_count(text: str) -> int:
+    """``--threads``: a positive integer of at most :func:`max_threads`."""
+    v = _positive_int(text)
+    cap = max_threads()
+    if v > cap:
+        import os
+
+        raise argparse.ArgumentTypeError(f"expected at most {cap} threads here (8 per CPU, at least 64; "
+                                         f"os.cpu_count() = {os.cpu_count()}), got {v}: a count the process "
+                                         "cannot create crashes OpenMP")
+    return v
 _nonneg_int = _bounded(int, None, "a non-negative integer")
 _positive_float = _bounded(float, 0, "a positive number")
 
@@ -980,10 +1002,10 @@ def _add_compare(sub) -> None:
                         "rows (picked on the first rounds) are timed again; the headline's figures come from them, "
                         f"free of the winner's curse (default {CONFIRM_ROUNDS}; 0: none, the headline then says its "
                         "best-of-N was picked on the timings it reports)")
-    c.add_argument("--threads", type=_positive_int, default=None,
+    c.add_argument("--threads", type=_thread_count, default=None,
                    help="torch/oneDNN threads (default: the CPUs this process may use, from its affinity mask and "
                         "cgroup quota, capped by torch's thread count, which OMP_NUM_THREADS sets; more would "
-                        "oversubscribe the machine)")
+                        "oversubscribe the machine; at most 8 per CPU, at least 64)")
     c.add_argument("--json", help="also write the results as JSON to this file")
     c.add_argument("--csv", help="also write the rows as CSV to this file (rawconv.results.ResultTable.to_csv)")
     c.add_argument("--plot", help="also plot the results to this image file (PNG, SVG, PDF: by its extension): "
@@ -1053,7 +1075,7 @@ def _add_replay(sub) -> None:
     rp.add_argument("--warmup", type=_nonneg_int, default=2, help="untimed calls per record (default 2)")
     rp.add_argument("--budget", type=_positive_float, default=0.5,
                     help="seconds of warm-up and timing per record at most (default 0.5)")
-    rp.add_argument("--threads", type=_positive_int, default=None,
+    rp.add_argument("--threads", type=_thread_count, default=None,
                     help="torch/oneDNN threads (default: as compare's --threads)")
     rp.add_argument("--csv", help="also write the replayed rows as CSV to this file")
     rp.add_argument("--quiet", action="store_true", help="no progress bar")
