@@ -361,3 +361,18 @@ def test_a_flagged_row_says_so_in_plain_text():
     assert "(waited)" in line["jit:avx2@any"] and "(spread" not in line["jit:avx2@any"]
     assert "(spread, waited)" in line["jit:sse41@any"]
     assert "(" not in line["default"].split("ok", 1)[1].split()[0]   # a clean row: plain "ok"
+
+
+def test_a_wrong_shape_row_says_shape_mismatch_in_the_table_and_summary():
+    # breaker D9: torch's rows of zero input channels (result (1, 0, 6, 6)) were "wrong" with "-" for both
+    # errors and no reason shown; the reason now reaches the table's notes and the summary
+    p = ConvProblem.from_benchdnn("mb1ic0ih8oc4kh3")
+    rows = compare.compare_problem(p, iterations=1, warmup=0, include_ref=False)
+    bad = [r for r in rows if r.status == "wrong"]
+    if not bad:
+        pytest.skip("this torch returns the reference's shape for zero input channels")
+    for r in bad:
+        assert r.backend == "torch" and r.error.startswith("shape mismatch: result (1, 0, 6, 6), reference (1, 4, 6, 6)")
+        assert "shape mismatch" in r.detail
+    s = summary(rows)
+    assert s["outside_tolerance"] and all("shape mismatch" in line for line in s["outside_tolerance"])

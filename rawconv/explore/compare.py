@@ -275,7 +275,9 @@ def _measure(problem, label_backend, label_impl, detail, fn, ref, ref_abs, timer
         # of zero input channels gives (N, 0, *out) where the sum over no channels is the bias)
         if stats is not None:
             row.median_ms, row.min_ms, row.runs = stats.median_ms, stats.min_ms, stats.runs
-        row.status, row.error = "wrong", f"result shape {tuple(y.shape)} differs from the reference's {tuple(ref.shape)}"
+        why = f"shape mismatch: result {tuple(y.shape)}, reference {tuple(ref.shape)}"
+        row.status, row.error = "wrong", why
+        row.detail = f"{why}; {row.detail}" if row.detail else why   # (the table's notes: the reason shows)
         return row
     with threads(1):
         # a few elementwise float64 passes: one thread takes milliseconds, while two OpenMP threads
@@ -1012,7 +1014,7 @@ def summary(rows: list[Row], *, hint: str | None = None) -> dict:
     return {"problems": len(by_problem), "results": len(checked),
             "directions": sorted({r.direction for r in rows}),
             "within_tolerance": sum(r.category == "ok" for r in rows),
-            "outside_tolerance": [label(r) for r in rows if r.category == "wrong"],
+            "outside_tolerance": [label(r) + (f": {r.error}" if r.error else "") for r in rows if r.category == "wrong"],
             # a library that did not load is reported once, under libraries_not_loaded
             "failed": [f"{label(r)}: {r.status if r.status != 'failed' else r.error}" for r in rows
                        if r.category == "failed" and not r.extra.get("library_not_loaded")],
