@@ -55,6 +55,7 @@ from . import autocast as _autocast
 from . import fallback as _fallback
 from . import fused as _fused
 from . import fusion as _fusion
+from . import pins as _pins
 from . import registered as _registered
 from .. import onednn
 from ..core.autotune import check_budget as _check_budget
@@ -1674,7 +1675,9 @@ def convert(model: torch.nn.Module, *, inplace: bool = False, backend: str = "au
     """
     autotune, autotune_backward = _convert_args(model, inplace, backend, precision, autotune, fuse, example_input,
                                                 autotune_budget_s, autotune_backward, autotune_new)
-    _check_choice_names(model, choice)
+    if isinstance(choice, dict):   # every key a conv module's name
+        _pins.check_choice_names(choice, [n for n, m in model.named_modules()
+                                          if _swap_class(m) is not None or isinstance(m, _RawconvConv)])
     if not inplace:
         try:
             model = copy.deepcopy(model)
@@ -1741,31 +1744,6 @@ def _convert_args(model, inplace, backend, precision, autotune, fuse, example_in
     return autotune, autotune_backward
 
 
-_DIRECTIONS = ("forward", "backward_data", "backward_weights")   # a training step's keys (rawconv.ops.TrainingChoice)
-
-
-def _check_choice_names(model: torch.nn.Module, choice) -> None:
-    """:func:`convert`'s ``choice`` as a dict: every key must name a convolution module of ``model``
-    that convert puts on rawconv (or one already rawconv's). Raises :class:`ArgumentError` naming
-    the keys that do not, and saying so when the dict is one training step (keys ``forward`` /
-    ``backward_data`` / ``backward_weights``: what :func:`rawconv.ops.selected` returns)."""
-    if not isinstance(choice, dict):
-        return
-    names = [n for n, m in model.named_modules() if _swap_class(m) is not None or isinstance(m, _RawconvConv)]
-    if choice and set(choice) <= set(_DIRECTIONS) and not set(choice) & set(names):
-        raise ArgumentError(f"convert(choice=...) takes one choice for every layer, a dict {{module name: choice}} "
-                            f"or a callable(name) -> choice; this dict's keys {sorted(choice)} are a training step's "
-                            "directions, not module names: pass rawconv.ops.TrainingChoice(**step) to pin it on every "
-                            "layer, or {module name: step} for some")
-    bad = [k for k in choice if k not in names]
-    if bad:
-        steps = [k for k in bad if k in _DIRECTIONS]
-        raise ArgumentError(f"convert(choice=...): not convolution modules of this model: {bad}"
-                            + (f" ({steps} are a training step's directions: pass rawconv.ops.TrainingChoice(...) "
-                               "for every layer, or {module name: step})" if steps else "")
-                            + f"; its convolution modules: {names}")
-
-
 def _convert_fuse_fx(model: torch.nn.Module, report: ConvertReport, backend: str, choice, precision: str) -> tuple:
     """:func:`convert`'s ``fuse=True`` with torch.fx (:func:`_fuse_fx`), recording in ``report`` whether
     it traced. Returns ``(model, traced)``: the traced and fused ``GraphModule`` and True, or, when
@@ -1802,21 +1780,9 @@ def _swap_modules(model: torch.nn.Module, report: ConvertReport, backend: str, c
             report.swapped.append(name)
         elif isinstance(m, _RawconvConv):
             report.swapped.append(name)
-        elif isinstance(m, tuple(_SWAP)) and not isinstance(m, _FusedSequential):
-            own = [a for a in ("forward", "_conv_forward", "_output_padding")
-                   if any(a in vars(k) for k in type(m).__mro__
-                          if k not in _SWAP and not k.__module__.startswith("torch.nn."))]
-            report.left_on_torch[name] = (f"{type(m).__module__}.{type(m).__qualname__} defines its own "
-                                          f"{' / '.join(own) or 'computation'}: left on torch's convolution")
-    if report.left_on_torch:
-        by: dict = {}
-        for name, m in model.named_modules():
-            if name in report.left_on_torch:
-                by.setdefault(type(m).__qualname__, []).append(name or "(the model)")
-        warnings.warn("rawconv.nn.convert left " + str(len(report.left_on_torch)) + " conv module(s) on torch: "
-                      + "; ".join(f"{cls} computes its own way (its own forward): {', '.join(ns[:6])}"
-                                  f"{', ...' if len(ns) > 6 else ''}" for cls, ns in by.items())
-                      + " (model.rawconv_report.left_on_torch)", RuntimeWarning, stacklevel=_guard.stacklevel())
+        elif _pins.own_computation(m, _SWAP):
+            report.left_on_torch[name] = _pins.own_computation(m, _SWAP)
+    _pins.warn_left_on_torch(report.left_on_torch, model)
     return model
 
 
