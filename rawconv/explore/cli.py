@@ -17,6 +17,7 @@ import argparse
 import functools
 import json
 import math
+import os
 import sys
 
 from ..core import __version__
@@ -36,42 +37,22 @@ def _shape(text: str) -> tuple[int, ...]:
     return out
 
 
-def _bounded(kind, minimum, what):
-    """An argparse type: ``kind(text)`` that must be > ``minimum`` (``minimum`` None: >= 0)."""
+def _bounded(kind, minimum, what, maximum=None):
+    """An argparse type: ``kind(text)`` that must be > ``minimum`` (``minimum`` None: >= 0), <= ``maximum()``."""
     def parse(text: str):
         try:
             v = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if (v < 0) if minimum is None else not v > minimum:
+        if ((v < 0) if minimum is None else not v > minimum) or (maximum is not None and v > maximum()):
             raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
         return v
     return parse
 
 
 _positive_int = _bounded(int, 0, "a positive integer")
+_thread_count = _bounded(int, 0, "at most 8 threads per CPU (64 at least)", lambda: max(64, 8 * (os.cpu_count() or 1)))
 
-
-def max_threads() -> int:
-    """The largest ``--threads`` the CLI takes: 8 threads per CPU of the machine (``os.cpu_count()``),
-    at least 64. Far more threads than CPUs only oversubscribe them, and a count the process
-    cannot create (its ``RLIMIT_NPROC``) crashed OpenMP inside torch (SIGSEGV)."""
-    import os
-
-    return max(64, 8 * (os.cpu_count() or 1))
-
-
-def _thread_count(text: str) -> int:
-    """``--threads``: a positive integer of at most :func:`max_threads`."""
-    v = _positive_int(text)
-    cap = max_threads()
-    if v > cap:
-        import os
-
-        raise argparse.ArgumentTypeError(f"expected at most {cap} threads here (8 per CPU, at least 64; "
-                                         f"os.cpu_count() = {os.cpu_count()}), got {v}: a count the process "
-                                         "cannot create crashes OpenMP")
-    return v
 _nonneg_int = _bounded(int, None, "a non-negative integer")
 _positive_float = _bounded(float, 0, "a positive number")
 
@@ -328,13 +309,11 @@ def _compare_columns(rows) -> list[Column]:
              if any(isinstance(r.extra.get("ratio"), dict) for r in rows) else [])
     return [
         Column("backend", [r.backend for r in rows], styles=row_style),
-        *library,
-        *position,
+        *library, *position,
         Column("implementation", [r.implementation for r in rows], wrap=True, styles=row_style),
         Column("status", [_status_cell(r) for r in rows], wrap=True, styles=status_style),
         Column("median\nms", [fmt_ms(r.median_ms) for r in rows], justify="right", styles=median_style),
-        Column("min\nms", [fmt_ms(r.min_ms) for r in rows], justify="right", styles=row_style),
-        *ratio,
+        Column("min\nms", [fmt_ms(r.min_ms) for r in rows], justify="right", styles=row_style), *ratio,
         Column("med/\nmin", [_fmt_spread(r.spread) for r in rows], justify="right", drop=5, styles=spread_style),
         Column("max rel\nerr", [_fmt_err(r.max_rel) for r in rows], justify="right", drop=4, styles=row_style),
         Column("max abs\nerr", [_fmt_err(r.max_abs) for r in rows], justify="right", drop=3, styles=row_style),
@@ -522,8 +501,7 @@ def cmd_compare(args) -> int:
 
         all_rows = cmp.compare(problems, photo_first=not args.random, iterations=args.iterations, warmup=args.warmup,
                                budget_s=args.budget, fpmath=args.fpmath, prepack=prepack, direction=args.direction,
-                               libs=libs,
-                               include_ref=include_ref, ref_max_s=args.ref_limit, on_problem=show,
+                               libs=libs, include_ref=include_ref, ref_max_s=args.ref_limit, on_problem=show,
                                progress=False if args.quiet else None, engines=args.engines,
                                allow_known_bad=args.allow_known_bad, confirm_rounds=args.confirm_rounds,
                                isolate={"timeout_s": args.timeout} if args.isolate else None)

@@ -275,9 +275,8 @@ def _measure(problem, label_backend, label_impl, detail, fn, ref, ref_abs, timer
         # of zero input channels gives (N, 0, *out) where the sum over no channels is the bias)
         if stats is not None:
             row.median_ms, row.min_ms, row.runs = stats.median_ms, stats.min_ms, stats.runs
-        why = f"shape mismatch: result {tuple(y.shape)}, reference {tuple(ref.shape)}"
-        row.status, row.error = "wrong", why
-        row.detail = f"{why}; {row.detail}" if row.detail else why   # (the table's notes: the reason shows)
+        row.status, row.error = "wrong", f"shape mismatch: result {tuple(y.shape)}, reference {tuple(ref.shape)}"
+        row.detail = f"{row.error}; {row.detail}" if row.detail else row.error   # (the table's notes show it)
         return row
     with threads(1):
         # a few elementwise float64 passes: one thread takes milliseconds, while two OpenMP threads
@@ -1039,8 +1038,7 @@ def summary(rows: list[Row], *, hint: str | None = None) -> dict:
             "prepacked_problems": sum(v is not None for v in packed_ratios),
             "confirmed_problems": sum(p["ratio_confirmed"] for p in per if p["ratio"] is not None),
             # the same figures over the problems whose rounds had clean calls (what the headline shows)
-            "clean_problems": clean_problems,
-            "geomean_torch_over_best_clean": clean_mean("best"),
+            "clean_problems": clean_problems, "geomean_torch_over_best_clean": clean_mean("best"),
             "geomean_torch_over_best_clean_interval": interval("best", True),
             "geomean_torch_over_first_choice_clean": clean_mean("first_choice"),
             "geomean_torch_over_first_choice_clean_interval": interval("first_choice", True),

@@ -56,6 +56,8 @@ from . import fallback as _fallback
 from . import fused as _fused
 from . import fusion as _fusion
 from . import pins as _pins
+from .pins import check_choice as _check_choice, choice_library as _choice_library  # noqa: F401
+from .pins import is_step as _is_step, split as _split  # noqa: F401
 from . import registered as _registered
 from .. import onednn
 from ..core.autotune import check_budget as _check_budget
@@ -105,77 +107,6 @@ def _alias(new, old, new_name: str, old_name: str, default=None):
         raise ArgumentError(f"{new_name}={new!r} and {old_name}={old!r} disagree ({old_name} is the old name of "
                             f"{new_name}); pass one")
     return old
-
-
-def _check_choice(c: Any, what: str, pair: bool = False) -> Any:
-    """``c`` as given when it is a choice the modules and operators take (the rules of
-    ``rawconv.ops``' check): None, a name string, or a listed candidate (a oneDNN
-    ``Implementation``, a cuDNN ``Algorithm`` / ``EngineConfig``: anything with a string
-    ``choice``). ``pair``: also a (data, weights) pair of those (``backward_choice``). Raises
-    :class:`ArgumentTypeError` naming ``what`` otherwise; an int position says where positions
-    are accepted: a position indexes one problem's listing, which a module or an operator reused
-    across shapes cannot honour."""
-    if pair and isinstance(c, (tuple, list)):
-        if len(c) != 2:
-            raise ArgumentError(f"{what} must be one choice or a (data, weights) pair, got {c!r}")
-        for i, part in enumerate(c):
-            _check_choice(part, f"{what}[{i}]")
-        return c
-    if c is None or isinstance(c, str) or isinstance(c, onednn.Implementation) or \
-            isinstance(getattr(c, "choice", None), str):
-        return c
-    msg = (f"{what} must be None, a name string or a listed candidate (Implementation, Algorithm, "
-           f"EngineConfig), got {type(c).__name__} {c!r}")
-    if _is_step(c) and not pair:
-        msg += ("; a training step (rawconv.ops.TrainingChoice, or a dict per direction) is taken by choice= when "
-                "the module is made and by rawconv.nn.pin_choices(model, {name: step}); the attributes take one "
-                "direction each: .choice = the forward's, .backward_choice = (backward data's, backward weights')")
-    if isinstance(c, int) and not isinstance(c, bool):
-        msg += ("; positions are indices into one problem's listing and are accepted only by the backend "
-                "function forms (rawconv.onednn.forward(x, w, impl=0), rawconv.cudnn.forward(..., algo=0)): "
-                "pass the listed row or its name, e.g. rawconv.onednn.implementations(x, w)[0].name")
-    raise ArgumentTypeError(msg)
-
-
-def _split(choice, backward_choice, transposed: bool = False) -> tuple:
-    """``(choice, backward_choice)`` with a training step's choice (``rawconv.ops.TrainingChoice``,
-    a dict per library direction) split into its forward part and its (data, weights) pair
-    (:func:`rawconv.ops.split_choice`); other choices as given."""
-    from .ops import split_choice
-
-    return split_choice(choice, backward_choice, transposed=transposed)
-
-
-def _is_step(c) -> bool:
-    from .ops import _is_step as is_step
-
-    return is_step(c)
-
-
-def _choice_library(c: Any, what: str) -> str | None:
-    """The library a choice string is written for, by its grammar alone (no tensors needed):
-    ``"onednn"`` (``"jit:avx2@any"``), ``"cudnn"`` (``"IMPLICIT_PRECOMP_GEMM@fma"``,
-    ``"eng28{k2=3}"``), or None (not a string; a (data, weights) pair: its first string). Raises
-    :class:`ArgumentError` for a string no backend's grammar fits, with the spelling it may mean
-    (``"JIT:AVX512_CORE"``: oneDNN's names are lowercase) and the forms each library's names take."""
-    if isinstance(c, (tuple, list)):
-        libs = [_choice_library(p, f"{what}[{i}]") for i, p in enumerate(c)]
-        return next((lib for lib in libs if lib is not None), None)
-    if not isinstance(c, str):
-        return None
-    from ..core.backend import backends_naming, spelling_suggestions
-
-    named = backends_naming(c)
-    if named:
-        return "cudnn" if named[0].device_type == "cuda" else "onednn"
-    near = spelling_suggestions(c)
-    raise ArgumentError(
-        f"{what}={c!r} is not a name of any rawconv backend" + (f": did you mean {' or '.join(map(repr, near))}?"
-                                                                if near else "")
-        + " (oneDNN implementations are lowercase 'kind:isa', optionally with '@any' / '@user': 'jit:avx2', "
-        "'x64:gemm:jit@any', listed by rawconv.onednn.implementations(x, w); cuDNN algorithms 'ALGO@math': "
-        "'IMPLICIT_PRECOMP_GEMM@fma', listed by rawconv.cudnn.algorithms(x, w); cuDNN graph engine configs "
-        "'eng28{k2=3}', listed by rawconv.cudnn_graph.engines(x, w))")
 
 
 def _resolve_backend(backend: str, device: torch.device) -> str:
