@@ -229,6 +229,22 @@ def test_a_write_through_data_alone_needs_refresh_and_refresh_writes_in_place():
         assert _rel(compiled(x), want) <= 2e-5 and _rel(m(x), want) <= 2e-5
 
 
+def test_a_parameter_given_new_storage_through_data_is_seen_without_refresh():
+    """``p.data = new_tensor`` (EMA and weight-clipping code): the same Parameter object on new
+    storage moves no version counter; its data pointer moves, and the frozen snapshot is taken
+    again (a breaker's run: outputs off by ~30 before). Weight and a folded BatchNorm's statistics."""
+    factory, shape = FACTORIES["sequential"]
+    x = torch.randn(*shape)
+    m = rnn.convert(factory(), fuse=True)
+    conv, bn = m.get_submodule("0"), m.get_submodule("1")
+    with torch.no_grad():
+        m(x)
+        conv.weight.data = torch.randn_like(conv.weight) * 0.2
+        assert _rel(m(x), _twin(m, factory)(x.double())) <= 2e-5
+        bn.running_mean.data = bn.running_mean + 1.0
+        assert _rel(m(x), _twin(m, factory)(x.double())) <= 2e-5
+
+
 def test_compiled_fused_model_sees_new_weights_without_refresh():
     factory, shape = FACTORIES["residual"]
     x = torch.randn(*shape)

@@ -586,8 +586,10 @@ def _fold(w: torch.Tensor, b, bn) -> tuple:
 
 
 def _versions(ts) -> list | None:
+    """Each tensor's (version counter, data pointer): an in-place write through autograd's view moves
+    the first, ``p.data = new_tensor`` (the same Parameter on new storage) the second."""
     try:
-        return [t._version for t in ts]
+        return [(t._version, t.data_ptr()) for t in ts]
     except RuntimeError:   # an inference tensor keeps no version counter: every call takes a new snapshot
         return None
 
@@ -601,10 +603,10 @@ class _FrozenState:
     replaced: ``m.weight = Parameter(...)``, ``load_state_dict(assign=True)``, a BatchNorm moved
     alone), when any source's version counter moved (every in-place write through autograd's
     view of the tensor: ``load_state_dict``, optimizer steps, ``mul_``, a BatchNorm's training
-    forward counting its batches), after any optimizer step in the process (fused optimizers move
+    forward counting its batches), when any source's data pointer moved (``p.data = new_tensor``), after any optimizer step in the process (fused optimizers move
     no version counter), after the module's ``_apply`` (``.to()``, ``.half()``, ``.cuda()``) and
     after a forward that recorded autograd through the parameters (an update through ``.data``
-    usually follows one). Writes through ``.data`` alone, with no optimizer step and no training
+    usually follows one). In-place writes through ``.data`` alone, with no optimizer step and no training
     forward, are the one change it cannot see (nor can autograd): :func:`rawconv.nn.refresh`.
 
     :meth:`sync` takes a new snapshot when stale: the same buffer tensors written in place when
@@ -646,7 +648,7 @@ class _FrozenState:
                                or bn._parameters.get("weight") is not srcs[2] or bn.eps != self.eps):
             return False
         try:
-            return self.vers == [t._version for t in self.tens]
+            return self.vers == [(t._version, t.data_ptr()) for t in self.tens]
         except RuntimeError:   # an inference tensor keeps no version counter
             return False
 
