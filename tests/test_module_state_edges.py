@@ -82,6 +82,28 @@ def test_module_deepcopies_and_pickles_after_a_call():
         assert _rel(c(x), _ref_conv(c, x)) < 1e-5
 
 
+def _threads_agree(m, xs, refs, calls, close):
+    """Thread i calls ``m(xs[i])`` ``calls`` times at once with the others (no_grad); every result
+    must be ``close`` to ``refs[i]`` and no call may raise."""
+    bad, errors = [0] * len(xs), []
+
+    def work(i):
+        try:
+            with torch.no_grad():
+                for _ in range(calls):
+                    if not close(m(xs[i]), refs[i]):
+                        bad[i] += 1
+        except Exception as exc:   # noqa: BLE001
+            errors.append(exc)
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(len(xs))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors and bad == [0] * len(xs)
+
+
 def test_module_shared_by_threads_gives_each_its_own_result():
     """One module called from two Python threads at once (an inference server): the argument pack
     kept one oneDNN plan for every thread, and a plan's memory handles are set per call, so a call
@@ -93,24 +115,7 @@ def test_module_shared_by_threads_gives_each_its_own_result():
     with torch.no_grad():
         refs = [F.conv2d(x, m.weight, m.bias, padding=1) for x in xs]
         m(xs[0])
-    bad = [0, 0]
-    errors = []
-
-    def work(i):
-        try:
-            with torch.no_grad():
-                for _ in range(400):
-                    if not torch.allclose(m(xs[i]), refs[i], atol=1e-4):
-                        bad[i] += 1
-        except Exception as exc:   # noqa: BLE001
-            errors.append(exc)
-
-    ts = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    assert not errors and bad == [0, 0]
+    _threads_agree(m, xs, refs, 400, lambda y, ref: torch.allclose(y, ref, atol=1e-4))
 
 
 # ---------------------------------------------------------------------------- frozen snapshots
@@ -358,20 +363,4 @@ def test_cuda_module_copies_after_a_call_and_is_shared_by_threads():
         buf = io.BytesIO()
         torch.save(m, buf)
         assert _rel(c(xs[0]), refs[0]) < 1e-4
-    bad, errors = [0, 0], []
-
-    def work(i):
-        try:
-            with torch.no_grad():
-                for _ in range(200):
-                    if _rel(m(xs[i]), refs[i]) > 1e-4:
-                        bad[i] += 1
-        except Exception as exc:   # noqa: BLE001
-            errors.append(exc)
-
-    ts = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    assert not errors and bad == [0, 0]
+    _threads_agree(m, xs, refs, 200, lambda y, ref: _rel(y, ref) <= 1e-4)
