@@ -586,10 +586,8 @@ def _fold(w: torch.Tensor, b, bn) -> tuple:
 
 
 def _versions(ts) -> list | None:
-    """Each tensor's (version counter, data pointer): an in-place write through autograd's view moves
-    the first, ``p.data = new_tensor`` (the same Parameter on new storage) the second."""
     try:
-        return [(t._version, t.data_ptr()) for t in ts]
+        return [(t._version, t.data_ptr()) for t in ts]   # p.data = new_tensor moves only the pointer
     except RuntimeError:   # an inference tensor keeps no version counter: every call takes a new snapshot
         return None
 
@@ -603,8 +601,8 @@ class _FrozenState:
     replaced: ``m.weight = Parameter(...)``, ``load_state_dict(assign=True)``, a BatchNorm moved
     alone), when any source's version counter moved (every in-place write through autograd's
     view of the tensor: ``load_state_dict``, optimizer steps, ``mul_``, a BatchNorm's training
-    forward counting its batches), when any source's data pointer moved (``p.data = new_tensor``), after any optimizer step in the process (fused optimizers move
-    no version counter), after the module's ``_apply`` (``.to()``, ``.half()``, ``.cuda()``) and
+    forward counting its batches) or data pointer moved (``p.data = new_tensor``), after any optimizer
+    step (fused optimizers move no version counter), after the module's ``_apply`` (``.to()``, ``.cuda()``) and
     after a forward that recorded autograd through the parameters (an update through ``.data``
     usually follows one). In-place writes through ``.data`` alone, with no optimizer step and no training
     forward, are the one change it cannot see (nor can autograd): :func:`rawconv.nn.refresh`.
