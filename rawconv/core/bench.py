@@ -558,12 +558,12 @@ class Timed:
             wall, cpu = self.wall_cpu_ms()
             share = self.waited_share()
             why = f"our threads waited {100 * share:.0f}% of their run time; " if share is not None else ""
-            out.append(f"waited for a CPU: no clean call in {n - self.clean_rounds} of {n} rounds ({why}per call "
+            out.append(f"{WAITED}: no clean call in {n - self.clean_rounds} of {n} rounds ({why}per call "
                        f"wall {wall:.3g} ms, CPU {cpu:.3g} ms)")
         d = self.disagreement()
         if math.isfinite(d) and d > ROUNDS_DISAGREE:
             per = self._used_round_ms()
-            out.append(f"rounds disagree: per-round times {percentile(per, 0.25):.3g}-{percentile(per, 0.75):.3g} ms "
+            out.append(f"{DISAGREE}: per-round times {percentile(per, 0.25):.3g}-{percentile(per, 0.75):.3g} ms "
                        f"around {statistics.median(per):.3g} ms")
         return out
 
@@ -747,12 +747,29 @@ def geomean_interval(per_problem: Sequence[Sequence[float]], *, level: float = 0
     return percentile(vals, a), percentile(vals, 1.0 - a)
 
 
+WAITED = "waited for a CPU"    # the start of a row's flag: most of its rounds had no clean call
+DISAGREE = "rounds disagree"    # the start of a row's flag: its per-round times spread
+
+
+def flag_kind(flag: str) -> str | None:
+    """What one row flag (:meth:`Timed.flags`, or :attr:`rawconv.results.Result.timing_flags`, where
+    a confirmation's flags start ``"fresh rounds: "``) says in one word: ``"waited"``, ``"spread"``
+    (rounds disagree, or a median/min above the limit), ``"busy"`` (the machine was oversubscribed)
+    or None."""
+    f = flag.removeprefix("fresh rounds: ")
+    if f.startswith(WAITED):
+        return "waited"
+    if f.startswith(DISAGREE) or f.startswith("median/min"):
+        return "spread"
+    return "busy" if "oversubscribed" in f else None
+
+
 def flag_warnings(flags: Iterable[Sequence[str]]) -> list[str]:
     """Warning lines for rows flagged by what was measured (each item: one row's
     :meth:`Timed.flags`): how many rows waited for a CPU, how many had rounds that disagree."""
     flags = [list(f) for f in flags]
-    waited = sum(any(x.startswith("waited for a CPU") for x in f) for f in flags)
-    disagree = sum(any(x.startswith("rounds disagree") for x in f) for f in flags)
+    waited = sum(any(x.startswith(WAITED) for x in f) for f in flags)
+    disagree = sum(any(x.startswith(DISAGREE) for x in f) for f in flags)
     out = []
     if waited:
         out.append(f"waited for a CPU: {waited} of {len(flags)} timed results had no clean call (one during which "

@@ -328,10 +328,10 @@ def _status_cell(r) -> str:
     median column is also yellow on a terminal, which a pipe or a log does not show):
     ``ok (waited)`` when most rounds had no clean call, ``ok (spread)`` when its rounds disagree
     (or, timed outside rounds, its median/min is wide), ``ok (busy)``: the machine was oversubscribed."""
+    from ..core.bench import flag_kind
+
     marks = []
-    for f in (r.timing_flags or []) if r.ran else []:
-        m = ("waited" if "waited for a CPU" in f else "spread" if ("disagree" in f or f.startswith("median/min"))
-             else "busy" if "oversubscribed" in f else None)
+    for m in map(flag_kind, (r.timing_flags or []) if r.ran else []):
         if m and m not in marks:
             marks.append(m)
     return r.status + (f" ({', '.join(marks)})" if marks else "")
