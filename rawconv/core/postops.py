@@ -99,18 +99,17 @@ def torch_tail(z: torch.Tensor, bias, residual, activation: str, p: ConvProblem)
 FINITE_LIMIT = torch.finfo(torch.float32).max / 4
 
 
-def _sq_norm(t: torch.Tensor) -> float:
-    """sum(t*t) of a tensor's elements, as a Python float: NaN when t holds a NaN, inf when it holds
-    an infinity (or its squares overflow float32: the guard then says "not bounded", which is only
-    slower). One pass over t's memory (a dense tensor as one vector, whatever its layout); a few
-    microseconds of host time (no autograd, no copy of a float32 tensor)."""
+def _norm(t: torch.Tensor) -> float:
+    """The 2-norm of a tensor's elements (an upper bound of max|t|), as a Python float: NaN when t
+    holds a NaN, inf when it holds an infinity (or its squares overflow: the guard then says "not
+    bounded", which is only slower). One pass over t's memory (a dense tensor as one vector, whatever
+    its layout), in torch's own threaded reduction (``torch.dot`` goes to the BLAS, whose threads
+    measured 8-16x slower than one thread on a loaded 2-core machine); no autograd, no copy."""
     n = t.numel()
     if n == 0:
         return 0.0
     if t.requires_grad:
         t = t.detach()
-    if t.dtype is not torch.float32 and t.dtype is not torch.float64:
-        t = t.float()
     if t.is_contiguous():
         flat = t.view(-1)
     elif t.is_contiguous(memory_format=torch.channels_last) or \
@@ -118,20 +117,35 @@ def _sq_norm(t: torch.Tensor) -> float:
         flat = t.as_strided((n,), (1,))
     else:
         flat = t.reshape(-1)
-    return float(torch.dot(flat, flat))
+    if flat.dtype is not torch.float32 and flat.dtype is not torch.float64:
+        return float(torch.linalg.vector_norm(flat, dtype=torch.float32))
+    return float(torch.linalg.vector_norm(flat))
 
 
 def vector_bound(t: torch.Tensor | None) -> float:
     """An upper bound of max|t| (its 2-norm); NaN or inf when t holds a NaN or an infinity; 0 for None."""
-    return 0.0 if t is None else math.sqrt(_sq_norm(t))
+    return 0.0 if t is None else _norm(t)
 
 
 def weight_bound(w: torch.Tensor) -> float:
-    """An upper bound of max over output channels of sum |w[k]| (the factor one output's magnitude
-    can grow by over the input's largest one): sqrt(sum w^2) * sqrt(fan-in), by Cauchy-Schwarz.
-    NaN or inf when w holds a NaN or an infinity."""
-    fan_in = max(1, w[0].numel()) if w.dim() and w.shape[0] else 1
-    return math.sqrt(_sq_norm(w)) * math.sqrt(fan_in)
+    """max over output channels k of sum |w[k]| (the factor one output's magnitude can grow by over
+    the input's largest one; also the bound of every partial sum), computed exactly. NaN or inf when
+    w holds a NaN or an infinity. One pass over w (callers keep it per weight version)."""
+    if w.dim() == 0 or w.numel() == 0:
+        return 0.0
+    w = w.detach()
+    if w.dtype is not torch.float32 and w.dtype is not torch.float64:
+        w = w.float()
+    return float(w.abs().reshape(w.shape[0], -1).sum(1).max())
+
+
+def conv_bound(x_bound: float, w_bound: float, bias_bound: float = 0.0, residual_bound: float = 0.0) -> float:
+    """An upper bound of |conv(x, w) + b + r| over every element and every partial sum, from bounds of
+    max|x| (``x_bound``), of the weights' largest row 1-norm (:func:`weight_bound`), of max|b| and
+    max|r|; ``math.inf`` when any is NaN or infinite or the bound reaches :data:`FINITE_LIMIT` (the
+    result may then hold a NaN or an infinity)."""
+    total = x_bound * w_bound + bias_bound + residual_bound
+    return total if total < FINITE_LIMIT else math.inf   # (NaN compares False)
 
 
 def finite_bound(x: torch.Tensor, w_bound: float, bias: torch.Tensor | None = None,
@@ -145,11 +159,43 @@ def finite_bound(x: torch.Tensor, w_bound: float, bias: torch.Tensor | None = No
     infinity, or the bound overflows."""
     if not (w_bound == w_bound and w_bound < math.inf):
         return False
-    total = math.sqrt(_sq_norm(x)) * w_bound
-    total += vector_bound(bias) if bias_bound is None else bias_bound
-    if residual is not None:
-        total += math.sqrt(_sq_norm(residual))
-    return total < FINITE_LIMIT   # (False for NaN)
+    return conv_bound(_norm(x), w_bound, vector_bound(bias) if bias_bound is None else bias_bound,
+                      vector_bound(residual)) < math.inf
+
+
+# A bound that travels with a fused plan's result, so that the next fused plan fed that very tensor
+# need not read it: (version counter, data pointer, bound of max|y|) under this key of the tensor's
+# __dict__. Any write through torch moves the version counter (a write through ``.data``, numpy or
+# a C library does not: :func:`carry_bound`'s callers overwrite the key whenever they write a result).
+_CARRIED = "_rawconv_max_bound"
+#: |act(v)| <= this for every v (the others: |act(v)| <= |v|)
+ACTIVATION_CAP = {"relu6": 6.0, "sigmoid": 1.0, "hardsigmoid": 1.0, "tanh": 1.0}
+
+
+def carried_bound(t) -> float | None:
+    """The bound of max|t| a fused plan left on ``t`` when it wrote it, while t holds exactly what was
+    written (same version counter, same storage); None otherwise (an inference tensor keeps no
+    version counter: never)."""
+    try:
+        c = t.__dict__.get(_CARRIED)
+        if c is None or c[0] != t._version or c[1] != t.data_ptr():
+            return None
+    except (AttributeError, RuntimeError):
+        return None
+    return c[2]
+
+
+def carry_bound(y, bound: float | None, activation: str = "none") -> None:
+    """Leave ``bound`` (of max|conv + b + r|; None or inf: nothing known) on the result ``y`` of
+    ``activation`` applied to it, replacing what an earlier write left there."""
+    try:
+        d = y.__dict__
+        if bound is None or not bound < math.inf:
+            d.pop(_CARRIED, None)
+            return
+        d[_CARRIED] = (y._version, y.data_ptr(), min(bound, ACTIVATION_CAP.get(activation, bound)))
+    except (AttributeError, RuntimeError):
+        pass
 
 
 # ---------------------------------------------------------------------------- fused or not: measured

@@ -19,14 +19,18 @@ NaN-dropping operand order (NaN -> 0), its reference and gemm implementations co
 alpha * x`` (-inf -> NaN), ``eltwise_clip_v2`` turns NaN into 0 everywhere, the reference
 ``eltwise_logistic`` turns NaN into 0, and the JIT ``eltwise_gelu_erf`` gives NaN for +inf. Those
 activations (:data:`NAN_GUARDED`) run fused only when the convolution's result is provably finite
-(:func:`rawconv.core.postops.finite_bound`: no NaN or infinity in x, w, the bias or the residual,
-and no overflow possible; one read of x per call); otherwise that call runs the convolution
-with the bias and residual but without the activation (a second plan, made on first need) and
-torch's own activation after it. SiLU, tanh-GELU, hardswish and tanh gave torch's result for
+(:func:`rawconv.core.postops.conv_bound`: no NaN or infinity in x, w, the bias or the residual,
+and no overflow possible); otherwise that call runs the convolution with the bias and residual but
+without the activation (a second plan, made on first need) and torch's own activation after it.
+The bound of x costs one read of x (its 2-norm), except where x is, unchanged, the result of a
+fused plan: each result carries the bound of its magnitude (:func:`rawconv.core.postops.carry_bound`),
+so a chain of fused convolutions (a converted model's) reads x only where the chain starts or the
+bound has grown too large, not at every layer. SiLU, tanh-GELU, hardswish and tanh gave torch's result for
 NaN, +-inf and finite inputs on every implementation, and run fused always.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -34,8 +38,8 @@ import torch
 from .. import onednn
 from ..core import env as _env
 from ..core.errors import ArgumentError, ArgumentTypeError
-from ..core.postops import check_activation, check_residual, torch_tail, apply_activation, finite_bound, \
-    vector_bound, weight_bound
+from ..core.postops import check_activation, check_residual, torch_tail, apply_activation, carried_bound, \
+    carry_bound, conv_bound, vector_bound, weight_bound
 from ..core.problem import ConvProblem, dense_strides, empty_like_layout, strides_match
 
 __all__ = ["FusedConvolution", "ELTWISE", "NAN_GUARDED", "activation_of_post_ops"]
@@ -179,6 +183,7 @@ class FusedConvolution(onednn.Convolution):
         self._plain = None      # the plan without the activation, for calls the guard refuses (made on first need)
         self._wbound = {}       # role -> (tensor, its version, bound): the guard's weight and bias factors
         self.unfused_calls = 0  # calls the guard ran unfused (a NaN or an infinity, or an overflow, was possible)
+        self.bound_reads = 0    # calls whose x the guard read (no bound carried by x from a fused plan)
 
     def execute(self, x: torch.Tensor | None = None, w: torch.Tensor | None = None,
                 bias: torch.Tensor | None = None, out: torch.Tensor | None = None, *,
@@ -186,22 +191,50 @@ class FusedConvolution(onednn.Convolution):
         """:meth:`rawconv.onednn.Convolution.execute` with the post-ops; with a residual, ``out``
         holds it (the ``sum`` post-op reads the destination). For an activation of
         :data:`NAN_GUARDED`: when the convolution's result is not provably finite
-        (:func:`rawconv.core.postops.finite_bound` on x, w, the bias and the residual), the call runs
+        (:func:`rawconv.core.postops.conv_bound` of x, w, the bias and the residual), the call runs
         the convolution with bias and residual but no activation, then torch's activation on the
-        result (torch's NaN and infinity semantics)."""
-        if self.nan_guard and grad_y is None and not self._freed and not self.problem.is_empty:
-            xx = x if x is not None else self._x
-            ww = w if w is not None else (self._snap[0] if self._snap is not None else self._w)
-            bb = bias if bias is not None else self._b
-            bb = bb if isinstance(bb, torch.Tensor) else None
-            if isinstance(xx, torch.Tensor) and isinstance(ww, torch.Tensor) and \
-                    not finite_bound(xx, self._bound("w", ww, weight_bound), None,
-                                     out if self.residual and isinstance(out, torch.Tensor) else None,
-                                     bias_bound=self._bound("b", bb, vector_bound)):
-                return self._execute_unguarded(xx, ww, bb, out)
-        return super().execute(x, w, bias, out, grad_y=grad_y)
+        result (torch's NaN and infinity semantics). The bound of max|x| is the one a fused plan
+        left on x when it wrote it (:func:`rawconv.core.postops.carried_bound`: x unchanged since),
+        else x's 2-norm (one read of x, counted in ``bound_reads``); the result carries its own."""
+        if grad_y is not None or self._freed or self.problem.is_empty:
+            return super().execute(x, w, bias, out, grad_y=grad_y)
+        xx = x if x is not None else self._x
+        xb = carried_bound(xx)
+        if xb is None and not self.nan_guard:   # nothing to check, nothing to pass on
+            y = super().execute(x, w, bias, out)
+            if out is not None:
+                carry_bound(y, None)
+            return y
+        ww = w if w is not None else (self._snap[0] if self._snap is not None else self._w)
+        bb = bias if bias is not None else self._b
+        bb = bb if isinstance(bb, torch.Tensor) else None
+        total = self._total(xx, xb, ww, bb, out if self.residual and isinstance(out, torch.Tensor) else None)
+        if self.nan_guard and not total < math.inf:
+            y = self._execute_unguarded(xx, ww, bb, out)
+            carry_bound(y, None)
+            return y
+        y = super().execute(x, w, bias, out)
+        carry_bound(y, total, self.activation)
+        return y
 
     __call__ = execute
+
+    def _total(self, x, xb, w, b, r) -> float:
+        """:func:`rawconv.core.postops.conv_bound` of this call (``xb``: x's carried bound or None);
+        inf when unknown without a read and no read is due (no guard) or any input is not a tensor."""
+        if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
+            return math.inf
+        wb, bb = self._bound("w", w, weight_bound), self._bound("b", b, vector_bound)
+        rb = 0.0 if r is None else carried_bound(r)
+        if xb is not None and rb is not None:
+            total = conv_bound(xb, wb, bb, rb)
+            if total < math.inf or not self.nan_guard:
+                return total
+            xb = rb = None   # carried, but too loose to prove the result finite: read both
+        elif not self.nan_guard:
+            return math.inf
+        self.bound_reads += 1   # the guard's read of what carries no bound
+        return conv_bound(vector_bound(x) if xb is None else xb, wb, bb, vector_bound(r) if rb is None else rb)
 
     def _bound(self, role: str, t, fn) -> float:
         """``fn(t)`` (the guard's bound of the weights or the bias), kept while ``t`` is the same
@@ -288,6 +321,7 @@ class FusedConvolution(onednn.Convolution):
                 return residual
         y = empty_like_layout(p.y_shape, p.layout, p.torch_dtype, "cpu")
         y.copy_(r)
+        carry_bound(y, carried_bound(r))   # (the copy holds what r held)
         self.execute(x, w, bias, out=y)
         return y.squeeze(0) if p.unbatched else y
 
