@@ -18,6 +18,7 @@ import rawconv.fused as fu
 import rawconv.nn as rnn
 import rawconv.ops as rops
 from rawconv import ConvProblem, compare, cudnn, cudnn_graph, onednn, tuning
+from rawconv.onednn import plan as onednn_plan   # the plan class's module (what it reads)
 from rawconv.errors import (AllocationError, ArgumentError, ArgumentTypeError, DeviceNotAvailableError,
                             FileAccessError, InternalError, NotSupportedError, RawconvError)
 
@@ -470,7 +471,7 @@ def test_allocation_failures_are_memory_errors(monkeypatch, where):
     failure is simulated with its own message)."""
     def fail(*_a, **_k):
         raise RuntimeError(_ALLOC)
-    monkeypatch.setattr(onednn, where, fail)
+    monkeypatch.setattr(onednn_plan, where, fail)   # where the plan reads them
     onednn.clear_cache()
     xx = x() if where == "empty_like_layout" else x().transpose(2, 3)   # a layout the plan must copy
     with pytest.raises(AllocationError, match="rawconv.onednn.*: out of memory") as info:

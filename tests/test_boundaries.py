@@ -26,15 +26,12 @@ PRIVATE_ALLOWED: set[str] = set()
 
 # the import cycles of today (each a sorted tuple of subpackage-relative module names)
 CYCLES_ALLOWED = {
-    ('core.check', 'core.problem'),
     ('cudnn', 'cudnn.graph', 'cudnn.graph.autotune', 'cudnn.graph.engines', 'cudnn.legacy.algorithms', 'cudnn.legacy.autotune'),
-    ('onednn', 'onednn.autotune', 'onednn.fused', 'onednn.isolated', 'onednn.listing'),
 }
 
 # module -> its line count today: may only shrink (and leave the list once under the limit)
 LONG_ALLOWED = {
-    "pytorch.nn": 3135,
-    "onednn": 2050,
+    "pytorch.nn": 3104,
     "pytorch.ops": 1802,
     "cudnn": 1521,
     "explore.compare": 1513,

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import rawconv.fused as fu
 import rawconv.nn as rnn
 from rawconv import ArgumentError, ConvProblem, check, onednn, tuning
+from rawconv.onednn import plan as onednn_plan   # the plan class's module (what it reads)
 from rawconv.errors import (AllocationError, DeviceNotAvailableError, NotSupportedError, RawconvError,
                             SlowReferenceWarning)
 
@@ -121,7 +122,7 @@ def test_malformed_tuning_file_is_an_argument_error(tmp_path):
 def test_allocation_failure_during_restride_is_a_memory_error(monkeypatch):
     def fail(*_a, **_k):
         raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1099511627776 bytes.")
-    monkeypatch.setattr(onednn, "_restride", fail)
+    monkeypatch.setattr(onednn_plan, "_restride", fail)
     onednn.clear_cache()
     with pytest.raises(AllocationError) as info:
         onednn.forward(torch.randn(2, 3, 8, 8).transpose(2, 3), torch.randn(4, 3, 3, 3))
@@ -170,7 +171,7 @@ def test_padding_2_30_is_refused_and_long_reference_calls_warn(monkeypatch):
     p = ConvProblem(n=1, c=1, k=1, in_spatial=(8, 8), kernel=(3, 3), pad_before=(4000, 4000), pad_after=(4000, 4000))
     if not all(i.name.startswith("ref") for i in onednn.Convolution.from_problem(p).implementations):
         pytest.skip("oneDNN offers more than ref:* for this problem here")
-    monkeypatch.setattr(onednn, "SLOW_REFERENCE_SECONDS", onednn.reference_seconds(p) / 2)
+    monkeypatch.setattr(onednn_plan, "SLOW_REFERENCE_SECONDS", onednn.reference_seconds(p) / 2)
     with warnings.catch_warnings():
         warnings.simplefilter("error", SlowReferenceWarning)
         with pytest.raises(SlowReferenceWarning):

@@ -42,7 +42,11 @@ from typing import Sequence
 import torch
 
 from .errors import ArgumentError, ArgumentTypeError
-from .problem import ConvProblem
+
+# ``p`` below is a rawconv.core.problem.ConvProblem, read by its fields (this module imports no
+# problem: ConvProblem.reference and the names rawconv.problem still serves come from here)
+_PROBLEM_FIELDS = ("x_shape", "w_shape", "y_shape", "k", "ndim", "stride", "dilation", "groups",
+                   "pad_before", "pad_after", "in_spatial", "unbatched", "reduction_length")
 
 __all__ = ["EPS", "ErrorStats", "Tolerance", "tolerance_for", "check", "reference", "conv_reference",
            "abs_reference", "tolerance", "compare_to_reference", "TRANSFORM_NOTES"]
@@ -95,12 +99,12 @@ class Tolerance:
             out["out_dtype"] = self.out_dtype
         return out
 
-    def bound(self, p: ConvProblem, ref: torch.Tensor, ref_abs: torch.Tensor) -> torch.Tensor:
+    def bound(self, p: "ConvProblem", ref: torch.Tensor, ref_abs: torch.Tensor) -> torch.Tensor:
         """The per-element bound (a tensor of ``ref``'s shape and device)."""
         return tolerance(p, ref_abs, ref, compute=self.compute, out_dtype=self.out_dtype, factor=self.factor)
 
 
-def _reduction_length(p: ConvProblem, direction: str) -> int:
+def _reduction_length(p: "ConvProblem", direction: str) -> int:
     if direction == "backward_data":
         return max((p.k // p.groups) * math.prod(p.kernel), 1)
     if direction in ("backward_weights", "backward_filter"):
@@ -115,7 +119,7 @@ def transform_factor(reduction_length: int) -> float:
     return min(64.0, 8.0 * max(1.0, 64.0 / max(reduction_length, 1)))
 
 
-def tolerance_for(p: ConvProblem, direction: str = "forward", *, compute: str | None = None,
+def tolerance_for(p: "ConvProblem", direction: str = "forward", *, compute: str | None = None,
                   notes: Sequence[str] = (), algorithm: str = "", activation: str | None = None) -> Tolerance:
     """The tolerance policy: the :class:`Tolerance` for a result of ``p`` in ``direction``.
 
@@ -161,7 +165,7 @@ def tolerance_for(p: ConvProblem, direction: str = "forward", *, compute: str | 
     return Tolerance(compute, factor)
 
 
-def tolerance(p: ConvProblem, ref_abs: torch.Tensor, ref: torch.Tensor, *, compute: str | None = None,
+def tolerance(p: "ConvProblem", ref_abs: torch.Tensor, ref: torch.Tensor, *, compute: str | None = None,
               out_dtype: str | None = None, factor: float = 1.0) -> torch.Tensor:
     """Per-element error bound for a result of problem ``p`` (the formula of the module notes, with
     ``L`` the forward reduction length). Prefer :func:`tolerance_for`, which fills ``compute`` and
@@ -180,7 +184,7 @@ def tolerance(p: ConvProblem, ref_abs: torch.Tensor, ref: torch.Tensor, *, compu
     return bound + 1e-30 + EPS[p.dtype] * 1e-3
 
 
-def check(p: ConvProblem, y: torch.Tensor, ref: torch.Tensor, ref_abs: torch.Tensor,
+def check(p: "ConvProblem", y: torch.Tensor, ref: torch.Tensor, ref_abs: torch.Tensor,
           tol: Tolerance | None = None) -> ErrorStats:
     """Error statistics of ``y`` against the float64 ``ref`` under ``tol`` (default: the direct
     algorithm's bound at the data's own precision), computed on ``ref``'s device. ``y`` may be
@@ -205,7 +209,7 @@ def check(p: ConvProblem, y: torch.Tensor, ref: torch.Tensor, ref_abs: torch.Ten
     return ErrorStats(max_abs, max_abs / denom if denom > 0 else max_abs, ratio, int(nan))
 
 
-def compare_to_reference(p: ConvProblem, y: torch.Tensor, ref: torch.Tensor, ref_abs: torch.Tensor,
+def compare_to_reference(p: "ConvProblem", y: torch.Tensor, ref: torch.Tensor, ref_abs: torch.Tensor,
                          **tol_kw) -> ErrorStats:
     """:func:`check` with the tolerance given as :func:`tolerance`'s keyword arguments
     (``compute``, ``out_dtype``, ``factor``)."""
@@ -230,14 +234,14 @@ def _check_ref_tensor(t, name: str, shapes) -> None:
                             f"got {tuple(t.shape)}")
 
 
-def _pad_list(p: ConvProblem) -> list[int]:
+def _pad_list(p: "ConvProblem") -> list[int]:
     pad = []
     for b, a in reversed(list(zip(p.pad_before, p.pad_after))):
         pad += [b, a]
     return pad
 
 
-def conv_reference(p: ConvProblem, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def conv_reference(p: "ConvProblem", x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """float64 forward convolution on the CPU, asymmetric padding included (zero-pad first).
 
     ``x`` of the problem's ``x_shape``, or for an unbatched problem also ``(C, *spatial)``: then
@@ -265,7 +269,7 @@ def conv_reference(p: ConvProblem, x: torch.Tensor, w: torch.Tensor, bias: torch
     return y.squeeze(0) if squeeze else y
 
 
-def abs_reference(p: ConvProblem, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def abs_reference(p: "ConvProblem", x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """float64 conv of |x| and |w| (+|bias|): the scale each output's rounding error is bounded by."""
     return conv_reference(p, x.detach().abs(), w.detach().abs(), bias.detach().abs() if bias is not None else None)
 
@@ -297,7 +301,7 @@ def _on_cuda(tensors: dict) -> bool:
     return any(isinstance(t, torch.Tensor) and t.is_cuda for t in tensors.values())
 
 
-def reference(p: ConvProblem, direction: str, tensors: dict, *, activation: str | None = None):
+def reference(p: "ConvProblem", direction: str, tensors: dict, *, activation: str | None = None):
     """The float64 result and its error scale (the same computation on |inputs|) for ``direction``,
     on the tensors' own device (torch's float64 convolution; asymmetric padding by zero-padding
     first, as :func:`conv_reference` does). ``tensors``: forward ``x``, ``w``, optional ``b``;
@@ -316,7 +320,7 @@ def reference(p: ConvProblem, direction: str, tensors: dict, *, activation: str 
     meanwhile run without benchmark mode, and a thread that turns it off meanwhile sees it on
     again after. CPU references leave it alone."""
     global _bench_users, _bench_saved
-    if not isinstance(p, ConvProblem):
+    if isinstance(p, type) or not all(hasattr(p, f) for f in _PROBLEM_FIELDS):
         raise ArgumentTypeError(f"p must be a ConvProblem, got {type(p).__name__}")
     if direction == "backward_filter":
         direction = "backward_weights"
@@ -352,7 +356,7 @@ def reference(p: ConvProblem, direction: str, tensors: dict, *, activation: str 
                 torch._C._set_cudnn_benchmark(True)
 
 
-def _reference(p: ConvProblem, direction: str, tensors: dict, activation: str | None):
+def _reference(p: "ConvProblem", direction: str, tensors: dict, activation: str | None):
     """:func:`reference`'s computation, its arguments already checked there (``direction`` one of
     forward, backward_data, backward_weights)."""
     import torch.nn.functional as F

@@ -122,7 +122,7 @@ class InternalError(RawconvError, RuntimeError):
 
 class SlowReferenceWarning(UserWarning):
     """The call about to run will run on oneDNN's reference implementation (``ref:*``, a scalar
-    loop) and is estimated to take longer than :data:`rawconv.onednn.SLOW_REFERENCE_SECONDS`
+    loop) and is estimated to take longer than :data:`rawconv.onednn.plan.SLOW_REFERENCE_SECONDS`
     (:func:`rawconv.onednn.reference_seconds`). Issued before the call; the call still runs."""
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import onednn as _o   # the package face: read at call time (it is still being defined when this is imported)
+from .primitive import TimedImplementation, _FPMATH_COMPUTE, _check_allow, _warn_timings, key_options
+from ..core.problem import int_arg
 from ..core import autotune as _autotune, guard as _guard
 from ..core.errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from ..core.results import ResultTable
@@ -132,7 +133,7 @@ class Autotune:
         ``rows`` (dropping the other built implementations), and keep the table and its record under
         ``key`` (the tuning cache). Returns the table: ``rows``, then ``wrong`` (sorted), then
         ``skipped``."""
-        warned = _o._warn_timings(monitor, rows)
+        warned = _warn_timings(monitor, rows)
         self._restore_selection(rows[0].impl.index)
         wrong.sort(key=lambda r: r.median_ms)
         out = self._table(rows + wrong + skipped)
@@ -145,7 +146,7 @@ class Autotune:
         raises :class:`ArgumentTypeError` / :class:`ArgumentError` on the first bad one."""
         from ..core import progress as _progress
 
-        it, wu = _o.int_arg(iterations), _o.int_arg(warmup)
+        it, wu = int_arg(iterations), int_arg(warmup)
         if it is None or wu is None:
             raise ArgumentTypeError(f"iterations and warmup must be ints, got {iterations!r} and {warmup!r}")
         if it < 1 or wu < 0:
@@ -155,7 +156,7 @@ class Autotune:
             if v is not None and not isinstance(v, bool):
                 raise ArgumentTypeError(f"{name} must be True or False, got {v!r}")
         _progress.enabled(progress)   # validates
-        allow = self.allow_known_bad if allow_known_bad is None else _o._check_allow(allow_known_bad)
+        allow = self.allow_known_bad if allow_known_bad is None else _check_allow(allow_known_bad)
         return it, wu, allow
 
     def _autotune_tensors(self) -> tuple[dict, dict, bool]:
@@ -185,7 +186,7 @@ class Autotune:
 
             named = {"x": tensors.get("x"), "w": tensors.get("w"), "b": tensors.get("bias"), "dy": tensors.get("grad_y")}
             ref, ref_abs = reference(self.problem, self.direction, {k: v for k, v in named.items() if v is not None})
-            tol = tolerance_for(self.problem, self.direction, compute=_o._FPMATH_COMPUTE.get(self.fpmath))
+            tol = tolerance_for(self.problem, self.direction, compute=_FPMATH_COMPUTE.get(self.fpmath))
         return ref, ref_abs, tol
 
     def _autotune_search(self, impls, allow, session, call, checked, iterations, warmup, budget, progress,
@@ -287,7 +288,7 @@ class Autotune:
                                      budget_s=budget.share(len(close) * (3 - rnd)), allow_known_bad=allow, check=False)
                     if rr["status"] != "ok":   # it ran fine before: report what it did now
                         dead.add(id(r))
-                        skipped.append(_o.TimedImplementation(r.impl, nan, nan, r.runs, rr["status"],
+                        skipped.append(TimedImplementation(r.impl, nan, nan, r.runs, rr["status"],
                                                            "when timed again: " + rr["detail"]))
                         continue
                     best[id(r)] = min(best[id(r)], rr["median_ms"])
@@ -296,7 +297,7 @@ class Autotune:
             for r in close:
                 if id(r) not in dead:
                     # median: the best round's (ranks them); min: the fastest call of any round
-                    t = _o.TimedImplementation(r.impl, best[id(r)], fastest[id(r)], r.runs)
+                    t = TimedImplementation(r.impl, best[id(r)], fastest[id(r)], r.runs)
                     t.accuracy = r.accuracy
                     retimed.append(t)
             rows = sorted(retimed + [r for r in rows[len(close):] if id(r) not in dead],
@@ -311,7 +312,7 @@ class Autotune:
         :meth:`execute`'s keyword arguments; a plan with a weight snapshot gets none for ``w``)."""
         nan = float("nan")
         if impl.known_bad and not allow:
-            skipped.append(_o.TimedImplementation(impl, nan, nan, 0, "known bad", detail=
+            skipped.append(TimedImplementation(impl, nan, nan, 0, "known bad", detail=
                                                f"not run (allow_known_bad=True runs it): {impl.known_bad}"))
             return
         if session is not None:
@@ -320,9 +321,9 @@ class Autotune:
             r = session.run(impl, iterations=iterations, warmup=warmup, budget_s=budget_s,
                             allow_known_bad=allow, check=not self._post_ops)
             if r["status"] == "ok":
-                rows.append(_o.TimedImplementation(impl, r["median_ms"], r["min_ms"], r["runs"]))
+                rows.append(TimedImplementation(impl, r["median_ms"], r["min_ms"], r["runs"]))
             else:
-                skipped.append(_o.TimedImplementation(impl, nan, nan, r["runs"], r["status"], r["detail"]))
+                skipped.append(TimedImplementation(impl, nan, nan, r["runs"], r["status"], r["detail"]))
             return
         self._selected = impl.index
         err = None
@@ -335,18 +336,18 @@ class Autotune:
             else:   # the first call builds it (JIT code, reorders): untimed, as a warm-up
                 self.execute(**tensors)
         except NotSupportedError as exc:
-            skipped.append(_o.TimedImplementation(impl, nan, nan, 0, "not supported", str(exc)))
+            skipped.append(TimedImplementation(impl, nan, nan, 0, "not supported", str(exc)))
             return
         # timed afterwards, with the others, in interleaved rounds (_time_in_rounds)
         if err is not None and not err.ok:
-            row = _o.TimedImplementation(impl, nan, nan, 0, "wrong",
+            row = TimedImplementation(impl, nan, nan, 0, "wrong",
                                       f"outside tolerance vs float64: max rel err {err.max_rel:.2e}, "
                                       f"{err.ratio:.3g}x the tolerance" + (f", {err.nan} non-finite" if err.nan
                                                                             else ""))
             row.accuracy = err
             wrong.append(row)
             return
-        row = _o.TimedImplementation(impl, nan, nan, 0)
+        row = TimedImplementation(impl, nan, nan, 0)
         row.accuracy = err
         rows.append(row)
 
@@ -370,7 +371,7 @@ class Autotune:
         from ..core import tuning
 
         threads = self.threads if self.threads is not None else timed_threads
-        options = _o.key_options(self.fpmath, self.algorithm, self.w_layout, allow_known_bad, threads)
+        options = key_options(self.fpmath, self.algorithm, self.w_layout, allow_known_bad, threads)
         if self._post_ops:   # a fused plan (rawconv.fused) is another question than the plain convolution
             options["post_ops"] = [list(op) for op in self._post_ops]
         return tuning.TuningKey.for_backend("onednn", self.problem, self.direction, options)
@@ -383,7 +384,7 @@ class Autotune:
 
         self._selected = i = self._resolve(hit.choice, allow)
         impl = self._impls[i]
-        row = _o.TimedImplementation(impl, *_autotune.hit_times(hit), 0, "ok",
+        row = TimedImplementation(impl, *_autotune.hit_times(hit), 0, "ok",
                                   f"from the tuning cache (recorded {hit.created})")
         row.phase = "cache"
         if hit.error is not None and hit.error.get("max_rel") is not None:

@@ -35,7 +35,8 @@ from typing import Any
 
 import torch
 
-from .. import onednn
+from .plan import Convolution, check_device
+from .primitive import _Built, _check_no_overlap, _omp_threads, _set_handle_int, weights_layout
 from ..core import env as _env
 from ..core.errors import ArgumentError, ArgumentTypeError
 from ..core.postops import check_activation, check_residual, torch_tail, apply_activation, carried_bound, \
@@ -81,7 +82,7 @@ def activation_of_post_ops(post_ops) -> str:
 
 
 # ---------------------------------------------------------------------------- oneDNN: post-ops
-class _FusedBuilt(onednn._Built):
+class _FusedBuilt(_Built):
     """One built implementation of a :class:`FusedConvolution`. With a residual and an
     implementation whose destination layout differs from the user's (a blocked ``dst``), the
     residual is first reordered from the user's output tensor into the implementation's
@@ -112,14 +113,14 @@ class _FusedBuilt(onednn._Built):
             from . import _ffi as _dnnl
 
             rprim, umem, rargs = self.pre
-            _dnnl.check(onednn._set_handle_int()(umem, self._lastp[self.roles.index("y")]),
+            _dnnl.check(_set_handle_int()(umem, self._lastp[self.roles.index("y")]),
                         "dnnl_memory_set_data_handle")
             _dnnl.check(_dnnl.lib().dnnl_primitive_execute(rprim, stream, 2, rargs), "dnnl_primitive_execute",
                         self.impl.name + " (residual reorder)")
         super()._run_now(stream, packed)
 
 
-class FusedConvolution(onednn.Convolution):
+class FusedConvolution(Convolution):
     """A oneDNN forward convolution plan with the bias in the primitive and post-ops for a residual
     add (``sum``) and an activation (one ``eltwise``, :data:`ELTWISE`): ``y = act(conv(x, w) + b + r)``.
 
@@ -143,9 +144,9 @@ class FusedConvolution(onednn.Convolution):
                  activation: str = "relu", impl: Any = None, fpmath: str = "strict", prepack: bool = False,
                  threads: Any = "auto"):
         problem = ConvProblem.from_torch(x, w, bias, stride, padding, dilation, groups)
-        onednn.check_device(problem)
+        check_device(problem)
         self._setup(residual, activation)
-        self._init(problem, "forward", "direct", fpmath, onednn.weights_layout(w), prepack, threads=threads)
+        self._init(problem, "forward", "direct", fpmath, weights_layout(w), prepack, threads=threads)
         self._x, self._w, self._b = x, w, bias
         if prepack:
             self._snapshot(w)
@@ -159,7 +160,7 @@ class FusedConvolution(onednn.Convolution):
         """A plan from a :class:`ConvProblem` (tensors given to :meth:`run`)."""
         if not isinstance(problem, ConvProblem):
             raise ArgumentTypeError(f"problem must be a ConvProblem, got {type(problem).__name__}")
-        onednn.check_device(problem)
+        check_device(problem)
         self = cls.__new__(cls)
         self._setup(residual, activation)
         self._init(problem, "forward", "direct", fpmath, w_layout, prepack, threads=threads)
@@ -285,7 +286,7 @@ class FusedConvolution(onednn.Convolution):
     def _build(self, i: int):
         b = self._built.get(i)
         if b is None:
-            with onednn._omp_threads(self._pd_threads()):   # as Convolution._build: the primitive cache's key
+            with _omp_threads(self._pd_threads()):   # as Convolution._build: the primitive cache's key
                 b = _FusedBuilt(self, self._impls[i], self._pds[i])
             self._built[i] = b
             self._count_rebuild(i)
@@ -312,7 +313,7 @@ class FusedConvolution(onednn.Convolution):
         if inplace and r.numel() and strides_match(r, dense_strides(p.y_shape, p.layout)) and not r.is_neg() \
                 and not r.is_conj():
             try:
-                onednn._check_no_overlap(r, (("x", x if x is not None else self._x), ("w", w if w is not None else
+                _check_no_overlap(r, (("x", x if x is not None else self._x), ("w", w if w is not None else
                                                                                        self._w), ("bias", bias)))
             except ArgumentError:
                 pass

@@ -1,56 +1,17 @@
 """oneDNN candidates run in a child process (:mod:`rawconv.core.isolate`'s workers): the child's side
-(:func:`_child_setup`, :func:`_child_run`: build the plan, plain or fused, run and check one
-implementation) and the parent's (:class:`_OnednnSession`, :func:`run_onednn_candidates`, what
+(:mod:`.isolated_child`: build the plan, plain or fused, run one implementation) and the parent's (:class:`_OnednnSession`, :func:`run_onednn_candidates`, what
 ``implementations(..., isolate=True)``, ``Convolution.autotune(..., isolate=True)`` and ``rawconv compare
 --isolate`` call). A crash or hang in the child is a row status; this process lives on."""
 from __future__ import annotations
 
 import math
-import os
 import time
 from typing import Mapping, Sequence
 
-from ..core import env as _env
 from ..core.errors import ArgumentError, ArgumentTypeError
-from ..core.isolate import DEFAULT_TIMEOUT_S, Isolation, Outcome, give_worker, take_worker, trim_worker_heap
+from ..core.isolate import DEFAULT_TIMEOUT_S, Isolation, Outcome, give_worker, take_worker
 
 __all__ = ["run_onednn_candidates"]
-
-
-_child_plans: dict = {}
-
-
-def _child_setup(key, problem, direction, algorithm, fpmath, w_layout, prepack, tensors, plan_threads="auto",
-                 post_ops=()) -> list:
-    """(child) Build the plan of ``problem`` and keep it with ``tensors`` under ``key``; return its
-    implementation list (listing runs oneDNN's primitive-descriptor iterator, here in the child).
-    ``plan_threads``: the parent plan's ``threads`` argument; ``post_ops``: the parent plan's
-    (a :class:`rawconv.fused.FusedConvolution`'s residual ``sum`` and activation ``eltwise``): the
-    child builds that same fused primitive, whose implementations and times differ from the
-    plain convolution's."""
-    from .. import onednn
-
-    _child_plans.clear()
-    # a candidate that writes past its scratchpad (oneDNN #6035) writes into a guard band rawconv owns:
-    # counted in its own row, instead of corrupting the heap and crashing a later candidate's row
-    onednn._Built.guard_bytes = GUARD_BYTES
-    if post_ops:
-        from .fused import FusedConvolution, activation_of_post_ops
-
-        plan = FusedConvolution.for_problem(problem, residual=any(op[0] == "sum" for op in post_ops),
-                                            activation=activation_of_post_ops(post_ops),
-                                            fpmath=fpmath, w_layout=w_layout, prepack=prepack, threads=plan_threads)
-        plan.allow_known_bad = True
-    else:
-        plan = onednn.Convolution.from_problem(problem, direction=direction, algorithm=algorithm, fpmath=fpmath,
-                                               w_layout=w_layout, prepack=prepack, allow_known_bad=True,
-                                               threads=plan_threads)
-    impls = plan.implementations
-    if prepack and "w" in tensors:   # calls run on a snapshot of the weights, reordered once per implementation
-        plan.repack(tensors["w"])
-        tensors = {k: v for k, v in tensors.items() if k != "w"}
-    _child_plans[key] = (plan, tensors)
-    return impls
 
 
 GUARD_BYTES = 1 << 20
@@ -62,46 +23,6 @@ CRASH_ENV = "RAWCONV_ISOLATE_CRASH"
 variable (``"name"`` or ``"name@layouts"``) calls ``os.abort()`` first, so that ``--isolate`` can be
 checked end to end (the row says ``crashed: SIGABRT``; the parent goes on). Read in the child only."""
 
-
-def _child_run(key, impl, iterations: int, warmup: int, budget_s, slow_s, allow_known_bad: bool,
-               want_output: bool) -> dict:
-    """(child) Select ``impl`` on the plan cached under ``key``, run it (warm-up, then timed calls
-    as :func:`rawconv.bench.time_cpu`), free its buffers; return times and, when asked, the last
-    output."""
-    from ..core.bench import time_cpu
-
-    plan, tensors = _child_plans[key]
-    sel = plan.select(impl, allow_known_bad=allow_known_bad)
-    i = sel.index
-    crash = _env.get(CRASH_ENV)
-    if crash and crash in (sel.name, sel.choice):   # a test aid: check the isolation path end to end
-        os.abort()
-    try:
-        t0 = time.perf_counter()
-        out = plan.execute(**tensors)
-        first = time.perf_counter() - t0
-        built = plan._built.get(i)
-        overrun = built.overruns() if built is not None else []
-        # a write past the scratchpad is not timed further: the result and any later call are not to be trusted
-        if overrun or (slow_s is not None and first > slow_s):
-            median = mn = first * 1e3
-            runs = 1
-        elif iterations > 0:
-            st = time_cpu(lambda: plan.execute(**tensors), iterations=iterations, warmup=max(warmup - 1, 0),
-                          budget_s=budget_s)
-            median, mn, runs = st.median_ms, st.min_ms, st.runs
-        else:
-            median = mn = first * 1e3
-            runs = 1
-        if not overrun and built is not None:
-            overrun = built.overruns()
-        res = {"index": i, "median_ms": median, "min_ms": mn, "runs": runs,
-               "output": out if want_output else None, "overruns": overrun}
-        del out
-    finally:
-        plan._built.pop(i, None)
-        trim_worker_heap()
-    return res
 
 
 # ---------------------------------------------------------------------------- oneDNN candidates
@@ -195,7 +116,7 @@ class _OnednnSession:
         give_worker(self.iso, self.worker)
 
     def setup(self) -> Outcome:
-        out = self.worker.call("rawconv.onednn.isolated:_child_setup", (self.key,) + self.args,
+        out = self.worker.call("rawconv.onednn.isolated_child:setup", (self.key,) + self.args,
                                timeout_s=self.iso.timeout_s)
         if out.ok:
             self.worker.keys.add(self.key)
@@ -212,7 +133,7 @@ class _OnednnSession:
             if not out.ok:
                 return self._fail(row, out, "while listing implementations in a fresh worker")
         want = check or keep_output
-        out = self.worker.call("rawconv.onednn.isolated:_child_run",
+        out = self.worker.call("rawconv.onednn.isolated_child:run",
                                (self.key, impl, iterations, warmup, budget_s, slow_s, allow_known_bad, want),
                                timeout_s=self.iso.timeout_s)
         if not out.ok:
@@ -251,7 +172,7 @@ class _OnednnSession:
 
 
 def _pick(impls: list, i):
-    from ..onednn import Implementation
+    from .primitive import Implementation
 
     if isinstance(i, Implementation):
         return i
@@ -298,7 +219,7 @@ def run_onednn_candidates(problem, x=None, w=None, b=None, *, grad_y=None, direc
     (``indices`` out of range: once the list is known) and :class:`~rawconv.errors.IsolationError`
     when no worker can be started.
     """
-    from ..onednn import _check_direction
+    from .primitive import _check_direction
     from ..core.problem import ConvProblem
 
     if not isinstance(problem, ConvProblem):
@@ -315,7 +236,7 @@ def run_onednn_candidates(problem, x=None, w=None, b=None, *, grad_y=None, direc
     try:
         out = s.setup()
         if not out.ok:
-            from ..onednn import Implementation
+            from .primitive import Implementation
 
             row = _row_of(Implementation(-1, "-", "-", {}, (), 0, direction))
             return [_OnednnSession._fail(row, out, "while listing implementations")]

@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from .. import onednn as _o   # the package face: read at call time (it is still being defined when this is imported)
+from .primitive import ALGORITHMS, Implementation, _ARGS, _Built, _ROLE_NAMES, _check_allow, _check_impl, \
+    _omp_threads, _weights_any_md, _weights_md, library_version
 from . import _ffi as _dnnl
 from ._ffi import ffi
 from ..core import guard as _guard, known_bad as _known_bad, plans as _plans
@@ -71,7 +72,7 @@ class Listing:
             return
         self._strides()
         p = self._described()
-        wmd, _ = _o._weights_md(p, self.w_layout)
+        wmd, _ = _weights_md(p, self.w_layout)
         xmd = _dnnl.md_strides(p.x_shape, p.dtype, dense_strides(p.x_shape, p.layout) if p is not self.problem
                                else self._user_strides["x"])
         ymd = _dnnl.md_strides(p.y_shape, p.dtype, self._user_strides["y"])
@@ -89,12 +90,12 @@ class Listing:
             ymd = _dnnl.md_tag(p.y_shape, p.dtype, "any")
         else:
             xmd, ymd = self.user_md["x"], self.user_md["y"]
-        wmd = _o._weights_any_md(p)
+        wmd = _weights_any_md(p)
         bmd = self.user_md["b"]
         strides = list(p.stride)
         dil = [d - 1 for d in p.dilation]
         pl, pr = list(p.pad_before), list(p.pad_after)
-        alg = getattr(L, _o.ALGORITHMS[self.algorithm])
+        alg = getattr(L, ALGORITHMS[self.algorithm])
         # _post_ops (subclasses: rawconv.fused): [("sum", scale), ("eltwise", alg, alpha, beta)]
         a = _dnnl.attr(self._fpmath, post_ops=_dnnl.post_ops(self._post_ops) if self._post_ops else None)
         out = ffi.new("dnnl_primitive_desc_t *")
@@ -120,7 +121,7 @@ class Listing:
         return _dnnl.pd_gc(out2[0])
 
     def _enumerate(self):
-        with _o._omp_threads(self.threads):   # oneDNN fixes an implementation's thread partition here
+        with _omp_threads(self.threads):   # oneDNN fixes an implementation's thread partition here
             if self.threads is None:
                 ctl = _dnnl.omp_thread_controls()
                 self._listed_threads = ctl[0]() if ctl is not None else None
@@ -173,7 +174,7 @@ class Listing:
         pd = _dnnl.pd_clone(it)
         formats, reorders = {}, []
         self._mds()
-        for role, _arg, query, is_out in _o._ARGS[self.direction]:
+        for role, _arg, query, is_out in _ARGS[self.direction]:
             if role in ("b", "db") and not self.problem.has_bias:
                 continue
             q, _, idx = query.partition(":")
@@ -184,18 +185,18 @@ class Listing:
         sp = _dnnl.md_size(_dnnl.pd_md(pd, "scratchpad"))
         name = _dnnl.pd_impl_name(pd)
         bad = self._known_bad(name, formats, layouts)
-        impl = _o.Implementation(index, name, layouts, formats, tuple(reorders), sp, self.direction,
+        impl = Implementation(index, name, layouts, formats, tuple(reorders), sp, self.direction,
                               known_bad=bad.reference if bad is not None else "")
         return impl, pd
 
     def _known_bad(self, name: str, formats, layouts):
         """The :mod:`rawconv.known_bad` row for implementation ``name`` on this plan, or None."""
-        return _known_bad.check("onednn", self.problem, self.direction, name, _o.library_version(), formats=formats,
+        return _known_bad.check("onednn", self.problem, self.direction, name, library_version(), formats=formats,
                                 layouts=layouts)
 
     @property
     def implementations(self) -> ResultTable:
-        """Every implementation oneDNN offers for this problem (see :class:`_o.Implementation`),
+        """Every implementation oneDNN offers for this problem (see :class:`Implementation`),
         without duplicates. Wraps ``dnnl_primitive_desc_next_impl`` / ``dnnl_primitive_desc_clone``."""
         self._check_live()
         if self._impls is None:
@@ -212,9 +213,9 @@ class Listing:
             return i
         r = self._impls[i]
         if r.known_bad:
-            what = f"impl={impl!r}" if not isinstance(impl, _o.Implementation) else f"impl={r.name} ({r.layouts})"
+            what = f"impl={impl!r}" if not isinstance(impl, Implementation) else f"impl={r.name} ({r.layouts})"
             bad = self._known_bad(r.name, r.formats, r.layouts)
-            err = _known_bad.error(bad, self.problem, self.direction, f"{r.name} ({r.layouts})", _o.library_version(),
+            err = _known_bad.error(bad, self.problem, self.direction, f"{r.name} ({r.layouts})", library_version(),
                                    what=what)
             others = [o for o in self._impls if o.name == r.name and not o.known_bad]
             if others:
@@ -234,7 +235,7 @@ class Listing:
         first = impls[0]
         if not good:
             raise _known_bad.error(self._known_bad(first.name, first.formats, first.layouts), self.problem,
-                                   self.direction, first.name, _o.library_version(),
+                                   self.direction, first.name, library_version(),
                                    what="every implementation oneDNN offers is known bad; its first choice")
         alt = impls[good[0]]
         warnings.warn(f"oneDNN's first choice {first.name} ({first.layouts}) is known bad for "
@@ -268,18 +269,18 @@ class Listing:
         return i
 
     def _resolve_any(self, impl: Any) -> int:
-        impl = _o._check_impl(impl)
+        impl = _check_impl(impl)
         impls = self.implementations
         if impl is None:
             return 0
-        if isinstance(impl, _o.Implementation):
+        if isinstance(impl, Implementation):
             for i, r in enumerate(impls):
                 if r.name == impl.name and r.layouts == impl.layouts and r.formats == impl.formats \
                         and r.direction == impl.direction:
                     return i
 
             def fmt(r):
-                return " ".join(f"{_o._ROLE_NAMES.get(k, k)}={v}" for k, v in r.formats.items())
+                return " ".join(f"{_ROLE_NAMES.get(k, k)}={v}" for k, v in r.formats.items())
 
             same = [r for r in impls if r.name == impl.name and r.layouts == impl.layouts]
             if impl.direction != self.direction:
@@ -319,10 +320,10 @@ class Listing:
         # several entries with this name: the one with the fewest per-call reorders, then oneDNN's order
         return min(matches, key=lambda i: (len([r for r in impls[i].reorders if r not in ("w",)]), i))
 
-    def select(self, impl: Any = None, *, allow_known_bad: bool | None = None, choice: Any = None) -> _o.Implementation:
+    def select(self, impl: Any = None, *, allow_known_bad: bool | None = None, choice: Any = None) -> Implementation:
         """Select the implementation :meth:`execute` runs: an int position, a name (the canonical
         ``"name@layouts"``, e.g. ``"x64:gemm:jit@any"``, each listed row's ``choice``; or the short
-        ``"x64:gemm:jit"`` when one listed candidate has it), an :class:`_o.Implementation` of this
+        ``"x64:gemm:jit"`` when one listed candidate has it), an :class:`Implementation` of this
         plan's list, or None for oneDNN's first choice (position 0; when that is known bad, the next
         one that is not, with a ``RuntimeWarning``). Raises
         :class:`~rawconv.errors.ArgumentError` for a short name that names candidates of several
@@ -335,7 +336,7 @@ class Listing:
             if impl is not None and impl != choice:
                 raise ArgumentError(f"choice={choice!r} and impl={impl!r} disagree; pass one")
             impl = choice
-        allow = self.allow_known_bad if allow_known_bad is None else _o._check_allow(allow_known_bad)
+        allow = self.allow_known_bad if allow_known_bad is None else _check_allow(allow_known_bad)
         i = self._first_choice(allow) if impl is None else self._resolve(impl, allow)
         self._selected = i
         return self._impls[i]
@@ -354,7 +355,7 @@ class Listing:
         return self.execute(grad_y=a, w=b, out=out) if d == "backward_data" else self.execute(a, grad_y=b)
 
     @property
-    def selected(self) -> _o.Implementation:
+    def selected(self) -> Implementation:
         """The implementation :meth:`execute` runs (oneDNN's first choice unless selected/autotuned;
         see :meth:`select` for a first choice that is known bad)."""
         self._check_live()
@@ -362,12 +363,12 @@ class Listing:
             self._selected = self._first_choice(self.allow_known_bad)
         return self._impls[self._selected]
 
-    def _build(self, i: int) -> _o._Built:
+    def _build(self, i: int) -> _Built:
         b = self._built.get(i)
         if b is None:
             log.debug("building %s for %s %s", self._impls[i].choice, self.direction, self.problem.describe())
-            with _o._omp_threads(self._pd_threads()):   # the primitive cache's key holds the thread count
-                b = _o._Built(self, self._impls[i], self._pds[i])
+            with _omp_threads(self._pd_threads()):   # the primitive cache's key holds the thread count
+                b = _Built(self, self._impls[i], self._pds[i])
             self._built[i] = b
             self._count_rebuild(i)
         return b
