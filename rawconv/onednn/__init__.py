@@ -21,6 +21,7 @@ user *scratchpad*, the *fpmath mode*.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from typing import Any, Sequence
 
@@ -45,7 +46,25 @@ __all__ = ["Implementation", "Convolution", "forward", "backward_data", "backwar
            "capabilities", "flush_denormals", "reference_seconds", "SLOW_REFERENCE_SECONDS"]
 
 from .primitive import FPMATH_MODES, ALGORITHMS, DTYPES, _ARGS, _ROLE_NAMES, Implementation, TimedImplementation, _warn_timings, weights_layout, _weights_md, _weights_any_md, _ptr, _check_choice, check_fpmath, _check_algorithm, _words, _check_direction, _check_allow, _VERSION, library_version, _check_impl, _check_no_overlap, _check_out, _ambiguous, _backward_data_layout, _GUARD_BYTE, _Built, _INLINE_ELEMENTS, INLINE_FLOPS, _MAX_THREADS, _check_threads, plan_threads, _threads_text, _omp_threads, _SET_HANDLE, _SNAP_GENERATION, _PLAIN, _increment_version, _Hot, _GRAD_ROLES, _GradHot, _extent, _set_handle_int, _FPMATH_COMPUTE, key_options  # noqa: F401,E402 - handed on
-from .plan import Convolution, _restride, _empty_result, MAX_TENSOR_ELEMENTS, _check_sizes, check_device, _REF_RATES, _REF_RATES_LOCK, SLOW_REFERENCE_SECONDS, _valid_pairs, _ref_features, _ref_calibration, _ref_time, _ref_model, reference_seconds, _warn_if_slow_reference  # noqa: F401,E402 - handed on
+from .plan import Convolution, _restride, _empty_result, MAX_TENSOR_ELEMENTS, _check_sizes, check_device, _REF_RATES, _REF_RATES_LOCK, _valid_pairs, _ref_features, _ref_calibration, _ref_time, _ref_model, reference_seconds, _warn_if_slow_reference  # noqa: F401,E402 - handed on
+
+
+
+class _Face(type(logging)):
+    """This module's type: the settings its parts read where they live, set and read through the face
+    (``rawconv.onednn.SLOW_REFERENCE_SECONDS = 30`` reaches :mod:`rawconv.onednn.plan`)."""
+
+    @property
+    def SLOW_REFERENCE_SECONDS(self) -> float:   # noqa: N802 - the documented name
+        return _plan_mod.SLOW_REFERENCE_SECONDS
+
+    @SLOW_REFERENCE_SECONDS.setter
+    def SLOW_REFERENCE_SECONDS(self, seconds: float) -> None:   # noqa: N802
+        _plan_mod.SLOW_REFERENCE_SECONDS = seconds
+
+
+from . import plan as _plan_mod  # noqa: E402
+sys.modules[__name__].__class__ = _Face
 
 # ---------------------------------------------------------------------------- plan cache and functions
 _cache = PlanCache(256)
