@@ -326,8 +326,8 @@ def clear_caches() -> int:
     :class:`PlanCache`: oneDNN's, cuDNN's legacy and graph plans, the fused plans, the operators'
     argument packs, the frozen modules' own plans of ``convert(fuse=True)``) and what their
     modules registered (:func:`register_clear`: the fused fast path, torch_choice's candidate
-    listings, oneDNN's primitive cache when the caller is the process's only Python thread: emptied
-    while other threads build plans, oneDNN 3.2 gave wrong primitives), and release the buffers every plan still held
+    listings, oneDNN's primitive cache: other threads' listings and primitive creations finish
+    first, and plans listed before it list again), and release the buffers every plan still held
     (:func:`charge`: a plan kept elsewhere builds them again at its next call). Then the
     garbage is collected and glibc is asked to give freed memory back to the system
     (``malloc_trim``). The tuning cache (records, :func:`rawconv.tuning.cache`) and the modules'

@@ -252,8 +252,10 @@ class FusedConvolution(onednn.Convolution):
     def _build(self, i: int):
         b = self._built.get(i)
         if b is None:
-            with onednn._omp_threads(self._pd_threads()):   # as Convolution._build: the primitive cache's key
-                b = _FusedBuilt(self, self._impls[i], self._pds[i])
+            from . import _ffi as _dnnl
+
+            with onednn._omp_threads(self._pd_threads()), _dnnl._cache_guard:   # as Convolution._build
+                b = _FusedBuilt(self, self._impls[i], self._fresh_pd(i))
             self._built[i] = b
             self._count_rebuild(i)
         return b
