@@ -4,7 +4,8 @@ empties every plan cache of the process at once.
 
 **The byte budget.** A built oneDNN implementation keeps its buffers (reorder buffers in the
 implementation's layouts, its scratchpad) between calls, so that a call allocates nothing but
-its output. Each new input size makes a new plan with new buffers: over many sizes (detection,
+its output; a cuDNN plan keeps its workspace for the device's default stream
+(``rawconv.cudnn._cuda.KeptWorkspace``, counted under ``"cuda:N"``). Each new input size makes a new plan with new buffers: over many sizes (detection,
 segmentation, variable-length audio) they would add up without end. Every such holder
 :func:`charge` s its bytes here; past the limit (:func:`cache_limit`: :func:`set_cache_limit`,
 else ``$RAWCONV_CACHE_LIMIT``, else :data:`DEFAULT_CACHE_LIMIT`, 512 MiB; per device) the least recently
@@ -110,7 +111,7 @@ _ENV_LIMIT: dict = {}   # $RAWCONV_CACHE_LIMIT as last read -> its bytes
 
 def set_cache_limit(nbytes) -> None:
     """Let the buffers rawconv's plans keep between calls (oneDNN's reorder buffers and
-    scratchpads) hold at most ``nbytes`` bytes per device; the least recently used are released
+    scratchpads, cuDNN plans' workspaces) hold at most ``nbytes`` bytes per device; the least recently used are released
     past it (now, when already over). ``nbytes``: an int >= 0 (0: nothing is kept between calls
     beyond the implementation in use), or None for ``$RAWCONV_CACHE_LIMIT`` / the default
     (:data:`DEFAULT_CACHE_LIMIT`, 512 MiB). Raises :class:`~rawconv.errors.ArgumentTypeError` /

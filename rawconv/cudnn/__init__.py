@@ -335,12 +335,15 @@ class _Hot:
         with one)."""
         if plan.problem.unbatched:
             return None
+        ws = plan._ws
+        if info.workspace_bytes and (ws is None or ws.data_ptr() != int(ffi.cast("uintptr_t", pws))):
+            return None   # the workspace was released meanwhile (the byte budget, another thread)
         args = _cuda.HotArgs.of(x, w, bias, y, plan.device_index)
         if args is None:
             return None
         p, L = plan.problem, _cudnn.lib()
         h = cls()
-        h.args, h.info, h.descs, h.ws = args, info, plan._descs, plan._ws
+        h.args, h.info, h.descs, h.ws = args, info, plan._descs, ws
         h.stream = None if not info.workspace_bytes else 0   # None: any stream (no workspace to tie it to)
         h.index = plan.device_index
         xd, wd, yd, cd = plan.descriptors(plan.inner.n)
@@ -365,12 +368,15 @@ class _Hot:
         problem). :meth:`run_grad` runs it."""
         if plan.problem.unbatched:
             return None
+        ws = plan._ws
+        if info.workspace_bytes and (ws is None or ws.data_ptr() != int(ffi.cast("uintptr_t", pws))):
+            return None   # the workspace was released meanwhile (the byte budget, another thread)
         args = _cuda.HotArgs.of(a, b, None, out, plan.device_index)
         if args is None:
             return None
         L = _cudnn.lib()
         h = cls()
-        h.args, h.info, h.descs, h.ws = args, info, plan._descs, plan._ws
+        h.args, h.info, h.descs, h.ws = args, info, plan._descs, ws
         h.stream = None if not info.workspace_bytes else 0
         h.index = plan.device_index
         xd, wd, yd, cd = plan.descriptors(plan.inner.n)
@@ -390,6 +396,7 @@ class _Hot:
         returns it, else None (the caller takes the checked path)."""
         if not self.current(plan):
             return None
+        plan.used = True   # (the byte budget's sweep: its workspace was used since the last one)
         bound = self.args.bind(a, b, None, None)
         if bound is None:
             return None
@@ -424,6 +431,7 @@ class _Hot:
         takes the checked path)."""
         if not self.current(plan):
             return None
+        plan.used = True   # (the byte budget's sweep: its workspace was used since the last one)
         if bias is None:
             bias = plan._b
         bound = self.args.bind(plan._x if x is None else x, plan._w if w is None else w, bias, out)
@@ -544,7 +552,6 @@ class Convolution(_Algorithms, _Autotune, PlanLifetime):
         self._rows: dict = {}
         self._info: RunInfo | None = None
         self._ws = None         # the default stream's workspace (see _workspace)
-        self._pws = ffi.NULL
         self._pws_stable = False
         self._fused: bool | None = None
         self._hot: _Hot | None = None   # the forward hot path's prepared call (see execute)
@@ -603,25 +610,6 @@ class Convolution(_Algorithms, _Autotune, PlanLifetime):
         for b, a in reversed(self._extra):
             pad += [b, a]
         return to_layout(torch.nn.functional.pad(x, pad), self.problem.layout)
-
-    def _workspace(self, stream: int):
-        """``(tensor to hold until the launch, void * for cuDNN, stable)`` for a call on ``stream``:
-        none for an algo that needs no workspace; on the device's default stream (never captured)
-        the plan's own, kept for its life (``stable``: a hot-path pack may keep its address); on any
-        other stream (a side stream, a CUDA graph capture, a graph tree's warm-up) this call's, from
-        torch's caching allocator, given back after the launch as torch's own cuDNN calls do, so a
-        captured graph uses only memory its pool owns and two streams never share one."""
-        nbytes = self._info.workspace_bytes
-        if not nbytes:
-            return None, ffi.NULL, True
-        if stream == 0:
-            ws = self._ws
-            if ws is None:
-                ws = self._ws = _cuda.workspace(nbytes, self.problem.device)
-                self._pws = ffi.cast("void *", ws.data_ptr())
-            return ws, self._pws, True
-        ws = _cuda.workspace(nbytes, self.problem.device)
-        return ws, ffi.cast("void *", ws.data_ptr()), False
 
     @_cuda.on_plan_device
     def execute(self, x: torch.Tensor | None = None, w: torch.Tensor | None = None,

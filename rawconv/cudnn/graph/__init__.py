@@ -40,7 +40,7 @@ import torch
 
 from .. import _cuda, _ffi as _cudnn
 from . import _backend_api as B, search as _search
-from ...core import guard as _guard, tuning, known_bad as _known_bad
+from ...core import guard as _guard, tuning, known_bad as _known_bad, plans as _budget
 from .search import TimedConfig, knob_combinations
 from ...core.errors import ArgumentError, ArgumentTypeError, LibraryError, NotSupportedError
 from ...core.backend import Candidate, canonical_direction
@@ -353,20 +353,21 @@ def torch_epilogue(y: torch.Tensor, bias, residual, activation: str | None, nd: 
 CAPTURE_PROBE = True
 
 
-class _Built:
+class _Built(_cuda.KeptWorkspace):
     """A finalized execution plan and what executing it needs: a workspace and the variant packs
     (by data pointers, the workspace's included) that name it.
 
     Workspaces follow torch's own cuDNN calls, so that a plan is safe under CUDA graphs
     (``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``): on the device's default
-    stream (never captured) the plan keeps one workspace for its life (``workspace``); on any other
+    stream (never captured) the plan keeps one (``ws``: :class:`rawconv.cudnn._cuda.KeptWorkspace`,
+    counted in the plans' byte budget, released past it or by ``rawconv.clear_caches``); on any other
     stream each call takes its workspace from torch's caching allocator and gives it back after
     the launch (stream-ordered, as ``at::native`` does). A capture then records only memory its
     graph's pool owns, nothing a plan keeps is allocated inside a capture or a graph tree's
     warm-up, and two streams never share a workspace. A plan needing no workspace allocates
     none."""
 
-    __slots__ = ("config", "plan", "workspace_bytes", "workspace", "ws_ptr", "vps", "read_back", "finalized_at",
+    __slots__ = ("config", "plan", "workspace_bytes", "vps", "read_back", "finalized_at",
                  "serialize", "capture_why", "capture_alt")
 
     def __init__(self, config: EngineConfig, plan: B.Descriptor, workspace_bytes: int, read_back: dict,
@@ -374,8 +375,7 @@ class _Built:
         self.config = config
         self.plan = plan
         self.workspace_bytes = workspace_bytes
-        self.workspace = None   # the default stream's (made on its first call there)
-        self.ws_ptr = 0
+        self.ws, self.used = None, True   # the default stream's workspace (_cuda.KeptWorkspace)
         self.vps: dict = {}
         self.finalized_at = time.perf_counter()  # when cudnnBackendFinalize returned (perf_counter s)
         self.read_back = read_back
@@ -391,14 +391,6 @@ class _Built:
         # runs instead (None: this one)
         self.capture_why = None
         self.capture_alt = None
-
-    def default_workspace(self, device) -> int:
-        """The default stream's workspace address (made on first use)."""
-        with _stream_lock:
-            if self.workspace is None:
-                self.workspace = _cuda.workspace(self.workspace_bytes, device)
-                self.ws_ptr = self.workspace.data_ptr()
-            return self.ws_ptr
 
 
 class _GraphHot:
@@ -576,8 +568,9 @@ class GraphConvolution(_Engines, _Autotune, PlanLifetime):
         keep = None
         if not b.workspace_bytes:
             wp = 0
-        elif hs.stream == 0:   # the default stream (never captured): the plan's own workspace
-            wp = b.ws_ptr or b.default_workspace(self._dev)
+        elif hs.stream == 0:   # the default stream (never captured): the plan's own, held through the launch
+            keep = b.default_workspace(self._dev)
+            wp = keep[1]
         else:   # a side or capture stream: this call's, from torch's caching allocator
             keep = _cuda.workspace(b.workspace_bytes, self._dev)
             wp = keep.data_ptr()
@@ -868,12 +861,18 @@ class GraphConvolution(_Engines, _Autotune, PlanLifetime):
         if stream != 0:
             return self._make_relayout_buffers()
         bufs = self._bufs
+        self.used = True   # (the plans' byte budget, which counts them: _cache_release)
         if bufs is not None:
             return bufs
         with _stream_lock:
             if self._bufs is None:
                 self._bufs = self._make_relayout_buffers()
+                _budget.charge(self, sum(b[0].numel() * b[0].element_size() for b in self._bufs.values()),
+                              str(self._dev))
             return self._bufs
+
+    def _cache_release(self) -> None:   # past the byte budget, or clear_caches: made again at the next call
+        self._bufs = None
 
     def _make_relayout_buffers(self) -> dict:
         p = self.problem
