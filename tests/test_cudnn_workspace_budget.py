@@ -179,3 +179,85 @@ def test_graph_plans_channels_last_buffers_are_counted_and_released(fake_workspa
     rawconv.clear_caches()
     assert p._bufs is None and _held() == 0
     assert p._relayout_buffers(0) is not bufs and _held() == N // 2
+
+
+# ---------------------------------------------------------------- one plan, several threads
+def test_launches_on_a_kept_workspace_hold_its_lock(monkeypatch):
+    """Every thread's default stream is the same stream, so one kept workspace serves them all, but
+    two threads' launches would interleave on it (one's kernels reading workspace the other's
+    wrote): a graph plan's launch on the default stream holds its built config's lock, one on
+    another stream (a workspace of its own) none; a legacy plan's calls hold the plan's lock on
+    its kept workspace only. (cuDNN and the CUDA handle stubbed, CPU stand-ins for the buffers.)"""
+    monkeypatch.setattr(G._cuda, "workspace", lambda n, d: torch.empty(max(n, 1), dtype=torch.uint8))
+    state = types.SimpleNamespace(ptr="handle", stream=0)
+    monkeypatch.setattr(G._cuda, "handle_state", lambda idx: state)
+    monkeypatch.setattr(G.B, "VariantPacker", lambda uids: lambda ptrs, ws: types.SimpleNamespace(ptr=ws))
+    held = []
+
+    class Lib:
+        def cudnnBackendExecute(self, h, plan, vp):
+            held.append(b.lock.locked())
+            return 0
+    monkeypatch.setattr(G._cudnn, "lib", lambda: Lib())
+    plan = G.GraphConvolution.__new__(G.GraphConvolution)
+    plan.device_index, plan._dev = 0, torch.device("cpu")
+    plan._graph = types.SimpleNamespace(uids=(1, 2, 3), packer=None)
+    b = G._Built(G.EngineConfig(3), types.SimpleNamespace(ptr="plan"), 64, {})
+    plan._run(b, (10, 20, 30))
+    state.stream = 5
+    plan._run(b, (10, 20, 30))
+    assert held == [True, False] and not b.lock.locked()
+    legacy = _legacy()
+    legacy._launch_lock = lock = object()
+    ws, _, stable = legacy._workspace(0)
+    assert legacy._launching(ws, stable) is lock
+    side, _, side_stable = legacy._workspace(3)
+    assert legacy._launching(side, side_stable) is _cuda.NO_LOCK
+    assert legacy._launching(None, True) is _cuda.NO_LOCK, "no workspace: nothing shared"
+
+
+def _threads_agree(run, inputs, refs, n_threads=4, calls=12):
+    """``run(x)`` from ``n_threads`` threads at once on the default stream, each on its own inputs;
+    the largest error relative to each float64 reference's magnitude."""
+    import threading
+
+    errs, start = [], threading.Barrier(n_threads)
+
+    def worker(k):
+        start.wait()
+        outs = [(run(inputs[k]), k) for _ in range(calls)]
+        torch.cuda.synchronize()
+        for y, j in outs:
+            errs.append(((y.double() - refs[j]).abs().max() / refs[j].abs().max()).item())
+    ths = [threading.Thread(target=worker, args=(k,)) for k in range(n_threads)]
+    [t.start() for t in ths]
+    [t.join() for t in ths]
+    assert len(errs) == n_threads * calls
+    return max(errs)
+
+
+@pytest.mark.gpu
+def test_one_plan_from_four_threads_gpu():
+    # one legacy plan (the listed algo with the largest workspace: several kernels sharing it) and
+    # one graph plan (a config with a workspace) executed from 4 threads at once, each thread on
+    # its own input; every result against float64
+    torch.manual_seed(0)
+    w = torch.randn(32, 32, 5, 5, device="cuda")
+    xs = [torch.randn(4, 32, 48, 48, device="cuda") for _ in range(4)]
+    refs = [F.conv2d(x.double(), w.double(), padding=2) for x in xs]
+    probe = cudnn.Convolution(xs[0], w, padding=2)
+    rows = [r for r in probe.algorithms("heuristic", "all") if r.ok and 0 < r.workspace_bytes < (256 << 20)]
+    if not rows:
+        pytest.skip("cuDNN lists no forward algo with a workspace")
+    r = max(rows, key=lambda r: r.workspace_bytes)
+    legacy = cudnn.Convolution(xs[0], w, padding=2, algo=r.algo_id, math=r.requested_math)
+    graph = G.GraphConvolution(xs[0], w, padding=2)
+    cfgs = [c for c in graph.engines("instant") if getattr(c, "finalizes", True) and c.workspace_bytes]
+    if cfgs:
+        graph.select(cfgs[0])
+    tol = 1e-2   # (TF32 math included; a result computed on another thread's workspace is off by O(1))
+    for name, plan in (("legacy " + r.algo, legacy), ("graph " + graph.selected_name, graph)):
+        plan.execute(xs[0], w)   # (built and its workspace made before the threads start)
+        err = _threads_agree(lambda x: plan.execute(x, w), xs, refs)
+        print(name, "max relative error from 4 threads", err)
+        assert err < tol, (name, err)

@@ -410,10 +410,11 @@ class _Hot:
             c = self.casts = (p, cast("void *", p[0]), cast("void *", p[1]), None, cast("void *", p[3]))
         _, pa, pb, _, po = c
         alpha, xd, wd, cd, algo, pws, nws, beta, yd = self.pre
-        if self.data:   # (w, grad_y) -> dx
-            st = self.fn(hs.ptr, alpha, wd, pb, yd, pa, cd, algo, pws, nws, beta, xd, po)
-        else:           # (x, grad_y) -> dw
-            st = self.fn(hs.ptr, alpha, xd, pa, yd, pb, cd, algo, pws, nws, beta, wd, po)
+        with plan._launch_lock if self.stream is not None else _cuda.NO_LOCK:   # (Algorithms._launching)
+            if self.data:   # (w, grad_y) -> dx
+                st = self.fn(hs.ptr, alpha, wd, pb, yd, pa, cd, algo, pws, nws, beta, xd, po)
+            else:           # (x, grad_y) -> dw
+                st = self.fn(hs.ptr, alpha, xd, pa, yd, pb, cd, algo, pws, nws, beta, wd, po)
         if st:
             raise _cudnn.error(st, self.name, self.where)
         return out
@@ -448,12 +449,16 @@ class _Hot:
                               cast("void *", a[3]))
         _, px, pw, pb, py = c
         alpha, xd, wd, cd, algo, pws, nws, beta, yd = self.pre
+        lock = plan._launch_lock if self.stream is not None else _cuda.NO_LOCK   # (Algorithms._launching)
         if self.fused:
-            if self.fn(hs.ptr, alpha, xd, px, wd, pw, cd, algo, pws, nws, beta, yd, py, self.bd, pb, self.actd,
-                       yd, py):
+            with lock:
+                st = self.fn(hs.ptr, alpha, xd, px, wd, pw, cd, algo, pws, nws, beta, yd, py, self.bd, pb,
+                             self.actd, yd, py)
+            if st:
                 return None   # the checked path: the unfused fallback, or cuDNN's error
         else:
-            st = self.fn(hs.ptr, alpha, xd, px, wd, pw, cd, algo, pws, nws, beta, yd, py)
+            with lock:
+                st = self.fn(hs.ptr, alpha, xd, px, wd, pw, cd, algo, pws, nws, beta, yd, py)
             if st:
                 raise _cudnn.error(st, "cudnnConvolutionForward", self.where)
             if self.bview is not None:   # (detached: execute records no autograd, as the fused kernel)
@@ -548,6 +553,7 @@ class Convolution(_Algorithms, _Autotune, PlanLifetime):
         self.activation = activation
         self._algo_request = algo
         self._lock = threading.Lock()
+        self._launch_lock = threading.Lock()   # launches on the kept workspace (Algorithms._launching)
         self._freed = False
         self._rows: dict = {}
         self._info: RunInfo | None = None
@@ -672,10 +678,12 @@ class Convolution(_Algorithms, _Autotune, PlanLifetime):
             return (res, self._info) if return_info else res
         info = self._info or self.info
         h = _cuda.handle_for(self.device_index)
-        keep, pws, self._pws_stable = self._workspace(_cuda.current_stream_of_handle(self.device_index))
+        keep, pws, stable = self._workspace(_cuda.current_stream_of_handle(self.device_index))
+        self._pws_stable = stable
         run = (self._run_forward if d == "forward" else self._run_backward_data if d == "backward_data"
                else self._run_backward_weights)
-        result = run(h, info, pws, x, w, bias, out, grad_y)
+        with self._launching(keep, stable):
+            result = run(h, info, pws, x, w, bias, out, grad_y)
         del keep   # (a per-call workspace goes back to the allocator after the launch)
         if out is not None:
             _guard.bump((out,))   # written in place, as torch's out= functions do
@@ -1366,13 +1374,14 @@ class ResidualBiasActivation:
         self._check(t)
         plan, info = self.plan, self.info
         h = _cuda.handle_for(plan.device_index)
-        keep, pws, _ = plan._workspace(_cuda.current_stream_of_handle(plan.device_index))
+        keep, pws, stable = plan._workspace(_cuda.current_stream_of_handle(plan.device_index))
         xd, wd, yd, cd, bd, ad = self.descs
         cast, one = ffi.cast, self.one
-        st = _cudnn.lib().cudnnConvolutionBiasActivationForward(
-            h, one, xd, cast("void *", t["x"].data_ptr()), wd, cast("void *", t["w"].data_ptr()), cd, info.algo_id,
-            pws, info.workspace_bytes, one, yd, cast("void *", t["r"].data_ptr()), bd,
-            cast("void *", t["b"].data_ptr()), ad, yd, cast("void *", t["y"].data_ptr()))
+        with plan._launching(keep, stable):
+            st = _cudnn.lib().cudnnConvolutionBiasActivationForward(
+                h, one, xd, cast("void *", t["x"].data_ptr()), wd, cast("void *", t["w"].data_ptr()), cd,
+                info.algo_id, pws, info.workspace_bytes, one, yd, cast("void *", t["r"].data_ptr()), bd,
+                cast("void *", t["b"].data_ptr()), ad, yd, cast("void *", t["y"].data_ptr()))
         del keep
         if st:
             raise _cudnn.error(st, "cudnnConvolutionBiasActivationForward", f"{self.name} on {plan.problem.describe()}")

@@ -9,6 +9,7 @@ Importing it registers torch's own cuDNN as the one :func:`rawconv._cudnn.load` 
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import torch
@@ -187,16 +188,22 @@ def workspace(nbytes: int, device) -> "object":
     return torch.empty(max(int(nbytes), 1), dtype=torch.uint8, device=device)
 
 
+#: The lock of a call that shares nothing with other threads (a reusable no-op context manager)
+NO_LOCK = contextlib.nullcontext()
+
+
 class KeptWorkspace:
     """What keeps a workspace of ``workspace_bytes`` between calls on the device's default stream
     (a graph plan's built engine config): ``ws``, ``(tensor, address)`` or None until the first
-    call there. Counted in the plans' byte budget from its allocation
+    call there; ``lock``: held while a call's launches use it (every thread's default stream is
+    the same stream, but two threads' launches would interleave on it, each reading what the
+    other's wrote there: :data:`NO_LOCK` elsewhere). Counted in the plans' byte budget from its allocation
     (:func:`rawconv.core.plans.charge`, under the device's name, e.g. ``"cuda:0"``): past the
     budget, or at :func:`rawconv.clear_caches`, the least recently used are released
     (:meth:`_cache_release`); the next call allocates again. A caller holds the pair through its
     launch, so a release from another thread frees the memory only after it."""
 
-    __slots__ = ("ws", "used", "__weakref__")
+    __slots__ = ("ws", "used", "lock", "__weakref__")
     workspace_bytes: int
 
     def default_workspace(self, device) -> tuple:

@@ -375,7 +375,7 @@ class _Built(_cuda.KeptWorkspace):
         self.config = config
         self.plan = plan
         self.workspace_bytes = workspace_bytes
-        self.ws, self.used = None, True   # the default stream's workspace (_cuda.KeptWorkspace)
+        self.ws, self.used, self.lock = None, True, threading.Lock()   # (_cuda.KeptWorkspace)
         self.vps: dict = {}
         self.finalized_at = time.perf_counter()  # when cudnnBackendFinalize returned (perf_counter s)
         self.read_back = read_back
@@ -449,7 +449,7 @@ class _GraphHot:
 
 
 # ---------------------------------------------------------------------------- the plan
-from .engines import Engines as _Engines  # noqa: E402 - the graph, its engines, selection
+from .engines import Engines as _Engines, empty_result as _empty_result  # noqa: E402 - the graph, its engines, selection
 from .autotune import Autotune as _Autotune  # noqa: E402 - the search's entry point, tuning records
 
 
@@ -531,6 +531,7 @@ class GraphConvolution(_Engines, _Autotune, PlanLifetime):
         self._freed = False
         self.last_autotune: list[TimedConfig] | None = None
         self._lock = threading.RLock()
+        self._via_lock = threading.Lock()            # calls on the kept channels_last buffers (_run_via)
         self._cl: GraphConvolution | None = None    # the channels_last graph's plan (NCHW plans)
         self._via: GraphConvolution | None = None   # _cl when an "nhwc:" config is selected
         self._bufs: dict | None = None               # the default stream's channels_last buffers ("nhwc:")
@@ -565,11 +566,11 @@ class GraphConvolution(_Engines, _Autotune, PlanLifetime):
         hs = _cuda.handle_state(self.device_index)
         if b.capture_alt is not None and hs.stream != 0 and _cuda._capturing():
             b = b.capture_alt   # this config cannot be captured (see _probe_capture): its stand-in
-        keep = None
+        keep, lock = None, _cuda.NO_LOCK
         if not b.workspace_bytes:
             wp = 0
         elif hs.stream == 0:   # the default stream (never captured): the plan's own, held through the launch
-            keep = b.default_workspace(self._dev)
+            keep, lock = b.default_workspace(self._dev), b.lock   # (one thread's launches at a time on it)
             wp = keep[1]
         else:   # a side or capture stream: this call's, from torch's caching allocator
             keep = _cuda.workspace(b.workspace_bytes, self._dev)
@@ -584,9 +585,10 @@ class GraphConvolution(_Engines, _Autotune, PlanLifetime):
             if g.packer is None:
                 g.packer = B.VariantPacker(g.uids)
             vp = vps[key] = g.packer(ptrs, wp)
-        if b.serialize:
-            _cuda.stream_barrier(self.device_index)
-        status = _cudnn.lib().cudnnBackendExecute(hs.ptr, b.plan.ptr, vp.ptr)
+        with lock:
+            if b.serialize:
+                _cuda.stream_barrier(self.device_index)
+            status = _cudnn.lib().cudnnBackendExecute(hs.ptr, b.plan.ptr, vp.ptr)
         del keep   # back to the allocator after the launch: reused only by later work on this stream
         if status:
             raise _cudnn.error(status, "cudnnBackendExecute", f"{b.config.name} on {self._describe()}")
@@ -833,15 +835,16 @@ class GraphConvolution(_Engines, _Autotune, PlanLifetime):
         h = hs.ptr
         bufs = self._relayout_buffers(hs.stream)
         out_role = _OUT_ROLE[self.direction]
-        for role in _ROLES[self.direction]:
-            if role != out_role:
-                self._transform(h, bufs[role][2], t[role].data_ptr(), bufs[role][3], bufs[role][1])
-        ptrs = tuple(bufs[r][0].data_ptr() for r in _ROLES[self.direction])
-        if "b" in t:
-            ptrs += (t["b"].data_ptr(),)
-        cl._run(b or cl._selected or cl._select_default(), ptrs)
-        ob = bufs[out_role]
-        self._transform(h, ob[3], ob[1], ob[2], t[out_role].data_ptr())
+        with self._via_lock if hs.stream == 0 else _cuda.NO_LOCK:   # the kept buffers: as _Built's workspace
+            for role in _ROLES[self.direction]:
+                if role != out_role:
+                    self._transform(h, bufs[role][2], t[role].data_ptr(), bufs[role][3], bufs[role][1])
+            ptrs = tuple(bufs[r][0].data_ptr() for r in _ROLES[self.direction])
+            if "b" in t:
+                ptrs += (t["b"].data_ptr(),)
+            cl._run(b or cl._selected or cl._select_default(), ptrs)
+            ob = bufs[out_role]
+            self._transform(h, ob[3], ob[1], ob[2], t[out_role].data_ptr())
 
     def _transform(self, handle, src_desc, src_ptr, dst_desc, dst_ptr) -> None:
         ffi = _cudnn.ffi
@@ -999,20 +1002,6 @@ class GraphConvolution(_Engines, _Autotune, PlanLifetime):
     def candidates(self, heuristic: str | Sequence[str] = "instant", **kw) -> ResultTable:
         """:meth:`engines` (every backend's plan has ``candidates()``)."""
         return self.engines(heuristic, **kw)
-
-
-def _empty_result(plan: GraphConvolution, result: torch.Tensor, bias):
-    """Zero-sized problems: torch's result without any library call."""
-    p = plan.problem
-    result.zero_()
-    if plan.direction == "forward":
-        if bias is not None and result.numel():
-            result += bias.view(1, -1, *([1] * p.ndim))
-        if plan.activation and result.numel():
-            result.copy_(_check.ACTIVATION_REFERENCE[plan.activation](result))
-    if p.unbatched and plan.direction in ("forward", "backward_data"):
-        return result.squeeze(0)
-    return result
 
 
 def _version() -> str:

@@ -279,6 +279,13 @@ class Algorithms:
         ws = _cuda.workspace(nbytes, self.problem.device)
         return ws, ffi.cast("void *", ws.data_ptr()), False
 
+    def _launching(self, keep, stable: bool):
+        """What a call's launches hold: the plan's lock while they use its kept workspace (the
+        default stream's: every thread's default stream is the same stream, but the kernels two
+        threads launch there at once interleave, each reading workspace the other's wrote), else
+        :data:`rawconv.cudnn._cuda.NO_LOCK` (a call's own workspace, or none)."""
+        return self._launch_lock if stable and keep is not None else _cuda.NO_LOCK
+
     def _cache_release(self) -> None:
         """Drop the default stream's workspace and the prepared calls that hold it (one running
         keeps it until it returns); the next call allocates again."""
