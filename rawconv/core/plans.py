@@ -316,6 +316,27 @@ class PlanLifetime:
         return self.execute(a, grad_y=b) if out is None else self.execute(a, grad_y=b, out=out)
 
 
+class PerThread:
+    """An attribute whose value is per (instance, thread): ``name = PerThread()`` in a class body;
+    None until set. For what a method leaves on a shared object for the calls it makes (a residual
+    plan's residual of the call in progress), so that threads sharing the object never read each
+    other's."""
+
+    def __set_name__(self, owner, name):
+        self.key = "_per_thread_" + name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        return getattr(obj.__dict__.get(self.key), "value", None)
+
+    def __set__(self, obj, value):
+        tls = obj.__dict__.get(self.key)
+        if tls is None:
+            tls = obj.__dict__.setdefault(self.key, threading.local())
+        tls.value = value
+
+
 def register_clear(name: str, clear) -> None:
     """Have :func:`clear_caches` also call ``clear()`` (a cache that is not a :class:`PlanCache`,
     e.g. a plain dict's ``clear``); ``name`` says whose it is (``"module:variable"``)."""

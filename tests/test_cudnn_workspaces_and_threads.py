@@ -3,7 +3,11 @@
 config's (``_cuda.KeptWorkspace``), charged under their device from their allocation, released past
 the limit (least recently used first) and by ``rawconv.clear_caches()``, allocated again at the
 next call. CPU tests: the bookkeeping, with CPU stand-ins of a fake size for the CUDA buffers;
-GPU tests: the memory really goes back to torch's allocator, and the plans still compute right."""
+GPU tests: the memory really goes back to torch's allocator, and the plans still compute right.
+
+One plan from several threads: launches on a kept workspace hold its lock (every thread's default
+stream is one stream, but two threads' launches interleave on it), and what a residual plan leaves
+on itself for a call is per thread."""
 from __future__ import annotations
 
 import types
@@ -135,6 +139,9 @@ def test_clear_caches_gives_cudnn_workspaces_back_to_torch_gpu():
     cfgs = [c for c in graph.engines("instant") if getattr(c, "finalizes", True) and c.workspace_bytes]
     if cfgs:   # (else the graph plan keeps none: the legacy plan's is checked alone)
         graph.select(cfgs[0])
+    legacy.execute(x, w), graph.execute(x2, w2)   # (what a first call makes and keeps besides workspaces)
+    rawconv.clear_caches()
+    torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     outs = [legacy.execute(x, w), graph.execute(x2, w2)]
     torch.cuda.synchronize()
@@ -261,3 +268,28 @@ def test_one_plan_from_four_threads_gpu():
         err = _threads_agree(lambda x: plan.execute(x, w), xs, refs)
         print(name, "max relative error from 4 threads", err)
         assert err < tol, (name, err)
+
+
+def test_a_residual_plans_pending_residual_is_per_thread():
+    # ResidualGraphConvolution.run leaves the call's residual on the plan for the binding it makes
+    # (_pending_r): shared by threads, one call bound another's residual (a wrong sum), or found
+    # None after the other's call ended ("use run(x, w, bias, residual)"); it is per thread now
+    import threading
+
+    from rawconv.pytorch import fused
+
+    plan = type("P", (fused._ResidualGraphMixin,), {})()
+    seen, ready, done = {}, threading.Barrier(2), threading.Barrier(2)
+
+    def call(k):
+        plan._pending_r = k
+        ready.wait()   # both set before either reads
+        seen[k] = plan._pending_r
+        done.wait()
+        plan._pending_r = None
+        seen[k, "after"] = plan._pending_r
+    ths = [threading.Thread(target=call, args=(k,)) for k in ("r0", "r1")]
+    [t.start() for t in ths]
+    [t.join() for t in ths]
+    assert seen == {"r0": "r0", "r1": "r1", ("r0", "after"): None, ("r1", "after"): None}
+    assert plan._pending_r is None and getattr(plan, "_pending_r", None) is None
