@@ -84,21 +84,23 @@ def child(mode: str, sizes: int, grad: bool, threads: int, device: str = "cpu") 
     gc.collect()
     gpu = device == "cuda"
     start = peak = _rss_mb()
-    gstart = gpeak = _gpu_mb() if gpu else 0.0
+    gstart = _gpu_mb() if gpu else 0.0
+    if gpu:   # the peaks inside calls too (workspaces, buffers made and freed during one)
+        torch.cuda.reset_peak_memory_stats()
     for i in range(sizes):
         step(torch.randn(1, 16, 64 + 2 * i, 64, device=device))
         peak = max(peak, _rss_mb())
-        if gpu:
-            gpeak = max(gpeak, _gpu_mb())
     end = _rss_mb()
     gend = _gpu_mb() if gpu else 0.0
+    gpeak = torch.cuda.max_memory_allocated() / 2**20 if gpu else 0.0
+    greserved = torch.cuda.max_memory_reserved() / 2**20 if gpu else 0.0
     info = getattr(rawconv, "cache_info", lambda: None)()
     clear()
     gc.collect()
     out = {"mode": mode, "start": start, "peak": peak, "end": end, "cleared": _rss_mb(), "cache_info": info,
            "rawconv": os.path.dirname(rawconv.__file__)}
     if gpu:   # torch.cuda.memory_allocated: the tensors alive (workspaces, buffers), not the allocator's cache
-        out.update(gpu_start=gstart, gpu_peak=gpeak, gpu_end=gend, gpu_cleared=_gpu_mb())
+        out.update(gpu_start=gstart, gpu_peak=gpeak, gpu_end=gend, gpu_cleared=_gpu_mb(), gpu_reserved_peak=greserved)
     return out
 
 
@@ -131,19 +133,26 @@ def main(argv=None) -> None:
         return
     print(f"rawconv from {rows[-1]['rawconv']}; {args.sizes} sizes of (1, 16, 64 + 2i, 64), "
           f"{'forward + backward' if args.grad else 'no_grad forward'}, {args.threads} threads, {args.device}; RSS in MB"
-          + ("; gpu: torch.cuda.memory_allocated in MB (start/peak/end/cleared)" if args.device == "cuda" else ""))
+          + ("; gpu: torch.cuda.memory_allocated in MB (start/peak/end/cleared; peak: max_memory_allocated, in "
+             "calls too), peak growth over start as a ratio to torch's, and the allocator's peak reserved"
+             if args.device == "cuda" else ""))
     base = next((r for r in rows if r["mode"] == "torch"), None)
     print(f"{'mode':<10} {'start':>7} {'peak':>7} {'end':>7} {'cleared':>8} {'peak/torch':>11} {'cleared-start':>14}"
           "  cache_info")
     for r in rows:
         ratio = f"{r['peak'] / base['peak']:.2f}" if base else "-"
         info = r["cache_info"]
-        held = "" if not info else (f"held {sum(info['bytes'].values()) / 2**20:.0f} MB of {info['limit'] / 2**20:.0f}, "
-                                    f"{info['evictions']} released")
+        held = "" if not info else ("held " + (", ".join(f"{d} {n / 2**20:.0f}" for d, n in info["bytes"].items()) or "0")
+                                    + f" MB (limit {info['limit'] / 2**20:.0f} per device), {info['evictions']} released")
+        gpu = ""
+        if "gpu_peak" in r:
+            grow = r["gpu_peak"] - r["gpu_start"]
+            gbase = None if base is None or "gpu_peak" not in base else base["gpu_peak"] - base["gpu_start"]
+            gratio = f"{grow / gbase:.2f}x torch" if gbase else "-"
+            gpu = (f"  gpu {r['gpu_start']:.0f}/{r['gpu_peak']:.0f}/{r['gpu_end']:.0f}/{r['gpu_cleared']:.0f} "
+                   f"(+{grow:.0f}, {gratio}; reserved peak {r['gpu_reserved_peak']:.0f})")
         print(f"{r['mode']:<10} {r['start']:7.0f} {r['peak']:7.0f} {r['end']:7.0f} {r['cleared']:8.0f} {ratio:>11} "
-              f"{r['cleared'] - r['start']:14.0f}  {held}"
-              + (f"  gpu {r['gpu_start']:.0f}/{r['gpu_peak']:.0f}/{r['gpu_end']:.0f}/{r['gpu_cleared']:.0f}"
-                 if "gpu_peak" in r else ""))
+              f"{r['cleared'] - r['start']:14.0f}  {held}{gpu}")
 
 
 if __name__ == "__main__":

@@ -38,7 +38,8 @@ def make_run(mode):
         if not b.workspace_bytes:
             wp = 0
         elif mode == "persistent" or hs.stream == 0:
-            wp = b.ws_ptr or b.default_workspace(self._dev)
+            keep = b.default_workspace(self._dev)   # (tensor, address)
+            wp = keep[1]
         else:
             keep = _cuda.workspace(b.workspace_bytes, self._dev)
             if mode == "zeroed":

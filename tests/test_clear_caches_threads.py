@@ -130,3 +130,57 @@ print("ran")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "ran" in r.stdout, r.stderr[-2000:]
     assert "Exception ignored" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+def test_plan_listed_before_a_flush_runs_right():
+    # a plan whose descriptors oneDNN's iterator took from the primitive cache (another plan of the
+    # same problem ran first), the cache emptied before the plan's first call: old code created the
+    # primitive from the listed descriptor (a conv + ReLU without its ReLU, 10 of 300, or a
+    # segfault when the other plan was freed); the plan now lists again first
+    _run("""
+        bad = 0
+        for i in range(100):
+            keep = FusedConvolution(x, w, b, padding=1, activation="relu"); keep.run(x)
+            p = FusedConvolution(x, w, b, padding=1, activation="relu"); p.implementations
+            if i % 2:
+                keep.free(); del keep
+            rawconv.onednn.flush_primitive_cache()
+            bad += err(p.run(x)) > 1e-4
+            p.free()
+        print("wrong", bad)
+        assert bad == 0
+    """)
+
+
+def test_flush_primitive_cache_while_threads_build_plans():
+    # rawconv.onednn.flush_primitive_cache() every ms in one thread while two others make, run and
+    # free fused plans of three problems (listings that take the cache's descriptors, primitives
+    # created just after a flush). Old code: segfault inside dnnl_primitive_create within 8 s
+    # (2 of 2 runs); every result is right now
+    out = _run("""
+        probs = []
+        for c, hw in ((8, 12), (4, 9), (8, 7)):
+            xi = torch.randn(2, c, hw, hw, generator=g); wi = torch.randn(16, c, 3, 3, generator=g)
+            ri = torch.relu(torch.nn.functional.conv2d(xi.double(), wi.double(), b.double(), padding=1)).float()
+            probs.append((xi, wi, ri))
+        wrong, calls, flushes, stop = [], [0], [0], time.time() + 4
+        def builder(k):
+            i = k
+            while time.time() < stop:
+                xi, wi, ri = probs[i % 3]
+                p = FusedConvolution(xi, wi, b, padding=1, activation="relu")
+                d = (p.run(xi) - ri).abs().max().item()
+                if d > 1e-4:
+                    wrong.append(d)
+                p.free(); calls[0] += 1; i += 1
+        def flusher():
+            while time.time() < stop:
+                rawconv.onednn.flush_primitive_cache(); flushes[0] += 1
+                time.sleep(0.001)
+        ths = [threading.Thread(target=builder, args=(k,)) for k in (0, 1)] + [threading.Thread(target=flusher)]
+        [t.start() for t in ths]
+        [t.join() for t in ths]
+        print("calls", calls[0], "flushes", flushes[0], "wrong", len(wrong))
+        assert not wrong and flushes[0] > 10, (wrong[:5], flushes[0])
+    """)
+    assert "wrong 0" in out

@@ -1191,8 +1191,9 @@ def test_workspaces_are_kept_on_the_default_stream_only_and_per_call_elsewhere(m
     assert len(made) == 3 and none.workspace is None and packs[-1] == ((10, 20, 30), 0), "no workspace: none made"
 
     p2 = G.GraphConvolution.__new__(G.GraphConvolution)
-    p2._bufs = None
-    monkeypatch.setattr(G.GraphConvolution, "_make_relayout_buffers", lambda self: {"x": object()})
+    p2._bufs, p2._dev = None, torch.device("cpu")
+    monkeypatch.setattr(G.GraphConvolution, "_make_relayout_buffers",
+                        lambda self: {"x": (torch.empty(8, dtype=torch.float64), "void *", "own", "cl")})
     a = p2._relayout_buffers(0)
     assert p2._relayout_buffers(0) is a, "the default stream's buffers are kept"
     assert p2._relayout_buffers(111) is not a and p2._relayout_buffers(111) is not p2._relayout_buffers(111)

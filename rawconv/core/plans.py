@@ -4,7 +4,8 @@ empties every plan cache of the process at once.
 
 **The byte budget.** A built oneDNN implementation keeps its buffers (reorder buffers in the
 implementation's layouts, its scratchpad) between calls, so that a call allocates nothing but
-its output. Each new input size makes a new plan with new buffers: over many sizes (detection,
+its output; a cuDNN plan keeps its workspace for the device's default stream
+(``rawconv.cudnn._cuda.KeptWorkspace``, counted under ``"cuda:N"``). Each new input size makes a new plan with new buffers: over many sizes (detection,
 segmentation, variable-length audio) they would add up without end. Every such holder
 :func:`charge` s its bytes here; past the limit (:func:`cache_limit`: :func:`set_cache_limit`,
 else ``$RAWCONV_CACHE_LIMIT``, else :data:`DEFAULT_CACHE_LIMIT`, 512 MiB; per device) the least recently
@@ -110,7 +111,7 @@ _ENV_LIMIT: dict = {}   # $RAWCONV_CACHE_LIMIT as last read -> its bytes
 
 def set_cache_limit(nbytes) -> None:
     """Let the buffers rawconv's plans keep between calls (oneDNN's reorder buffers and
-    scratchpads) hold at most ``nbytes`` bytes per device; the least recently used are released
+    scratchpads, cuDNN plans' workspaces) hold at most ``nbytes`` bytes per device; the least recently used are released
     past it (now, when already over). ``nbytes``: an int >= 0 (0: nothing is kept between calls
     beyond the implementation in use), or None for ``$RAWCONV_CACHE_LIMIT`` / the default
     (:data:`DEFAULT_CACHE_LIMIT`, 512 MiB). Raises :class:`~rawconv.errors.ArgumentTypeError` /
@@ -315,6 +316,27 @@ class PlanLifetime:
         return self.execute(a, grad_y=b) if out is None else self.execute(a, grad_y=b, out=out)
 
 
+class PerThread:
+    """An attribute whose value is per (instance, thread): ``name = PerThread()`` in a class body;
+    None until set. For what a method leaves on a shared object for the calls it makes (a residual
+    plan's residual of the call in progress), so that threads sharing the object never read each
+    other's."""
+
+    def __set_name__(self, owner, name):
+        self.key = "_per_thread_" + name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        return getattr(obj.__dict__.get(self.key), "value", None)
+
+    def __set__(self, obj, value):
+        tls = obj.__dict__.get(self.key)
+        if tls is None:
+            tls = obj.__dict__.setdefault(self.key, threading.local())
+        tls.value = value
+
+
 def register_clear(name: str, clear) -> None:
     """Have :func:`clear_caches` also call ``clear()`` (a cache that is not a :class:`PlanCache`,
     e.g. a plain dict's ``clear``); ``name`` says whose it is (``"module:variable"``)."""
@@ -326,8 +348,8 @@ def clear_caches() -> int:
     :class:`PlanCache`: oneDNN's, cuDNN's legacy and graph plans, the fused plans, the operators'
     argument packs, the frozen modules' own plans of ``convert(fuse=True)``) and what their
     modules registered (:func:`register_clear`: the fused fast path, torch_choice's candidate
-    listings, oneDNN's primitive cache when the caller is the process's only Python thread: emptied
-    while other threads build plans, oneDNN 3.2 gave wrong primitives), and release the buffers every plan still held
+    listings, oneDNN's primitive cache: other threads' listings and primitive creations finish
+    first, and plans listed before it list again), and release the buffers every plan still held
     (:func:`charge`: a plan kept elsewhere builds them again at its next call). Then the
     garbage is collected and glibc is asked to give freed memory back to the system
     (``malloc_trim``). The tuning cache (records, :func:`rawconv.tuning.cache`) and the modules'

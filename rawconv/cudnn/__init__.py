@@ -335,12 +335,15 @@ class _Hot:
         with one)."""
         if plan.problem.unbatched:
             return None
+        ws = plan._ws
+        if info.workspace_bytes and (ws is None or ws.data_ptr() != int(ffi.cast("uintptr_t", pws))):
+            return None   # the workspace was released meanwhile (the byte budget, another thread)
         args = _cuda.HotArgs.of(x, w, bias, y, plan.device_index)
         if args is None:
             return None
         p, L = plan.problem, _cudnn.lib()
         h = cls()
-        h.args, h.info, h.descs, h.ws = args, info, plan._descs, plan._ws
+        h.args, h.info, h.descs, h.ws = args, info, plan._descs, ws
         h.stream = None if not info.workspace_bytes else 0   # None: any stream (no workspace to tie it to)
         h.index = plan.device_index
         xd, wd, yd, cd = plan.descriptors(plan.inner.n)
@@ -365,12 +368,15 @@ class _Hot:
         problem). :meth:`run_grad` runs it."""
         if plan.problem.unbatched:
             return None
+        ws = plan._ws
+        if info.workspace_bytes and (ws is None or ws.data_ptr() != int(ffi.cast("uintptr_t", pws))):
+            return None   # the workspace was released meanwhile (the byte budget, another thread)
         args = _cuda.HotArgs.of(a, b, None, out, plan.device_index)
         if args is None:
             return None
         L = _cudnn.lib()
         h = cls()
-        h.args, h.info, h.descs, h.ws = args, info, plan._descs, plan._ws
+        h.args, h.info, h.descs, h.ws = args, info, plan._descs, ws
         h.stream = None if not info.workspace_bytes else 0
         h.index = plan.device_index
         xd, wd, yd, cd = plan.descriptors(plan.inner.n)
@@ -390,6 +396,7 @@ class _Hot:
         returns it, else None (the caller takes the checked path)."""
         if not self.current(plan):
             return None
+        plan.used = True   # (the byte budget's sweep: its workspace was used since the last one)
         bound = self.args.bind(a, b, None, None)
         if bound is None:
             return None
@@ -403,10 +410,11 @@ class _Hot:
             c = self.casts = (p, cast("void *", p[0]), cast("void *", p[1]), None, cast("void *", p[3]))
         _, pa, pb, _, po = c
         alpha, xd, wd, cd, algo, pws, nws, beta, yd = self.pre
-        if self.data:   # (w, grad_y) -> dx
-            st = self.fn(hs.ptr, alpha, wd, pb, yd, pa, cd, algo, pws, nws, beta, xd, po)
-        else:           # (x, grad_y) -> dw
-            st = self.fn(hs.ptr, alpha, xd, pa, yd, pb, cd, algo, pws, nws, beta, wd, po)
+        with plan._launch_lock if self.stream is not None else _cuda.NO_LOCK:   # (Algorithms._launching)
+            if self.data:   # (w, grad_y) -> dx
+                st = self.fn(hs.ptr, alpha, wd, pb, yd, pa, cd, algo, pws, nws, beta, xd, po)
+            else:           # (x, grad_y) -> dw
+                st = self.fn(hs.ptr, alpha, xd, pa, yd, pb, cd, algo, pws, nws, beta, wd, po)
         if st:
             raise _cudnn.error(st, self.name, self.where)
         return out
@@ -424,6 +432,7 @@ class _Hot:
         takes the checked path)."""
         if not self.current(plan):
             return None
+        plan.used = True   # (the byte budget's sweep: its workspace was used since the last one)
         if bias is None:
             bias = plan._b
         bound = self.args.bind(plan._x if x is None else x, plan._w if w is None else w, bias, out)
@@ -440,12 +449,16 @@ class _Hot:
                               cast("void *", a[3]))
         _, px, pw, pb, py = c
         alpha, xd, wd, cd, algo, pws, nws, beta, yd = self.pre
+        lock = plan._launch_lock if self.stream is not None else _cuda.NO_LOCK   # (Algorithms._launching)
         if self.fused:
-            if self.fn(hs.ptr, alpha, xd, px, wd, pw, cd, algo, pws, nws, beta, yd, py, self.bd, pb, self.actd,
-                       yd, py):
+            with lock:
+                st = self.fn(hs.ptr, alpha, xd, px, wd, pw, cd, algo, pws, nws, beta, yd, py, self.bd, pb,
+                             self.actd, yd, py)
+            if st:
                 return None   # the checked path: the unfused fallback, or cuDNN's error
         else:
-            st = self.fn(hs.ptr, alpha, xd, px, wd, pw, cd, algo, pws, nws, beta, yd, py)
+            with lock:
+                st = self.fn(hs.ptr, alpha, xd, px, wd, pw, cd, algo, pws, nws, beta, yd, py)
             if st:
                 raise _cudnn.error(st, "cudnnConvolutionForward", self.where)
             if self.bview is not None:   # (detached: execute records no autograd, as the fused kernel)
@@ -540,11 +553,11 @@ class Convolution(_Algorithms, _Autotune, PlanLifetime):
         self.activation = activation
         self._algo_request = algo
         self._lock = threading.Lock()
+        self._launch_lock = threading.Lock()   # launches on the kept workspace (Algorithms._launching)
         self._freed = False
         self._rows: dict = {}
         self._info: RunInfo | None = None
         self._ws = None         # the default stream's workspace (see _workspace)
-        self._pws = ffi.NULL
         self._pws_stable = False
         self._fused: bool | None = None
         self._hot: _Hot | None = None   # the forward hot path's prepared call (see execute)
@@ -603,25 +616,6 @@ class Convolution(_Algorithms, _Autotune, PlanLifetime):
         for b, a in reversed(self._extra):
             pad += [b, a]
         return to_layout(torch.nn.functional.pad(x, pad), self.problem.layout)
-
-    def _workspace(self, stream: int):
-        """``(tensor to hold until the launch, void * for cuDNN, stable)`` for a call on ``stream``:
-        none for an algo that needs no workspace; on the device's default stream (never captured)
-        the plan's own, kept for its life (``stable``: a hot-path pack may keep its address); on any
-        other stream (a side stream, a CUDA graph capture, a graph tree's warm-up) this call's, from
-        torch's caching allocator, given back after the launch as torch's own cuDNN calls do, so a
-        captured graph uses only memory its pool owns and two streams never share one."""
-        nbytes = self._info.workspace_bytes
-        if not nbytes:
-            return None, ffi.NULL, True
-        if stream == 0:
-            ws = self._ws
-            if ws is None:
-                ws = self._ws = _cuda.workspace(nbytes, self.problem.device)
-                self._pws = ffi.cast("void *", ws.data_ptr())
-            return ws, self._pws, True
-        ws = _cuda.workspace(nbytes, self.problem.device)
-        return ws, ffi.cast("void *", ws.data_ptr()), False
 
     @_cuda.on_plan_device
     def execute(self, x: torch.Tensor | None = None, w: torch.Tensor | None = None,
@@ -684,10 +678,12 @@ class Convolution(_Algorithms, _Autotune, PlanLifetime):
             return (res, self._info) if return_info else res
         info = self._info or self.info
         h = _cuda.handle_for(self.device_index)
-        keep, pws, self._pws_stable = self._workspace(_cuda.current_stream_of_handle(self.device_index))
+        keep, pws, stable = self._workspace(_cuda.current_stream_of_handle(self.device_index))
+        self._pws_stable = stable
         run = (self._run_forward if d == "forward" else self._run_backward_data if d == "backward_data"
                else self._run_backward_weights)
-        result = run(h, info, pws, x, w, bias, out, grad_y)
+        with self._launching(keep, stable):
+            result = run(h, info, pws, x, w, bias, out, grad_y)
         del keep   # (a per-call workspace goes back to the allocator after the launch)
         if out is not None:
             _guard.bump((out,))   # written in place, as torch's out= functions do
@@ -1378,13 +1374,14 @@ class ResidualBiasActivation:
         self._check(t)
         plan, info = self.plan, self.info
         h = _cuda.handle_for(plan.device_index)
-        keep, pws, _ = plan._workspace(_cuda.current_stream_of_handle(plan.device_index))
+        keep, pws, stable = plan._workspace(_cuda.current_stream_of_handle(plan.device_index))
         xd, wd, yd, cd, bd, ad = self.descs
         cast, one = ffi.cast, self.one
-        st = _cudnn.lib().cudnnConvolutionBiasActivationForward(
-            h, one, xd, cast("void *", t["x"].data_ptr()), wd, cast("void *", t["w"].data_ptr()), cd, info.algo_id,
-            pws, info.workspace_bytes, one, yd, cast("void *", t["r"].data_ptr()), bd,
-            cast("void *", t["b"].data_ptr()), ad, yd, cast("void *", t["y"].data_ptr()))
+        with plan._launching(keep, stable):
+            st = _cudnn.lib().cudnnConvolutionBiasActivationForward(
+                h, one, xd, cast("void *", t["x"].data_ptr()), wd, cast("void *", t["w"].data_ptr()), cd,
+                info.algo_id, pws, info.workspace_bytes, one, yd, cast("void *", t["r"].data_ptr()), bd,
+                cast("void *", t["b"].data_ptr()), ad, yd, cast("void *", t["y"].data_ptr()))
         del keep
         if st:
             raise _cudnn.error(st, "cudnnConvolutionBiasActivationForward", f"{self.name} on {plan.problem.describe()}")

@@ -9,12 +9,13 @@ Importing it registers torch's own cuDNN as the one :func:`rawconv._cudnn.load` 
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import torch
 
 from . import _ffi as _cudnn
-from ..core import guard as _guard
+from ..core import guard as _guard, plans as _plans
 from ._ffi import call, ffi
 from ..core.errors import ArgumentError, ArgumentTypeError
 
@@ -185,6 +186,44 @@ def workspace(nbytes: int, device) -> "object":
     """A device buffer of at least ``nbytes`` bytes from torch's caching allocator (a uint8 tensor;
     keep it alive while cuDNN may use it). ``nbytes`` 0 gives a 1-byte buffer."""
     return torch.empty(max(int(nbytes), 1), dtype=torch.uint8, device=device)
+
+
+#: The lock of a call that shares nothing with other threads (a reusable no-op context manager)
+NO_LOCK = contextlib.nullcontext()
+
+
+class KeptWorkspace:
+    """What keeps a workspace of ``workspace_bytes`` between calls on the device's default stream
+    (a graph plan's built engine config): ``ws``, ``(tensor, address)`` or None until the first
+    call there; ``lock``: held while a call's launches use it (every thread's default stream is
+    the same stream, but two threads' launches would interleave on it, each reading what the
+    other's wrote there: :data:`NO_LOCK` elsewhere). Counted in the plans' byte budget from its allocation
+    (:func:`rawconv.core.plans.charge`, under the device's name, e.g. ``"cuda:0"``): past the
+    budget, or at :func:`rawconv.clear_caches`, the least recently used are released
+    (:meth:`_cache_release`); the next call allocates again. A caller holds the pair through its
+    launch, so a release from another thread frees the memory only after it."""
+
+    __slots__ = ("ws", "used", "lock", "__weakref__")
+    workspace_bytes: int
+
+    def default_workspace(self, device) -> tuple:
+        """The default stream's workspace as ``(tensor, address)``, allocated on first use."""
+        self.used = True   # (the byte budget's sweep: used since the last one)
+        pair = self.ws
+        if pair is None:
+            t = workspace(self.workspace_bytes, device)
+            pair = self.ws = (t, t.data_ptr())
+            _plans.charge(self, self.workspace_bytes, str(t.device))
+        return pair
+
+    @property
+    def workspace(self):
+        """The kept workspace tensor, or None."""
+        pair = self.ws
+        return None if pair is None else pair[0]
+
+    def _cache_release(self) -> None:
+        self.ws = None
 
 
 _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False)

@@ -104,13 +104,14 @@ def clear_cache() -> None:
 def flush_primitive_cache() -> None:
     """Empty oneDNN's own primitive cache (its JIT-compiled primitives, up to its capacity, 1024 by
     default) when the library is loaded: its capacity set to 0, then back, never inside another
-    thread's listing or primitive creation (:func:`_ffi.flush_primitive_cache`). Wraps
+    thread's listing or primitive creation (:func:`_ffi.flush_primitive_cache`); a plan listed
+    before it lists again before it creates its next primitive (``_ffi._CacheGuard``). Wraps
     ``dnnl_get_primitive_cache_capacity``, ``dnnl_set_primitive_cache_capacity``."""
     if _dnnl._state.get("loaded") is not None:
         _dnnl.flush_primitive_cache()
 
 
-# clear_caches: only from the process's only Python thread (_ffi.clear_primitive_cache says why)
+# clear_caches empties it also while other threads build plans (_ffi._CacheGuard says how)
 _plans.register_clear("rawconv.onednn:oneDNN's primitive cache", _dnnl.clear_primitive_cache)
 
 

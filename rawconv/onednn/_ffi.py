@@ -464,13 +464,19 @@ class _CacheGuard:
     next ``dnnl_primitive_create`` crashed; deterministic with the cache emptied between
     ``next_impl`` and the clone. ``with _cache_guard:`` spans such a section (sections of several
     threads run at once); :meth:`exclusive` runs a change of the cache's capacity when none runs.
-    This is not enough to empty the cache while other threads build plans (a flush between two
-    sections still gave primitives without their post-ops, rarely): ``rawconv.clear_caches``
-    empties it only from the process's only Python thread."""
+    Descriptors listed before an emptying stay unsafe after it: a conv + ReLU descriptor the
+    iterator took from the cache, its primitive created after the cache was emptied, computed
+    without its ReLU (10 of 300 plans, one thread) or crashed (``dnnl_primitive_create``,
+    segfault, 2 building threads and a third flushing: 2 of 2 runs within 8 s). So every emptying
+    counts :attr:`generation`, and a plan lists its descriptors again before it creates a
+    primitive from descriptors listed in an older generation (``Listing._fresh_pd``, run in a
+    section, where no emptying can come between the check and the creation)."""
 
     def __init__(self):
         self._cond = threading.Condition(threading.Lock())
         self._readers = {}   # thread ident -> its sections running (nested ones counted)
+        #: how many times the cache was emptied or its capacity changed (changed by :meth:`exclusive`)
+        self.generation = 0
 
     def __enter__(self):
         me = threading.get_ident()
@@ -499,6 +505,7 @@ class _CacheGuard:
         with self._cond:
             while self._readers:
                 self._cond.wait()
+            self.generation += 1
             return fn(*args)
 
 
@@ -629,14 +636,10 @@ def flush_primitive_cache() -> bool:
 
 
 def clear_primitive_cache() -> None:
-    """:func:`rawconv.clear_caches`'s part: :func:`flush_primitive_cache` when the library is loaded
-    and the calling thread is the process's only Python thread; with other threads alive the
-    cache is left as it is (bounded by its capacity). Emptied while other threads listed
-    implementations and built primitives, oneDNN 3.2 gave primitives without their post-ops: a
-    ``convert(fuse=True)`` model's calls in 2 threads, ``clear_caches`` every 2 ms in a third,
-    returned results without their ReLU (measured 2026-12-07: 9-43 of 1,800-3,100 calls in 15 s;
-    none of 2,390 with the cache left alone), also with :class:`_CacheGuard` applied."""
-    if _state.get("loaded") is not None and threading.active_count() == 1:
+    """:func:`rawconv.clear_caches`'s part: :func:`flush_primitive_cache` when the library is loaded,
+    also while other threads build and run plans (:class:`_CacheGuard`: they wait, and relist
+    what they listed before it)."""
+    if _state.get("loaded") is not None:
         flush_primitive_cache()
 
 

@@ -37,6 +37,7 @@ import torch
 
 from .plan import Convolution, check_device
 from .primitive import _Built, _check_no_overlap, _omp_threads, _set_handle_int, weights_layout
+from . import _ffi as _dnnl
 from ..core import env as _env
 from ..core.errors import ArgumentError, ArgumentTypeError
 from ..core.postops import check_activation, check_residual, torch_tail, apply_activation, carried_bound, \
@@ -286,8 +287,8 @@ class FusedConvolution(Convolution):
     def _build(self, i: int):
         b = self._built.get(i)
         if b is None:
-            with _omp_threads(self._pd_threads()):   # as Convolution._build: the primitive cache's key
-                b = _FusedBuilt(self, self._impls[i], self._pds[i])
+            with _omp_threads(self._pd_threads()), _dnnl._cache_guard:   # as Convolution._build
+                b = _FusedBuilt(self, self._impls[i], self._fresh_pd(i))
             self._built[i] = b
             self._count_rebuild(i)
         return b

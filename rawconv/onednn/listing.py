@@ -140,12 +140,13 @@ class Listing:
         L = _dnnl.lib()
         rows, pds, seen = [], [], set()
         last_error = None
-        for layouts in ("any", "user"):
-            with _dnnl._cache_guard:   # the iterator's descriptors may be the primitive cache's own (see there)
+        with _dnnl._cache_guard:   # the iterator's descriptors may be the primitive cache's own (see there)
+            gen = _dnnl._cache_guard.generation
+            for layouts in ("any", "user"):
                 last_error = self._walk(layouts, rows, pds, seen, L) or last_error
         if not rows:
             raise last_error or NotSupportedError("oneDNN offers no implementation for " + self.problem.describe())
-        self._impls, self._pds = rows, pds
+        self._impls, self._pds, self._pds_gen = rows, pds, gen
         log.debug("listed %d implementations for %s %s: %s", len(rows), self.direction, self.problem.describe(),
                   ", ".join(r.choice for r in rows))
 
@@ -169,6 +170,30 @@ class Listing:
             if L.dnnl_primitive_desc_next_impl(it) != 0:
                 break
         return None
+
+    def _fresh_pd(self, i: int):
+        """Implementation ``i``'s descriptor to create its primitive from, called inside a
+        ``_dnnl._cache_guard`` section that also spans the creation: the listed one, or, when
+        oneDNN's primitive cache was emptied since the listing (its generation moved), the one a new
+        listing gives for the same implementation and layouts (a descriptor the iterator took from
+        the cache is unsafe once the cache was emptied: ``_dnnl._CacheGuard``)."""
+        gen = _dnnl._cache_guard.generation
+        if getattr(self, "_pds_gen", gen) == gen:
+            return self._pds[i]
+        rows, pds = [], []
+        with _omp_threads(self._pd_threads()):
+            for layouts in ("any", "user"):
+                self._walk(layouts, rows, pds, set(), _dnnl.lib())
+        fresh = {(r.name, r.layouts, tuple(r.formats.items())): pd for r, pd in zip(rows, pds)}
+        new = []
+        for r in self._impls:
+            pd = fresh.get((r.name, r.layouts, tuple(r.formats.items())))
+            if pd is None:
+                raise NotSupportedError(f"oneDNN no longer offers {r.choice} for {self.problem.describe()} after its "
+                                        "primitive cache was emptied; make the plan again")
+            new.append(pd)
+        self._pds, self._pds_gen = new, gen
+        return new[i]
 
     def _describe(self, it, layouts: str, index: int):
         pd = _dnnl.pd_clone(it)
@@ -367,8 +392,10 @@ class Listing:
         b = self._built.get(i)
         if b is None:
             log.debug("building %s for %s %s", self._impls[i].choice, self.direction, self.problem.describe())
-            with _omp_threads(self._pd_threads()):   # the primitive cache's key holds the thread count
-                b = _Built(self, self._impls[i], self._pds[i])
+            # the primitive cache's key holds the thread count; no emptying of the cache between
+            # the descriptor's check and the primitive's creation (_fresh_pd)
+            with _omp_threads(self._pd_threads()), _dnnl._cache_guard:
+                b = _Built(self, self._impls[i], self._fresh_pd(i))
             self._built[i] = b
             self._count_rebuild(i)
         return b

@@ -53,7 +53,7 @@ from . import autocast as _autocast
 from .. import onednn
 from ..core.grad import functorch_active as _functorch, has_tangent as _has_tangent
 from ..core import plans as _plans_mod
-from ..core.plans import PlanCache
+from ..core.plans import PerThread, PlanCache
 from ..core.errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from ..core.problem import ConvProblem, layout_of, random_tensor, seed_offset
 from ..core.postops import ACTIVATIONS, check_activation, check_residual, torch_tail, apply_activation  # noqa: F401
@@ -73,6 +73,7 @@ class _ResidualGraphMixin:
     tensor ``r`` bound, drawn for the autotune and in its float64 check, and in the tuning key;
     :meth:`run` taking the residual; no ``"nhwc:"`` relayout configs. Takes and returns what the
     base class's methods do; ``super()`` is the base class."""
+    _pending_r = PerThread()   # the residual of the call in progress: the calling thread's own
 
     def _describe(self) -> str:
         return super()._describe() + " residual"
@@ -89,8 +90,7 @@ class _ResidualGraphMixin:
     def _example(self, seed: int = 0) -> dict:
         t = super()._example(seed)
         p = self.problem
-        t["r"] = random_tensor(p.y_shape, seed_offset(seed, 4), f"cuda:{self.device_index}", p.torch_dtype,
-                               p.layout)
+        t["r"] = random_tensor(p.y_shape, seed_offset(seed, 4), f"cuda:{self.device_index}", p.torch_dtype, p.layout)
         self._tune_tensors = t
         self._ref_r = None
         return t

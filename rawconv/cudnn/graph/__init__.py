@@ -40,7 +40,7 @@ import torch
 
 from .. import _cuda, _ffi as _cudnn
 from . import _backend_api as B, search as _search
-from ...core import guard as _guard, tuning, known_bad as _known_bad
+from ...core import guard as _guard, tuning, known_bad as _known_bad, plans as _budget
 from .search import TimedConfig, knob_combinations
 from ...core.errors import ArgumentError, ArgumentTypeError, LibraryError, NotSupportedError
 from ...core.backend import Candidate, canonical_direction
@@ -353,20 +353,21 @@ def torch_epilogue(y: torch.Tensor, bias, residual, activation: str | None, nd: 
 CAPTURE_PROBE = True
 
 
-class _Built:
+class _Built(_cuda.KeptWorkspace):
     """A finalized execution plan and what executing it needs: a workspace and the variant packs
     (by data pointers, the workspace's included) that name it.
 
     Workspaces follow torch's own cuDNN calls, so that a plan is safe under CUDA graphs
     (``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``): on the device's default
-    stream (never captured) the plan keeps one workspace for its life (``workspace``); on any other
+    stream (never captured) the plan keeps one (``ws``: :class:`rawconv.cudnn._cuda.KeptWorkspace`,
+    counted in the plans' byte budget, released past it or by ``rawconv.clear_caches``); on any other
     stream each call takes its workspace from torch's caching allocator and gives it back after
     the launch (stream-ordered, as ``at::native`` does). A capture then records only memory its
     graph's pool owns, nothing a plan keeps is allocated inside a capture or a graph tree's
     warm-up, and two streams never share a workspace. A plan needing no workspace allocates
     none."""
 
-    __slots__ = ("config", "plan", "workspace_bytes", "workspace", "ws_ptr", "vps", "read_back", "finalized_at",
+    __slots__ = ("config", "plan", "workspace_bytes", "vps", "read_back", "finalized_at",
                  "serialize", "capture_why", "capture_alt")
 
     def __init__(self, config: EngineConfig, plan: B.Descriptor, workspace_bytes: int, read_back: dict,
@@ -374,8 +375,7 @@ class _Built:
         self.config = config
         self.plan = plan
         self.workspace_bytes = workspace_bytes
-        self.workspace = None   # the default stream's (made on its first call there)
-        self.ws_ptr = 0
+        self.ws, self.used, self.lock = None, True, threading.Lock()   # (_cuda.KeptWorkspace)
         self.vps: dict = {}
         self.finalized_at = time.perf_counter()  # when cudnnBackendFinalize returned (perf_counter s)
         self.read_back = read_back
@@ -391,14 +391,6 @@ class _Built:
         # runs instead (None: this one)
         self.capture_why = None
         self.capture_alt = None
-
-    def default_workspace(self, device) -> int:
-        """The default stream's workspace address (made on first use)."""
-        with _stream_lock:
-            if self.workspace is None:
-                self.workspace = _cuda.workspace(self.workspace_bytes, device)
-                self.ws_ptr = self.workspace.data_ptr()
-            return self.ws_ptr
 
 
 class _GraphHot:
@@ -457,7 +449,7 @@ class _GraphHot:
 
 
 # ---------------------------------------------------------------------------- the plan
-from .engines import Engines as _Engines  # noqa: E402 - the graph, its engines, selection
+from .engines import Engines as _Engines, empty_result as _empty_result  # noqa: E402 - the graph, its engines, selection
 from .autotune import Autotune as _Autotune  # noqa: E402 - the search's entry point, tuning records
 
 
@@ -539,6 +531,7 @@ class GraphConvolution(_Engines, _Autotune, PlanLifetime):
         self._freed = False
         self.last_autotune: list[TimedConfig] | None = None
         self._lock = threading.RLock()
+        self._via_lock = threading.Lock()            # calls on the kept channels_last buffers (_run_via)
         self._cl: GraphConvolution | None = None    # the channels_last graph's plan (NCHW plans)
         self._via: GraphConvolution | None = None   # _cl when an "nhwc:" config is selected
         self._bufs: dict | None = None               # the default stream's channels_last buffers ("nhwc:")
@@ -573,11 +566,12 @@ class GraphConvolution(_Engines, _Autotune, PlanLifetime):
         hs = _cuda.handle_state(self.device_index)
         if b.capture_alt is not None and hs.stream != 0 and _cuda._capturing():
             b = b.capture_alt   # this config cannot be captured (see _probe_capture): its stand-in
-        keep = None
+        keep, lock = None, _cuda.NO_LOCK
         if not b.workspace_bytes:
             wp = 0
-        elif hs.stream == 0:   # the default stream (never captured): the plan's own workspace
-            wp = b.ws_ptr or b.default_workspace(self._dev)
+        elif hs.stream == 0:   # the default stream (never captured): the plan's own, held through the launch
+            keep, lock = b.default_workspace(self._dev), b.lock   # (one thread's launches at a time on it)
+            wp = keep[1]
         else:   # a side or capture stream: this call's, from torch's caching allocator
             keep = _cuda.workspace(b.workspace_bytes, self._dev)
             wp = keep.data_ptr()
@@ -591,9 +585,10 @@ class GraphConvolution(_Engines, _Autotune, PlanLifetime):
             if g.packer is None:
                 g.packer = B.VariantPacker(g.uids)
             vp = vps[key] = g.packer(ptrs, wp)
-        if b.serialize:
-            _cuda.stream_barrier(self.device_index)
-        status = _cudnn.lib().cudnnBackendExecute(hs.ptr, b.plan.ptr, vp.ptr)
+        with lock:
+            if b.serialize:
+                _cuda.stream_barrier(self.device_index)
+            status = _cudnn.lib().cudnnBackendExecute(hs.ptr, b.plan.ptr, vp.ptr)
         del keep   # back to the allocator after the launch: reused only by later work on this stream
         if status:
             raise _cudnn.error(status, "cudnnBackendExecute", f"{b.config.name} on {self._describe()}")
@@ -840,15 +835,16 @@ class GraphConvolution(_Engines, _Autotune, PlanLifetime):
         h = hs.ptr
         bufs = self._relayout_buffers(hs.stream)
         out_role = _OUT_ROLE[self.direction]
-        for role in _ROLES[self.direction]:
-            if role != out_role:
-                self._transform(h, bufs[role][2], t[role].data_ptr(), bufs[role][3], bufs[role][1])
-        ptrs = tuple(bufs[r][0].data_ptr() for r in _ROLES[self.direction])
-        if "b" in t:
-            ptrs += (t["b"].data_ptr(),)
-        cl._run(b or cl._selected or cl._select_default(), ptrs)
-        ob = bufs[out_role]
-        self._transform(h, ob[3], ob[1], ob[2], t[out_role].data_ptr())
+        with self._via_lock if hs.stream == 0 else _cuda.NO_LOCK:   # the kept buffers: as _Built's workspace
+            for role in _ROLES[self.direction]:
+                if role != out_role:
+                    self._transform(h, bufs[role][2], t[role].data_ptr(), bufs[role][3], bufs[role][1])
+            ptrs = tuple(bufs[r][0].data_ptr() for r in _ROLES[self.direction])
+            if "b" in t:
+                ptrs += (t["b"].data_ptr(),)
+            cl._run(b or cl._selected or cl._select_default(), ptrs)
+            ob = bufs[out_role]
+            self._transform(h, ob[3], ob[1], ob[2], t[out_role].data_ptr())
 
     def _transform(self, handle, src_desc, src_ptr, dst_desc, dst_ptr) -> None:
         ffi = _cudnn.ffi
@@ -868,12 +864,18 @@ class GraphConvolution(_Engines, _Autotune, PlanLifetime):
         if stream != 0:
             return self._make_relayout_buffers()
         bufs = self._bufs
+        self.used = True   # (the plans' byte budget, which counts them: _cache_release)
         if bufs is not None:
             return bufs
         with _stream_lock:
             if self._bufs is None:
                 self._bufs = self._make_relayout_buffers()
+                _budget.charge(self, sum(b[0].numel() * b[0].element_size() for b in self._bufs.values()),
+                              str(self._dev))
             return self._bufs
+
+    def _cache_release(self) -> None:   # past the byte budget, or clear_caches: made again at the next call
+        self._bufs = None
 
     def _make_relayout_buffers(self) -> dict:
         p = self.problem
@@ -1000,20 +1002,6 @@ class GraphConvolution(_Engines, _Autotune, PlanLifetime):
     def candidates(self, heuristic: str | Sequence[str] = "instant", **kw) -> ResultTable:
         """:meth:`engines` (every backend's plan has ``candidates()``)."""
         return self.engines(heuristic, **kw)
-
-
-def _empty_result(plan: GraphConvolution, result: torch.Tensor, bias):
-    """Zero-sized problems: torch's result without any library call."""
-    p = plan.problem
-    result.zero_()
-    if plan.direction == "forward":
-        if bias is not None and result.numel():
-            result += bias.view(1, -1, *([1] * p.ndim))
-        if plan.activation and result.numel():
-            result.copy_(_check.ACTIVATION_REFERENCE[plan.activation](result))
-    if p.unbatched and plan.direction in ("forward", "backward_data"):
-        return result.squeeze(0)
-    return result
 
 
 def _version() -> str:

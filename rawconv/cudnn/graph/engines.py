@@ -7,6 +7,7 @@ import itertools
 from . import _backend_api as B
 from .. import _cuda
 from ...core import guard as _guard
+from ...core.check import ACTIVATION_REFERENCE
 from ...core.errors import ArgumentError
 from ...core.errors import ArgumentTypeError
 from ...core.errors import LibraryError
@@ -369,3 +370,17 @@ class Engines:
 
 # only rawconv's exceptions leave them (rawconv.core.guard), named as the public methods they are
 _guard.public_methods("global_count", "heuristic", "engine_info", "build", "engines", "select", "selected", "selected_name", owner="rawconv.cudnn.graph.GraphConvolution")(Engines)
+
+
+def empty_result(plan: "_o.GraphConvolution", result, bias):
+    """Zero-sized problems: torch's result without any library call."""
+    p = plan.problem
+    result.zero_()
+    if plan.direction == "forward":
+        if bias is not None and result.numel():
+            result += bias.view(1, -1, *([1] * p.ndim))
+        if plan.activation and result.numel():
+            result.copy_(ACTIVATION_REFERENCE[plan.activation](result))
+    if p.unbatched and plan.direction in ("forward", "backward_data"):
+        return result.squeeze(0)
+    return result

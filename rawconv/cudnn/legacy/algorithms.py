@@ -14,7 +14,7 @@ from ...core.results import ResultTable
 from .._ffi import ffi
 from typing import Any
 from ... import cudnn as _o   # the package face: read at call time (still being defined when this is imported)
-from ...core import guard as _guard
+from ...core import guard as _guard, plans as _plans
 
 __all__ = ["Algorithms"]
 
@@ -254,6 +254,43 @@ class Algorithms:
         self._info = info
         self._ws = None
         return info
+
+    # ------------------------------------------------------------------ workspaces
+    def _workspace(self, stream: int):
+        """``(tensor to hold until the launch, void * for cuDNN, stable)`` for a call on ``stream``:
+        none for an algo that needs no workspace; on the device's default stream (never captured)
+        the plan's own, kept between calls (``stable``: a hot-path pack may keep its address) and
+        counted in the plans' byte budget from its allocation (:func:`rawconv.core.plans.charge`,
+        under its device's name): past the budget, or at :func:`rawconv.clear_caches`, the least
+        recently used are released (:meth:`_cache_release`) and the next call allocates again; on
+        any other stream (a side stream, a CUDA graph capture, a graph tree's warm-up) this call's,
+        from torch's caching allocator, given back after the launch as torch's own cuDNN calls do,
+        so a captured graph uses only memory its pool owns and two streams never share one."""
+        nbytes = self._info.workspace_bytes
+        if not nbytes:
+            return None, ffi.NULL, True
+        if stream == 0:
+            self.used = True   # (the byte budget's sweep: used since the last one)
+            ws = self._ws
+            if ws is None:
+                ws = self._ws = _cuda.workspace(nbytes, self.problem.device)
+                _plans.charge(self, nbytes, str(ws.device))
+            return ws, ffi.cast("void *", ws.data_ptr()), True
+        ws = _cuda.workspace(nbytes, self.problem.device)
+        return ws, ffi.cast("void *", ws.data_ptr()), False
+
+    def _launching(self, keep, stable: bool):
+        """What a call's launches hold: the plan's lock while they use its kept workspace (the
+        default stream's: every thread's default stream is the same stream, but the kernels two
+        threads launch there at once interleave, each reading workspace the other's wrote), else
+        :data:`rawconv.cudnn._cuda.NO_LOCK` (a call's own workspace, or none)."""
+        return self._launch_lock if stable and keep is not None else _cuda.NO_LOCK
+
+    def _cache_release(self) -> None:
+        """Drop the default stream's workspace and the prepared calls that hold it (one running
+        keeps it until it returns); the next call allocates again."""
+        self._ws = None
+        self._hot = self._ghot = None
 
     def _batch_sizes(self) -> list[int]:
         n, b = self.inner.n, self.batch_chunk
