@@ -42,7 +42,6 @@ LONG_ALLOWED = {
     "core.results": 1130,
     "cudnn.graph.search": 1102,
     "core.tuning": 1094,
-    "core.problem": 1002,
 }
 
 
