@@ -15,7 +15,7 @@ from ...core.results import ResultTable
 from .search import knob_combinations
 from typing import Any
 from typing import Sequence
-from .. import graph as _o   # the package face: read at call time (still being defined when this is imported)
+from . import common as _o   # the names the graph plan shares (not the face: it imports this part)
 
 __all__ = ["Engines"]
 
