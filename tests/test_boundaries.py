@@ -34,7 +34,7 @@ LONG_ALLOWED = {
     "cudnn": 1241,
     "explore.compare": 1513,
     "pytorch.torch_choice": 1507,
-    "cudnn.graph": 1146,
+    "cudnn.graph": 1163,
     "explore.cli": 1211,
     "pytorch.fused": 1131,
     "core.results": 1130,

@@ -41,6 +41,23 @@ def test_serialize_rtc_set_on_the_graph_face_reaches_the_finalized_plan(monkeypa
     assert graph_common._Built(rtc, None, 0, {}, fused=False).serialize is False
 
 
+@pytest.mark.parametrize("name", ["environment", "reference"])
+def test_graph_functions_set_on_the_face_reach_the_graph_autotune(monkeypatch, name):
+    """The graph autotune reads environment() and reference() in common.py at call time (a CPU test of
+    its relayout search patches them on the face)."""
+    from rawconv.cudnn.graph import autotune as graph_autotune
+
+    real = getattr(cudnn_graph, name)
+
+    def fake(*a, **k):
+        raise AssertionError("not called here")
+
+    monkeypatch.setattr(cudnn_graph, name, fake)
+    assert getattr(graph_common, name) is fake and graph_autotune._o is graph_common
+    monkeypatch.undo()
+    assert getattr(graph_common, name) is real
+
+
 @pytest.mark.parametrize("name", ["CAPTURE_PROBE", "DEFAULT_UNFUSED"])
 def test_graph_settings_read_by_the_plan_live_on_the_face(monkeypatch, name):
     """GraphConvolution (on the face) reads these as its module's globals: set on the face, they are
@@ -56,7 +73,7 @@ def test_the_faces_hand_on_the_shared_names():
                  "key_options", "normalize_choice", "is_graph_choice"):
         assert getattr(cudnn, name) is getattr(legacy_common, name), name
     for name in ("EngineConfig", "HEURISTIC_MODES", "KNOWN_WRONG", "known_wrong", "torch_epilogue", "environment",
-                 "reference"):
+                 "reference"):   # (the last two through the face's module type)
         assert getattr(cudnn_graph, name) is getattr(graph_common, name), name
     from rawconv.cudnn import library
 

@@ -55,11 +55,12 @@ __all__ = ["EngineConfig", "TimedConfig", "GraphConvolution", "engines", "forwar
            "HEURISTIC_MODES", "ACTIVATIONS", "DIRECTIONS", "KNOWN_WRONG", "known_wrong"]
 
 # the names GraphConvolution's parts share live in common.py (the parts import them from there); handed on
-# here. SERIALIZE_RTC is not among them: the module type below passes it through to common.py
+# here. SERIALIZE_RTC, environment and reference are not among them: the autotune and _Built read them in
+# common.py at call time, and the module type below passes them through (set on the face, they reach it)
 from .common import (  # noqa: F401
     log, HEURISTIC_MODES, ACTIVATIONS, DIRECTIONS, DTYPES, ALIGNMENT, UID, _VIRTUAL_UIDS, _ROLES, _OUT_ROLE,
-    _ROLE_WORDS, _VENDOR_DIRECTION, _GRAPH_NAMES, KNOWN_WRONG, known_wrong, _NAME_RE, EngineConfig, reference,
-    _stream_lock, _VPS_KEPT, _EPILOGUE_ACT, torch_epilogue, _Built, _version, environment, _configs_of)
+    _ROLE_WORDS, _VENDOR_DIRECTION, _GRAPH_NAMES, KNOWN_WRONG, known_wrong, _NAME_RE, EngineConfig,
+    _stream_lock, _VPS_KEPT, _EPILOGUE_ACT, torch_epilogue, _Built, _version, _configs_of)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -260,7 +261,7 @@ from . import common as _common  # noqa: E402
 class _Face(type(logging)):
     """This module's type: the settings its parts read where they live, set and read through the face
     (``rawconv.cudnn_graph.SERIALIZE_RTC = False`` reaches :mod:`rawconv.cudnn.graph.common`, where
-    :class:`_Built` reads it). ``CAPTURE_PROBE`` and ``DEFAULT_UNFUSED`` are read by
+    :class:`_Built` reads it; ``environment`` and ``reference`` likewise, read there by the autotune). ``CAPTURE_PROBE`` and ``DEFAULT_UNFUSED`` are read by
     :class:`GraphConvolution`, here, and stay plain module names."""
 
     @property
@@ -270,6 +271,22 @@ class _Face(type(logging)):
     @SERIALIZE_RTC.setter
     def SERIALIZE_RTC(self, on: bool) -> None:   # noqa: N802
         _common.SERIALIZE_RTC = on
+
+    @property
+    def environment(self):
+        return _common.environment
+
+    @environment.setter
+    def environment(self, fn) -> None:
+        _common.environment = fn
+
+    @property
+    def reference(self):
+        return _common.reference
+
+    @reference.setter
+    def reference(self, fn) -> None:
+        _common.reference = fn
 
 
 _sys.modules[__name__].__class__ = _Face
@@ -837,7 +854,7 @@ def _empty_result(plan: GraphConvolution, result: torch.Tensor, bias):
 ENV_TUNING_FILE = "RAWCONV_CUDNN_TUNING_CACHE"  # the older name of rawconv.tuning.ENV_FILE, still read
 
 
-tuning.register_environment("cudnn_graph", lambda: environment(torch.cuda.current_device()))
+tuning.register_environment("cudnn_graph", lambda: _common.environment(torch.cuda.current_device()))
 
 
 def tuning_cache() -> dict:
