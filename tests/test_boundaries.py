@@ -25,24 +25,21 @@ sys.path.pop(0)
 PRIVATE_ALLOWED: set[str] = set()
 
 # the import cycles of today (each a sorted tuple of subpackage-relative module names)
-CYCLES_ALLOWED = {
-    ('cudnn', 'cudnn.graph', 'cudnn.graph.autotune', 'cudnn.graph.engines', 'cudnn.legacy.algorithms', 'cudnn.legacy.autotune'),
-}
+CYCLES_ALLOWED: set[tuple[str, ...]] = set()   # none left (issue 35's measure met); a new one fails
 
 # module -> its line count today: may only shrink (and leave the list once under the limit)
 LONG_ALLOWED = {
     "pytorch.nn": 3104,
     "pytorch.ops": 1802,
-    "cudnn": 1521,
+    "cudnn": 1241,
     "explore.compare": 1513,
     "pytorch.torch_choice": 1507,
-    "cudnn.graph": 1359,
+    "cudnn.graph": 1163,
     "explore.cli": 1211,
     "pytorch.fused": 1131,
     "core.results": 1130,
     "cudnn.graph.search": 1102,
     "core.tuning": 1094,
-    "core.problem": 1002,
 }
 
 

@@ -14,7 +14,7 @@ from ...core.problem import seed_offset
 from ...core.problem import to_layout
 from ...core.results import ResultTable
 from .search import TimedConfig
-from .. import graph as _o   # the package face: read at call time (still being defined when this is imported)
+from . import common as _o   # the names the graph plan shares (not the face: it imports this part)
 from ...core import guard as _guard
 
 __all__ = ["Autotune"]

@@ -16,7 +16,7 @@ from ...core.results import ResultTable
 from .search import knob_combinations
 from typing import Any
 from typing import Sequence
-from .. import graph as _o   # the package face: read at call time (still being defined when this is imported)
+from . import common as _o   # the names the graph plan shares (not the face: it imports this part)
 
 __all__ = ["Engines"]
 
@@ -372,7 +372,7 @@ class Engines:
 _guard.public_methods("global_count", "heuristic", "engine_info", "build", "engines", "select", "selected", "selected_name", owner="rawconv.cudnn.graph.GraphConvolution")(Engines)
 
 
-def empty_result(plan: "_o.GraphConvolution", result, bias):
+def empty_result(plan, result, bias):
     """Zero-sized problems: torch's result without any library call."""
     p = plan.problem
     result.zero_()

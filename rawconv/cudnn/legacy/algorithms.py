@@ -13,7 +13,7 @@ from ...core.problem import empty_like_layout
 from ...core.results import ResultTable
 from .._ffi import ffi
 from typing import Any
-from ... import cudnn as _o   # the package face: read at call time (still being defined when this is imported)
+from . import common as _o   # the names the legacy plan shares (not the face: it imports this part)
 from ...core import guard as _guard, plans as _plans
 
 __all__ = ["Algorithms"]

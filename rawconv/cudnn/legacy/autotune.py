@@ -10,7 +10,7 @@ from ...core.errors import ArgumentTypeError
 from ...core.errors import NotSupportedError
 from ...core.problem import to_layout
 from ...core.results import ResultTable
-from ... import cudnn as _o   # the package face: read at call time (still being defined when this is imported)
+from . import common as _o   # the names the legacy plan shares (not the face: it imports this part)
 from ...core import guard as _guard
 
 __all__ = ["Autotune"]
