@@ -554,7 +554,7 @@ def _compare_header(console, args, problems: list, libs, nthreads: int, meta: di
                   f"of {calls} call(s) each (a call during which our threads waited for a CPU is tried again; a "
                   f"row's time: the median over rounds of its fastest clean call; at most {args.budget} s each)"
                   + (f", torch default, oneDNN's first choice and the best rows again in {args.confirm_rounds} "
-                     "fresh rounds (the headline's figures)" if args.confirm_rounds else ""))
+                     "fresh rounds, 2-3x as many where ratios spread (the headline's figures)" if args.confirm_rounds else ""))
     else:
         timing = f"times: median/min of up to {args.iterations} calls after {args.warmup} warm-up"
     console.print(f"{len(problems)} problem(s), {what}{photo_note}; {timing}; error vs float64 reference")
