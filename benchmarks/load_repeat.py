@@ -12,8 +12,9 @@ For each headline ratio (oneDNN's first choice vs torch, the confirmed best of N
 confirmed best prepacked vs torch; each a geometric mean over the problems, with its 90%
 bootstrap interval over the rounds) it prints the three runs and whether the targets hold:
 the two loaded runs within 5% of each other, each within 10% of the idle run; first for the
-figures the headline shows (over the problems whose rounds had clean calls, when some had none),
-then over every problem. Also the load average before and after each run, the run's wall time,
+figures the headline shows (over every comparable problem), then over the problems whose
+headline rows had clean rounds (a set that changes from run to run); and each problem's
+confirmed best-of-N ratio, interval and row in the three runs side by side. Also the load average before and after each run, the run's wall time,
 the timing warnings (the flags) and how many rows each run flagged.
 
     python benchmarks/load_repeat.py [--quick] [--load N] [--json out.json] [-- extra compare args]
@@ -38,6 +39,8 @@ QUICK_LAYERS = "0,2,5,10,15,22"
 KEYS = (("first choice", "geomean_torch_over_first_choice"),
         ("best of N (confirmed)", "geomean_torch_over_best"),
         ("best prepacked (confirmed)", "geomean_torch_over_best_prepacked"))
+PER_PROBLEM_KEYS = ("problem", "torch_ms", "best", "best_ms", "ratio", "ratio_interval", "ratio_where_picked",
+                    "ratio_clean", "first_choice_ratio", "first_choice_interval")
 REPEAT_TOL = 0.05   # the two loaded runs: each headline ratio within 5% of the other
 IDLE_TOL = 0.10     # each loaded run: within 10% of the idle run
 
@@ -80,6 +83,10 @@ def compare_run(label: str, args, extra: list) -> dict:
             raise SystemExit(f"{label}: rawconv compare failed (exit {proc.returncode})")
         with open(out) as f:
             data = json.load(f)
+        if args.save_runs:
+            os.makedirs(args.save_runs, exist_ok=True)
+            with open(os.path.join(args.save_runs, label.replace(" ", "_") + ".json"), "w") as f:
+                json.dump(data, f)
     s = data["summary"]
     rows = data["rows"]
     flagged = sum(bool(r.get("timing_flags")) for r in rows if r.get("median_ms") is not None)
@@ -89,17 +96,19 @@ def compare_run(label: str, args, extra: list) -> dict:
     headline = [ln for ln in lines[start:] if ln.startswith(("torch default / rawconv", "  "))
                 and not ln.startswith(("  outside tolerance", "  failed", "  library not loaded", "  no rawconv"))]
     total, clean = s.get("comparable_problems") or 0, s.get("clean_problems") or 0
-    # what the headline shows: over the problems whose rounds had clean calls when most (not all) had
-    suffix = "_clean" if 2 * clean >= total and clean < total else ""
     return {"label": label, "command": " ".join(cmd[1:]), "wall_s": wall, "loadavg_before": before,
             "loadavg_after": after, "machine": s.get("machine"), "flagged_rows": flagged, "timed_rows": timed,
             "timing_warnings": s.get("timing_warnings") or [], "headline": headline,
             "problems": total, "clean_problems": clean,
             # which row was the best of N where, and what it read: a load can change the answer itself
             "best": collections.Counter(p["best"] for p in s.get("per_problem") or [] if p.get("best")),
-            "ratios": {name: (s.get(key + suffix), s.get(key + suffix + "_interval")) for name, key in KEYS},
-            "all_problems": {name: (s.get(key), s.get(key + "_interval")) for name, key in KEYS},
-            "trustworthy": s.get("timings_trustworthy")}
+            # what the headline shows: every comparable problem, on every run
+            "ratios": {name: (s.get(key), s.get(key + "_interval")) for name, key in KEYS},
+            # the problems whose headline rows had clean rounds (a set that changes from run to run)
+            "clean_only": {name: (s.get(key + "_clean"), s.get(key + "_clean_interval")) for name, key in KEYS},
+            "trustworthy": s.get("timings_trustworthy"),
+            # per problem, what moves between runs: the best of N's name, its confirmed ratio and interval
+            "per_problem": [{k: p.get(k) for k in PER_PROBLEM_KEYS} for p in s.get("per_problem") or []]}
 
 
 def rel(a, b) -> float | None:
@@ -109,12 +118,13 @@ def rel(a, b) -> float | None:
 
 
 def report(runs: list, out=print, which: str = "ratios") -> dict:
-    """The table of one set of figures (``which``: "ratios", the headline's, or "all_problems")
-    and whether the targets hold for it."""
+    """The table of one set of figures (``which``: "ratios", the headline's, over every comparable
+    problem, or "clean_only", over the problems whose headline rows had clean rounds) and whether
+    the targets hold for it."""
     out("")
-    out(("headline figures (over the problems whose rounds had clean calls: "
-         + ", ".join(f"{r['label']} {r['clean_problems']} of {r['problems']}" for r in runs) + ")")
-        if which == "ratios" else "over every problem (including those whose rows waited for a CPU)")
+    out("headline figures (over every comparable problem: " + ", ".join(f"{r['label']} {r['problems']}" for r in runs)
+        + ")" if which == "ratios" else "over the problems whose headline rows had clean rounds (not the same set "
+        "from run to run: " + ", ".join(f"{r['label']} {r['clean_problems']} of {r['problems']}" for r in runs) + ")")
     out(f"{'ratio':<28} {'idle':>22} {'loaded 1':>22} {'loaded 2':>22}  {'l1 vs l2':>9} {'l1 vs idle':>10} "
         f"{'l2 vs idle':>10}")
     verdict = {}
@@ -144,12 +154,36 @@ def report(runs: list, out=print, which: str = "ratios") -> dict:
     return verdict
 
 
+def per_problem_table(runs: list, out=print) -> None:
+    """Each problem's confirmed best-of-N ratio (and which row) in every run, side by side: which
+    problems move between runs."""
+    out("")
+    out("per problem: best of N (confirmed) torch/rawconv [interquartile range of its fresh rounds] row; "
+        "* = not from clean rounds")
+    out(f"{'problem':<34} " + " ".join(f"{r['label']:>40}" for r in runs))
+    names = [p["problem"] for p in runs[0]["per_problem"]]
+    for name in names:
+        cells = []
+        for r in runs:
+            p = next((q for q in r["per_problem"] if q["problem"] == name), None)
+            if p is None or p.get("ratio") is None:
+                cells.append(f"{'-':>40}")
+                continue
+            iv = p.get("ratio_interval")
+            cell = (f"{p['ratio']:.2f}" + (f" [{iv[0]:.2f}-{iv[1]:.2f}]" if iv else "")
+                    + ("" if p.get("ratio_clean") else "*") + f" {str(p.get('best'))[:18]}")
+            cells.append(f"{cell:>40}")
+        out(f"{name[:34]:<34} " + " ".join(cells))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help=f"six layers only (--layers {QUICK_LAYERS})")
     ap.add_argument("--load", type=int, default=None, help="spinning processes for the loaded runs (default: one "
                                                             "per usable CPU)")
     ap.add_argument("--json", help="write the runs and the verdict to this file")
+    ap.add_argument("--save-runs", metavar="DIR", help="keep each run's full `rawconv compare --json` output in DIR "
+                                                      "(idle.json, loaded_1.json, loaded_2.json)")
     args, extra = ap.parse_known_args(argv)
     extra = [a for a in extra if a != "--"]
     n = args.load if args.load is not None else usable_cpus()
@@ -180,7 +214,8 @@ def main(argv=None) -> int:
         print("    best of N per problem: " + ", ".join(f"{k} {v}" for k, v in r["best"].most_common()))
         for w in r["timing_warnings"]:
             print(f"    warning: {w}")
-    verdict = {"headline": report(runs), "all_problems": report(runs, which="all_problems")}
+    per_problem_table(runs)
+    verdict = {"headline": report(runs), "clean_only": report(runs, which="clean_only")}
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"runs": runs, "verdict": verdict, "spinners": n}, f, indent=1)

@@ -191,8 +191,7 @@ def wall_us_per_call(fn: Callable[[], object], calls: int = 2000, repeats: int =
 
 def geomean(values) -> float:
     """Geometric mean of the positive, finite values; ``nan`` when there are none."""
-    vals = [v for v in values if math.isfinite(v)]
-    vals = [v for v in values if v > 0]
+    vals = [v for v in values if math.isfinite(v) and v > 0]
     return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else float("nan")
 
 

@@ -554,7 +554,7 @@ def _compare_header(console, args, problems: list, libs, nthreads: int, meta: di
                   f"of {calls} call(s) each (a call during which our threads waited for a CPU is tried again; a "
                   f"row's time: the median over rounds of its fastest clean call; at most {args.budget} s each)"
                   + (f", torch default, oneDNN's first choice and the best rows again in {args.confirm_rounds} "
-                     "fresh rounds (the headline's figures)" if args.confirm_rounds else ""))
+                     "fresh rounds, 2-3x as many where ratios spread (the headline's figures)" if args.confirm_rounds else ""))
     else:
         timing = f"times: median/min of up to {args.iterations} calls after {args.warmup} warm-up"
     console.print(f"{len(problems)} problem(s), {what}{photo_note}; {timing}; error vs float64 reference")
@@ -977,9 +977,9 @@ def _add_compare(sub) -> None:
     c.add_argument("--budget", type=_positive_float, default=0.25, help="seconds of timing per candidate at most (at least one timed call per round); a candidate whose first call (which also builds it) takes longer is timed by one more call alone (default 0.25)")
     c.add_argument("--confirm-rounds", type=_nonneg_int, default=CONFIRM_ROUNDS,
                    help="CPU: fresh interleaved rounds in which torch default, oneDNN's first choice and the best "
-                        "rows (picked on the first rounds) are timed again; the headline's figures come from them, "
-                        f"free of the winner's curse (default {CONFIRM_ROUNDS}; 0: none, the headline then says its "
-                        "best-of-N was picked on the timings it reports)")
+                        "rows (picked on the first rounds) are timed again, 2 or 3 times as many where their ratios "
+                        f"spread; the headline's figures come from them, free of the winner's curse (default "
+                        f"{CONFIRM_ROUNDS}; 0: none, the headline then says its best-of-N was picked on its timings)")
     c.add_argument("--threads", type=_thread_count, default=None,
                    help="torch/oneDNN threads (default: the CPUs this process may use, from its affinity mask and "
                         "cgroup quota, capped by torch's thread count, which OMP_NUM_THREADS sets; more would "

@@ -32,6 +32,7 @@ from ..core.options import PRECISIONS
 from ..core.check import abs_reference, compare_to_reference
 from ..core.problem import ConvProblem
 from ..core.results import Result, ResultTable, json_safe, status_group
+from .headline import headline  # noqa: F401  (the summary's lines; compare.headline)
 from ..pytorch.torch_choice import compare_detail, trace_detail, conv_backend_name, torch_onednn_trace  # noqa: F401
 
 __all__ = ["Row", "STATUSES", "status_category", "compare_problem", "compare", "real_photo", "inputs_for", "summary", "records", "replay",
@@ -300,6 +301,19 @@ def _set_times(row: Row, problem: ConvProblem, stats: TimeStats) -> None:
 CONFIRM_ROUNDS = 9
 
 
+#: more batches of ``confirm_rounds`` fresh rounds at most, while a chosen row's per-round ratios
+#: spread (:func:`_ratio_spread`)
+CONFIRM_MORE = 2
+
+
+def _ratio_spread(q) -> bool:
+    """A confirmation's per-round ratios (:class:`rawconv.bench.Ratio`) spread: their interquartile
+    range above :data:`rawconv.bench.ROUNDS_DISAGREE` of their median."""
+    from ..core.bench import ROUNDS_DISAGREE
+
+    return q is not None and q.value > 0 and (q.hi - q.lo) / q.value > ROUNDS_DISAGREE
+
+
 def _round_plan(iterations: int) -> tuple[int, int]:
     """(rounds, calls per round) that spread ``iterations`` timed calls per candidate
     (:func:`rawconv.bench.round_plan`)."""
@@ -317,7 +331,8 @@ def _time_rounds(problem: ConvProblem, rows: list[Row], *, iterations: int, warm
     confirmation step: torch default, oneDNN's first choice and the best rows (weights per call;
     prepacked), chosen on these rounds, are timed again in ``confirm_rounds`` fresh rounds, and
     their ``extra["confirmed"]`` holds what those rounds measured (the headline's figures, free
-    of the winner's curse). Returns None."""
+    of the winner's curse); where a chosen row's per-round ratios spread (:func:`_ratio_spread`),
+    up to :data:`CONFIRM_MORE` more batches of as many rounds are added. Returns None."""
     from ..core import bench
 
     pend = [(str(i), r) for i, r in enumerate(rows) if getattr(r, "_pending", None) is not None]
@@ -360,9 +375,19 @@ def _time_rounds(problem: ConvProblem, rows: list[Row], *, iterations: int, warm
         monitor = LoadMonitor()
         # a few rows, the headline's: every one in every round (at least one call each, however busy the
         # machine), more tries per round for a call during which our threads did not wait for a CPU
-        again = bench.time_rounds({keys[id(r)]: entry(r) for r in [torch_def] + chosen}, rounds=confirm_rounds,
-                                  calls=calls, retries=3 * calls, warmup=1, budget_s=budget_s,
-                                  min_rounds=confirm_rounds, sit_out=False)
+        cands = {keys[id(r)]: entry(r) for r in [torch_def] + chosen}
+        again = bench.time_rounds(cands, rounds=confirm_rounds, calls=calls, retries=3 * calls, warmup=1,
+                                  budget_s=budget_s, min_rounds=confirm_rounds, sit_out=False)
+        # where a chosen row's per-round ratios spread (a busy machine: some rounds' calls waited for
+        # whole scheduler slices, others not), up to CONFIRM_MORE more batches of fresh rounds: the
+        # median of a spread sample moves from run to run, of a larger one less
+        for _ in range(CONFIRM_MORE):
+            if not any(_ratio_spread(bench.ratio(again[keys[id(torch_def)]], again[keys[id(r)]])) for r in chosen):
+                break
+            more = bench.time_rounds(cands, rounds=confirm_rounds, calls=calls, retries=3 * calls, warmup=0,
+                                     budget_s=budget_s, min_rounds=confirm_rounds, sit_out=False)
+            for k, t in more.items():
+                again[k].rounds.extend(t.rounds)
         machine = monitor.report().as_dict()
         base2 = again[keys[id(torch_def)]]
         torch_def.extra["confirmed"] = {"median_ms": base2.stats().median_ms, "rounds": base2.as_dict(),
@@ -1007,6 +1032,7 @@ def summary(rows: list[Row], *, hint: str | None = None) -> dict:
         return f"{r.problem}: {r.backend} {r.implementation}"
 
     checked = [r for r in rows if r.ran]
+    conf = [r.extra["confirmed"]["rounds"]["rounds"] for r in rows if isinstance(r.extra.get("confirmed"), dict)]
     warn = timing_warnings(rows, hint)
     report = machine_report(rows)
     best_of = [p["best_of"] for p in per if p["ratio"] is not None]
@@ -1046,8 +1072,8 @@ def summary(rows: list[Row], *, hint: str | None = None) -> dict:
             "geomean_torch_over_best_prepacked_clean_interval": interval("prepacked", True),
             "rounds_problems": sum(any(isinstance(r.extra.get("rounds"), dict) for r in rs)
                                    for rs in by_problem.values()),
-            "confirm_rounds": max((r.extra["confirmed"]["rounds"]["rounds"] for r in rows
-                                   if isinstance(r.extra.get("confirmed"), dict)), default=None),
+            "confirm_rounds": max(conf, default=None),
+            "confirm_rounds_range": [min(conf), max(conf)] if conf else None,
             "libraries": sorted({r.library for r in rows if r.library}),
             "timings_trustworthy": not warn, "timing_warnings": warn,
             "machine": report.as_dict() if report is not None else None,
@@ -1118,78 +1144,6 @@ def _summary_problem(name: str, rs: list[Row], any_packed: bool) -> tuple:
     # without rounds (GPU rows, rows built by hand) is taken as it is
     entry["ratio_clean"] = bool(out["best"][2].get("clean", True)) if out["best"][2] is not None else True
     return entry, {k: (v[0], v[1], bool(v[2].get("clean", True)) if v[2] is not None else True) for k, v in out.items()}
-
-
-def headline(s: dict) -> list[str]:
-    """The summary's ratios as lines that say what each side did, each with its interval from the
-    rounds, and mark a best-of-N selection as such: confirmed on fresh rounds (the figure then
-    carries no winner's curse) or, where no rounds ran (GPU rows, rows built by hand), picked on
-    the same timings (``rawconv compare`` prints them; docs/guides/compare-cli.md quotes them).
-    Where some problems' rounds had no clean calls (their rows waited for a CPU in most rounds)
-    but most did, the figures shown are over those (``*_clean`` in the summary), and the figure
-    over every problem follows, marked not to be trusted; where most did not, the figures are over
-    every problem, after a line that says there is no figure to trust."""
-    if s["geomean_torch_over_best"] is None:
-        return ["torch default / rawconv: no comparable rows (no problem where torch default and a rawconv "
-                "candidate both ran within tolerance)"]
-    bo = s.get("best_of") or [0, 0]
-    n = f"{bo[0]}" if bo[0] == bo[1] else f"{bo[0]}-{bo[1]}"
-    mark = "" if s["timings_trustworthy"] else " [UNRELIABLE: see the timing warnings]"
-    dirn = "" if s.get("directions", ["forward"]) == ["forward"] else f" ({', '.join(s['directions'])})"
-    total = s["comparable_problems"]
-    confirmed = s.get("confirmed_problems", 0) == total and total > 0
-    rounds = bool(s.get("rounds_problems"))
-    clean = s.get("clean_problems", total) if rounds else total
-    how = ("time per call, ratio taken within each interleaved round, median over rounds" if rounds
-           else "median time")
-    # the problems measured clean lead when they are most of them; fewer would make a figure of a few
-    # problems, not comparable with another run's
-    subset = rounds and 2 * clean >= total and clean < total
-    over = (f"the {clean} of {total} problem(s) whose rounds had calls during which our threads did not wait for "
-            f"a CPU" if subset else f"{total} problem(s)")
-    out = [f"torch default / rawconv{dirn}, {how}, geometric mean over {over}{mark}:"]
-    if rounds and 2 * clean < total:
-        out.append(f"  no figure to trust: {'every' if clean == 0 else f'{total - clean} of {total}'} problems' "
-                   "rounds waited for a CPU (the figures below are from those rounds; run again on a quieter "
-                   "machine)")
-    suffix = "_clean" if subset else ""
-
-    def fig(key):
-        v = s.get(key + suffix)
-        iv = s.get(key + suffix + "_interval")
-        return None if v is None else f"{v:.2f}x" + (f" [{iv[0]:.2f}-{iv[1]:.2f}]" if iv else "")
-
-    like = []
-    if fig("geomean_torch_over_first_choice") is not None:
-        like.append(f"oneDNN's first choice {fig('geomean_torch_over_first_choice')}")
-    best = fig("geomean_torch_over_best")
-    if confirmed:
-        picked = s.get("geomean_torch_over_best_where_picked")
-        like.append(f"best of {n} per problem {best} (picked on the first rounds"
-                    f"{f', where it read {picked:.2f}x over all problems' if picked else ''}; this figure is from "
-                    f"{s.get('confirm_rounds') or 'fresh'} fresh rounds)")
-    elif best is not None:
-        like.append(f"best of {n} per problem {best} (picked on these timings: a best-of-N favours rawconv by the "
-                    "noise alone)")
-    both = "weights read on every call by both, as torch's call does" if "backward_weights" not in \
-        s.get("directions", []) else "same inputs on every call"
-    out.append(f"  like for like ({both}): " + "; ".join(like))
-    packed = fig("geomean_torch_over_best_prepacked")
-    if packed is not None:
-        out.append(f"  rawconv's weights prepacked (reordered once, which torch's call cannot do): best of {n} "
-                   f"{packed}" + (" (confirmed on fresh rounds)" if confirmed else ""))
-    if suffix:
-        def every(key):
-            v = s.get(key)
-            return f"{v:.2f}x" if v is not None else "-"
-        out.append(f"  over all {total} problems, including those whose rows waited for a CPU (not to be trusted): "
-                   f"first choice {every('geomean_torch_over_first_choice')}, best of {n} "
-                   f"{every('geomean_torch_over_best')}"
-                   + (f", prepacked {every('geomean_torch_over_best_prepacked')}"
-                      if s.get("geomean_torch_over_best_prepacked") is not None else ""))
-    if any(s.get(k + suffix + "_interval") for k in ("geomean_torch_over_first_choice", "geomean_torch_over_best")):
-        out.append("  [a-b]: 90% bootstrap interval over the rounds (each problem's per-round ratios resampled)")
-    return out
 
 
 #: ``rawconv compare`` exit codes, most severe first (the first that applies is returned).

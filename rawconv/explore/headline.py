@@ -1,0 +1,84 @@
+"""compare's headline: the summary's ratios as lines (:func:`headline`; ``compare.headline``).
+
+The figures are always over the same problems, every one where torch default and a rawconv row
+both ran within tolerance: a figure over "the problems whose rounds were clean" changed its set
+from run to run on a busy machine (6 of 6 problems on a quiet run, 1 of 6 on a loaded one;
+17 or 6 of 23), so two runs' figures were means over different problems. How many problems'
+headline rows waited for a CPU is said beside the figures, with what those ratios measured.
+"""
+from __future__ import annotations
+
+__all__ = ["headline"]
+
+
+def _fig(s: dict, key: str) -> str | None:
+    v = s.get(key)
+    iv = s.get(key + "_interval")
+    return None if v is None else f"{v:.2f}x" + (f" [{iv[0]:.2f}-{iv[1]:.2f}]" if iv else "")
+
+
+def _rounds_said(s: dict) -> str:
+    lo, hi = s.get("confirm_rounds_range") or [s.get("confirm_rounds")] * 2
+    if not hi:
+        return "fresh"
+    return f"{lo}" if lo == hi else f"{lo}-{hi}"
+
+
+def headline(s: dict) -> list[str]:
+    """The summary's ratios as lines that say what each side did, each with its interval from the
+    rounds, and mark a best-of-N selection as such: confirmed on fresh rounds (the figure then
+    carries no winner's curse) or, where no rounds ran (GPU rows, rows built by hand), picked on
+    the same timings (``rawconv compare`` prints them; docs/guides/compare-cli.md quotes them).
+    The figures are over every comparable problem, on every run. Where some problems' headline
+    rows waited for a CPU in most of their fresh rounds, a line says how many and what their
+    ratios measured, with the figures over the others when there are some; where most did, it
+    starts "no figure to trust"."""
+    if s["geomean_torch_over_best"] is None:
+        return ["torch default / rawconv: no comparable rows (no problem where torch default and a rawconv "
+                "candidate both ran within tolerance)"]
+    bo = s.get("best_of") or [0, 0]
+    n = f"{bo[0]}" if bo[0] == bo[1] else f"{bo[0]}-{bo[1]}"
+    mark = "" if s["timings_trustworthy"] else " [UNRELIABLE: see the timing warnings]"
+    dirn = "" if s.get("directions", ["forward"]) == ["forward"] else f" ({', '.join(s['directions'])})"
+    total = s["comparable_problems"]
+    confirmed = s.get("confirmed_problems", 0) == total and total > 0
+    rounds = bool(s.get("rounds_problems"))
+    clean = s.get("clean_problems", total) if rounds else total
+    how = ("time per call, ratio taken within each interleaved round, median over rounds" if rounds
+           else "median time")
+    out = [f"torch default / rawconv{dirn}, {how}, geometric mean over {total} problem(s){mark}:"]
+    if rounds and clean < total:
+        out.append(f"  {'no figure to trust: ' if 2 * clean < total else ''}{total - clean} of {total} problems' "
+                   "headline rows waited for a CPU in most of their fresh rounds: their ratios say which "
+                   "implementation copes best with threads descheduled, not how fast it computes (a quiet "
+                   "machine gives other figures; the intervals below are of this run's rounds only)")
+    like = []
+    first = _fig(s, "geomean_torch_over_first_choice")
+    if first is not None:
+        like.append(f"oneDNN's first choice {first}")
+    best = _fig(s, "geomean_torch_over_best")
+    if confirmed:
+        picked = s.get("geomean_torch_over_best_where_picked")
+        like.append(f"best of {n} per problem {best} (picked on the first rounds"
+                    f"{f', where it read {picked:.2f}x' if picked else ''}; this figure is from "
+                    f"{_rounds_said(s)} fresh rounds)")
+    elif best is not None:
+        like.append(f"best of {n} per problem {best} (picked on these timings: a best-of-N favours rawconv by the "
+                    "noise alone)")
+    both = "weights read on every call by both, as torch's call does" if "backward_weights" not in \
+        s.get("directions", []) else "same inputs on every call"
+    out.append(f"  like for like ({both}): " + "; ".join(like))
+    packed = _fig(s, "geomean_torch_over_best_prepacked")
+    if packed is not None:
+        out.append(f"  rawconv's weights prepacked (reordered once, which torch's call cannot do): best of {n} "
+                   f"{packed}" + (" (confirmed on fresh rounds)" if confirmed else ""))
+    if rounds and 0 < clean < total:
+        parts = [f"{name} {v}" for name, v in (("first choice", _fig(s, "geomean_torch_over_first_choice_clean")),
+                                                (f"best of {n}", _fig(s, "geomean_torch_over_best_clean")),
+                                                ("prepacked", _fig(s, "geomean_torch_over_best_prepacked_clean")))
+                 if v is not None]
+        out.append(f"  over the {clean} problem(s) whose headline rows had clean calls (no wait for a CPU) in most "
+                   f"rounds: " + ", ".join(parts))
+    if any(s.get(k + "_interval") for k in ("geomean_torch_over_first_choice", "geomean_torch_over_best")):
+        out.append("  [a-b]: 90% bootstrap interval over the rounds (each problem's per-round ratios resampled)")
+    return out
