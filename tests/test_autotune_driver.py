@@ -1,5 +1,6 @@
-"""rawconv.core.autotune: the tuning-cache half every backend's autotune runs (one driver, not three
-copies), with a fake plan, and through oneDNN's autotune end to end."""
+"""rawconv.core.autotune: the driver (:func:`autotune.drive`: the policy over a plan's candidates
+and timing hook) with a scripted plan, and the tuning-cache half every backend's autotune runs,
+with a fake plan and through oneDNN's autotune end to end."""
 from __future__ import annotations
 
 import math
@@ -84,3 +85,79 @@ def test_onednn_autotune_runs_the_driver():
     assert again.selected.choice == first.record.choice
     ref = torch.nn.functional.conv2d(x.double(), w.double(), padding=1)
     assert (again.execute(x, w).double() - ref).abs().max() < 1e-4
+
+
+# ---------------------------------------------------------------------------- drive()
+class _Cand:
+    backend, known_bad, workspace_bytes, notes = "onednn", "", 0, ()
+
+    def __init__(self, name, known_bad=""):
+        self.choice, self.known_bad = name, known_bad
+
+
+class _Scripted:
+    """A plan of the contract whose timing hook replays ``times[name]`` (one value per call) and
+    whose candidate ``"off"`` computes a wrong result (torch's convolution otherwise)."""
+
+    def __init__(self, times, known_bad=()):
+        self.problem = ConvProblem(n=1, c=2, k=3, in_spatial=(5, 5), kernel=(3, 3), pad_before=(1, 1),
+                                   pad_after=(1, 1))
+        self.direction, self.times, self.calls = "forward", {k: list(v) for k, v in times.items()}, []
+        self._cands = [_Cand(n, "crashes" if n in known_bad else "") for n in times]
+        self._sel, self.tuning_record = self._cands[0], None
+
+    def candidates(self):
+        return list(self._cands)
+
+    def select(self, *, choice=None):
+        self._sel = next((c for c in self._cands if c.choice == choice), None)
+        if self._sel is None:
+            raise NotSupportedError(f"no {choice}")
+        return self._sel
+
+    @property
+    def selected(self):
+        return self._sel
+
+    def execute(self, x=None, w=None, bias=None, out=None, *, grad_y=None):
+        y = torch.nn.functional.conv2d(x, w, bias, padding=1)
+        return y + 1 if self._sel.choice == "off" else y
+
+    def time_candidate(self, candidate, call, *, budget_s=None):
+        assert self._sel is candidate
+        self.calls.append(candidate.choice)
+        t = self.times[candidate.choice].pop(0)
+        if t is None:
+            raise NotSupportedError("does not run")
+        return autotune.Timing(t, t, 1)
+
+    def tuning_key(self):
+        return tuning.TuningKey.for_backend("onednn", self.problem, "forward", {"scripted": True},
+                                            environment={"library": "x", "library_version": "1", "device": "cpu"})
+
+
+def test_drive_checks_times_confirms_and_selects():
+    """Order, check, confirmation: "off" (timed fastest, but wrong) is never timed; "b" and "c"
+    within 15% of each other are timed again and the confirmation's best round ranks them;
+    "slow" is timed once; the winner is selected and its record stored (the confirmation's median)."""
+    plan = _Scripted({"slow": [9.0], "b": [1.0, 1.3, 1.3], "off": [0.1], "c": [1.1, 0.9, 1.0]})
+    table = autotune.drive(plan, 10.0, use_cache=False)
+    assert [(r.name, r.status) for r in table] == [("c", "ok"), ("b", "ok"), ("slow", "ok"), ("off", "wrong")]
+    assert plan.calls == ["slow", "b", "c", "b", "c", "b", "c"]
+    assert plan.selected.choice == "c" and table[0].median_ms == 0.9
+    rec = plan.tuning_record
+    assert rec.choice == "c" and rec.median_ms == 1.0 and rec.detail["rounds"] == 3
+    assert tuning.cache().get(plan.tuning_key()) == rec
+
+
+def test_drive_reads_the_cache_first_and_raises_when_nothing_runs():
+    plan = _Scripted({"a": [2.0], "b": [1.0]})
+    autotune.drive(plan, use_cache=False)
+    again = _Scripted({"a": [], "b": []})   # nothing timed: a cache hit
+    hit = autotune.drive(again, use_cache=True)
+    assert len(hit) == 1 and hit[0].phase == "cache" and again.selected.choice == "b" and again.calls == []
+    bad = _Scripted({"off": [1.0], "gone": [None], "kb": [1.0]}, known_bad=("kb",))
+    bad.select(choice="kb")
+    with pytest.raises(NotSupportedError, match="off: wrong.*gone: not supported.*kb: known bad"):
+        autotune.drive(bad, use_cache=False)
+    assert bad.selected.choice == "kb"   # what it ran before

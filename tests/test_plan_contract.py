@@ -106,14 +106,23 @@ class FakeCandidate(Candidate):
 
     @property
     def notes(self) -> tuple:
-        return ("torch's own",) if self.name == "fake:torch" else ("off by one",)
+        return {"fake:torch": ("torch's own",), "fake:fast": ("torch's own, timed faster",)}.get(self.name,
+                                                                                               ("off by one",))
 
     def __str__(self) -> str:
         return self.name
 
 
+# the fake timing hook's milliseconds: "fake:wrong" the fastest (the driver's check must refuse it),
+# then "fake:fast" (the one an autotune selects), then the default "fake:torch"
+FAKE_MS = {"fake:torch": 3.0, "fake:fast": 1.0, "fake:wrong": 0.5}
+TIMED: list = []   # (direction, candidate) of every call of the fake's timing hook
+
+
 class FakePlan:
-    """Torch's convolution behind the plan contract; ``"fake:wrong"`` adds 1 (compare must catch it)."""
+    """Torch's convolution behind the plan contract; ``"fake:wrong"`` adds 1 (compare must catch
+    it). Its timing hook (:class:`rawconv.core.autotune.Tunable`) reports :data:`FAKE_MS`, so its
+    ``autotune`` (the one driver, :func:`rawconv.core.autotune.drive`) selects ``"fake:fast"``."""
 
     def __init__(self, problem, direction, options, choice):
         self.problem, self.direction, self.options = problem, direction, options
@@ -121,7 +130,15 @@ class FakePlan:
         self.tuning_record = None
 
     def candidates(self):
-        return [FakeCandidate(self.direction, n) for n in ("fake:torch", "fake:wrong")]
+        return [FakeCandidate(self.direction, n) for n in ("fake:torch", "fake:fast", "fake:wrong")]
+
+    def time_candidate(self, candidate, call, *, budget_s=None):
+        from rawconv.core.autotune import Timing
+
+        assert self._choice == candidate.choice   # the driver selected it first
+        self.execute(**call)
+        TIMED.append((self.direction, candidate.choice))
+        return Timing(FAKE_MS[candidate.choice], FAKE_MS[candidate.choice] * 0.9, 1)
 
     def select(self, which=None, *, choice=None):
         self._choice = choice or which or "fake:torch"
@@ -150,13 +167,17 @@ class FakePlan:
             return self.execute(a, b, bias)
         return self.execute(grad_y=a, w=b) if self.direction == "backward_data" else self.execute(a, grad_y=b)
 
-    def autotune(self, iterations=1, *, budget_s=None, use_cache=None, progress=None):
-        return [self.select(choice="fake:torch")]
+    def autotune(self, *, budget_s=None, use_cache=None, progress=None):
+        from rawconv.core import autotune
+
+        return autotune.drive(self, budget_s, use_cache=use_cache, progress=progress)
 
     def tuning_key(self):
         from rawconv import tuning
 
-        return tuning.TuningKey.for_backend("fake", self.problem, self.direction, dict(self.options.as_dict()))
+        return tuning.TuningKey.for_backend("fake", self.problem, self.direction, dict(self.options.as_dict()),
+                                            environment={"library": "torch (fake)", "library_version": torch.__version__,
+                                                         "device": "cpu", "device_arch": ""})
 
     def free(self):
         pass
@@ -201,7 +222,7 @@ def test_fake_backend_in_compare(fake, direction):
     rows = compare_problem(_problem(), iterations=2, warmup=0, direction=direction, include_ref=False,
                            prepack=False, confirm_rounds=0)
     mine = {r.name: r for r in rows if r.backend == "fake"}
-    assert set(mine) == {"fake:torch", "fake:wrong"}
+    assert set(mine) == {"fake:torch", "fake:fast", "fake:wrong"}
     assert mine["fake:torch"].status == "ok" and mine["fake:torch"].median_ms > 0
     assert mine["fake:wrong"].status == "wrong"
     assert any(r.backend == "onednn" and r.status == "ok" for r in rows)   # the built-in ones as before
@@ -312,6 +333,76 @@ def test_fake_backend_in_modules_and_convert(fake):
     layers[1].choice = "fake:wrong"   # the converted layers run the fake's plans, not torch's
     with torch.no_grad():
         _close(conv_model(x) - 1, expect.detach().double())
+
+
+# ---------------------------------------------------------------------------- the one autotune driver
+def _driver_record(record, choice):
+    assert record is not None and record.choice == choice
+    assert record.detail["driver"] == "rawconv.core.autotune.drive"
+    assert record.error is not None and record.error["ratio"] <= 1.0   # checked against float64
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward_data", "backward_weights"])
+def test_fake_backend_autotuned_by_the_driver(fake, direction, fresh_tuning_cache):
+    """The fake plan's ``autotune`` is :func:`rawconv.core.autotune.drive`: every candidate run
+    and checked against float64, the correct ones timed by the fake's hook, the one it times
+    fastest selected ("fake:wrong", timed faster still, is caught by the check and never timed),
+    its record stored in the tuning cache under the plan's key."""
+    from rawconv import tuning
+    from rawconv.core import autotune
+
+    TIMED.clear()
+    plan = fake.plan_for(_problem(), direction)
+    assert isinstance(plan, autotune.Tunable) and plan.selected.choice == "fake:torch"
+    table = plan.autotune(budget_s=30.0, use_cache=False)
+    assert plan.selected.choice == "fake:fast"
+    assert [(r.name, r.status) for r in table] == [("fake:fast", "ok"), ("fake:torch", "ok"), ("fake:wrong", "wrong")]
+    assert table[0].median_ms == FAKE_MS["fake:fast"] and table[1].median_ms == FAKE_MS["fake:torch"]
+    assert sorted(TIMED) == [(direction, "fake:fast"), (direction, "fake:torch")]   # (fake:torch not close: once)
+    _driver_record(plan.tuning_record, "fake:fast")
+    assert tuning.cache().get(plan.tuning_key()) == plan.tuning_record
+    # a budget is one number: seconds of wall time; a bad one raises before anything runs
+    from rawconv.core.errors import ArgumentError, ArgumentTypeError
+
+    with pytest.raises(ArgumentError, match="budget"):
+        autotune.drive(plan, 0)
+    with pytest.raises(ArgumentTypeError, match="budget"):
+        autotune.drive(plan, "1s")
+    with pytest.raises(ArgumentTypeError, match="time_candidate"):
+        autotune.drive(object(), 1.0)
+
+
+def test_fake_backend_autotuned_in_convert_and_the_operators(fake, fresh_tuning_cache):
+    """``convert(model, backend="fake", autotune=x)`` (forward and both backward passes) and the
+    operators' ``choice="fastest"`` autotune the fake's plans by the driver, with nothing outside
+    this file naming it: the report and the layers' pins hold the choice its timing makes fastest,
+    and the tuned layers still compute the convolution (against float64)."""
+    import rawconv.nn as rnn
+    import rawconv.ops as ops
+
+    TIMED.clear()
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 7, 6)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 2, 1))
+    expect = model(x)
+    tuned = rnn.convert(model, backend="fake", autotune=x, autotune_budget_s=30.0, autotune_backward=True)
+    report = tuned.rawconv_report
+    assert [t["choice"] for t in report.tuned] == ["fake:fast", "fake:fast"]
+    assert all(t["searched"] and t["backend"] == "fake" and t["median_ms"] == FAKE_MS["fake:fast"]
+               for t in report.tuned)
+    assert all(t["directions"] == {"forward": "fake:fast", "backward_data": "fake:fast",
+                                   "backward_weights": "fake:fast"} for t in report.tuned)
+    assert {d for d, _c in TIMED} == {"forward", "backward_data", "backward_weights"}
+    pins = rnn.pinned_choices(tuned)
+    assert [p["choice"] for p in pins.values()] == ["fake:fast", "fake:fast"]
+    _close(tuned(x).detach(), expect.detach().double())
+
+    TIMED.clear()
+    w, b = torch.randn(4, 3, 3, 3), torch.randn(4)
+    with torch.no_grad():
+        y = ops.conv(x, w, b, padding=1, backend="fake", choice="fastest")
+    _close(y, F.conv2d(x.double(), w.double(), b.double(), padding=1))
+    assert TIMED and {c for _d, c in TIMED} == {"fake:fast", "fake:torch"}
 
 
 @pytest.mark.gpu

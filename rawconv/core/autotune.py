@@ -1,9 +1,16 @@
-"""The one autotune driver of the three backends: the tuning-cache half that every plan's
-``autotune`` shared as three copies (look the key up, select a hit as a one-row table, store the
-choice's record and hang it on the plan and the table).
+"""The autotune driver (:func:`drive`) and the tuning-cache half every backend's ``autotune`` runs.
 
-A backend's ``autotune`` keeps its own search (timing loops differ: oneDNN's CPU timer and
-isolation, cuDNN's ``cudnnFind``, the graph API's budgeted search) and calls:
+**The driver.** :func:`drive` ``(plan, budget_s)`` autotunes any plan of the contract
+(:class:`rawconv.core.backend.Plan`) that also offers the timing hook of :class:`Tunable`
+(``time_candidate``): the backend supplies the candidates and the timing, the driver is the
+policy (the tuning cache first, the order, the check of each candidate against float64, the
+budget, the confirmation of the close contenders, the selection of the winner and its tuning
+record). A registered backend whose plans offer the hook is autotuned by it in
+:func:`rawconv.nn.convert` (``autotune=``) and the operators (``choice="fastest"``) without
+rawconv knowing the backend.
+
+The built-in backends' ``autotune`` keep their own searches for now (timing loops differ:
+oneDNN's CPU timer and isolation, cuDNN's ``cudnnFind``, the graph API's budgeted search) and call:
 
 * :func:`cached` first: the table of a tuning-cache hit for its key, or None (search);
 * :func:`keep` last: the record of the search's choice, stored and attached; returns the table.
@@ -21,12 +28,13 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple, Protocol, runtime_checkable
 
 from . import tuning
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 
-__all__ = ["wanted", "cached", "keep", "hit_times", "check_budget", "Budget"]
+__all__ = ["wanted", "cached", "keep", "hit_times", "check_budget", "Budget", "Timing", "Tunable", "drive",
+           "CLOSE", "CONFIRM_ROUNDS"]
 
 log = logging.getLogger("rawconv.tuning")
 
@@ -112,3 +120,173 @@ class Budget:
         if left is None:
             return None
         return max(floor, left * fraction / max(1, n))
+
+
+# ---------------------------------------------------------------------------- the driver
+class Timing(NamedTuple):
+    """What a plan's timing hook measured for one candidate: milliseconds per call (the median and
+    the fastest of ``runs`` timed calls)."""
+
+    median_ms: float
+    min_ms: float
+    runs: int
+
+
+@runtime_checkable
+class Tunable(Protocol):
+    """What :func:`drive` needs of a plan beyond the contract (:class:`rawconv.core.backend.Plan`:
+    ``problem``, ``direction``, ``candidates()``, ``select(choice=)``, ``execute()``,
+    ``tuning_key()``): the backend's timing of one candidate."""
+
+    def time_candidate(self, candidate: Any, call: dict, *, budget_s: float | None) -> Timing:
+        """Time ``candidate`` (already selected on the plan by the driver, its first call made and
+        checked) on the keyword arguments ``call`` of ``execute`` (``x``, ``w``, ``bias``,
+        ``grad_y`` as the direction takes them), spending about ``budget_s`` seconds (None: the
+        backend's own count of calls; at least one timed call). Returns a :class:`Timing`; raises
+        :class:`NotSupportedError` when the candidate cannot run."""
+
+
+#: the confirmation: the contenders within this factor of the fastest first time (at most 4) ...
+CLOSE = 1.15
+#: ... are timed again this many rounds, interleaved, and ranked by their best round's median
+CONFIRM_ROUNDS = 2
+
+
+def _example_call(problem: Any, direction: str, seed: int = 0) -> tuple[dict, dict]:
+    """``(call, roles)``: random tensors of ``problem`` as ``execute``'s keyword arguments for
+    ``direction`` and as :func:`rawconv.core.check.reference`'s roles (x, w, b, dy)."""
+    from .problem import random_tensor, seed_offset
+
+    x, w, b = problem.make_inputs(seed=seed)
+    dy = random_tensor(problem.y_shape, seed_offset(seed, 3), x.device, x.dtype, problem.layout)
+    if direction == "forward":
+        return {"x": x, "w": w, "bias": b}, {"x": x, "w": w, **({"b": b} if b is not None else {})}
+    if direction == "backward_data":
+        return {"grad_y": dy, "w": w}, {"dy": dy, "w": w}
+    return {"x": x, "grad_y": dy}, {"x": x, "dy": dy}
+
+
+def _row(c: Any, plan: Any, status: str = "ok", message: str = "", **kw):
+    from .results import Result
+
+    return Result(backend=getattr(c, "backend", ""), name=c.choice, problem=plan.problem, direction=plan.direction,
+                  candidate=c, status=status, workspace_bytes=getattr(c, "workspace_bytes", None), message=message,
+                  detail=" ".join(getattr(c, "notes", ()) or ()), **kw)
+
+
+def drive(plan: Any, budget_s: float | None = None, *, use_cache: bool | None = None, check: bool = True,
+          progress: bool | None = None) -> Any:
+    """Autotune ``plan`` (:class:`rawconv.core.backend.Plan` with :class:`Tunable`'s hook) and
+    select the winner on it.
+
+    ``budget_s``: seconds of wall time for the whole search of this problem and direction
+    (:func:`check_budget`; None: no limit): every candidate still gets its checked first call and
+    one timing (its hook gets an even share of 70% of what is left), the confirmation the rest.
+    The policy: the tuning cache first (``use_cache``, :func:`wanted`: a hit whose choice still
+    selects is selected with nothing timed, one row of phase ``"cache"``); then each candidate of
+    ``plan.candidates()`` in the backend's order (known-bad ones skipped) is selected, run once on
+    random tensors of the problem and checked against float64 (:func:`rawconv.core.check.reference`,
+    :func:`rawconv.core.check.tolerance_for`; ``check=False`` skips the check), a wrong one kept as
+    a ``"wrong"`` row and never selected; the correct ones are timed by ``plan.time_candidate``; the
+    contenders within :data:`CLOSE` of the fastest (at most 4) are timed again
+    :data:`CONFIRM_ROUNDS` more rounds, interleaved, and ranked by their best round's median;
+    the winner is selected (``plan.select(choice=...)``) and its
+    :class:`~rawconv.core.tuning.TuningRecord` (the confirmation rounds' median: no winner's
+    curse) stored in the tuning cache and set as ``plan.tuning_record`` (:func:`keep`).
+
+    Returns a :class:`~rawconv.core.results.ResultTable`: the correct rows fastest first, then the
+    wrong ones, then those not timed (``status`` says why). Raises :class:`NotSupportedError` when
+    no candidate ran correctly (the plan then runs what it ran before), :class:`ArgumentTypeError`
+    for a plan without the hook."""
+    from . import progress as _progress
+    from .results import ResultTable
+
+    check_budget(budget_s)
+    if not isinstance(plan, Tunable):
+        raise ArgumentTypeError(f"drive needs a plan with time_candidate(candidate, call, budget_s=) "
+                                f"(rawconv.core.autotune.Tunable), got {type(plan).__name__}")
+    for name, v in (("check", check), ("use_cache", use_cache)):
+        if v is not None and not isinstance(v, bool):
+            raise ArgumentTypeError(f"{name} must be True or False, got {v!r}")
+    _progress.enabled(progress)   # validates
+    key = plan.tuning_key()
+    title = f"autotune: {plan.direction} {plan.problem}"
+    hit = cached(plan, key, use_cache, lambda rec: ResultTable(
+        [_row(plan.select(choice=rec.choice), plan, phase="cache", median_ms=hit_times(rec)[0],
+              min_ms=hit_times(rec)[1], message=f"from the tuning cache (recorded {rec.created})")], title=title))
+    if hit is not None:
+        return hit
+    budget = Budget(budget_s)
+    before = plan.selected
+    try:
+        rows, wrong, skipped = _search(plan, budget, check, progress)
+    except BaseException:
+        if before is not None:   # interrupted or nothing ran: the plan runs what it ran before
+            plan.select(choice=before.choice)
+        raise
+    win = rows[0]
+    plan.select(choice=win.name)
+    table = ResultTable(rows + sorted(wrong, key=lambda r: r.name) + skipped, title=title)
+    conf = win.extra.get("confirmed_ms")
+    med = sorted(conf)[len(conf) // 2] if conf else win.median_ms
+    record = tuning.TuningRecord(key, win.name, {"driver": "rawconv.core.autotune.drive",
+                                                 "rounds": 1 + len(conf or ()), "budget_s": budget_s},
+                                 plan.problem.layout, med, win.min_ms, win.accuracy,
+                                 label=getattr(plan.problem, "name", "") or "")
+    return keep(plan, table, record)
+
+
+def _search(plan: Any, budget: Budget, check: bool, progress: Any) -> tuple[list, list, list]:
+    """:func:`drive`'s search: ``(rows, wrong, skipped)``, the correct rows ranked."""
+    from . import progress as _progress
+    from .check import check as _check, reference, tolerance_for
+
+    cands = list(plan.candidates())
+    call, roles = _example_call(plan.problem, plan.direction)
+    ref = ref_abs = tol = None
+    if check and not plan.problem.is_empty:
+        ref, ref_abs = reference(plan.problem, plan.direction, roles)
+        tol = tolerance_for(plan.problem, plan.direction)
+    rows, wrong, skipped = [], [], []
+    with _progress.bar(progress, total=len(cands), desc="autotune", unit="candidate") as bar:
+        for k, c in enumerate(cands):
+            bar.note(c.choice)
+            try:
+                if getattr(c, "known_bad", ""):
+                    skipped.append(_row(c, plan, "known bad", c.known_bad))
+                    continue
+                t0 = time.perf_counter()
+                try:
+                    plan.select(choice=c.choice)
+                    y = plan.execute(**call)
+                    err = None if ref is None else _check(plan.problem, y[0] if isinstance(y, tuple) else y,
+                                                          ref, ref_abs, tol)
+                    if err is not None and not err.ok:
+                        wrong.append(_row(c, plan, "wrong", f"outside tolerance vs float64: max rel err "
+                                                            f"{err.max_rel:.2e}", accuracy=err))
+                        continue
+                    t = plan.time_candidate(c, call, budget_s=budget.share(len(cands) - k, 0.7))
+                except NotSupportedError as exc:
+                    skipped.append(_row(c, plan, "not supported", str(exc)))
+                    continue
+                rows.append(_row(c, plan, median_ms=t.median_ms, min_ms=t.min_ms, runs=t.runs, accuracy=err,
+                                 phase="timed", seconds=time.perf_counter() - t0))
+            finally:
+                bar.update()
+    if not rows:
+        why = "; ".join(f"{r.name}: {r.status}" for r in wrong + skipped)
+        raise NotSupportedError(f"no candidate could be timed correctly for {plan.problem.describe()}"
+                                + (f" ({why})" if why else ""))
+    rows.sort(key=lambda r: r.median_ms)
+    close = [r for r in rows[:4] if r.median_ms <= rows[0].median_ms * CLOSE]
+    if len(close) > 1:   # the confirmation: round after round, interleaved, the best round ranks
+        for rnd in range(CONFIRM_ROUNDS):
+            for r in close:
+                plan.select(choice=r.name)
+                t = plan.time_candidate(r.candidate, call,
+                                        budget_s=budget.share(len(close) * (CONFIRM_ROUNDS - rnd)))
+                r.extra.setdefault("confirmed_ms", []).append(t.median_ms)
+                r.median_ms, r.min_ms, r.runs = min(r.median_ms, t.median_ms), min(r.min_ms, t.min_ms), r.runs + t.runs
+                r.phase = "confirmed"
+        rows.sort(key=lambda r: r.median_ms)
+    return rows, wrong, skipped

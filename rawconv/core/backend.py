@@ -29,7 +29,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 from .errors import ArgumentError, ArgumentTypeError, close_names
 
 __all__ = ["DIRECTIONS", "canonical_direction", "Candidate", "Plan", "contract_gaps", "Backend", "register",
-           "backends", "get", "backends_naming", "spelling_suggestions", "close_names"]
+           "backends", "get", "known", "backends_naming", "spelling_suggestions", "close_names"]
 
 DIRECTIONS = ("forward", "backward_data", "backward_weights")
 DIRECTION_ALIASES = {"backward_filter": "backward_weights", "fwd": "forward", "fwd_d": "forward",
@@ -268,6 +268,12 @@ def backends(device_type: str | None = None) -> list[Backend]:
     with _lock:
         out = list(_registry.values())
     return [b for b in out if device_type is None or b.device_type == device_type]
+
+
+def known(name: object) -> bool:
+    """Whether ``name`` is a built-in backend's (:data:`BUILTIN`) or one registered now (what a
+    :class:`~rawconv.tuning.TuningKey` may name); imports nothing."""
+    return name in BUILTIN or (isinstance(name, str) and name in _registry)
 
 
 def backends_naming(choice: str) -> list[Backend]:

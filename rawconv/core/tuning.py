@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from . import env as _env
-from .backend import BUILTIN as BACKENDS, DIRECTIONS, canonical_direction
+from .backend import BUILTIN as BACKENDS, DIRECTIONS, canonical_direction, known as _known
 from .errors import ArgumentError, ArgumentTypeError, NotSupportedError
 
 log = logging.getLogger("rawconv.tuning")
@@ -164,8 +164,8 @@ def _problem_fields(problem) -> dict:
 class TuningKey:
     """What was tuned (hashable; equal keys mean the same tuning question).
 
-    ``backend``: one of :data:`BACKENDS` (``rawconv._backend.BUILTIN``); ``direction``: canonical
-    (:func:`rawconv._backend.canonical_direction`);
+    ``backend``: one of :data:`BACKENDS` or registered now (:func:`rawconv.core.backend.known`);
+    ``direction``: canonical (:func:`rawconv._backend.canonical_direction`);
     ``problem``: the :class:`~rawconv.problem.ConvProblem` fields as a read-only mapping (a
     ConvProblem or a dict is accepted; ``name`` and the device index are dropped); ``activation``:
     a fused activation or None; ``options``: the options and filters in force (names and JSON
@@ -185,8 +185,8 @@ class TuningKey:
     device_arch: str = ""
 
     def __post_init__(self):
-        if self.backend not in BACKENDS:
-            raise ArgumentError(f"backend must be one of {list(BACKENDS)}, got {self.backend!r}")
+        if not _known(self.backend):
+            raise ArgumentError(f"backend must be one of {list(BACKENDS)} or a registered one, got {self.backend!r}")
         object.__setattr__(self, "direction", canonical_direction(self.direction))
         object.__setattr__(self, "problem", _Fields(_problem_fields(self.problem), "problem"))
         object.__setattr__(self, "options", _Fields(self.options, "options"))
@@ -608,8 +608,8 @@ def register_environment(backend: str, probe: Callable[[], Mapping]) -> None:
     """Let :meth:`TuningRecord.check_environment` ask ``backend`` for the current library and
     device: ``probe()`` returns ``{"library", "library_version", "device", "device_arch"}`` (the
     values the backend puts in its keys)."""
-    if backend not in BACKENDS:
-        raise ArgumentError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    if not _known(backend):
+        raise ArgumentError(f"backend must be one of {list(BACKENDS)} or a registered one, got {backend!r}")
     if not callable(probe):
         raise ArgumentTypeError("probe must be callable")
     _env_probes[backend] = probe
@@ -620,9 +620,9 @@ def current_environment(backend: str) -> dict:
     module is imported so that it registers; see :func:`register_environment`). Raises
     :class:`NotSupportedError` when the backend registered none, and what the probe raises (e.g.
     no GPU)."""
-    if backend not in BACKENDS:
-        raise ArgumentError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
-    if backend not in _env_probes:
+    if not _known(backend):
+        raise ArgumentError(f"backend must be one of {list(BACKENDS)} or a registered one, got {backend!r}")
+    if backend not in _env_probes and backend in BACKENDS:
         import importlib
 
         from .backend import MODULES

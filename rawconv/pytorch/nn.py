@@ -2072,10 +2072,7 @@ def _device_name(backend: str, x) -> str:
 
 
 def _tune_key(m, kind, args, backend, problem) -> tuple:
-    extra = ()
-    if kind == "fused":
-        extra = (m.activation, args.get("residual") is not None)
-    wl = onednn.weights_layout(m.weight)
+    extra, wl = ((m.activation, args.get("residual") is not None) if kind == "fused" else ()), onednn.weights_layout(m.weight)
     return (kind, problem, extra, m.precision, backend, _device_name(backend, args["x"]), wl)
 
 
@@ -2108,9 +2105,10 @@ def _tune_one(m, kind: str, args: dict, backend: str, budget_s: float | None, *,
     receives the winner's ``median_ms`` / ``min_ms``; ``use_cache=False``: cuDNN searches afresh
     (no tuning cache hit, no seeds from it). ``plan``: cuDNN, the plan :func:`_graph_plan` made
     (whose compilations may have started)."""
-    x = args["x"]
-    w, b = _call_wb(m, args)
-    prec = m.precision
+    if backend not in _registered.BUILTIN:   # a registered backend: rawconv.core.autotune.drive on its plan
+        return _registered.tune(backend, _forward_direction(kind), _problem_of(m, kind, args), m.precision,
+                                budget_s, info)
+    x, (w, b), prec = args["x"], _call_wb(m, args), m.precision
     if backend == "onednn":
         opts = dict(ONEDNN_TUNE, budget_s=budget_s)   # wall time for the problem (None: no limit)
         if kind == "conv":   # the modules read their weights per call: timed with the weight reorder
@@ -2293,9 +2291,11 @@ def _grad_problems(m, kind: str, args: dict, backend: str) -> dict:
 
 def _search_direction(direction: str, problem: ConvProblem, w_layout: str, backend: str, precision: str,
                       budget_s: float | None) -> str:
-    """The winning candidate's name for ``problem`` in library direction ``direction`` (oneDNN:
-    every implementation timed and checked; cuDNN: the graph API's autotune, else the legacy
-    API's algorithms). Raises NotSupportedError when nothing could be timed."""
+    """The winning candidate's name for ``problem`` in library direction ``direction`` (oneDNN: every implementation
+    timed and checked; cuDNN: the graph API's autotune, else the legacy API's algorithms; a registered backend:
+    :func:`rawconv.pytorch.registered.tune`). Raises NotSupportedError when nothing could be timed."""
+    if backend not in _registered.BUILTIN:
+        return _registered.tune(backend, direction, problem, precision, budget_s)
     if backend == "onednn":
         plan = onednn.Convolution.from_problem(problem, direction=direction, fpmath=precision, w_layout=w_layout,
                                                prepack=False)

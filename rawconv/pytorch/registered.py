@@ -7,6 +7,9 @@ Its plans are reached through :meth:`Backend.plan_for <rawconv.core.backend.Back
 alone and run through the plan contract (:class:`rawconv.core.backend.Plan`: ``hot_run``, which
 checks its tensors itself); :class:`OperatorPlan` gives such a plan the shape the operators'
 plan caches hold (batched tensors in, the result in torch's layout and the operator's form out).
+:func:`tune` autotunes such a plan (``convert(..., autotune=x)``, ``choice="fastest"``) by the one
+driver, :func:`rawconv.core.autotune.drive`, when its plans offer the timing hook
+(:class:`rawconv.core.autotune.Tunable`), else by the plan's own ``autotune(budget_s=)``.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..core import backend as _backend
+from ..core import autotune as _autotune, backend as _backend
 from ..core.errors import ArgumentError
 from ..core.problem import (ConvProblem, backward_data_layout, check_tensor, dense_strides, empty_like_layout,
                             shape_only, strides_match)
@@ -141,6 +144,37 @@ def plan(name: str, direction: str, problem: ConvProblem, choice: str, precision
     dev = problem.device.split(":")[0]
     if be.device_type != dev:
         raise ArgumentError(f"backend {name!r} runs on {be.device_type.upper()} tensors, got {dev.upper()} tensors")
-    p = be.plan_for(problem, direction, {"precision": precision}, choice or None)
+    if choice == "fastest":   # autotuned (once per problem: the operators cache the plan under this choice)
+        p = be.plan_for(problem, direction, {"precision": precision})
+        _tuned(p, None)
+    else:
+        p = be.plan_for(problem, direction, {"precision": precision}, choice or None)
     p.selected   # noqa: B018  (resolve the selection now: a bad choice raises before caching)
     return OperatorPlan(p, problem, direction)
+
+
+def _tuned(p, budget_s):
+    """Autotune plan ``p`` within ``budget_s`` (seconds of wall time for its problem and
+    direction; None: no limit): by :func:`rawconv.core.autotune.drive` when it offers the timing
+    hook, else by its own ``autotune``. Returns the table (the winner first), the winner selected."""
+    if isinstance(p, _autotune.Tunable):
+        return _autotune.drive(p, budget_s)
+    return p.autotune(budget_s=budget_s)
+
+
+def tune(name: str, direction: str, problem: ConvProblem, precision: str, budget_s: float | None,
+         info: dict | None = None) -> str:
+    """The winning choice's name for backend ``name``'s plan of ``problem`` and ``direction``
+    (what :func:`rawconv.nn.convert`'s ``autotune=`` pins), autotuned within ``budget_s`` (seconds
+    of wall time for the problem and direction; None: no limit). ``info`` (a dict) receives the
+    winner's ``median_ms`` / ``min_ms`` (its tuning record is in :func:`rawconv.tuning.cache`). Raises
+    :class:`NotSupportedError` when no candidate ran correctly."""
+    p = _backend.get(name).plan_for(problem, direction, {"precision": precision})
+    try:
+        rows = _tuned(p, budget_s)
+        choice = p.selected.choice
+        if info is not None:
+            info.update(median_ms=getattr(rows[0], "median_ms", None), min_ms=getattr(rows[0], "min_ms", None))
+    finally:
+        p.free()
+    return choice
