@@ -40,7 +40,7 @@ KEYS = (("first choice", "geomean_torch_over_first_choice"),
         ("best of N (confirmed)", "geomean_torch_over_best"),
         ("best prepacked (confirmed)", "geomean_torch_over_best_prepacked"))
 PER_PROBLEM_KEYS = ("problem", "torch_ms", "best", "best_ms", "ratio", "ratio_interval", "ratio_where_picked",
-                    "ratio_clean", "first_choice_ratio", "first_choice_interval")
+                    "ratio_clean", "first_choice_ratio", "first_choice_interval", "confirmed_set", "best_first_rounds")
 REPEAT_TOL = 0.05   # the two loaded runs: each headline ratio within 5% of the other
 IDLE_TOL = 0.10     # each loaded run: within 10% of the idle run
 
@@ -159,7 +159,7 @@ def per_problem_table(runs: list, out=print) -> None:
     problems move between runs."""
     out("")
     out("per problem: best of N (confirmed) torch/rawconv [interquartile range of its fresh rounds] row; "
-        "* = not from clean rounds")
+        "* = not from clean rounds; + = chosen in the fresh rounds over the first rounds' fastest")
     out(f"{'problem':<34} " + " ".join(f"{r['label']:>40}" for r in runs))
     names = [p["problem"] for p in runs[0]["per_problem"]]
     for name in names:
@@ -171,7 +171,9 @@ def per_problem_table(runs: list, out=print) -> None:
                 continue
             iv = p.get("ratio_interval")
             cell = (f"{p['ratio']:.2f}" + (f" [{iv[0]:.2f}-{iv[1]:.2f}]" if iv else "")
-                    + ("" if p.get("ratio_clean") else "*") + f" {str(p.get('best'))[:18]}")
+                    + ("" if p.get("ratio_clean") else "*")
+                    + ("+" if p.get("confirmed_set") and p.get("best") != p.get("best_first_rounds") else "")
+                    + f" {str(p.get('best'))[:18]}")
             cells.append(f"{cell:>40}")
         out(f"{name[:34]:<34} " + " ".join(cells))
 

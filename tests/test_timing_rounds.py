@@ -234,6 +234,87 @@ def test_confirmation_adds_rounds_where_ratios_spread_and_holds_the_truth(monkey
     assert compare.best_rawconv(rows, "per call").extra["confirmed"]["rounds"]["rounds"] == 9
 
 
+def test_pick_chooses_on_the_odd_rounds_and_reports_from_the_even_ones():
+    """bench.pick: among carried candidates, the one with the best ratio on the odd rounds, its
+    figure from the even rounds only (what made it win is not in its figure); one candidate: no
+    choice, every round. time_rounds(pairs=True) gives rounds 2m and 2m+1 the same order."""
+    def timed(name, ms):
+        return bench.Timed(name, [[bench.Call(t * 1e-3, t * 1e-3, 0.0)] for t in ms])
+
+    base = timed("torch", [2.0] * 6)
+    # b is lucky on the odd rounds (1.0 ms there) and 1.6 ms on the even ones; a 1.25 ms throughout
+    t = {"a": timed("a", [1.25] * 6), "b": timed("b", [1.6, 1.0, 1.6, 1.0, 1.6, 1.0])}
+    p = bench.pick(base, t, ["a", "b"])
+    assert p.name == "b" and p.split and p.choice["b"].value == pytest.approx(2.0)
+    assert p.ratio.per_round == pytest.approx((1.25,) * 3)     # even rounds only: not the 2.0 it won with
+    assert p.as_dict()["rounds"] == "even" and p.as_dict()["choice"]["a"]["value"] == pytest.approx(1.6)
+    one = bench.pick(base, t, ["b"])
+    assert one.name == "b" and not one.split and one.ratio.rounds == 6 and one.choice == {}
+    assert bench.pick(base, t, []).name is None
+    sim = Sim()
+    bench.time_rounds({n: sim.fn(n, 1e-3) for n in "xyz"}, rounds=4, calls=1, warmup=0, pairs=True, clock=sim.clock)
+    assert "".join(sim.log) == "xyz" "xyz" "yzx" "yzx"
+
+
+def _lucky_rows(sim):
+    """One problem's rows pending their rounds: torch default (1.3 ms), oneDNN's first choice c0
+    and c1..c4 at 1.0 ms, except c2 at 0.6 ms (the true best of N: torch / it = 2.17)."""
+    rows = _sim_rows(sim, TRUTH)[:1]
+    from rawconv import compare
+
+    for i in range(5):
+        r = compare.Row("p", "onednn", f"c{i}@any", ok=True, status="ok",
+                        extra={"library": "x", "weights": "per call", "index": i})
+        r._pending = (sim.fn(r.implementation, (0.6 if i == 2 else 1.0) * 1e-3), None, None)
+        rows.append(r)
+    return rows
+
+
+def test_confirmation_recovers_the_best_that_the_first_rounds_ranked_second(monkeypatch):
+    """On a simulated machine whose calls vary by up to 300%, the first rounds (5 of 2 calls) rank
+    c1 fastest in a seeded case, the true best c2 second: the confirmation carries the 3 fastest
+    into 9 fresh rounds, chooses c2 on the odd ones and reports torch / c2 from the even ones only
+    (none of the rounds that chose it); the first choice's figure is from every fresh round, as
+    before. Over 40 seeds, the first rounds rank another row first in several, the confirmation
+    chooses c2 in all of them."""
+    from rawconv import compare
+
+    orig = bench.time_rounds
+    wrong = 0
+    for seed in range(40):
+        sim = Sim(seed=seed, noise=3.0)
+        monkeypatch.setattr(bench, "time_rounds", lambda c, _sim=sim, **kw: orig(c, clock=_sim.clock, **kw))
+        rows = _lucky_rows(sim)
+        compare._time_rounds(_P, rows, iterations=10, warmup=1, budget_s=None, confirm_rounds=9)
+        first_rounds = [r.implementation for r in compare.ranked(rows, "per call")]
+        best = compare.best_rawconv(rows, "per call")
+        assert best.implementation == "c2@any" and "c2@any" in first_rounds[:3], (seed, first_rounds)
+        wrong += first_rounds[0] != "c2@any"
+        if seed:
+            continue
+        assert first_rounds[:3] == ["c1@any", "c2@any", "c3@any"]     # the first rounds ranked c2 second
+        conf = best.extra["confirmed"]
+        p = conf["picked"]["per call"]
+        assert p["among"] == first_rounds[:3] and p["rounds"] == "even" and conf["carried"] == ["per call"]
+        # the figure: torch / c2 on the even fresh rounds; the choice: on the odd ones (disjoint)
+        t_ms, c_ms = rows[0].extra["confirmed"]["rounds"]["round_ms"], conf["rounds"]["round_ms"]
+        n = len(t_ms)
+        assert n in (9, 18, 27) and len(c_ms) == n
+        assert p["ratio"]["per_round"] == pytest.approx([t_ms[i] / c_ms[i] for i in range(0, n, 2)])
+        assert p["choice"]["c2@any"]["per_round"] == pytest.approx([t_ms[i] / c_ms[i] for i in range(1, n, 2)])
+        s = compare.summary(rows)
+        assert s["geomean_torch_over_best"] == pytest.approx(p["ratio"]["value"])
+        assert s["per_problem"][0]["confirmed_set"] == first_rounds[:3] and s["best_changed_by_confirmation"] == 1
+        first = compare.first_choice(rows)
+        assert s["geomean_torch_over_first_choice"] == pytest.approx(first.extra["confirmed"]["ratio"]["value"])
+        assert first.extra["confirmed"]["ratio"]["rounds"] == n
+        text = "\n".join(compare.headline(s))
+        assert "the 3 fastest of the first rounds" in text and "chosen on the odd ones" in text, text
+        from rawconv.explore.confirm import confirmed_line
+        assert "best per call: the 3 fastest of the first rounds" in confirmed_line(rows)
+    assert wrong >= 5
+
+
 def test_the_headline_is_over_the_same_problems_whether_or_not_their_rounds_waited():
     """Two problems, one whose confirmed rows had clean rounds (1.2x) and one whose rows waited for
     a CPU in most rounds (4.0x): the headline's figures are over both (a figure over the clean ones

@@ -16,7 +16,9 @@ and the checks that say when those numbers are noise.
   :func:`ratio` takes ratios within each round, then their median and interquartile range;
   :meth:`Timed.flags` says what was measured against a row (its rounds disagree; it waited for a
   CPU: wall time well above the CPU time it got). Choosing the best of N on one set of rounds
-  and reporting it from fresh rounds (``compare``'s confirmation) removes the winner's curse.
+  and reporting it from fresh rounds (``compare``'s confirmation) removes the winner's curse;
+  :func:`pick` chooses among a few carried candidates on half of the fresh rounds and reports
+  from the other half, so the choice is not left to the luck of the first rounds either.
 """
 from __future__ import annotations
 
@@ -641,7 +643,7 @@ def round_plan(iterations: int, max_rounds: int = MAX_ROUNDS) -> tuple[int, int]
 
 
 def time_rounds(candidates, *, rounds: int = 5, calls: int = 2, retries: int | None = None, warmup: int = 1,
-                budget_s: float | None = None, min_rounds: int = 3, sit_out: bool = True,
+                budget_s: float | None = None, min_rounds: int = 3, sit_out: bool = True, pairs: bool = False,
                 clock: Clock | None = None) -> dict[str, Timed]:
     """Time several callables in interleaved rounds: ``candidates`` maps a name to ``fn`` or to
     ``(fn, setup)`` (``setup()`` runs untimed before the candidate's calls in each round, e.g. a
@@ -654,7 +656,9 @@ def time_rounds(candidates, *, rounds: int = 5, calls: int = 2, retries: int | N
     rounds left (after at least one; not with ``sit_out=False``), and after ``min_rounds`` rounds
     the rounds stop once every candidate has (calls that wait for whole scheduler slices on a busy
     machine, a slow reference implementation: fewer calls, each row flagged by what its calls
-    measured). Each call records wall time (``time.perf_counter``), process CPU time
+    measured). With ``pairs``, rounds ``2m`` and ``2m + 1`` share an order (it rotates every
+    two rounds), so that the odd and the even rounds (:func:`pick`) see the same orders. Each call
+    records wall time (``time.perf_counter``), process CPU time
     (``time.process_time``) and the time our threads waited for a CPU (schedstat). Returns
     ``{name: Timed}`` in the order given (:meth:`Timed.stats`, :func:`ratio`,
     :meth:`Timed.flags`). Raises ValueError for ``rounds`` or ``calls`` below 1."""
@@ -683,7 +687,7 @@ def time_rounds(candidates, *, rounds: int = 5, calls: int = 2, retries: int | N
         if budget_s and r >= max(1, min_rounds) and all(v >= budget_s for v in spent_all.values()):
             break
         for k in range(n):
-            name, fn, setup = items[(k + r) % n]
+            name, fn, setup = items[(k + (r // 2 if pairs else r)) % n]
             if sit_out and budget_s and spent_all[name] >= budget_s and out[name].timed_rounds:
                 out[name].rounds.append([])   # its budget spent: it sits this round out
                 continue
@@ -721,6 +725,51 @@ def fastest(timed: dict, names: Iterable[str] | None = None) -> str | None:
         if math.isfinite(ms) and ms < best_ms:
             best, best_ms = n, ms
     return best
+
+
+def rounds_of(t: Timed, parity: int) -> Timed:
+    """``t`` with only its rounds whose index is ``parity`` modulo 2 (0: the even rounds, the
+    first, third, ...; 1: the odd ones); the others are left empty, as rounds it sat out, so that
+    :func:`ratio` of two such halves pairs the same rounds."""
+    return Timed(t.name, [rnd if i % 2 == parity else [] for i, rnd in enumerate(t.rounds)])
+
+
+@dataclass(frozen=True)
+class Pick:
+    """:func:`pick`'s answer: ``name`` the candidate chosen, ``ratio`` base / it over the rounds
+    it is reported from (the even ones when there was a choice, ``split``; every round when one
+    candidate only), ``choice`` base / each candidate over the rounds the choice used (the odd
+    ones; empty without a choice)."""
+
+    name: str | None
+    ratio: Ratio | None
+    choice: dict
+    split: bool
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "ratio": self.ratio.as_dict() if self.ratio is not None else None,
+                "choice": {k: (q.as_dict() if q is not None else None) for k, q in self.choice.items()},
+                "rounds": "even" if self.split else "all"}
+
+
+def pick(base: Timed, timed: dict, names: Sequence[str]) -> Pick:
+    """Choose among ``names`` (keys of ``timed``, fastest first by the rounds that carried them)
+    the one with the largest median ratio ``base`` / it over the odd rounds (the second, fourth,
+    ...), and report its ratio over the even rounds only: the choice and the figure never share a
+    round, so the noise that made it win does not inflate its figure (no winner's curse), and a
+    candidate that the carrying rounds ranked second by luck is still chosen when it is the
+    fastest. One name (or none with an odd round): no choice, its ratio over every round. A tie
+    keeps the order given. Time them with ``time_rounds(..., pairs=True)`` so that both halves
+    see the same call orders."""
+    names = [n for n in names if n in timed]
+    if not names:
+        return Pick(None, None, {}, False)
+    choice = {n: ratio(rounds_of(base, 1), rounds_of(timed[n], 1)) for n in names} if len(names) > 1 else {}
+    scored = [(q.value, -i, n) for i, (n, q) in enumerate(choice.items()) if q is not None]
+    if not scored:
+        return Pick(names[0], ratio(base, timed[names[0]]), choice, False)
+    name = max(scored)[2]
+    return Pick(name, ratio(rounds_of(base, 0), rounds_of(timed[name], 0)), choice, True)
 
 
 def geomean_interval(per_problem: Sequence[Sequence[float]], *, level: float = 0.9, resamples: int = 400,

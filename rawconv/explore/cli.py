@@ -345,23 +345,6 @@ def _fmt_ratio(r) -> str:
     return f"{v:.2f}" if _finite(v) else "-"
 
 
-def _confirmed_line(rows) -> str:
-    """The line under a problem's table that gives what its confirmation rounds measured (torch
-    default / each chosen row, median and interquartile range of the per-round ratios), or ''."""
-    conf = [(r, r.extra["confirmed"]) for r in rows if r.backend != "torch" and isinstance(r.extra.get("confirmed"), dict)
-            and isinstance(r.extra["confirmed"].get("ratio"), dict)]
-    if not conf:
-        return ""
-    n = conf[0][1]["rounds"]["rounds"]
-    parts = []
-    for r, c in conf:
-        q = c["ratio"]
-        parts.append(f"{r.implementation} {q['value']:.2f}x [{q['lo']:.2f}-{q['hi']:.2f}]"
-                     + (" (waited for a CPU)" if any(f.startswith("waited") for f in c.get("flags") or []) else ""))
-    return (f"  confirmed on {n} fresh rounds (torch default / row, median [interquartile range] of the per-round "
-            f"ratios): " + "; ".join(parts))
-
-
 def _two_lines(library: str) -> str:
     """A row's library label on at most two short lines: ``torch 2.14.1's`` / ``oneDNN 3.12.0``."""
     if "'s " in library:
@@ -383,7 +366,9 @@ def print_rows(console, problem, rows) -> None:
         console.print(f"  (columns left out at width {console.width}: "
                       f"{', '.join(c.name for c in cols if c not in shown)}; "
                       "--width or --json shows them)", style="dim")
-    line = _confirmed_line(rows)
+    from .confirm import confirmed_line
+
+    line = confirmed_line(rows)
     if line:
         console.print(line, highlight=False)
 
@@ -553,8 +538,10 @@ def _compare_header(console, args, problems: list, libs, nthreads: int, meta: di
         timing = (f"CPU times: every candidate checked, then all timed together in {rounds} interleaved round(s) "
                   f"of {calls} call(s) each (a call during which our threads waited for a CPU is tried again; a "
                   f"row's time: the median over rounds of its fastest clean call; at most {args.budget} s each)"
-                  + (f", torch default, oneDNN's first choice and the best rows again in {args.confirm_rounds} "
-                     "fresh rounds, 2-3x as many where ratios spread (the headline's figures)" if args.confirm_rounds else ""))
+                  + (f", torch default, oneDNN's first choice and the {cmp.CONFIRM_CARRY} fastest rows again in "
+                     f"{args.confirm_rounds} "
+                     "fresh rounds, 2-3x as many where ratios spread: the best chosen on the odd ones, its figure "
+                     "from the even ones (the headline's figures)" if args.confirm_rounds else ""))
     else:
         timing = f"times: median/min of up to {args.iterations} calls after {args.warmup} warm-up"
     console.print(f"{len(problems)} problem(s), {what}{photo_note}; {timing}; error vs float64 reference")
@@ -976,9 +963,10 @@ def _add_compare(sub) -> None:
     c.add_argument("--warmup", type=_nonneg_int, default=2, help="untimed calls per candidate (default 2)")
     c.add_argument("--budget", type=_positive_float, default=0.25, help="seconds of timing per candidate at most (at least one timed call per round); a candidate whose first call (which also builds it) takes longer is timed by one more call alone (default 0.25)")
     c.add_argument("--confirm-rounds", type=_nonneg_int, default=CONFIRM_ROUNDS,
-                   help="CPU: fresh interleaved rounds in which torch default, oneDNN's first choice and the best "
-                        "rows (picked on the first rounds) are timed again, 2 or 3 times as many where their ratios "
-                        f"spread; the headline's figures come from them, free of the winner's curse (default "
+                   help="CPU: fresh interleaved rounds in which torch default, oneDNN's first choice and the fastest "
+                        "few rows of the first rounds are timed again, 2 or 3 times as many where their ratios spread; "
+                        "the best is chosen on the odd ones, its figure (the headline's) taken from the even ones, "
+                        f"free of the winner's curse (default "
                         f"{CONFIRM_ROUNDS}; 0: none, the headline then says its best-of-N was picked on its timings)")
     c.add_argument("--threads", type=_thread_count, default=None,
                    help="torch/oneDNN threads (default: the CPUs this process may use, from its affinity mask and "

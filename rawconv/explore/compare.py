@@ -33,6 +33,7 @@ from ..core.check import abs_reference, compare_to_reference
 from ..core.problem import ConvProblem
 from ..core.results import Result, ResultTable, json_safe, status_group
 from .headline import headline  # noqa: F401  (the summary's lines; compare.headline)
+from .confirm import CONFIRM_CARRY, CONFIRM_MORE, CONFIRM_ROUNDS, WEIGHT_SETS, confirm, picked, ranked  # noqa: F401
 from ..pytorch.torch_choice import compare_detail, trace_detail, conv_backend_name, torch_onednn_trace  # noqa: F401
 
 __all__ = ["Row", "STATUSES", "status_category", "compare_problem", "compare", "real_photo", "inputs_for", "summary", "records", "replay",
@@ -296,24 +297,6 @@ def _set_times(row: Row, problem: ConvProblem, stats: TimeStats) -> None:
     row.gflops = problem.flops / (stats.median_ms * 1e6) if stats.median_ms > 0 else float("nan")
 
 
-#: :func:`compare_problem`'s fresh confirmation rounds (default) for torch default, oneDNN's first
-#: choice and the best rows: the headline's figures
-CONFIRM_ROUNDS = 9
-
-
-#: more batches of ``confirm_rounds`` fresh rounds at most, while a chosen row's per-round ratios
-#: spread (:func:`_ratio_spread`)
-CONFIRM_MORE = 2
-
-
-def _ratio_spread(q) -> bool:
-    """A confirmation's per-round ratios (:class:`rawconv.bench.Ratio`) spread: their interquartile
-    range above :data:`rawconv.bench.ROUNDS_DISAGREE` of their median."""
-    from ..core.bench import ROUNDS_DISAGREE
-
-    return q is not None and q.value > 0 and (q.hi - q.lo) / q.value > ROUNDS_DISAGREE
-
-
 def _round_plan(iterations: int) -> tuple[int, int]:
     """(rounds, calls per round) that spread ``iterations`` timed calls per candidate
     (:func:`rawconv.bench.round_plan`)."""
@@ -328,11 +311,12 @@ def _time_rounds(problem: ConvProblem, rows: list[Row], *, iterations: int, warm
     (:func:`rawconv.bench.time_rounds`) and fill their times, ``extra["rounds"]`` (per-round
     times, wall and CPU time per call, flags), ``extra["ratio"]`` (torch default's time over the
     row's, round by round: :func:`rawconv.bench.ratio`) and ``extra["machine"]``. Then the
-    confirmation step: torch default, oneDNN's first choice and the best rows (weights per call;
-    prepacked), chosen on these rounds, are timed again in ``confirm_rounds`` fresh rounds, and
-    their ``extra["confirmed"]`` holds what those rounds measured (the headline's figures, free
-    of the winner's curse); where a chosen row's per-round ratios spread (:func:`_ratio_spread`),
-    up to :data:`CONFIRM_MORE` more batches of as many rounds are added. Returns None."""
+    confirmation step (:func:`rawconv.explore.confirm.confirm`): torch default, oneDNN's first
+    choice and the fastest few rows of these rounds (weights per call; prepacked) are timed again
+    in ``confirm_rounds`` fresh rounds, more where ratios spread; the best of N is chosen among
+    those few on half of the fresh rounds and its figure taken from the other half (free of the
+    winner's curse, and of the luck of these rounds' order); ``extra["confirmed"]`` holds what
+    the fresh rounds measured. Returns None."""
     from ..core import bench
 
     pend = [(str(i), r) for i, r in enumerate(rows) if getattr(r, "_pending", None) is not None]
@@ -367,36 +351,8 @@ def _time_rounds(problem: ConvProblem, rows: list[Row], *, iterations: int, warm
                 r.extra["ratio"] = q.as_dict()
         if base is None or confirm_rounds < 1 or torch_def.category != "ok":
             return
-        chosen = [c for c in (first_choice(rows), best_rawconv(rows, "per call"), best_rawconv(rows, "prepacked"))
-                  if c is not None and id(c) in keys]
-        chosen = list({id(c): c for c in chosen}.values())
-        if not chosen:
-            return
-        monitor = LoadMonitor()
-        # a few rows, the headline's: every one in every round (at least one call each, however busy the
-        # machine), more tries per round for a call during which our threads did not wait for a CPU
-        cands = {keys[id(r)]: entry(r) for r in [torch_def] + chosen}
-        again = bench.time_rounds(cands, rounds=confirm_rounds, calls=calls, retries=3 * calls, warmup=1,
-                                  budget_s=budget_s, min_rounds=confirm_rounds, sit_out=False)
-        # where a chosen row's per-round ratios spread (a busy machine: some rounds' calls waited for
-        # whole scheduler slices, others not), up to CONFIRM_MORE more batches of fresh rounds: the
-        # median of a spread sample moves from run to run, of a larger one less
-        for _ in range(CONFIRM_MORE):
-            if not any(_ratio_spread(bench.ratio(again[keys[id(torch_def)]], again[keys[id(r)]])) for r in chosen):
-                break
-            more = bench.time_rounds(cands, rounds=confirm_rounds, calls=calls, retries=3 * calls, warmup=0,
-                                     budget_s=budget_s, min_rounds=confirm_rounds, sit_out=False)
-            for k, t in more.items():
-                again[k].rounds.extend(t.rounds)
-        machine = monitor.report().as_dict()
-        base2 = again[keys[id(torch_def)]]
-        torch_def.extra["confirmed"] = {"median_ms": base2.stats().median_ms, "rounds": base2.as_dict(),
-                                        "flags": base2.flags(), "machine": machine}
-        for r in chosen:
-            t = again[keys[id(r)]]
-            q = bench.ratio(base2, t)
-            r.extra["confirmed"] = {"median_ms": t.stats().median_ms, "rounds": t.as_dict(), "flags": t.flags(),
-                                    "ratio": q.as_dict() if q is not None else None, "machine": machine}
+        confirm(rows, torch_def, first_choice(rows), keys, entry, calls=calls, budget_s=budget_s,
+                confirm_rounds=confirm_rounds)
     finally:
         torch._C._set_mkldnn_enabled(old_mk)
         for _, r in pend:
@@ -927,21 +883,15 @@ def versions_line(libs: dict, problems=()) -> str:
     return "; ".join(sides)
 
 
-#: ``best_rawconv``'s weight handlings: "per call" is like for like with torch's call (which reads
-#: its weights on every call); "prepacked" is what a weight snapshot reordered once gives
-WEIGHT_SETS = {"per call": ("per call", "as given", None), "prepacked": ("prepacked", "as given", None),
-               "any": ("per call", "prepacked", "as given", None)}
-
-
 def best_rawconv(rows: list[Row], weights: str = "any") -> Row | None:
     """The fastest rawconv row (oneDNN or cuDNN) with status "ok" among ``rows``; ``weights``:
     among the rows that read their weights on every call ("per call", like torch's call; rows
     whose implementation takes the weights as given count for both), that use a prepacked
-    snapshot ("prepacked"), or all ("any", the default)."""
-    keep = WEIGHT_SETS[weights]
-    ok = [r for r in rows if r.backend != "torch" and r.category == "ok" and math.isfinite(r.median_ms)
-          and r.extra.get("weights") in keep]
-    return min(ok, key=lambda r: r.median_ms) if ok else None
+    snapshot ("prepacked"), or all ("any", the default). Where the confirmation step chose one
+    for ``weights`` among the fastest few of the first rounds (``extra["confirmed"]["picked"]``),
+    that one; otherwise the fastest by the first rounds' median time."""
+    got = picked(rows, weights) if weights != "any" else None
+    return got if got is not None else next(iter(ranked(rows, weights)), None)
 
 
 def first_choice(rows: list[Row]) -> Row | None:
@@ -1036,6 +986,7 @@ def summary(rows: list[Row], *, hint: str | None = None) -> dict:
     warn = timing_warnings(rows, hint)
     report = machine_report(rows)
     best_of = [p["best_of"] for p in per if p["ratio"] is not None]
+    sets = [len(p["confirmed_set"]) for p in per if p["ratio"] is not None and p["confirmed_set"]]
     return {"problems": len(by_problem), "results": len(checked),
             "directions": sorted({r.direction for r in rows}),
             "within_tolerance": sum(r.category == "ok" for r in rows),
@@ -1073,6 +1024,10 @@ def summary(rows: list[Row], *, hint: str | None = None) -> dict:
             "rounds_problems": sum(any(isinstance(r.extra.get("rounds"), dict) for r in rs)
                                    for rs in by_problem.values()),
             "confirm_rounds": max(conf, default=None),
+            # the best of N chosen among a few rows on half of the fresh rounds (its figure from the other half)
+            "confirmed_set_size": [min(sets), max(sets)] if sets else None,
+            "best_changed_by_confirmation": sum(p["best"] != p["best_first_rounds"] for p in per
+                                                if p["ratio"] is not None and p["confirmed_set"]),
             "confirm_rounds_range": [min(conf), max(conf)] if conf else None,
             "libraries": sorted({r.library for r in rows if r.library}),
             "timings_trustworthy": not warn, "timing_warnings": warn,
@@ -1080,12 +1035,16 @@ def summary(rows: list[Row], *, hint: str | None = None) -> dict:
             "per_problem": per}
 
 
-def _confirmed_ratio(r: Row | None) -> dict | None:
-    """The ratio torch default / ``r`` measured in the confirmation rounds (``extra["confirmed"]``),
-    else in the rounds it was chosen on (``extra["ratio"]``); None when neither was measured."""
+def _confirmed_ratio(r: Row | None, weights: str | None = None) -> dict | None:
+    """The ratio torch default / ``r`` measured in the confirmation rounds (``extra["confirmed"]``:
+    where it was chosen there for ``weights``, from the rounds the choice did not use), else in
+    the rounds it was chosen on (``extra["ratio"]``); None when neither was measured."""
     if r is None:
         return None
     c = r.extra.get("confirmed")
+    p = (c.get("picked") or {}).get(weights) if isinstance(c, dict) else None
+    if isinstance(p, dict) and isinstance(p.get("ratio"), dict):
+        return dict(p["ratio"], confirmed=True)
     if isinstance(c, dict) and isinstance(c.get("ratio"), dict):
         return dict(c["ratio"], confirmed=True)
     q = r.extra.get("ratio")
@@ -1105,16 +1064,16 @@ def _summary_problem(name: str, rs: list[Row], any_packed: bool) -> tuple:
     first = first_choice(rs)
     packed = best_rawconv(rs, "prepacked") if any_packed else None
 
-    def ratio_to(r):
+    def ratio_to(r, weights=None):
         if not t_ok or r is None or not r.median_ms > 0:
             return None, [], None
-        q = _confirmed_ratio(r)
+        q = _confirmed_ratio(r, weights)
         if q is not None and q.get("value") is not None:
             return q["value"], list(q.get("per_round") or [q["value"]]), q
         v = torch_def.median_ms / r.median_ms
         return v, [v], None
 
-    out = {k: ratio_to(r) for k, r in (("best", best), ("first_choice", first), ("prepacked", packed))}
+    out = {"best": ratio_to(best, "per call"), "first_choice": ratio_to(first), "prepacked": ratio_to(packed, "prepacked")}
     n = sum(r.backend != "torch" and r.category == "ok" and math.isfinite(r.median_ms)
             and r.extra.get("weights") in WEIGHT_SETS["per call"] for r in rs)
 
@@ -1131,6 +1090,10 @@ def _summary_problem(name: str, rs: list[Row], any_packed: bool) -> tuple:
              "ratio": out["best"][0], "ratio_interval": interval("best"),
              "ratio_confirmed": bool(out["best"][2] and out["best"][2]["confirmed"]),
              "ratio_where_picked": sel.get("value") if isinstance(sel, dict) and t_ok else None,
+             # the rows carried into the confirmation's fresh rounds, the best chosen among them there
+             "confirmed_set": _picked(best, "per call").get("among"),
+             "best_first_rounds": next((r.implementation for r in ranked(rs, "per call")), None),
+             "prepacked_confirmed_set": _picked(packed, "prepacked").get("among"),
              "first_choice": first.implementation if first else None,
              "first_choice_ms": first.median_ms if first else None, "first_choice_ratio": out["first_choice"][0],
              "first_choice_interval": interval("first_choice"),
@@ -1144,6 +1107,12 @@ def _summary_problem(name: str, rs: list[Row], any_packed: bool) -> tuple:
     # without rounds (GPU rows, rows built by hand) is taken as it is
     entry["ratio_clean"] = bool(out["best"][2].get("clean", True)) if out["best"][2] is not None else True
     return entry, {k: (v[0], v[1], bool(v[2].get("clean", True)) if v[2] is not None else True) for k, v in out.items()}
+
+
+def _picked(r: Row | None, weights: str) -> dict:
+    """What the confirmation's choice for ``weights`` said of ``r`` (``{}`` where it chose none)."""
+    c = r.extra.get("confirmed") if r is not None else None
+    return ((c.get("picked") or {}).get(weights) or {}) if isinstance(c, dict) else {}
 
 
 #: ``rawconv compare`` exit codes, most severe first (the first that applies is returned).

@@ -57,7 +57,17 @@ def headline(s: dict) -> list[str]:
     if first is not None:
         like.append(f"oneDNN's first choice {first}")
     best = _fig(s, "geomean_torch_over_best")
-    if confirmed:
+    carried = s.get("confirmed_set_size")
+    if confirmed and carried and carried[1] > 1:
+        picked = s.get("geomean_torch_over_best_where_picked")
+        k = f"{carried[0]}" if carried[0] == carried[1] else f"{carried[0]}-{carried[1]}"
+        moved = s.get("best_changed_by_confirmation") or 0
+        moved = f"; on {moved} problem(s) not the first rounds' fastest" if moved else ""
+        like.append(f"best of {n} per problem {best} (the {k} fastest of the first rounds"
+                    f"{f', where the chosen read {picked:.2f}x' if picked else ''}, timed again in "
+                    f"{_rounds_said(s)} fresh rounds: chosen on the odd ones, this figure from the even ones"
+                    f"{moved})")
+    elif confirmed:
         picked = s.get("geomean_torch_over_best_where_picked")
         like.append(f"best of {n} per problem {best} (picked on the first rounds"
                     f"{f', where it read {picked:.2f}x' if picked else ''}; this figure is from "
