@@ -133,3 +133,22 @@ def test_a_converted_model_reads_x_where_the_chain_starts_and_keeps_torchs_nans(
         assert torch.isnan(want).any() and not torch.isnan(want).all()
         _same_as_torch(c(xn), want, rtol=1e-4)
         torch.testing.assert_close(c(x), m(x), rtol=1e-4, atol=1e-4)   # and finite again after
+
+
+@pytest.mark.parametrize("role", ["weight", "bias"])
+def test_weights_given_new_storage_through_data_are_read_again(role):
+    """``w.data = new`` moves neither the tensor object nor its version counter, only its storage:
+    the guard's kept bound of the weights (or bias) is taken again, and their NaNs stay torch's."""
+    x, (w1, b1), _, p1, _, _ = _pair(seed=7)
+    w, b = w1.clone(), b1.clone()
+    p1.run(x, w, b)   # the guard's bound of w and b is kept
+    t = w if role == "weight" else b
+    bad = t.clone()
+    bad.view(-1)[3] = math.nan
+    v = t._version
+    t.data = bad
+    assert t._version == v
+    y = p1.run(x, w, b)
+    want = F.relu(F.conv2d(x, w, b, padding=1))
+    assert torch.isnan(want).any()
+    _same_as_torch(y, want)

@@ -240,11 +240,12 @@ class FusedConvolution(Convolution):
 
     def _bound(self, role: str, t, fn) -> float:
         """``fn(t)`` (the guard's bound of the weights or the bias), kept while ``t`` is the same
-        tensor at the same version (a frozen module's snapshot, a parameter between steps)."""
+        tensor at the same version and storage (a frozen module's snapshot, a parameter between
+        steps; ``t.data = new`` moves only the storage)."""
         if t is None:
             return 0.0
         try:
-            version = t._version
+            version = (t._version, t.data_ptr())
         except RuntimeError:   # an inference tensor keeps no version counter: computed on every call
             return fn(t)
         c = self._wbound.get(role)
