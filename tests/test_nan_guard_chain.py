@@ -152,3 +152,23 @@ def test_weights_given_new_storage_through_data_are_read_again(role):
     want = F.relu(F.conv2d(x, w, b, padding=1))
     assert torch.isnan(want).any()
     _same_as_torch(y, want)
+
+
+@pytest.mark.xfail(strict=True, reason="a fused optimizer step moves no version counter: the plan's kept "
+                                       "weight bound stays (found by the breaker; see its report)")
+def test_weights_written_by_a_fused_optimizer_step_are_read_again():
+    """NaN weights from a fused optimizer step (``torch.optim.SGD(fused=True)``, which writes the
+    parameters without moving their version counter) keep torch's NaNs through the fused ReLU."""
+    x, (w1, b1), _, _, _, _ = _pair(seed=11)
+    w, b = nn.Parameter(w1.clone()), nn.Parameter(b1.clone())
+    with torch.no_grad():
+        fu.conv_bias_act(x, w, b, padding=1, activation="relu")   # the guard's bound of w is kept
+    opt = torch.optim.SGD([w, b], lr=0.1, fused=True)
+    w.grad, b.grad = torch.zeros_like(w), torch.zeros_like(b)
+    w.grad[0, 0, 1, 1] = math.nan
+    opt.step()
+    with torch.no_grad():
+        y = fu.conv_bias_act(x, w, b, padding=1, activation="relu")
+        want = F.relu(F.conv2d(x, w, b, padding=1))
+    assert torch.isnan(want).any()
+    _same_as_torch(y, want)
