@@ -172,3 +172,15 @@ def test_weights_written_by_a_fused_optimizer_step_are_read_again():
         want = F.relu(F.conv2d(x, w, b, padding=1))
     assert torch.isnan(want).any()
     _same_as_torch(y, want)
+
+
+def test_the_contracts_hot_run_keeps_torchs_nans():
+    """``hot_run`` (the plan contract's one call) on a fused plan whose hot path is set up runs the
+    NaN guard as ``execute`` does: a NaN in x stays torch's through the fused ReLU."""
+    x, (w1, b1), _, p1, _, _ = _pair(seed=13)
+    p1.execute(x, w1, b1)   # the checked call sets the hot path up
+    xn = x.clone()
+    xn[0, 3, 4, 4] = math.nan
+    want = F.relu(F.conv2d(xn, w1, b1, padding=1))
+    _same_as_torch(p1.hot_run(xn, w1, b1), want)
+    _same_as_torch(p1.hot_run(x, w1, b1), F.relu(F.conv2d(x, w1, b1, padding=1)))

@@ -328,6 +328,11 @@ class FusedConvolution(Convolution):
         self.execute(x, w, bias, out=y)
         return y.squeeze(0) if p.unbatched else y
 
+    def hot_run(self, a, b, bias=None, out=None):
+        """The plan contract's one call (forward: ``a, b`` = x, w) through :meth:`execute`: the NaN
+        guard and the carried bound first, then the hot path where it applies."""
+        return self.execute(a, b, bias, out)
+
     def _hot_run(self, x, w, bias, out):
         """The plain plan's hot path skips the residual's reorder into a blocked destination that
         the ``sum`` post-op reads: plans with a residual always take the checked path."""
