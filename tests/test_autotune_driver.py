@@ -161,3 +161,12 @@ def test_drive_reads_the_cache_first_and_raises_when_nothing_runs():
     with pytest.raises(NotSupportedError, match="off: wrong.*gone: not supported.*kb: known bad"):
         autotune.drive(bad, use_cache=False)
     assert bad.selected.choice == "kb"   # what it ran before
+
+
+def test_drive_with_an_unlimited_budget_records_its_winner():
+    """budget_s=inf (accepted as "no limit", as oneDNN's autotune takes it) selects and records the
+    winner like None: the search's result is not lost to the record's check of its detail."""
+    plan = _Scripted({"a": [2.0], "b": [1.0]})
+    table = autotune.drive(plan, math.inf, use_cache=False)
+    assert table[0].name == "b" and plan.selected.choice == "b"
+    assert plan.tuning_record.choice == "b" and plan.tuning_record.detail["budget_s"] is None

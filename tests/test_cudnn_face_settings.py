@@ -78,3 +78,28 @@ def test_the_faces_hand_on_the_shared_names():
     from rawconv.cudnn import library
 
     assert cudnn.info is library.info and cudnn.library_version is library.library_version
+
+
+@pytest.mark.xfail(strict=True, reason="unittest.mock's restore deletes the attribute: the faces' "
+                                       "properties have no deleter (found by the breaker; see its report)")
+@pytest.mark.parametrize("face, name, value", [("onednn", "SLOW_REFERENCE_SECONDS", 3.0),
+                                               ("cudnn_graph", "SERIALIZE_RTC", False),
+                                               ("cudnn_graph", "environment", lambda *a, **k: {}),
+                                               ("cudnn", "gpu_time", lambda *a, **k: 0.0)])
+def test_settings_patched_on_a_face_with_unittest_mock_are_restored(face, name, value):
+    """``unittest.mock.patch.object`` (as ``monkeypatch.setattr``) on a face setting: set inside
+    the block, the value from before again after it, and no error on leaving it."""
+    from unittest import mock
+
+    import rawconv
+
+    target = getattr(rawconv, face)
+    before = getattr(target, name)
+    try:
+        with mock.patch.object(target, name, value):
+            assert getattr(target, name) is value
+    finally:
+        restored = getattr(target, name)
+        if restored is not before:
+            setattr(target, name, before)   # (leave the process as it was for the other tests)
+    assert restored is before

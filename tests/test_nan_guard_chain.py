@@ -133,3 +133,54 @@ def test_a_converted_model_reads_x_where_the_chain_starts_and_keeps_torchs_nans(
         assert torch.isnan(want).any() and not torch.isnan(want).all()
         _same_as_torch(c(xn), want, rtol=1e-4)
         torch.testing.assert_close(c(x), m(x), rtol=1e-4, atol=1e-4)   # and finite again after
+
+
+@pytest.mark.parametrize("role", ["weight", "bias"])
+def test_weights_given_new_storage_through_data_are_read_again(role):
+    """``w.data = new`` moves neither the tensor object nor its version counter, only its storage:
+    the guard's kept bound of the weights (or bias) is taken again, and their NaNs stay torch's."""
+    x, (w1, b1), _, p1, _, _ = _pair(seed=7)
+    w, b = w1.clone(), b1.clone()
+    p1.run(x, w, b)   # the guard's bound of w and b is kept
+    t = w if role == "weight" else b
+    bad = t.clone()
+    bad.view(-1)[3] = math.nan
+    v = t._version
+    t.data = bad
+    assert t._version == v
+    y = p1.run(x, w, b)
+    want = F.relu(F.conv2d(x, w, b, padding=1))
+    assert torch.isnan(want).any()
+    _same_as_torch(y, want)
+
+
+@pytest.mark.xfail(strict=True, reason="a fused optimizer step moves no version counter: the plan's kept "
+                                       "weight bound stays (found by the breaker; see its report)")
+def test_weights_written_by_a_fused_optimizer_step_are_read_again():
+    """NaN weights from a fused optimizer step (``torch.optim.SGD(fused=True)``, which writes the
+    parameters without moving their version counter) keep torch's NaNs through the fused ReLU."""
+    x, (w1, b1), _, _, _, _ = _pair(seed=11)
+    w, b = nn.Parameter(w1.clone()), nn.Parameter(b1.clone())
+    with torch.no_grad():
+        fu.conv_bias_act(x, w, b, padding=1, activation="relu")   # the guard's bound of w is kept
+    opt = torch.optim.SGD([w, b], lr=0.1, fused=True)
+    w.grad, b.grad = torch.zeros_like(w), torch.zeros_like(b)
+    w.grad[0, 0, 1, 1] = math.nan
+    opt.step()
+    with torch.no_grad():
+        y = fu.conv_bias_act(x, w, b, padding=1, activation="relu")
+        want = F.relu(F.conv2d(x, w, b, padding=1))
+    assert torch.isnan(want).any()
+    _same_as_torch(y, want)
+
+
+def test_the_contracts_hot_run_keeps_torchs_nans():
+    """``hot_run`` (the plan contract's one call) on a fused plan whose hot path is set up runs the
+    NaN guard as ``execute`` does: a NaN in x stays torch's through the fused ReLU."""
+    x, (w1, b1), _, p1, _, _ = _pair(seed=13)
+    p1.execute(x, w1, b1)   # the checked call sets the hot path up
+    xn = x.clone()
+    xn[0, 3, 4, 4] = math.nan
+    want = F.relu(F.conv2d(xn, w1, b1, padding=1))
+    _same_as_torch(p1.hot_run(xn, w1, b1), want)
+    _same_as_torch(p1.hot_run(x, w1, b1), F.relu(F.conv2d(x, w1, b1, padding=1)))

@@ -230,7 +230,8 @@ def drive(plan: Any, budget_s: float | None = None, *, use_cache: bool | None = 
     conf = win.extra.get("confirmed_ms")
     med = sorted(conf)[len(conf) // 2] if conf else win.median_ms
     record = tuning.TuningRecord(key, win.name, {"driver": "rawconv.core.autotune.drive",
-                                                 "rounds": 1 + len(conf or ()), "budget_s": budget_s},
+                                                 "rounds": 1 + len(conf or ()),
+                                                 "budget_s": budget_s if budget_s != math.inf else None},
                                  plan.problem.layout, med, win.min_ms, win.accuracy,
                                  label=getattr(plan.problem, "name", "") or "")
     return keep(plan, table, record)

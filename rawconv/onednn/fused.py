@@ -240,11 +240,12 @@ class FusedConvolution(Convolution):
 
     def _bound(self, role: str, t, fn) -> float:
         """``fn(t)`` (the guard's bound of the weights or the bias), kept while ``t`` is the same
-        tensor at the same version (a frozen module's snapshot, a parameter between steps)."""
+        tensor at the same version and storage (a frozen module's snapshot, a parameter between
+        steps; ``t.data = new`` moves only the storage)."""
         if t is None:
             return 0.0
         try:
-            version = t._version
+            version = (t._version, t.data_ptr())
         except RuntimeError:   # an inference tensor keeps no version counter: computed on every call
             return fn(t)
         c = self._wbound.get(role)
@@ -326,6 +327,11 @@ class FusedConvolution(Convolution):
         carry_bound(y, carried_bound(r))   # (the copy holds what r held)
         self.execute(x, w, bias, out=y)
         return y.squeeze(0) if p.unbatched else y
+
+    def hot_run(self, a, b, bias=None, out=None):
+        """The plan contract's one call (forward: ``a, b`` = x, w) through :meth:`execute`: the NaN
+        guard and the carried bound first, then the hot path where it applies."""
+        return self.execute(a, b, bias, out)
 
     def _hot_run(self, x, w, bias, out):
         """The plain plan's hot path skips the residual's reorder into a blocked destination that
