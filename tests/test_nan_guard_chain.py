@@ -154,8 +154,6 @@ def test_weights_given_new_storage_through_data_are_read_again(role):
     _same_as_torch(y, want)
 
 
-@pytest.mark.xfail(strict=True, reason="a fused optimizer step moves no version counter: the plan's kept "
-                                       "weight bound stays (found by the breaker; see its report)")
 def test_weights_written_by_a_fused_optimizer_step_are_read_again():
     """NaN weights from a fused optimizer step (``torch.optim.SGD(fused=True)``, which writes the
     parameters without moving their version counter) keep torch's NaNs through the fused ReLU."""

@@ -163,6 +163,30 @@ def finite_bound(x: torch.Tensor, w_bound: float, bias: torch.Tensor | None = No
                       vector_bound(residual)) < math.inf
 
 
+# Bumped after every optimizer step in the process (torch.optim's global step hook, registered by
+# :func:`watch_optimizers` at the first kept bound or frozen snapshot): fused optimizers (Adam(fused=True),
+# fused SGD) update parameters without moving their version counters, so a step is itself a sign that
+# what was derived from a parameter (a frozen snapshot, the guard's weight bound) may be stale.
+OPTIMIZER_EPOCH = [0]
+_STEP_HOOK: list = []
+
+
+def _bump_epoch(*_args, **_kwargs) -> None:
+    OPTIMIZER_EPOCH[0] += 1
+
+
+def watch_optimizers() -> None:
+    """Register the optimizer step hook that bumps :data:`OPTIMIZER_EPOCH` (once per process)."""
+    if not _STEP_HOOK:
+        try:
+            # (imported by name: torch 2.14's torch.optim namespace has no `optimizer` attribute)
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            _STEP_HOOK.append(register_optimizer_step_post_hook(_bump_epoch))
+        except Exception:  # noqa: BLE001  (a torch without the global hook: version counters only)
+            _STEP_HOOK.append(None)
+
+
 # A bound that travels with a fused plan's result, so that the next fused plan fed that very tensor
 # need not read it: (version counter, data pointer, bound of max|y|) under this key of the tensor's
 # __dict__. Any write through torch moves the version counter (a write through ``.data``, numpy or

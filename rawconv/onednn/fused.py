@@ -40,7 +40,8 @@ from .primitive import _Built, _check_no_overlap, _omp_threads, _set_handle_int,
 from . import _ffi as _dnnl
 from ..core import env as _env
 from ..core.errors import ArgumentError, ArgumentTypeError
-from ..core.postops import check_activation, check_residual, torch_tail, apply_activation, carried_bound, \
+from ..core.postops import OPTIMIZER_EPOCH, watch_optimizers, check_activation, check_residual, torch_tail, \
+    apply_activation, carried_bound, \
     carry_bound, conv_bound, vector_bound, weight_bound
 from ..core.problem import ConvProblem, dense_strides, empty_like_layout, strides_match
 
@@ -240,12 +241,13 @@ class FusedConvolution(Convolution):
 
     def _bound(self, role: str, t, fn) -> float:
         """``fn(t)`` (the guard's bound of the weights or the bias), kept while ``t`` is the same
-        tensor at the same version and storage (a frozen module's snapshot, a parameter between
-        steps; ``t.data = new`` moves only the storage)."""
+        tensor at the same version and storage and no optimizer stepped since (a frozen module's
+        snapshot; ``t.data = new`` moves only the storage, a fused optimizer step neither)."""
         if t is None:
             return 0.0
-        try:
-            version = (t._version, t.data_ptr())
+        watch_optimizers()
+        try:   # (an optimizer step: a fused one moves no version counter)
+            version = (t._version, t.data_ptr(), OPTIMIZER_EPOCH[0])
         except RuntimeError:   # an inference tensor keeps no version counter: computed on every call
             return fn(t)
         c = self._wbound.get(role)

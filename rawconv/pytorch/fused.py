@@ -524,26 +524,10 @@ def _clear_frozen_plans() -> None:
 
 _plans_mod.register_clear("rawconv.pytorch.fused:frozen modules' plans", _clear_frozen_plans)
 
-# bumped after every optimizer step in the process (torch.optim's global step hook, registered at the
-# first freeze): fused optimizers (Adam(fused=True), fused SGD) update parameters without moving their
-# version counters, so a step is itself a sign that frozen snapshots may be stale
-_EPOCH = [0]
-_HOOK: list = []
-
-
-def _bump_epoch(*_args, **_kwargs) -> None:
-    _EPOCH[0] += 1
-
-
-def _watch_optimizers() -> None:
-    if not _HOOK:
-        try:
-            # (imported by name: torch 2.14's torch.optim namespace has no `optimizer` attribute)
-            from torch.optim.optimizer import register_optimizer_step_post_hook
-
-            _HOOK.append(register_optimizer_step_post_hook(_bump_epoch))
-        except Exception:  # noqa: BLE001  (a torch without the global hook: version counters only)
-            _HOOK.append(None)
+# bumped after every optimizer step in the process (torch.optim's global step hook): fused optimizers
+# (Adam(fused=True), fused SGD) update parameters without moving their version counters, so a step is
+# itself a sign that frozen snapshots may be stale (rawconv.core.postops.watch_optimizers)
+from ..core.postops import OPTIMIZER_EPOCH as _EPOCH, watch_optimizers as _watch_optimizers  # noqa: E402
 
 
 class _PlanDict(dict):
