@@ -80,8 +80,6 @@ def test_the_faces_hand_on_the_shared_names():
     assert cudnn.info is library.info and cudnn.library_version is library.library_version
 
 
-@pytest.mark.xfail(strict=True, reason="unittest.mock's restore deletes the attribute: the faces' "
-                                       "properties have no deleter (found by the breaker; see its report)")
 @pytest.mark.parametrize("face, name, value", [("onednn", "SLOW_REFERENCE_SECONDS", 3.0),
                                                ("cudnn_graph", "SERIALIZE_RTC", False),
                                                ("cudnn_graph", "environment", lambda *a, **k: {}),

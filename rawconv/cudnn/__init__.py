@@ -214,25 +214,13 @@ class _Hot:
 
 
 # ---------------------------------------------------------------------------- the plan
-import sys as _sys  # noqa: E402
 from .legacy import common as _common  # noqa: E402
+from ..core.face import route_settings as _route_settings  # noqa: E402
 
 
-class _Face(type(logging)):
-    """This module's type: the settings its parts read where they live, set and read through the face
-    (``rawconv.cudnn.gpu_time = f``, as a test's ``monkeypatch.setattr(cudnn, "gpu_time", f)`` does,
-    reaches :mod:`rawconv.cudnn.legacy.common`, where the legacy autotune reads it at call time)."""
-
-    @property
-    def gpu_time(self):
-        return _common.gpu_time
-
-    @gpu_time.setter
-    def gpu_time(self, fn) -> None:
-        _common.gpu_time = fn
-
-
-_sys.modules[__name__].__class__ = _Face
+# gpu_time set on this face (rawconv.cudnn.gpu_time = f, a test's monkeypatch) reaches
+# rawconv.cudnn.legacy.common, where the legacy autotune reads it at call time
+_route_settings(__name__, {"gpu_time": _common})
 
 from .legacy.algorithms import Algorithms as _Algorithms  # noqa: E402 - descriptors, queries, selection
 from .legacy.autotune import Autotune as _Autotune  # noqa: E402 - the timed search, tuning records

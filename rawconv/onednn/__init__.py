@@ -21,7 +21,6 @@ user *scratchpad*, the *fpmath mode*.
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 from typing import Any, Sequence
 
@@ -50,21 +49,10 @@ from .plan import Convolution, _restride, _empty_result, MAX_TENSOR_ELEMENTS, _c
 
 
 
-class _Face(type(logging)):
-    """This module's type: the settings its parts read where they live, set and read through the face
-    (``rawconv.onednn.SLOW_REFERENCE_SECONDS = 30`` reaches :mod:`rawconv.onednn.plan`)."""
-
-    @property
-    def SLOW_REFERENCE_SECONDS(self) -> float:   # noqa: N802 - the documented name
-        return _plan_mod.SLOW_REFERENCE_SECONDS
-
-    @SLOW_REFERENCE_SECONDS.setter
-    def SLOW_REFERENCE_SECONDS(self, seconds: float) -> None:   # noqa: N802
-        _plan_mod.SLOW_REFERENCE_SECONDS = seconds
-
-
 from . import plan as _plan_mod  # noqa: E402
-sys.modules[__name__].__class__ = _Face
+from ..core.face import route_settings as _route_settings  # noqa: E402
+# SLOW_REFERENCE_SECONDS set on this face (rawconv.onednn.SLOW_REFERENCE_SECONDS = 30) reaches rawconv.onednn.plan
+_route_settings(__name__, {"SLOW_REFERENCE_SECONDS": _plan_mod})
 
 # ---------------------------------------------------------------------------- plan cache and functions
 _cache = PlanCache(256)

@@ -253,43 +253,15 @@ class _GraphHot:
 
 
 # ---------------------------------------------------------------------------- the plan
-import sys as _sys  # noqa: E402
 from .. import library as _library  # noqa: E402 - info(): the loaded cuDNN (not the legacy face)
 from . import common as _common  # noqa: E402
+from ...core.face import route_settings as _route_settings  # noqa: E402
 
 
-class _Face(type(logging)):
-    """This module's type: the settings its parts read where they live, set and read through the face
-    (``rawconv.cudnn_graph.SERIALIZE_RTC = False`` reaches :mod:`rawconv.cudnn.graph.common`, where
-    :class:`_Built` reads it; ``environment`` and ``reference`` likewise, read there by the autotune). ``CAPTURE_PROBE`` and ``DEFAULT_UNFUSED`` are read by
-    :class:`GraphConvolution`, here, and stay plain module names."""
-
-    @property
-    def SERIALIZE_RTC(self) -> bool:   # noqa: N802 - the documented name
-        return _common.SERIALIZE_RTC
-
-    @SERIALIZE_RTC.setter
-    def SERIALIZE_RTC(self, on: bool) -> None:   # noqa: N802
-        _common.SERIALIZE_RTC = on
-
-    @property
-    def environment(self):
-        return _common.environment
-
-    @environment.setter
-    def environment(self, fn) -> None:
-        _common.environment = fn
-
-    @property
-    def reference(self):
-        return _common.reference
-
-    @reference.setter
-    def reference(self, fn) -> None:
-        _common.reference = fn
-
-
-_sys.modules[__name__].__class__ = _Face
+# SERIALIZE_RTC set on this face (rawconv.cudnn_graph.SERIALIZE_RTC = False) reaches rawconv.cudnn.graph.common,
+# where _Built reads it; environment and reference likewise, read there by the autotune. CAPTURE_PROBE and
+# DEFAULT_UNFUSED are read by GraphConvolution, here, and stay plain module names.
+_route_settings(__name__, {"SERIALIZE_RTC": _common, "environment": _common, "reference": _common})
 
 from .engines import Engines as _Engines, empty_result as _empty_result  # noqa: E402 - the graph, its engines, selection
 from .autotune import Autotune as _Autotune  # noqa: E402 - the search's entry point, tuning records
