@@ -170,3 +170,39 @@ def test_drive_with_an_unlimited_budget_records_its_winner():
     table = autotune.drive(plan, math.inf, use_cache=False)
     assert table[0].name == "b" and plan.selected.choice == "b"
     assert plan.tuning_record.choice == "b" and plan.tuning_record.detail["budget_s"] is None
+
+
+@pytest.mark.parametrize("bad", [math.nan, -1.0, math.inf])
+def test_drive_refuses_an_impossible_timing_and_keeps_the_previous_choice(bad):
+    """A timing hook that returns NaN, a negative or an infinite time is the backend's bug: the
+    search stops with a clear error naming the hook, and the plan runs what it ran before (a NaN
+    row used to be ranked and selected, and only the record's check raised)."""
+    from rawconv.core.errors import ArgumentError
+
+    plan = _Scripted({"a": [2.0], "b": [bad]})
+    plan.select(choice="a")
+    with pytest.raises(ArgumentError, match="time_candidate returned an impossible timing for 'b'"):
+        autotune.drive(plan, use_cache=False)
+    assert plan.selected.choice == "a" and plan.tuning_record is None
+
+
+def test_drive_from_four_threads_on_one_plan_times_each_candidate_selected():
+    """Four threads driving one plan: each search holds the plan (the hook's assertion that the
+    candidate it times is the one selected held in every call; before, 9 calls timed another)."""
+    import threading
+
+    plan = _Scripted({"a": [2.0] * 40, "b": [1.0] * 40, "c": [1.05] * 40})
+    errors = []
+
+    def run():
+        try:
+            for _ in range(3):
+                autotune.drive(plan, use_cache=False)
+        except BaseException as exc:   # noqa: BLE001 - reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and plan.selected.choice == "b"

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from typing import Any, Callable, NamedTuple, Protocol, runtime_checkable
 
@@ -217,15 +218,16 @@ def drive(plan: Any, budget_s: float | None = None, *, use_cache: bool | None = 
     if hit is not None:
         return hit
     budget = Budget(budget_s)
-    before = plan.selected
-    try:
-        rows, wrong, skipped = _search(plan, budget, check, progress)
-    except BaseException:
-        if before is not None:   # interrupted or nothing ran: the plan runs what it ran before
-            plan.select(choice=before.choice)
-        raise
-    win = rows[0]
-    plan.select(choice=win.name)
+    with _lock_of(plan):   # one search of a plan at a time: a search selects each candidate in turn
+        before = plan.selected
+        try:
+            rows, wrong, skipped = _search(plan, budget, check, progress)
+        except BaseException:
+            if before is not None:   # interrupted or nothing ran: the plan runs what it ran before
+                plan.select(choice=before.choice)
+            raise
+        win = rows[0]
+        plan.select(choice=win.name)
     table = ResultTable(rows + sorted(wrong, key=lambda r: r.name) + skipped, title=title)
     conf = win.extra.get("confirmed_ms")
     med = sorted(conf)[len(conf) // 2] if conf else win.median_ms
@@ -235,6 +237,42 @@ def drive(plan: Any, budget_s: float | None = None, *, use_cache: bool | None = 
                                  plan.problem.layout, med, win.min_ms, win.accuracy,
                                  label=getattr(plan.problem, "name", "") or "")
     return keep(plan, table, record)
+
+
+_LOCKS_LOCK = threading.Lock()
+
+
+def _lock_of(plan: Any):
+    """The lock :func:`drive` holds on ``plan`` for its search (made on first use, kept on the plan;
+    one process-wide lock for a plan that takes no attribute)."""
+    lock = getattr(plan, "_rawconv_drive_lock", None)
+    if lock is None:
+        with _LOCKS_LOCK:
+            lock = getattr(plan, "_rawconv_drive_lock", None)
+            if lock is None:
+                lock = threading.RLock()
+                try:
+                    plan._rawconv_drive_lock = lock
+                except AttributeError:   # (__slots__)
+                    lock = _LOCKS_LOCK_ANY
+    return lock
+
+
+_LOCKS_LOCK_ANY = threading.RLock()
+
+
+def _timed(plan: Any, candidate: Any, call: dict, budget_s: float | None) -> Timing:
+    """``plan.time_candidate``'s result, checked: finite, non-negative milliseconds and a count."""
+    t = plan.time_candidate(candidate, call, budget_s=budget_s)
+    try:
+        med, mn, runs = float(t.median_ms), float(t.min_ms), int(t.runs)
+    except (AttributeError, TypeError, ValueError):
+        raise ArgumentTypeError(f"{type(plan).__name__}.time_candidate must return a Timing "
+                                f"(median_ms, min_ms, runs), got {t!r}") from None
+    if not (0 <= mn <= med < math.inf) or runs < 1:
+        raise ArgumentError(f"{type(plan).__name__}.time_candidate returned an impossible timing for "
+                            f"{getattr(candidate, 'choice', candidate)!r}: {t!r} (finite ms, min <= median, runs >= 1)")
+    return Timing(med, mn, runs)
 
 
 def _search(plan: Any, budget: Budget, check: bool, progress: Any) -> tuple[list, list, list]:
@@ -266,7 +304,7 @@ def _search(plan: Any, budget: Budget, check: bool, progress: Any) -> tuple[list
                         wrong.append(_row(c, plan, "wrong", f"outside tolerance vs float64: max rel err "
                                                             f"{err.max_rel:.2e}", accuracy=err))
                         continue
-                    t = plan.time_candidate(c, call, budget_s=budget.share(len(cands) - k, 0.7))
+                    t = _timed(plan, c, call, budget.share(len(cands) - k, 0.7))
                 except NotSupportedError as exc:
                     skipped.append(_row(c, plan, "not supported", str(exc)))
                     continue
@@ -284,8 +322,7 @@ def _search(plan: Any, budget: Budget, check: bool, progress: Any) -> tuple[list
         for rnd in range(CONFIRM_ROUNDS):
             for r in close:
                 plan.select(choice=r.name)
-                t = plan.time_candidate(r.candidate, call,
-                                        budget_s=budget.share(len(close) * (CONFIRM_ROUNDS - rnd)))
+                t = _timed(plan, r.candidate, call, budget.share(len(close) * (CONFIRM_ROUNDS - rnd)))
                 r.extra.setdefault("confirmed_ms", []).append(t.median_ms)
                 r.median_ms, r.min_ms, r.runs = min(r.median_ms, t.median_ms), min(r.min_ms, t.min_ms), r.runs + t.runs
                 r.phase = "confirmed"
