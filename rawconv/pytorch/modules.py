@@ -682,4 +682,5 @@ for _cls in (_RawconvConv, _RawconvConvTranspose, _ConvBiasAct, _FusedSequential
 
 
 # every public entry point raises only rawconv's exception classes (rawconv._guard)
-_guard.guard_module(globals(), "_RawconvConv.forward", "_RawconvConvTranspose.forward", "_ConvBiasAct.forward", "_ConvBiasAct.from_conv", where=FACE)
+_guard.guard_module(globals(), "_RawconvConv.forward", "_RawconvConvTranspose.forward", "_ConvBiasAct.forward",
+                    "_ConvBiasAct.from_conv", where=FACE)

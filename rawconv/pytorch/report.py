@@ -11,7 +11,7 @@ from ..core import guard as _guard
 FACE = "rawconv.pytorch.nn"   # where this module's public names live (rawconv.nn): pickles, messages
 
 
-# ---------------------------------------------------------------------------- convert
+# ---------------------------------------------------------------------------- convert's report
 @dataclass
 class ConvertReport:
     """What :func:`convert` did: ``swapped`` (module names now on rawconv), ``folded`` (conv, batchnorm
@@ -135,7 +135,7 @@ class ConvertReport:
         return out
 
 
-# ---------------------------------------------------------------------------- describe
+# ---------------------------------------------------------------------------- describe's rows
 @dataclass
 class LayerReport:
     """One convolution layer in :func:`describe`: what rawconv and torch run, their times (ms;

@@ -31,7 +31,7 @@ log = logging.getLogger("rawconv.nn")
 FACE = "rawconv.pytorch.nn"   # where this module's public names live (rawconv.nn): pickles, messages
 
 
-# ---------------------------------------------------------------------------- modules
+# ---------------------------------------------------------------------------- recording
 # while convert/describe record the exact calls: (thread id, list of (module, kind, args)) per
 # recording, innermost last. Non-empty is the forwards' one fast check; each thread records only
 # its own calls (another thread's model running meanwhile is not tuned, nor its choices pinned)
