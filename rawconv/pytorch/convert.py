@@ -56,7 +56,8 @@ def _subclass_name(t: type) -> str:
 def _subclass_twin(t: type, base: type) -> type:
     """The rawconv twin of ``t`` (a plain subclass of torch's ``base``), made once: a subclass of
     both rawconv's class for ``base`` and ``t`` (``isinstance(m, t)`` still holds, ``t``'s other
-    methods stay), computing as rawconv's class; registered in this module so that pickles find it."""
+    methods stay), computing as rawconv's class; registered in this module, named on the face
+    (``rawconv.pytorch.nn``, whose ``__getattr__`` is :func:`_face_getattr`) so that pickles find it."""
     name = _subclass_name(t)
     cls = globals().get(name)
     if cls is None:
