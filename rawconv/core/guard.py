@@ -312,12 +312,13 @@ def check_out(out, inputs, fn: str) -> None:
 bump = torch._C._increment_version   # bump((t,)): t's version counter, as torch's in-place ops do
 
 
-def guard_module(namespace: dict, *names: str) -> None:
+def guard_module(namespace: dict, *names: str, where: str | None = None) -> None:
     """Wrap the public functions ``names`` of a module (``namespace``: its ``globals()``) with
     :func:`public`; ``"Class.method"`` wraps a method (or property, classmethod) of a class
     there. Called once at the end of each public module, so that every caller (other modules
-    included) gets the wrapped function."""
-    mod = namespace["__name__"]
+    included) gets the wrapped function. ``where``: the module path errors name (default: the
+    module's own; a part of a package face gives the face's, where its names are imported from)."""
+    mod = where or namespace["__name__"]
     methods: dict = {}
     for n in names:
         cls_name, _, meth = n.partition(".")
