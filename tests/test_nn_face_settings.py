@@ -26,7 +26,9 @@ def test_a_name_set_on_the_face_is_set_in_the_part_that_reads_it(monkeypatch, na
     new = object()
     monkeypatch.setattr(rnn, name, new)
     assert getattr(part, name) is new and getattr(rnn, name) is new
-    assert name not in vars(rnn), "the face holds no copy that could go stale"
+    other = object()   # set in the part directly: the face reads the part, never a copy of its own
+    setattr(part, name, other)
+    assert getattr(rnn, name) is other
     monkeypatch.undo()
     assert getattr(part, name) is real and getattr(rnn, name) is real
 
@@ -122,3 +124,16 @@ def test_a_converted_model_saved_names_its_classes_on_the_face_and_loads():
     assert torch.allclose(back(x).double(), want, rtol=1e-4, atol=1e-4)
     assert rnn.pinned_choices(back) == rnn.pinned_choices(m)
     rnn.clear_tuning()
+
+
+def test_a_setting_patched_with_unittest_mock_is_restored():
+    """``unittest.mock.patch.object(rawconv.nn, "VERSUS_TORCH", False)``: set in the part inside the
+    block, the value from before again after it."""
+    from unittest import mock
+
+    from rawconv.pytorch import search
+
+    before = rnn.VERSUS_TORCH
+    with mock.patch.object(rnn, "VERSUS_TORCH", not before):
+        assert search.VERSUS_TORCH is (not before)
+    assert search.VERSUS_TORCH is before and rnn.VERSUS_TORCH is before

@@ -41,12 +41,11 @@ This module is the face: the code lives in its parts, each handing its names on 
 :class:`TunedChoice`), :mod:`.convert` (``convert``, fusion, pins), :mod:`.report` (``ConvertReport``,
 ``LayerReport``), :mod:`.describe`. The settings and hooks a part reads (``USE_OPS``, ``VERSUS_TORCH``,
 ``GRAPH_BUDGET_S``, ``ONEDNN_TUNE``, ``GRAPH_TUNE``, ...) are set and read here and reach that part
-(:class:`_Face`).
+(:func:`rawconv.core.face.route_settings`).
 """
 from __future__ import annotations
 
 import logging
-import sys
 
 from . import fusion as _fusion  # noqa: F401 - rawconv.nn._fusion, as before
 from .pins import check_choice as _check_choice, choice_library as _choice_library  # noqa: F401
@@ -63,6 +62,7 @@ from .report import ConvertReport, LayerReport, DescribeTable, format_table, pri
 from .convert import (convert, refresh, torch_fallbacks, pinned_choices, pin_choices, AUTOTUNE_NEW,  # noqa: F401
                       _search_layers, _face_getattr as __getattr__)
 from .describe import describe  # noqa: F401
+from ..core.face import route_settings as _route_settings
 
 log = logging.getLogger("rawconv.nn")
 
@@ -78,17 +78,4 @@ _SETTINGS = {"USE_OPS": _functional, "_autocasting": _modules,
              "_tune_one": _search, "_tune_call": _search, "_search_direction": _search, "_graph_plan": _search}
 
 
-class _Face(type(sys)):
-    """This module's type: each name of :data:`_SETTINGS` is a property that reads and sets it in the
-    part that reads it (as ``rawconv.onednn``'s face does for ``SLOW_REFERENCE_SECONDS``)."""
-
-
-def _through(name: str, part) -> property:
-    return property(lambda face: getattr(part, name), lambda face, value: setattr(part, name, value),
-                    doc=f"{part.__name__}.{name}, read and set through rawconv.nn")
-
-
-for _name, _part in _SETTINGS.items():
-    setattr(_Face, _name, _through(_name, _part))
-del _name, _part
-sys.modules[__name__].__class__ = _Face
+_route_settings(__name__, _SETTINGS)   # (rawconv.core.face: unittest.mock.patch.object restores them too)
