@@ -98,7 +98,10 @@ class ConvertReport:
                 g = math.exp(sum(math.log(t["vs_torch"]) for t in vs) / len(vs))
                 worst = min(vs, key=lambda t: t["vs_torch"])
                 slow = sum(1 for t in vs if t["vs_torch"] < 0.97)
-                lines.append(f"  against torch's own call (cudnn.benchmark on), GPU time, {len(vs)} searched problems: "
+                how = ("(cudnn.benchmark on), GPU time" if all(t.get("backend") == "cudnn" for t in vs) else
+                       "(oneDNN in torch), wall time in interleaved rounds" if all(t.get("backend") == "onednn" for t in vs)
+                       else "(CUDA: GPU time; CPU: wall time in interleaved rounds)")
+                lines.append(f"  against torch's own call {how}, {len(vs)} searched problems: "
                              f"geomean {g:.3f}x (torch / rawconv), {slow} more than 3% slower than torch, worst "
                              f"{worst['vs_torch']:.3f}x ({worst['name']}: rawconv {worst['choice']}, torch "
                              f"{worst.get('torch_engine', '?')}); per layer: report.table()")

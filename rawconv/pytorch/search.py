@@ -434,7 +434,10 @@ def _tune_one(m, kind: str, args: dict, backend: str, budget_s: float | None, *,
         best = rows[0].impl
         if info is not None:
             info.update(median_ms=getattr(rows[0], "median_ms", None), min_ms=getattr(rows[0], "min_ms", None))
-        return f"{best.name}@{best.layouts}"
+        choice = f"{best.name}@{best.layouts}"
+        if info is not None and kind in ("conv", "fused") and VERSUS_TORCH:
+            choice = _versus_torch_onednn(m, kind, args, choice, info)
+        return choice
 
     budget = budget_s or GRAPH_BUDGET_S
     t0 = time.perf_counter()
@@ -473,6 +476,41 @@ def _tune_one(m, kind: str, args: dict, backend: str, budget_s: float | None, *,
 
 # convert(autotune=...) on CUDA times each searched layer's pinned call against torch's own call
 VERSUS_TORCH = True
+
+
+def _versus_torch_onednn(m, kind: str, args: dict, choice: str, info: dict) -> str:
+    """The choice to pin for a searched oneDNN layer after :func:`rawconv.pytorch.versus_cpu.versus_torch_cpu`
+    timed it against torch's own call (and torch's pick, where rawconv's measured slower); ``info``
+    gets what torch runs and both times. A failure leaves the search's choice, with a note."""
+    from .versus_cpu import versus_torch_cpu
+
+    x, r, prec = args["x"], args.get("residual"), m.precision
+    w, b = _call_wb(m, args)
+    pad = _norm_padding(args["padding"])
+    plans = []
+
+    def ours_for(c):
+        if kind == "fused":
+            p = _fused.FusedConvolution(x, w, b, m.stride, pad, m.dilation, m.groups, residual=r is not None,
+                                        activation=m.activation, fpmath=prec, prepack=True, impl=c)
+            plans.append(p)
+            return (lambda: p.run(x, None, b, r)) if r is not None else (lambda: p.execute(x))
+        p = onednn.Convolution(x, w, b, m.stride, pad, m.dilation, m.groups, fpmath=prec, impl=c)
+        plans.append(p)
+        return lambda: p.execute(x, w, b)
+    try:
+        with torch.no_grad():
+            new, out = versus_torch_cpu(_torch_peer(m, kind, args, _problem_of(m, kind, args)), ours_for, choice,
+                                        dict(x=x, w=w, bias=b, stride=m.stride, padding=pad, dilation=m.dilation,
+                                             groups=m.groups))
+    except (RawconvError, RuntimeError) as exc:   # the search's choice stands; the report says why
+        info["vs_torch_note"] = f"not compared with torch: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+        return choice
+    finally:
+        for p in plans:
+            p.free()
+    info.update(out)
+    return new
 
 
 def _torch_peer(m, kind: str, args: dict, problem: ConvProblem):
