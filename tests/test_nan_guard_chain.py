@@ -182,3 +182,20 @@ def test_the_contracts_hot_run_keeps_torchs_nans():
     want = F.relu(F.conv2d(xn, w1, b1, padding=1))
     _same_as_torch(p1.hot_run(xn, w1, b1), want)
     _same_as_torch(p1.hot_run(x, w1, b1), F.relu(F.conv2d(x, w1, b1, padding=1)))
+
+
+def test_a_carried_tensor_overwritten_through_out_is_read_again():
+    """A plain plan writing a NaN result into a tensor that carries a bound (``execute(out=y)``,
+    which moves y's version counter as torch's out= functions do): the next fused plan reads it."""
+    from rawconv import onednn
+
+    x, (w1, b1), (w2, b2), p1, p2, _ = _pair(seed=17)
+    y1 = p1.run(x, w1, b1)
+    assert P.carried_bound(y1) is not None
+    xn = x.clone()
+    xn[0, 0, 4, 4] = math.nan
+    plain = onednn.Convolution(xn, w1, b1, padding=1)
+    plain.execute(xn, w1, b1, out=y1)
+    assert P.carried_bound(y1) is None
+    _same_as_torch(p2.run(y1, w2, b2), F.relu(F.conv2d(F.conv2d(xn, w1, b1, padding=1), w2, b2, padding=1)))
+    assert p2.bound_reads == 1

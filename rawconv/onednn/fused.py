@@ -183,6 +183,7 @@ class FusedConvolution(Convolution):
             ops.append(("eltwise",) + ELTWISE[activation])
         self._post_ops = tuple(ops)
         self.nan_guard = NAN_GUARD and activation in NAN_GUARDED
+        watch_optimizers()      # (once per process: the optimizer step hook the kept weight bound reads)
         self._plain = None      # the plan without the activation, for calls the guard refuses (made on first need)
         self._wbound = {}       # role -> (tensor, its version, bound): the guard's weight and bias factors
         self.unfused_calls = 0  # calls the guard ran unfused (a NaN or an infinity, or an overflow, was possible)
@@ -245,8 +246,7 @@ class FusedConvolution(Convolution):
         snapshot; ``t.data = new`` moves only the storage, a fused optimizer step neither)."""
         if t is None:
             return 0.0
-        watch_optimizers()
-        try:   # (an optimizer step: a fused one moves no version counter)
+        try:   # (an optimizer step: a fused one moves no version counter; watched from the plan's making)
             version = (t._version, t.data_ptr(), OPTIMIZER_EPOCH[0])
         except RuntimeError:   # an inference tensor keeps no version counter: computed on every call
             return fn(t)
