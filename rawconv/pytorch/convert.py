@@ -124,12 +124,51 @@ def _choice_for(choice, name: str):
     return choice
 
 
-def _foldable_bn(conv, bn) -> bool:
+def _foldable_bn(conv, bn, *, subclass: bool = False) -> bool:
     try:
-        _check_bn(conv, bn)
+        _check_bn(conv, bn, subclass=subclass)
     except ArgumentError:
         return False
     return not bn.training
+
+
+_BN_ARGS = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
+
+
+def _functional_bn(node, modules: dict):
+    """``(BatchNorm module name, module)`` when ``node`` is a traced ``F.batch_norm`` call in eval
+    mode on a BatchNorm module's own tensors (what fx makes of a BatchNorm subclass's forward, e.g.
+    timm's ``BatchNormAct2d``, which it traces into), else None."""
+    import torch.fx as fx
+
+    if node.op != "call_function" or node.target is not torch.nn.functional.batch_norm or len(node.args) > 8:
+        return None
+    a = dict(zip(_BN_ARGS, node.args))
+    if set(a) & set(node.kwargs) or not set(node.kwargs) <= set(_BN_ARGS):
+        return None
+    a.update(node.kwargs)
+    if a.get("training", False) is not False:
+        return None
+    owner = None
+    for part in ("running_mean", "running_var", "weight", "bias"):
+        t = a.get(part)
+        if t is None and part in ("weight", "bias"):
+            name = None   # affine=False: the module's must be None too
+        elif isinstance(t, fx.Node) and t.op == "get_attr" and len(t.users) == 1 and t.target.endswith("." + part):
+            name = t.target[: -len(part) - 1]
+        else:
+            return None
+        if name is not None:
+            if owner not in (None, name):
+                return None
+            owner = name
+    bn = modules.get(owner) if owner is not None else None
+    if not isinstance(bn, torch.nn.modules.batchnorm._BatchNorm) or a.get("eps", 1e-5) != bn.eps:
+        return None
+    for part in ("weight", "bias"):   # the call reads the module's own parameters (or neither)
+        if (a.get(part) is None) != (getattr(bn, part) is None):
+            return None
+    return owner, bn
 
 
 def _fusable_conv(m) -> bool:
@@ -215,7 +254,8 @@ def _fuse_fx(model, report: ConvertReport, backend, choice, precision):
                 and not n.kwargs and isinstance(n.args[0], fx.Node):
             n.replace_all_uses_with(n.args[0])
             graph.erase_node(n)
-    bns = _fold_batchnorms_fx(graph, modules, calls, fusable, report)
+    _drop_rank_asserts(graph, fusable)
+    bns = _fold_batchnorms_fx(graph, modules, calls, fusable, report, dict(model.named_modules()))
     _fuse_chains_fx(gm, modules, fusable, bns, report, backend, choice, precision)
     _mark_inplace_residuals(graph, modules)
     graph.lint()
@@ -226,30 +266,72 @@ def _fuse_fx(model, report: ConvertReport, backend, choice, precision):
     return gm
 
 
-def _fold_batchnorms_fx(graph, modules: dict, calls: dict, fusable, report: ConvertReport) -> dict:
+def _drop_rank_asserts(graph, fusable) -> None:
+    """Take out the traced input-rank checks on a fusable conv's output (``torch._assert(x.ndim == 4)``,
+    which timm's ``BatchNormAct2d`` makes): they stand between the conv and its BatchNorm. A conv's
+    output has the rank the check asks for whenever the input is batched; the fused module checks its
+    own input."""
+    import torch.fx as fx
+
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not torch._assert or node.users or not node.args:
+            continue
+        cond = node.args[0]
+        if not (isinstance(cond, fx.Node) and cond.op == "call_function" and cond.target is operator.eq
+                and len(cond.args) == 2 and len(cond.users) == 1 and isinstance(cond.args[1], int)):
+            continue
+        rank = cond.args[0]
+        if not (isinstance(rank, fx.Node) and rank.op == "call_function" and rank.target is getattr
+                and rank.args[1:] == ("ndim",) and isinstance(rank.args[0], fx.Node) and fusable(rank.args[0])):
+            continue
+        src = rank.args[0]
+        conv_w = getattr(graph.owning_module.get_submodule(src.target), "weight", None)
+        if conv_w is None or cond.args[1] != conv_w.dim():
+            continue
+        graph.erase_node(node)
+        graph.erase_node(cond)
+        for u in list(src.users):   # this check's rank read and the unused ones (its message's)
+            if u.op == "call_function" and u.target is getattr and u.args[1:] == ("ndim",) and not u.users:
+                graph.erase_node(u)
+
+
+def _fold_batchnorms_fx(graph, modules: dict, calls: dict, fusable, report: ConvertReport,
+                        originals: dict | None = None) -> dict:
     """:func:`_fuse_fx`'s first pass over ``graph`` (``modules``: the graph module's modules by name;
-    ``calls``: how often each is called; ``fusable``: whether a conv node will be fused): each
-    BatchNorm node after a conv that will be fused goes, recorded in ``report.folded``. Returns
-    ``{conv name: (BatchNorm name, BatchNorm module)}``."""
+    ``calls``: how often each is called; ``fusable``: whether a conv node will be fused;
+    ``originals``: the traced model's own modules by name, where a traced ``F.batch_norm`` call's
+    BatchNorm is looked up): each BatchNorm node after a conv that will be fused goes, recorded in
+    ``report.folded``. Returns ``{conv name: (BatchNorm name, BatchNorm module)}``."""
     import torch.fx as fx
 
     # BatchNorm after a conv that will be fused: its node goes, the module stays (its state_dict
     # entries too) and the fused module folds it into its weight snapshot when frozen
     bns: dict = {}
     for node in list(graph.nodes):
-        if node.op != "call_module" or type(modules.get(node.target)) not in _BATCHNORMS or len(node.args) != 1 \
-                or node.kwargs:
+        functional = _functional_bn(node, originals if originals is not None else modules)
+        if functional is not None:   # a traced F.batch_norm on a BatchNorm (subclass) module's tensors
+            bn_name, bn = functional
+            src = node.args[0] if node.args else node.kwargs.get("input")
+            attrs = [n for n in node.all_input_nodes if n is not src]
+            if calls.get(bn_name, 0) or not (isinstance(src, fx.Node) and fusable(src) and len(src.users) == 1) \
+                    or not _foldable_bn(modules[src.target], bn, subclass=True):
+                continue
+        elif node.op == "call_module" and type(modules.get(node.target)) in _BATCHNORMS and len(node.args) == 1 \
+                and not node.kwargs:
+            bn_name, bn, src, attrs = node.target, modules[node.target], node.args[0], []
+            if not (isinstance(src, fx.Node) and fusable(src) and len(src.users) == 1 and calls[node.target] == 1):
+                continue
+            if not _foldable_bn(modules[src.target], bn):
+                continue
+        else:
             continue
-        src = node.args[0]
-        if not (isinstance(src, fx.Node) and fusable(src) and len(src.users) == 1 and calls[node.target] == 1):
-            continue
-        bn = modules[node.target]
-        if not _foldable_bn(modules[src.target], bn):
-            continue
-        bns[src.target] = (node.target, bn)
+        bns[src.target] = (bn_name, bn)
         node.replace_all_uses_with(src)
         graph.erase_node(node)
-        report.folded.append((src.target, node.target))
+        for a in attrs:   # the get_attr nodes of the functional call's tensors, now unused
+            if not a.users:
+                graph.erase_node(a)
+        report.folded.append((src.target, bn_name))
     return bns
 
 

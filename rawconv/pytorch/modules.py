@@ -389,7 +389,7 @@ class _ConvBiasAct(_RawconvConv):
                 _fallback.note(self, why)
                 y = self._torch_base._conv_forward(self, x, self.weight, self.bias)
                 bn = self.__dict__.get(_fused.BN_KEY)
-                y = bn(y) if bn is not None else y
+                y = bn_forward(bn, y) if bn is not None else y
                 return _fused.apply_activation(y + residual if residual is not None else y, self.activation)
         x, padding = self._padded(x)
         stride, pads, dilation = self._op_args()
@@ -493,7 +493,7 @@ class _ConvBiasAct(_RawconvConv):
                  choice=choice, precision=self.precision, backward_choice=bwd if bwd is not None else tuned_bwd)
         bn = self.__dict__.get(_fused.BN_KEY)
         if bn is not None:
-            y = bn(y)
+            y = bn_forward(bn, y)
         if residual is not None:
             y = y + residual
         return _fused.apply_activation(y, self.activation)
@@ -537,9 +537,11 @@ class _ConvBiasAct(_RawconvConv):
         and whenever the BatchNorm is in training mode or autograd records, as the convolution
         followed by the BatchNorm module itself. The BatchNorm stays where it is (its state_dict
         entries too): the module only refers to it. Backend/choice/precision default to the
-        conv's when it is a rawconv module."""
+        conv's when it is a rawconv module. A subclass of torch's BatchNorm (timm's ``BatchNormAct2d``)
+        is folded as torch's base class computes it: what its own forward adds after the batch norm
+        (an activation) is not part of the module; pass it as ``activation``."""
         if bn is not None:
-            _check_bn(conv, bn)
+            _check_bn(conv, bn, subclass=True)
         new = cls.__new__(cls)
         torch.nn.Module.__init__(new)
         new.__dict__.update({k: v for k, v in conv.__dict__.items() if k not in _NOT_COPIED})
@@ -593,16 +595,32 @@ _FUSED = {1: ConvBiasAct1d, 2: ConvBiasAct2d, 3: ConvBiasAct3d}
 _BATCHNORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d)
 
 
+def bn_forward(bn: torch.nn.Module, y: torch.Tensor) -> torch.Tensor:
+    """The folded BatchNorm ``bn`` of a fused module on ``y``, as torch computes it when the fold
+    cannot be used (training mode, autograd recording, a fallback): ``bn(y)`` for torch's own
+    BatchNorm classes; for a subclass (folded from a traced ``F.batch_norm`` call on its tensors,
+    as timm's ``BatchNormAct2d`` makes: batch norm, then its own activation), the batch norm of
+    torch's base class only, since the fused module applies the activation that followed it."""
+    t = type(bn)
+    if t in _BATCHNORMS:
+        return bn(y)
+    base = next(b for b in t.__mro__ if b in _BATCHNORMS)
+    return base.forward(bn, y)
+
+
 # what a fused module does not take over from the conv it is made from (its own state, its tables)
 _NOT_COPIED = ("_parameters", "_buffers", "_modules", "_rawconv_tuned", "_rawconv_autotune_new",
                _fused._FROZEN_STATE, _fused._FROZEN_PLANS, _fused.BN_KEY, "residual_inplace")
 
 
-def _check_bn(conv: torch.nn.Module, bn: torch.nn.Module) -> None:
+def _check_bn(conv: torch.nn.Module, bn: torch.nn.Module, *, subclass: bool = False) -> None:
     """Raise ArgumentError unless ``bn`` can be folded after ``conv`` (a BatchNorm of the conv's
-    spatial rank over its output channels, with running statistics)."""
+    spatial rank over its output channels, with running statistics). ``subclass``: a subclass of
+    torch's BatchNorm is taken too (convert's fold of a traced ``F.batch_norm`` call on a subclass's
+    tensors, e.g. timm's ``BatchNormAct2d``: only its batch norm is folded, see :func:`bn_forward`)."""
     nd = conv.weight.dim() - 2
-    if type(bn) not in _BATCHNORMS or _BATCHNORMS.index(type(bn)) != nd - 1:
+    base = _BATCHNORMS[nd - 1] if 1 <= nd <= len(_BATCHNORMS) else None
+    if base is None or not (type(bn) is base or (subclass and isinstance(bn, base))):
         raise ArgumentError(f"bn must be a torch.nn.BatchNorm{nd}d after a {nd}-d convolution, got {type(bn).__name__}")
     if bn.running_mean is None or bn.running_var is None:
         raise ArgumentError(f"{type(bn).__name__} without running statistics cannot be folded")

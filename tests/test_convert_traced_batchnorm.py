@@ -1,0 +1,151 @@
+"""convert(fuse=True) on models whose BatchNorm is a subclass that torch.fx traces into (timm's
+``BatchNormAct2d``: ``torch._assert(x.ndim == 4)``, ``F.batch_norm`` on the module's own tensors,
+then its own activation module). Before, such a BatchNorm was never folded (the traced call is no
+module call), the converted model lost its ``num_batches_tracked`` entries, and in training mode it
+kept the running statistics the trace had baked in: a silent wrong forward. Each check is against
+the original model (float64 where the output is compared)."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import rawconv.nn as rnn
+from rawconv.pytorch.modules import bn_forward
+
+
+class BatchNormAct(nn.BatchNorm2d):
+    """What timm's BatchNormAct2d does: a rank check, the batch norm, then its own activation."""
+
+    def __init__(self, c, act=nn.ReLU, eps=1e-5):
+        super().__init__(c, eps=eps)
+        self.drop = nn.Identity()
+        self.act = act()
+
+    def forward(self, x):
+        torch._assert(x.ndim == 4, f"expected 4D input (got {x.ndim}D input)")
+        training = self.training
+        if training and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+        x = F.batch_norm(x, self.running_mean if not training else self.running_mean,
+                         self.running_var, weight=self.weight, bias=self.bias, training=training,
+                         momentum=self.momentum, eps=self.eps)
+        return self.act(self.drop(x))
+
+
+class EpsMismatch(BatchNormAct):
+    def forward(self, x):   # the call's eps is not the module's: folding with the module's would be wrong
+        return self.act(F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                                     self.training, self.momentum, 1e-3))
+
+
+class Net(nn.Module):
+    def __init__(self, bn=BatchNormAct):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.b1 = bn(8, nn.SiLU)
+        self.c2 = nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False)
+        self.b2 = bn(8, nn.ReLU)
+        self.c3 = nn.Conv2d(8, 4, 1, bias=False)
+        self.b3 = bn(4, nn.Identity)
+
+    def forward(self, x):
+        y = self.b1(self.c1(x))
+        return self.b3(self.c3(self.b2(self.c2(y)))) + y[:, :4]
+
+
+def _net(bn=BatchNormAct, seed=0):
+    torch.manual_seed(seed)
+    net = Net(bn)
+    g = torch.Generator().manual_seed(seed + 1)
+    for m in net.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.copy_(torch.rand(m.num_features, generator=g) - 0.5)
+            m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+            m.weight.data.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+            m.bias.data.copy_(torch.rand(m.num_features, generator=g) - 0.5)
+    return net.eval()
+
+
+def _rel(got, want):
+    return ((got.detach().double() - want).norm() / want.norm()).item()
+
+
+def _ref64(net, x):
+    with torch.no_grad():
+        return copy.deepcopy(net).double()(x.double())
+
+
+def test_a_traced_batchnorm_subclass_is_folded_and_the_output_is_right():
+    net = _net()
+    x = torch.randn(2, 3, 12, 12)
+    conv = rnn.convert(net, fuse=True)
+    rep = conv.rawconv_report
+    assert sorted(rep.folded) == [("c1", "b1"), ("c2", "b2"), ("c3", "b3")], rep.folded
+    assert rep.fused["c1"] == "silu" and rep.fused["c2"] == "relu", rep.fused
+    want = _ref64(net, x)
+    with torch.no_grad():
+        got, torch_out = conv(x), net(x)
+    assert _rel(got, want) <= max(5 * _rel(torch_out, want), 1e-6)
+    code = conv.code
+    assert "batch_norm" not in code and "_assert" not in code, code
+
+
+def test_the_converted_model_keeps_the_original_state_dict_and_its_batchnorm_modules():
+    net = _net()
+    conv = rnn.convert(net, fuse=True)
+    assert set(conv.state_dict()) == set(net.state_dict())
+    assert type(conv.get_submodule("b1")) is BatchNormAct   # the module itself, num_batches_tracked and all
+    assert conv.get_submodule("c1").__dict__["_rawconv_bn"] is conv.get_submodule("b1")
+    conv.load_state_dict(net.state_dict())   # strict: no missing or unexpected key
+
+
+def test_training_mode_after_convert_computes_batch_statistics_as_the_original():
+    net, x = _net(), torch.randn(4, 3, 10, 10)
+    conv = rnn.convert(net, fuse=True)
+    twin = copy.deepcopy(net)   # the original's own training forward, on its own statistics
+    conv.train()
+    twin.train()
+    got, want = conv(x), twin(x)
+    assert _rel(got, want.double()) < 1e-5
+    for name in ("b1", "b2", "b3"):   # the running statistics moved as the original's did
+        a, b = conv.get_submodule(name), twin.get_submodule(name)
+        torch.testing.assert_close(a.running_mean, b.running_mean)
+        torch.testing.assert_close(a.running_var, b.running_var)
+        assert int(a.num_batches_tracked) == int(b.num_batches_tracked) == 1
+
+
+def test_a_call_whose_eps_is_not_the_modules_is_not_folded():
+    net = _net(EpsMismatch)
+    x = torch.randn(2, 3, 12, 12)
+    conv = rnn.convert(net, fuse=True)
+    assert conv.rawconv_report.folded == []
+    want = _ref64(net, x)
+    with torch.no_grad():
+        assert _rel(conv(x), want) < 1e-5
+
+
+def test_bn_forward_runs_only_the_base_class_batch_norm():
+    bn = _net().b1
+    x = torch.randn(2, 8, 5, 5)
+    with torch.no_grad():
+        want = F.batch_norm(x, bn.running_mean, bn.running_var, bn.weight, bn.bias, False, 0.1, bn.eps)
+        torch.testing.assert_close(bn_forward(bn, x), want)
+        assert not torch.allclose(bn(x), want)   # the subclass's own forward adds its SiLU
+
+
+def test_timm_models_fold_every_batchnorm_after_a_conv():
+    timm = pytest.importorskip("timm", reason="timm is not installed (pip install 'rawconv[zoo]')")
+    torch.manual_seed(0)
+    net = timm.create_model("mobilenetv3_small_050", pretrained=False).eval()
+    x = torch.randn(1, 3, 64, 64)
+    conv = rnn.convert(net, fuse=True)
+    bns = [n for n, m in net.named_modules() if isinstance(m, nn.BatchNorm2d)]
+    assert len(conv.rawconv_report.folded) == len(bns) > 20
+    assert set(conv.state_dict()) == set(net.state_dict())
+    want = _ref64(net, x)
+    with torch.no_grad():
+        assert _rel(conv(x), want) <= max(5 * _rel(net(x), want), 1e-6)
