@@ -34,7 +34,6 @@ LONG_ALLOWED = {
     "pytorch.torch_choice": 1507,
     "cudnn.graph": 1163,
     "explore.cli": 1211,
-    "pytorch.fused": 1131,
     "core.results": 1130,
     "cudnn.graph.search": 1102,
     "core.tuning": 1094,
