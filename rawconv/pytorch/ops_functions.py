@@ -350,6 +350,7 @@ class RawconvConvTranspose(torch.autograd.Function):
         return gx, gw, None
 
 
+RawconvConvTranspose.__module__ = FACE   # (the face's, as before the split; the twin copies it)
 _TransposeFn = _classic(RawconvConvTranspose)
 
 
@@ -510,8 +511,7 @@ def clear_cache() -> None:
 
 
 TrainingChoice.__module__ = FACE   # (pickles and the API reference name it as rawconv.pytorch.ops.TrainingChoice)
-for _cls in (RawconvConvTranspose, _ConvTransposeJvp):
-    _cls.__module__ = FACE
+_ConvTransposeJvp.__module__ = FACE
 
 # every public entry point raises only rawconv's exception classes (rawconv._guard)
 _guard.guard_module(globals(), "conv", "conv_transpose", "conv_backward_data", "conv_backward_weights", "selected",
