@@ -51,30 +51,45 @@ What torch runs is found out three ways, each saying something the others cannot
 :func:`torch_flags` sets torch's convolution flags for a ``with`` block and restores them (also
 after an exception): the first half of "how do I force PyTorch's convolution method?". The second
 half is rawconv itself: pin one candidate with :mod:`rawconv.nn` (``choice=``) or :mod:`rawconv.ops`.
+
+The code of each route lives in a part of this module, which hands its names on (``rawconv.torch_choice.X``
+as before the split): :mod:`.torch_choice_flags` (:func:`torch_flags`, :class:`TorchFlags`),
+:mod:`.torch_choice_cpu` (the oneDNN trace) and :mod:`.torch_choice_cuda` (kernels, cuDNN's API log,
+rawconv's candidates); the call, :func:`torch_choice`, :class:`TorchChoice` and the report live here. The
+hooks a test sets on this module (``_profile_calls``, ``cudnn_api_log``) are set in the part that reads
+them (:func:`rawconv.core.face.route_settings`).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import logging
 import math
-import os
-import re
 import sys
-import threading
 import time
 import types
-import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from ..core import guard as _guard, plans as _plans
-from ..core.errors import ArgumentError, ArgumentTypeError, NotSupportedError, RawconvError
+from . import torch_choice_cuda as _cuda
+from ..core.errors import ArgumentError, ArgumentTypeError, RawconvError
+from ..core.face import route_settings as _route_settings
 from ..core.problem import ConvProblem, layout_of, shape_only, transposed_shapes, tuple_arg
+from .torch_choice_flags import (CUDNN_FP32_PRECISIONS, MKLDNN_FP32_PRECISIONS, _C, _has_fp32_api,  # noqa: F401
+                                 _precision, _legacy_cudnn_tf32, _get_bool, TorchFlags, _check_opt_bool,
+                                 _check_precision, torch_flags, _check_torch_flags, _change, _change_precision,
+                                 _change_allow_tf32, _set_torch_flags, _undo, torch_part)
+from .torch_choice_cpu import (_trace_lock, OneDNNRun, _format_tags, parse_onednn_verbose, _capture_fd1,  # noqa: F401
+                               torch_onednn_trace, trace_detail, _ONEDNN_RENAMES, _torch_onednn_version,
+                               _rawconv_onednn_version, _normalize_impl, _TRACE_ROLES, _onednn_matches)
+from .torch_choice_cuda import (CandidateKernels, _MARK, _is_helper, _cuda_events, _split_segments,  # noqa: F401
+                                _profile_calls, _profile_each, _short, _unique, _cudnn_set, match_kernels,
+                                cudnn_api_log, _FUNC_RE, _ENGINE_RE, _ALGO_RE, _algo_short, parse_cudnn_log,
+                                _cand_cache, _CAND_CACHE_SIZE, _candidate_kernels, _exec_args, _legacy_candidates,
+                                _graph_candidates, _profile_candidates)
 
 __all__ = ["torch_choice", "TorchChoice", "TorchFlags", "torch_flags", "OneDNNRun", "CandidateKernels",
            "torch_onednn_trace", "select_backend", "conv_backend_name", "match_kernels", "parse_cudnn_log",
@@ -92,10 +107,6 @@ CONV_BACKENDS = ("CudaDepthwise2d", "CudaDepthwise3d", "Cudnn", "CudnnTranspose"
 ONEDNN_BACKENDS = ("Mkldnn", "MkldnnTranspose", "MkldnnEmpty")
 CUDNN_BACKENDS = ("Cudnn", "CudnnTranspose")
 
-#: fp32 precisions torch's newer API takes for convolutions (``torch.backends.<b>.conv.fp32_precision``)
-CUDNN_FP32_PRECISIONS = ("ieee", "tf32", "none")
-MKLDNN_FP32_PRECISIONS = ("ieee", "tf32", "bf16", "none")
-
 DEFAULT_LIMIT = 24
 
 
@@ -110,291 +121,6 @@ def conv_backend_name(be) -> str:
             return name
         name = CONV_BACKENDS[i] if 0 <= i < len(CONV_BACKENDS) else f"ConvBackend({i})"
     return name
-
-
-# ============================================================================ flags
-def _C(name):
-    return getattr(torch._C, name, None)
-
-
-def _has_fp32_api() -> bool:
-    return _C("_get_fp32_precision_getter") is not None and _C("_set_fp32_precision_setter") is not None
-
-
-def _precision(backend: str, op: str) -> str | None:
-    if not _has_fp32_api():
-        return None
-    try:
-        return str(torch._C._get_fp32_precision_getter(backend, op))
-    except Exception:  # noqa: BLE001  a private getter: an unknown (backend, op) pair, or changed
-        return None
-
-
-def _legacy_cudnn_tf32() -> bool | None:
-    try:
-        return bool(torch._C._get_cudnn_allow_tf32())
-    except RuntimeError:   # torch refuses when conv and RNN TF32 were set apart through the new API
-        return None
-
-
-def _get_bool(name: str) -> bool | None:
-    f = _C(name)
-    if f is None:
-        return None
-    try:
-        return bool(f())
-    except RuntimeError:
-        return None
-
-
-@dataclass(frozen=True)
-class TorchFlags:
-    """torch's convolution flags at one moment (:meth:`current`).
-
-    ``mkldnn_enabled`` (``torch.backends.mkldnn.enabled``), ``mkldnn_deterministic``,
-    ``mkldnn_conv_fp32_precision`` (``torch.backends.mkldnn.conv.fp32_precision``: ``"none"`` =
-    float32, ``"bf16"``, ``"tf32"``, ``"ieee"``; None where this torch lacks that API),
-    ``cudnn_enabled``, ``cudnn_benchmark``, ``cudnn_deterministic``, ``cudnn_allow_tf32`` (the
-    legacy flag; None when torch refuses to answer because conv and RNN were set apart through
-    the new API), ``cudnn_conv_fp32_precision`` (``torch.backends.cudnn.conv.fp32_precision``:
-    ``"tf32"``, ``"ieee"``, ``"none"`` = inherit), ``cudnn_conv_tf32`` (whether cuDNN
-    convolutions may run float32 on TF32 tensor cores, resolved as torch does: the conv setting,
-    else cuDNN's ``"all"``, else the generic one; the legacy flag on a torch without the new API),
-    ``threads`` (``torch.get_num_threads()``), ``interop_threads``.
-    """
-
-    mkldnn_enabled: bool
-    mkldnn_deterministic: bool | None
-    mkldnn_conv_fp32_precision: str | None
-    cudnn_enabled: bool
-    cudnn_benchmark: bool
-    cudnn_deterministic: bool
-    cudnn_allow_tf32: bool | None
-    cudnn_conv_fp32_precision: str | None
-    cudnn_conv_tf32: bool | None
-    threads: int
-    interop_threads: int
-
-    @classmethod
-    def current(cls) -> "TorchFlags":
-        """The flags in force now (reads torch's getters; changes nothing)."""
-        conv = _precision("cuda", "conv")
-        if conv is not None:
-            eff = next((p for p in (conv, _precision("cuda", "all"), _precision("generic", "all"))
-                        if p not in (None, "none")), "none")
-            tf32 = eff == "tf32"
-        else:
-            tf32 = _legacy_cudnn_tf32()
-        return cls(mkldnn_enabled=bool(torch.backends.mkldnn.enabled),
-                   mkldnn_deterministic=_get_bool("_get_mkldnn_deterministic"),
-                   mkldnn_conv_fp32_precision=_precision("mkldnn", "conv"),
-                   cudnn_enabled=bool(torch._C._get_cudnn_enabled()),
-                   cudnn_benchmark=bool(torch._C._get_cudnn_benchmark()),
-                   cudnn_deterministic=bool(torch._C._get_cudnn_deterministic()),
-                   cudnn_allow_tf32=_legacy_cudnn_tf32(),
-                   cudnn_conv_fp32_precision=conv,
-                   cudnn_conv_tf32=tf32,
-                   threads=int(torch.get_num_threads()),
-                   interop_threads=int(torch.get_num_interop_threads()))
-
-    def summary(self, device: str = "") -> str:
-        """A short line; ``device`` ``"cpu"`` or ``"cuda"`` keeps the flags that matter there."""
-        on = {True: "on", False: "off", None: "?"}
-        cpu = [f"mkldnn {on[self.mkldnn_enabled]}"]
-        if self.mkldnn_conv_fp32_precision not in (None, "none"):
-            cpu.append(f"mkldnn conv fp32 {self.mkldnn_conv_fp32_precision}")
-        if self.mkldnn_deterministic:
-            cpu.append("mkldnn deterministic")
-        cpu.append(f"{self.threads} thread{'s' if self.threads != 1 else ''}")
-        if device.startswith("cpu") and self.cudnn_benchmark:
-            cpu.append("cudnn benchmark on: no effect on a CPU call")
-        gpu = [f"cudnn {on[self.cudnn_enabled]}", f"benchmark {on[self.cudnn_benchmark]}",
-               f"deterministic {on[self.cudnn_deterministic]}", f"conv tf32 {on[self.cudnn_conv_tf32]}"]
-        if device.startswith("cpu"):
-            return ", ".join(cpu)
-        if device.startswith("cuda"):
-            return ", ".join(gpu)
-        return ", ".join(cpu + gpu)
-
-    def __str__(self) -> str:
-        return self.summary()
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-def _check_opt_bool(value, name: str):
-    if value is not None and not isinstance(value, bool):
-        raise ArgumentTypeError(f"{name} must be True, False or None (leave as is), got {value!r}")
-
-
-def _check_precision(value, name: str, allowed: Sequence[str], where: str):
-    if value is None:
-        return
-    if not isinstance(value, str):
-        raise ArgumentTypeError(f"{name} must be a str among {list(allowed)} or None, got {type(value).__name__}")
-    if value not in allowed:
-        raise ArgumentError(f"{name} must be one of {list(allowed)}, got {value!r}")
-    if not _has_fp32_api():
-        raise NotSupportedError(f"torch {torch.__version__} has no {where}.fp32_precision API "
-                                f"(torch 2.9 and newer); use allow_tf32 instead")
-
-
-@_guard.public(where="rawconv.torch_flags")
-@contextlib.contextmanager
-def torch_flags(*, mkldnn: bool | None = None, cudnn: bool | None = None, benchmark: bool | None = None,
-                deterministic: bool | None = None, allow_tf32: bool | None = None,
-                cudnn_fp32_precision: str | None = None, mkldnn_fp32_precision: str | None = None,
-                threads: int | None = None):
-    """Set torch's convolution flags for a ``with`` block; restore exactly what was there on exit,
-    also when the block raises. ``None`` (the default) leaves a flag as it is. Yields the
-    :class:`TorchFlags` in force inside the block. Nests.
-
-    * ``mkldnn``: ``torch.backends.mkldnn.enabled`` (False: torch's own CPU code, e.g. ``Slow2d``);
-    * ``cudnn``: ``torch.backends.cudnn.enabled`` (False: torch's own CUDA kernels);
-    * ``benchmark``: ``torch.backends.cudnn.benchmark`` (time cuDNN's candidates on the first call
-      of each shape and keep the fastest);
-    * ``deterministic``: ``torch.backends.cudnn.deterministic`` and, where torch has it,
-      ``torch.backends.mkldnn.deterministic``;
-    * ``allow_tf32``: ``torch.backends.cudnn.allow_tf32`` (the legacy flag: cuDNN convolutions and
-      RNNs alike);
-    * ``cudnn_fp32_precision``: ``torch.backends.cudnn.conv.fp32_precision`` (``"ieee"``,
-      ``"tf32"``, ``"none"`` = inherit), convolutions only; applied after ``allow_tf32``, so it
-      wins for convolutions;
-    * ``mkldnn_fp32_precision``: ``torch.backends.mkldnn.conv.fp32_precision`` (``"ieee"`` /
-      ``"none"``: float32, ``"bf16"``: oneDNN may round float32 inputs to bfloat16, ``"tf32"``);
-    * ``threads``: ``torch.set_num_threads`` (a positive int). torch's CPU backend choice depends
-      on it: ``Conv1d(64, 64, 1)`` on ``(8, 64, 64)`` runs on ``Mkldnn`` with 2 threads and on
-      ``Slow2d`` with 1 (torch 2.13-2.14).
-
-    The two ``*_fp32_precision`` arguments need torch's newer precision API (torch 2.9 and newer:
-    ``NotSupportedError`` otherwise). Raises :class:`ArgumentTypeError` / :class:`ArgumentError`
-    for bad values before anything changes. Not thread-safe: torch's flags are process-wide
-    (``threads`` is per thread in torch), so other threads see the block's flags while it runs.
-    Sets through ``torch._C`` (as ``torch.backends.*.flags`` do), so it works under
-    ``torch.backends.disable_global_flags()`` too.
-
-    The cuDNN flags (``cudnn``, ``benchmark``, ``allow_tf32``, ``cudnn_fp32_precision``) change
-    only CUDA convolutions: set where torch sees no GPU, a ``UserWarning`` says they change nothing
-    here; :func:`torch_choice` of a CPU call names them as not applying. A misspelt flag
-    (``cudnn_benchmark=``) raises :class:`ArgumentTypeError` naming the flag it may mean and every flag.
-    """
-    _check_torch_flags(mkldnn, cudnn, benchmark, deterministic, allow_tf32, cudnn_fp32_precision,
-                       mkldnn_fp32_precision, threads)
-    cuda_only = [n for n, v in (("cudnn", cudnn), ("benchmark", benchmark), ("allow_tf32", allow_tf32),
-                                ("cudnn_fp32_precision", cudnn_fp32_precision)) if v is not None]
-    if cuda_only and not torch.cuda.is_available():
-        warnings.warn(f"rawconv.torch_flags({', '.join(f'{n}=...' for n in cuda_only)}): "
-                      f"{'these set' if len(cuda_only) > 1 else 'this sets'} torch.backends.cudnn, which only CUDA "
-                      "convolutions read, and torch sees no GPU here: nothing changes for CPU work (the CPU's flags: "
-                      "mkldnn=, mkldnn_fp32_precision=, deterministic=, threads=)", UserWarning, stacklevel=3)
-    undo: list[Callable[[], None]] = []
-    try:
-        flags = _set_torch_flags(undo, mkldnn, cudnn, benchmark, deterministic, allow_tf32, cudnn_fp32_precision,
-                                 mkldnn_fp32_precision, threads)
-    except BaseException:
-        _undo(undo)
-        raise
-    try:
-        yield flags
-    finally:
-        _undo(undo)
-
-
-def _check_torch_flags(mkldnn, cudnn, benchmark, deterministic, allow_tf32, cudnn_fp32_precision,
-                       mkldnn_fp32_precision, threads) -> None:
-    """Check :func:`torch_flags`'s arguments before anything changes. Returns None; raises
-    :class:`ArgumentTypeError` / :class:`ArgumentError` on the first bad one, and
-    :class:`NotSupportedError` for a ``*_fp32_precision`` torch has no API for."""
-    for v, n in ((mkldnn, "mkldnn"), (cudnn, "cudnn"), (benchmark, "benchmark"), (deterministic, "deterministic"),
-                 (allow_tf32, "allow_tf32")):
-        _check_opt_bool(v, n)
-    _check_precision(cudnn_fp32_precision, "cudnn_fp32_precision", CUDNN_FP32_PRECISIONS, "torch.backends.cudnn.conv")
-    _check_precision(mkldnn_fp32_precision, "mkldnn_fp32_precision", MKLDNN_FP32_PRECISIONS,
-                     "torch.backends.mkldnn.conv")
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise ArgumentError(f"threads must be a positive int or None, got {threads!r}")
-
-
-def _change(undo: list, get, set_, value) -> None:
-    """Set one torch flag through ``set_`` to ``value``, appending to ``undo`` what puts back the
-    value ``get`` read first. Returns None."""
-    old = get()
-    set_(value)
-    undo.append(lambda: set_(old))
-
-
-def _change_precision(undo: list, backend: str, op: str, value: str) -> None:
-    """Set torch's fp32 precision of ``backend``'s ``op`` to ``value`` (the newer precision API),
-    appending to ``undo`` what puts back the old one. Returns None."""
-    C = torch._C
-    old = C._get_fp32_precision_getter(backend, op)
-    C._set_fp32_precision_setter(backend, op, value)
-    undo.append(lambda: C._set_fp32_precision_setter(backend, op, old))
-
-
-def _change_allow_tf32(undo: list, allow_tf32: bool) -> None:
-    """Set ``torch.backends.cudnn.allow_tf32`` (the legacy flag), appending to ``undo`` what puts
-    back the legacy flag and, with torch's newer precision API, cuDNN's conv and RNN precisions.
-    Returns None."""
-    C = torch._C
-    if _has_fp32_api():
-        # the legacy setter writes a legacy flag and cuDNN's conv and RNN precisions; torch's
-        # legacy getter then refuses to answer if the new API alone puts the precisions back
-        # (it compares them with the legacy flag): undo through the legacy setter, then fix
-        # any precision that still differs through the new API
-        old_legacy = _legacy_cudnn_tf32()
-        olds = [(op, C._get_fp32_precision_getter("cuda", op)) for op in ("conv", "rnn")]
-        C._set_cudnn_allow_tf32(allow_tf32)
-
-        def put_back(old_legacy=old_legacy, olds=olds):
-            if old_legacy is not None:
-                C._set_cudnn_allow_tf32(old_legacy)
-            for op, v in olds:
-                if C._get_fp32_precision_getter("cuda", op) != v:
-                    C._set_fp32_precision_setter("cuda", op, v)
-        undo.append(put_back)
-    else:
-        _change(undo, C._get_cudnn_allow_tf32, C._set_cudnn_allow_tf32, allow_tf32)
-
-
-def _set_torch_flags(undo: list, mkldnn, cudnn, benchmark, deterministic, allow_tf32, cudnn_fp32_precision,
-                     mkldnn_fp32_precision, threads) -> TorchFlags:
-    """Set :func:`torch_flags`'s flags that are not None, in order, appending to ``undo`` what
-    puts each back (the caller undoes them, also when this raises). Returns the
-    :class:`TorchFlags` then in force."""
-    C = torch._C
-    if mkldnn is not None:
-        _change(undo, C._get_mkldnn_enabled, C._set_mkldnn_enabled, mkldnn)
-    if cudnn is not None:
-        _change(undo, C._get_cudnn_enabled, C._set_cudnn_enabled, cudnn)
-    if benchmark is not None:
-        _change(undo, C._get_cudnn_benchmark, C._set_cudnn_benchmark, benchmark)
-    if deterministic is not None:
-        _change(undo, C._get_cudnn_deterministic, C._set_cudnn_deterministic, deterministic)
-        if _C("_get_mkldnn_deterministic") is not None and _C("_set_mkldnn_deterministic") is not None:
-            _change(undo, C._get_mkldnn_deterministic, C._set_mkldnn_deterministic, deterministic)
-    if allow_tf32 is not None:
-        _change_allow_tf32(undo, allow_tf32)
-    if cudnn_fp32_precision is not None:
-        _change_precision(undo, "cuda", "conv", cudnn_fp32_precision)
-    if mkldnn_fp32_precision is not None:
-        _change_precision(undo, "mkldnn", "conv", mkldnn_fp32_precision)
-    if threads is not None:
-        _change(undo, torch.get_num_threads, torch.set_num_threads, threads)
-    return TorchFlags.current()
-
-
-def _undo(undo: list) -> None:
-    errors = []
-    for fn in reversed(undo):
-        try:
-            fn()
-        except Exception as exc:  # noqa: BLE001  restore the rest, then say what failed
-            errors.append(exc)
-    undo.clear()
-    if errors:
-        raise RawconvError(f"torch_flags could not restore every flag: {errors}")
 
 
 # ============================================================================ the call torch runs
@@ -531,556 +257,6 @@ def _select(c: _Call) -> tuple[str, int | None]:
     except (TypeError, ValueError):
         idx = None
     return conv_backend_name(be), idx
-
-
-# ============================================================================ CPU: torch's oneDNN trace
-_trace_lock = threading.RLock()
-
-
-@dataclass(frozen=True)
-class OneDNNRun:
-    """One primitive torch's bundled oneDNN executed (a line of its verbose trace).
-
-    ``kind``: ``"convolution"``, ``"deconvolution"``, ``"reorder"``...; ``impl``: oneDNN's
-    implementation name (``"jit:avx512_core"``); ``prop_kind``: ``"forward_training"``...;
-    ``formats``: the memory descriptors as oneDNN prints them; ``attrs``, ``alg``, ``shape``:
-    the following fields (``"alg:convolution_direct"``, ``"mb1_ic64oc64_ih56oh56kh3..."``);
-    ``time_ms``: oneDNN's own time for the call (ms)."""
-
-    kind: str
-    impl: str
-    prop_kind: str = ""
-    formats: str = ""
-    attrs: str = ""
-    alg: str = ""
-    shape: str = ""
-    time_ms: float | None = None
-
-    def format_tags(self) -> dict:
-        """``{"src": "aBcd16b", "wei": "ABcd16b16a", "dst": ...}`` (memory format tags; '' when undefined)."""
-        return _format_tags(self.formats)
-
-    def __str__(self) -> str:
-        fm = self.format_tags()
-        bits = [f"{r} {fm[r]}" for r in ("src", "wei", "dst") if fm.get(r)]
-        return f"{self.kind} {self.impl}" + (f" ({', '.join(bits)})" if bits else "")
-
-
-def _format_tags(formats: str) -> dict:
-    out = {}
-    for item in formats.split():
-        fields = item.split(":")
-        if len(fields) < 2:
-            continue
-        role = fields[0]
-        if "_" in role and role.split("_")[0] in ("src", "wei", "dst", "bia", "diff"):  # oneDNN 3.2: src_f32::...
-            role = role.split("_")[0]
-        tag = ""
-        if "blocked" in fields:
-            i = fields.index("blocked")
-            tag = fields[i + 1] if i + 1 < len(fields) else ""
-        out[role] = tag
-    return out
-
-
-def parse_onednn_verbose(text: str) -> list[OneDNNRun]:
-    """The ``exec`` lines of oneDNN's verbose output (3.2's ``onednn_verbose,exec,cpu,...`` and
-    3.12's ``onednn_verbose,v1,primitive,exec,cpu,...``) as :class:`OneDNNRun` records."""
-    out = []
-    for line in text.splitlines():
-        if not line.startswith("onednn_verbose"):
-            continue
-        parts = line.strip().split(",")
-        if "exec" not in parts:
-            continue
-        i = parts.index("exec")
-        if len(parts) <= i + 3:
-            continue
-        g = (lambda k: parts[i + k] if len(parts) > i + k else "")
-        try:
-            t = float(parts[-1]) if len(parts) > i + 5 else None
-        except ValueError:
-            t = None
-        out.append(OneDNNRun(kind=g(2), impl=g(3), prop_kind=g(4), formats=g(5), attrs=g(6), alg=g(7),
-                             shape=g(8), time_ms=t))
-    return out
-
-
-def _capture_fd1(fn: Callable[[], Any]) -> tuple[Any, str]:
-    """Run ``fn`` with file descriptor 1 (C's stdout) pointed at a temporary file; return its
-    result and what was written. Python's and C's buffers are flushed before and after; fd 1 is
-    restored (also when ``fn`` raises, and when it was closed). Serialized by a lock."""
-    import ctypes
-    import tempfile
-
-    try:
-        libc = ctypes.CDLL(None)
-        fflush = libc.fflush
-    except (OSError, AttributeError):  # pragma: no cover - no libc symbols
-        fflush = None
-
-    def flush_all():
-        for s in (sys.stdout, sys.__stdout__):
-            try:
-                if s is not None:
-                    s.flush()
-            except (ValueError, OSError):
-                pass
-        if fflush is not None:
-            fflush(None)
-
-    with _trace_lock:
-        flush_all()
-        closed = False
-        try:
-            saved = os.dup(1)
-        except OSError:
-            # fd 1 was closed: hold it with /dev/null while we work (so the temporary file does not
-            # get fd 1 itself), close it again afterwards
-            closed = True
-            fd = os.open(os.devnull, os.O_WRONLY)
-            if fd != 1:
-                os.dup2(fd, 1)
-                os.close(fd)
-            saved = os.dup(1)
-        try:
-            with tempfile.TemporaryFile(mode="w+b") as tmp:
-                os.dup2(tmp.fileno(), 1)
-                try:
-                    result = fn()
-                finally:
-                    try:
-                        if fflush is not None:
-                            fflush(None)
-                    finally:
-                        os.dup2(saved, 1)
-                tmp.seek(0)
-                text = tmp.read().decode(errors="replace")
-        finally:
-            os.close(saved)
-            if closed:
-                os.close(1)
-    return result, text
-
-
-def torch_onednn_trace(fn: Callable[[], object], *, records: bool = False) -> list:
-    """What torch's own (bundled) oneDNN executes for one call of ``fn``.
-
-    Runs ``fn`` once under ``torch.backends.mkldnn.verbose(VERBOSE_ON)`` with the C stdout (file
-    descriptor 1) redirected to a temporary file (:func:`_capture_fd1`: flushed, restored on
-    error, serialized by a lock; output of other threads in that window is captured too, and
-    lines that are not oneDNN's are written back to stdout). Returns one dict per primitive
-    (``kind``: "convolution" / "reorder"..., ``impl``: e.g. "jit:avx512_core", ``formats``: the
-    memory descriptors as oneDNN prints them, and ``prop_kind``, ``attrs``, ``alg``, ``shape``,
-    ``time_ms``), or with ``records`` :class:`OneDNNRun` records. ``[]`` when torch's path did not
-    go through oneDNN or this torch cannot turn its oneDNN's verbose mode on. ``fn``'s exceptions
-    propagate (after fd 1 is restored)."""
-    def run():
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                ctx = torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON)
-                ctx.__enter__()
-            except (AssertionError, RuntimeError, AttributeError):
-                ctx = None
-        try:
-            fn()
-        finally:
-            if ctx is not None:
-                ctx.__exit__(None, None, None)
-        return ctx is not None
-
-    ok, text = _capture_fd1(run)
-    other = [ln for ln in text.splitlines(keepends=True) if not ln.startswith("onednn_verbose")]
-    if other:
-        try:
-            sys.stdout.write("".join(other))
-        except (ValueError, OSError):  # pragma: no cover
-            pass
-    runs = parse_onednn_verbose(text) if ok else []
-    if records:
-        return runs
-    return [dataclasses.asdict(r) for r in runs]
-
-
-def trace_detail(trace: list) -> str:
-    """``"; torch's oneDNN ran jit:avx512_core (src aBcd16b, weights ABcd16b16a) + 3 reorder(s)"``
-    for a :func:`torch_onednn_trace` result ('' when no convolution ran)."""
-    runs = [r if isinstance(r, OneDNNRun) else OneDNNRun(**r) for r in trace]
-    convs = [r for r in runs if r.kind in ("convolution", "deconvolution")]
-    if not convs:
-        return ""
-    fm = convs[0].format_tags()
-    reorders = sum(r.kind == "reorder" for r in runs)
-    return (f"; torch's oneDNN ran {convs[0].impl} (src {fm.get('src') or '?'}, weights {fm.get('wei') or '?'})"
-            f" + {reorders} reorder(s)")
-
-
-# torch's oneDNN (3.x newer) renamed some implementations rawconv's oneDNN 3.2 lists (a newer build
-# loaded through RAWCONV_DNNL_LIBRARY has the new names: both sides are compared normalized)
-_ONEDNN_RENAMES = (("brg_conv_fwd", "brgconv"), ("brg_conv_bwd_d", "brgconv_bwd_d"),
-                   ("brg_conv_bwd_w", "brgconv_bwd_w"), ("brg_deconv", "brgdeconv"))
-
-
-@functools.lru_cache(maxsize=1)
-def _torch_onednn_version() -> str:
-    """The oneDNN version bundled in torch ("3.12.0"; '' when torch does not say)."""
-    try:
-        v = torch_part().get("onednn_bundled")
-        return v.split()[0] if v else ""
-    except Exception:  # noqa: BLE001 - a label
-        return ""
-
-
-def _rawconv_onednn_version() -> str:
-    try:
-        from .. import onednn
-
-        return onednn.library_version()
-    except Exception:  # noqa: BLE001 - a label
-        return "?"
-
-
-def _normalize_impl(name: str) -> str:
-    for new, old in _ONEDNN_RENAMES:
-        if name.startswith(new):
-            return old + name[len(new):]
-    return name
-
-
-#: per direction, rawconv's roles for the memory descriptors torch's oneDNN trace names src and wei
-#: (its backward primitives print the gradients under the forward names: diff_src as src...)
-_TRACE_ROLES = {"forward": ("x", "w"), "backward_data": ("dx", "w"), "backward_weights": ("x", "dw")}
-
-
-def _onednn_matches(c: _Call, conv: OneDNNRun) -> tuple[str, tuple[str, ...], str]:
-    """rawconv oneDNN 3.2 implementations (of the call's direction) with the name torch's oneDNN
-    ran: (match, choices, note)."""
-    if c.transposed:
-        return "", (), "transposed: not matched against rawconv's oneDNN list"
-    try:
-        from .. import onednn
-
-        p = c.problem
-        if c.direction == "forward":
-            plan = onednn.Convolution(c.xb, c.w, None, p.stride, list(zip(p.pad_before, p.pad_after)), p.dilation,
-                                      p.groups)
-        else:
-            plan = onednn.Convolution.from_problem(p.with_(layout="nhwc" if layout_of(c.x) == "nhwc" else p.layout),
-                                                   direction=c.direction, w_layout=onednn.weights_layout(c.w))
-        impls = plan.implementations
-    except RawconvError as exc:
-        return "", (), f"rawconv's oneDNN: {type(exc).__name__}: {str(exc).splitlines()[0]}"
-    want = _normalize_impl(conv.impl)
-    fm = conv.format_tags()
-    src_role, wei_role = _TRACE_ROLES[c.direction]
-    same, name_only = [], []
-    for im in impls:
-        if _normalize_impl(im.name) != want:   # (rawconv's oneDNN may be a newer build, with the new names too)
-            continue
-        choice = getattr(im, "choice", None) or f"{im.name}@{im.layouts}"   # the name choice= takes
-        if choice in same or choice in name_only:
-            continue
-        if fm.get("src") == im.formats.get(src_role) and fm.get("wei") == im.formats.get(wei_role):
-            same.append(choice)
-        else:
-            name_only.append(choice)
-    if same:
-        return "same name and layouts", tuple(same + name_only), ""
-    if name_only:
-        return "same name", tuple(name_only), ""
-    return "none", (), ""
-
-
-# ============================================================================ CUDA: kernels, candidates, API log
-@dataclass(frozen=True)
-class CandidateKernels:
-    """The kernels one rawconv candidate launched: ``backend`` (``"cudnn"``: legacy (algo, math)
-    row; ``"cudnn_graph"``: engine config), ``choice`` (the name ``choice=`` / ``select`` take:
-    ``"IMPLICIT_PRECOMP_GEMM@tensor_op"``, ``"eng0{k2=4}"``), ``kernels`` (names, launch order,
-    each once), ``engine`` (graph engine global index, None for legacy), ``error`` (why it did
-    not run; then no kernels)."""
-
-    backend: str
-    choice: str
-    kernels: tuple = ()
-    engine: int | None = None
-    error: str = ""
-
-
-_MARK = "spin_kernel"   # torch.cuda._sleep's kernel: the separator between profiled candidates
-
-
-def _is_helper(name: str) -> bool:
-    """torch's own kernels (copies, fills, bias adds, the separator), never cuDNN's."""
-    return "at::native" in name or _MARK in name
-
-
-def _cuda_events(prof) -> list[tuple[float, str, float]]:
-    """(start µs, name, duration µs) of each CUDA kernel a profiler session saw, by start time."""
-    out = []
-    try:
-        for e in prof.events():
-            if e.device_type == torch.autograd.DeviceType.CUDA:
-                tr = e.time_range
-                out.append((float(tr.start), e.name, float(tr.end - tr.start)))
-    except Exception:  # noqa: BLE001  older/newer profiler: the raw kineto events
-        out = []
-    if not out:
-        try:
-            for e in prof.profiler.kineto_results.events():
-                if e.device_type() == torch.autograd.DeviceType.CUDA:
-                    out.append((e.start_ns() / 1e3, e.name(), e.duration_ns() / 1e3))
-        except Exception:  # noqa: BLE001
-            pass
-    out.sort(key=lambda t: t[0])
-    return out
-
-
-def _split_segments(events: Sequence[tuple[float, str, float]], n: int) -> list[list[tuple[str, float]]] | None:
-    """Kernels between separators: ``events`` (start, name, µs) in GPU order, a separator kernel
-    before each of ``n`` calls and one after the last. None unless exactly ``n`` segments are found."""
-    segs: list[list[tuple[str, float]]] = []
-    cur = None
-    for _, name, dur in events:
-        if _MARK in name:
-            if cur is not None:
-                segs.append(cur)
-            cur = []
-        elif cur is not None:
-            cur.append((name, dur))
-    return segs if len(segs) == n else None
-
-
-def _profile_calls(fns: Sequence[Callable[[], Any]], *, separators: bool = True) -> list[list[tuple[str, float]]] | None:
-    """Kernels (name, µs) each of ``fns`` launched, from one ``torch.profiler`` session (CUDA
-    activity). With ``separators`` a ``torch.cuda._sleep`` kernel is launched before each call and
-    after the last (one stream: GPU order is launch order) and the kernels between them are each
-    call's; None when the separators are not all seen. Without, ``fns`` must be one call: all its
-    kernels."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for fn in fns:
-                if separators:
-                    torch.cuda._sleep(1000)
-                fn()
-            if separators:
-                torch.cuda._sleep(1000)
-            torch.cuda.synchronize()
-    ev = _cuda_events(prof)
-    if not separators:
-        return [[(name, dur) for _, name, dur in ev]]
-    return _split_segments(ev, len(fns))
-
-
-def _profile_each(fns: Sequence[Callable[[], Any]]) -> list[list[tuple[str, float]]]:
-    """:func:`_profile_calls` with separators; when they fail, one session per call."""
-    got = _profile_calls(fns) if fns else []
-    if got is not None:
-        return got
-    return [_profile_calls([fn], separators=False)[0] for fn in fns]
-
-
-def _short(name: str, width: int) -> str:
-    name = name[5:] if name.startswith("void ") else name
-    return name if len(name) <= width else name[: width - 3] + "..."
-
-
-def _unique(names: Iterable[str]) -> tuple:
-    return tuple(dict.fromkeys(names))
-
-
-def _cudnn_set(kernels: Iterable[str]) -> frozenset:
-    return frozenset(k for k in kernels if not _is_helper(k))
-
-
-def match_kernels(torch_kernels: Sequence[str], candidates: Sequence[CandidateKernels], *,
-                  main_kernel: str = "") -> tuple[str, tuple[str, ...]]:
-    """Which candidates ran what torch ran: ``("same kernels", choices)`` (the same set of cuDNN
-    kernels, torch's ``at::native`` helpers left out on both sides), else ``("main kernel",
-    choices)`` (candidates that launch ``main_kernel``, torch's longest), else ``("none", ())``;
-    ``("", ())`` when torch launched no cuDNN kernel."""
-    want = _cudnn_set(torch_kernels)
-    if not want:
-        return "", ()
-    ok = [c for c in candidates if not c.error and c.kernels]
-    same = _unique(c.choice for c in ok if _cudnn_set(c.kernels) == want)
-    if same:
-        return "same kernels", same
-    if main_kernel and not _is_helper(main_kernel):
-        part = _unique(c.choice for c in ok if main_kernel in c.kernels)
-        if part:
-            return "main kernel", part
-    return "none", ()
-
-
-# ---------------------------------------------------------------- cuDNN's API log (cudnnSetCallback)
-def cudnn_api_log():
-    """``with cudnn_api_log() as log: ...`` records cuDNN's API log of this thread's calls in the
-    block: :class:`rawconv.cudnn.api_log.cudnn_api_log` (imported on first use: importing this
-    module loads no cuDNN code)."""
-    from ..cudnn.api_log import cudnn_api_log as log
-
-    return log()
-
-
-_FUNC_RE = re.compile(r"function (\w+)\(\) called")
-_ENGINE_RE = re.compile(r"engine_?[iI]d: type=int(?:64_t)?; val=(-?\d+);")
-_ALGO_RE = re.compile(r"\balgo: type=\w+; val=CUDNN_CONVOLUTION_(?:FWD|BWD_DATA|BWD_FILTER)_ALGO_(\w+)")
-
-
-def _algo_short(tail: str) -> str:
-    """rawconv's legacy algo name from the C name's tail (``IMPLICIT_PRECOMP_GEMM``, ``0`` -> ``ALGO_0``)."""
-    return "ALGO_" + tail if tail[:1].isdigit() else tail
-
-
-def parse_cudnn_log(messages: Sequence[Sequence[str]]) -> dict:
-    """What a cuDNN API log says (:class:`cudnn_api_log` messages): ``functions`` (the cuDNN
-    functions called, in order, each once), ``engines`` (engine global indices in the execution
-    plans printed with ``cudnnBackendExecute``: the engines that ran, in order, each once),
-    ``algos`` (legacy API: the algos passed to ``cudnnConvolution*`` calls, in rawconv's names:
-    ``"IMPLICIT_PRECOMP_GEMM"``, ``"ALGO_1"``)."""
-    funcs, engines, algos = [], [], []
-    for lines in messages:
-        if not lines:
-            continue
-        m = _FUNC_RE.search(lines[0])
-        fn = m.group(1) if m else ""
-        if fn:
-            funcs.append(fn)
-        body = "\n".join(lines[1:])
-        if fn == "cudnnBackendExecute":
-            engines += [int(v) for v in _ENGINE_RE.findall(body) if int(v) >= 0]
-        elif fn.startswith("cudnnConvolution"):
-            algos += [_algo_short(t) for t in _ALGO_RE.findall(body)]
-    return {"functions": _unique(funcs), "engines": _unique(engines), "algos": _unique(algos)}
-
-
-# ---------------------------------------------------------------- rawconv's candidates on CUDA
-_cand_cache: dict = {}
-_plans.register_clear("rawconv.pytorch.torch_choice:_cand_cache", _cand_cache.clear)
-_CAND_CACHE_SIZE = 64
-
-
-def _candidate_kernels(c: _Call, limit: int, tf32: bool) -> tuple[CandidateKernels, ...]:
-    """Profile each rawconv cuDNN candidate (legacy rows, graph engine configs) once on ``c``'s
-    problem: their kernel names. Cached per (problem, direction, tf32, limit)."""
-    key = (c.problem, c.direction, tf32, limit, str(c.x.device))
-    hit = _cand_cache.get(key)
-    if hit is not None:
-        return hit
-    runs: list[tuple[str, str, int | None, Callable, Callable]] = []   # backend, choice, engine, select, run
-    errors: list[CandidateKernels] = []
-    plan = _legacy_candidates(c, limit, runs, errors)
-    gplan = _graph_candidates(c, limit, tf32, runs, errors)
-    out = _profile_candidates(runs)
-    order = {ch: i for i, (_, ch, _, _, _) in enumerate(runs)}
-    out.sort(key=lambda ck: order.get(ck.choice, 1 << 30))
-    res = tuple(errors + out)
-    for obj in (plan, gplan):
-        if obj is not None:
-            try:
-                obj.free()
-            except Exception:  # noqa: BLE001
-                pass
-    if len(_cand_cache) >= _CAND_CACHE_SIZE:
-        _cand_cache.pop(next(iter(_cand_cache)))
-    _cand_cache[key] = res
-    return res
-
-
-def _exec_args(c: _Call) -> dict:
-    """The tensors a candidate plan's ``execute`` takes for ``c``'s direction. Returns them by
-    argument name."""
-    d = c.direction
-    if d == "backward_data":   # a transposed forward's input is the matching convolution's dy
-        return {"grad_y": c.dy if c.dy is not None else c.x, "w": c.w}
-    if d == "backward_weights":
-        return {"x": c.xb, "grad_y": c.dy}
-    return {"x": c.xb, "w": c.w}
-
-
-def _legacy_candidates(c: _Call, limit: int, runs: list, errors: list):
-    """The legacy API's candidates for ``c``'s problem: up to ``limit`` (algo, math) rows cuDNN
-    reports usable, appended to ``runs`` as (backend, choice, engine, select, run); a plan that
-    cannot be made goes to ``errors``. Returns the plan (to free), or None."""
-    from .. import cudnn as _cd
-
-    p, d = c.problem, c.direction
-    plan = None
-    # legacy API: (algo, math) rows cuDNN reports usable
-    try:
-        plan = _cd.Convolution.from_problem(p, direction=d, w_layout=layout_of(c.w) if layout_of(c.w) != "strided"
-                                            else "nchw")
-        rows = [r for r in plan.algorithms("heuristic", "all") if r.ok][:limit]
-        for r in rows:
-            runs.append(("cudnn", r.choice, None, (lambda r=r: plan.select(choice=r)),
-                         (lambda: plan.execute(**_exec_args(c)))))
-    except RawconvError as exc:
-        errors.append(CandidateKernels("cudnn", "-", error=f"{type(exc).__name__}: {str(exc).splitlines()[0]}"))
-    return plan
-
-
-def _graph_candidates(c: _Call, limit: int, tf32: bool, runs: list, errors: list):
-    """The graph API's candidates for ``c``'s problem: up to ``limit`` of the heuristic configs,
-    then every engine with its default knobs, appended to ``runs`` as (backend, choice, engine,
-    select, run); a plan that cannot be made goes to ``errors``. Returns the plan (to free), or
-    None."""
-    from ..cudnn import graph as _cg
-
-    p, d = c.problem, c.direction
-    gplan = None
-    # graph API: heuristic configs, then every engine with its default knobs
-    try:
-        gplan = _cg.GraphConvolution.from_problem(p, direction=d, allow_tf32=bool(tf32))
-        cfgs = list(gplan.engines(list(_cg.HEURISTIC_MODES), finalize=False))
-        if len(cfgs) < limit:
-            # then each engine with its default knobs, but not those that compile at plan time (NVRTC:
-            # seconds each; torch reaches them only through the heuristics' lists, already above)
-            names = {e.name for e in cfgs}
-            cfgs += [e for e in gplan.engines("all", limit=1, finalize=False)
-                     if e.name not in names and "RUNTIME_COMPILATION" not in e.behavior_notes]
-        for ec in cfgs[:limit]:
-            runs.append(("cudnn_graph", ec.name, ec.engine, (lambda ec=ec: gplan._select(ec, warn=False)),
-                         (lambda: gplan.execute(**_exec_args(c)))))
-    except RawconvError as exc:
-        errors.append(CandidateKernels("cudnn_graph", "-", error=f"{type(exc).__name__}: {str(exc).splitlines()[0]}"))
-    return gplan
-
-
-def _profile_candidates(runs: list) -> list[CandidateKernels]:
-    """Build and run each of ``runs`` (backend, choice, engine, select, run) once outside the
-    profiler (plans finalized, workspaces allocated), then profile each that ran. Returns a
-    :class:`CandidateKernels` per candidate: its kernel names, or its error."""
-    # build and run each once outside the profiler (plans finalized, workspaces allocated)
-    ready, out = [], []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for be, choice, eng, sel, run in runs:
-            try:
-                sel()
-                run()
-                ready.append((be, choice, eng, sel, run))
-            except (RawconvError, RuntimeError) as exc:   # RuntimeError: e.g. torch out of memory for a workspace
-                out.append(CandidateKernels(be, choice, engine=eng,
-                                            error=f"{type(exc).__name__}: {str(exc).splitlines()[0]}"))
-        torch.cuda.synchronize()
-
-        def make(sel, run):
-            def f():
-                sel()
-                run()
-            return f
-
-        kernels = _profile_each([make(sel, run) for _, _, _, sel, run in ready]) if ready else []
-    for (be, choice, eng, _, _), ks in zip(ready, kernels):
-        out.append(CandidateKernels(be, choice, _unique(n for n, _ in ks), eng,
-                                    "" if ks else "no kernel seen by the profiler"))
-    return out
 
 
 # ============================================================================ the result
@@ -1266,7 +442,7 @@ def _cuda_choice(c: _Call, flags, backend, index, candidates, limit, cudnn_log, 
     # warm-up: builds torch's plan (with cudnn.benchmark, times candidates); its log is not kept
     c.run()
     torch.cuda.synchronize()
-    lg = cudnn_api_log() if cudnn_log else None
+    lg = _cuda.cudnn_api_log() if cudnn_log else None
 
     def profiled():
         with (lg if lg is not None else contextlib.nullcontext()):
@@ -1429,23 +605,6 @@ def _final_count(rows, dev: str) -> str:
     return (f"{onednn} of {m} layers: torch ran its oneDNN; {n} of {m}: torch's oneDNN implementation is in "
             f"rawconv's oneDNN list ({same} with the same layouts)")
 
-
-def torch_part() -> dict:
-    """torch's build as ``rawconv info`` shows it: version, threads, its oneDNN (bundled version) and cuDNN."""
-    cfg = torch.__config__.show()
-    m = re.search(r"MKL-DNN v([\d.]+) \(Git Hash (\w+)\)", cfg)
-    out = {"version": torch.__version__, "threads": torch.get_num_threads(),
-           "mkldnn_available": torch.backends.mkldnn.is_available(),
-           "mkldnn_enabled": torch.backends.mkldnn.enabled,
-           "onednn_bundled": (m.group(1) + " (" + m.group(2)[:8] + ")") if m else None,
-           "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available()}
-    try:
-        out["cudnn_version"] = torch.backends.cudnn.version()
-    except Exception as exc:  # pragma: no cover
-        out["cudnn_version"] = f"unavailable ({exc})"
-    return out
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m rawconv.torch_choice --report resnet50 [--batch N] [--dtype D] [--layout L]
     [--device cpu|cuda] [--limit N] [--no-candidates] [--threads N] [--benchmark] [--json FILE]``."""
@@ -1500,8 +659,15 @@ class _CallableModule(types.ModuleType):
         return torch_choice(*args, **kwargs)
 
 
+for _cls in (TorchFlags, OneDNNRun, CandidateKernels):   # (pickles and the reference name them here, as before)
+    _cls.__module__ = "rawconv.pytorch.torch_choice"
+
 if __name__ != "__main__":
     sys.modules[__name__].__class__ = _CallableModule
+    # name -> the part that reads it: a hook set on this module (a test's ``monkeypatch.setattr(tc,
+    # "_profile_calls", f)``) is set there, where the part's code reads it
+    _SETTINGS = {"_profile_calls": _cuda, "cudnn_api_log": _cuda}
+    _route_settings(__name__, _SETTINGS)   # (after the class above: the routed type derives from it)
 
 if __name__ == "__main__":
     sys.exit(main())
