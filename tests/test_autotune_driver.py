@@ -79,6 +79,8 @@ def test_onednn_autotune_runs_the_driver():
     plan = onednn.Convolution(x, w, padding=1)
     first = plan.autotune(iterations=2, warmup=0, use_cache=True)
     assert first.record is plan.tuning_record and tuning.cache().get(plan._tuning_key(False)) == first.record
+    assert first.record.detail["driver"] == "rawconv.core.autotune.drive"    # the one driver's record
+    assert first.record.detail["impl"] == plan.selected.name                  # with oneDNN's detail
     again = onednn.Convolution(x, w, padding=1)
     hit = again.autotune(iterations=2, warmup=0, use_cache=True)
     assert len(hit) == 1 and hit[0].phase == "cache" and hit.record == first.record
@@ -129,6 +131,8 @@ class _Scripted:
         t = self.times[candidate.choice].pop(0)
         if t is None:
             raise NotSupportedError("does not run")
+        if isinstance(t, BaseException):
+            raise t
         return autotune.Timing(t, t, 1)
 
     def tuning_key(self):
@@ -206,3 +210,62 @@ def test_drive_from_four_threads_on_one_plan_times_each_candidate_selected():
     for t in threads:
         t.join()
     assert errors == [] and plan.selected.choice == "b"
+
+
+def test_drive_candidate_failed_is_a_row_status_first_and_when_timed_again():
+    """A hook's CandidateFailed (a crash in a child process) gives the row its status; failing in
+    the confirmation drops the contender (its row says "when timed again") and the other wins."""
+    plan = _Scripted({"crash": [autotune.CandidateFailed("crashed: SIGSEGV", "in the child")],
+                      "a": [1.0, autotune.CandidateFailed("timed out after 2 s", "hung")], "b": [1.1, 1.2, 1.3]})
+    table = autotune.drive(plan, use_cache=False)
+    assert [(r.name, r.status) for r in table] == [("b", "ok"), ("crash", "crashed: SIGSEGV"),
+                                                   ("a", "timed out after 2 s")]
+    assert table[2].message == "when timed again: hung" and plan.selected.choice == "b"
+    assert plan.tuning_record.choice == "b" and plan.tuning_record.median_ms == 1.3   # (its two confirmations)
+
+
+def test_drive_interrupted_keeps_the_previous_choice():
+    plan = _Scripted({"a": [2.0], "b": [KeyboardInterrupt()]})
+    plan.select(choice="a")
+    with pytest.raises(KeyboardInterrupt):
+        autotune.drive(plan, use_cache=False)
+    assert plan.selected.choice == "a" and plan.tuning_record is None
+
+
+class _Together(autotune.Search):
+    """A search timing the checked candidates together (as oneDNN's interleaved rounds), scripted:
+    ``passes`` gives each pass's milliseconds by name."""
+
+    together, time_wrong = True, True
+
+    def __init__(self, plan, passes):
+        super().__init__(plan)
+        self.passes, self.groups = list(passes), []
+
+    def time_together(self, candidates, budget_s, confirm):
+        ms = self.passes.pop(0)
+        self.groups.append(([c.choice for c in candidates], confirm))
+        return [autotune.Timing(ms[c.choice], ms[c.choice] * 0.9, 4, {"pass": len(self.groups)}) for c in candidates]
+
+
+def test_drive_times_together_then_confirms_the_pick_without_reranking():
+    """Together: every checked candidate (the wrong one too: shown, never selected) in one pass,
+    then the pick and its contenders within 15% in a fresh pass (the pick first), which gives the
+    record's time; the first pass's ranking stands."""
+    plan = _Scripted({"slow": [], "b": [], "off": [], "c": []})
+    search = _Together(plan, [{"slow": 9.0, "b": 1.0, "off": 0.1, "c": 1.1}, {"b": 1.4, "c": 1.0}])
+    table = autotune.drive(plan, 10.0, use_cache=False, search=search)
+    assert search.groups == [(["slow", "b", "c", "off"], False), (["b", "c"], True)]
+    assert [(r.name, r.status) for r in table] == [("b", "ok"), ("c", "ok"), ("slow", "ok"), ("off", "wrong")]
+    assert table[3].median_ms == 0.1 and table[0].extra["pass"] == 2 and table[2].extra["pass"] == 1
+    assert plan.selected.choice == "b" and plan.tuning_record.median_ms == 1.4 and plan.calls == []
+    assert search.title == table.title and plan.tuning_record.timing["run_trustworthy"] is True
+
+
+def test_drive_together_without_the_hook_says_so():
+    plan = _Scripted({"a": [], "b": []})
+    search = autotune.Search(plan)
+    search.together = True
+    with pytest.raises(NotImplementedError):
+        autotune.drive(plan, use_cache=False, search=search)
+    assert plan.selected.choice == "a"

@@ -1,15 +1,16 @@
-"""oneDNN plans' autotune: the search over the implementations (checked against float64, timed,
-the close contenders timed again), its tuning key, the tuning cache's row and the record. A mixin of
-:class:`rawconv.onednn.Convolution` (listing, selection and execution stay there); the cache half
-runs :mod:`rawconv.core.autotune`, the driver the three backends share."""
+"""oneDNN plans' autotune: :func:`rawconv.core.autotune.drive` (the one driver: the policy) over
+oneDNN's half of the search (:class:`_Search`: the implementations, the plan's own tensors and
+fpmath tolerance, timing in interleaved rounds or, isolated, in a child process), its tuning key,
+the tuning cache's row and the record's detail. A mixin of :class:`rawconv.onednn.Convolution`
+(listing, selection and execution stay there)."""
 from __future__ import annotations
 
 from typing import Any
 
-from .primitive import TimedImplementation, _FPMATH_COMPUTE, _check_allow, _warn_timings, key_options
+from .primitive import TimedImplementation, _FPMATH_COMPUTE, _check_allow, key_options, timing_lines
 from ..core.problem import int_arg
 from ..core import autotune as _autotune, guard as _guard
-from ..core.errors import ArgumentError, ArgumentTypeError, NotSupportedError
+from ..core.errors import ArgumentError, ArgumentTypeError
 from ..core.results import ResultTable
 
 __all__ = ["Autotune"]
@@ -69,43 +70,13 @@ class Autotune:
         terminal or in a Jupyter kernel; :mod:`rawconv._progress`).
         Raises :class:`NotSupportedError` when no implementation could be timed correctly.
         """
-        from ..core.bench import LoadMonitor
-
         self._check_live()
         iterations, warmup, allow = self._autotune_args(iterations, warmup, budget_s, check, use_cache, progress,
                                                         allow_known_bad)
         from ..core import isolate as _isolate
 
-        iso = _isolate.options(isolate)
-        # the count the candidates run with: an isolated child's own count for a caller's-count plan
-        key = self._tuning_key(allow, iso.threads if iso is not None else None)
-        hit = _autotune.cached(self, key, use_cache, lambda rec: self._from_cache(rec, allow))
-        if hit is not None:
-            return hit
-        budget = _autotune.Budget(budget_s)   # wall time for the whole search (a cache hit spent none)
-        tensors, call, temporary_snap = self._autotune_tensors()
-        checked = self._autotune_reference(tensors, check, iso)
-        wrong, skipped = [], []
-        monitor = LoadMonitor() if iso is None else None
-        impls = [i for i in self.implementations if include_ref or not i.name.startswith("ref")]
-        before = self._selected
-        try:
-            session = self._autotune_session(tensors, iso)
-            try:
-                rows = self._autotune_search(impls, allow, session, call, checked, iterations, warmup,
-                                             budget, progress, wrong, skipped)
-            finally:
-                if session is not None:
-                    session.close()
-                if temporary_snap:
-                    self._snap = None
-                    self._hot = None
-        except BaseException:
-            # interrupted (KeyboardInterrupt) or failed: the plan runs what it ran before, not the
-            # candidate that was being timed, and keeps no candidate's primitive and buffers
-            self._restore_selection(before)
-            raise
-        return self._autotune_select(key, monitor, rows, wrong, skipped)
+        search = _Search(self, _isolate.options(isolate), allow, include_ref, check, iterations, warmup)
+        return _autotune.drive(self, budget_s, use_cache=use_cache, check=check, progress=progress, search=search)
 
     def _restore_selection(self, index) -> None:
         """Select ``index`` again (None: oneDNN's first choice, resolved on the next call) and drop
@@ -127,17 +98,6 @@ class Autotune:
         return _isolated._onednn_session(self.problem, self.direction, tensors, algorithm=self.algorithm,
                                          fpmath=self.fpmath, w_layout=self.w_layout, prepack=self.prepack,
                                          iso=iso, plan_threads=self.threads_arg, post_ops=self._post_ops)
-
-    def _autotune_select(self, key, monitor, rows: list, wrong: list, skipped: list) -> ResultTable:
-        """Finish :meth:`autotune`: warn about noisy timings (``monitor``), select the fastest of
-        ``rows`` (dropping the other built implementations), and keep the table and its record under
-        ``key`` (the tuning cache). Returns the table: ``rows``, then ``wrong`` (sorted), then
-        ``skipped``."""
-        warned = _warn_timings(monitor, rows)
-        self._restore_selection(rows[0].impl.index)
-        wrong.sort(key=lambda r: r.median_ms)
-        out = self._table(rows + wrong + skipped)
-        return _autotune.keep(self, out, self._record(key, out[0], warned))
 
     def _autotune_args(self, iterations, warmup, budget_s, check, use_cache, progress, allow_known_bad) -> tuple:
         """Check :meth:`autotune`'s scalar arguments (``iterations``, ``warmup``, ``budget_s``,
@@ -175,188 +135,6 @@ class Autotune:
             call = {k: v for k, v in tensors.items() if k != "w"}
         return tensors, call, temporary_snap
 
-    def _autotune_reference(self, tensors: dict, check: bool, iso) -> tuple:
-        """The float64 reference :meth:`autotune` checks each implementation against, for
-        ``tensors``. Returns ``(ref, ref_abs, tol)``, all None when nothing is checked here
-        (``check=False``, isolated, an empty problem, or a plan with post-ops)."""
-        ref = ref_abs = tol = None
-        # plans with post-ops (rawconv.fused) compute more than the convolution: not checked here
-        if check and iso is None and not self.problem.is_empty and not self._post_ops:
-            from ..core.check import reference, tolerance_for
-
-            named = {"x": tensors.get("x"), "w": tensors.get("w"), "b": tensors.get("bias"), "dy": tensors.get("grad_y")}
-            ref, ref_abs = reference(self.problem, self.direction, {k: v for k, v in named.items() if v is not None})
-            tol = tolerance_for(self.problem, self.direction, compute=_FPMATH_COMPUTE.get(self.fpmath))
-        return ref, ref_abs, tol
-
-    def _autotune_search(self, impls, allow, session, call, checked, iterations, warmup, budget, progress,
-                         wrong, skipped) -> list:
-        """Check each of ``impls`` (:meth:`_autotune_one`; ``checked``: ``(ref, ref_abs, tol)``),
-        then time every correct one in interleaved rounds (:meth:`_time_in_rounds`; isolated: each
-        timed in the child, the close contenders again: :meth:`_retime_close`), within ``budget``
-        (a :class:`rawconv.core.autotune.Budget`: the rounds share 70% of what the checks left,
-        the confirmation the rest; isolated, each candidate an even share). Returns the correct
-        rows, fastest first; the wrong and untimed ones go to ``wrong`` and ``skipped``. Raises
-        :class:`NotSupportedError` when no implementation could be timed correctly."""
-        from ..core import progress as _progress
-        from ..core.bench import time_cpu
-
-        ref, ref_abs, tol = checked
-        rows = []
-        with _progress.bar(progress, total=len(impls), desc="oneDNN autotune", unit="impl") as bar:
-            for k, impl in enumerate(impls):
-                bar.note(impl.choice)
-                try:
-                    self._autotune_one(impl, allow, session, call, ref, ref_abs, tol, iterations, warmup,
-                                       budget.share(len(impls) - k, 0.7), rows, wrong, skipped, time_cpu)
-                finally:
-                    bar.update()
-            if session is None:
-                self._time_in_rounds(rows + wrong, call, iterations, warmup, budget.share(len(rows + wrong), 0.7))
-        if not rows:
-            why = "; ".join(f"{r.impl.name}: {r.status}" for r in wrong + skipped)
-            raise NotSupportedError("no implementation could be timed correctly for " + self.problem.describe()
-                                    + (f" ({why})" if why else ""))
-        rows.sort(key=lambda r: r.median_ms)
-        if session is None:
-            self._confirm(rows, call, iterations, budget.share(min(4, len(rows))))
-            return rows
-        return self._retime_close(rows, skipped, session, call, allow, iterations, budget, time_cpu)
-
-    def _time_in_rounds(self, rows: list, call: dict, iterations: int, warmup: int, budget_s) -> None:
-        """Time ``rows`` (checked, not yet timed) together in interleaved rounds
-        (:func:`rawconv.bench.time_rounds`: ``iterations`` calls each spread over up to 5 rounds;
-        each round selects the row's implementation, untimed, before its calls) and fill their
-        times and ``extra["rounds"]``. Returns None."""
-        from ..core import bench
-
-        if not rows:
-            return
-        rounds, calls = bench.round_plan(iterations)
-
-        def run():
-            return self.execute(**call)
-
-        timed = bench.time_rounds({str(i): (run, _select_fn(self, r.impl.index)) for i, r in enumerate(rows)},
-                                  rounds=rounds, calls=calls, warmup=min(warmup, 1), budget_s=budget_s)
-        for i, r in enumerate(rows):
-            t = timed[str(i)]
-            st = t.stats()
-            r.median_ms, r.min_ms, r.runs = st.median_ms, st.min_ms, st.runs
-            r.extra["rounds"] = t.as_dict()
-
-    def _confirm(self, rows: list, call: dict, iterations: int, budget_s) -> None:
-        """The confirmation step: the fastest of ``rows`` (sorted; picked on the first rounds) and
-        the close contenders (within 15%, at most 4) timed again in fresh interleaved rounds,
-        ``extra["confirmed"]`` holding what those measured (``median_ms``, ``rounds``, ``flags``,
-        and the contender's time over the pick's, round by round: ``ratio_to_pick``). The pick
-        stays the pick; its record reports the fresh rounds' time (no winner's curse). Returns None."""
-        from ..core import bench
-
-        close = [r for r in rows[:4] if r.median_ms <= rows[0].median_ms * 1.15]
-        rounds, calls = bench.round_plan(iterations)
-
-        def run():
-            return self.execute(**call)
-
-        timed = bench.time_rounds({str(i): (run, _select_fn(self, r.impl.index)) for i, r in enumerate(close)},
-                                  rounds=max(rounds, 3), calls=calls, warmup=1, budget_s=budget_s)
-        pick = timed["0"]
-        for i, r in enumerate(close):
-            t = timed[str(i)]
-            q = bench.ratio(t, pick) if i else None
-            r.extra["confirmed"] = {"median_ms": t.stats().median_ms, "rounds": t.as_dict(), "flags": t.flags(),
-                                    "ratio_to_pick": q.as_dict() if q is not None else None}
-
-    def _retime_close(self, rows, skipped, session, call, allow, iterations, budget, time_cpu) -> list:
-        """Isolated autotune (each implementation timed in the child process): the close contenders
-        (within 15% of the best of ``rows``, sorted) timed again, round after round, and ranked by
-        their best round: one noisy pass (a descheduled OpenMP thread) must not decide. Returns the
-        rows re-sorted; one that fails when run again goes to ``skipped``. Raises
-        :class:`NotSupportedError` when none is left."""
-        nan = float("nan")
-        close = [r for r in rows[:4] if r.median_ms <= rows[0].median_ms * 1.15]
-        if len(close) > 1:
-            best = {id(r): r.median_ms for r in close}
-            fastest = {id(r): r.min_ms for r in close}   # the fastest single call over every round
-            dead = set()
-            for rnd in range(3):
-                for r in close:
-                    if id(r) in dead:
-                        continue
-                    rr = session.run(r.impl, iterations=iterations, warmup=1,
-                                     budget_s=budget.share(len(close) * (3 - rnd)), allow_known_bad=allow, check=False)
-                    if rr["status"] != "ok":   # it ran fine before: report what it did now
-                        dead.add(id(r))
-                        skipped.append(TimedImplementation(r.impl, nan, nan, r.runs, rr["status"],
-                                                           "when timed again: " + rr["detail"]))
-                        continue
-                    best[id(r)] = min(best[id(r)], rr["median_ms"])
-                    fastest[id(r)] = min(fastest[id(r)], rr["min_ms"])
-            retimed = []
-            for r in close:
-                if id(r) not in dead:
-                    # median: the best round's (ranks them); min: the fastest call of any round
-                    t = TimedImplementation(r.impl, best[id(r)], fastest[id(r)], r.runs)
-                    t.accuracy = r.accuracy
-                    retimed.append(t)
-            rows = sorted(retimed + [r for r in rows[len(close):] if id(r) not in dead],
-                          key=lambda r: r.median_ms)
-            if not rows:
-                raise NotSupportedError("no implementation could be timed for " + self.problem.describe())
-        return rows
-
-    def _autotune_one(self, impl, allow, session, tensors, ref, ref_abs, tol, iterations, warmup, budget_s,
-                      rows, wrong, skipped, time_cpu) -> None:
-        """Check and time one implementation for :meth:`autotune`, appending its row (``tensors``:
-        :meth:`execute`'s keyword arguments; a plan with a weight snapshot gets none for ``w``)."""
-        nan = float("nan")
-        if impl.known_bad and not allow:
-            skipped.append(TimedImplementation(impl, nan, nan, 0, "known bad", detail=
-                                               f"not run (allow_known_bad=True runs it): {impl.known_bad}"))
-            return
-        if session is not None:
-            # plans with post-ops compute more than the convolution the float64 check knows: not
-            # checked, as below
-            r = session.run(impl, iterations=iterations, warmup=warmup, budget_s=budget_s,
-                            allow_known_bad=allow, check=not self._post_ops)
-            if r["status"] == "ok":
-                rows.append(TimedImplementation(impl, r["median_ms"], r["min_ms"], r["runs"]))
-            else:
-                skipped.append(TimedImplementation(impl, nan, nan, r["runs"], r["status"], r["detail"]))
-            return
-        self._selected = impl.index
-        err = None
-        try:
-            if ref is not None:
-                from ..core.check import check as _check_result
-
-                y = self.execute(**tensors)
-                err = _check_result(self.problem, y[0] if isinstance(y, tuple) else y, ref, ref_abs, tol)
-            else:   # the first call builds it (JIT code, reorders): untimed, as a warm-up
-                self.execute(**tensors)
-        except NotSupportedError as exc:
-            skipped.append(TimedImplementation(impl, nan, nan, 0, "not supported", str(exc)))
-            return
-        # timed afterwards, with the others, in interleaved rounds (_time_in_rounds)
-        if err is not None and not err.ok:
-            row = TimedImplementation(impl, nan, nan, 0, "wrong",
-                                      f"outside tolerance vs float64: max rel err {err.max_rel:.2e}, "
-                                      f"{err.ratio:.3g}x the tolerance" + (f", {err.nan} non-finite" if err.nan
-                                                                            else ""))
-            row.accuracy = err
-            wrong.append(row)
-            return
-        row = TimedImplementation(impl, nan, nan, 0)
-        row.accuracy = err
-        rows.append(row)
-
-    def _table(self, rows) -> ResultTable:
-        out = ResultTable(rows, title=f"oneDNN autotune: {self.direction} {self.problem}")
-        for r in out:
-            r.problem = self.problem
-        return out
-
     # ------------------------------------------------------------------ tuning records
     def tuning_key(self):
         """The :class:`rawconv.tuning.TuningKey` :meth:`autotune` with its defaults stores its
@@ -390,26 +168,129 @@ class Autotune:
         if hit.error is not None and hit.error.get("max_rel") is not None:
             e = hit.error
             row.accuracy = ErrorStats(e.get("max_abs") or 0.0, e["max_rel"], e.get("ratio") or 0.0, 0)
-        return self._table([row])
+        row.problem = self.problem
+        return ResultTable([row], title=f"oneDNN autotune: {self.direction} {self.problem}")
 
-    def _record(self, key, row, warned=None):
-        """The tuning record of autotune's choice ``row``; ``warned``: the timing warnings of the
-        autotune (its ``timing``: a time measured while they applied is not one to drift against)."""
-        from ..core import tuning
+class _Search(_autotune.Search):
+    """oneDNN's half of :meth:`Autotune.autotune`'s search (:class:`rawconv.core.autotune.Search`):
+    the implementations (``ref:*`` only with ``include_ref``), the plan's own tensors (with
+    ``prepack`` the weight snapshot, reordered once per implementation), the fpmath mode's
+    tolerance; each implementation's first call checked here, then every one (the wrong ones too:
+    shown, never selected) timed together in interleaved rounds (:func:`rawconv.core.bench.time_rounds`),
+    the contenders again in at least 3 fresh rounds. Isolated (``iso``): each implementation run,
+    checked and timed in the child process (:mod:`rawconv.onednn.isolated`), the contenders timed
+    again 3 rounds there (warmup 1, unchecked) and ranked by their best round."""
 
+    noun = "implementation"
+    name = "oneDNN autotune"
+    time_wrong = True
+    confirm_rounds = 3
+
+    def __init__(self, plan, iso, allow: bool, include_ref: bool, check: bool, iterations: int, warmup: int):
+        super().__init__(plan, check)
+        self.iso, self.allow_known_bad, self.include_ref = iso, allow, include_ref
+        self.iterations, self.warmup = iterations, warmup
+        self.together = self.first_call = iso is None
+        self.session = None
+        self.temporary_snap = False
+        self.timed: set = set()   # (isolated) the implementations timed once already
+
+    def key(self):
+        # the count the candidates run with: an isolated child's own count for a caller's-count plan
+        return self.plan._tuning_key(self.allow_known_bad, self.iso.threads if self.iso is not None else None)
+
+    def from_cache(self, record):
+        return self.plan._from_cache(record, self.allow_known_bad)
+
+    def candidates(self) -> list:
+        return [i for i in self.plan.implementations if self.include_ref or not i.name.startswith("ref")]
+
+    def selection(self):
+        return self.plan._selected   # (None: oneDNN's first choice, resolved on the next call)
+
+    def restore(self, before) -> None:
+        # interrupted (KeyboardInterrupt) or failed: the plan runs what it ran before, not the
+        # candidate that was being timed, and keeps no candidate's primitive and buffers
+        self.plan._restore_selection(before)
+
+    def finish(self, winner) -> None:
+        self.plan._restore_selection(winner.index)
+
+    def open(self) -> None:
+        plan = self.plan
+        tensors, self.call, self.temporary_snap = plan._autotune_tensors()
+        # plans with post-ops (rawconv.fused) compute more than the convolution: not checked here
+        if self.check and self.iso is None and not plan._post_ops:
+            named = {"x": tensors.get("x"), "w": tensors.get("w"), "b": tensors.get("bias"), "dy": tensors.get("grad_y")}
+            self.roles = {k: v for k, v in named.items() if v is not None}
+            from ..core.check import tolerance_for
+
+            self.tolerance = tolerance_for(plan.problem, plan.direction, compute=_FPMATH_COMPUTE.get(plan.fpmath))
+        self.session = plan._autotune_session(tensors, self.iso)
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+        if self.temporary_snap:
+            self.plan._snap = None
+            self.plan._hot = None
+
+    def select(self, candidate) -> None:
+        self.plan._selected = candidate.index
+
+    def time(self, candidate, budget_s):
+        """Isolated: ``candidate`` run in the child (its first pass checked against float64 there,
+        unless the plan has post-ops; a later pass warmup 1, unchecked)."""
+        again = candidate.index in self.timed
+        self.timed.add(candidate.index)
+        r = self.session.run(candidate, iterations=self.iterations, warmup=1 if again else self.warmup,
+                             budget_s=budget_s, allow_known_bad=self.allow_known_bad,
+                             check=not again and not self.plan._post_ops)
+        if r["status"] != "ok":
+            raise _autotune.CandidateFailed(r["status"], r["detail"])
+        return _autotune.Timing(r["median_ms"], r["min_ms"], r["runs"])
+
+    def time_together(self, candidates: list, budget_s, confirm: bool) -> list:
+        """Interleaved rounds (``iterations`` calls each spread over up to 5 rounds; each round
+        selects the implementation, untimed, before its calls), ``extra["rounds"]``; the
+        confirmation at least 3 fresh rounds, ``extra["confirmed"]`` (``median_ms``, ``rounds``,
+        ``flags``, and the contender's time over the pick's, round by round: ``ratio_to_pick``)."""
+        from ..core import bench
+
+        plan, call = self.plan, self.call
+        rounds, calls = bench.round_plan(self.iterations)
+
+        def run():
+            return plan.execute(**call)
+
+        timed = bench.time_rounds({str(i): (run, _select_fn(plan, c.index)) for i, c in enumerate(candidates)},
+                                  rounds=max(rounds, 3) if confirm else rounds, calls=calls,
+                                  warmup=1 if confirm else min(self.warmup, 1), budget_s=budget_s)
+        out = []
+        for i in range(len(candidates)):
+            t = timed[str(i)]
+            st = t.stats()
+            if confirm:
+                q = bench.ratio(t, timed["0"]) if i else None
+                extra = {"confirmed": {"median_ms": st.median_ms, "rounds": t.as_dict(), "flags": t.flags(),
+                                       "ratio_to_pick": q.as_dict() if q is not None else None}}
+            else:
+                extra = {"rounds": t.as_dict()}
+            out.append(_autotune.Timing(st.median_ms, st.min_ms, st.runs, extra))
+        return out
+
+    def row(self, candidate, status: str = "ok", why: str = ""):
+        nan = float("nan")
+        return TimedImplementation(candidate, nan, nan, 0, status, why, problem=self.plan.problem)
+
+    def detail(self, row) -> dict:
         impl = row.impl
-        detail = {"impl": impl.name, "layouts": impl.layouts, "index": impl.index,
-                  "formats": dict(impl.formats), "reorders": list(impl.reorders),
-                  "scratchpad_bytes": impl.scratchpad_bytes,
-                  "weights": "prepacked" if self.prepack and self.direction != "backward_weights" else "per call"}
-        conf = row.extra.get("confirmed") if isinstance(row.extra, dict) else None
-        flags = list(row.timing_flags)
-        timing = None if warned is None else {"trustworthy": not warned and not flags, "run_trustworthy": not warned,
-                                              "run_warnings": list(warned), "row_flags": flags}
-        # the time of the pick as the fresh rounds measured it (picked on others: no winner's curse)
-        med = conf["median_ms"] if isinstance(conf, dict) and conf.get("median_ms") is not None else row.median_ms
-        return tuning.TuningRecord(key, impl.choice, detail, self.problem.layout, med, row.min_ms,
-                                   row.accuracy, label=self.problem.name or "", timing=timing)
+        return {"impl": impl.name, "layouts": impl.layouts, "index": impl.index, "formats": dict(impl.formats),
+                "reorders": list(impl.reorders), "scratchpad_bytes": impl.scratchpad_bytes,
+                "weights": "prepacked" if self.plan.prepack and self.plan.direction != "backward_weights" else "per call"}
+
+    def warnings(self, rows: list) -> list[str]:
+        return timing_lines(rows)
 
 
 def _select_fn(plan, index: int):

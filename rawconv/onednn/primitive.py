@@ -124,26 +124,20 @@ class TimedImplementation(Result):
                 f"  median/min {self.spread:.2f}")
 
 
-def _warn_timings(monitor, rows) -> list[str]:
-    """``warnings.warn`` a line for each thing against autotune's timed rows: for rows timed in
-    interleaved rounds, what the rounds measured (:func:`rawconv.results.reliability`: rows that
-    waited for a CPU in most rounds, rounds that disagree); for rows timed in a child process,
-    :func:`rawconv.bench.timing_warnings` (``monitor`` None there: the child's CPU time would read
-    as another process's). Returns the lines (the tuning record keeps them)."""
-    import warnings
-
-    from ..core.bench import TimingWarning, timing_warnings
+def timing_lines(rows) -> list[str]:
+    """What is against autotune's timed ``rows``, a line each (:func:`rawconv.core.autotune.drive`
+    warns them as :class:`rawconv.bench.TimingWarning` and the tuning record keeps them): for rows
+    timed in interleaved rounds, what the rounds measured (:func:`rawconv.results.reliability`:
+    rows that waited for a CPU in most rounds, rounds that disagree); for rows timed in a child
+    process, :func:`rawconv.bench.timing_warnings` of their spreads (the child's CPU time would
+    read as another process's: no load report)."""
+    from ..core.bench import timing_warnings
 
     if rows and all(isinstance(r.extra.get("rounds"), dict) for r in rows):
-        # timed in interleaved rounds: flagged by what the rounds measured (rawconv.results.reliability)
         from ..core.results import reliability
 
-        lines = reliability(rows)["warnings"]
-    else:
-        lines = timing_warnings(monitor.report() if monitor is not None else None, [r.spread for r in rows])
-    for line in lines:
-        warnings.warn(f"Convolution.autotune: {line}", TimingWarning, stacklevel=_guard.stacklevel())
-    return lines
+        return list(reliability(rows)["warnings"])
+    return list(timing_warnings(None, [r.spread for r in rows]))
 
 
 # ---------------------------------------------------------------------------- helpers

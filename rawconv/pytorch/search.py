@@ -24,7 +24,7 @@ from .. import onednn
 from ..core.grad import functorch_active as _functorch
 from ..core.errors import ArgumentError, InternalError, NotSupportedError, RawconvError
 from ..core.problem import ConvProblem, empty_like_layout, shape_only
-from ..core import guard as _guard
+from ..core import autotune as _autotune, guard as _guard
 from .functional import _check_precision, _is_cl, _norm_padding, _pair, _resolve_backend, _transpose_shape
 
 log = logging.getLogger("rawconv.nn")
@@ -546,7 +546,6 @@ def _versus_torch(m, kind: str, args: dict, plan) -> dict:
     residual) is tried and kept if it measured faster. Returns ``torch_ms``, ``rawconv_ms``,
     ``vs_torch`` (torch / rawconv: above 1, rawconv faster), ``torch_engine`` and, when the guard
     changed the choice, ``vs_torch_note``."""
-    from ..cudnn.graph import search as _search
     from .torch_choice import cudnn_api_log, parse_cudnn_log, torch_flags
 
     x, r = args["x"], args.get("residual")
@@ -565,27 +564,35 @@ def _versus_torch(m, kind: str, args: dict, plan) -> dict:
             torch.cuda.synchronize(x.device)
         engines = parse_cudnn_log(log.messages)["engines"] if log.available else ()
         out["torch_engine"] = f"eng{engines[0]}" if engines else ("legacy API" if log.available else "?")
+        return _cuda_pick(plan, peer, ours, engines, out)
+
+
+def _cuda_pick(plan, peer, ours, engines, out: dict) -> dict:
+    """:func:`_versus_torch`'s choice on ``plan`` (a cuDNN graph plan, tuned): the policy of
+    :func:`rawconv.core.autotune.versus_torch` (as on the CPU), each measurement 10 interleaved
+    groups of ``peer`` (torch's call) and ``ours`` (the plan's call) queued behind a busy GPU,
+    torch's engine ``engines[0]`` (default knobs; ``unfused:`` for a plan with an epilogue) the
+    alternative unless the plan runs it already. The plan is left on the pinned choice. Returns
+    ``out`` with the policy's fields."""
+    from ..cudnn.graph import search as _search
+
+    before = plan.selected_name
+    alts = []
+    if engines and not str(before).split("|")[0].endswith(f"eng{engines[0]}"):
+        alts.append(("unfused:" if plan.has_epilogue() else "") + f"eng{engines[0]}")
+    tried = []
+
+    def measure(c):
+        if c != before:
+            tried.append(c)
+            plan.select(c)
         ours()
         (t_ms, r_ms), _mins, _runs = _search.time_interleaved([peer, ours], 10)
-        out.update(torch_ms=t_ms, rawconv_ms=r_ms, vs_torch=t_ms / r_ms if r_ms else None)
-        if r_ms > 1.03 * t_ms and engines and not str(plan.selected_name).split("|")[0].endswith(f"eng{engines[0]}"):
-            before = plan.selected_name
-            alt = ("unfused:" if plan.has_epilogue() else "") + f"eng{engines[0]}"
-            try:
-                plan.select(alt)
-                ours()
-                (t2, a_ms), _mins, _runs = _search.time_interleaved([peer, ours], 10)
-            except (RawconvError, RuntimeError) as exc:
-                plan.select(before)
-                out["vs_torch_note"] = f"slower than torch; torch's engine {alt} did not run: {exc}"
-                return out
-            if a_ms < r_ms * t2 / t_ms:
-                out.update(torch_ms=t2, rawconv_ms=a_ms, vs_torch=t2 / a_ms,
-                           vs_torch_note=f"{before} measured {r_ms:.4f} ms against torch's {t_ms:.4f}: torch's "
-                                         f"engine {alt} kept instead")
-            else:
-                plan.select(before)
-                out["vs_torch_note"] = f"torch's engine {alt} measured no faster ({a_ms:.4f} ms)"
+        return t_ms, r_ms, (t_ms / r_ms if r_ms else None)
+    pick, measured = _autotune.versus_torch(measure, before, alts, word="engine")
+    if tried and pick == before:   # torch's engine did not run, or measured no faster
+        plan.select(before)
+    out.update(measured)
     return out
 
 

@@ -5,20 +5,18 @@ torch runs its own, newer oneDNN (3.12 in torch 2.14); rawconv names what it ran
 (:func:`rawconv.torch_choice`: oneDNN's verbose trace of torch's call) and looks the implementation up
 by name in rawconv's oneDNN. The layer's call on rawconv's pinned choice and torch's own call are
 timed in interleaved rounds (:func:`rawconv.core.bench.time_rounds`, ratios taken within a round);
-when rawconv's call measured more than 3% slower and rawconv's oneDNN offers torch's implementation
-under another choice, that choice is timed the same way and kept if it measured faster. The layer's
-report then says what rawconv runs, what torch runs, both times and the ratio, as on CUDA."""
+the policy is the one CUDA's layers run too (:func:`rawconv.core.autotune.versus_torch`): when
+rawconv's call measured more than 3% slower and rawconv's oneDNN offers torch's implementation under
+another choice, that choice is timed the same way and kept if it measured faster. The layer's report
+then says what rawconv runs, what torch runs, both times and the ratio, as on CUDA."""
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..core import bench
-from ..core.errors import RawconvError
+from ..core import autotune as _autotune, bench
+from ..core.autotune import SLOWER
 
 __all__ = ["versus_torch_cpu", "SLOWER"]
-
-#: rawconv's pinned call must be within this factor of torch's, or torch's pick is tried
-SLOWER = 1.03
 
 
 def _ratio(peer: Callable[[], Any], ours: Callable[[], Any], rounds: int) -> tuple[float, float, float]:
@@ -31,7 +29,9 @@ def _ratio(peer: Callable[[], Any], ours: Callable[[], Any], rounds: int) -> tup
 
 def versus_torch_cpu(peer: Callable[[], Any], ours_for: Callable[[str], Callable[[], Any]], choice: str,
                      torch_call: dict, *, rounds: int = 5) -> tuple[str, dict]:
-    """``(the choice to pin, what the layer's report gets)`` for one searched oneDNN layer.
+    """``(the choice to pin, what the layer's report gets)`` for one searched oneDNN layer: the
+    policy is :func:`rawconv.core.autotune.versus_torch` (as on CUDA), the measurement
+    :func:`_ratio` (``rounds`` interleaved rounds).
 
     ``peer``: torch's own call of the layer (``F.conv*d`` and torch's epilogue ops); ``ours_for(c)``:
     a callable running the layer's plan on choice ``c``; ``choice``: the search's winner;
@@ -47,21 +47,9 @@ def versus_torch_cpu(peer: Callable[[], Any], ours_for: Callable[[str], Callable
     convs = [r for r in tc.onednn if r.kind == "convolution"]
     out["torch_engine"] = convs[0].impl if convs else tc.backend   # (e.g. "Slow2d": torch ran no oneDNN)
     out["torch_pick"] = list(tc.matches)
-    t_ms, r_ms, v = _ratio(peer, ours_for(choice), rounds)
-    out.update(torch_ms=t_ms, rawconv_ms=r_ms, vs_torch=v)
+    # torch's implementation under another name than the winner's (oneDNN's names repeat across layouts)
     alts = [c for c in tc.matches if c != choice and c.split("@")[0] != choice.split("@")[0]]
-    if v >= 1 / SLOWER or not alts:
-        return choice, out
-    alt = alts[0]
-    try:
-        t2, a_ms, v2 = _ratio(peer, ours_for(alt), rounds)
-    except RawconvError as exc:
-        out["vs_torch_note"] = f"slower than torch; torch's implementation {alt} did not run: {exc}"
-        return choice, out
-    if v2 > v:
-        out.update(torch_ms=t2, rawconv_ms=a_ms, vs_torch=v2,
-                   vs_torch_note=f"{choice} measured {r_ms:.4f} ms against torch's {t_ms:.4f}: torch's "
-                                 f"implementation {alt} kept instead")
-        return alt, out
-    out["vs_torch_note"] = f"torch's implementation {alt} measured no faster ({a_ms:.4f} ms)"
-    return choice, out
+    pick, measured = _autotune.versus_torch(lambda c: _ratio(peer, ours_for(c), rounds), choice, alts,
+                                            word="implementation")
+    out.update(measured)
+    return pick, out
