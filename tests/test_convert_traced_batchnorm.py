@@ -149,3 +149,34 @@ def test_timm_models_fold_every_batchnorm_after_a_conv():
     want = _ref64(net, x)
     with torch.no_grad():
         assert _rel(conv(x), want) <= max(5 * _rel(net(x), want), 1e-6)
+
+
+class Dropping(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(3, 4, 3, padding=1)
+        self.p = 0.5
+
+    def forward(self, x):   # a functional dropout: the trace records training=False
+        return F.dropout(self.c(x), self.p, self.training)
+
+
+def test_a_traced_model_with_eval_recorded_calls_warns_once_in_training_mode():
+    net = Dropping().eval()
+    conv = rnn.convert(net, fuse=True)
+    x = torch.randn(1, 3, 6, 6)
+    import warnings as w
+    with w.catch_warnings():
+        w.simplefilter("error")
+        conv(x)   # eval mode: as traced, nothing to say
+    conv.train()
+    with pytest.warns(RuntimeWarning, match="recorded with training=False"):
+        conv(x)
+    with w.catch_warnings():
+        w.simplefilter("error")
+        conv(x)   # once
+    assert not hasattr(rnn.convert(_net(), fuse=True), "_rawconv_eval_baked")   # BatchNorms folded: nothing baked
+    twin = copy.deepcopy(conv)   # the hook is a module-level function: copies and pickles keep it
+    twin.__dict__.pop("_rawconv_eval_baked_warned", None)
+    with pytest.warns(RuntimeWarning, match="recorded with training=False"):
+        twin(x)
