@@ -161,22 +161,22 @@ class Dropping(nn.Module):
         return F.dropout(self.c(x), self.p, self.training)
 
 
-def test_a_traced_model_with_eval_recorded_calls_warns_once_in_training_mode():
+def test_a_traced_functional_dropout_follows_the_converted_models_mode():
     net = Dropping().eval()
     conv = rnn.convert(net, fuse=True)
-    x = torch.randn(1, 3, 6, 6)
-    import warnings as w
-    with w.catch_warnings():
-        w.simplefilter("error")
-        conv(x)   # eval mode: as traced, nothing to say
-    conv.train()
-    with pytest.warns(RuntimeWarning, match="recorded with training=False"):
-        conv(x)
-    with w.catch_warnings():
-        w.simplefilter("error")
-        conv(x)   # once
-    assert not hasattr(rnn.convert(_net(), fuse=True), "_rawconv_eval_baked")   # BatchNorms folded: nothing baked
-    twin = copy.deepcopy(conv)   # the hook is a module-level function: copies and pickles keep it
-    twin.__dict__.pop("_rawconv_eval_baked_warned", None)
-    with pytest.warns(RuntimeWarning, match="recorded with training=False"):
-        twin(x)
+    x = torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        a, b = conv(x), conv(x)
+        torch.testing.assert_close(a, b)   # eval: no dropout
+        torch.testing.assert_close(a, net(x))
+        conv.train()
+        y = conv(x)
+    zeros = (y == 0).float().mean().item()
+    assert 0.3 < zeros < 0.7, zeros   # training: half the outputs dropped, the rest scaled by 2
+    kept = y != 0
+    torch.testing.assert_close(y[kept], 2 * a[kept])
+    twin = copy.deepcopy(conv)   # the graph's own code: copies keep it
+    with torch.no_grad():
+        assert (twin(x) == 0).any()
+        twin.eval()
+        torch.testing.assert_close(twin(x), a)

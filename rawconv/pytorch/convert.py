@@ -258,49 +258,49 @@ def _fuse_fx(model, report: ConvertReport, backend, choice, precision):
     bns = _fold_batchnorms_fx(graph, modules, calls, fusable, report, dict(model.named_modules()))
     _fuse_chains_fx(gm, modules, fusable, bns, report, backend, choice, precision)
     _mark_inplace_residuals(graph, modules)
+    _follow_training_mode(graph)
     graph.lint()
     gm.recompile()
     gm.delete_all_unused_submodules()   # activations no longer called
     for bn_name, bn in bns.values():   # the folded BatchNorms stay, where they were: state_dict as the model's
         gm.add_submodule(bn_name, bn)
-    baked = _eval_baked_calls(graph)
-    if baked:
-        gm.__dict__[_EVAL_BAKED] = baked
-        gm.register_forward_pre_hook(_warn_eval_baked)
     return gm
 
 
-_EVAL_BAKED = "_rawconv_eval_baked"   # a traced model's calls recorded with training=False (see below)
 _TRAINING_ARG = {"dropout": 2, "alpha_dropout": 2, "feature_alpha_dropout": 2, "dropout1d": 2, "dropout2d": 2,
                  "dropout3d": 2, "batch_norm": 5, "rrelu": 3}
 
 
-def _eval_baked_calls(graph) -> tuple:
-    """The names of the traced calls of ``torch.nn.functional`` whose ``training`` argument the trace
-    recorded as False (the model was traced in eval mode: a functional dropout or a BatchNorm that
-    was not folded, as timm's modules make), which a training-mode forward would not change."""
+def _training_flag(graph, before):
+    """A ``self.training`` read (the GraphModule's own flag) inserted before node ``before``."""
+    with graph.inserting_before(before), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)   # fx: "get_attr ... no underlying reference" (a bool)
+        return graph.get_attr("training")
+
+
+def _follow_training_mode(graph) -> list:
+    """Make the traced calls of ``torch.nn.functional`` whose ``training`` argument the trace recorded
+    as a constant (a functional dropout, a BatchNorm that was not folded, as timm's modules make)
+    read the traced model's own ``training`` flag instead, so ``.train()`` / ``.eval()`` of the
+    converted model switch them as they switched the original. Returns the names of the calls."""
     out = []
-    for n in graph.nodes:
+    for n in list(graph.nodes):
         name = getattr(n.target, "__name__", "") if n.op == "call_function" else ""
         pos = _TRAINING_ARG.get(name)
         if pos is None or getattr(n.target, "__module__", "") != "torch.nn.functional":
             continue
-        val = n.kwargs["training"] if "training" in n.kwargs else n.args[pos] if len(n.args) > pos else None
-        if val is False:
-            out.append(n.name)
-    return tuple(out)
-
-
-def _warn_eval_baked(module, args):
-    """Forward pre-hook of a traced, fused model holding eval-mode calls: in training mode, say once
-    that those calls stay as in eval mode (torch.fx recorded the model as traced)."""
-    if module.training and not module.__dict__.get("_rawconv_eval_baked_warned"):
-        module.__dict__["_rawconv_eval_baked_warned"] = True
-        baked = module.__dict__.get(_EVAL_BAKED, ())
-        warnings.warn(f"rawconv.nn.convert(fuse=True) traced this model in eval mode: {len(baked)} call(s) "
-                      f"({', '.join(baked[:4])}{', ...' if len(baked) > 4 else ''}) were recorded with "
-                      "training=False (a functional dropout or BatchNorm) and stay so in training mode; to train, "
-                      "convert the model without fuse=True", RuntimeWarning, stacklevel=2)
+        if "training" in n.kwargs:
+            if not isinstance(n.kwargs["training"], bool):
+                continue
+            flag = _training_flag(graph, n)
+            n.kwargs = {**n.kwargs, "training": flag}
+        elif len(n.args) > pos and isinstance(n.args[pos], bool):
+            flag = _training_flag(graph, n)
+            n.args = n.args[:pos] + (flag,) + n.args[pos + 1:]
+        else:
+            continue
+        out.append(n.name)
+    return out
 
 
 def _drop_rank_asserts(graph, fusable) -> None:
