@@ -36,7 +36,6 @@ LONG_ALLOWED = {
     "cudnn.graph": 1163,
     "explore.cli": 1211,
     "pytorch.fused": 1131,
-    "core.results": 1130,
     "cudnn.graph.search": 1102,
     "core.tuning": 1094,
 }
