@@ -31,7 +31,6 @@ CYCLES_ALLOWED: set[tuple[str, ...]] = set()   # none left (issue 35's measure m
 LONG_ALLOWED = {
     "pytorch.ops": 1802,
     "cudnn": 1241,
-    "explore.compare": 1513,
     "pytorch.torch_choice": 1507,
     "cudnn.graph": 1163,
     "explore.cli": 1211,
