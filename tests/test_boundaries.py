@@ -33,7 +33,6 @@ LONG_ALLOWED = {
     "cudnn": 1241,
     "pytorch.torch_choice": 1507,
     "cudnn.graph": 1163,
-    "explore.cli": 1211,
     "pytorch.fused": 1131,
     "cudnn.graph.search": 1102,
     "core.tuning": 1094,

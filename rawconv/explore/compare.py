@@ -26,7 +26,7 @@ from .confirm import CONFIRM_CARRY, CONFIRM_MORE, CONFIRM_ROUNDS, WEIGHT_SETS, c
 from ..pytorch.torch_choice import compare_detail, trace_detail, conv_backend_name, torch_onednn_trace  # noqa: F401
 from .measure import (STATUSES, TORCH_WEIGHTS, Row, best_rawconv, first_choice, grad_output_for,  # noqa: F401
                       inputs_for, libraries, real_photo, status_category, threads, torch_backend,
-                      _references, _round_plan, _time_rounds, _torch_rows)
+                      _references, _time_rounds, _torch_rows)
 from .onednn_rows import PREPACK_MODES, REF_MAX_SECONDS, _prepack_modes, onednn_rows  # noqa: F401
 from .cudnn_rows import cudnn_tolerance  # noqa: F401
 from .plan_rows import plan_rows
