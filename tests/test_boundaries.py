@@ -35,7 +35,6 @@ LONG_ALLOWED = {
     "cudnn.graph": 1163,
     "pytorch.fused": 1131,
     "cudnn.graph.search": 1102,
-    "core.tuning": 1094,
 }
 
 
