@@ -46,7 +46,7 @@ here (``rawconv.tuning.LOCK_TIMEOUT_S = 5``) is set in the part that reads it.
 from __future__ import annotations
 
 from .backend import BUILTIN as BACKENDS, DIRECTIONS, canonical_direction  # noqa: F401
-from .face import route_settings
+from .face import route_settings as _route_settings
 from . import tuning_files as _files, tuning_record as _record
 from .tuning_files import LOCK_TIMEOUT_S, MAX_DEPTH, MAX_FILE_BYTES, _unusable  # noqa: F401
 from .tuning_record import (CACHE_FORMAT, CACHE_VERSION, MAX_THREADS, SCHEMA, TuningEnvironmentError,  # noqa: F401
@@ -61,5 +61,5 @@ __all__ = ["SCHEMA", "CACHE_FORMAT", "CACHE_VERSION", "ENV_FILE", "ENV_FILE_ALIA
            "MAX_THREADS", "MAX_FILE_BYTES", "MAX_DEPTH"]
 
 # the limits users may set on this module are read by the parts at run time
-route_settings(__name__, {"MAX_THREADS": _record, "MAX_FILE_BYTES": _files, "MAX_DEPTH": _files,
+_route_settings(__name__, {"MAX_THREADS": _record, "MAX_FILE_BYTES": _files, "MAX_DEPTH": _files,
                           "LOCK_TIMEOUT_S": _files})

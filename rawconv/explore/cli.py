@@ -23,8 +23,9 @@ from ..core.results import fmt_bytes, fmt_ms  # noqa: F401  (rawconv.cli.fmt_ms)
 # the parts (this module is their face: ``rawconv.cli.X`` names each of them)
 from .cli_args import (_devices, _direction, _ints, _nonneg_int, _positive_float, _positive_int,  # noqa: F401
                        _problems, _problems_on, _shape, _thread_count, _width)
-from .cli_tables import (MIN_WIDTH, Column, _break_long, _compare_columns, _console, _fmt_err,  # noqa: F401
-                         _fmt_gflops, _fmt_spread, fit_columns, print_rows, render_table)
+from .cli_tables import (GAP, KEEP_RANK, MIN_WIDTH, UNWRAPPED_WIDTH, WRAP_MIN, Column, _break_long,  # noqa: F401
+                         _compare_columns, _console, _fmt_err, _fmt_gflops, _fmt_spread, fit_columns, print_rows,
+                         render_table)
 from .cli_compare import cmd_compare, cmd_replay
 
 
