@@ -33,6 +33,12 @@ from .core import grad as _grad
 # is imported on the first call that needs it
 _grad.set_loader(lambda: importlib.import_module(".pytorch.ops", __name__))
 
+from .core import results as _results
+
+# the presentation layer (rawconv.explore.render) draws the tables' HTML view and plots, which
+# rawconv.core.results does not import; it is imported when a table is first shown
+_results.set_render_loader(lambda: importlib.import_module(".explore.render", __name__))
+
 from .core import __version__
 
 # rawconv logs (debug lines per load, plan build, search phase, cache hit) on "rawconv.*" loggers;

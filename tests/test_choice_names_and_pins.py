@@ -70,7 +70,7 @@ def test_one_name_in_compare_rows_autotune_selected_records_and_plots():
                                                                              "backward_weights")
                                                            for i in onednn.implementations(x, w, padding=1,
                                                                                            direction=d)}
-    from rawconv.results import _heatmap_key, _label
+    from rawconv.explore.render import _heatmap_key, _label
 
     for r in rows:
         if r.backend == "onednn":

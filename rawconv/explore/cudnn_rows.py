@@ -4,9 +4,23 @@ API's engine configs (with ``engines``), each checked against float64 and timed 
 from __future__ import annotations
 
 from ..core.errors import RawconvError
-from .compare import Row, _error_row, _measure, cudnn_tolerance, libraries
+from .measure import Row, _error_row, _measure, libraries
 
-__all__ = ["cudnn_rows", "cudnn_graph_rows"]
+__all__ = ["cudnn_rows", "cudnn_graph_rows", "cudnn_tolerance"]
+
+
+def cudnn_tolerance(dtype: str, math_reported: str, algo: str = "") -> dict:
+    """Tolerance arguments (for :func:`~rawconv.check.compare_to_reference`) for a cuDNN result:
+    fp32 under the default / tensor-op math types may run on TF32 tensor cores, under
+    ``tensor_op_allow_conversion`` on fp16/bf16 ones; transform algos (Winograd, FFT) round in the
+    transformed domain, so their bound is 64x wider."""
+    compute = None
+    if dtype == "float32" and math_reported in ("default", "tensor_op"):
+        compute = "tf32"
+    elif dtype == "float32" and math_reported == "tensor_op_allow_conversion":
+        compute = "float16"
+    factor = 64.0 if ("FFT" in algo.upper() or "WINOGRAD" in algo.upper()) else 1.0
+    return {"compute": compute, "factor": factor}
 
 
 def _cuda_exec(plan, direction, x, w, b, dy):

@@ -1,14 +1,16 @@
-"""Listings of any registered backend through the plan contract (issue 35): what ``rawconv list``
-shows for a backend that brings no table of its own (:func:`listing`, :func:`print_listings`; its
-rows in ``compare`` come from :func:`rawconv.compare.plan_rows`). Nothing here names a backend.
+"""Any registered backend through the plan contract (issue 35): what ``rawconv list`` shows for a
+backend that brings no table of its own (:func:`listing`, :func:`print_listings`), and its rows in
+``compare`` (:func:`plan_rows`, also ``rawconv.compare.plan_rows``). Nothing here names a backend.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from ..core.backend import Backend
+from ..core.options import PRECISIONS
+from .measure import _error_row, _measure, _tolerance
 
-__all__ = ["listing", "print_listings"]
+__all__ = ["listing", "print_listings", "plan_rows"]
 
 
 def listing(be: Backend, problem: Any, direction: str = "forward", options: Any = None) -> list[str]:
@@ -43,3 +45,53 @@ def print_listings(console, problem: Any, direction: str = "forward") -> None:
         console.print(f"{problem} ({direction}) on {be.name} ({be.library}):")
         for line in lines:
             console.print(f"  {line}")
+
+
+# --------------------------------------------------------------------------- compare's rows
+def _plan_arguments(direction: str, x, w, b, dy) -> tuple:
+    """The plan contract's ``hot_run`` arguments for ``direction``."""
+    if direction == "forward":
+        return (x, w, b)
+    if direction == "backward_data":
+        return (dy, w)
+    return (x, dy)
+
+
+def plan_rows(be) -> Callable:
+    """``compare``'s rows function for a registered backend ``be`` without one of its own, built on
+    the plan contract (:class:`rawconv.core.backend.Plan`): every candidate of
+    ``be.plan_for(problem, direction).candidates()``, each in a plan of its own (freed when the
+    comparison ends), run through ``hot_run``. ``fpmath`` is passed as the plan's ``precision``
+    where it is one of :data:`rawconv.options.PRECISIONS`."""
+
+    def rows(problem, x, w, b, ref, ref_abs, timer, *, direction: str = "forward", dy=None, fpmath: str = "strict",
+             finalizers: list | None = None, slow_s: float | None = None, **_other) -> list:
+        options = {"precision": fpmath if fpmath in PRECISIONS else "strict"}
+        args = _plan_arguments(direction, x, w, b, dy)
+        out = []
+        try:
+            listing_plan = be.plan_for(problem, direction, options)
+            try:
+                cands = list(listing_plan.candidates())
+            finally:
+                listing_plan.free()
+        except Exception as exc:  # noqa: BLE001 - a backend that cannot list this problem: one row says why
+            return [_error_row(str(problem.name or problem.describe()), be.name, "(listing)", exc,
+                               direction=direction)]
+        for cand in cands:
+            try:
+                plan = be.plan_for(problem, direction, options, choice=cand.choice)
+            except Exception as exc:  # noqa: BLE001 - the row says why
+                out.append(_error_row(str(problem.name or problem.describe()), be.name, cand.choice, exc,
+                                      direction=direction))
+                continue
+            if finalizers is not None:
+                finalizers.append(plan.free)
+            notes = ", ".join(getattr(cand, "notes", ()) or ())
+            out.append(_measure(problem, be.name, cand.choice, notes, lambda plan=plan: plan.hot_run(*args), ref,
+                                ref_abs, timer, tol=_tolerance(problem, direction),
+                                workspace=getattr(cand, "workspace_bytes", None),
+                                extra={"library": be.library}, slow_s=slow_s, direction=direction))
+        return out
+
+    return rows

@@ -648,6 +648,6 @@ from ..core.backend import Backend as _Backend, register as _register  # noqa: E
 _register(_Backend("onednn", "cpu", __name__, "oneDNN", _registry_candidates, _registry_plan, info,
                    "oneDNN (libdnnl) on CPU tensors: every implementation of a primitive descriptor",
                    {"candidates": "implementations", "choice": "impl", "precision": "fpmath"},
-                   rows="rawconv.explore.compare:_onednn_rows", replay=_registry_replay,
+                   rows="rawconv.explore.onednn_rows:onednn_rows", replay=_registry_replay,
                    # implementation names: lowercase "kind:isa" ("jit:avx2", "x64:gemm:jit", "ref:any"), "@layouts"
                    choice_names=r"(?!unfused:|nhwc:)[a-z0-9_.+-]+(:[a-z0-9_.+-]+)+(@(any|user))?"))
