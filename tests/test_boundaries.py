@@ -29,7 +29,6 @@ CYCLES_ALLOWED: set[tuple[str, ...]] = set()   # none left (issue 35's measure m
 
 # module -> its line count today: may only shrink (and leave the list once under the limit)
 LONG_ALLOWED = {
-    "cudnn.graph": 1163,
     "cudnn.graph.search": 1102,
 }
 
