@@ -10,6 +10,7 @@ import ast
 import builtins
 import dis
 import importlib
+import importlib.util
 import inspect
 import sys
 import types
@@ -226,3 +227,23 @@ def test_the_name_check_sees_a_missing_global(tmp_path, monkeypatch):
         assert sorted(_unresolved(mod)) == ["K.m: missing_one", "f: missing_two"]   # (nested code: its function's)
     finally:
         sys.modules.pop("_faces_probe", None)
+
+
+@pytest.mark.parametrize("part", ALL_PARTS)
+def test_every_import_inside_a_function_resolves(part):
+    """A moved function's own imports (``from ...core.options import options_of``: one level deeper in
+    cudnn/legacy/) resolve from its new module, though the paths that run them need a GPU."""
+    mod = importlib.import_module(part)
+    pkg = mod.__name__.rpartition(".")[0]
+    bad = []
+    for fn in ast.walk(ast.parse(inspect.getsource(mod))):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for n in ast.walk(fn):
+            if isinstance(n, ast.ImportFrom):
+                base = importlib.util.resolve_name("." * n.level + (n.module or ""), pkg) if n.level else n.module
+                m = importlib.import_module(base)
+                for a in n.names:
+                    if not hasattr(m, a.name) and importlib.util.find_spec(f"{base}.{a.name}") is None:
+                        bad.append(f"{fn.name}: from {base} import {a.name}")
+    assert not bad, bad
