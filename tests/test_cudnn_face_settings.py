@@ -59,13 +59,17 @@ def test_graph_functions_set_on_the_face_reach_the_graph_autotune(monkeypatch, n
 
 
 @pytest.mark.parametrize("name", ["CAPTURE_PROBE", "DEFAULT_UNFUSED"])
-def test_graph_settings_read_by_the_plan_live_on_the_face(monkeypatch, name):
-    """GraphConvolution (on the face) reads these as its module's globals: set on the face, they are
-    what it reads, and no part holds a copy of its own."""
+def test_graph_settings_read_by_the_plan_reach_it_from_the_face(monkeypatch, name):
+    """GraphConvolution (in cudnn/graph/plan.py) reads these as its module's globals: set on the face,
+    they are what it reads, and no other part holds a copy of its own."""
+    from rawconv.cudnn.graph import plan as graph_plan
+
     monkeypatch.setattr(cudnn_graph, name, False)
-    assert vars(cudnn_graph)[name] is False
-    assert cudnn_graph.GraphConvolution.has_epilogue.__globals__ is vars(cudnn_graph)
+    assert vars(graph_plan)[name] is False and getattr(cudnn_graph, name) is False
+    assert cudnn_graph.GraphConvolution.has_epilogue.__globals__ is vars(graph_plan)
     assert not hasattr(graph_common, name)
+    monkeypatch.undo()
+    assert vars(graph_plan)[name] is True
 
 
 def test_the_faces_hand_on_the_shared_names():
