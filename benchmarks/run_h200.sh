@@ -74,6 +74,10 @@ for s in "$@"; do
         --models ${ZOO_CPU_MODELS:-resnet50,efficientnet_b0,mobilenetv3_large_100,convnext_tiny,regnety_016} ${ZOO_CPU_ARGS:-} \
         --json "$OUT/zoo_cpu.json" --markdown ;;
     nan-guard-cpu) step nan-guard-cpu ${T_NG:-240} taskset -c 8-15 python3 benchmarks/bench_nan_guard.py --threads 8 ;;
+    diag-grad) step diag-grad ${T_DG:-120} python3 benchmarks/diag_grad_gpu.py ;;
+    gpu-failed) step gpu-failed ${T_GF:-150} python3 -m pytest -q -p no:cacheprovider -rf --tb=short \
+        tests/test_torch_compat.py::test_cuda_zero_input_channels_give_the_bias \
+        tests/test_fastpath_gpu.py::test_graph_hot_path_follows_in_place_changes tests/test_convert_right_gpu.py ;;
     lscpu) step lscpu 30 bash -c 'lscpu; nproc; python3 -c "import torch; print(torch.__config__.parallel_info())"' ;;
     *) echo "unknown step $s"; exit 2 ;;
   esac
