@@ -78,14 +78,19 @@ __all__ = ["conv_bias_act", "FusedConvolution", "ResidualGraphConvolution", "ACT
 
 
 
-@torch.library.custom_op("rawconv::conv_bias_act", mutates_args=())
-def _conv_bias_act_op(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
-                      stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int,
-                      activation: str, backend: str, choice: Optional[str], precision: str) -> torch.Tensor:
+def _conv_bias_act_kernel(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor],
+                          residual: Optional[torch.Tensor], stride: Sequence[int], padding: Sequence[int],
+                          dilation: Sequence[int], groups: int, activation: str, backend: str, choice: Optional[str],
+                          precision: str) -> torch.Tensor:
     """``act(conv(x, w) + bias + residual)`` on oneDNN (CPU) or a cuDNN graph (CUDA)."""
     w, bias, plans = _synced(w, bias)
     return _op_kernel(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision,
                       frozen_plans=plans)
+
+
+# the operator; its backend kernel is _conv_bias_act_kernel, which the Autograd kernel below also calls
+# directly when nothing needs autograd and nothing sits between Autograd and the backend (_direct)
+_conv_bias_act_op = torch.library.custom_op("rawconv::conv_bias_act", mutates_args=())(_conv_bias_act_kernel)
 
 
 @torch.library.custom_op("rawconv::conv_bias_act_residual_", mutates_args=("residual",))
@@ -232,16 +237,58 @@ def _backward(ctx, gy):
 _conv_bias_act_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+def _plain_keysets() -> frozenset:
+    """The raw dispatch key sets (as the Autograd kernel receives them) of a call whose tensors are
+    all plain dense CPU tensors, or all plain dense CUDA tensors, with no mode, transform or
+    tracer in the thread's included keys: the backend key and its Autograd key, nothing else."""
+    C = torch._C
+    return frozenset((C.DispatchKeySet(getattr(C.DispatchKey, dev)) |
+                      C.DispatchKeySet(getattr(C.DispatchKey, "Autograd" + dev))).raw_repr() for dev in ("CPU", "CUDA"))
+
+
+_PLAIN_KEYSETS = _plain_keysets()
+_any_requires_grad = getattr(torch._C, "_any_requires_grad", None)
+
+
+def _direct(keyset, args) -> bool:
+    """Whether the Autograd kernel may call :func:`_conv_bias_act_kernel` itself, as the backend
+    kernel that torch's path reaches would, skipping torch's redispatch below Autograd (a second trip
+    through the dispatcher, converting the twelve arguments again): only when that path would do
+    exactly this. No autograd to record (grad mode off, or no tensor argument requires grad); the
+    key set is only the tensors' backend (CPU or CUDA) and its Autograd key (a TorchDispatchMode,
+    a fake tensor, a tensor subclass with ``__torch_dispatch__``, make_fx, functionalization,
+    functorch's layers, a ZeroTensor, the Meta device each add a key: torch's path then runs
+    them); every tensor argument is a plain ``torch.Tensor`` (no subclass, not even a Parameter); no
+    torch.func transform is active; and the operator's backend kernel is still the one
+    registered here (none added with ``register_kernel``, none disabled with
+    ``set_kernel_enabled``). Otherwise False: torch's generated kernel runs."""
+    if keyset.raw_repr() not in _PLAIN_KEYSETS or _functorch() or _any_requires_grad is None:
+        return False
+    x, w, bias, residual = args[0], args[1], args[2], args[3]
+    if type(x) is not torch.Tensor or type(w) is not torch.Tensor \
+            or (bias is not None and type(bias) is not torch.Tensor) \
+            or (residual is not None and type(residual) is not torch.Tensor):
+        return False
+    if torch.is_grad_enabled() and _any_requires_grad(x, w, bias, residual):
+        return False
+    opdef = _conv_bias_act_op
+    return not opdef._disabled_kernel and len(opdef._backend_fns) == 1
+
+
 def _transform_guard(generated):
     """The out-of-place operator's Autograd kernel: torch's generated one (``register_autograd``)
     drops a forward-mode tangent silently (the result carries none: torch.func.jvp gave zeros) and
     fails inside torch.func's grad transforms with an internal error. Raises
-    :class:`NotSupportedError` for those, before any library call; otherwise runs torch's."""
+    :class:`NotSupportedError` for those, before any library call; calls the kernel directly when
+    nothing needs autograd and nothing sits between Autograd and the backend (:func:`_direct`);
+    otherwise runs torch's."""
     def autograd_kernel(keyset, *args, **kwargs):
         if _has_tangent(*args[:4]):
             raise NotSupportedError("rawconv::conv_bias_act has no forward-mode derivative (forward_ad, "
                                     "torch.func.jvp/jacfwd/hessian); use rawconv.ops.conv (differentiable in both "
                                     "modes) and add the bias, residual and activation in torch")
+        if not kwargs and len(args) == 12 and _direct(keyset, args):
+            return _conv_bias_act_kernel(*args)
         if _functorch() and torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad
                                                             for a in args[:4]):
             raise NotSupportedError("torch.func transforms (grad, vjp, jacrev...) through rawconv::conv_bias_act are "
