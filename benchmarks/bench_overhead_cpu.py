@@ -142,7 +142,7 @@ def _fused_rows(x, fmt, compile_: bool) -> list:
     direct = getattr(fu, "_direct", None)   # (a rawconv before the direct path has none: no such row)
 
     def generic():
-        fu._direct = lambda keyset, a: False
+        fu._direct = lambda keyset, a, *more: False
         try:
             return op(*args)
         finally:

@@ -28,8 +28,8 @@ def spy(monkeypatch):
     seen = []
     real = _fused_mod._direct
 
-    def recording(keyset, args):
-        ok = real(keyset, args)
+    def recording(keyset, args, *more):
+        ok = real(keyset, args, *more)
         seen.append(ok)
         return ok
     monkeypatch.setattr(_fused_mod, "_direct", recording)
@@ -39,7 +39,7 @@ def spy(monkeypatch):
 def _generic(monkeypatch, fn):
     """``fn()`` with the direct path switched off (torch's generated Autograd kernel, then the backend)."""
     with monkeypatch.context() as mp:
-        mp.setattr(_fused_mod, "_direct", lambda keyset, args: False)
+        mp.setattr(_fused_mod, "_direct", lambda keyset, args, *more: False)
         return fn()
 
 
@@ -249,3 +249,40 @@ def test_a_kernel_disabled_or_registered_elsewhere_takes_torchs_path(spy):
         y2 = OP(*_args(x, w, b, r))
         assert spy[-1] is True
     assert torch.equal(y, y2)
+
+
+RES_OP = torch.ops.rawconv.conv_bias_act_residual_.default
+
+
+@pytest.mark.parametrize("layout", [torch.channels_last, torch.contiguous_format])
+def test_inplace_residual_operator_direct_path_writes_and_bumps_the_version_as_torchs(spy, monkeypatch, layout):
+    x, w, b, r = _inputs(11, layout)
+    want = _ref(x, w, b, r)
+    r1, r2 = r.clone(), r.clone()
+    with torch.no_grad():
+        v1 = r1._version
+        assert RES_OP(*_args(x, w, b, r1)) is None
+        assert spy == [True]
+        v2 = r2._version
+        _generic(monkeypatch, lambda: RES_OP(*_args(x, w, b, r2)))
+    assert torch.equal(r1, r2)
+    _close(r1, want)
+    assert r1._version - v1 == r2._version - v2 > 0   # readers of the residual see it changed, as on torch's path
+
+
+def test_inplace_residual_operator_keeps_its_refusals_and_modes(spy):
+    x, w, b, r = _inputs(12, torch.contiguous_format)
+    with pytest.raises(NotSupportedError, match="records no gradient"):
+        RES_OP(*_args(x, w.clone().requires_grad_(), b, r.clone()))
+    seen = []
+
+    class Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    r1 = r.clone()
+    with torch.no_grad(), Log():
+        RES_OP(*_args(x, w, b, r1))
+    assert RES_OP in seen and spy == [False]
+    _close(r1, _ref(x, w, b, r))

@@ -93,10 +93,10 @@ def _conv_bias_act_kernel(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch
 _conv_bias_act_op = torch.library.custom_op("rawconv::conv_bias_act", mutates_args=())(_conv_bias_act_kernel)
 
 
-@torch.library.custom_op("rawconv::conv_bias_act_residual_", mutates_args=("residual",))
-def _conv_bias_act_residual_op(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], residual: torch.Tensor,
-                               stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int,
-                               activation: str, backend: str, choice: Optional[str], precision: str) -> None:
+def _conv_bias_act_residual_kernel(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor],
+                                   residual: torch.Tensor, stride: Sequence[int], padding: Sequence[int],
+                                   dilation: Sequence[int], groups: int, activation: str, backend: str,
+                                   choice: Optional[str], precision: str) -> None:
     """``residual = act(conv(x, w) + bias + residual)``, in place, for inference: oneDNN's ``sum``
     post-op reads and writes the residual's memory, with no copy of it into a new output (when
     the residual is dense in x's memory format and shares no memory with x, w or bias; otherwise
@@ -114,6 +114,11 @@ def _conv_bias_act_residual_op(x: torch.Tensor, w: torch.Tensor, bias: Optional[
             residual.copy_(y)
 
 
+# (its Autograd kernel, _residual_op_autograd, calls _conv_bias_act_residual_kernel directly where _direct allows)
+_conv_bias_act_residual_op = torch.library.custom_op("rawconv::conv_bias_act_residual_",
+                                                     mutates_args=("residual",))(_conv_bias_act_residual_kernel)
+
+
 @_conv_bias_act_residual_op.register_fake
 def _(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision):
     return None
@@ -124,14 +129,19 @@ def _residual_op_autograd(keyset, *args):
     mutating operator, and its default one runs the kernel and records nothing (the overwritten
     residual then carries no gradient, or its old one: silently wrong gradients). Raises
     :class:`NotSupportedError` before any library call when grad mode is on and an argument
-    requires grad, or an argument carries a forward-mode tangent; otherwise runs the kernel below
-    autograd."""
+    requires grad, or an argument carries a forward-mode tangent; otherwise runs the kernel: itself,
+    after bumping the residual's version counter as torch's ADInplaceOrView kernel would, when
+    nothing else sits between Autograd and the backend (:func:`_direct`), else below autograd
+    through the dispatcher."""
     if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
         raise NotSupportedError("rawconv::conv_bias_act_residual_ overwrites residual and records no gradient: "
                                 "with tensors that require grad use rawconv::conv_bias_act (or torch.no_grad())")
     if _has_tangent(*args[:4]):
         raise NotSupportedError("rawconv::conv_bias_act_residual_ has no forward-mode derivative (an argument "
                                 "carries a forward_ad / torch.func.jvp tangent, which it would drop)")
+    if len(args) == 12 and _direct(keyset, args, _conv_bias_act_residual_op, _PLAIN_INPLACE_KEYSETS):
+        _increment_version(args[3])   # (torch's ADInplaceOrView kernel for the mutated argument)
+        return _conv_bias_act_residual_kernel(*args)
     with torch._C._AutoDispatchBelowAutograd():
         return torch.ops.rawconv.conv_bias_act_residual_.default.redispatch(
             keyset & torch._C._after_autograd_keyset, *args)
@@ -237,20 +247,31 @@ def _backward(ctx, gy):
 _conv_bias_act_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _plain_keysets() -> frozenset:
+def _plain_keysets(*extra: str) -> frozenset:
     """The raw dispatch key sets (as the Autograd kernel receives them) of a call whose tensors are
     all plain dense CPU tensors, or all plain dense CUDA tensors, with no mode, transform or
-    tracer in the thread's included keys: the backend key and its Autograd key, nothing else."""
+    tracer in the thread's included keys: the backend key and its Autograd key, and the ``extra``
+    keys (``ADInplaceOrView``, which a mutating operator's calls carry), nothing else."""
     C = torch._C
-    return frozenset((C.DispatchKeySet(getattr(C.DispatchKey, dev)) |
-                      C.DispatchKeySet(getattr(C.DispatchKey, "Autograd" + dev))).raw_repr() for dev in ("CPU", "CUDA"))
+    out = set()
+    for dev in ("CPU", "CUDA"):
+        ks = C.DispatchKeySet(getattr(C.DispatchKey, dev)) | C.DispatchKeySet(getattr(C.DispatchKey, "Autograd" + dev))
+        for k in extra:
+            ks = ks | C.DispatchKeySet(getattr(C.DispatchKey, k))
+        out.add(ks.raw_repr())
+    return frozenset(out)
 
 
 _PLAIN_KEYSETS = _plain_keysets()
+_PLAIN_INPLACE_KEYSETS = _plain_keysets("ADInplaceOrView")
 _any_requires_grad = getattr(torch._C, "_any_requires_grad", None)
+try:
+    from torch.autograd.graph import increment_version as _increment_version
+except ImportError:   # (an older torch: the in-place operator always takes torch's path)
+    _increment_version = None
 
 
-def _direct(keyset, args) -> bool:
+def _direct(keyset, args, opdef=None, plain=None) -> bool:
     """Whether the Autograd kernel may call :func:`_conv_bias_act_kernel` itself, as the backend
     kernel that torch's path reaches would, skipping torch's redispatch below Autograd (a second trip
     through the dispatcher, converting the twelve arguments again): only when that path would do
@@ -261,8 +282,10 @@ def _direct(keyset, args) -> bool:
     them); every tensor argument is a plain ``torch.Tensor`` (no subclass, not even a Parameter); no
     torch.func transform is active; and the operator's backend kernel is still the one
     registered here (none added with ``register_kernel``, none disabled with
-    ``set_kernel_enabled``). Otherwise False: torch's generated kernel runs."""
-    if keyset.raw_repr() not in _PLAIN_KEYSETS or _functorch() or _any_requires_grad is None:
+    ``set_kernel_enabled``). Otherwise False: torch's generated kernel runs. ``opdef``/``plain``:
+    the in-place residual operator's (its key sets carry ADInplaceOrView)."""
+    if keyset.raw_repr() not in (plain or _PLAIN_KEYSETS) or _functorch() or _any_requires_grad is None \
+            or (opdef is not None and _increment_version is None):
         return False
     x, w, bias, residual = args[0], args[1], args[2], args[3]
     if type(x) is not torch.Tensor or type(w) is not torch.Tensor \
@@ -271,7 +294,7 @@ def _direct(keyset, args) -> bool:
         return False
     if torch.is_grad_enabled() and _any_requires_grad(x, w, bias, residual):
         return False
-    opdef = _conv_bias_act_op
+    opdef = opdef or _conv_bias_act_op
     return not opdef._disabled_kernel and len(opdef._backend_fns) == 1
 
 
