@@ -12,6 +12,12 @@ the dispatcher, argument checks, the library call). Rows, all in one process, sa
 * ``rawconv.ops.conv``: the friendly wrapper over that operator;
 * ``do-nothing kernel, same schema``: a Python kernel that returns x at once, registered with
   ``conv_forward``'s schema: the dispatcher's own cost, the operator's floor without compiled code;
+* a converted Conv2d + BatchNorm2d + ReLU (``rawconv.nn.convert(..., fuse=True)``, x's channels in
+  and out): ``torch.ops.rawconv.conv_bias_act`` on the frozen module's buffers (as torch.compile's
+  generated code calls it), the same through torch's generated Autograd kernel (the redispatch
+  the direct path skips), torch's module and the converted one in eager and, unless
+  ``--no-compile``, both under ``torch.compile`` with inductor freezing (as benchmarks/zoo.py
+  compiles for the CPU);
 
 each as microseconds per call (best of ``--repeats`` loops of ``--calls`` back-to-back calls,
 after a warm-up; the rows take turns loop by loop) and the ratio to ``F.conv2d``. ``--grad`` adds rows with tensors that require
@@ -83,6 +89,88 @@ def us_per_call(rows, calls: int, repeats: int, warmup: int = 200, clock=time.pe
     return best
 
 
+class _ConvBNReLU(torch.nn.Module):
+    def __init__(self, c: int, k: int):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(c, k, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(k)
+        self.act = torch.nn.ReLU()
+
+    def forward(self, x):
+        return self.act(self.bn(self.conv(x)))
+
+
+def _compiled(m, x):
+    """``torch.compile(m)`` with inductor freezing, compiled by a first call under no_grad (as
+    benchmarks/zoo.py's ``_compile`` does for the CPU)."""
+    import torch._inductor.config as icfg
+
+    cm = torch.compile(m, options={"freezing": True})
+    with icfg.patch(freezing=True), torch.no_grad():
+        cm(x)
+    return cm
+
+
+def _fused_rows(x, fmt, compile_: bool) -> list:
+    """Rows for a converted Conv2d + BatchNorm2d + ReLU (``rawconv.nn.convert(..., fuse=True)``): the
+    operator ``torch.ops.rawconv.conv_bias_act`` on the frozen module's buffers (as the code
+    torch.compile generates calls it), the same through torch's generated Autograd kernel (the
+    redispatch below Autograd that the direct path skips: ``rawconv.fused._direct`` switched off
+    for that row alone), the converted module in eager, and torch's and the converted module
+    under ``torch.compile`` with inductor freezing; all under no_grad."""
+    import rawconv.nn as rnn
+    from rawconv.pytorch import fused as fu
+
+    c = x.shape[1]
+    torch.manual_seed(0)
+    net = _ConvBNReLU(c, c).eval().to(memory_format=fmt)
+    with torch.no_grad():
+        net.bn.running_mean.uniform_(-1, 1)
+        net.bn.running_var.uniform_(0.5, 2)
+        net.bn.weight.uniform_(0.5, 1.5)
+        net.bn.bias.uniform_(-0.5, 0.5)
+    conv = rnn.convert(_ConvBNReLU(c, c).eval(), fuse=True).to(memory_format=fmt)
+    conv.load_state_dict(net.state_dict())
+    rnn.refresh(conv)
+    with torch.no_grad():
+        want = net(x)
+        torch.testing.assert_close(conv(x), want, rtol=1e-4, atol=1e-4)
+    fm = next(m for m in conv.modules() if fu.FROZEN_WEIGHT in m._buffers)
+    wf, bf = fm._buffers[fu.FROZEN_WEIGHT], fm._buffers[fu.FROZEN_BIAS]
+    op = torch.ops.rawconv.conv_bias_act.default
+    args = (x, wf, bf, None, [1, 1], [1, 1], [1, 1], 1, "relu", "auto", None, "strict")
+    direct = getattr(fu, "_direct", None)   # (a rawconv before the direct path has none: no such row)
+
+    def generic():
+        fu._direct = lambda keyset, a, *more: False
+        try:
+            return op(*args)
+        finally:
+            fu._direct = direct
+
+    def no_grad(f):
+        def call():
+            with torch.no_grad():
+                return f()
+        return call
+    with torch.no_grad():
+        torch.testing.assert_close(op(*args), want, rtol=1e-4, atol=1e-4)
+        if direct is not None:
+            torch.testing.assert_close(generic(), want, rtol=1e-4, atol=1e-4)
+    rows = [("conv_bias_act op (frozen buffers)", no_grad(lambda: op(*args)))]
+    if direct is not None:
+        rows.append(("  same, torch's generated path", no_grad(generic)))
+    rows += [("torch Conv+BN+ReLU module", no_grad(lambda: net(x))),
+            ("converted Conv+BN+ReLU module", no_grad(lambda: conv(x)))]
+    if compile_:
+        tc, rc = _compiled(net, x), _compiled(conv, x)
+        with torch.no_grad():
+            torch.testing.assert_close(rc(x), want, rtol=1e-4, atol=1e-4)
+        rows += [("torch module, compile+freezing", no_grad(lambda: tc(x))),
+                 ("converted module, compile+freezing", no_grad(lambda: rc(x)))]
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=1, help="torch (and oneDNN OpenMP) threads (default 1)")
@@ -90,6 +178,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--layout", choices=("nchw", "nhwc"), default="nchw")
     ap.add_argument("--grad", action="store_true", help="also time calls on tensors that require grad")
+    ap.add_argument("--no-compile", action="store_true",
+                    help="leave out the torch.compile rows (inductor with freezing: compiling takes a while)")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="wall: time.perf_counter (default); cpu: time.process_time, the process's CPU time, which "
                          "leaves out the time the process waits for a core on a busy machine (with --threads 1: "
@@ -144,6 +234,7 @@ def main() -> None:
         return call
     rows.append(("torch.nn.Conv2d module", inference(tm)))
     rows.append(("rawconv.nn.Conv2d module", inference(rm)))
+    rows += _fused_rows(x, fmt, compile_=not args.no_compile)
     if args.grad:
         xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
         rows.append(("F.conv2d (requires grad)", lambda: F.conv2d(xg, wg, None, 1, 1)))
@@ -161,6 +252,10 @@ def main() -> None:
     if "rawconv.nn.Conv2d module" in names:
         tmod, rmod = times[names.index("torch.nn.Conv2d module")], times[names.index("rawconv.nn.Conv2d module")]
         print(f"rawconv.nn.Conv2d / torch.nn.Conv2d (no grad): {rmod / tmod:.2f}x")
+    if "converted module, compile+freezing" in names:
+        ce, cc = times[names.index("converted Conv+BN+ReLU module")], times[names.index("converted module, "
+                                                                                        "compile+freezing")]
+        print(f"converted Conv+BN+ReLU, compiled / eager: {cc / ce:.2f}x")
 
 if __name__ == "__main__":
     main()

@@ -78,20 +78,25 @@ __all__ = ["conv_bias_act", "FusedConvolution", "ResidualGraphConvolution", "ACT
 
 
 
-@torch.library.custom_op("rawconv::conv_bias_act", mutates_args=())
-def _conv_bias_act_op(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
-                      stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int,
-                      activation: str, backend: str, choice: Optional[str], precision: str) -> torch.Tensor:
+def _conv_bias_act_kernel(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor],
+                          residual: Optional[torch.Tensor], stride: Sequence[int], padding: Sequence[int],
+                          dilation: Sequence[int], groups: int, activation: str, backend: str, choice: Optional[str],
+                          precision: str) -> torch.Tensor:
     """``act(conv(x, w) + bias + residual)`` on oneDNN (CPU) or a cuDNN graph (CUDA)."""
     w, bias, plans = _synced(w, bias)
     return _op_kernel(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision,
                       frozen_plans=plans)
 
 
-@torch.library.custom_op("rawconv::conv_bias_act_residual_", mutates_args=("residual",))
-def _conv_bias_act_residual_op(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], residual: torch.Tensor,
-                               stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int,
-                               activation: str, backend: str, choice: Optional[str], precision: str) -> None:
+# the operator; its backend kernel is _conv_bias_act_kernel, which the Autograd kernel below also calls
+# directly when nothing needs autograd and nothing sits between Autograd and the backend (_direct)
+_conv_bias_act_op = torch.library.custom_op("rawconv::conv_bias_act", mutates_args=())(_conv_bias_act_kernel)
+
+
+def _conv_bias_act_residual_kernel(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor],
+                                   residual: torch.Tensor, stride: Sequence[int], padding: Sequence[int],
+                                   dilation: Sequence[int], groups: int, activation: str, backend: str,
+                                   choice: Optional[str], precision: str) -> None:
     """``residual = act(conv(x, w) + bias + residual)``, in place, for inference: oneDNN's ``sum``
     post-op reads and writes the residual's memory, with no copy of it into a new output (when
     the residual is dense in x's memory format and shares no memory with x, w or bias; otherwise
@@ -109,6 +114,11 @@ def _conv_bias_act_residual_op(x: torch.Tensor, w: torch.Tensor, bias: Optional[
             residual.copy_(y)
 
 
+# (its Autograd kernel, _residual_op_autograd, calls _conv_bias_act_residual_kernel directly where _direct allows)
+_conv_bias_act_residual_op = torch.library.custom_op("rawconv::conv_bias_act_residual_",
+                                                     mutates_args=("residual",))(_conv_bias_act_residual_kernel)
+
+
 @_conv_bias_act_residual_op.register_fake
 def _(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision):
     return None
@@ -119,14 +129,19 @@ def _residual_op_autograd(keyset, *args):
     mutating operator, and its default one runs the kernel and records nothing (the overwritten
     residual then carries no gradient, or its old one: silently wrong gradients). Raises
     :class:`NotSupportedError` before any library call when grad mode is on and an argument
-    requires grad, or an argument carries a forward-mode tangent; otherwise runs the kernel below
-    autograd."""
+    requires grad, or an argument carries a forward-mode tangent; otherwise runs the kernel: itself,
+    after bumping the residual's version counter as torch's ADInplaceOrView kernel would, when
+    nothing else sits between Autograd and the backend (:func:`_direct`), else below autograd
+    through the dispatcher."""
     if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
         raise NotSupportedError("rawconv::conv_bias_act_residual_ overwrites residual and records no gradient: "
                                 "with tensors that require grad use rawconv::conv_bias_act (or torch.no_grad())")
     if _has_tangent(*args[:4]):
         raise NotSupportedError("rawconv::conv_bias_act_residual_ has no forward-mode derivative (an argument "
                                 "carries a forward_ad / torch.func.jvp tangent, which it would drop)")
+    if len(args) == 12 and _direct(keyset, args, _conv_bias_act_residual_op, _PLAIN_INPLACE_KEYSETS):
+        _increment_version(args[3])   # (torch's ADInplaceOrView kernel for the mutated argument)
+        return _conv_bias_act_residual_kernel(*args)
     with torch._C._AutoDispatchBelowAutograd():
         return torch.ops.rawconv.conv_bias_act_residual_.default.redispatch(
             keyset & torch._C._after_autograd_keyset, *args)
@@ -232,16 +247,71 @@ def _backward(ctx, gy):
 _conv_bias_act_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+def _plain_keysets(*extra: str) -> frozenset:
+    """The raw dispatch key sets (as the Autograd kernel receives them) of a call whose tensors are
+    all plain dense CPU tensors, or all plain dense CUDA tensors, with no mode, transform or
+    tracer in the thread's included keys: the backend key and its Autograd key, and the ``extra``
+    keys (``ADInplaceOrView``, which a mutating operator's calls carry), nothing else."""
+    C = torch._C
+    out = set()
+    for dev in ("CPU", "CUDA"):
+        ks = C.DispatchKeySet(getattr(C.DispatchKey, dev)) | C.DispatchKeySet(getattr(C.DispatchKey, "Autograd" + dev))
+        for k in extra:
+            ks = ks | C.DispatchKeySet(getattr(C.DispatchKey, k))
+        out.add(ks.raw_repr())
+    return frozenset(out)
+
+
+_PLAIN_KEYSETS = _plain_keysets()
+_PLAIN_INPLACE_KEYSETS = _plain_keysets("ADInplaceOrView")
+_any_requires_grad = getattr(torch._C, "_any_requires_grad", None)
+try:
+    from torch.autograd.graph import increment_version as _increment_version
+except ImportError:   # (an older torch: the in-place operator always takes torch's path)
+    _increment_version = None
+
+
+def _direct(keyset, args, opdef=None, plain=None) -> bool:
+    """Whether the Autograd kernel may call :func:`_conv_bias_act_kernel` itself, as the backend
+    kernel that torch's path reaches would, skipping torch's redispatch below Autograd (a second trip
+    through the dispatcher, converting the twelve arguments again): only when that path would do
+    exactly this. No autograd to record (grad mode off, or no tensor argument requires grad); the
+    key set is only the tensors' backend (CPU or CUDA) and its Autograd key (a TorchDispatchMode,
+    a fake tensor, a tensor subclass with ``__torch_dispatch__``, make_fx, functionalization,
+    functorch's layers, a ZeroTensor, the Meta device each add a key: torch's path then runs
+    them); every tensor argument is a plain ``torch.Tensor`` (no subclass, not even a Parameter); no
+    torch.func transform is active; and the operator's backend kernel is still the one
+    registered here (none added with ``register_kernel``, none disabled with
+    ``set_kernel_enabled``). Otherwise False: torch's generated kernel runs. ``opdef``/``plain``:
+    the in-place residual operator's (its key sets carry ADInplaceOrView)."""
+    if keyset.raw_repr() not in (plain or _PLAIN_KEYSETS) or _functorch() or _any_requires_grad is None \
+            or (opdef is not None and _increment_version is None):
+        return False
+    x, w, bias, residual = args[0], args[1], args[2], args[3]
+    if type(x) is not torch.Tensor or type(w) is not torch.Tensor \
+            or (bias is not None and type(bias) is not torch.Tensor) \
+            or (residual is not None and type(residual) is not torch.Tensor):
+        return False
+    if torch.is_grad_enabled() and _any_requires_grad(x, w, bias, residual):
+        return False
+    opdef = opdef or _conv_bias_act_op
+    return not opdef._disabled_kernel and len(opdef._backend_fns) == 1
+
+
 def _transform_guard(generated):
     """The out-of-place operator's Autograd kernel: torch's generated one (``register_autograd``)
     drops a forward-mode tangent silently (the result carries none: torch.func.jvp gave zeros) and
     fails inside torch.func's grad transforms with an internal error. Raises
-    :class:`NotSupportedError` for those, before any library call; otherwise runs torch's."""
+    :class:`NotSupportedError` for those, before any library call; calls the kernel directly when
+    nothing needs autograd and nothing sits between Autograd and the backend (:func:`_direct`);
+    otherwise runs torch's."""
     def autograd_kernel(keyset, *args, **kwargs):
         if _has_tangent(*args[:4]):
             raise NotSupportedError("rawconv::conv_bias_act has no forward-mode derivative (forward_ad, "
                                     "torch.func.jvp/jacfwd/hessian); use rawconv.ops.conv (differentiable in both "
                                     "modes) and add the bias, residual and activation in torch")
+        if not kwargs and len(args) == 12 and _direct(keyset, args):
+            return _conv_bias_act_kernel(*args)
         if _functorch() and torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad
                                                             for a in args[:4]):
             raise NotSupportedError("torch.func transforms (grad, vjp, jacrev...) through rawconv::conv_bias_act are "

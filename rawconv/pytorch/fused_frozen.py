@@ -267,8 +267,10 @@ def _synced(w, bias):
     traced buffer under torch.compile) retaken first when its sources changed (:class:`_FrozenState`)."""
     plans = frozen_plans_of(w)
     if plans is not None and plans.state is not None:
-        w, bias = plans.state.sync(w, bias)
-        plans = frozen_plans_of(w)
+        w2, bias = plans.state.sync(w, bias)
+        if w2 is not w:   # a new snapshot tensor (the same one, retaken in place, carries the same plans)
+            plans = frozen_plans_of(w2)
+        w = w2
     return w, bias, plans
 
 

@@ -176,7 +176,8 @@ def _run_frozen(plans: dict, x, w, bias, residual, stride, pad, dilation, groups
                 residual_inplace):
     """A frozen module's call on oneDNN: its own plan for this problem, with the snapshot ``w``
     (the module's buffer) as the plan's weight snapshot, reordered once, and again when the buffer
-    was changed in place (its version counter moved)."""
+    was changed in place (its version counter moved). Returns the result in the operator's memory
+    format (:func:`_out_format`, kept on the plan when it is made: the key holds x's shape and strides)."""
     try:
         key = (x.shape, x.stride(), x.dtype, w.shape, w.stride(), bias is None, None if residual is None else
                (residual.shape, residual.stride(), residual.dtype), tuple(stride), pad, tuple(dilation), groups,
@@ -197,6 +198,7 @@ def _run_frozen(plans: dict, x, w, bias, residual, stride, pad, dilation, groups
         plan = FusedConvolution.for_problem(generic.problem, residual=generic.residual, activation=activation,
                                             impl=index, fpmath=precision,
                                             w_layout=onednn.weights_layout(w), prepack=True)
+        plan._op_format = _out_format(x, w)
         if key is not None:
             if len(plans) >= _FROZEN_MAX:
                 plans.pop(next(iter(plans)))
@@ -209,11 +211,14 @@ def _run_frozen(plans: dict, x, w, bias, residual, stride, pad, dilation, groups
             or version is None:
         plan._snapshot(w, copy=False)
         plan._frozen_version = version
-    return plan.run(x, None, bias, residual, inplace=residual_inplace)
+    return _in_format(plan.run(x, None, bias, residual, inplace=residual_inplace), plan._op_format)
 
 
 def _run(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision,
          residual_inplace=False, frozen_plans=None):
+    """The operator's result (in its memory format, :func:`_out_format`) on the cached plan for these
+    arguments: a frozen module's own (:func:`_run_frozen`) or the one :func:`plan_for` gives, found
+    by a key of what can change between calls (the format kept beside it)."""
     nd = w.dim() - 2
     pad = _pad_arg(padding, nd)
     if frozen_plans is not None and x.device.type == "cpu" and backend in ("auto", "onednn"):
@@ -225,16 +230,23 @@ def _run(x, w, bias, residual, stride, padding, dilation, groups, activation, ba
                None if residual is None else (residual.shape, residual.dtype, residual.device),
                tuple(stride), pad, tuple(dilation), groups, activation, backend, choice, precision,
                onednn.thread_ident())
-        plan = _fast.get(key)
+        entry = _fast.get(key)
     except TypeError:
-        key = plan = None
+        key = entry = None
+    plan, fmt = entry if entry is not None else (None, None)
     if plan is None or plan._freed:
         plan = plan_for(x, w, bias, residual, stride, pad, dilation, groups, activation=activation,
                         backend=backend, choice=choice, precision=precision)
+        fmt = _out_format(x, w)
         if key is not None:
             if len(_fast) >= _FAST_MAX:
                 _fast.clear()
-            _fast[key] = plan
+            _fast[key] = (plan, fmt)
+    return _in_format(_execute(plan, x, w, bias, residual, activation, residual_inplace), fmt)
+
+
+def _execute(plan, x, w, bias, residual, activation, residual_inplace):
+    """``plan``'s result for these tensors (in the plan's layout)."""
     if isinstance(plan, FusedConvolution):
         return plan.run(x, w, bias, residual, inplace=residual_inplace)
     if isinstance(plan, _CudaFallback):
@@ -267,20 +279,35 @@ def _out_meta(x, w, stride, padding, dilation):
     return (shape[1:] if unbatched else shape), cl, unbatched
 
 
+def _out_format(x, w):
+    """The memory format the operator gives its result in (as its fake kernel, :func:`_out_meta`):
+    channels last (``channels_last`` / ``channels_last_3d``) for a batched 4-D or 5-D ``x`` that is
+    channels last, else contiguous; None (the result as the plan gives it) for an unbatched ``x``
+    or one of fewer than 3 dims. A function of x's rank, shape and strides and w's rank, which the
+    plan caches' keys hold: computed once per cached plan, not per call."""
+    xd = x.dim()
+    if xd == w.dim() - 1 or xd < 3:
+        return None
+    if xd in (4, 5) and layout_of(x) == "nhwc":
+        return torch.channels_last if xd == 4 else torch.channels_last_3d
+    return torch.contiguous_format
+
+
+def _in_format(y, fmt):
+    """``y``, made dense in memory format ``fmt`` when it is not (None: as it is)."""
+    if fmt is not None and not y.is_contiguous(memory_format=fmt):
+        return y.contiguous(memory_format=fmt)
+    return y
+
+
 def _op_kernel(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision,
                residual_inplace=False, frozen_plans=None):
     """The operator's kernel (also called directly by the modules in eager inference, where
     ``residual_inplace`` lets the oneDNN path write the result into the residual's memory, and
-    a frozen module passes its snapshot as ``w``/``bias`` with its own plans, ``frozen_plans``)."""
-    y = _run(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision,
-             residual_inplace, frozen_plans)
-    shape, cl, unbatched = _out_meta(x, w, stride, padding, dilation)
-    if not unbatched and y.dim() >= 3:
-        fmt = (torch.channels_last if y.dim() == 4 else torch.channels_last_3d) if cl and y.dim() in (4, 5) \
-            else torch.contiguous_format
-        if not y.is_contiguous(memory_format=fmt):
-            y = y.contiguous(memory_format=fmt)
-    return y
+    a frozen module passes its snapshot as ``w``/``bias`` with its own plans, ``frozen_plans``).
+    The result is in x's memory format (:func:`_out_format`)."""
+    return _run(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision,
+                residual_inplace, frozen_plans)
 
 
 # every public entry point raises only rawconv's exception classes (rawconv._guard)
