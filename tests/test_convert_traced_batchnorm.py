@@ -277,3 +277,17 @@ def test_a_recorded_true_training_argument_stays_true_in_eval():
     with torch.no_grad():
         a, b = drop(x), drop(x)
     assert not torch.equal(a, b) and 0.3 < (a == 0).float().mean().item() < 0.7
+
+
+def test_a_converted_model_with_an_unfolded_batchnorm_pickles_whole():
+    import io
+
+    net = PreAct().eval()
+    conv = rnn.convert(net, fuse=True)
+    buf = io.BytesIO()
+    torch.save(conv, buf)   # fx traces the pickled code again on load: the BatchNorm call must stay one call
+    buf.seek(0)
+    back = torch.load(buf, weights_only=False)
+    x = torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), conv(x))
