@@ -180,3 +180,114 @@ def test_a_traced_functional_dropout_follows_the_converted_models_mode():
         assert (twin(x) == 0).any()
         twin.eval()
         torch.testing.assert_close(twin(x), a)
+
+
+class TimmBN(nn.BatchNorm2d):
+    """timm's BatchNormAct2d.forward (torch's BatchNorm forward cut and pasted, then an activation):
+    the eval trace bakes in momentum=None's factor 0.0 and leaves out num_batches_tracked."""
+
+    def __init__(self, c, **kw):
+        super().__init__(c, **kw)
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+        bn_training = True if self.training else (self.running_mean is None and self.running_var is None)
+        keep = not self.training or self.track_running_stats
+        x = F.batch_norm(x, self.running_mean if keep else None, self.running_var if keep else None,
+                         self.weight, self.bias, bn_training, factor, self.eps)
+        return self.act(x)
+
+
+class Momentum5(TimmBN):
+    def forward(self, x):   # its own momentum, not the module's: a fold (torch's forward) would move the stats wrongly
+        return self.act(F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                                     self.training, 0.5, self.eps))
+
+
+class PreAct(nn.Module):
+    """BatchNorms after another op than a conv (not folded), one of them called twice."""
+
+    def __init__(self, bn=TimmBN, **kw):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.c2 = nn.Conv2d(3, 8, 1)
+        self.b1 = bn(8, **kw)
+        self.shared = bn(8, **kw)
+
+    def forward(self, x):
+        return self.b1(self.c1(x) * 2) + self.shared(self.c1(x) - 1) + self.shared(self.c2(x) + 1)
+
+
+@pytest.mark.parametrize("bn,kw", [(TimmBN, {}), (TimmBN, {"momentum": None}), (Momentum5, {})])
+def test_an_unfolded_traced_batchnorm_keeps_its_state_and_trains_as_the_original(bn, kw):
+    torch.manual_seed(0)
+    net = PreAct(bn, **kw).eval()
+    for m in net.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-1, 1)
+            m.running_var.uniform_(0.5, 2)
+    conv = rnn.convert(net, fuse=True)
+    assert set(conv.state_dict()) == set(net.state_dict())
+    conv.load_state_dict(net.state_dict())   # strict: num_batches_tracked is no unexpected key
+    twin = copy.deepcopy(net).double().train()
+    conv = conv.double().train()
+    x = torch.randn(4, 3, 6, 6, dtype=torch.float64)
+    for _ in range(3):
+        got, want = conv(x), twin(x)
+    assert _rel(got, want) < 1e-12
+    a, b = conv.state_dict(), twin.state_dict()
+    for k in b:   # running statistics and counts moved as the original's did
+        torch.testing.assert_close(a[k], b[k], rtol=1e-12, atol=0, msg=k)
+    conv.eval()
+    twin.eval()
+    with torch.no_grad():
+        assert _rel(conv(x), twin(x)) < 1e-12
+
+
+class NoStats(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = TimmBN(4, track_running_stats=False)
+
+    def forward(self, x):   # the trace records training=True: batch statistics in eval too
+        return self.bn(self.c(x)) + F.batch_norm(self.c(x), None, None, training=True)
+
+
+class AlwaysDropping(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):   # F.dropout's default training=True (Monte Carlo dropout): drops in eval too
+        return F.dropout(self.c(x), 0.5)
+
+
+def test_a_recorded_true_training_argument_stays_true_in_eval():
+    net = NoStats().eval()
+    conv = rnn.convert(net, fuse=True)
+    x = torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        assert _rel(conv(x), _ref64(net, x)) < 1e-5
+    drop = rnn.convert(AlwaysDropping().eval(), fuse=True)
+    with torch.no_grad():
+        a, b = drop(x), drop(x)
+    assert not torch.equal(a, b) and 0.3 < (a == 0).float().mean().item() < 0.7
+
+
+def test_a_converted_model_with_an_unfolded_batchnorm_pickles_whole():
+    import io
+
+    net = PreAct().eval()
+    conv = rnn.convert(net, fuse=True)
+    buf = io.BytesIO()
+    torch.save(conv, buf)   # fx traces the pickled code again on load: the BatchNorm call must stay one call
+    buf.seek(0)
+    back = torch.load(buf, weights_only=False)
+    x = torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), conv(x))

@@ -23,6 +23,7 @@ from . import search as _search_mod
 from .functional import _check_backend, _check_precision, _resolve_backend
 from .search import (_NEW_ATTR, _TUNED, _TUNED_ATTR, _UNFUSED_OFFERED_ON, _call_key, _onednn_here, _problem_of,
                      _record_calls, _rng_kept, _tune_key)
+from .modules import bn_forward as _bn_forward
 from .modules import (Conv1d, Conv2d, Conv3d, _BATCHNORMS, _ConvBiasAct, _FUSED, _FusedSequential, _RawconvConv, _SWAP,
                       _TORCH_CONVS, _check_bn, _conv_modules, _fused_modules)
 from .report import ConvertReport
@@ -135,10 +136,11 @@ def _foldable_bn(conv, bn, *, subclass: bool = False) -> bool:
 _BN_ARGS = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
 
 
-def _functional_bn(node, modules: dict):
+def _functional_bn(node, modules: dict, *, sole: bool = True):
     """``(BatchNorm module name, module)`` when ``node`` is a traced ``F.batch_norm`` call in eval
     mode on a BatchNorm module's own tensors (what fx makes of a BatchNorm subclass's forward, e.g.
-    timm's ``BatchNormAct2d``, which it traces into), else None."""
+    timm's ``BatchNormAct2d``, which it traces into), else None. ``sole``: each tensor read by this
+    call only (False: a BatchNorm called more than once, whose reads fx shares)."""
     import torch.fx as fx
 
     if node.op != "call_function" or node.target is not torch.nn.functional.batch_norm or len(node.args) > 8:
@@ -154,7 +156,7 @@ def _functional_bn(node, modules: dict):
         t = a.get(part)
         if t is None and part in ("weight", "bias"):
             name = None   # affine=False: the module's must be None too
-        elif isinstance(t, fx.Node) and t.op == "get_attr" and len(t.users) == 1 and t.target.endswith("." + part):
+        elif isinstance(t, fx.Node) and t.op == "get_attr" and (len(t.users) == 1 or not sole) and t.target.endswith("." + part):
             name = t.target[: -len(part) - 1]
         else:
             return None
@@ -163,7 +165,8 @@ def _functional_bn(node, modules: dict):
                 return None
             owner = name
     bn = modules.get(owner) if owner is not None else None
-    if not isinstance(bn, torch.nn.modules.batchnorm._BatchNorm) or a.get("eps", 1e-5) != bn.eps:
+    if not isinstance(bn, torch.nn.modules.batchnorm._BatchNorm) or a.get("eps", 1e-5) != bn.eps \
+            or a.get("momentum", 0.1) != (0.0 if bn.momentum is None else bn.momentum):   # (torch's eval call's)
         return None
     for part in ("weight", "bias"):   # the call reads the module's own parameters (or neither)
         if (a.get(part) is None) != (getattr(bn, part) is None):
@@ -258,13 +261,47 @@ def _fuse_fx(model, report: ConvertReport, backend, choice, precision):
     bns = _fold_batchnorms_fx(graph, modules, calls, fusable, report, dict(model.named_modules()))
     _fuse_chains_fx(gm, modules, fusable, bns, report, backend, choice, precision)
     _mark_inplace_residuals(graph, modules)
+    originals = dict(model.named_modules())
+    kept = _untrace_batchnorms(graph, originals)
     _follow_training_mode(graph)
     graph.lint()
     gm.recompile()
     gm.delete_all_unused_submodules()   # activations no longer called
-    for bn_name, bn in bns.values():   # the folded BatchNorms stay, where they were: state_dict as the model's
+    for bn_name, bn in [*bns.values(), *kept.items()]:   # the BatchNorms stay, where they were: state_dict as the model's
         gm.add_submodule(bn_name, bn)
+    for name, bn in originals.items():   # one fx traced into and left as a bare copy of the tensors it read
+        if isinstance(bn, torch.nn.modules.batchnorm._BatchNorm) and name not in kept and \
+                type(dict(gm.named_modules()).get(name)) is torch.nn.Module:
+            gm.add_submodule(name, bn)
     return gm
+
+
+def _untrace_batchnorms(graph, originals: dict) -> dict:
+    """Each traced ``F.batch_norm`` call left on a BatchNorm (subclass) module's own tensors (not
+    folded: after another op than a conv, as in a pre-activation block) becomes a call of
+    :func:`rawconv.pytorch.modules.bn_forward` on the module, which computes in eval mode what the
+    trace recorded and in training mode what the module's batch norm computes there (the
+    momentum, ``momentum=None``'s cumulative average and ``num_batches_tracked`` included, which
+    the eval trace baked in or left out). Returns ``{name: module}`` of those BatchNorms."""
+    kept: dict = {}
+    for node in list(graph.nodes):
+        functional = _functional_bn(node, originals, sole=False)
+        if functional is None:
+            continue
+        bn_name, bn = functional
+        src = node.args[0] if node.args else node.kwargs.get("input")
+        attrs = [n for n in node.all_input_nodes if n is not src]
+        with graph.inserting_before(node), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)   # fx: the module is set in the GraphModule after
+            new = graph.call_function(_bn_forward, (graph.get_attr(bn_name), src))
+        new.meta["is_wrapped"] = True   # a leaf when fx traces the code again (a pickled model's load)
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+        for a in attrs:
+            if not a.users:
+                graph.erase_node(a)
+        kept[bn_name] = bn
+    return kept
 
 
 _TRAINING_ARG = {"dropout": 2, "alpha_dropout": 2, "feature_alpha_dropout": 2, "dropout1d": 2, "dropout2d": 2,
@@ -289,12 +326,14 @@ def _follow_training_mode(graph) -> list:
         pos = _TRAINING_ARG.get(name)
         if pos is None or getattr(n.target, "__module__", "") != "torch.nn.functional":
             continue
+        # the trace is made in eval mode: a recorded True is the model's own constant (F.dropout's
+        # default, a BatchNorm without running statistics), never its training flag
         if "training" in n.kwargs:
-            if not isinstance(n.kwargs["training"], bool):
+            if n.kwargs["training"] is not False:
                 continue
             flag = _training_flag(graph, n)
             n.kwargs = {**n.kwargs, "training": flag}
-        elif len(n.args) > pos and isinstance(n.args[pos], bool):
+        elif len(n.args) > pos and n.args[pos] is False:
             flag = _training_flag(graph, n)
             n.args = n.args[:pos] + (flag,) + n.args[pos + 1:]
         else:
