@@ -291,3 +291,42 @@ def test_a_converted_model_with_an_unfolded_batchnorm_pickles_whole():
     x = torch.randn(2, 3, 6, 6)
     with torch.no_grad():
         torch.testing.assert_close(back(x), conv(x))
+
+
+class LiteralEval(nn.Module):
+    """training=False written by the model (never its mode), beside one that is its mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.frozen = nn.BatchNorm2d(8)
+        self.c2 = nn.Conv2d(8, 8, 1)
+
+    def forward(self, x):
+        f = self.frozen
+        y = F.batch_norm(self.c(x), f.running_mean, f.running_var, f.weight, f.bias, False, 0.0, f.eps)
+        y = F.dropout(self.c2(y), 0.5, False)   # never drops
+        return F.dropout(y, 0.5, self.training)   # drops in training mode
+
+
+def test_a_training_false_the_model_wrote_stays_as_written():
+    torch.manual_seed(0)
+    net = LiteralEval().eval()
+    with torch.no_grad():
+        net.frozen.running_var.uniform_(0.5, 2.0)
+        net.frozen.running_mean.uniform_(-0.5, 0.5)
+    conv = rnn.convert(net, fuse=True)
+    x = torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(conv(x), net(x))
+        conv.train()
+        net.train()
+        torch.manual_seed(3)
+        y = conv(x)
+        torch.manual_seed(3)
+        want = net(x)
+    zeros = (y == 0).float().mean().item()
+    assert 0.3 < zeros < 0.7, zeros   # one dropout (the mode's), not two: about half, not three quarters
+    torch.testing.assert_close(y, want)   # the frozen BatchNorm kept its running statistics, as the original
+    # and its statistics did not move
+    assert float(conv.get_submodule("frozen").num_batches_tracked) == 0.0
