@@ -94,3 +94,54 @@ def fresh_tuning_cache(monkeypatch):
     reset()
     yield
     reset()
+
+
+def randomize_batchnorms(net, seed: int) -> None:
+    """Running statistics and affine parameters of every BatchNorm2d of ``net`` drawn from a
+    generator seeded with ``seed`` (a fold that ignored any of them would show)."""
+    g = torch.Generator().manual_seed(seed)
+    for m in net.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.copy_(torch.rand(m.num_features, generator=g) - 0.5)
+            m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+            m.weight.data.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+            m.bias.data.copy_(torch.rand(m.num_features, generator=g) - 0.5)
+
+
+def face_routing_tests(parts: dict, shared: dict | None = None):
+    """The two tests of a split face's routed settings (``face._SETTINGS``: name -> the part that owns
+    it), over ``parts`` ({face: its part modules' names}) and ``shared`` ({face: other modules that
+    may read them}): a name set on the face is set in its owner, and no other part binds its own
+    copy. Returns the two test functions, for a test module to bind at its top level."""
+    import importlib
+
+    shared = shared or {}
+    routed = [(face, name) for face in parts for name in sorted(face._SETTINGS)]
+    ids = [f"{face.__name__.rpartition('.')[2]}.{name}" for face, name in routed]
+
+    @pytest.mark.parametrize("face,name", routed, ids=ids)
+    def test_a_name_set_on_the_face_is_set_in_the_part_that_reads_it(monkeypatch, face, name):
+        part = face._SETTINGS[name]
+        real = getattr(part, name)
+        assert getattr(face, name) is real
+        new = object()
+        monkeypatch.setattr(face, name, new)
+        assert getattr(part, name) is new and getattr(face, name) is new
+        other = object()   # set in the part directly: the face reads the part, never a copy of its own
+        setattr(part, name, other)
+        assert getattr(face, name) is other
+        monkeypatch.undo()
+        assert getattr(part, name) is real and getattr(face, name) is real
+
+    @pytest.mark.parametrize("face,name", routed, ids=ids)
+    def test_no_other_part_holds_its_own_binding_of_a_setting(face, name):
+        """A part that imported a setting by name (``from .part import NAME``) would read its own
+        copy, which the face never sets: only the owner binds it; the others read ``owner.NAME``."""
+        owner = face._SETTINGS[name]
+        for p in tuple(parts[face]) + tuple(shared.get(face, ())):
+            mod = importlib.import_module(p)
+            if mod is not owner:
+                assert name not in vars(mod), f"{p} binds {name} (owned by {owner.__name__})"
+
+    return test_a_name_set_on_the_face_is_set_in_the_part_that_reads_it, \
+        test_no_other_part_holds_its_own_binding_of_a_setting

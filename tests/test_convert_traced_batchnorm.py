@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import rawconv.nn as rnn
+from conftest import randomize_batchnorms
 from rawconv.pytorch.modules import bn_forward
 
 
@@ -60,13 +61,8 @@ class Net(nn.Module):
 def _net(bn=BatchNormAct, seed=0):
     torch.manual_seed(seed)
     net = Net(bn)
-    g = torch.Generator().manual_seed(seed + 1)
-    for m in net.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            m.running_mean.copy_(torch.rand(m.num_features, generator=g) - 0.5)
-            m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
-            m.weight.data.copy_(torch.rand(m.num_features, generator=g) + 0.5)
-            m.bias.data.copy_(torch.rand(m.num_features, generator=g) - 0.5)
+    with torch.no_grad():
+        randomize_batchnorms(net, seed + 1)
     return net.eval()
 
 

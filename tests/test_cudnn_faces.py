@@ -23,6 +23,7 @@ pytest.importorskip("cffi")
 from rawconv import cudnn, cudnn_graph  # noqa: E402
 from rawconv.cudnn.graph import search as S  # noqa: E402
 from rawconv.errors import ArgumentError  # noqa: E402
+from conftest import face_routing_tests  # noqa: E402
 
 PARTS = {cudnn: ("rawconv.cudnn.legacy.hot", "rawconv.cudnn.legacy.plan", "rawconv.cudnn.legacy.functions"),
          cudnn_graph: ("rawconv.cudnn.graph.operation", "rawconv.cudnn.graph.plan", "rawconv.cudnn.graph.functions"),
@@ -32,7 +33,6 @@ PARTS = {cudnn: ("rawconv.cudnn.legacy.hot", "rawconv.cudnn.legacy.plan", "rawco
 SHARED = {cudnn: ("rawconv.cudnn.legacy.common", "rawconv.cudnn.legacy.algorithms", "rawconv.cudnn.legacy.autotune"),
           cudnn_graph: ("rawconv.cudnn.graph.common", "rawconv.cudnn.graph.engines", "rawconv.cudnn.graph.autotune"),
           S: ()}
-ROUTED = [(face, name) for face in PARTS for name in sorted(face._SETTINGS)]
 ALL_PARTS = sorted({m for face in PARTS for m in PARTS[face] + SHARED[face]})
 
 
@@ -40,30 +40,8 @@ def _id(p):
     return p.__name__.rpartition(".")[2] if hasattr(p, "__name__") else str(p)
 
 
-@pytest.mark.parametrize("face,name", ROUTED, ids=[f"{_id(f)}.{n}" for f, n in ROUTED])
-def test_a_name_set_on_the_face_is_set_in_the_part_that_reads_it(monkeypatch, face, name):
-    part = face._SETTINGS[name]
-    real = getattr(part, name)
-    assert getattr(face, name) is real
-    new = object()
-    monkeypatch.setattr(face, name, new)
-    assert getattr(part, name) is new and getattr(face, name) is new
-    other = object()   # set in the part directly: the face reads the part, never a copy of its own
-    setattr(part, name, other)
-    assert getattr(face, name) is other
-    monkeypatch.undo()
-    assert getattr(part, name) is real and getattr(face, name) is real
-
-
-@pytest.mark.parametrize("face,name", ROUTED, ids=[f"{_id(f)}.{n}" for f, n in ROUTED])
-def test_no_other_part_holds_its_own_binding_of_a_setting(face, name):
-    """A part that imported a setting by name (``from .search_plan import time_reps``) would read its
-    own copy, which the face never sets: only the owner binds it; the others read ``owner.NAME``."""
-    owner = face._SETTINGS[name]
-    for p in PARTS[face] + SHARED[face]:
-        mod = importlib.import_module(p)
-        if mod is not owner:
-            assert name not in vars(mod), f"{p} binds {name} (owned by {owner.__name__})"
+(test_a_name_set_on_the_face_is_set_in_the_part_that_reads_it,
+ test_no_other_part_holds_its_own_binding_of_a_setting) = face_routing_tests(PARTS, SHARED)
 
 
 def _defined(mod) -> list[str]:

@@ -6,7 +6,6 @@ a face (``monkeypatch.setattr(ops, "_cuda_last", rec)``, ``rawconv.fused.CAPTURE
 False``) must reach the part that reads it, and no other part may hold a binding of its own. CPU only."""
 from __future__ import annotations
 
-import importlib
 
 import pytest
 import torch
@@ -14,41 +13,17 @@ import torch
 import rawconv.fused as fused
 import rawconv.ops as ops
 import rawconv.torch_choice as tc
+from conftest import face_routing_tests
 
-PARTS = {ops: ("ops_kernels", "ops_autograd", "ops_functions", "ops_forms"),
-         fused: ("fused_plans", "fused_graph", "fused_frozen"),
-         tc: ("torch_choice_flags", "torch_choice_cpu", "torch_choice_cuda")}
-ROUTED = [(face, name) for face in PARTS for name in sorted(face._SETTINGS)]
-
-
-def _id(p):
-    return p.__name__.rpartition(".")[2] if hasattr(p, "__name__") else str(p)
+PARTS = {face: tuple(f"rawconv.pytorch.{p}" for p in parts) for face, parts in (
+    (ops, ("ops_kernels", "ops_autograd", "ops_functions", "ops_forms")),
+    (fused, ("fused_plans", "fused_graph", "fused_frozen")),
+    (tc, ("torch_choice_flags", "torch_choice_cpu", "torch_choice_cuda")))}
 
 
-@pytest.mark.parametrize("face,name", ROUTED, ids=[f"{_id(f)}.{n}" for f, n in ROUTED])
-def test_a_name_set_on_the_face_is_set_in_the_part_that_reads_it(monkeypatch, face, name):
-    part = face._SETTINGS[name]
-    real = getattr(part, name)
-    assert getattr(face, name) is real
-    new = object()
-    monkeypatch.setattr(face, name, new)
-    assert getattr(part, name) is new and getattr(face, name) is new
-    other = object()   # set in the part directly: the face reads the part, never a copy of its own
-    setattr(part, name, other)
-    assert getattr(face, name) is other
-    monkeypatch.undo()
-    assert getattr(part, name) is real and getattr(face, name) is real
 
-
-@pytest.mark.parametrize("face,name", ROUTED, ids=[f"{_id(f)}.{n}" for f, n in ROUTED])
-def test_no_other_part_holds_its_own_binding_of_a_setting(face, name):
-    """A part that imported a hook by name (``from .ops_kernels import _cuda_last``) would read its
-    own copy, which the face never sets: only the owner binds it; the others read ``owner.NAME``."""
-    owner = face._SETTINGS[name]
-    for p in PARTS[face]:
-        mod = importlib.import_module(f"rawconv.pytorch.{p}")
-        if mod is not owner:
-            assert name not in vars(mod), f"rawconv.pytorch.{p} binds {name} (owned by {owner.__name__})"
+(test_a_name_set_on_the_face_is_set_in_the_part_that_reads_it,
+ test_no_other_part_holds_its_own_binding_of_a_setting) = face_routing_tests(PARTS)
 
 
 def test_the_direct_path_reads_the_checked_forward_patched_on_the_face(monkeypatch):

@@ -89,14 +89,21 @@ _TRAINING_ARG = {"dropout": 2, "alpha_dropout": 2, "feature_alpha_dropout": 2, "
 _LITERAL = "rawconv_literal_training"   # node.meta: the call's training=False is the model's own constant
 
 
-def _training_arg(n):
-    """The recorded ``training`` argument of a traced ``torch.nn.functional`` call of
-    :data:`_TRAINING_ARG`, or None when ``n`` is none (or the argument is not a constant bool)."""
+def _training_pos(n):
+    """Where the ``training`` argument of a traced ``torch.nn.functional`` call of :data:`_TRAINING_ARG`
+    is (``"training"`` for a keyword, else its position), or None when ``n`` is none or it is not given."""
     name = getattr(n.target, "__name__", "") if n.op == "call_function" else ""
     pos = _TRAINING_ARG.get(name)
     if pos is None or getattr(n.target, "__module__", "") != "torch.nn.functional":
         return None
-    v = n.kwargs["training"] if "training" in n.kwargs else n.args[pos] if len(n.args) > pos else None
+    return "training" if "training" in n.kwargs else pos if len(n.args) > pos else None
+
+
+def _training_arg(n):
+    """The recorded ``training`` argument of such a call (:func:`_training_pos`), or None when ``n`` is
+    none or the argument is not a constant bool."""
+    pos = _training_pos(n)
+    v = None if pos is None else n.kwargs[pos] if pos == "training" else n.args[pos]
     return v if isinstance(v, bool) else None
 
 
@@ -142,22 +149,15 @@ def _follow_training_mode(graph) -> list:
     converted model switch them as they switched the original. Returns the names of the calls."""
     out = []
     for n in list(graph.nodes):
-        name = getattr(n.target, "__name__", "") if n.op == "call_function" else ""
-        pos = _TRAINING_ARG.get(name)
-        if pos is None or getattr(n.target, "__module__", "") != "torch.nn.functional" or n.meta.get(_LITERAL):
-            continue
         # the trace is made in eval mode: a recorded True is the model's own constant (F.dropout's
         # default, a BatchNorm without running statistics), never its training flag
-        if "training" in n.kwargs:
-            if n.kwargs["training"] is not False:
-                continue
-            flag = _training_flag(graph, n)
-            n.kwargs = {**n.kwargs, "training": flag}
-        elif len(n.args) > pos and n.args[pos] is False:
-            flag = _training_flag(graph, n)
-            n.args = n.args[:pos] + (flag,) + n.args[pos + 1:]
-        else:
+        if _training_arg(n) is not False or n.meta.get(_LITERAL):
             continue
+        pos, flag = _training_pos(n), _training_flag(graph, n)
+        if pos == "training":
+            n.kwargs = {**n.kwargs, "training": flag}
+        else:
+            n.args = n.args[:pos] + (flag,) + n.args[pos + 1:]
         out.append(n.name)
     return out
 
