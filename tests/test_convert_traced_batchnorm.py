@@ -326,3 +326,19 @@ def test_a_training_false_the_model_wrote_stays_as_written():
     torch.testing.assert_close(y, want)   # the frozen BatchNorm kept its running statistics, as the original
     # and its statistics did not move
     assert float(conv.get_submodule("frozen").num_batches_tracked) == 0.0
+
+
+def test_a_folded_subclass_batchnorm_changed_after_convert_is_seen_at_the_next_call():
+    net = _net()
+    conv = rnn.convert(net, fuse=True)
+    x = torch.randn(2, 3, 12, 12)
+    with torch.no_grad():
+        before = conv(x)
+        b1, b2 = conv.get_submodule("b1"), conv.get_submodule("b2")
+        b1.running_var.mul_(3.0)                            # in place
+        b2.weight.data = b2.weight.data * -2.0              # through .data (a new storage)
+        conv.get_submodule("c3").weight.add_(0.25)          # the conv's own weight, in place
+        net.load_state_dict(conv.state_dict())   # the original, with the converted model's state now
+        want = _ref64(net, x)
+        assert _rel(before, want) > 1e-2   # the changes matter: a stale snapshot would show
+        assert _rel(conv(x), want) < 1e-5
