@@ -102,6 +102,11 @@ def test_cuda_fused_model_follows_weight_changes(dtype):
 
 
 def test_cuda_autotune_pins_backward_per_problem_on_the_tensors_layout(monkeypatch):
+    # strict float32 throughout (convert, search, the steps): under torch's default allow_tf32=True the
+    # pinned configs are TF32 ones, and the training BatchNorm below magnifies TF32's rounding to 7.6e-2
+    # of x.grad (H200 and H100, 2026-12-07) where the strict floor it was held to is 1e-6; each layer's
+    # own dx/dw on the captured tensors was within 7e-7 of float64 (benchmarks/diag_grad_gpu.py)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     rnn.clear_tuning()
     searched = []
     real = rnn._search_direction
@@ -155,12 +160,7 @@ def test_cuda_autotune_pins_backward_per_problem_on_the_tensors_layout(monkeypat
     t64(x64).square().sum().backward()
     t32 = copy.deepcopy(net)
     xt = x.clone().requires_grad_()
-    tf32 = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    try:
-        t32(xt).square().sum().backward()
-    finally:
-        torch.backends.cudnn.allow_tf32 = tf32
+    t32(xt).square().sum().backward()
     floor = _rel(xt.grad, x64.grad)
     assert _rel(xg.grad, x64.grad) <= max(1e-4, 5 * floor), (_rel(xg.grad, x64.grad), floor)
     # another batch size and layout: the default choices, never a refusal

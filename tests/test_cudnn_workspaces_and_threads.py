@@ -162,14 +162,16 @@ def test_clear_caches_gives_cudnn_workspaces_back_to_torch_gpu():
     assert rawconv.cache_info()["bytes"][f"cuda:{x.device.index or 0}"] == kept
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
-    free_held, _ = torch.cuda.mem_get_info()
+    # this process's reserved memory, not the device's free memory (other processes, a parallel test run
+    # on the same GPU, move that: an H100 run with 4 workers saw 16 MB given back where 175 MB were)
+    held_reserved = torch.cuda.memory_reserved()
     rawconv.clear_caches()
     torch.cuda.empty_cache()   # (clear_caches gives them to torch's allocator; this, to the device)
-    free_after, _ = torch.cuda.mem_get_info()
-    print("workspaces kept", kept, "device memory given back", free_after - free_held)
-    assert free_after >= free_held
+    after_reserved = torch.cuda.memory_reserved()
+    print("workspaces kept", kept, "device memory given back", held_reserved - after_reserved)
+    assert after_reserved <= held_reserved
     if kept >= 32 << 20:   # (smaller ones may share a segment of the allocator with live tensors)
-        assert free_after - free_held >= kept // 2, (free_held, free_after, kept)
+        assert held_reserved - after_reserved >= kept // 2, (held_reserved, after_reserved, kept)
 
 
 def test_graph_plans_channels_last_buffers_are_counted_and_released(fake_workspaces, monkeypatch):
