@@ -276,9 +276,12 @@ class Convolution(_Listing, _Autotune, PlanLifetime):
         sa, sb = g.a, g.b
         dt = sa[2]
         try:   # (an unusual tensor may raise on .shape: the checked path says what is wrong)
-            if type(a) not in _PLAIN or a.shape != sa[0] or a.stride() != sa[1] or a.dtype is not dt \
-                    or not a.is_cpu or a.is_neg() or type(b) not in _PLAIN or b.shape != sb[0] \
-                    or b.stride() != sb[1] or b.dtype is not sb[2] or not b.is_cpu or b.is_neg():
+            # (strides compared in the dims of size > 1 when they differ: a (N, C, 1, 1) gradient comes with
+            # either format's strides from step to step, and the same memory serves)
+            if type(a) not in _PLAIN or a.shape != sa[0] or (a.stride() != sa[1] and not strides_match(a, sa[1])) \
+                    or a.dtype is not dt or not a.is_cpu or a.is_neg() or type(b) not in _PLAIN or b.shape != sb[0] \
+                    or (b.stride() != sb[1] and not strides_match(b, sb[1])) or b.dtype is not sb[2] \
+                    or not b.is_cpu or b.is_neg():
                 return None
             out = torch.empty_strided(g.out_shape, g.out_strides, dtype=dt)
             ptr = {g.roles[0]: a.data_ptr(), g.roles[1]: b.data_ptr(), g.roles[2]: out.data_ptr()}
@@ -406,13 +409,13 @@ class Convolution(_Listing, _Autotune, PlanLifetime):
         xs = hot.x
         dt = xs[2]
         try:   # (a nested or otherwise unusual tensor may raise on .shape: the checked path says what is wrong)
-            if type(x) not in _PLAIN or x.shape != xs[0] or x.stride() != xs[1] or x.dtype is not dt \
-                    or not x.is_cpu or x.is_neg():
+            if type(x) not in _PLAIN or x.shape != xs[0] or (x.stride() != xs[1] and not strides_match(x, xs[1])) \
+                    or x.dtype is not dt or not x.is_cpu or x.is_neg():
                 return None
             if not own:
                 ws = hot.w
-                if type(w) not in _PLAIN or w.shape != ws[0] or w.stride() != ws[1] or w.dtype is not dt \
-                        or not w.is_cpu or w.is_neg():
+                if type(w) not in _PLAIN or w.shape != ws[0] or (w.stride() != ws[1] and not strides_match(w, ws[1])) \
+                        or w.dtype is not dt or not w.is_cpu or w.is_neg():
                     return None
             bs = hot.b
             if bs is None:

@@ -11,7 +11,7 @@ from . import autocast as _autocast
 from . import ops_kernels as _k
 from ..core import guard as _guard
 from ..core.errors import NotSupportedError
-from ..core.problem import conv_layout, dense_strides, suggests_channels_last, to_layout
+from ..core.problem import conv_layout, dense_strides, strides_match, suggests_channels_last, to_layout
 from .ops_kernels import (_backward_data_cpu, _backward_data_cpu_plan, _backward_data_cuda, _backward_weights_cpu,
                           _backward_weights_cpu_plan, _backward_weights_cuda, _batched, _bias_grad_of, _bwd_data_op,
                           _bwd_weights_op, _data_result, _forward_cpu, _forward_cuda, _fwd_op, _get_ident,
@@ -432,6 +432,13 @@ def _plain_backward() -> bool:
     return (not _grad_enabled() and not _dispatch_modes() and not _function_mode() and not _functorch()
             and _tracing() is None and _fwad._current_level < 0)
 
+def _same_layout(old, lk, x) -> bool:
+    """Whether the backward plans kept for ``old`` (a ``(x shape, x strides, w strides, has_bias)``
+    key) serve ``lk``: the same but for x's strides in dims of size 1 (a (N, C, 1, 1) input, dense in
+    both formats, comes with either format's strides: the same memory, the same plans)."""
+    return (old is not None and old[0] == lk[0] and old[2:] == lk[2:] and strides_match(x, old[1]))
+
+
 def _direct_backward(ctx, gy):
     """:class:`RawconvConvForward`'s backward for a call of :func:`_conv_entry`'s direct path when
     nothing needs the dispatcher (:func:`_plain_backward`): the backward kernels called directly,
@@ -448,7 +455,8 @@ def _direct_backward(ctx, gy):
     lk = (x.shape, x.stride(), w.stride(), has_bias)
     if x.is_cuda:
         if e[7] != lk:   # plans kept for x and w in another layout: their gradients' layout differs
-            e[4] = e[5] = None
+            if not _same_layout(e[7], lk, x):
+                e[4] = e[5] = None
             e[7] = lk
         if nx:
             p = e[4]
@@ -471,7 +479,10 @@ def _direct_backward(ctx, gy):
         k = (_get_ident(), lk)
         c = e[6]
         if c is None or c[0] != k:
-            c = e[6] = [k, None, None]
+            if c is not None and c[0][0] == k[0] and _same_layout(c[0][1], lk, x):
+                c[0] = k
+            else:
+                c = e[6] = [k, None, None]
         if nx:
             p = c[1]
             gx = None if p is None else p._grad_hot_run(gy, w)
