@@ -7,6 +7,8 @@
 #   bash benchmarks/run_h200.sh planhost engines train-bench r50-budget   # issue 22's open GPU targets
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1 || exit 1
+# optional: pytest-xdist and execnet for gpu-tests-n4 (pip download pytest-xdist execnet --no-deps -d .whl/xd)
+ls .whl/xd/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/xd/*.whl >/dev/null 2>&1
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
 mkdir -p /tmp/dnnl
 python3 -c "import zipfile,glob; z=zipfile.ZipFile(glob.glob('.whl/onednn_cpu_gomp*.whl')[0]); open('/tmp/dnnl/libdnnl.so.3','wb').write(z.read('onednn_cpu_gomp-2023.2.0.data/data/lib/libdnnl.so.3'))" || exit 1
@@ -24,6 +26,8 @@ step() {  # name seconds command...
 for s in "$@"; do
   case $s in
     gpu-tests) step gpu-tests ${T_GPU:-420} python3 -m pytest -q -m gpu tests -p no:cacheprovider -rfs ;;
+    gpu-tests-n4) step gpu-tests-n4 ${T_GPU:-420} python3 -m pytest -q -m gpu tests -p no:cacheprovider -rfs --tb=short \
+        -n 4 --dist loadfile ;;   # pytest-xdist from .whl/xd (H100, 2026-12-07: 215 s where one process takes 530)
     gpu-k) step gpu-k ${T_K:-150} python3 -m pytest -q -m gpu tests -k "$K" -p no:cacheprovider -rfs ;;
     gpu-tests-new) step gpu-tests-new ${T_GPU:-300} python3 -m pytest -q -m gpu tests/test_ops.py tests/test_nn.py tests/test_fastpath_gpu.py \
         tests/test_fused.py tests/test_convert.py tests/test_capabilities.py -p no:cacheprovider -rfs ;;
@@ -75,6 +79,8 @@ for s in "$@"; do
         --json "$OUT/zoo_cpu.json" --markdown ;;
     nan-guard-cpu) step nan-guard-cpu ${T_NG:-240} taskset -c 8-15 python3 benchmarks/bench_nan_guard.py --threads 8 ;;
     diag-grad) step diag-grad ${T_DG:-120} python3 benchmarks/diag_grad_gpu.py ;;
+    diag-train) step diag-train ${T_DT:-150} python3 benchmarks/diag_train_gpu.py --model ${DIAG_MODEL:-regnety_016} ;;
+    diag-train-host) step diag-train-host ${T_DT:-150} python3 benchmarks/diag_train_host_gpu.py --model ${DIAG_MODEL:-regnety_016} ;;
     gpu-failed) step gpu-failed ${T_GF:-150} python3 -m pytest -q -p no:cacheprovider -rf --tb=short \
         tests/test_torch_compat.py::test_cuda_zero_input_channels_give_the_bias \
         tests/test_fastpath_gpu.py::test_graph_hot_path_follows_in_place_changes tests/test_convert_right_gpu.py ;;
