@@ -1,5 +1,5 @@
-"""The CPU backward passes' default choice (nothing pinned): on channels-last tensors, oneDNN's first
-implementation on the tensors' own layouts (what torch's oneDNN is asked for: no conversion of x and
+"""The CPU operators' default choice (nothing pinned), backward passes and forward: on channels-last
+tensors, oneDNN's first implementation on the tensors' own layouts (what torch's oneDNN is asked for: no conversion of x and
 dy on every call; for a depthwise 5x5 / 7x7 backward-weights not ``x64:gemm:jit`` on NCHW copies),
 on NCHW tensors oneDNN's first choice as before; the function forms keep oneDNN's first choice. Every
 gradient checked against float64 torch."""
@@ -22,6 +22,7 @@ CASES = [
     ("depthwise-5x5-s2", (2, 24, 11, 11), (24, 1, 5, 5), dict(stride=2, padding=2, groups=24)),
     ("pointwise", (2, 16, 9, 9), (24, 16, 1, 1), dict()),
     ("grouped-3x3", (2, 12, 10, 10), (12, 4, 3, 3), dict(padding=1, groups=3)),
+    ("stem-3ch-s2", (2, 3, 20, 20), (16, 3, 3, 3), dict(stride=2, padding=1)),
 ]
 
 
@@ -59,7 +60,7 @@ def test_channels_last_backward_default_runs_on_the_tensors_layouts(case):
     x, w = _tensors(xs, ws, "nhwc")
     ops.clear_cache()
     sel = ops.selected(x, w, None, **kw)
-    for direction in ("backward_data", "backward_weights"):
+    for direction in ("forward", "backward_data", "backward_weights"):
         impls = onednn.implementations(x, w, direction=direction, **kw)
         offered = [i for i in impls if i.layouts == "user" and not i.name.startswith("ref") and not i.known_bad
                    and not _data_reorders(i)]
@@ -75,9 +76,11 @@ def test_channels_last_backward_default_runs_on_the_tensors_layouts(case):
     dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).contiguous(memory_format=CL)
     ops.clear_cache()
     errs = _grads_vs_float64(x, w, kw, dy, lambda a, b: ops.conv(a, b, None, **kw))
-    ran = {p.direction: p.selected.choice for p in ops._cpu_cache._plans.values() if p.direction != "forward"}
-    assert ran == {"backward_data": sel["backward_data"], "backward_weights": sel["backward_weights"]}
+    ran = {p.direction: p.selected.choice for p in ops._cpu_cache._plans.values()}
+    assert ran == sel
     assert max(errs) < 2e-6, errs
+    y64 = F.conv2d(x.double(), w.double(), None, **kw)
+    assert ((ops.conv(x, w, None, **kw).double() - y64).abs().max() / y64.abs().max()).item() < 2e-6
 
 
 def test_depthwise_7x7_weights_gradient_leaves_the_gemm_on_nchw_copies():

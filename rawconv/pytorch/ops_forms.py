@@ -24,13 +24,12 @@ def _refuse(fn: str, **options) -> None:
                 f"under torch.no_grad(), on detached tensors, or without {name}")
 
 
-def _onednn_impl_choice(plan_fn, impl, first: bool = False) -> str:
-    """The operator's choice for a function form's ``impl``. None: the operator's default (``""``), or
-    with ``first`` (the backward passes, whose operator default on channels-last tensors differs:
-    :func:`rawconv.pytorch.ops_kernels._backward_plan`) oneDNN's first choice by its name, what the
-    function form runs without grad."""
+def _onednn_impl_choice(plan_fn, impl) -> str:
+    """The operator's choice for a function form's ``impl``. None: oneDNN's first choice by its name,
+    what the function form runs without grad (the operators' default differs on channels-last
+    tensors: :func:`rawconv.pytorch.ops_kernels._onednn_plan`)."""
     if impl is None:
-        return _choice_name(plan_fn().selected, "impl") if first else ""
+        return _choice_name(plan_fn().selected, "impl")
     if isinstance(impl, (str, onednn.Implementation)):
         return _choice_name(impl, "impl")
     plan = plan_fn()   # an int position: the implementation the no-grad path would run, by its name
@@ -55,14 +54,14 @@ def _onednn_function(direction: str, a, b, c, stride, padding, dilation, groups,
             p = onednn.backward_data_problem(a, b, c, stride, padding, dilation, groups, False)
             return onednn.cached_plan(p, "backward_data", "direct", fpmath, onednn.weights_layout(b), None)
         return conv_backward_data(a, b, c, stride, padding, dilation, groups, backend="onednn",
-                                  choice=_onednn_impl_choice(plan_fn, impl, True), precision=fpmath)
+                                  choice=_onednn_impl_choice(plan_fn, impl), precision=fpmath)
 
     def plan_fn():
         s, pb, pa, d, g = _conv_args(tuple(c[2:]), stride, padding, dilation, groups)
         p = _backward_weights_problem(a, b, c, s, pb, pa, d, g, bias)
         return onednn.cached_plan(p, "backward_weights", "direct", fpmath, "nchw", None)
     res = conv_backward_weights(a, b, c, stride, padding, dilation, groups, bias=bias, backend="onednn",
-                                choice=_onednn_impl_choice(plan_fn, impl, True), precision=fpmath)
+                                choice=_onednn_impl_choice(plan_fn, impl), precision=fpmath)
     # rawconv.onednn.backward_weights returns a contiguous dw (the operator gives torch's layout)
     return (res[0].contiguous(), res[1]) if bias else res.contiguous()
 
