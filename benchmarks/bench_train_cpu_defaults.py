@@ -1,7 +1,7 @@
 """One training step on the CPU: torch eager against ``rawconv.nn.convert(model)`` with the backward
 passes' default choices (no pins: on channels-last tensors oneDNN's first choice on the tensors' own
 layouts, :meth:`rawconv.onednn.Convolution.first_on_tensor_layouts`) and against the same model with
-every layer's backward passes pinned to oneDNN's first choice (``layouts=any``, the default before
+every layer's forward and backward passes pinned to oneDNN's first choice (``layouts=any``, the default before
 2026-12-07), in one process, the three taking turns in rounds (timm models, random weights).
 
     python benchmarks/bench_train_cpu_defaults.py [--models efficientnet_b0,convnext_tiny] [--batch 1]
@@ -28,8 +28,8 @@ from rawconv.onednn.listing import Listing
 
 
 def first_choice_pins(model: torch.nn.Module, x: torch.Tensor) -> None:
-    """Pin every converted convolution's backward passes to oneDNN's first choice (what ran by
-    default before the backward default took the tensors' own layouts)."""
+    """Pin every converted convolution's forward and backward passes to oneDNN's first choice (what
+    ran by default before the default took the tensors' own layouts)."""
     seen = []
 
     def hook(m, inp, out):
@@ -45,6 +45,7 @@ def first_choice_pins(model: torch.nn.Module, x: torch.Tensor) -> None:
     try:
         for m, xin in seen:
             sel = ops.selected(xin, m.weight.detach(), None, m.stride, m.padding, m.dilation, m.groups)
+            m.choice = sel["forward"]
             m.backward_choice = (sel["backward_data"], sel["backward_weights"])
     finally:
         Listing.first_on_tensor_layouts = rule
