@@ -293,6 +293,36 @@ class Listing:
                 return j
         return i
 
+    def first_on_tensor_layouts(self) -> int:
+        """The position of what torch's oneDNN is asked for on this problem, in this oneDNN: for a
+        channels-last problem whose first choice (:meth:`select` without arguments) converts x or
+        y (dy, dx) on every call, oneDNN's first implementation on the tensors' own layouts
+        (``layouts="user"``: src and dst as the tensors are, weights ``any``, as torch's
+        ``mkldnn_convolution`` and its backward call oneDNN on channels-last tensors) that converts
+        neither and is neither a reference implementation (``ref:*``) nor known bad; otherwise the
+        first choice (torch asks for ``any`` layouts on NCHW tensors too, reordering them). The
+        operators of :mod:`rawconv.ops` (so :mod:`rawconv.nn`'s modules) run it in each direction
+        when nothing is pinned; the function forms run the first choice.
+        Why: oneDNN 3.2's first choice for a backward pass on channels-last tensors converts x and
+        dy to a blocked or NCHW layout on every call, and for the weights of a depthwise 5x5 / 7x7
+        it is ``x64:gemm:jit`` on NCHW copies. On the 2-core AVX-512 EPYC (2026-12-07, 1 thread,
+        batch 2, min of 7 interleaved calls) convnext_tiny's depthwise 7x7 (96 channels, 32x32)
+        backward weights: 7.14 ms (``x64:gemm:jit@any``) against 1.88 ms (``jit:avx512_core@user``,
+        the kernel torch's oneDNN 3.12 runs; torch 2.46 ms); efficientnet_b0's 5x5 (240, 16x16):
+        3.01 against 1.04 ms (torch 1.18); the backward data of its 1x1 from 16 to 96 channels (64x64):
+        0.23 against 0.14 ms (torch 0.40); its stem's forward (3 input channels), 0.146 against 0.080 ms."""
+        i = self._first_choice(self.allow_known_bad)
+        impls = self.implementations
+        first = impls[i]
+        if self.problem.layout != "nhwc" or first.layouts == "user" or \
+                not {r for r in first.reorders if r not in ("w", "dw")}:
+            return i
+        for j, r in enumerate(impls):
+            if r.layouts == "user" and not r.known_bad and not r.name.startswith("ref") and \
+                    not {q for q in r.reorders if q not in ("w", "dw")}:
+                return j
+        return i
+
     def _resolve_any(self, impl: Any) -> int:
         impl = _check_impl(impl)
         impls = self.implementations

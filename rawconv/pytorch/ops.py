@@ -31,8 +31,8 @@ Arguments, shared by all three:
 * ``backend``: ``"onednn"`` (CPU tensors), ``"cudnn"`` (CUDA tensors: cuDNN's legacy API, or its
   graph API when ``choice`` names an engine config), ``"cudnn_graph"`` (CUDA, graph API always),
   ``"auto"`` (by the tensors' device).
-* ``choice``: ``""`` = the library's own first choice (oneDNN's first implementation, cuDNN's
-  heuristic), else a stable name: a oneDNN implementation (``"brgconv:avx512_core"``, optionally
+* ``choice``: ``""`` = the library's own first choice (oneDNN's first implementation, on
+  channels-last tensors its first on their own layouts: see below; cuDNN's heuristic), else a stable name: a oneDNN implementation (``"brgconv:avx512_core"``, optionally
   ``"name@any"`` / ``"name@user"``), a cuDNN legacy algorithm ``"ALGO@math"``
   (``"IMPLICIT_PRECOMP_GEMM@fma"``; ``"@tensor_op"`` sets only the math type; ``"fastest"`` runs
   cuDNN's Find once per problem), or a graph engine config (``"eng28{k2=3}"``, ``"nhwc:eng72"``,
@@ -75,8 +75,12 @@ own ops, so gradients of any order come from the same libraries:
 the backward passes: the libraries list forward, backward-data and backward-weights candidates
 separately (oneDNN names them differently; cuDNN's algorithm enums differ per direction), so there
 is no honest mapping. The backward passes run ``bwd_data_choice`` / ``bwd_weights_choice`` when
-given, else the library's own first choice for that backward problem: still one fixed candidate
-for a given problem, library version and machine (:func:`selected` says which). To pin the whole
+given, else the library's own first choice for that backward problem (oneDNN on channels-last
+tensors, in every direction: its first implementation on the tensors' own layouts, as torch's
+oneDNN is asked, with no conversion of x and y / dy on every call:
+:meth:`rawconv.onednn.Convolution.first_on_tensor_layouts`; the function forms keep oneDNN's first
+choice): still one fixed candidate for a given problem,
+library version and machine (:func:`selected` says which). To pin the whole
 training step, pass one :class:`TrainingChoice` or a dict per direction as ``choice``
 (``{"forward": ..., "backward_data": ..., "backward_weights": ...}``; what :func:`selected`
 returns is such a dict): :func:`conv` and ``rawconv.nn``'s modules then run exactly those three

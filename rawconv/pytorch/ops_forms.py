@@ -25,8 +25,11 @@ def _refuse(fn: str, **options) -> None:
 
 
 def _onednn_impl_choice(plan_fn, impl) -> str:
+    """The operator's choice for a function form's ``impl``. None: oneDNN's first choice by its name,
+    what the function form runs without grad (the operators' default differs on channels-last
+    tensors: :func:`rawconv.pytorch.ops_kernels._onednn_plan`)."""
     if impl is None:
-        return ""
+        return _choice_name(plan_fn().selected, "impl")
     if isinstance(impl, (str, onednn.Implementation)):
         return _choice_name(impl, "impl")
     plan = plan_fn()   # an int position: the implementation the no-grad path would run, by its name

@@ -18,9 +18,9 @@ from ..core.plans import PlanCache, arg_key
 from ..core.errors import ArgumentError, ArgumentTypeError, NotSupportedError
 from ..core.problem import (ConvProblem, conv_layout, empty_like_layout, int_arg, layout_of, resolve_padding,
                             shape_arg, to_layout, transposed_shapes, tuple_arg)
-from .ops_kernels import (_backward_data_cpu, _backward_data_plan, _backward_weights_problem, _batched,
+from .ops_kernels import (_backward_data_cpu, _backward_data_plan, _onednn_plan, _backward_weights_problem, _batched,
                           _bwd_data_op, _check_strings, _forward_cpu_plan, _fwd_op, _get_ident,
-                          _grads_of_forward_layout, _onednn_choice, _padding)
+                          _grads_of_forward_layout, _padding)
 from .ops_autograd import (_Conf, _FwdFn, _add, _autocasting, _below_autograd, _bwd_data_call,
                            _bwd_weights_call, _classic, _compiling, _dispatch_modes, _functorch, _function_mode,
                            _fwad, _grad_like, _legacy_batched, _needs, _no_autocast, _tracing)
@@ -493,12 +493,12 @@ def selected(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                                 "(see rawconv.cudnn.Convolution.info)")
     x, w = x.detach(), w.detach()
     problem = ConvProblem.from_torch(x, w, bias, s, _padding(pb, pa), d, g)
-    fwd = onednn.cached_plan(problem, "forward", "direct", prec, onednn.weights_layout(w), _onednn_choice(c)).selected
+    fwd = _onednn_plan(problem, "forward", prec, onednn.weights_layout(w), c).selected
     y = empty_like_layout(problem.y_shape, problem.layout, x.dtype, "cpu")
     y = y.squeeze(0) if problem.unbatched else y
     data = _backward_data_plan(y, w, tuple(x.shape), s, pb, pa, d, g, bd, prec).selected
     wp = _backward_weights_problem(x, y, tuple(w.shape), s, pb, pa, d, g, bias is not None)
-    wts = onednn.cached_plan(wp, "backward_weights", "direct", prec, wp.layout, _onednn_choice(bw)).selected
+    wts = _onednn_plan(wp, "backward_weights", prec, wp.layout, bw).selected
     return {"forward": fwd.choice, "backward_data": data.choice, "backward_weights": wts.choice}
 
 

@@ -138,8 +138,7 @@ def _forward_cpu_plan(x, w, bias, stride, pad_before, pad_after, dilation, group
             plan = _registered.plan(backend, "forward", problem, choice, precision)
         else:
             onednn.check_device(problem)
-            plan = onednn.cached_plan(problem, "forward", "direct", precision, onednn.weights_layout(w), _onednn_choice(choice))
-            plan.selected   # noqa: B018  (resolve the selection now: a bad choice raises before caching)
+            plan = _onednn_plan(problem, "forward", precision, onednn.weights_layout(w), choice)
         if key is not None:
             _cpu_cache.put(key, plan)
     return plan
@@ -171,12 +170,25 @@ def _forward_cpu(x, w, bias, stride, pad_before, pad_after, dilation, groups, ba
 _cpu_last = PlanCache(512)   # the operator's arguments (no tensors) + thread -> the plan of the last call with them
 
 
+def _onednn_plan(problem, direction: str, precision: str, w_layout: str, choice: str) -> onednn.Convolution:
+    """The operators' cached oneDNN plan of ``direction``: ``choice`` when one is pinned, else the
+    implementation torch's oneDNN is asked for (:meth:`rawconv.onednn.Convolution.first_on_tensor_layouts`:
+    on channels-last tensors oneDNN's first choice on their own layouts, with no conversion of x and
+    y / dy per call), pinned in a plan of its own (the function forms' plan keeps oneDNN's first
+    choice). The selection is resolved now: a bad choice raises before the plan is cached."""
+    plan = onednn.cached_plan(problem, direction, "direct", precision, w_layout, _onednn_choice(choice))
+    if not choice:
+        i = plan.first_on_tensor_layouts()
+        if i != plan.selected.index:
+            plan = onednn.cached_plan(problem, direction, "direct", precision, w_layout, plan.implementations[i])
+    plan.selected   # noqa: B018
+    return plan
+
+
 def _backward_data_plan(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, choice, precision):
     problem = onednn.backward_data_problem(grad_y, w, tuple(x_shape), stride, _padding(pad_before, pad_after),
                                            dilation, groups, False)
-    plan = onednn.cached_plan(problem, "backward_data", "direct", precision, onednn.weights_layout(w), _onednn_choice(choice))
-    plan.selected   # noqa: B018
-    return plan
+    return _onednn_plan(problem, "backward_data", precision, onednn.weights_layout(w), choice)
 
 
 def _backward_data_cpu(grad_y, w, x_shape, stride, pad_before, pad_after, dilation, groups, backend, choice,
@@ -277,9 +289,7 @@ def _backward_weights_cpu_plan(x, grad_y, w_shape, stride, pad_before, pad_after
         else:
             onednn.check_device(problem)
             # dw comes out in the problem's layout (torch's rule: x or grad_y channels last)
-            plan = onednn.cached_plan(problem, "backward_weights", "direct", precision, problem.layout,
-                                _onednn_choice(choice))
-            plan.selected   # noqa: B018
+            plan = _onednn_plan(problem, "backward_weights", precision, problem.layout, choice)
         if key is not None:
             _cpu_cache.put(key, plan)
     return plan
