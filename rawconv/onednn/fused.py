@@ -338,9 +338,10 @@ class FusedConvolution(Convolution):
         return self.execute(a, b, bias, out)
 
     def _hot_run(self, x, w, bias, out):
-        """The plain plan's hot path skips the residual's reorder into a blocked destination that
-        the ``sum`` post-op reads: plans with a residual always take the checked path."""
-        if self.residual:
+        """The plain plan's hot path; with a residual only when it is given as ``out`` (the ``sum``
+        post-op reads the destination; a blocked destination gets the residual reordered in first,
+        by :meth:`_FusedBuilt._run_now`, under the call's lock and thread count as on the checked path)."""
+        if self.residual and out is None:
             return None
         return super()._hot_run(x, w, bias, out)
 
