@@ -209,6 +209,22 @@ def carried_bound(t) -> float | None:
     return c[2]
 
 
+def forget_bound(*ts) -> None:
+    """Drop the bound a fused plan left on each tensor of ``ts`` (None and non-tensors skipped), so
+    that the next fused plan reads it. The fused operators' kernels reached through torch's
+    dispatcher do this for x and the residual: the code torch.compile generates (inductor) writes
+    a result into the memory of a dead intermediate in place (``buf9 = buf2; del buf2  # reuse``)
+    without moving its version counter, so a bound left on that tensor by the plan that wrote it
+    would describe values no longer there (a NaN made in between would be dropped by a fused ReLU)."""
+    for t in ts:
+        try:
+            d = t.__dict__
+        except AttributeError:
+            continue
+        if _CARRIED in d:
+            del d[_CARRIED]
+
+
 def carry_bound(y, bound: float | None, activation: str = "none") -> None:
     """Leave ``bound`` (of max|conv + b + r|; None or inf: nothing known) on the result ``y`` of
     ``activation`` applied to it, replacing what an earlier write left there."""

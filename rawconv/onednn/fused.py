@@ -25,7 +25,9 @@ without the activation (a second plan, made on first need) and torch's own activ
 The bound of x costs one read of x (its 2-norm), except where x is, unchanged, the result of a
 fused plan: each result carries the bound of its magnitude (:func:`rawconv.core.postops.carry_bound`),
 so a chain of fused convolutions (a converted model's) reads x only where the chain starts or the
-bound has grown too large, not at every layer. SiLU, tanh-GELU, hardswish and tanh gave torch's result for
+bound has grown too large, not at every layer. (Not under torch.compile: the operators' kernels
+reached through torch's dispatcher drop the bounds x and the residual carry,
+:func:`rawconv.core.postops.forget_bound`, since inductor rewrites dead buffers in place unseen.) SiLU, tanh-GELU, hardswish and tanh gave torch's result for
 NaN, +-inf and finite inputs on every implementation, and run fused always.
 """
 from __future__ import annotations
@@ -336,9 +338,10 @@ class FusedConvolution(Convolution):
         return self.execute(a, b, bias, out)
 
     def _hot_run(self, x, w, bias, out):
-        """The plain plan's hot path skips the residual's reorder into a blocked destination that
-        the ``sum`` post-op reads: plans with a residual always take the checked path."""
-        if self.residual:
+        """The plain plan's hot path; with a residual only when it is given as ``out`` (the ``sum``
+        post-op reads the destination; a blocked destination gets the residual reordered in first,
+        by :meth:`_FusedBuilt._run_now`, under the call's lock and thread count as on the checked path)."""
+        if self.residual and out is None:
             return None
         return super()._hot_run(x, w, bias, out)
 

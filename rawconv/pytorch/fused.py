@@ -61,7 +61,8 @@ from ..core.grad import functorch_active as _functorch, has_tangent as _has_tang
 from ..core import guard as _guard
 from ..core.errors import ArgumentTypeError, NotSupportedError
 from ..core.problem import ConvProblem
-from ..core.postops import ACTIVATIONS, check_activation, check_residual, torch_tail, apply_activation  # noqa: F401
+from ..core.postops import ACTIVATIONS, check_activation, check_residual, torch_tail, apply_activation, \
+    forget_bound  # noqa: F401
 from ..onednn.fused import FusedConvolution  # noqa: F401 - the oneDNN post-op plan lives there
 from .fused_graph import (_ResidualGraphMixin, _CAPTURE_SEP, _legacy_for_capture, _legacy_checked,  # noqa: F401
                           _graph_class)
@@ -82,7 +83,11 @@ def _conv_bias_act_kernel(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch
                           residual: Optional[torch.Tensor], stride: Sequence[int], padding: Sequence[int],
                           dilation: Sequence[int], groups: int, activation: str, backend: str, choice: Optional[str],
                           precision: str) -> torch.Tensor:
-    """``act(conv(x, w) + bias + residual)`` on oneDNN (CPU) or a cuDNN graph (CUDA)."""
+    """``act(conv(x, w) + bias + residual)`` on oneDNN (CPU) or a cuDNN graph (CUDA). Reached through
+    torch's dispatcher (torch.compile's generated code calls it so): the bounds x and the residual
+    carry are dropped first (:func:`rawconv.core.postops.forget_bound`: inductor rewrites dead
+    buffers in place without a version bump), so the NaN guard reads them."""
+    forget_bound(x, residual)
     w, bias, plans = _synced(w, bias)
     return _op_kernel(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision,
                       frozen_plans=plans)
@@ -106,6 +111,7 @@ def _conv_bias_act_residual_kernel(x: torch.Tensor, w: torch.Tensor, bias: Optio
     autograd: the modules call the out-of-place ``rawconv::conv_bias_act`` when a gradient is
     needed; with grad mode on and an argument that requires grad it raises
     :class:`NotSupportedError` (the overwritten residual would carry no gradient, or a wrong one)."""
+    forget_bound(x, residual)   # (as _conv_bias_act_kernel: inductor's in-place reuse moves no version counter)
     w, bias, plans = _synced(w, bias)
     y = _op_kernel(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision,
                    residual_inplace=True, frozen_plans=plans)
