@@ -5,7 +5,6 @@ user or a test sets on the face (``rawconv.nn.VERSUS_TORCH = False``, ``monkeypa
 ``rawconv.pytorch.nn.X``. CPU only."""
 from __future__ import annotations
 
-import importlib
 import io
 import pickle
 
@@ -14,34 +13,15 @@ import torch
 from torch import nn
 
 import rawconv.nn as rnn
+from conftest import face_routing_tests
 
 PARTS = ("functional", "search", "modules", "report", "convert", "describe")
 
 
-@pytest.mark.parametrize("name", sorted(rnn._SETTINGS))
-def test_a_name_set_on_the_face_is_set_in_the_part_that_reads_it(monkeypatch, name):
-    part = rnn._SETTINGS[name]
-    real = getattr(part, name)
-    assert getattr(rnn, name) is real
-    new = object()
-    monkeypatch.setattr(rnn, name, new)
-    assert getattr(part, name) is new and getattr(rnn, name) is new
-    other = object()   # set in the part directly: the face reads the part, never a copy of its own
-    setattr(part, name, other)
-    assert getattr(rnn, name) is other
-    monkeypatch.undo()
-    assert getattr(part, name) is real and getattr(rnn, name) is real
-
-
-@pytest.mark.parametrize("name", sorted(rnn._SETTINGS))
-def test_no_other_part_holds_its_own_binding_of_a_setting(name):
-    """A part that imported a setting by name (``from .search import VERSUS_TORCH``) would read its
-    own copy, which the face never sets: only the owner binds it; the others read ``owner.NAME``."""
-    owner = rnn._SETTINGS[name]
-    for p in PARTS:
-        mod = importlib.import_module(f"rawconv.pytorch.{p}")
-        if mod is not owner:
-            assert name not in vars(mod), f"rawconv.pytorch.{p} binds {name} (owned by {owner.__name__})"
+# the face's two routing tests, written once in conftest (as for the other split faces)
+(test_a_name_set_on_the_face_is_set_in_the_part_that_reads_it,
+ test_no_other_part_holds_its_own_binding_of_a_setting) = face_routing_tests(
+    {rnn: tuple(f"rawconv.pytorch.{p}" for p in PARTS)})
 
 
 def test_search_hooks_patched_on_the_face_are_the_ones_convert_calls(monkeypatch):
