@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import pickle
 
-import pytest
 import torch
 from torch import nn
 
