@@ -18,13 +18,16 @@ import zoo  # noqa: E402
 import rawconv.nn as rnn  # noqa: E402
 
 
-def main():
+def model_and_input(steps: int, top: int):
+    """``(args, model, x)``: the command line (``--model --batch --size --steps --top``), the zoo model
+    built as benchmarks/zoo.py builds it (random weights, randomized, train mode, on CUDA, channels_last)
+    and its input; ``cudnn.benchmark`` on. Shared with diag_train_host_gpu.py."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="regnety_016")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--size", type=int, default=224)
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--top", type=int, default=top)
     a = ap.parse_args()
     torch.backends.cudnn.benchmark = True
     spec = {**zoo.SPECS, **zoo.EXTRA_SPECS}[a.model]
@@ -34,7 +37,11 @@ def main():
     shape = zoo.input_shape(spec.kind, a.batch, a.size)
     fmt = zoo.memory_format(len(shape))
     model = model.train().cuda().to(memory_format=fmt)
-    x = torch.randn(shape, device="cuda").contiguous(memory_format=fmt)
+    return a, model, torch.randn(shape, device="cuda").contiguous(memory_format=fmt)
+
+
+def main():
+    a, model, x = model_and_input(steps=3, top=25)
     sides = {"torch": copy.deepcopy(model), "torch_benchmark_off": copy.deepcopy(model),
              "rawconv": rnn.convert(copy.deepcopy(model))}
 

@@ -5,33 +5,19 @@ rawconv's host time goes (cProfile of a few steps, sorted by own time).
 
     python benchmarks/diag_train_host_gpu.py --model regnety_016 [--batch 32] [--steps 5]
 """
-import argparse, copy, cProfile, os, pstats, sys, time
+import copy, cProfile, os, pstats, sys, time
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import zoo  # noqa: E402
+from diag_train_gpu import model_and_input  # noqa: E402
 import rawconv.nn as rnn  # noqa: E402
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="regnety_016")
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--size", type=int, default=224)
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--top", type=int, default=35)
-    a = ap.parse_args()
-    torch.backends.cudnn.benchmark = True
-    spec = {**zoo.SPECS, **zoo.EXTRA_SPECS}[a.model]
-    torch.manual_seed(0)
-    model = spec.build()
-    zoo.randomize(model)
-    shape = zoo.input_shape(spec.kind, a.batch, a.size)
-    fmt = zoo.memory_format(len(shape))
-    model = model.train().cuda().to(memory_format=fmt)
-    x = torch.randn(shape, device="cuda").contiguous(memory_format=fmt)
+    a, model, x = model_and_input(steps=5, top=35)
     sides = {"torch": copy.deepcopy(model), "rawconv": rnn.convert(copy.deepcopy(model))}
 
     def step(m, amp):
