@@ -6,8 +6,7 @@ strides exactly, so each such call took the checked path again: in timm's regnet
 squeeze-excite convolution's backward, 52 checked calls per training step on the CPU (and 28 a step
 in regnety_016's on an H100, host time 66 ms against torch's 38). The same memory serves (a dim of
 size 1 is never stepped), so the plan kept from the first call runs. Each test checks the results
-against float64 and counts the checked path's plan lookups. The CUDA side (rawconv.cudnn._cuda.HotArgs.bind
-and the CUDA kernels' kept backward plans) waits on branch gpu-pending for a GPU run."""
+against float64 and counts the checked path's plan lookups."""
 from __future__ import annotations
 
 import pytest
@@ -94,3 +93,32 @@ def test_hot_forward_takes_the_other_formats_strides(monkeypatch):
         assert _rel(y, ref) < 1e-5
     assert answers and all(answers[1:]), answers
 
+
+@pytest.mark.gpu
+def test_cuda_squeeze_excite_shaped_gradients_keep_the_backward_plans(monkeypatch):
+    """The CUDA kernels' kept backward plans (rawconv.cudnn._cuda.HotArgs.bind) likewise: the checked
+    path runs in the first step only, the gradients right in every step."""
+    from rawconv.pytorch import ops_kernels as _k
+
+    seen = []
+    for name in ("_backward_data_cuda_checked", "_backward_weights_cuda_checked"):
+        real = getattr(_k, name)
+
+        def spy(*a, _real=real, _name=name, **k):
+            seen.append(_name)
+            return _real(*a, **k)
+        monkeypatch.setattr(_k, name, spy)
+    torch.manual_seed(0)
+    conv = rnn.Conv2d(16, 8, 1).cuda()
+    x0, g0 = torch.randn(4, 16, 1, 1, device="cuda"), torch.randn(4, 8, 1, 1, device="cuda")
+    for step in range(4):
+        x = (x0 if step % 2 == 0 else _other_format(x0)).detach().requires_grad_()
+        conv.zero_grad()
+        conv(x).backward(g0 if step % 3 == 0 else _other_format(g0))
+        xr = x0.cpu().double().requires_grad_()
+        wr = conv.weight.detach().cpu().double().requires_grad_()
+        torch.nn.functional.conv2d(xr, wr, conv.bias.detach().cpu().double()).backward(g0.cpu().double())
+        assert _rel(x.grad.cpu(), xr.grad) < 1e-2 and _rel(conv.weight.grad.cpu(), wr.grad) < 1e-2, step
+        if step == 0:
+            first = len(seen)
+    assert len(seen) == first, seen

@@ -125,3 +125,47 @@ def test_cuda_leaves_the_choice_alone(monkeypatch, name, engines, script):
     out, _runs, timed = _cuda(monkeypatch, plan, engines, script)
     assert timed == [name] and plan.selects == [] and "vs_torch_note" not in out
     assert out["torch_ms"] == script[0][0] and out["rawconv_ms"] == script[0][1]
+
+
+class _Ec:
+    def __init__(self, engine, name):
+        self.engine, self.name = engine, name
+
+
+class _KnobPlan(_GraphPlan):
+    """A plan whose heuristics offer torch's engine under several knob settings."""
+
+    def __init__(self, name, epilogue=False, offers=None):
+        super().__init__(name, epilogue)
+        self.offers = offers or {}
+
+    def unfused(self):
+        return self
+
+    def heuristic(self, mode):
+        return [_Ec(int(n[3:].split("{")[0]), n) for n in self.offers.get(mode, ())]
+
+
+def test_torch_engine_configs_are_the_heuristics_knob_settings_of_it():
+    from rawconv.pytorch import search as P
+
+    plan = _KnobPlan("eng5", True, {"instant": ["eng57{k2=3,k17=220}", "eng5", "eng57{k2=1,k17=88}"],
+                                    "fallback": ["eng57{k2=3,k17=220}", "eng0"]})
+    assert P.torch_engine_configs(plan, 57) == ["unfused:eng57{k2=3,k17=220}", "unfused:eng57{k2=1,k17=88}"]
+    assert P.torch_engine_configs(plan, 9) == ["unfused:eng9"]   # none offered: the default knobs
+    many = _KnobPlan("eng5", False, {"instant": [f"eng57{{k2={i}}}" for i in range(9)]})
+    assert len(P.torch_engine_configs(many, 57)) == P.TORCH_ENGINE_CONFIGS
+
+
+def test_cuda_tries_each_knob_setting_of_torchs_engine_and_keeps_the_fastest(monkeypatch):
+    """The H100's efficientnet_b0 blocks.0.0.conv_dw: torch's eng57 with default knobs measured 8.6 ms
+    (no faster, the choice kept at 0.92x torch); the heuristics' knob settings of eng57 are tried."""
+    plan = _KnobPlan("unfused:eng5", True, {"instant": ["eng57{k2=3,k17=220}", "eng57{k2=1,k17=88}"]})
+    # (torch, rawconv) per measurement: the choice, then each knob setting
+    out, runs, timed = _cuda(monkeypatch, plan, (57,), [(0.073, 0.079), (0.073, 0.0725), (0.073, 0.0728)])
+    assert timed == ["unfused:eng5", "unfused:eng57{k2=3,k17=220}", "unfused:eng57{k2=1,k17=88}"]
+    assert plan.selected_name == "unfused:eng57{k2=3,k17=220}"   # the fastest, selected again after the last try
+    assert out["vs_torch"] == pytest.approx(0.073 / 0.0725) and "kept instead" in out["vs_torch_note"]
+    plan = _KnobPlan("unfused:eng5", True, {"instant": ["eng57{k2=3,k17=220}", "eng57{k2=1,k17=88}"]})
+    out, runs, timed = _cuda(monkeypatch, plan, (57,), [(0.073, 0.079), (0.073, 0.09), (0.073, 0.085)])
+    assert plan.selected_name == "unfused:eng5" and out["vs_torch_note"].count("measured no faster") == 2

@@ -530,7 +530,7 @@ SLOWER = 1.03
 
 
 def versus_torch(measure: Callable[[Any], tuple], choice: Any, alternatives: Any, *,
-                 word: str = "choice") -> tuple[Any, dict]:
+                 word: str = "choice", tries: int = 1) -> tuple[Any, dict]:
     """The one policy for torch's own pick as a candidate, on every device: ``(the choice to pin,
     the report's fields)``.
 
@@ -538,28 +538,36 @@ def versus_torch(measure: Callable[[Any], tuple], choice: Any, alternatives: Any
     on choice ``c``, timed together (``vs_torch``: torch / rawconv, above 1 rawconv faster; None:
     not measurable); ``choice``: the search's winner; ``alternatives``: rawconv's choices that run
     what torch runs (its oneDNN implementation, its cuDNN engine), other than ``choice``;
-    ``word``: what the report calls one (``"implementation"``, ``"engine"``). ``choice`` is
-    measured; when it measured more than :data:`SLOWER` slower than torch and there is an
-    alternative, the first is measured the same way and pinned if it measured faster (relative to
-    torch's call in its own measurement). The fields: ``torch_ms``, ``rawconv_ms``, ``vs_torch``
-    (of the pinned choice) and, when an alternative was tried, ``vs_torch_note`` (kept, no faster,
-    or did not run: a :class:`RawconvError` or ``RuntimeError`` of its measurement; ``choice``
-    stays). An error measuring ``choice`` propagates."""
+    ``word``: what the report calls one (``"implementation"``, ``"engine"``); ``tries``: how many
+    of the alternatives to measure, in their order (cuDNN: torch's engine under each knob setting
+    its heuristics offer). ``choice`` is measured; when it measured more than :data:`SLOWER` slower
+    than torch and there is an alternative, the first ``tries`` are measured the same way and the
+    one that measured fastest (relative to torch's call in its own measurement) is pinned if it
+    measured faster than ``choice``. The fields: ``torch_ms``, ``rawconv_ms``, ``vs_torch`` (of the
+    pinned choice) and, when an alternative was tried, ``vs_torch_note`` (kept, no faster, or did
+    not run: a :class:`RawconvError` or ``RuntimeError`` of its measurement; ``choice`` stays). An
+    error measuring ``choice`` propagates."""
     t_ms, r_ms, v = measure(choice)
     out: dict = dict(torch_ms=t_ms, rawconv_ms=r_ms, vs_torch=v)
-    alts = list(alternatives)
+    alts = list(alternatives)[:max(1, int(tries))]
     if v is None or v * SLOWER >= 1 or not alts:
         return choice, out
-    alt = alts[0]
-    try:
-        t2, a_ms, v2 = measure(alt)
-    except (RawconvError, RuntimeError) as exc:
-        out["vs_torch_note"] = f"slower than torch; torch's {word} {alt} did not run: {exc}"
-        return choice, out
-    if v2 is not None and v2 > v:
+    best, notes = None, []
+    for alt in alts:
+        try:
+            t2, a_ms, v2 = measure(alt)
+        except (RawconvError, RuntimeError) as exc:
+            notes.append(f"slower than torch; torch's {word} {alt} did not run: {exc}")
+            continue
+        if v2 is not None and v2 > (best[3] if best is not None else v):
+            best = (alt, t2, a_ms, v2)
+        else:
+            notes.append(f"torch's {word} {alt} measured no faster ({a_ms:.4f} ms)")
+    if best is not None:
+        alt, t2, a_ms, v2 = best
         out.update(torch_ms=t2, rawconv_ms=a_ms, vs_torch=v2,
                    vs_torch_note=f"{choice} measured {r_ms:.4f} ms against torch's {t_ms:.4f}: torch's "
                                  f"{word} {alt} kept instead")
         return alt, out
-    out["vs_torch_note"] = f"torch's {word} {alt} measured no faster ({a_ms:.4f} ms)"
+    out["vs_torch_note"] = "; ".join(notes)
     return choice, out

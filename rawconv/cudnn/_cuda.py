@@ -18,6 +18,7 @@ from . import _ffi as _cudnn
 from ..core import guard as _guard, plans as _plans
 from ._ffi import call, ffi
 from ..core.errors import ArgumentError, ArgumentTypeError
+from ..core.problem import strides_match
 
 _tls = threading.local()
 
@@ -356,9 +357,12 @@ class HotArgs:
         dt, idx = self.dtype, self.index
         xs, ws, bs = self.x, self.w, self.b
         try:   # (an unusual tensor may raise on .shape: the checked path says what is wrong)
-            if type(x) not in PLAIN or x.shape != xs[0] or x.stride() != xs[1] or x.dtype is not dt \
-                    or not x.is_cuda or x.get_device() != idx or x.is_neg() \
-                    or type(w) not in PLAIN or w.shape != ws[0] or w.stride() != ws[1] or w.dtype is not dt \
+            # (strides compared in the dims of size > 1 when they differ: a (N, C, 1, 1) gradient comes with
+            # either format's strides from step to step, and the same memory serves)
+            if type(x) not in PLAIN or x.shape != xs[0] or (x.stride() != xs[1] and not strides_match(x, xs[1])) \
+                    or x.dtype is not dt or not x.is_cuda or x.get_device() != idx or x.is_neg() \
+                    or type(w) not in PLAIN or w.shape != ws[0] or (w.stride() != ws[1] and not strides_match(w, ws[1])) \
+                    or w.dtype is not dt \
                     or not w.is_cuda or w.get_device() != idx or w.is_neg():
                 return None
             if bs is None:

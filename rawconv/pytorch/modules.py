@@ -33,6 +33,22 @@ FACE = "rawconv.pytorch.nn"   # where this module's public names live (rawconv.n
 
 _autocasting = torch._C._is_any_autocast_enabled
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+def _epilogue_to_inductor(compiling: bool, x, b, choice, activation: str, residual, groups: int):
+    """The convolution-only choice a fused layer's call under torch.compile runs, its bias,
+    residual and activation then left to inductor as torch ops, or False (the operator runs the
+    layer whole). Only on CUDA, for a layer with a bias that cuDNN runs unfused anyway: an
+    ``"unfused:<config>"`` choice (``<config>`` is returned), or no choice where cuDNN's default
+    splits (rawconv.cudnn.graph's ``_default_split``: a plain conv + bias, a grouped convolution;
+    None is returned)."""
+    if not compiling or b is None or not getattr(x, "is_cuda", False):
+        return False
+    if isinstance(choice, str) and choice.strip().lower().startswith("unfused:"):
+        return choice.strip()[8:] or None
+    if choice is None and ((activation == "none" and residual is None) or groups > 1):
+        return None
+    return False
 _get_ident = onednn.thread_ident   # (thread, its OpenMP count): the modules' argument packs are per thread
 _F32 = torch.float32
 _OPS: list = [None]   # rawconv.ops, once loaded (the modules' per-call path)
@@ -472,6 +488,17 @@ class _ConvBiasAct(_RawconvConv):
             torch.ops.rawconv.conv_bias_act_residual_(x, w, b, residual, stride, pads, dilation, self.groups,
                                                       self.activation, self.backend, choice, self.precision)
             return residual
+        conv_only = _epilogue_to_inductor(compiling, x, b, choice, self.activation, residual, self.groups)
+        if conv_only is not False:
+            # under torch.compile on CUDA, a layer whose bias cuDNN does not fuse (cuDNN's default for a
+            # plain conv + bias or a grouped one: torch's way; an "unfused:" choice) hands its bias add,
+            # residual add and activation to inductor, which fuses them into the next kernel, as it does
+            # for torch's own convolution (it peels the bias off aten.convolution on CUDA); inside the
+            # operator they were one more pass over the output each (ConvNeXt-T's depthwise layers)
+            y = torch.ops.rawconv.conv_bias_act(x, w, None, None, stride, pads, dilation, self.groups, "none",
+                                                self.backend, conv_only, self.precision)
+            y = y + b.to(y.dtype).reshape((1, -1) + (1,) * (y.dim() - 2))
+            return _fused.apply_activation(y + residual if residual is not None else y, self.activation)
         return torch.ops.rawconv.conv_bias_act(x, w, b, residual, stride, pads, dilation,
                                                self.groups, self.activation, self.backend, choice, self.precision)
 

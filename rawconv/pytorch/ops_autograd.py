@@ -455,7 +455,8 @@ def _direct_backward(ctx, gy):
     lk = (x.shape, x.stride(), w.stride(), has_bias)
     if x.is_cuda:
         if e[7] != lk:   # plans kept for x and w in another layout: their gradients' layout differs
-            e[4] = e[5] = None
+            if not _same_layout(e[7], lk, x):
+                e[4] = e[5] = None
             e[7] = lk
         if nx:
             p = e[4]
