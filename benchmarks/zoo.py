@@ -704,7 +704,7 @@ def fmt_row(r: dict) -> str:
 # ---------------------------------------------------------------------------- the training step
 def train_model(spec: Spec, args, run: Run) -> None:
     """One training step (forward, MSE loss against a fixed random target, backward, SGD with
-    momentum) of the model in train mode: torch eager (CUDA: cudnn.benchmark) against
+    momentum) of the model in train mode (batch at least 2): torch eager (CUDA: cudnn.benchmark) against
     ``rawconv.nn.convert(model)`` (no fusion; --train-autotune: autotune=x with the backward
     passes, budget --autotune-budget). CUDA: fp32 weights, autocast float16 when --dtype is float16
     (else fp32 with TF32 as torch's defaults); CPU: fp32. The first step's gradients of each side
@@ -716,7 +716,9 @@ def train_model(spec: Spec, args, run: Run) -> None:
     torch.manual_seed(0)
     model = spec.build()
     randomize(model)
-    shape = input_shape(spec.kind, args.batch, args.size)
+    # (at least 2: a training BatchNorm after a global pooling, as deeplabv3's ASPP pooling branch,
+    # needs more than one value per channel, torch's own rule)
+    shape = input_shape(spec.kind, max(args.batch, 2), args.size)
     fmt = memory_format(len(shape))
     model = model.train().to(dev).to(memory_format=fmt)
     gen = torch.Generator().manual_seed(7)
