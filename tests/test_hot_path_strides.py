@@ -30,18 +30,23 @@ def _rel(a, b) -> float:
     return ((a.double() - b).abs().max() / b.abs().max()).item()
 
 
-@pytest.fixture
-def lookups(monkeypatch):
-    """The checked path's plan lookups of the backward (direction names), counted."""
+def _spied(monkeypatch, module, names) -> list:
+    """The calls of ``module``'s functions ``names`` (their names, in call order), recorded."""
     seen = []
-    for name in ("_backward_data_cpu_plan", "_backward_weights_cpu_plan"):
-        real = getattr(_oa, name)
+    for name in names:
+        real = getattr(module, name)
 
         def spy(*a, _real=real, _name=name, **k):
             seen.append(_name)
             return _real(*a, **k)
-        monkeypatch.setattr(_oa, name, spy)
+        monkeypatch.setattr(module, name, spy)
     return seen
+
+
+@pytest.fixture
+def lookups(monkeypatch):
+    """The checked path's plan lookups of the backward (direction names), counted."""
+    return _spied(monkeypatch, _oa, ("_backward_data_cpu_plan", "_backward_weights_cpu_plan"))
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -100,14 +105,7 @@ def test_cuda_squeeze_excite_shaped_gradients_keep_the_backward_plans(monkeypatc
     path runs in the first step only, the gradients right in every step."""
     from rawconv.pytorch import ops_kernels as _k
 
-    seen = []
-    for name in ("_backward_data_cuda_checked", "_backward_weights_cuda_checked"):
-        real = getattr(_k, name)
-
-        def spy(*a, _real=real, _name=name, **k):
-            seen.append(_name)
-            return _real(*a, **k)
-        monkeypatch.setattr(_k, name, spy)
+    seen = _spied(monkeypatch, _k, ("_backward_data_cuda_checked", "_backward_weights_cuda_checked"))
     torch.manual_seed(0)
     conv = rnn.Conv2d(16, 8, 1).cuda()
     x0, g0 = torch.randn(4, 16, 1, 1, device="cuda"), torch.randn(4, 8, 1, 1, device="cuda")
