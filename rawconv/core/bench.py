@@ -382,6 +382,63 @@ def suggested_threads(report: LoadReport) -> int:
     return max(1, min(report.threads, report.cpus - math.ceil((other or 0) - OVERSUBSCRIBED_SLACK)))
 
 
+def sample_load(seconds: float = 0.3, threads: int | None = None) -> LoadReport:
+    """What the rest of the machine does while we do nothing: a :class:`LoadMonitor` over
+    ``seconds`` of sleep (``threads``: the count the report judges; default torch's)."""
+    mon = LoadMonitor(threads)
+    time.sleep(seconds)
+    return mon.report()
+
+
+@dataclass(frozen=True)
+class ThreadFit:
+    """:func:`fit_threads`'s answer: ``threads`` to time with, ``requested`` the count asked for,
+    ``report`` the load it was judged on (None: not judged)."""
+
+    requested: int
+    threads: int
+    report: LoadReport | None
+
+    @property
+    def reduced(self) -> bool:
+        """The machine could not give ``requested`` threads: fewer are used."""
+        return self.threads < self.requested
+
+    def describe(self) -> str:
+        """e.g. ``1 thread, not 2: other processes kept 2.0 of 2 CPUs busy``."""
+        if not self.reduced:
+            return f"{self.threads} thread{'s' if self.threads != 1 else ''}"
+        why = self.report.describe(timing=False) if self.report is not None else ""
+        return (f"{self.threads} thread{'s' if self.threads != 1 else ''}, not {self.requested}"
+                + (f": {why}" if why else ""))
+
+    def as_dict(self) -> dict:
+        return {"requested": self.requested, "threads": self.threads, "reduced": self.reduced,
+                "load": self.report.as_dict() if self.report is not None else None}
+
+
+def fit_threads(requested: int, report: LoadReport | None) -> ThreadFit:
+    """The thread count that fits beside the other processes of ``report``
+    (:func:`suggested_threads` judged at ``requested`` threads): ``requested`` when they leave
+    room for it (or nothing is known of them), fewer otherwise, at least 1.
+
+    Why: an OpenMP call of k threads joins its threads at the end of each parallel region (oneDNN:
+    one per reorder and one per convolution). When the CPUs are taken, a thread waits at each join
+    for its partner to get a CPU back, a whole scheduler slice: beside two spinning processes on 2
+    cores, a 1.5-3 ms ResNet-50 layer at 2 threads took ~100 ms (torch's call and oneDNN's first
+    choice: 4 parallel regions, 8 context switches per call) and ``x64:gemm:jit`` ~25 ms (one
+    region, 2 switches), while every row at 1 thread took 1.5-3 ms, as on a quiet machine
+    (``benchmarks/diag_load_threads.py``). Timing both sides at the count that fits measures
+    the code; timing at the count asked for measures how many joins a call has."""
+    requested = max(1, int(requested))
+    if report is None or requested == 1 or not report.other_cpus_known:
+        return ThreadFit(requested, requested, report)
+    import dataclasses
+
+    return ThreadFit(requested, suggested_threads(dataclasses.replace(report, threads=requested, waited=None)),
+                     report)
+
+
 def load_hint(report: LoadReport, hint: str | None = None) -> str:
     """What to do about an oversubscribed ``report``: ``hint`` with ``{threads}`` replaced by
     :func:`suggested_threads` (default ``"torch.set_num_threads({threads}) or a quiet machine"``),
