@@ -491,28 +491,50 @@ ROUNDS_DISAGREE = 0.25
 @dataclass(frozen=True)
 class Clock:
     """Where :func:`time_rounds` reads its times (seconds): ``wall`` (``time.perf_counter``),
-    ``cpu`` (``time.process_time``: CPU time of every thread of this process) and ``wait`` (the
-    run-queue time of this process's threads, :func:`_self_wait_seconds`, or None). Tests pass a
-    fake one."""
+    ``cpu`` (``time.process_time``: CPU time of every thread of this process), ``wait`` (the
+    run-queue time of this process's threads, :func:`_self_wait_seconds`, or None) and ``own``
+    (``time.thread_time``: CPU time of the calling thread, read for ``time_rounds(one_thread=True)``).
+    Tests pass a fake one."""
 
     wall: Callable[[], float] = time.perf_counter
     cpu: Callable[[], float] = time.process_time
     wait: Callable[[], float | None] = None   # type: ignore[assignment]  (the schedstat reader)
+    own: Callable[[], float] = time.thread_time
+
+
+#: ``time_rounds(one_thread=True)``: a call's time is the CPU time of the calling thread when the
+#: process's CPU time during it was at most this factor of it (plus :data:`CLEAN_SLACK_S`): no other
+#: thread of ours worked, so the calling thread did the whole call.
+ONE_THREAD_CPU = 1.1
 
 
 @dataclass(frozen=True)
 class Call:
-    """One timed call: ``wall_s`` (wall time), ``cpu_s`` (CPU time of this process, all threads)
-    and ``wait_s`` (time our threads waited for a CPU; None where the OS does not say)."""
+    """One timed call: ``wall_s`` (wall time), ``cpu_s`` (CPU time of this process, all threads),
+    ``wait_s`` (time our threads waited for a CPU; None where the OS does not say) and
+    ``own_s``: set only for a call timed on one thread (``time_rounds(one_thread=True)``) during
+    which no other thread of ours worked, the calling thread's CPU time, which is then the
+    call's time (:attr:`time_s`): the work of its one thread, without the time it spent
+    descheduled (on a quiet machine the two agree)."""
 
     wall_s: float
     cpu_s: float
     wait_s: float | None
+    own_s: float | None = None
+
+    @property
+    def time_s(self) -> float:
+        """The call's time: ``own_s`` where set, else ``wall_s``."""
+        return self.own_s if self.own_s is not None else self.wall_s
 
     @property
     def clean(self) -> bool:
-        """Our threads did not wait for a CPU during it (:data:`CLEAN_WAIT`); without run-queue
-        times, its CPU time was at least :data:`CPU_SHARE_MIN` of its wall time."""
+        """Its time holds no wait for a CPU: a call timed by its one thread's CPU time
+        (``own_s``) always; otherwise our threads did not wait for a CPU during it
+        (:data:`CLEAN_WAIT`), or, without run-queue times, its CPU time was at least
+        :data:`CPU_SHARE_MIN` of its wall time."""
+        if self.own_s is not None:
+            return True
         if self.wait_s is None:
             return self.cpu_s >= CPU_SHARE_MIN * self.wall_s
         return self.wait_s <= CLEAN_WAIT * self.wall_s + CLEAN_SLACK_S
@@ -552,11 +574,12 @@ class Timed:
         return sum(bool(rnd) for rnd in self.rounds)
 
     def round_ms(self) -> list[float]:
-        """Per round, in ms: its fastest clean call, else (every call waited) its fastest call."""
+        """Per round, in ms: its fastest clean call, else (every call waited) its fastest call
+        (:attr:`Call.time_s`)."""
         out = []
         for rnd in self.rounds:
-            clean = [c.wall_s for c in rnd if c.clean]
-            out.append(1e3 * min(clean or [c.wall_s for c in rnd]) if rnd else float("nan"))
+            clean = [c.time_s for c in rnd if c.clean]
+            out.append(1e3 * min(clean or [c.time_s for c in rnd]) if rnd else float("nan"))
         return out
 
     @property
@@ -568,7 +591,7 @@ class Timed:
         most rounds had a clean call); ``min_ms``: the fastest call; ``mean_ms``: the mean of
         every call; ``runs``: the number of calls."""
         per = self._used_round_ms()
-        walls = [c.wall_s * 1e3 for c in self.calls]
+        walls = [c.time_s * 1e3 for c in self.calls]
         if not walls:
             nan = float("nan")
             return TimeStats(nan, nan, nan, 0)
@@ -629,9 +652,12 @@ class Timed:
         """JSON-friendly: rounds, per-round ms and cleanliness, calls, clean calls, median wall and
         CPU ms per call, the waited share and :meth:`flags`."""
         wall, cpu = self.wall_cpu_ms()
+        own = sum(c.own_s is not None for c in self.calls)
         return {"rounds": self.timed_rounds, "round_ms": self.round_ms(), "round_clean": self.round_clean(),
                 "calls": len(self.calls), "clean_calls": sum(c.clean for c in self.calls),
-                "wall_ms": wall, "cpu_ms": cpu, "waited_share": self.waited_share(), "flags": self.flags()}
+                "wall_ms": wall, "cpu_ms": cpu, "waited_share": self.waited_share(), "flags": self.flags(),
+                # what a call's time is: "wall" time, or its one thread's CPU time ("thread CPU"; "mixed": some)
+                "measure": "wall" if not own else "thread CPU" if own == len(self.calls) else "mixed"}
 
 
 @dataclass(frozen=True)
@@ -701,7 +727,7 @@ def round_plan(iterations: int, max_rounds: int = MAX_ROUNDS) -> tuple[int, int]
 
 def time_rounds(candidates, *, rounds: int = 5, calls: int = 2, retries: int | None = None, warmup: int = 1,
                 budget_s: float | None = None, min_rounds: int = 3, sit_out: bool = True, pairs: bool = False,
-                clock: Clock | None = None) -> dict[str, Timed]:
+                one_thread: bool = False, clock: Clock | None = None) -> dict[str, Timed]:
     """Time several callables in interleaved rounds: ``candidates`` maps a name to ``fn`` or to
     ``(fn, setup)`` (``setup()`` runs untimed before the candidate's calls in each round, e.g. a
     plan's ``select``). After ``warmup`` untimed calls each, every round calls each candidate in
@@ -716,7 +742,12 @@ def time_rounds(candidates, *, rounds: int = 5, calls: int = 2, retries: int | N
     measured). With ``pairs``, rounds ``2m`` and ``2m + 1`` share an order (it rotates every
     two rounds), so that the odd and the even rounds (:func:`pick`) see the same orders. Each call
     records wall time (``time.perf_counter``), process CPU time
-    (``time.process_time``) and the time our threads waited for a CPU (schedstat). Returns
+    (``time.process_time``) and the time our threads waited for a CPU (schedstat). With
+    ``one_thread`` (the candidates run on one thread: ``torch.set_num_threads(1)``), also the
+    calling thread's CPU time (``time.thread_time``), which becomes the call's time where no
+    other thread of ours worked during it (:attr:`Call.own_s`): on a busy machine a one-thread
+    call is descheduled now and then, and its wall time then counts the other processes' time
+    slices; its thread's CPU time counts its own work only. Returns
     ``{name: Timed}`` in the order given (:meth:`Timed.stats`, :func:`ratio`,
     :meth:`Timed.flags`). Raises ValueError for ``rounds`` or ``calls`` below 1."""
     if rounds < 1 or calls < 1:
@@ -756,12 +787,15 @@ def time_rounds(candidates, *, rounds: int = 5, calls: int = 2, retries: int | N
             while True:
                 w0 = wait()
                 c0 = clk.cpu()
+                o0 = clk.own() if one_thread else 0.0
                 t0 = clk.wall()
                 fn()
                 t1 = clk.wall()
+                o1 = clk.own() if one_thread else 0.0
                 c1 = clk.cpu()
                 w1 = wait()
-                call = Call(t1 - t0, c1 - c0, (w1 - w0) if w0 is not None and w1 is not None else None)
+                own = o1 - o0 if one_thread and c1 - c0 <= ONE_THREAD_CPU * (o1 - o0) + CLEAN_SLACK_S else None
+                call = Call(t1 - t0, c1 - c0, (w1 - w0) if w0 is not None and w1 is not None else None, own)
                 got.append(call)
                 clean += call.clean
                 spent += call.wall_s

@@ -167,7 +167,9 @@ def _threads_used(by_problem: dict) -> dict | None:
     :func:`rawconv.compare.compare`): ``requested``, ``used`` (the counts, sorted),
     ``reduced_problems`` (timed at fewer threads than requested because other processes kept the
     CPUs busy), ``problems`` (those that say), ``torch_backends_reduced`` (torch's backend in those,
-    by count: at 1 thread torch runs 1x1 convolutions on its own Slow2d, not oneDNN) and
+    by count: at 1 thread torch runs 1x1 convolutions on its own Slow2d, not oneDNN),
+    ``retimed_problems`` (timed again at fewer threads: the CPUs were taken while they ran at the
+    count asked for) and
     ``other_cpus`` (the most CPUs other processes kept busy in the loads judged). None when no
     row says."""
     fits = {}
@@ -188,6 +190,7 @@ def _threads_used(by_problem: dict) -> dict | None:
     return {"requested": max(t["requested"] for t in fits.values()),
             "used": sorted({t["threads"] for t in fits.values()}),
             "reduced_problems": sum(bool(t.get("reduced")) for t in fits.values()), "problems": len(fits),
+            "retimed_problems": sum(bool(t.get("retimed")) for t in fits.values()),
             "torch_backends_reduced": backends, "other_cpus": max(other) if other else None}
 
 
