@@ -425,9 +425,9 @@ def fit_threads(requested: int, report: LoadReport | None) -> ThreadFit:
     Why: an OpenMP call of k threads joins its threads at the end of each parallel region (oneDNN:
     one per reorder and one per convolution). When the CPUs are taken, a thread waits at each join
     for its partner to get a CPU back, a whole scheduler slice: beside two spinning processes on 2
-    cores, a 1.5-3 ms ResNet-50 layer at 2 threads took ~100 ms (torch's call and oneDNN's first
-    choice: 4 parallel regions, 8 context switches per call) and ``x64:gemm:jit`` ~25 ms (one
-    region, 2 switches), while every row at 1 thread took 1.5-3 ms, as on a quiet machine
+    cores, a 1.5-3 ms ResNet-50 layer at 2 threads took 60-100 ms (torch's call and oneDNN's first
+    choice: 4 parallel regions, 8 context switches per call) and ``x64:gemm:jit`` 15-28 ms (one
+    region, 2 switches), while every row at 1 thread took 1.4-2.9 ms, as on a quiet machine
     (``benchmarks/diag_load_threads.py``). Timing both sides at the count that fits measures
     the code; timing at the count asked for measures how many joins a call has."""
     requested = max(1, int(requested))
