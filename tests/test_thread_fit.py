@@ -106,6 +106,7 @@ def test_compare_times_both_sides_at_the_count_that_fits(monkeypatch, two_thread
     text = "\n".join(compare.headline(s))
     assert f"timed at 1 thread(s), not {requested}, on 1 of 2 problem(s)" in text
     assert "torch's call and rawconv's ran at 1 alike" in text and "its own Slow2d on 1 of them" in text
+    assert "a one-thread call is timed by its thread's CPU time" in text
     # quiet before, busy while it ran at the count asked for: timed again at the count that fits
     seen.clear()
     monkeypatch.setattr(bench, "sample_load", lambda s=0.3, t=None: bench.LoadReport(0.3, 2, requested, 0.0, 0.0, 0.2))
@@ -209,3 +210,30 @@ def test_a_one_thread_call_is_timed_by_its_threads_cpu_time():
                                    clock=clock([waited, waited]))["a"]).value == pytest.approx(2.0)
     t = time_rounds({"a": lambda: None}, rounds=2, calls=1, retries=0, warmup=0, clock=clock([waited, waited]))["a"]
     assert t.round_ms() == pytest.approx([5.0, 5.0]) and t.as_dict()["measure"] == "wall"
+
+
+def test_the_cli_fits_threads_unless_threads_is_given(tmp_path, capsys, monkeypatch, two_threads):
+    """`rawconv compare` without --threads on a machine whose CPUs are taken (a busy sample):
+    the problem runs at 1 thread and the headline and JSON say so; with --threads 2 it runs at 2
+    (what was asked for), whatever the load."""
+    from rawconv import cli
+
+    busy = bench.LoadReport(0.3, 2, 2, 2.0, 0.0, 4.0)
+    monkeypatch.setattr(bench, "sample_load", lambda s=0.3, t=None: busy)
+    monkeypatch.setattr(bench.LoadMonitor, "report", lambda self: busy)
+    monkeypatch.setattr(bench, "usable_cpus", lambda: 2)
+    for extra, want in (([], 1), (["--threads", "2"], 2)):
+        out = tmp_path / f"run{want}.json"
+        code = cli.main(["compare", "mb1ic32ih32oc32oh32kh3ph1", "--device", "cpu", "--iterations", "2", "--warmup",
+                         "0", "--budget", "0.05", "--no-ref", "--quiet", "--confirm-rounds", "2", "--width", "250",
+                         "--json", str(out)] + extra)
+        assert code == 0
+        text = capsys.readouterr().out
+        data = json.loads(out.read_text())
+        assert {r["extra"]["threads"]["threads"] for r in data["rows"]} == {want}
+        assert data["summary"]["threads"]["used"] == [want]
+        if want == 1:
+            assert "timed at 1 thread(s), not 2, on 1 of 1 problem(s)" in text
+            assert "each problem is timed at the thread count that fits" in text
+        else:
+            assert "timed at 1 thread" not in text and "(--threads 1 or a quiet machine)" in text

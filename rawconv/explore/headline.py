@@ -36,12 +36,16 @@ def _threads_line(t: dict | None) -> list[str]:
     own = [b for b in bes if b != "Mkldnn"]
     torch_note = (f"; at {n} thread(s) torch's call ran its own {', '.join(own)} on "
                   f"{sum(bes[b] for b in own)} of them, oneDNN on the rest" if own else "")
+    cpu_note = ("; a one-thread call is timed by its thread's CPU time, which leaves out the other processes' "
+                "time slices" if 1 in used else "")
     again = t.get("retimed_problems") or 0
     again = f" ({again} timed again so: the CPUs were taken while they ran at {t['requested']})" if again else ""
     return [f"  timed at {n} thread(s), not {t['requested']}, on {t['reduced_problems']} of {t['problems']} "
             f"problem(s){again}: the machine could not give {t['requested']} CPUs{busy}, so torch's call and rawconv's "
             f"ran at {n} alike (an OpenMP call of more threads than free CPUs waits a scheduler slice at each "
-            f"of its joins: its time would count its joins, not its work){torch_note}; these are {n}-thread "
+            f"of its joins: its time would count its joins, not its work)"
+            f"{cpu_note}"
+            f"{torch_note}; these are {n}-thread "
             f"figures, a quiet machine at {t['requested']} threads gives its own (--threads "
             f"{t['requested']} times at {t['requested']} regardless)"]
 
