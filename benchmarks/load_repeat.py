@@ -107,6 +107,8 @@ def compare_run(label: str, args, extra: list) -> dict:
             # the problems whose headline rows had clean rounds (a set that changes from run to run)
             "clean_only": {name: (s.get(key + "_clean"), s.get(key + "_clean_interval")) for name, key in KEYS},
             "trustworthy": s.get("timings_trustworthy"),
+            # the thread counts the problems were timed at (fewer than asked where the machine could not give them)
+            "threads": s.get("threads"),
             # per problem, what moves between runs: the best of N's name, its confirmed ratio and interval
             "per_problem": [{k: p.get(k) for k in PER_PROBLEM_KEYS} for p in s.get("per_problem") or []]}
 
@@ -211,6 +213,10 @@ def main(argv=None) -> int:
               f"{r['loadavg_after']}; other processes kept {other if other is None else f'{other:.1f}'} of "
               f"{m.get('cpus')} CPUs busy while it timed; {r['flagged_rows']} of {r['timed_rows']} timed rows "
               f"flagged; headline {'trusted' if r['trustworthy'] else 'marked UNRELIABLE'}")
+        t = r.get("threads")
+        if t:
+            print(f"    threads: {t['requested']} asked for; timed at {'/'.join(map(str, t['used']))} "
+                  f"({t['reduced_problems']} of {t['problems']} problems at fewer)")
         for line in r["headline"]:
             print(f"    {line}")
         print("    best of N per problem: " + ", ".join(f"{k} {v}" for k, v in r["best"].most_common()))

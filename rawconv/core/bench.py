@@ -382,6 +382,63 @@ def suggested_threads(report: LoadReport) -> int:
     return max(1, min(report.threads, report.cpus - math.ceil((other or 0) - OVERSUBSCRIBED_SLACK)))
 
 
+def sample_load(seconds: float = 0.3, threads: int | None = None) -> LoadReport:
+    """What the rest of the machine does while we do nothing: a :class:`LoadMonitor` over
+    ``seconds`` of sleep (``threads``: the count the report judges; default torch's)."""
+    mon = LoadMonitor(threads)
+    time.sleep(seconds)
+    return mon.report()
+
+
+@dataclass(frozen=True)
+class ThreadFit:
+    """:func:`fit_threads`'s answer: ``threads`` to time with, ``requested`` the count asked for,
+    ``report`` the load it was judged on (None: not judged)."""
+
+    requested: int
+    threads: int
+    report: LoadReport | None
+
+    @property
+    def reduced(self) -> bool:
+        """The machine could not give ``requested`` threads: fewer are used."""
+        return self.threads < self.requested
+
+    def describe(self) -> str:
+        """e.g. ``1 thread, not 2: other processes kept 2.0 of 2 CPUs busy``."""
+        if not self.reduced:
+            return f"{self.threads} thread{'s' if self.threads != 1 else ''}"
+        why = self.report.describe(timing=False) if self.report is not None else ""
+        return (f"{self.threads} thread{'s' if self.threads != 1 else ''}, not {self.requested}"
+                + (f": {why}" if why else ""))
+
+    def as_dict(self) -> dict:
+        return {"requested": self.requested, "threads": self.threads, "reduced": self.reduced,
+                "load": self.report.as_dict() if self.report is not None else None}
+
+
+def fit_threads(requested: int, report: LoadReport | None) -> ThreadFit:
+    """The thread count that fits beside the other processes of ``report``
+    (:func:`suggested_threads` judged at ``requested`` threads): ``requested`` when they leave
+    room for it (or nothing is known of them), fewer otherwise, at least 1.
+
+    Why: an OpenMP call of k threads joins its threads at the end of each parallel region (oneDNN:
+    one per reorder and one per convolution). When the CPUs are taken, a thread waits at each join
+    for its partner to get a CPU back, a whole scheduler slice: beside two spinning processes on 2
+    cores, a 1.5-3 ms ResNet-50 layer at 2 threads took 60-100 ms (torch's call and oneDNN's first
+    choice: 4 parallel regions, 8 context switches per call) and ``x64:gemm:jit`` 15-28 ms (one
+    region, 2 switches), while every row at 1 thread took 1.4-2.9 ms, as on a quiet machine
+    (``benchmarks/diag_load_threads.py``). Timing both sides at the count that fits measures
+    the code; timing at the count asked for measures how many joins a call has."""
+    requested = max(1, int(requested))
+    if report is None or requested == 1 or not report.other_cpus_known:
+        return ThreadFit(requested, requested, report)
+    import dataclasses
+
+    return ThreadFit(requested, suggested_threads(dataclasses.replace(report, threads=requested, waited=None)),
+                     report)
+
+
 def load_hint(report: LoadReport, hint: str | None = None) -> str:
     """What to do about an oversubscribed ``report``: ``hint`` with ``{threads}`` replaced by
     :func:`suggested_threads` (default ``"torch.set_num_threads({threads}) or a quiet machine"``),
@@ -434,28 +491,50 @@ ROUNDS_DISAGREE = 0.25
 @dataclass(frozen=True)
 class Clock:
     """Where :func:`time_rounds` reads its times (seconds): ``wall`` (``time.perf_counter``),
-    ``cpu`` (``time.process_time``: CPU time of every thread of this process) and ``wait`` (the
-    run-queue time of this process's threads, :func:`_self_wait_seconds`, or None). Tests pass a
-    fake one."""
+    ``cpu`` (``time.process_time``: CPU time of every thread of this process), ``wait`` (the
+    run-queue time of this process's threads, :func:`_self_wait_seconds`, or None) and ``own``
+    (``time.thread_time``: CPU time of the calling thread, read for ``time_rounds(one_thread=True)``).
+    Tests pass a fake one."""
 
     wall: Callable[[], float] = time.perf_counter
     cpu: Callable[[], float] = time.process_time
     wait: Callable[[], float | None] = None   # type: ignore[assignment]  (the schedstat reader)
+    own: Callable[[], float] = time.thread_time
+
+
+#: ``time_rounds(one_thread=True)``: a call's time is the CPU time of the calling thread when the
+#: process's CPU time during it was at most this factor of it (plus :data:`CLEAN_SLACK_S`): no other
+#: thread of ours worked, so the calling thread did the whole call.
+ONE_THREAD_CPU = 1.1
 
 
 @dataclass(frozen=True)
 class Call:
-    """One timed call: ``wall_s`` (wall time), ``cpu_s`` (CPU time of this process, all threads)
-    and ``wait_s`` (time our threads waited for a CPU; None where the OS does not say)."""
+    """One timed call: ``wall_s`` (wall time), ``cpu_s`` (CPU time of this process, all threads),
+    ``wait_s`` (time our threads waited for a CPU; None where the OS does not say) and
+    ``own_s``: set only for a call timed on one thread (``time_rounds(one_thread=True)``) during
+    which no other thread of ours worked, the calling thread's CPU time, which is then the
+    call's time (:attr:`time_s`): the work of its one thread, without the time it spent
+    descheduled (on a quiet machine the two agree)."""
 
     wall_s: float
     cpu_s: float
     wait_s: float | None
+    own_s: float | None = None
+
+    @property
+    def time_s(self) -> float:
+        """The call's time: ``own_s`` where set, else ``wall_s``."""
+        return self.own_s if self.own_s is not None else self.wall_s
 
     @property
     def clean(self) -> bool:
-        """Our threads did not wait for a CPU during it (:data:`CLEAN_WAIT`); without run-queue
-        times, its CPU time was at least :data:`CPU_SHARE_MIN` of its wall time."""
+        """Its time holds no wait for a CPU: a call timed by its one thread's CPU time
+        (``own_s``) always; otherwise our threads did not wait for a CPU during it
+        (:data:`CLEAN_WAIT`), or, without run-queue times, its CPU time was at least
+        :data:`CPU_SHARE_MIN` of its wall time."""
+        if self.own_s is not None:
+            return True
         if self.wait_s is None:
             return self.cpu_s >= CPU_SHARE_MIN * self.wall_s
         return self.wait_s <= CLEAN_WAIT * self.wall_s + CLEAN_SLACK_S
@@ -495,11 +574,12 @@ class Timed:
         return sum(bool(rnd) for rnd in self.rounds)
 
     def round_ms(self) -> list[float]:
-        """Per round, in ms: its fastest clean call, else (every call waited) its fastest call."""
+        """Per round, in ms: its fastest clean call, else (every call waited) its fastest call
+        (:attr:`Call.time_s`)."""
         out = []
         for rnd in self.rounds:
-            clean = [c.wall_s for c in rnd if c.clean]
-            out.append(1e3 * min(clean or [c.wall_s for c in rnd]) if rnd else float("nan"))
+            clean = [c.time_s for c in rnd if c.clean]
+            out.append(1e3 * min(clean or [c.time_s for c in rnd]) if rnd else float("nan"))
         return out
 
     @property
@@ -511,7 +591,7 @@ class Timed:
         most rounds had a clean call); ``min_ms``: the fastest call; ``mean_ms``: the mean of
         every call; ``runs``: the number of calls."""
         per = self._used_round_ms()
-        walls = [c.wall_s * 1e3 for c in self.calls]
+        walls = [c.time_s * 1e3 for c in self.calls]
         if not walls:
             nan = float("nan")
             return TimeStats(nan, nan, nan, 0)
@@ -572,9 +652,12 @@ class Timed:
         """JSON-friendly: rounds, per-round ms and cleanliness, calls, clean calls, median wall and
         CPU ms per call, the waited share and :meth:`flags`."""
         wall, cpu = self.wall_cpu_ms()
+        own = sum(c.own_s is not None for c in self.calls)
         return {"rounds": self.timed_rounds, "round_ms": self.round_ms(), "round_clean": self.round_clean(),
                 "calls": len(self.calls), "clean_calls": sum(c.clean for c in self.calls),
-                "wall_ms": wall, "cpu_ms": cpu, "waited_share": self.waited_share(), "flags": self.flags()}
+                "wall_ms": wall, "cpu_ms": cpu, "waited_share": self.waited_share(), "flags": self.flags(),
+                # what a call's time is: "wall" time, or its one thread's CPU time ("thread CPU"; "mixed": some)
+                "measure": "wall" if not own else "thread CPU" if own == len(self.calls) else "mixed"}
 
 
 @dataclass(frozen=True)
@@ -644,7 +727,7 @@ def round_plan(iterations: int, max_rounds: int = MAX_ROUNDS) -> tuple[int, int]
 
 def time_rounds(candidates, *, rounds: int = 5, calls: int = 2, retries: int | None = None, warmup: int = 1,
                 budget_s: float | None = None, min_rounds: int = 3, sit_out: bool = True, pairs: bool = False,
-                clock: Clock | None = None) -> dict[str, Timed]:
+                one_thread: bool = False, clock: Clock | None = None) -> dict[str, Timed]:
     """Time several callables in interleaved rounds: ``candidates`` maps a name to ``fn`` or to
     ``(fn, setup)`` (``setup()`` runs untimed before the candidate's calls in each round, e.g. a
     plan's ``select``). After ``warmup`` untimed calls each, every round calls each candidate in
@@ -659,7 +742,12 @@ def time_rounds(candidates, *, rounds: int = 5, calls: int = 2, retries: int | N
     measured). With ``pairs``, rounds ``2m`` and ``2m + 1`` share an order (it rotates every
     two rounds), so that the odd and the even rounds (:func:`pick`) see the same orders. Each call
     records wall time (``time.perf_counter``), process CPU time
-    (``time.process_time``) and the time our threads waited for a CPU (schedstat). Returns
+    (``time.process_time``) and the time our threads waited for a CPU (schedstat). With
+    ``one_thread`` (the candidates run on one thread: ``torch.set_num_threads(1)``), also the
+    calling thread's CPU time (``time.thread_time``), which becomes the call's time where no
+    other thread of ours worked during it (:attr:`Call.own_s`): on a busy machine a one-thread
+    call is descheduled now and then, and its wall time then counts the other processes' time
+    slices; its thread's CPU time counts its own work only. Returns
     ``{name: Timed}`` in the order given (:meth:`Timed.stats`, :func:`ratio`,
     :meth:`Timed.flags`). Raises ValueError for ``rounds`` or ``calls`` below 1."""
     if rounds < 1 or calls < 1:
@@ -699,12 +787,15 @@ def time_rounds(candidates, *, rounds: int = 5, calls: int = 2, retries: int | N
             while True:
                 w0 = wait()
                 c0 = clk.cpu()
+                o0 = clk.own() if one_thread else 0.0
                 t0 = clk.wall()
                 fn()
                 t1 = clk.wall()
+                o1 = clk.own() if one_thread else 0.0
                 c1 = clk.cpu()
                 w1 = wait()
-                call = Call(t1 - t0, c1 - c0, (w1 - w0) if w0 is not None and w1 is not None else None)
+                own = o1 - o0 if one_thread and c1 - c0 <= ONE_THREAD_CPU * (o1 - o0) + CLEAN_SLACK_S else None
+                call = Call(t1 - t0, c1 - c0, (w1 - w0) if w0 is not None and w1 is not None else None, own)
                 got.append(call)
                 clean += call.clean
                 spent += call.wall_s

@@ -193,9 +193,10 @@ def _add_compare(sub) -> None:
                         f"free of the winner's curse (default "
                         f"{CONFIRM_ROUNDS}; 0: none, the headline then says its best-of-N was picked on its timings)")
     c.add_argument("--threads", type=_thread_count, default=None,
-                   help="torch/oneDNN threads (default: the CPUs this process may use, from its affinity mask and "
-                        "cgroup quota, capped by torch's thread count, which OMP_NUM_THREADS sets; more would "
-                        "oversubscribe the machine; at most 8 per CPU, at least 64)")
+                   help="torch/oneDNN threads for every problem (default: the CPUs this process may use, from its "
+                        "affinity mask and cgroup quota, capped by torch's thread count, which OMP_NUM_THREADS sets; "
+                        "more would oversubscribe the machine; and a problem is timed at fewer, torch's call and "
+                        "rawconv's alike, where other processes leave fewer CPUs free; at most 8 per CPU, at least 64)")
     c.add_argument("--json", help="also write the results as JSON to this file")
     c.add_argument("--csv", help="also write the rows as CSV to this file (rawconv.results.ResultTable.to_csv)")
     c.add_argument("--plot", help="also plot the results to this image file (PNG, SVG, PDF: by its extension): "

@@ -73,7 +73,8 @@ def cmd_compare(args) -> int:
                                libs=libs, include_ref=include_ref, ref_max_s=args.ref_limit, on_problem=show,
                                progress=False if args.quiet else None, engines=args.engines,
                                allow_known_bad=args.allow_known_bad, confirm_rounds=args.confirm_rounds,
-                               isolate={"timeout_s": args.timeout} if args.isolate else None)
+                               isolate={"timeout_s": args.timeout} if args.isolate else None,
+                               fit_threads=args.threads is None)
         recs = (cmp.records(all_rows, problems, fpmath=args.fpmath, allow_known_bad=args.allow_known_bad, hint=hint)
                 if args.record else [])
     s = cmp.summary(all_rows, hint=hint)
@@ -135,7 +136,14 @@ def _compare_header(console, args, problems: list, libs, nthreads: int, meta: di
                       + ("" if args.no_prepack else ", and rows marked (prepacked) use a copy reordered once "
                          "(--no-prepack leaves those out)"), style="dim")
     if any(p.device == "cpu" for p in problems):
-        meta["machine_before"] = _warn_if_busy(console, nthreads, hint)
+        fitting = args.threads is None and nthreads > 1
+        meta["machine_before"] = _warn_if_busy(
+            console, nthreads, f"each problem is timed at the thread count that fits; a quiet machine for "
+                               f"{nthreads}-thread figures" if fitting else hint)
+        if fitting:
+            console.print(f"a problem is timed at fewer than {nthreads} threads, torch's call and rawconv's alike, "
+                          "where other processes leave fewer CPUs free (judged before it; the summary says which "
+                          "and why); --threads N times at N regardless", style="dim")
         from ..onednn import INLINE_FLOPS
 
         small = [p for p in problems if p.device == "cpu" and p.flops < INLINE_FLOPS]

@@ -129,24 +129,57 @@ def compare_problem(problem: ConvProblem, *, x=None, w=None, b=None, iterations:
 
 
 def compare(problems: list[ConvProblem], *, photo_first: bool = True, progress: bool | None = None,
-            on_problem: Callable[[ConvProblem, list[Row]], None] | None = None, **kw) -> ResultTable:
+            on_problem: Callable[[ConvProblem, list[Row]], None] | None = None, fit_threads: bool = False,
+            **kw) -> ResultTable:
     """:func:`compare_problem` over a list (``kw``: its keyword arguments, e.g. ``direction``,
     ``prepack``); the first 2-D problem with 3 input channels gets the real photo when
     ``photo_first``. ``on_problem(problem, rows)`` is called after each.
     ``progress``: a tqdm bar over the problems naming the current layer and candidate (None:
-    when stderr is a terminal or in a Jupyter kernel; see :mod:`rawconv._progress`). Returns a
+    when stderr is a terminal or in a Jupyter kernel; see :mod:`rawconv._progress`).
+    ``fit_threads``: before each CPU problem, judge what the other processes left us (over the
+    previous problem, or a 0.3 s sample before the first) and, where the caller's thread count
+    (``torch.get_num_threads()``) does not fit beside them, time that problem's rows, torch's
+    call and rawconv's alike, at the count that does (:func:`rawconv.bench.fit_threads`; every
+    row's ``extra["threads"]`` says which count it ran at and why); a problem timed at the count
+    asked for while the other processes took the CPUs is timed again at the count that fits
+    (``retimed``). Returns a
     :class:`~rawconv.results.ResultTable` of every row (``.plot()``, ``_repr_html_``, exports),
     whose title names the libraries and versions compared and whose exports carry the run's
     reliability (:meth:`~rawconv.results.ResultTable.reliability`)."""
+    import torch
+
+    from ..core import bench
+
     problems = list(problems)
     direction = _canonical_direction(kw.get("direction", "forward"))
     _prepack_modes(kw.get("prepack", "both"))
     kw.setdefault("libs", libraries())
     out = []
+    requested = torch.get_num_threads()
+    load = None   # what the other processes did over the previous problem
     with _progress.bar(progress, total=len(problems), desc="compare", unit="layer") as bar:
         for i, p in enumerate(problems):
             bar.note(str(p.name or p.describe()))
-            rows = compare_problem(p, photo=photo_first and i == 0 and p.ndim == 2 and p.c == 3, **kw)
+            fit = None
+            if p.device == "cpu":
+                if fit_threads and (load is None or not load.other_cpus_known):
+                    load = bench.sample_load(0.3, requested)
+                fit = bench.fit_threads(requested, load) if fit_threads else bench.ThreadFit(requested, requested,
+                                                                                              None)
+            retimed = False
+            while True:
+                monitor = LoadMonitor(requested)
+                with threads(fit.threads if fit is not None and fit.reduced else None):
+                    rows = compare_problem(p, photo=photo_first and i == 0 and p.ndim == 2 and p.c == 3, **kw)
+                load = monitor.report()
+                if not fit_threads or fit is None or fit.reduced or not bench.fit_threads(requested, load).reduced:
+                    break
+                # the other processes took the CPUs while it ran at the count asked for: its rows timed
+                # joins, not work; once more at the count that fits
+                fit, retimed = bench.fit_threads(requested, load), True
+            if fit is not None:
+                for r in rows:
+                    r.extra["threads"] = dict(fit.as_dict(), retimed=retimed)
             out += rows
             bar.update()
             if on_problem is not None:

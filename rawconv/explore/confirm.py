@@ -85,8 +85,10 @@ def confirm(rows: list, torch_def, first, keys: dict, entry, *, calls: int, budg
     # a few rows, the headline's: every one in every round (at least one call each, however busy the
     # machine), more tries per round for a call during which our threads did not wait for a CPU
     cands = {keys[id(r)]: entry(r) for r in [torch_def] + timed_rows}
+    import torch
+
     kw = dict(rounds=confirm_rounds, calls=calls, retries=3 * calls, budget_s=budget_s, min_rounds=confirm_rounds,
-              sit_out=False, pairs=split)
+              sit_out=False, pairs=split, one_thread=torch.get_num_threads() == 1)
     again = bench.time_rounds(cands, warmup=1, **kw)
     base = again[keys[id(torch_def)]]
 

@@ -24,6 +24,32 @@ def _rounds_said(s: dict) -> str:
     return f"{lo}" if lo == hi else f"{lo}-{hi}"
 
 
+def _threads_line(t: dict | None) -> list[str]:
+    """The line that says the problems were timed at fewer threads than asked for, and why."""
+    if not t or not t.get("reduced_problems"):
+        return []
+    used = [n for n in t["used"] if n < t["requested"]]
+    n = "/".join(str(v) for v in used)
+    other = t.get("other_cpus")
+    busy = f" (other processes kept up to {other:.1f} CPUs busy)" if other is not None else ""
+    bes = t.get("torch_backends_reduced") or {}
+    own = [b for b in bes if b != "Mkldnn"]
+    torch_note = (f"; at {n} thread(s) torch's call ran its own {', '.join(own)} on "
+                  f"{sum(bes[b] for b in own)} of them, oneDNN on the rest" if own else "")
+    cpu_note = ("; a one-thread call is timed by its thread's CPU time, which leaves out the other processes' "
+                "time slices" if 1 in used else "")
+    again = t.get("retimed_problems") or 0
+    again = f" ({again} timed again so: the CPUs were taken while they ran at {t['requested']})" if again else ""
+    return [f"  timed at {n} thread(s), not {t['requested']}, on {t['reduced_problems']} of {t['problems']} "
+            f"problem(s){again}: the machine could not give {t['requested']} CPUs{busy}, so torch's call and rawconv's "
+            f"ran at {n} alike (an OpenMP call of more threads than free CPUs waits a scheduler slice at each "
+            f"of its joins: its time would count its joins, not its work)"
+            f"{cpu_note}"
+            f"{torch_note}; these are {n}-thread "
+            f"figures, a quiet machine at {t['requested']} threads gives its own (--threads "
+            f"{t['requested']} times at {t['requested']} regardless)"]
+
+
 def headline(s: dict) -> list[str]:
     """The summary's ratios as lines that say what each side did, each with its interval from the
     rounds, and mark a best-of-N selection as such: confirmed on fresh rounds (the figure then
@@ -47,6 +73,7 @@ def headline(s: dict) -> list[str]:
     how = ("time per call, ratio taken within each interleaved round, median over rounds" if rounds
            else "median time")
     out = [f"torch default / rawconv{dirn}, {how}, geometric mean over {total} problem(s){mark}:"]
+    out += _threads_line(s.get("threads"))
     if rounds and clean < total:
         out.append(f"  {'no figure to trust: ' if 2 * clean < total else ''}{total - clean} of {total} problems' "
                    "headline rows waited for a CPU in most of their fresh rounds: their ratios say which "

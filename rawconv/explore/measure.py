@@ -302,7 +302,9 @@ def _time_rounds(problem: ConvProblem, rows: list[Row], *, iterations: int, warm
     in ``confirm_rounds`` fresh rounds, more where ratios spread; the best of N is chosen among
     those few on half of the fresh rounds and its figure taken from the other half (free of the
     winner's curse, and of the luck of these rounds' order); ``extra["confirmed"]`` holds what
-    the fresh rounds measured. Returns None."""
+    the fresh rounds measured. On one thread (``torch.get_num_threads() == 1``: ``--threads 1``,
+    or a problem :func:`rawconv.compare.compare` times at one thread on a busy machine) a call's
+    time is its thread's CPU time (``time_rounds(one_thread=True)``). Returns None."""
     from ..core import bench
 
     pend = [(str(i), r) for i, r in enumerate(rows) if getattr(r, "_pending", None) is not None]
@@ -323,7 +325,7 @@ def _time_rounds(problem: ConvProblem, rows: list[Row], *, iterations: int, warm
     monitor = LoadMonitor()
     try:
         timed = bench.time_rounds({k: entry(r) for k, r in pend}, rounds=rounds, calls=calls, warmup=min(warmup, 1),
-                                  budget_s=budget_s)
+                                  budget_s=budget_s, one_thread=torch.get_num_threads() == 1)
         machine = monitor.report().as_dict()
         keys = {id(r): k for k, r in pend}
         torch_def = next((r for r in rows if r.torch_default and id(r) in keys), None)

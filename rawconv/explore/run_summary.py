@@ -158,7 +158,40 @@ def summary(rows: list[Row], *, hint: str | None = None) -> dict:
             "libraries": sorted({r.library for r in rows if r.library}),
             "timings_trustworthy": not warn, "timing_warnings": warn,
             "machine": report.as_dict() if report is not None else None,
+            "threads": _threads_used(by_problem),
             "per_problem": per}
+
+
+def _threads_used(by_problem: dict) -> dict | None:
+    """The thread counts the problems were timed at (``extra["threads"]``, from
+    :func:`rawconv.compare.compare`): ``requested``, ``used`` (the counts, sorted),
+    ``reduced_problems`` (timed at fewer threads than requested because other processes kept the
+    CPUs busy), ``problems`` (those that say), ``torch_backends_reduced`` (torch's backend in those,
+    by count: at 1 thread torch runs 1x1 convolutions on its own Slow2d, not oneDNN),
+    ``retimed_problems`` (timed again at fewer threads: the CPUs were taken while they ran at the
+    count asked for) and
+    ``other_cpus`` (the most CPUs other processes kept busy in the loads judged). None when no
+    row says."""
+    fits = {}
+    backends: dict = {}
+    for name, rs in by_problem.items():
+        t = next((r.extra["threads"] for r in rs if isinstance(r.extra.get("threads"), dict)), None)
+        if t is None:
+            continue
+        fits[name] = t
+        if t.get("reduced"):
+            d = next((r.detail for r in rs if r.backend == "torch" and r.implementation == "default"), "")
+            be = (d or "?").split(";")[0].split(" ")[0]
+            backends[be] = backends.get(be, 0) + 1
+    if not fits:
+        return None
+    other = [t["load"]["other_cpus"] for t in fits.values()
+             if t.get("reduced") and isinstance(t.get("load"), dict) and t["load"].get("other_cpus") is not None]
+    return {"requested": max(t["requested"] for t in fits.values()),
+            "used": sorted({t["threads"] for t in fits.values()}),
+            "reduced_problems": sum(bool(t.get("reduced")) for t in fits.values()), "problems": len(fits),
+            "retimed_problems": sum(bool(t.get("retimed")) for t in fits.values()),
+            "torch_backends_reduced": backends, "other_cpus": max(other) if other else None}
 
 
 def _confirmed_ratio(r: Row | None, weights: str | None = None) -> dict | None:
