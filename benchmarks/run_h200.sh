@@ -74,7 +74,7 @@ for s in "$@"; do
     zoo-gpu-2) step zoo-gpu-2 ${T_ZOO:-420} python3 benchmarks/zoo.py --models ${ZOO_MODELS:-regnety_016,convnext_tiny,unet} \
         --json "$OUT/zoo_gpu_2.json" --markdown ;;
     zoo-dw) step zoo-dw ${T_ZOO:-300} python3 benchmarks/zoo.py --depthwise --json "$OUT/zoo_gpu_depthwise.json" --markdown ;;
-    zoo-cpu) step zoo-cpu ${T_ZOOC:-420} taskset -c 0-7 python3 benchmarks/zoo.py --device cpu --threads 8 \
+    zoo-cpu) step zoo-cpu ${T_ZOOC:-420} taskset -c 0-7 python3 benchmarks/zoo.py --device cpu --threads 8 --isolate \
         --models ${ZOO_CPU_MODELS:-resnet50,efficientnet_b0,mobilenetv3_large_100,convnext_tiny,regnety_016} ${ZOO_CPU_ARGS:-} \
         --json "$OUT/zoo_cpu.json" --markdown ;;
     nan-guard-cpu) step nan-guard-cpu ${T_NG:-240} taskset -c 8-15 python3 benchmarks/bench_nan_guard.py --threads 8 ;;

@@ -1072,6 +1072,10 @@ def parse(argv=None):
     ap.add_argument("--layers", action="store_true",
                     help="print convert's per-layer table (rawconv's and torch's pick, both times; always in --json)")
     ap.add_argument("--traceback", action="store_true", help="print each exception's traceback")
+    ap.add_argument("--isolate", action="store_true",
+                    help="run each model in a process of its own (a crash, as a segmentation fault, then is one "
+                         "ERROR row with the signal, not the end of the run; Python's faulthandler prints where)")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)   # (--isolate's child: no tables)
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: torch sees no CUDA device")
@@ -1093,6 +1097,58 @@ def parse(argv=None):
     return args
 
 
+def _without(argv: list, flag: str, takes_value: bool) -> list:
+    """``argv`` without ``flag`` (and its value): ``--flag v`` and ``--flag=v`` alike."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == flag:
+            skip = takes_value
+        elif not a.startswith(flag + "="):
+            out.append(a)
+    return out
+
+
+def run_isolated(spec: Spec, argv: list, run: Run) -> None:
+    """:func:`run_model` (and the training step) of ``spec`` in a child process (``--isolate``): the
+    same options, this model alone, its rows read back from its JSON. A child that dies (a signal, a
+    non-zero exit) becomes one ERROR row naming the signal and the child's last progress line;
+    its output (faulthandler's traceback included) is passed through as it comes."""
+    import signal
+    import subprocess
+    import tempfile
+
+    args = _without(_without(_without(list(argv), "--models", True), "--json", True), "--isolate", False)
+    args = _without(_without(args, "--markdown", False), "--layers", False)
+    with tempfile.TemporaryDirectory() as tmp:
+        js = os.path.join(tmp, "rows.json")
+        cmd = [sys.executable, "-X", "faulthandler", os.path.abspath(__file__), *args, "--models", spec.name,
+               "--json", js, "--child"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        last = ""
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+            if line.startswith("["):   # (a progress line: where the child was, not faulthandler's module list)
+                last = line.strip()
+        rc = proc.wait()
+        got = None
+        if os.path.exists(js):
+            with open(js) as f:
+                got = json.load(f)
+    if got is not None:
+        run.rows.extend(r for r in got["rows"])
+        run.skipped.extend(got["skipped"])
+        run.models.update(got["models"])
+    if rc != 0:
+        why = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit status {rc}"
+        run.add({"model": spec.name, "variant": "run", "status": "ERROR",
+                 "note": f"the model's process died ({why}); its last progress line: {last[:160]}"})
+        run.log(f"{spec.name}: ERROR the model's process died ({why})")
+    else:
+        run.save()
+
+
 def main(argv=None) -> dict:
     args = parse(argv)
     if args.device == "cpu":
@@ -1110,6 +1166,9 @@ def main(argv=None) -> dict:
                 print("\n" + depthwise_text(run.depthwise, markdown=True), flush=True)
         else:
             for spec in args.specs:
+                if args.isolate:
+                    run_isolated(spec, argv if argv is not None else sys.argv[1:], run)
+                    continue
                 try:
                     run_model(spec, args, run)
                 except Exception as exc:   # noqa: BLE001  (never let one model end the run)
@@ -1119,6 +1178,9 @@ def main(argv=None) -> dict:
                         traceback.print_exc()
                     _free(args.device)
             res = run.result()
+            if args.child:
+                run.save()
+                return res
             print(table_text(res), flush=True)
             if args.markdown:
                 print("\n" + markdown_pivot(res), flush=True)

@@ -274,3 +274,33 @@ def test_zoo_reports_a_failing_variant_as_error(monkeypatch, capsys):
         assert st[(m, "eager")][0] == "ok"
         assert st[(m, "rawconv")] == ("ERROR", "convert: InternalError: rawconv.nn.convert: unexpected AttributeError")
     assert "ERROR: 2" in capsys.readouterr().out
+
+
+def test_zoo_isolate_runs_each_model_in_its_own_process_and_survives_a_crash(monkeypatch, capsys):
+    """--isolate: a model's rows come back from its child process; a child killed by a signal (as the
+    Xeon's CPU zoo was by a segmentation fault, 2026-12-08) is one ERROR row naming the signal and its
+    last progress line, and the next model still runs."""
+    import signal
+    import subprocess
+
+    zoo = _zoo()
+    real = subprocess.Popen
+
+    def popen(cmd, **kw):   # m5's child crashes as a segfault would; the others run for real
+        if "m5" in cmd[cmd.index("--models") + 1]:
+            cmd = [sys.executable, "-c", "import os, signal; print('[00:00:00 +  0.1s] m5 eager: ready', "
+                   "flush=True); os.kill(os.getpid(), signal.SIGSEGV)"]
+        return real(cmd, **kw)
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    argv = ["--device", "cpu", "--batch", "1", "--threads", "1", "--size", "32", "--models", "m5,convt_decoder",
+            "--variants", "eager,rawconv", "--rounds", "1", "--no-train", "--no-autotune", "--isolate"]
+    threads = torch.get_num_threads()
+    try:
+        res = zoo.main(argv)
+    finally:
+        torch.set_num_threads(threads)
+    st = {(r["model"], r["variant"]): (r["status"], r["note"]) for r in res["rows"]}
+    assert st[("m5", "run")][0] == "ERROR"
+    assert signal.SIGSEGV.name in st[("m5", "run")][1] and "m5 eager: ready" in st[("m5", "run")][1]
+    assert st[("convt_decoder", "eager")][0] == "ok" and st[("convt_decoder", "rawconv")][0] == "ok"
+    assert "ERROR: 1 (m5/run)" in capsys.readouterr().out
