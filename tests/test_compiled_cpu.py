@@ -132,3 +132,47 @@ def test_a_nan_made_in_a_compiled_graph_between_two_fused_convolutions_stays_nan
                                                                     int(torch.isnan(want).sum()))
             fin = torch.isfinite(want)
             torch.testing.assert_close(y[fin], want[fin], rtol=1e-5, atol=1e-5)
+
+
+def test_eager_and_compiled_calls_of_an_autotuned_model_share_each_layers_plan():
+    """convert(fuse=True, autotune=x): the eager call resolves each layer's autotuned choice when its
+    plan is made, the compiled graph passes it to the operator; both reach the same plan (one weight
+    snapshot reordered per layer, not one per way of calling), and give the same results."""
+    from rawconv.onednn.fused import FusedConvolution
+    from rawconv.pytorch import fused as fu, fusion as _fusion
+
+    m = _chain().to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 12, 12).to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        rm = rnn.convert(m, fuse=True, autotune=x, autotune_budget_s=0.05)
+    frozen = [mod for mod in rm.modules() if fu.FROZEN_WEIGHT in mod._buffers]
+    assert len(frozen) == 5
+    for mod in frozen:   # every layer fused (what convert measured unfused runs its own choice either way)
+        mod.__dict__.pop(_fusion.UNFUSED_ATTR, None)
+    c, code = _compiled(rm, x)
+    fu._clear_frozen_plans()   # the plans made from here on: by the compiled calls first, then the eager ones
+    assert re.search(r"rawconv\.conv_bias_act\w*\.default\([^)]*'[\w:@]+', 'strict'\)", code), \
+        "the compiled graph passes no autotuned choice: nothing to check"
+    with torch.no_grad():
+        c(x)
+    snaps = []
+    orig = FusedConvolution._snapshot
+
+    def counting(self, *a, **k):
+        snaps.append(self)
+        return orig(self, *a, **k)
+
+    FusedConvolution._snapshot = counting
+    try:
+        with torch.no_grad():
+            outs = [c(x), rm(x), c(x), rm(x)]
+    finally:
+        FusedConvolution._snapshot = orig
+    assert snaps == [], f"{len(snaps)} weight snapshots taken by the eager calls after the compiled call's"
+    for mod in frozen:
+        plans = {id(p) for p in mod.__dict__[fu._FROZEN_PLANS].values()}
+        assert len(plans) == 1, (mod, list(mod.__dict__[fu._FROZEN_PLANS]))
+    want = m.double()(x.double())
+    for y in outs:
+        torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(outs[0], outs[1])

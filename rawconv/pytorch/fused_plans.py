@@ -195,10 +195,14 @@ def _run_frozen(plans: dict, x, w, bias, residual, stride, pad, dilation, groups
         # nothing chosen: oneDNN's first choice, on the tensors' own layouts when it offers that kernel
         # there too (no reorder of x and y on every call: FusedConvolution.first_without_data_reorders)
         index = generic.selected.index if choice is not None else generic.first_without_data_reorders()
-        plan = FusedConvolution.for_problem(generic.problem, residual=generic.residual, activation=activation,
-                                            impl=index, fpmath=precision,
-                                            w_layout=onednn.weights_layout(w), prepack=True)
-        plan._op_format = _out_format(x, w)
+        ident = None if key is None else key[:12] + (index,) + key[13:]   # the choice as the implementation run
+        plan = _twin(plans, ident, w)
+        if plan is None:
+            plan = FusedConvolution.for_problem(generic.problem, residual=generic.residual, activation=activation,
+                                                impl=index, fpmath=precision,
+                                                w_layout=onednn.weights_layout(w), prepack=True)
+            plan._op_format = _out_format(x, w)
+            plan._frozen_ident = ident
         if key is not None:
             if len(plans) >= _FROZEN_MAX:
                 plans.pop(next(iter(plans)))
@@ -212,6 +216,21 @@ def _run_frozen(plans: dict, x, w, bias, residual, stride, pad, dilation, groups
         plan._snapshot(w, copy=False)
         plan._frozen_version = version
     return _in_format(plan.run(x, None, bias, residual, inplace=residual_inplace), plan._op_format)
+
+
+def _twin(plans: dict, ident, w):
+    """The plan a frozen module already made for the same problem and implementation under another
+    spelling of its choice, or None. Its eager calls pass no choice (the autotuned one is resolved
+    when the plan is made) while under torch.compile the choice is resolved when the model is traced
+    and passed on: without this, each layer kept two plans, and two reordered copies of its weights,
+    when run both ways. Only a plan whose weight snapshot is ``w`` itself is shared (else each call
+    would take its snapshot again)."""
+    if ident is None:
+        return None
+    for p in plans.values():
+        if getattr(p, "_frozen_ident", None) == ident and not p._freed and p._snap is not None and p._snap[0] is w:
+            return p
+    return None
 
 
 def _run(x, w, bias, residual, stride, padding, dilation, groups, activation, backend, choice, precision,
