@@ -107,6 +107,10 @@ def test_compare_times_both_sides_at_the_count_that_fits(monkeypatch, two_thread
     assert f"timed at 1 thread(s), not {requested}, on 1 of 2 problem(s)" in text
     assert "torch's call and rawconv's ran at 1 alike" in text and "its own Slow2d on 1 of them" in text
     assert "a one-thread call is timed by its thread's CPU time" in text
+    # the tuning records say the count each problem was timed at (replay runs it so), min never above median
+    recs = {r.label: r for r in compare.records(rows, _problems())}
+    assert recs["one"].key.options["threads"] == 1 and recs["three"].key.options["threads"] == requested
+    assert all(r.min_ms <= r.median_ms for r in recs.values())
     # quiet before, busy while it ran at the count asked for: timed again at the count that fits
     seen.clear()
     monkeypatch.setattr(bench, "sample_load", lambda s=0.3, t=None: bench.LoadReport(0.3, 2, requested, 0.0, 0.0, 0.2))

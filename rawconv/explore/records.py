@@ -62,10 +62,11 @@ def records(rows: Iterable[Row], problems: Iterable[ConvProblem], *, fpmath: str
     the fields; rows name it), the rows' direction, the candidate's stable name
     (``row.choice``: ``"jit:avx2@any"``, ``"IMPLICIT_PRECOMP_GEMM@fma"``, ``"eng72{k24=4}"``),
     the options ``compare`` ran it with (oneDNN: ``fpmath``, weights layout, ``threads``: the
-    plan's count, one for a problem under 2**17 FLOPs, else ``threads``, default torch's current
-    count; cuDNN: the math type set), the library version and device, its
+    plan's count, one for a problem under 2**17 FLOPs, else the count the problem was timed at
+    (compare's thread fit, ``row.extra["threads"]``, where it timed fewer), else ``threads``, default
+    torch's current count; cuDNN: the math type set), the library version and device, its
     median time (from the confirmation rounds where they ran: picked on other rounds) and min
-    time, its error against float64, the layer's name as ``label``, and ``timing``:
+    time (over those rounds too: never above the median), its error against float64, the layer's name as ``label``, and ``timing``:
     whether the run's timings (:func:`rawconv.results.reliability` of ``rows``; ``hint`` ends its
     oversubscription warning) and this row's own (:attr:`Result.timing_flags`) can be trusted,
     so that :func:`replay` withholds a drift against a noisy time.
@@ -92,8 +93,10 @@ def records(rows: Iterable[Row], problems: Iterable[ConvProblem], *, fpmath: str
             from .. import onednn
 
             plan_threads = onednn.plan_threads("auto", p)   # compare's plans take the default threads="auto"
+            fit = ex.get("threads")   # compare's thread fit: the count the problem was timed at, if it chose one
+            timed = fit.get("threads") if isinstance(fit, dict) and fit.get("reduced") else threads
             options = onednn.key_options(fpmath, "direct", "nchw", allow_known_bad,
-                                         threads if plan_threads is None else plan_threads)
+                                         timed if plan_threads is None else plan_threads)
             detail = {"impl": best.choice.partition("@")[0], "layouts": ex.get("layouts"), "index": ex.get("index"),
                       "formats": ex.get("formats"), "reorders": ex.get("reorders"),
                       "scratchpad_bytes": best.workspace_bytes, "weights": ex.get("weights")}
@@ -124,7 +127,9 @@ def records(rows: Iterable[Row], problems: Iterable[ConvProblem], *, fpmath: str
         # the time fresh rounds measured where they ran (the best was picked on others: no winner's curse)
         conf = best.extra.get("confirmed")
         med = conf["median_ms"] if isinstance(conf, dict) and conf.get("median_ms") is not None else best.median_ms
-        out.append(tuning.TuningRecord(key, best.choice, _finite_json(detail), p.layout, med, best.min_ms,
+        # (the min over every round that timed it: the fresh rounds' median can fall below the first rounds' min)
+        low = best.min_ms if med is None or best.min_ms is None else min(best.min_ms, med)
+        out.append(tuning.TuningRecord(key, best.choice, _finite_json(detail), p.layout, med, low,
                                        err, label=name, timing=_finite_json(timing)))
     return out
 
