@@ -94,7 +94,7 @@ class Implementation(Candidate):
     def __str__(self) -> str:
         fm = " ".join(f"{_ROLE_NAMES.get(k, k)}={v}" for k, v in self.formats.items())
         ro = ",".join(_ROLE_NAMES.get(r, r) for r in self.reorders) or "none"
-        out = (f"[{self.index}] {self.name:<28} layouts={self.layouts:<4} {fm}  reorders={ro}  "
+        out = (f"[{self.index}] {self.choice:<33} {fm}  reorders={ro}  "
                f"scratchpad={self.scratchpad_bytes} B")
         if self.known_bad:
             out += f"  KNOWN BAD: {self.known_bad}"
@@ -119,8 +119,8 @@ class TimedImplementation(Result):
 
     def __str__(self) -> str:
         if self.status != "ok":
-            return f"{self.impl.name:<28} ({self.impl.layouts}) {self.status}" + (f": {self.detail}" if self.detail else "")
-        return (f"{self.impl.name:<28} ({self.impl.layouts}) median {self.median_ms:.4f} ms  min {self.min_ms:.4f} ms"
+            return f"{self.impl.choice:<33} {self.status}" + (f": {self.detail}" if self.detail else "")
+        return (f"{self.impl.choice:<33} median {self.median_ms:.4f} ms  min {self.min_ms:.4f} ms"
                 f"  median/min {self.spread:.2f}")
 
 
