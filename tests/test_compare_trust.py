@@ -172,6 +172,9 @@ def test_a_record_from_a_busy_run_says_so_and_replay_withholds_drift(tmp_path):
     trusted = compare.replay([loaded.with_(timing=dict(loaded.timing, trustworthy=True, row_flags=[]))],
                              iterations=1, warmup=0, budget_s=0.02, progress=False)
     assert isinstance(trusted[0].extra["drift"], float)
+    # a problem this small runs on one thread (its plan's count): timed as compare times one-thread calls
+    # (by its thread's CPU time; "mixed" where another thread of ours worked during some calls)
+    assert loaded.key.options["threads"] == 1 and trusted[0].extra["rounds"]["measure"] in ("thread CPU", "mixed")
     import subprocess
     import sys
 

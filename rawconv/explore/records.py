@@ -270,13 +270,17 @@ def _replay_one(plan, rec, problem, name, extra, iterations, warmup, budget_s, s
     rounds = None
     if dev.startswith("cuda"):
         timer = lambda f: time_cuda_queued(f, iterations=iterations, warmup=warmup)  # noqa: E731
-    else:   # the CPU: as compare times its rows, in rounds, each round's fastest clean call
+    else:   # the CPU: as compare times its rows, in rounds, each round's fastest clean call (a one-thread
+        # plan, as compare at one thread: by its thread's CPU time)
         from ..core.bench import round_plan, time_rounds
+
+        one = torch.get_num_threads() == 1 or getattr(plan, "threads", None) == 1
 
         def timer(f):
             nonlocal rounds
             n, calls = round_plan(iterations)
-            t = time_rounds({"record": f}, rounds=n, calls=calls, warmup=warmup, budget_s=budget_s)["record"]
+            t = time_rounds({"record": f}, rounds=n, calls=calls, warmup=warmup, budget_s=budget_s,
+                            one_thread=one)["record"]
             rounds = t.as_dict()
             return t.stats()
     # as compare's _measure: what the rest of the machine did while this record was timed
