@@ -145,3 +145,22 @@ def face_routing_tests(parts: dict, shared: dict | None = None):
 
     return test_a_name_set_on_the_face_is_set_in_the_part_that_reads_it, \
         test_no_other_part_holds_its_own_binding_of_a_setting
+
+
+def child_json(code: str, timeout: float = 600):
+    """Run ``code`` in a fresh Python process with this tree first on its path (a real load or
+    environment of its own) and return the JSON object its last line prints; a ``{"skip": why}``
+    object skips the calling test."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+                       env=dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    if isinstance(out, dict) and "skip" in out:
+        pytest.skip(out["skip"])
+    return out

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from conftest import child_json
 
 from rawconv.core import bench
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_fit_threads_gives_the_count_the_other_processes_leave():
@@ -164,12 +162,7 @@ def test_an_induced_load_makes_compare_time_at_one_thread():
     says so (a real /proc/stat sample, not a fake)."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 CPUs")
-    r = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
-    if "skip" in out:
-        pytest.skip(out["skip"])
+    out = child_json(_CHILD, timeout=600)
     assert all(t["requested"] == 2 and t["threads"] == 1 and t["load"]["other_cpus"] > 1.0 for t in out["threads"])
     assert out["summary"]["reduced_problems"] == 1 and out["summary"]["used"] == [1]
     assert any("timed at 1 thread(s), not 2, on 1 of 1 problem(s)" in ln for ln in out["headline"])

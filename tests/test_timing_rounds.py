@@ -10,19 +10,15 @@ step are in test_choice_names_and_pins.py).
 """
 from __future__ import annotations
 
-import json
-import os
 import random
-import subprocess
-import sys
 
 import pytest
 import torch
+from conftest import child_json
 
 from rawconv import bench
 from rawconv.problem import ConvProblem
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ---------------------------------------------------------------------------- a simulated machine
@@ -371,12 +367,7 @@ def test_an_induced_load_makes_the_flags_fire():
     """A spinning process on the timing process's only CPU: every 20 ms call is descheduled for
     part of its time (its run-queue wait shows in schedstat), so no round has a clean call and
     both rows are flagged 'waited for a CPU', wall time well above the CPU time they got."""
-    r = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
-    if "skip" in out:
-        pytest.skip(out["skip"])
+    out = child_json(_CHILD, timeout=300)
     for name in ("a", "b"):
         d = out[name]
         assert d["clean_calls"] == 0 and d["waited_share"] > 0.1, d
