@@ -93,9 +93,10 @@ def test_compare_times_both_sides_at_the_count_that_fits(monkeypatch, two_thread
     torch_one = next(r for r in one if r.torch_default)
     assert torch_one.detail.startswith("Slow2d")
     assert next(r for r in rows if r.problem == "three" and r.torch_default).detail.startswith("Mkldnn")
-    # at 1 thread a call's time is its thread's CPU time; at 2, its wall time
-    assert all(r.extra["rounds"]["measure"] == "thread CPU" for r in one if "rounds" in r.extra)
-    assert torch_one.extra["confirmed"]["rounds"]["measure"] == "thread CPU"
+    # at 1 thread a call's time is its thread's CPU time ("mixed": some calls by wall time, where another
+    # thread of ours worked during them, as an OpenMP worker can); at 2, its wall time
+    assert all(r.extra["rounds"]["measure"] in ("thread CPU", "mixed") for r in one if "rounds" in r.extra)
+    assert torch_one.extra["confirmed"]["rounds"]["measure"] in ("thread CPU", "mixed")
     assert all(r.extra["rounds"]["measure"] == "wall" for r in rows if r.problem == "three" and "rounds" in r.extra)
     s = compare.summary(rows)
     t = s["threads"]

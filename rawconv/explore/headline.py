@@ -25,7 +25,8 @@ def _rounds_said(s: dict) -> str:
 
 
 def _threads_line(t: dict | None) -> list[str]:
-    """The line that says the problems were timed at fewer threads than asked for, and why."""
+    """The lines that say the problems were timed at fewer threads than asked for (a short one a
+    reader skimming the headline sees first), and why."""
     if not t or not t.get("reduced_problems"):
         return []
     used = [n for n in t["used"] if n < t["requested"]]
@@ -40,7 +41,10 @@ def _threads_line(t: dict | None) -> list[str]:
                 "time slices" if 1 in used else "")
     again = t.get("retimed_problems") or 0
     again = f" ({again} timed again so: the CPUs were taken while they ran at {t['requested']})" if again else ""
-    return [f"  timed at {n} thread(s), not {t['requested']}, on {t['reduced_problems']} of {t['problems']} "
+    short = (f"  {n}-THREAD FIGURES on {t['reduced_problems']} of {t['problems']} problem(s), not {t['requested']}-thread "
+             f"ones: the machine was busy; compare them with a {n}-thread run, not a quiet machine's "
+             f"{t['requested']}-thread one (why, below)")
+    return [short, f"  timed at {n} thread(s), not {t['requested']}, on {t['reduced_problems']} of {t['problems']} "
             f"problem(s){again}: the machine could not give {t['requested']} CPUs{busy}, so torch's call and rawconv's "
             f"ran at {n} alike (an OpenMP call of more threads than free CPUs waits a scheduler slice at each "
             f"of its joins: its time would count its joins, not its work)"
